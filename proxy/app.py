@@ -1,0 +1,176 @@
+"""Wiring: ``create_app(settings)`` builds the ASGI app; the lifespan owns every resource.
+
+Nothing is built at import time. The HTTP client and the limiter are created inside the
+running event loop at start-up and closed at shutdown, after pending budget
+bookkeeping has been flushed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from proxy.api import routes
+from proxy.api.responses import error_response
+from proxy.config import Settings, load_settings
+from proxy.errors import InvalidRequest, ModelNotFound, ProxyError
+from proxy.limiter import create_limiter
+from proxy.metrics import Metrics
+from proxy.pipeline import Pipeline
+from proxy.upstream.client import create_http_client
+
+__all__ = ["create_app", "create_app_from_env"]
+
+logger = logging.getLogger("proxy")
+
+CONFIG_ENV = "LLM_PROXY_CONFIG"
+WORKERS_ENV = "LLM_PROXY_WORKERS"
+
+
+def create_app(settings: Settings, *, workers: int = 1) -> FastAPI:
+    """The proxy as an ASGI app. ``workers`` is how many processes serve this config:
+    with the in-memory limiter each holds ``1/workers`` of every budget."""
+    shared = bool(settings.redis.url)
+    share = 1.0 if shared else 1.0 / max(workers, 1)
+    metrics = Metrics()
+    _warn_about(settings, workers, shared)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        limiter = create_limiter(
+            settings.redis.url or None,
+            on_error=settings.redis.on_error,
+            replica_id=f"{os.getpid()}-{uuid.uuid4().hex[:8]}",
+            socket_timeout=settings.redis.timeout,
+            connect_timeout=settings.redis.timeout,
+        )
+        await _start(limiter)
+        http = create_http_client()
+        pipeline = Pipeline(settings, limiter, http, metrics, share=share)
+        app.state.pipeline = pipeline
+        _publish_configured_state(settings, metrics, share)
+        try:
+            yield
+        finally:
+            await pipeline.drain()
+            await http.aclose()
+            await limiter.aclose()
+
+    app = FastAPI(
+        title="llm-proxy",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.readiness = lambda: _readiness(app)
+    # Plain Starlette routes: the hot path reads raw bytes, no per-request model parsing.
+    app.router.routes.extend(
+        [
+            Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
+            Route("/v1/completions", routes.completions, methods=["POST"]),
+            Route("/v1/embeddings", routes.embeddings, methods=["POST"]),
+            Route("/v1/models", routes.list_models, methods=["GET"]),
+            Route("/health/live", routes.live, methods=["GET"]),
+            Route("/health/ready", routes.ready, methods=["GET"]),
+            Route("/metrics", routes.metrics, methods=["GET"]),
+        ]
+    )
+    app.add_exception_handler(StarletteHTTPException, _http_exception)
+    app.add_exception_handler(RequestValidationError, _validation_exception)
+    app.add_exception_handler(Exception, _unexpected_exception)
+    return app
+
+
+def create_app_from_env() -> FastAPI:
+    """Factory for ``uvicorn --factory`` (used by ``--workers N``): config from the env."""
+    settings = load_settings(os.environ[CONFIG_ENV])
+    return create_app(settings, workers=int(os.environ.get(WORKERS_ENV, "1")))
+
+
+async def _start(limiter: Any) -> None:
+    start = getattr(limiter, "start", None)
+    if start is not None:
+        await start()
+
+
+def _readiness(app: FastAPI) -> dict[str, Any]:
+    pipeline: Pipeline | None = getattr(app.state, "pipeline", None)
+    if pipeline is None:
+        return {"ready": False, "reason": "starting"}
+    limiter = pipeline.limiter
+    fallback = bool(getattr(limiter, "fallback_active", False))
+    storage_ok = bool(getattr(limiter, "storage_available", True))
+    limiter_ok = storage_ok or fallback
+    usable = sum(len(g.deployments) for g in pipeline.catalog.groups.values())
+    return {
+        "ready": limiter_ok and usable > 0,
+        "limiter": "fallback"
+        if fallback
+        else ("shared" if pipeline.settings.redis.url else "memory"),
+        "deployments_usable": usable,
+    }
+
+
+def _publish_configured_state(settings: Settings, metrics: Metrics, share: float) -> None:
+    """Series visible before any traffic: every deployment healthy, its limits."""
+    for group in settings.models:
+        for d in group.deployments:
+            metrics.set_deployment_state(group.name, d.id, False)
+            if d.rpm is not None:
+                metrics.set_deployment_limit(group.name, d.id, "requests", d.rpm * share)
+            if d.tpm is not None:
+                metrics.set_deployment_limit(group.name, d.id, "tokens", d.tpm * share)
+    metrics.set_fallback_active(False)
+
+
+def _warn_about(settings: Settings, workers: int, shared: bool) -> None:
+    if not settings.keys:
+        logger.warning(
+            "No client keys configured: the proxy accepts requests from anyone (dev only)."
+        )
+    if not shared:
+        note = (
+            f" with {workers} workers each holds 1/{workers} of every budget" if workers > 1 else ""
+        )
+        logger.info("In-memory rate limiter (no redis.url)%s.", note)
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 404:
+        error: ProxyError = ModelNotFound(
+            f"Unknown path {request.url.path[:200]}.", code="unknown_url"
+        )
+    elif exc.status_code == 405:
+        error = InvalidRequest(
+            f"Method {request.method} is not allowed on {request.url.path[:200]}.",
+            code="method_not_allowed",
+        )
+        error.status = 405
+    else:
+        error = InvalidRequest(str(exc.detail))
+        error.status = exc.status_code
+    return error_response(error)
+
+
+async def _validation_exception(request: Request, exc: Exception) -> Response:
+    return error_response(InvalidRequest("Invalid request."))
+
+
+async def _unexpected_exception(request: Request, exc: Exception) -> Response:
+    logger.exception("unhandled error on %s", request.url.path)
+    return error_response(ProxyError("Internal proxy error."))

@@ -1,0 +1,60 @@
+"""Client key authentication (pure): which configured key, if any, a request presents."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Sequence
+
+from proxy.config import ClientKey
+from proxy.errors import AuthenticationFailed, ModelNotAllowed
+
+__all__ = ["KeyStore"]
+
+
+class KeyStore:
+    """Looks up client keys by the sha256 of the presented secret.
+
+    The secret is hashed before any comparison, so lookup time depends on its digest,
+    never on how many leading characters of a real key were guessed; the final check
+    uses ``hmac.compare_digest`` as well. Config may hold plain keys or their sha256.
+    """
+
+    def __init__(self, keys: Sequence[ClientKey]) -> None:
+        self._by_digest = {d: (d, key) for key in keys if (d := key.digest())}
+        self.open_access = not keys
+
+    def authenticate(self, authorization: str | None) -> ClientKey | None:
+        """The key behind an ``Authorization: Bearer KEY`` header; ``None`` in open access."""
+        if self.open_access:
+            return None
+        secret = _bearer(authorization)
+        if secret is None:
+            raise AuthenticationFailed(
+                "Missing API key: send 'Authorization: Bearer YOUR_KEY'.",
+                code="missing_api_key",
+            )
+        digest = hashlib.sha256(secret.encode()).digest()
+        found = self._by_digest.get(digest)
+        if found is None or not hmac.compare_digest(found[0], digest):
+            raise AuthenticationFailed("Incorrect API key provided.")
+        return found[1]
+
+    @staticmethod
+    def authorize(key: ClientKey | None, model: str) -> None:
+        """Raise unless ``key`` may use ``model``."""
+        if key is not None and key.models is not None and model not in key.models:
+            raise ModelNotAllowed(
+                f"The key '{key.name}' is not allowed to use the model '{model}'.",
+                param="model",
+            )
+
+
+def _bearer(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, secret = authorization.strip().partition(" ")
+    secret = secret.strip()
+    if scheme.lower() != "bearer" or not secret:
+        return None
+    return secret

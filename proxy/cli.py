@@ -1,0 +1,199 @@
+"""``llm-proxy``: serve, check-config, and the built-in fake upstream.
+
+    llm-proxy serve [--config PATH] [--host H] [--port P] [--workers N]
+    llm-proxy check-config PATH
+    llm-proxy fake-upstream [options]      (see docs/fake_upstream.md)
+
+``serve`` without ``--config`` runs the embedded demo: the built-in fake upstream in the
+same process and an in-memory limiter, so nothing else is needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from proxy.config import ConfigError, Settings, load_settings, parse_settings
+
+__all__ = ["main"]
+
+logger = logging.getLogger("proxy")
+
+DEMO_UPSTREAM_PORT = 8001
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "check-config":
+        return _check_config(args.path)
+    if args.command == "fake-upstream":
+        from proxy.fake_upstream import main as fake_main
+
+        fake_main(list(args.rest))
+        return 0
+    parser.print_help()
+    return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llm-proxy", description="A rate-limiting reverse proxy for LLM APIs."
+    )
+    commands = parser.add_subparsers(dest="command")
+    serve = commands.add_parser("serve", help="serve the proxy")
+    serve.add_argument("--config", help="YAML config file (default: the embedded demo)")
+    serve.add_argument("--host", default=os.environ.get("LLM_PROXY_HOST", "127.0.0.1"))
+    serve.add_argument("--port", type=int, default=int(os.environ.get("LLM_PROXY_PORT", "8000")))
+    serve.add_argument("--workers", type=int, default=int(os.environ.get("LLM_PROXY_WORKERS", "1")))
+    check = commands.add_parser("check-config", help="validate a config file")
+    check.add_argument("path")
+    fake = commands.add_parser(
+        "fake-upstream", help="run the built-in fake OpenAI upstream", add_help=False
+    )
+    fake.add_argument("rest", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _check_config(path: str) -> int:
+    try:
+        settings = load_settings(path)
+    except ConfigError as exc:
+        print(f"{path}: {len(exc.problems)} problem(s):", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return 1
+    print(_summary(path, settings))
+    return 0
+
+
+def _summary(path: str, settings: Settings) -> str:
+    deployments = sum(len(m.deployments) for m in settings.models)
+    limiter = "redis" if settings.redis.url else "in-memory"
+    keys = f"{len(settings.keys)} client key(s)" if settings.keys else "no client keys (open)"
+    lines = [
+        f"{path}: OK",
+        f"  {len(settings.models)} model(s), {deployments} deployment(s), {keys}",
+        f"  limiter: {limiter}; routing: {settings.routing.strategy},"
+        f" max_wait {settings.routing.max_wait:g}s, retries {settings.routing.retries}",
+    ]
+    for model in settings.models:
+        ids = ", ".join(d.id for d in model.deployments)
+        lines.append(f"  - {model.name}: {ids}")
+    return "\n".join(lines)
+
+
+def demo_settings(upstream_url: str) -> Settings:
+    """The embedded demo: one model, two deployments on the built-in fake upstream."""
+    deployment: dict[str, Any] = {"base_url": f"{upstream_url}/v1", "rpm": 600, "tpm": 1_000_000}
+    return parse_settings(
+        {
+            "models": [
+                {
+                    "name": "gpt-4o-mini",
+                    "deployments": [
+                        {"id": "fake-a", "api_key": "fake-key-a", **deployment},
+                        {"id": "fake-b", "api_key": "fake-key-b", **deployment},
+                    ],
+                }
+            ],
+            "routing": {"max_wait": "10s"},
+        },
+        source="<embedded demo>",
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from proxy.logs import configure_logging
+
+    configure_logging(os.environ.get("LLM_PROXY_LOG_LEVEL", "info"))
+    if args.config is None:
+        return _serve_demo(args)
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"{args.config}: {problem}", file=sys.stderr)
+        return 1
+    configure_logging(settings.server.log_level)
+    if args.workers > 1:
+        return _serve_workers(args, settings)
+    from proxy.app import create_app
+
+    _run(create_app(settings), args.host, args.port)
+    return 0
+
+
+def _serve_demo(args: argparse.Namespace) -> int:
+    from proxy.app import create_app
+    from proxy.fake_upstream import FakeUpstreamConfig, run_in_thread
+
+    if args.workers > 1:
+        print("the embedded demo runs one worker; pass --config for more", file=sys.stderr)
+        return 2
+    upstream = run_in_thread(FakeUpstreamConfig(port=DEMO_UPSTREAM_PORT))
+    logger.info("Demo: built-in fake upstream at %s", upstream.url)
+    try:
+        _run(create_app(demo_settings(upstream.url)), args.host, args.port)
+    finally:
+        upstream.stop()
+    return 0
+
+
+def _serve_workers(args: argparse.Namespace, settings: Settings) -> int:
+    import uvicorn
+
+    from proxy.app import CONFIG_ENV, WORKERS_ENV
+    from proxy.metrics import cleanup_multiprocess_dir, prepare_multiprocess_dir
+
+    # Set before the workers start, so each imports prometheus-client in multiprocess mode.
+    metrics_dir = prepare_multiprocess_dir(args.workers)
+    os.environ[CONFIG_ENV] = os.path.abspath(args.config)
+    os.environ[WORKERS_ENV] = str(args.workers)
+    if not settings.redis.url:
+        logger.info(
+            "In-memory limiter with %d workers: each worker holds 1/%d of every budget.",
+            args.workers,
+            args.workers,
+        )
+    try:
+        uvicorn.run(
+            "proxy.app:create_app_from_env",
+            factory=True,
+            workers=args.workers,
+            **_uvicorn_options(args.host, args.port),
+        )
+    finally:
+        if metrics_dir is not None:
+            cleanup_multiprocess_dir(metrics_dir)
+    return 0
+
+
+def _run(app: Any, host: str, port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(app, **_uvicorn_options(host, port))
+
+
+def _uvicorn_options(host: str, port: int) -> dict[str, Any]:
+    return {
+        "host": host,
+        "port": port,
+        "loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
+        "http": "httptools" if importlib.util.find_spec("httptools") else "h11",
+        "access_log": False,  # the proxy writes its own structured line per request
+        "log_config": None,
+        "timeout_graceful_shutdown": 30,
+        "backlog": 4096,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Token estimates for budgeting before the upstream has counted (pure).
+
+A rough ~4 characters per token is enough: the estimate is reserved up front and
+corrected to the upstream's real ``usage`` afterwards, so it only has to be cheap and
+not wildly low.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_CHARS_PER_TOKEN = 4
+_PER_MESSAGE = 4  # role and framing tokens per chat message
+_PER_REQUEST = 3
+
+
+def _text_tokens(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value) // _CHARS_PER_TOKEN + 1
+    if isinstance(value, list):
+        if value and all(isinstance(v, int) for v in value):
+            return len(value)  # already token ids
+        return sum(_text_tokens(v) for v in value)
+    if isinstance(value, dict):
+        # Content parts: {"type": "text", "text": ...}; images etc. count a flat amount.
+        if "text" in value:
+            return _text_tokens(value["text"])
+        return 85
+    return 0
+
+
+def prompt_tokens(body: dict[str, Any]) -> int:
+    """Estimated prompt tokens of a chat, completion or embedding request body."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        total = _PER_REQUEST
+        for message in messages:
+            if isinstance(message, dict):
+                total += _PER_MESSAGE + _text_tokens(message.get("content"))
+        return total
+    if "prompt" in body:
+        return _text_tokens(body["prompt"])
+    return _text_tokens(body.get("input"))
+
+
+def completion_tokens(body: dict[str, Any], default: int) -> int:
+    """The most completion tokens the request may produce (its own cap, else ``default``)."""
+    for field in ("max_completion_tokens", "max_tokens"):
+        value = body.get(field)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            n = body.get("n")
+            choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
+            return value * choices
+    return default
+
+
+def estimate(body: dict[str, Any], endpoint: str, default_completion: int) -> int:
+    """Tokens to reserve for a request: prompt plus the completion it may generate."""
+    prompt = prompt_tokens(body)
+    if endpoint == "embeddings":
+        return prompt
+    return prompt + completion_tokens(body, default_completion)

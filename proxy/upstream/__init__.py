@@ -1,0 +1,1 @@
+"""Talking to upstreams: the pooled client, forwarding, error mapping, stream taps."""

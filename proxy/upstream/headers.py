@@ -1,0 +1,61 @@
+"""Which headers cross the proxy, in each direction (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = ["request_headers", "response_headers"]
+
+# RFC 9110 hop-by-hop headers, plus what the proxy sets itself or must never forward:
+# the client's credentials (the upstream gets the deployment's key instead).
+_DROP_REQUEST = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "accept-encoding",
+        "authorization",
+        "api-key",
+        "x-api-key",
+        "cookie",
+        "x-request-id",
+        "forwarded",
+        "x-forwarded-for",
+        "x-forwarded-host",
+        "x-forwarded-proto",
+        "x-real-ip",
+    }
+)
+
+# Upstream response headers worth passing back; the upstream's own rate-limit headers
+# describe the deployment's budget, not the client's, so the proxy replaces them.
+_PASS_RESPONSE = frozenset(
+    {
+        "content-type",
+        "openai-processing-ms",
+        "openai-version",
+        "openai-model",
+    }
+)
+
+
+def request_headers(client_headers: Iterable[tuple[str, str]], api_key: str) -> dict[str, str]:
+    """Headers for the upstream request: the client's, minus the dropped ones."""
+    headers = {name: value for name, value in client_headers if name.lower() not in _DROP_REQUEST}
+    headers["accept-encoding"] = "identity"
+    if api_key:
+        headers["authorization"] = f"Bearer {api_key}"
+    return headers
+
+
+def response_headers(upstream_headers: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """Headers from the upstream response that the client gets."""
+    return {name: value for name, value in upstream_headers if name.lower() in _PASS_RESPONSE}

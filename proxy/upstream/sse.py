@@ -1,0 +1,76 @@
+"""Reading usage out of an OpenAI server-sent event stream as it passes (pure).
+
+Chunks are forwarded as they arrive; only events that carry a ``usage`` object are
+parsed. When the proxy itself asked for usage (``stream_options.include_usage``) and
+the client did not, the usage-only event is removed so the client sees the stream it
+asked for.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+__all__ = ["UsageTap"]
+
+_USAGE_MARKERS = (b'"usage":{', b'"usage": {')
+
+
+class UsageTap:
+    def __init__(self, strip_usage_event: bool) -> None:
+        self.strip_usage_event = strip_usage_event
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+        self._partial = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Bytes to forward for ``chunk`` (all of it, unless an event is removed)."""
+        if not self.strip_usage_event and not self._partial:
+            # Fast path: no event ever needs holding back; look for usage only.
+            if any(m in chunk for m in _USAGE_MARKERS):
+                self._scan(chunk)
+            return chunk
+        data = self._partial + chunk
+        end = data.rfind(b"\n\n")
+        if end < 0:
+            self._partial = data
+            return b""
+        complete, self._partial = data[: end + 2], data[end + 2 :]
+        if not any(m in complete for m in _USAGE_MARKERS):
+            return complete
+        kept = [e for e in complete.split(b"\n\n") if e and not self._take_usage_event(e)]
+        return b"".join(e + b"\n\n" for e in kept)
+
+    def flush(self) -> bytes:
+        """Whatever is held back when the stream ends."""
+        rest, self._partial = self._partial, b""
+        return rest
+
+    def _scan(self, chunk: bytes) -> None:
+        for event in chunk.split(b"\n\n"):
+            if any(m in event for m in _USAGE_MARKERS):
+                self._record(event)
+
+    def _take_usage_event(self, event: bytes) -> bool:
+        """Record usage from ``event``; true if it is a usage-only event to remove."""
+        if not any(m in event for m in _USAGE_MARKERS):
+            return False
+        payload = self._record(event)
+        return self.strip_usage_event and isinstance(payload, dict) and payload.get("choices") == []
+
+    def _record(self, event: bytes) -> object:
+        for line in event.split(b"\n"):
+            if line.startswith(b"data:"):
+                try:
+                    payload = orjson.loads(line[5:].strip())
+                except orjson.JSONDecodeError:
+                    return None
+                usage = payload.get("usage") if isinstance(payload, dict) else None
+                if isinstance(usage, dict):
+                    self.prompt_tokens = _int(usage.get("prompt_tokens"))
+                    self.completion_tokens = _int(usage.get("completion_tokens"))
+                return payload
+        return None
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -1,0 +1,50 @@
+"""Client keys: bearer auth against plain or sha256 keys, and model allow-lists."""
+
+import hashlib
+
+import pytest
+
+from proxy.auth import KeyStore
+from proxy.config import ClientKey
+from proxy.errors import AuthenticationFailed, ModelNotAllowed
+
+
+def _store() -> KeyStore:
+    return KeyStore(
+        [
+            ClientKey(name="plain", key="sk-plain"),
+            ClientKey(name="hashed", key_sha256=hashlib.sha256(b"sk-hashed").hexdigest()),
+            ClientKey(name="limited", key="sk-limited", models=["a"]),
+        ]
+    )
+
+
+def test_plain_and_hashed_keys_authenticate() -> None:
+    store = _store()
+    assert store.authenticate("Bearer sk-plain").name == "plain"  # type: ignore[union-attr]
+    assert store.authenticate("bearer  sk-hashed ").name == "hashed"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "header", [None, "", "Bearer", "Basic sk-plain", "Bearer sk-wrong", "sk-plain"]
+)
+def test_bad_or_missing_keys_are_401(header: str | None) -> None:
+    with pytest.raises(AuthenticationFailed) as info:
+        _store().authenticate(header)
+    assert info.value.status == 401
+
+
+def test_no_keys_means_open_access() -> None:
+    store = KeyStore([])
+    assert store.open_access
+    assert store.authenticate(None) is None
+
+
+def test_model_allow_list() -> None:
+    store = _store()
+    limited = store.authenticate("Bearer sk-limited")
+    store.authorize(limited, "a")
+    with pytest.raises(ModelNotAllowed) as info:
+        store.authorize(limited, "b")
+    assert info.value.status == 403
+    store.authorize(store.authenticate("Bearer sk-plain"), "b")

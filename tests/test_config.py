@@ -1,0 +1,147 @@
+"""The config file: YAML, env interpolation, durations, and errors that name the field."""
+
+from pathlib import Path
+
+import pytest
+
+from proxy.config import ConfigError, load_settings, parse_duration, parse_settings, parse_size
+
+MINIMAL = {
+    "models": [{"name": "m", "deployments": [{"id": "d", "base_url": "http://127.0.0.1:1/v1"}]}]
+}
+
+
+def _problems(data: object, env: dict[str, str] | None = None) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse_settings(data, "cfg.yaml", env or {})
+    return info.value.problems
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        (5, 5.0),
+        (0.5, 0.5),
+        ("500ms", 0.5),
+        ("30s", 30.0),
+        ("2m", 120.0),
+        ("1m30s", 90.0),
+        ("1h", 3600.0),
+        ("1.5", 1.5),
+    ],
+)
+def test_durations_accept_numbers_and_units(text: object, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["10 parsecs", "-1", "s", True, [1]])
+def test_bad_durations_are_rejected(bad: object) -> None:
+    with pytest.raises(ValueError):
+        parse_duration(bad)
+
+
+def test_sizes() -> None:
+    assert parse_size("10MiB") == 10 * 2**20
+    assert parse_size(1024) == 1024
+    assert parse_size("2KB") == 2000
+
+
+def test_minimal_config_gets_contract_defaults() -> None:
+    settings = parse_settings(MINIMAL, env={})
+    assert settings.redis.url == ""
+    assert settings.redis.on_error == "local"
+    assert settings.routing.strategy == "least-wait"
+    assert settings.routing.max_wait == 30.0
+    assert settings.routing.max_queue == 1000
+    assert settings.routing.retries == 2
+    assert settings.routing.cooldown.allowed_fails == 3
+    assert settings.server.max_body_size == 10 * 2**20
+    deployment = settings.models[0].deployments[0]
+    assert deployment.weight == 1.0 and deployment.timeout == 60.0
+    assert settings.keys == []
+
+
+def test_env_interpolation_with_defaults() -> None:
+    data = {
+        "redis": {"url": "${REDIS_URL:-}"},
+        "keys": [{"name": "a", "key": "${KEY_A}", "rpm": "${RPM:-60}"}],
+        **MINIMAL,
+    }
+    settings = parse_settings(data, env={"KEY_A": "secret"})
+    assert settings.redis.url == ""
+    assert settings.keys[0].key is not None
+    assert settings.keys[0].key.get_secret_value() == "secret"
+    assert settings.keys[0].rpm == 60
+
+
+def test_missing_env_var_names_the_field() -> None:
+    data = {"keys": [{"name": "a", "key": "${NOPE}"}], **MINIMAL}
+    problems = _problems(data)
+    assert any("keys[0].key: environment variable NOPE is not set" in p for p in problems)
+
+
+def test_unknown_keys_are_errors_with_their_path() -> None:
+    data = {**MINIMAL, "routing": {"strategy": "least-wait", "colour": "blue"}}
+    assert "routing.colour: unknown key" in _problems(data)
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    data = {
+        "models": [
+            {
+                "name": "m",
+                "deployments": [{"id": "d", "base_url": "ftp://x", "rpm": -1, "timeout": "soon"}],
+            }
+        ],
+        "routing": {"strategy": "fastest"},
+    }
+    problems = _problems(data)
+    paths = {p.split(":")[0] for p in problems}
+    assert {
+        "models[0].deployments[0].base_url",
+        "models[0].deployments[0].rpm",
+        "models[0].deployments[0].timeout",
+        "routing.strategy",
+    } <= paths
+
+
+def test_cross_references_are_checked() -> None:
+    data = {
+        "keys": [{"name": "a", "key": "k", "models": ["nope"]}],
+        "models": [
+            {"name": "m", "deployments": [{"id": "d", "base_url": "http://h/v1"}]},
+            {"name": "n", "deployments": [{"id": "d", "base_url": "http://h/v1"}]},
+        ],
+        "routing": {"fallbacks": {"m": ["zzz"]}},
+    }
+    problems = _problems(data)
+    assert "keys[0].models: unknown model 'nope'" in problems
+    assert "models[].deployments: duplicate id 'd'" in problems
+    assert "routing.fallbacks.m: unknown model 'zzz'" in problems
+
+
+def test_a_key_needs_exactly_one_secret() -> None:
+    both = {"keys": [{"name": "a", "key": "k", "key_sha256": "0" * 64}], **MINIMAL}
+    neither = {"keys": [{"name": "a"}], **MINIMAL}
+    assert any(p.startswith("keys[0]") for p in _problems(both))
+    assert any(p.startswith("keys[0]") for p in _problems(neither))
+    assert any(
+        "key_sha256" in p
+        for p in _problems({"keys": [{"name": "a", "key_sha256": "xyz"}], **MINIMAL})
+    )
+
+
+def test_load_settings_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("models: [\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    assert str(path) in str(info.value)
+    assert "invalid YAML" in info.value.problems[0]
+
+
+def test_repository_configs_are_valid() -> None:
+    root = Path(__file__).parent.parent / "config"
+    env = {"TEAM_A_KEY": "x", "OPENAI_KEY_A": "y", "OPENAI_KEY_B": "z"}
+    for name in ("demo.yaml", "example.yaml"):
+        load_settings(root / name, env=env)

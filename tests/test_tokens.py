@@ -1,0 +1,29 @@
+"""Token estimates reserve prompt plus the most the completion may use."""
+
+from proxy.tokens import completion_tokens, estimate, prompt_tokens
+
+
+def test_chat_prompt_grows_with_text() -> None:
+    short = {"messages": [{"role": "user", "content": "hi"}]}
+    long = {"messages": [{"role": "user", "content": "x" * 4000}]}
+    assert 0 < prompt_tokens(short) < prompt_tokens(long)
+    assert prompt_tokens(long) >= 1000
+
+
+def test_content_parts_and_token_ids() -> None:
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "y" * 400}]}]}
+    assert prompt_tokens(parts) >= 100
+    assert prompt_tokens({"prompt": [1, 2, 3, 4]}) == 4
+    assert prompt_tokens({"input": ["aaaa", "bbbb"]}) == 4
+
+
+def test_completion_uses_max_tokens_times_n_else_default() -> None:
+    assert completion_tokens({"max_tokens": 50}, 256) == 50
+    assert completion_tokens({"max_completion_tokens": 20, "n": 3}, 256) == 60
+    assert completion_tokens({}, 256) == 256
+    assert completion_tokens({"max_tokens": "lots"}, 256) == 256
+
+
+def test_embeddings_reserve_no_completion() -> None:
+    assert estimate({"input": "abcd"}, "embeddings", 256) == 2
+    assert estimate({"messages": [], "max_tokens": 10}, "chat/completions", 256) == 13

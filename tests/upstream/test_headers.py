@@ -1,0 +1,40 @@
+"""What crosses the proxy: never the client's credentials or hop-by-hop headers."""
+
+from proxy.upstream.headers import request_headers, response_headers
+
+
+def test_client_credentials_and_hop_by_hop_headers_are_stripped() -> None:
+    client = [
+        ("authorization", "Bearer client-key"),
+        ("connection", "keep-alive"),
+        ("transfer-encoding", "chunked"),
+        ("host", "proxy"),
+        ("cookie", "a=b"),
+        ("content-type", "application/json"),
+        ("openai-beta", "assistants=v2"),
+        ("x-stainless-lang", "python"),
+    ]
+    headers = request_headers(client, "upstream-key")
+    assert headers["authorization"] == "Bearer upstream-key"
+    assert "client-key" not in str(headers)
+    for gone in ("connection", "transfer-encoding", "host", "cookie"):
+        assert gone not in headers
+    assert headers["content-type"] == "application/json"
+    assert headers["openai-beta"] == "assistants=v2"
+
+
+def test_no_upstream_key_means_no_authorization() -> None:
+    assert "authorization" not in request_headers([("authorization", "Bearer c")], "")
+
+
+def test_upstream_rate_limit_headers_do_not_reach_the_client() -> None:
+    upstream = [
+        ("content-type", "application/json"),
+        ("x-ratelimit-remaining-requests", "3"),
+        ("openai-processing-ms", "12"),
+        ("set-cookie", "x"),
+    ]
+    assert response_headers(upstream) == {
+        "content-type": "application/json",
+        "openai-processing-ms": "12",
+    }
