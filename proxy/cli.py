@@ -138,7 +138,8 @@ def _serve_demo(args: argparse.Namespace) -> int:
     if args.workers > 1:
         print("the embedded demo runs one worker; pass --config for more", file=sys.stderr)
         return 2
-    upstream = run_in_thread(FakeUpstreamConfig(port=DEMO_UPSTREAM_PORT))
+    port = int(os.environ.get("LLM_PROXY_DEMO_UPSTREAM_PORT", DEMO_UPSTREAM_PORT))
+    upstream = run_in_thread(FakeUpstreamConfig(port=port))
     logger.info("Demo: built-in fake upstream at %s", upstream.url)
     try:
         _run(create_app(demo_settings(upstream.url)), args.host, args.port)

@@ -1,0 +1,89 @@
+"""The command line: check-config, and the README's demo working as written."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from support.proxy_server import free_port
+
+from proxy.cli import main
+
+ROOT = Path(__file__).parent.parent
+
+
+def test_check_config_prints_a_summary(capsys: object) -> None:
+    assert main(["check-config", str(ROOT / "config" / "demo.yaml")]) == 0
+    out = capsys.readouterr().out  # type: ignore[attr-defined]
+    assert "OK" in out and "gpt-4o-mini: fake-a, fake-b" in out
+
+
+def test_check_config_lists_every_problem_and_exits_1(tmp_path: Path, capsys: object) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "models:\n  - name: m\n    deployments:\n      - id: d\n        base_url: nope\n"
+        "        rpm: zero\nrouting:\n  speed: fast\n"
+    )
+    assert main(["check-config", str(path)]) == 1
+    err = capsys.readouterr().err  # type: ignore[attr-defined]
+    assert "3 problem(s)" in err
+    assert "models[0].deployments[0].base_url" in err
+    assert "models[0].deployments[0].rpm" in err
+    assert "routing.speed: unknown key" in err
+
+
+def test_python_dash_m_proxy_is_the_cli() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "check-config", str(ROOT / "config" / "demo.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_readme_sdk_example_works_against_the_demo(tmp_path: Path) -> None:
+    port, upstream_port = free_port(), free_port()
+    env = {**os.environ, "LLM_PROXY_DEMO_UPSTREAM_PORT": str(upstream_port)}
+    log = (tmp_path / "demo.log").open("wb")
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        _wait_ready(f"http://127.0.0.1:{port}/health/ready", demo)
+        readme = (ROOT / "README.md").read_text()
+        example = re.search(r"```python\n(.*?)```", readme, re.S)
+        assert example is not None
+        code = example.group(1).replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+        result = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, result.stderr
+        lines = [line for line in result.stdout.splitlines() if line.strip()]
+        assert len(lines) == 2  # a completion, then a streamed completion
+    finally:
+        os.killpg(demo.pid, signal.SIGTERM)
+        demo.wait(timeout=15)
+
+
+def _wait_ready(url: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "the demo exited"
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("the demo did not become ready")
