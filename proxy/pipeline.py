@@ -37,7 +37,14 @@ from proxy.errors import (
     UpstreamUnavailable,
     render,
 )
-from proxy.limiter.base import KeyLimits, KeyVerdict, Limiter, Usage
+from proxy.limiter.base import (
+    KeyLimits,
+    KeyVerdict,
+    Limiter,
+    LimiterUnavailable,
+    StorageError,
+    Usage,
+)
 from proxy.logs import RequestLog, log_request
 from proxy.metrics import Metrics
 from proxy.ratelimit_headers import format_reset
@@ -229,6 +236,13 @@ class Pipeline:
             reply = await self._dispatch(call, group, settlement)
         except ProxyError as error:
             reply = self._error_reply(call, error)
+        except (LimiterUnavailable, StorageError):
+            unavailable = ServiceUnavailable(
+                "The shared rate limiter is unavailable; retry shortly.",
+                code="limiter_unavailable",
+                retry_after=1.0,
+            )
+            reply = self._error_reply(call, unavailable)
         except Exception:  # a bug must still answer in the contract's shape
             logger.exception("unexpected error", extra={"request_id": call.request_id})
             reply = self._error_reply(call, ProxyError("Internal proxy error."))

@@ -1,0 +1,399 @@
+"""The aiohttp application: OpenAI-compatible endpoints plus /stats and /control.
+
+Everything runs on one event loop, so the state needs no locks. The hot path does one
+JSON parse, one sliding-window check and one orjson dump; no logging, no middleware.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable
+from enum import Enum
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from . import bodies
+from .bodies import Job
+from .config import FakeUpstreamConfig
+from .ratelimit import Rejection, SlidingWindowLog, ceil_millis, ceil_seconds, format_duration
+from .stats import LastRequest, Stats
+
+JSON_HEADERS = {"Content-Type": "application/json"}
+SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+HANG_POLL_SECONDS = 0.05  # how often a hung request looks whether its client went away
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+class Fault(Enum):
+    DROP = "drop"
+    HANG = "hang"
+    FAIL = "fail"
+
+
+class _Answered(Exception):
+    """Raised by validation steps to answer at once with `response`."""
+
+    def __init__(self, response: web.StreamResponse) -> None:
+        super().__init__()
+        self.response = response
+
+
+Parser = Callable[[dict[str, Any], FakeUpstreamConfig], Job | str]
+Renderer = Callable[[Job, str, int], bytes]
+ChunkRenderer = Callable[[Job, str, int, int], list[bytes]]
+
+
+class FakeUpstream:
+    """The server's state and its request handlers."""
+
+    def __init__(self, config: FakeUpstreamConfig) -> None:
+        self.config = config
+        self.stats = Stats()
+        self.window_log = SlidingWindowLog(config.window)
+        self.rng = random.Random(config.seed)
+        self._ids = itertools.count(1)
+        self._id_prefix = os.urandom(4).hex()  # distinct ids across instances
+        self._hanging: set[int] = set()  # id() of hung requests: their end is no disconnect
+        self._models_body = bodies.models_list(config.models, int(time.time()))
+
+    # ------------------------------------------------------------ state operations
+
+    def control(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """Apply runtime option changes (ValueError if any is bad); returns the options."""
+        config = self.config.updated(changes)
+        if "seed" in changes:
+            self.rng.seed(config.seed)
+        self.window_log.window = config.window
+        self.config = config
+        return config.runtime_options()
+
+    def snapshot(self) -> dict[str, Any]:
+        return self.stats.snapshot(self.window_log.peak)
+
+    def reset(self) -> None:
+        self.stats = self.stats.fresh()
+        self.window_log.clear()
+
+    # ------------------------------------------------------------ endpoints
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._inference(
+            request, _parse_chat, bodies.chat_completion, bodies.chat_chunks, "chatcmpl"
+        )
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._inference(
+            request, _parse_completion, bodies.text_completion, bodies.completion_chunks, "cmpl"
+        )
+
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        return await self._inference(request, _parse_embedding, _render_embeddings, None, "emb")
+
+    async def models(self, request: web.Request) -> web.StreamResponse:
+        self._note_arrival(request)
+        if not self._authorized(request):
+            return self._unauthorized()
+        self.stats.served += 1
+        return self._json(200, self._models_body)
+
+    async def not_found(self, request: web.Request) -> web.StreamResponse:
+        self._note_arrival(request)
+        message = f"Invalid URL ({request.method} {request.path})"
+        return self._json(404, bodies.error_body(message, "invalid_request_error"))
+
+    async def get_stats(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(body=orjson.dumps(self.snapshot()), headers=JSON_HEADERS)
+
+    async def reset_stats(self, request: web.Request) -> web.StreamResponse:
+        self.reset()
+        return web.Response(body=orjson.dumps(self.snapshot()), headers=JSON_HEADERS)
+
+    async def get_control(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(body=orjson.dumps(self.config.runtime_options()), headers=JSON_HEADERS)
+
+    async def post_control(self, request: web.Request) -> web.StreamResponse:
+        try:
+            changes = orjson.loads(await request.read())
+            if not isinstance(changes, dict):
+                raise ValueError("the body must be a JSON object of options")
+            options = self.control(changes)
+        except (orjson.JSONDecodeError, ValueError) as exc:
+            body = bodies.error_body(str(exc), "invalid_request_error", "invalid_option")
+            return web.Response(status=400, body=body, headers=JSON_HEADERS)
+        return web.Response(body=orjson.dumps(options), headers=JSON_HEADERS)
+
+    # ------------------------------------------------------------ the inference path
+
+    async def _inference(
+        self,
+        request: web.Request,
+        parse: Parser,
+        render: Renderer,
+        render_chunks: ChunkRenderer | None,
+        id_prefix: str,
+    ) -> web.StreamResponse:
+        arrival = self._note_arrival(request)
+        self.stats.enter()
+        try:
+            job, headers = await self._admit(request, parse, arrival)
+            rid = f"{id_prefix}-{self._id_prefix}{next(self._ids):x}"
+            headers["x-request-id"] = rid
+            created = int(time.time())
+            if job.stream and render_chunks is not None:
+                events = render_chunks(job, rid, created, self.config.stream_chunks)
+                return await self._stream(request, job, events, headers)
+            self.stats.count_served(job.prompt_tokens, job.completion_tokens)
+            return self._json(200, render(job, rid, created), headers)
+        except _Answered as answered:
+            return answered.response
+        except asyncio.CancelledError:
+            # aiohttp cancels the handler when the client disconnects (handler_cancellation).
+            if id(request) not in self._hanging:
+                self.stats.client_disconnects += 1
+            raise
+        finally:
+            self.stats.in_flight -= 1
+            self._hanging.discard(id(request))
+
+    async def _admit(
+        self, request: web.Request, parse: Parser, arrival: LastRequest
+    ) -> tuple[Job, dict[str, str]]:
+        """Auth, body, rate limit, latency and faults; raises _Answered to answer early."""
+        if not self._authorized(request):
+            raise _Answered(self._unauthorized())
+        job = parse(await self._read_body(request, arrival), self.config)
+        if isinstance(job, str):
+            raise _Answered(self._bad_request(job))
+        headers = self._take_budget(job)
+        await self._sleep_latency()
+        fault = self._draw_fault()
+        if fault is not None:
+            raise _Answered(await self._inject(request, fault, headers))
+        return job, headers
+
+    async def _read_body(self, request: web.Request, arrival: LastRequest) -> dict[str, Any]:
+        raw = await request.read()
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            message = "We could not parse the JSON body of your request."
+            raise _Answered(self._bad_request(message)) from None
+        if not isinstance(body, dict):
+            raise _Answered(self._bad_request("The request body must be a JSON object."))
+        arrival.body = body  # shown in /stats while this is still the latest request
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise _Answered(self._bad_request("you must provide a model parameter", "model"))
+        return body
+
+    def _take_budget(self, job: Job) -> dict[str, str]:
+        """Record the request in the sliding window, or answer 429 if it does not fit."""
+        config = self.config
+        now = time.monotonic()
+        if config.rpm is None and config.tpm is None:
+            self.window_log.add(now, job.cost)  # only for peak_window_requests
+            return dict(JSON_HEADERS)
+        rejection = self.window_log.check(now, job.cost, config.rpm, config.tpm)
+        if rejection is not None:
+            raise _Answered(self._rate_limited(rejection, job, now))
+        self.window_log.add(now, job.cost)
+        return {**JSON_HEADERS, **self._limit_headers(now)}
+
+    async def _sleep_latency(self) -> None:
+        low, high = self.config.latency_range
+        if high > 0:
+            await asyncio.sleep(low if low == high else self.rng.uniform(low, high))
+
+    def _draw_fault(self) -> Fault | None:
+        config = self.config
+        drop, hang, fail = config.drop_rate, config.hang_rate, config.fail_rate
+        if drop + hang + fail <= 0:
+            return None  # no draw: keeps seeded sequences stable while faults are off
+        roll = self.rng.random()
+        if roll < drop:
+            return Fault.DROP
+        if roll < drop + hang:
+            return Fault.HANG
+        if roll < drop + hang + fail:
+            return Fault.FAIL
+        return None
+
+    async def _inject(
+        self, request: web.Request, fault: Fault, headers: dict[str, str]
+    ) -> web.StreamResponse:
+        if fault is Fault.FAIL:
+            self.stats.failed += 1
+            return self._server_error(self.config.fail_status, headers)
+        if fault is Fault.HANG:
+            self.stats.hung += 1
+            self._hanging.add(id(request))
+            await _wait_for_disconnect(request)
+        else:
+            self.stats.dropped += 1
+        _close_connection(request)
+        return web.Response()  # never sent: the connection is already closed
+
+    async def _stream(
+        self, request: web.Request, job: Job, events: list[bytes], headers: dict[str, str]
+    ) -> web.StreamResponse:
+        headers.update(SSE_HEADERS)
+        response = web.StreamResponse(headers=headers)
+        cut_after = self.config.fail_after_chunks
+        delay = self.config.chunk_delay
+        try:
+            await response.prepare(request)
+            self.stats.count_status(200)
+            for index, event in enumerate(events):
+                if index and delay:
+                    await asyncio.sleep(delay)
+                await response.write(event)  # written to the socket now: nothing buffers
+                if index + 1 == cut_after and cut_after < len(events):
+                    self.stats.streams_cut += 1
+                    _close_connection(request)  # no terminating chunk: an incomplete body
+                    return response
+            await response.write_eof()
+        except ConnectionError:
+            self.stats.client_disconnects += 1
+            return response
+        self.stats.count_served(job.prompt_tokens, job.completion_tokens)
+        return response
+
+    # ------------------------------------------------------------ answers
+
+    def _note_arrival(self, request: web.Request) -> LastRequest:
+        stats = self.stats
+        stats.requests += 1
+        arrival = LastRequest(request.method, request.path, request.headers)
+        stats.last_request = arrival
+        return arrival
+
+    def _authorized(self, request: web.Request) -> bool:
+        key = self.config.api_key
+        return key is None or request.headers.get("Authorization") == f"Bearer {key}"
+
+    def _json(
+        self, status: int, body: bytes, headers: dict[str, str] | None = None
+    ) -> web.Response:
+        self.stats.count_status(status)
+        return web.Response(status=status, body=body, headers=headers or JSON_HEADERS)
+
+    def _unauthorized(self) -> web.Response:
+        message = "Incorrect API key provided. You can find your API key in your account."
+        body = bodies.error_body(message, "invalid_request_error", "invalid_api_key")
+        return self._json(401, body)
+
+    def _bad_request(self, message: str, param: str | None = None) -> web.Response:
+        return self._json(400, bodies.error_body(message, "invalid_request_error", None, param))
+
+    def _server_error(self, status: int, headers: dict[str, str]) -> web.Response:
+        message = "The server had an error while processing your request. Sorry about that!"
+        return self._json(status, bodies.error_body(message, "server_error"), headers)
+
+    def _rate_limited(self, rejection: Rejection, job: Job, now: float) -> web.Response:
+        self.stats.rejected += 1
+        headers = self._limit_headers(now)
+        headers.update(JSON_HEADERS)
+        headers["retry-after"] = str(ceil_seconds(rejection.retry_after))
+        headers["retry-after-ms"] = str(ceil_millis(rejection.retry_after))
+        message = _rate_limit_message(rejection, job.model, self.config.window)
+        body = bodies.error_body(message, rejection.kind, "rate_limit_exceeded")
+        return self._json(429, body, headers)
+
+    def _limit_headers(self, now: float) -> dict[str, str]:
+        """OpenAI's x-ratelimit-* headers; a reset is when the window is empty again."""
+        config = self.config
+        state = self.window_log.state(now)
+        headers: dict[str, str] = {}
+        if config.rpm is not None:
+            headers["x-ratelimit-limit-requests"] = str(config.rpm)
+            headers["x-ratelimit-remaining-requests"] = str(max(0, config.rpm - state.requests))
+            headers["x-ratelimit-reset-requests"] = format_duration(state.requests_reset)
+        if config.tpm is not None:
+            headers["x-ratelimit-limit-tokens"] = str(config.tpm)
+            headers["x-ratelimit-remaining-tokens"] = str(max(0, config.tpm - state.tokens))
+            headers["x-ratelimit-reset-tokens"] = format_duration(state.tokens_reset)
+        return headers
+
+
+def _rate_limit_message(rejection: Rejection, model: str, window: float) -> str:
+    unit = "min" if window == 60 else format_duration(window)
+    label = "requests per {} (RPM)" if rejection.kind == "requests" else "tokens per {} (TPM)"
+    scope = label.format(unit)
+    if rejection.too_large:
+        return (
+            f"Request too large for {model} in organization org-fake on {scope}: "
+            f"Limit {rejection.limit}, Requested {rejection.requested}. "
+            "The input or output tokens must be reduced in order to run successfully."
+        )
+    return (
+        f"Rate limit reached for {model} in organization org-fake on {scope}: "
+        f"Limit {rejection.limit}, Used {rejection.used}, Requested {rejection.requested}. "
+        f"Please try again in {format_duration(rejection.retry_after)}."
+    )
+
+
+async def _wait_for_disconnect(request: web.Request) -> None:
+    """Sleep until the client closes the connection (or the server shuts down)."""
+    while True:
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            return
+        await asyncio.sleep(HANG_POLL_SECONDS)
+
+
+def _close_connection(request: web.Request) -> None:
+    """Close the TCP connection after what was written so far; aiohttp writes no more."""
+    transport = request.transport
+    if transport is not None:
+        transport.close()
+
+
+def _parse_chat(body: dict[str, Any], config: FakeUpstreamConfig) -> Job | str:
+    return bodies.parse_chat(body, config.completion_tokens)
+
+
+def _parse_completion(body: dict[str, Any], config: FakeUpstreamConfig) -> Job | str:
+    return bodies.parse_completion(body, config.completion_tokens)
+
+
+def _parse_embedding(body: dict[str, Any], config: FakeUpstreamConfig) -> Job | str:
+    return bodies.parse_embedding(body, config.embedding_dims)
+
+
+def _render_embeddings(job: Job, rid: str, created: int) -> bytes:
+    return bodies.embeddings(job)
+
+
+UPSTREAM_KEY: web.AppKey[FakeUpstream] = web.AppKey("fake_upstream", FakeUpstream)
+
+
+def build_app(config: FakeUpstreamConfig | None = None) -> web.Application:
+    """The aiohttp application; its state is `app[UPSTREAM_KEY]`.
+
+    Serve it with `handler_cancellation=True` (as `run_in_thread` and the CLI do) so that
+    handlers stop as soon as their client goes away.
+    """
+    upstream = FakeUpstream(dataclasses.replace(config or FakeUpstreamConfig()))
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app[UPSTREAM_KEY] = upstream
+    routes: list[tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]] = [
+        ("POST", "/v1/chat/completions", upstream.chat_completions),
+        ("POST", "/v1/completions", upstream.completions),
+        ("POST", "/v1/embeddings", upstream.embeddings),
+        ("GET", "/v1/models", upstream.models),
+        ("GET", "/stats", upstream.get_stats),
+        ("POST", "/stats/reset", upstream.reset_stats),
+        ("GET", "/control", upstream.get_control),
+        ("POST", "/control", upstream.post_control),
+        ("*", "/v1/{tail:.*}", upstream.not_found),  # last: OpenAI-shaped 404s
+    ]
+    for method, path, handler in routes:
+        app.router.add_route(method, path, handler)
+    return app

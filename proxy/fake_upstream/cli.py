@@ -1,0 +1,93 @@
+"""`python -m proxy.fake_upstream`: serve a fake OpenAI upstream in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from collections.abc import Callable
+
+from .config import FakeUpstreamConfig, parse_latency
+from .runner import serve
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = FakeUpstreamConfig()
+    parser = argparse.ArgumentParser(
+        prog="python -m proxy.fake_upstream",
+        description="A fast fake OpenAI-compatible upstream with a strict rate limit, "
+        "latency and failure injection. Options can be changed at runtime with POST /control.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add = parser.add_argument
+    add("--host", default=defaults.host, help="address to listen on")
+    add("--port", type=int, default=defaults.port, help="port, 0 = any free")
+    add("--latency", default="0", help="seconds before answering: 0.05 or a range 0.02-0.2")
+    add(
+        "--stream-chunks",
+        type=int,
+        default=defaults.stream_chunks,
+        help="content chunks per stream",
+    )
+    add("--chunk-delay", type=float, default=defaults.chunk_delay, help="seconds between chunks")
+    add("--completion-tokens", type=int, default=defaults.completion_tokens, help="per answer")
+    add("--rpm", type=int, default=None, help="requests per window (unset: unlimited)")
+    add("--tpm", type=int, default=None, help="tokens per window (unset: unlimited)")
+    add("--window", type=float, default=defaults.window, help="limit window in seconds")
+    add("--fail-rate", type=float, default=0.0, help="share of requests answered fail-status")
+    add("--fail-status", type=int, default=defaults.fail_status, help="injected status")
+    add("--hang-rate", type=float, default=0.0, help="share of requests never answered")
+    add("--drop-rate", type=float, default=0.0, help="share of connections closed unanswered")
+    add("--fail-after-chunks", type=int, default=0, help="cut streams after K chunks (0 = off)")
+    add("--seed", type=int, default=None, help="seed of the random draws")
+    add("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    add("--models", default=",".join(defaults.models), help="what GET /v1/models lists")
+    add("--embedding-dims", type=int, default=defaults.embedding_dims, help="vector size")
+    add("--access-log", action="store_true", help="log every request (slower)")
+    add("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> FakeUpstreamConfig:
+    models = tuple(name.strip() for name in args.models.split(",") if name.strip())
+    return FakeUpstreamConfig(
+        host=args.host,
+        port=args.port,
+        latency=parse_latency(args.latency),
+        stream_chunks=args.stream_chunks,
+        chunk_delay=args.chunk_delay,
+        completion_tokens=args.completion_tokens,
+        rpm=args.rpm,
+        tpm=args.tpm,
+        window=args.window,
+        fail_rate=args.fail_rate,
+        fail_status=args.fail_status,
+        hang_rate=args.hang_rate,
+        drop_rate=args.drop_rate,
+        fail_after_chunks=args.fail_after_chunks,
+        seed=args.seed,
+        api_key=args.api_key,
+        models=models,
+        embedding_dims=args.embedding_dims,
+        access_log=args.access_log,
+    )
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop  # optional: a faster event loop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(message)s")
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(serve(config))

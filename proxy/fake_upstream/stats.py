@@ -1,0 +1,86 @@
+"""Counters of what the fake upstream received and answered (read by tests and benchmarks)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class LastRequest:
+    """The latest request on /v1/*: enough to prove what a proxy forwarded."""
+
+    method: str
+    path: str
+    headers: Mapping[str, str]  # the live request headers; lower-cased on snapshot
+    body: Any = None  # the parsed JSON body, when it parsed
+
+    def snapshot(self) -> dict[str, Any]:
+        body = self.body
+        model = body.get("model") if isinstance(body, dict) else None
+        return {
+            "method": self.method,
+            "path": self.path,
+            "headers": {name.lower(): value for name, value in self.headers.items()},
+            "model": model,
+            "body": body,
+        }
+
+
+@dataclass(slots=True)
+class Stats:
+    """Plain counters; only the server's event loop thread writes them."""
+
+    requests: int = 0  # everything received on /v1/*
+    served: int = 0  # 2xx answers completed (a stream counts once it ended normally)
+    rejected: int = 0  # 429s from the rate limit
+    failed: int = 0  # injected error statuses (fail_rate)
+    hung: int = 0  # injected hangs (hang_rate)
+    dropped: int = 0  # connections closed without any answer (drop_rate)
+    streams_cut: int = 0  # streams cut after `fail_after_chunks` chunks
+    client_disconnects: int = 0  # clients that went away before the answer ended
+    in_flight: int = 0
+    max_in_flight: int = 0
+    prompt_tokens_served: int = 0
+    completion_tokens_served: int = 0
+    by_status: dict[int, int] = field(default_factory=dict)
+    last_request: LastRequest | None = None
+
+    def enter(self) -> None:
+        self.in_flight += 1
+        if self.in_flight > self.max_in_flight:
+            self.max_in_flight = self.in_flight
+
+    def count_status(self, status: int) -> None:
+        self.by_status[status] = self.by_status.get(status, 0) + 1
+
+    def count_served(self, prompt_tokens: int, completion_tokens: int) -> None:
+        self.served += 1
+        self.prompt_tokens_served += prompt_tokens
+        self.completion_tokens_served += completion_tokens
+
+    def fresh(self) -> Stats:
+        """Zeroed counters that keep the requests still in flight (so they end at 0)."""
+        return Stats(in_flight=self.in_flight, max_in_flight=self.in_flight)
+
+    def snapshot(self, peak_window_requests: int) -> dict[str, Any]:
+        last = self.last_request
+        return {
+            "requests": self.requests,
+            "served": self.served,
+            "rejected": self.rejected,
+            "failed": self.failed,
+            "hung": self.hung,
+            "dropped": self.dropped,
+            "streams_cut": self.streams_cut,
+            "client_disconnects": self.client_disconnects,
+            "by_status": {str(status): n for status, n in sorted(self.by_status.items())},
+            "in_flight": self.in_flight,
+            "max_in_flight": self.max_in_flight,
+            "peak_window_requests": peak_window_requests,
+            "tokens_served": self.prompt_tokens_served + self.completion_tokens_served,
+            "prompt_tokens_served": self.prompt_tokens_served,
+            "completion_tokens_served": self.completion_tokens_served,
+            "last_request": last.snapshot() if last is not None else None,
+        }

@@ -1,0 +1,157 @@
+"""Limits as a client sees them, through a real proxy (in-memory limiter) and the real
+fake upstream: key limits answer 429 at once, deployment limits make requests wait."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from support.proxy_server import ProxyInThread, settings_from
+
+from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
+
+KEY = "sk-limited"
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
+
+
+@pytest.fixture
+def upstream() -> Iterator[FakeUpstreamHandle]:
+    with run_in_thread(FakeUpstreamConfig(port=0, chunk_delay=0.001)) as handle:
+        yield handle
+
+
+def _proxy(
+    upstream: FakeUpstreamHandle,
+    key: dict[str, Any],
+    deployment: dict[str, Any] | None = None,
+    routing: dict[str, Any] | None = None,
+) -> ProxyInThread:
+    config = {
+        "keys": [{"name": "limited", "key": KEY, **key}],
+        "models": [
+            {
+                "name": "m",
+                "deployments": [{"id": "d1", "base_url": upstream.base_url, **(deployment or {})}],
+            }
+        ],
+        "routing": {"retries": 0, **(routing or {})},
+    }
+    return ProxyInThread(settings_from(config))
+
+
+async def _burst(url: str, n: int, body: dict[str, Any] | None = None) -> list[httpx.Response]:
+    headers = {"authorization": f"Bearer {KEY}"}
+    limits = httpx.Limits(max_connections=n)
+    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+        return await asyncio.gather(
+            *(
+                client.post(f"{url}/chat/completions", json=body or CHAT, headers=headers)
+                for _ in range(n)
+            )
+        )
+
+
+def _assert_429(response: httpx.Response, code: str) -> None:
+    assert response.status_code == 429
+    assert response.json()["error"]["code"] == code
+    assert int(response.headers["retry-after"]) >= 1
+    assert int(response.headers["retry-after-ms"]) >= 1
+    assert response.headers["x-request-id"]
+
+
+def test_200_concurrent_requests_against_a_key_of_50_let_exactly_50_through(
+    upstream: FakeUpstreamHandle,
+) -> None:
+    with _proxy(upstream, {"rpm": 50}) as proxy:
+        responses = asyncio.run(_burst(proxy.base_url, 200))
+    statuses = [r.status_code for r in responses]
+    assert statuses.count(200) == 50
+    assert statuses.count(429) == 150
+    for response in responses:
+        if response.status_code == 429:
+            _assert_429(response, "key_rpm")
+    assert upstream.stats()["served"] == 50
+
+
+def test_responses_carry_the_keys_rate_limit_headers(upstream: FakeUpstreamHandle) -> None:
+    with _proxy(upstream, {"rpm": 10, "tpm": 10_000}) as proxy:
+        client = openai.OpenAI(base_url=proxy.base_url, api_key=KEY, max_retries=0)
+        first = client.chat.completions.with_raw_response.create(**CHAT)
+        second = client.chat.completions.with_raw_response.create(**CHAT)
+    for response in (first, second):
+        assert response.headers["x-ratelimit-limit-requests"] == "10"
+        assert response.headers["x-ratelimit-limit-tokens"] == "10000"
+        assert response.headers["x-ratelimit-reset-requests"].endswith("s")
+        assert response.headers["x-ratelimit-reset-tokens"].endswith("s")
+    assert int(first.headers["x-ratelimit-remaining-requests"]) == 9
+    assert int(second.headers["x-ratelimit-remaining-requests"]) == 8
+    assert int(second.headers["x-ratelimit-remaining-tokens"]) < 10_000
+
+
+def test_token_limit_answers_429_key_tpm(upstream: FakeUpstreamHandle) -> None:
+    with _proxy(upstream, {"tpm": 100}) as proxy:
+        body = {**CHAT, "max_tokens": 60}
+        responses = asyncio.run(_burst(proxy.base_url, 3, body))
+    assert sorted(r.status_code for r in responses) == [200, 429, 429]
+    _assert_429(next(r for r in responses if r.status_code == 429), "key_tpm")
+
+
+def test_a_request_bigger_than_the_key_can_ever_hold_is_a_clear_400(
+    upstream: FakeUpstreamHandle,
+) -> None:
+    with _proxy(upstream, {"tpm": 100}) as proxy:
+        client = openai.OpenAI(base_url=proxy.base_url, api_key=KEY, max_retries=0)
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(**{**CHAT, "max_tokens": 5000})
+    assert info.value.code == "request_too_large"
+
+
+def test_max_parallel_caps_in_flight_requests_and_frees_slots(upstream: FakeUpstreamHandle) -> None:
+    upstream.control(latency=0.5)
+    with _proxy(upstream, {"max_parallel": 3}) as proxy:
+        first = asyncio.run(_burst(proxy.base_url, 10))
+        second = asyncio.run(_burst(proxy.base_url, 3))
+        leases = proxy.app.state.pipeline.limiter.leases_held("limited")
+    assert sorted(r.status_code for r in first) == [200] * 3 + [429] * 7
+    _assert_429(next(r for r in first if r.status_code == 429), "key_parallel")
+    assert [r.status_code for r in second] == [200] * 3
+    assert leases == 0
+
+
+def test_a_burst_over_the_deployment_limit_waits_for_its_turn(upstream: FakeUpstreamHandle) -> None:
+    # The upstream accepts 5 requests per second, strictly; the proxy paces to that.
+    upstream.control(rpm=5, window=1.0)
+    with _proxy(upstream, {}, {"rpm": 300}, {"max_wait": "10s"}) as proxy:
+        responses = asyncio.run(_burst(proxy.base_url, 12))
+    assert [r.status_code for r in responses] == [200] * 12
+    stats = upstream.stats()
+    assert stats["rejected"] == 0
+    assert stats["served"] == 12
+
+
+def test_beyond_max_wait_the_model_is_at_capacity(upstream: FakeUpstreamHandle) -> None:
+    with _proxy(upstream, {}, {"rpm": 60}, {"max_wait": "1.5s"}) as proxy:
+        responses = asyncio.run(_burst(proxy.base_url, 5))
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses.count(200) == 2  # one now, one a second later
+    rejected = [r for r in responses if r.status_code == 429]
+    for response in rejected:
+        _assert_429(response, "model_capacity")
+        # Its turn would come no sooner than ~2 s from now, minus the wait it may take.
+        assert float(response.headers["retry-after-ms"]) / 1000 <= 5
+    assert len(rejected) == 3
+
+
+def test_a_full_queue_answers_queue_full(upstream: FakeUpstreamHandle) -> None:
+    with _proxy(upstream, {}, {"rpm": 60}, {"max_wait": "30s", "max_queue": 2}) as proxy:
+        responses = asyncio.run(_burst(proxy.base_url, 6))
+        leftovers = proxy.app.state.pipeline.waiting
+    statuses = [r.status_code for r in responses]
+    assert statuses.count(200) == 3  # one at once, two after waiting in the queue
+    assert statuses.count(429) == 3
+    _assert_429(next(r for r in responses if r.status_code == 429), "queue_full")
+    assert leftovers == 0

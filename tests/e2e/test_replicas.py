@@ -1,0 +1,165 @@
+"""Accuracy across replicas: three proxy processes share one Redis in front of a fake
+upstream that enforces a strict sliding-window limit. Driven at three times that limit,
+the upstream must reject nothing, serve at least 95% of its limit, and every client
+request must end in a success or a proxy 429 with retry-after."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.load import LoadResult, drive
+from support.proxy_server import ProxyProcess
+from support.redis_server import RedisClusterServers, RedisServer, redis_available
+
+from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
+
+pytestmark = pytest.mark.skipif(not redis_available(), reason="redis-server is not installed")
+
+WINDOW = 10.0  # seconds of the upstream's sliding window
+LIMIT = 100  # requests per window: 10 per second
+RATE = LIMIT / WINDOW
+DURATION = 20.0
+
+
+def _config(
+    redis_url: str, upstream: FakeUpstreamHandle, on_error: str = "local"
+) -> dict[str, Any]:
+    return {
+        "redis": {"url": redis_url, "on_error": on_error},
+        "models": [
+            {
+                "name": "gpt-4o-mini",
+                "deployments": [
+                    {
+                        "id": "strict",
+                        "base_url": upstream.base_url,
+                        "rpm": int(LIMIT * 60 / WINDOW),
+                        "timeout": "10s",
+                    }
+                ],
+            }
+        ],
+        "routing": {"max_wait": "2s", "retries": 0},
+    }
+
+
+@pytest.fixture
+def upstream() -> Iterator[FakeUpstreamHandle]:
+    config = FakeUpstreamConfig(port=0, rpm=LIMIT, window=WINDOW, latency=0.02)
+    with run_in_thread(config) as handle:
+        yield handle
+
+
+def _replicas(
+    stack: ExitStack, config: dict[str, Any], workdir: Path, n: int = 3
+) -> list[ProxyProcess]:
+    return [
+        stack.enter_context(ProxyProcess(config, workdir, name=f"replica-{i}")) for i in range(n)
+    ]
+
+
+def _assert_accurate(result: LoadResult, upstream: FakeUpstreamHandle, duration: float) -> None:
+    stats = upstream.stats()
+    assert len(result.outcomes) == result.sent, "a request was lost"
+    assert set(result.statuses) <= {200, 429}, result.statuses
+    for outcome in result.outcomes:
+        if outcome.status == 429:
+            assert outcome.retry_after is not None and int(outcome.retry_after) >= 1
+            assert outcome.code in ("model_capacity", "queue_full")
+    assert stats["rejected"] == 0, stats
+    assert stats["peak_window_requests"] <= LIMIT
+    assert stats["served"] >= 0.95 * RATE * duration, stats
+    assert result.count(200) == stats["served"]
+
+
+def test_three_replicas_share_one_redis_budget(
+    tmp_path: Path, upstream: FakeUpstreamHandle
+) -> None:
+    with ExitStack() as stack:
+        redis = stack.enter_context(RedisServer(tmp_path / "redis"))
+        proxies = _replicas(stack, _config(redis.url, upstream), tmp_path)
+        upstream.reset()
+        result = asyncio.run(drive([p.base_url for p in proxies], 3 * RATE, DURATION))
+    _assert_accurate(result, upstream, DURATION)
+
+
+def test_three_replicas_share_a_redis_cluster_budget(
+    tmp_path: Path, upstream: FakeUpstreamHandle
+) -> None:
+    with ExitStack() as stack:
+        cluster = RedisClusterServers(tmp_path / "cluster", masters=3).start()
+        stack.callback(cluster.stop)
+        proxies = _replicas(stack, _config(cluster.url, upstream), tmp_path)
+        upstream.reset()
+        result = asyncio.run(drive([p.base_url for p in proxies], 3 * RATE, DURATION))
+    _assert_accurate(result, upstream, DURATION)
+
+
+async def _kill_and_restart(redis: RedisServer, down_after: float, down_for: float) -> None:
+    await asyncio.sleep(down_after)
+    await asyncio.to_thread(redis.kill)
+    await asyncio.sleep(down_for)
+    await asyncio.to_thread(redis.start)
+
+
+def test_redis_killed_mid_run_falls_back_to_local_shares(tmp_path: Path) -> None:
+    # No limit at the upstream here: it only measures what reaches it.
+    with ExitStack() as stack:
+        upstream = stack.enter_context(run_in_thread(FakeUpstreamConfig(port=0, window=WINDOW)))
+        redis = stack.enter_context(RedisServer(tmp_path / "redis"))
+        proxies = _replicas(stack, _config(redis.url, upstream), tmp_path)
+        urls = [p.base_url for p in proxies]
+
+        async def scenario() -> LoadResult:
+            load = asyncio.create_task(drive(urls, 3 * RATE, 24.0))
+            await _kill_and_restart(redis, down_after=6.0, down_for=8.0)
+            return await load
+
+        result = asyncio.run(scenario())
+        # Shared limiting resumes: every replica reports it has left fallback mode.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not all(_shared(p) for p in proxies):
+            time.sleep(0.2)
+        assert all(_shared(p) for p in proxies)
+    stats = upstream.stats()
+    assert set(result.statuses) <= {200, 429}, result.statuses
+    assert len(result.outcomes) == result.sent
+    # Traffic kept flowing while Redis was down, within each replica's share.
+    assert stats["served"] >= 0.8 * RATE * 24.0
+    assert stats["peak_window_requests"] <= LIMIT + LIMIT / 3 + 1
+
+
+def test_redis_killed_mid_run_with_reject_answers_503_then_recovers(tmp_path: Path) -> None:
+    with ExitStack() as stack:
+        upstream = stack.enter_context(run_in_thread(FakeUpstreamConfig(port=0)))
+        redis = stack.enter_context(RedisServer(tmp_path / "redis"))
+        proxies = _replicas(stack, _config(redis.url, upstream, on_error="reject"), tmp_path, n=2)
+        urls = [p.base_url for p in proxies]
+
+        async def scenario() -> tuple[LoadResult, LoadResult, LoadResult]:
+            before = await drive(urls, 10, 2.0)
+            await asyncio.to_thread(redis.kill)
+            during = await drive(urls, 10, 2.0)
+            await asyncio.to_thread(redis.start)
+            await asyncio.sleep(3.0)
+            after = await drive(urls, 10, 2.0)
+            return before, during, after
+
+        before, during, after = asyncio.run(scenario())
+    assert set(before.statuses) == {200}
+    assert during.statuses[503] >= len(during.outcomes) * 0.8
+    assert set(during.statuses) <= {200, 503}
+    assert set(after.statuses) == {200}
+
+
+def _shared(proxy: ProxyProcess) -> bool:
+    import httpx
+
+    state = httpx.get(f"{proxy.url}/health/ready", timeout=2).json()
+    return bool(state.get("limiter") == "shared")

@@ -1,0 +1,90 @@
+"""A bounded open-loop load driver for accuracy tests (127.0.0.1 only).
+
+Sends requests at a fixed rate for a fixed time, round-robin over proxy replicas, and
+records every outcome: nothing is dropped silently, and the run always ends (each
+request has a timeout, the loop a deadline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+
+
+@dataclass
+class Outcome:
+    status: int  # 0 = transport error
+    code: str | None = None
+    retry_after: str | None = None
+
+
+@dataclass
+class LoadResult:
+    outcomes: list[Outcome] = field(default_factory=list)
+    sent: int = 0
+
+    def count(self, status: int) -> int:
+        return sum(1 for o in self.outcomes if o.status == status)
+
+    @property
+    def statuses(self) -> Counter[int]:
+        return Counter(o.status for o in self.outcomes)
+
+    @property
+    def codes(self) -> Counter[str | None]:
+        return Counter(o.code for o in self.outcomes if o.status != 200)
+
+
+async def drive(
+    urls: list[str],
+    rate: float,
+    duration: float,
+    *,
+    api_key: str | None = None,
+    body: dict[str, Any] | None = None,
+    timeout: float = 30.0,
+) -> LoadResult:
+    """POST chat completions at ``rate`` per second for ``duration`` seconds."""
+    result = LoadResult()
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+
+        async def one(url: str) -> None:
+            try:
+                response = await client.post(
+                    f"{url}/chat/completions", json=body or CHAT, headers=headers
+                )
+            except httpx.HTTPError:
+                result.outcomes.append(Outcome(0))
+                return
+            code = None
+            if response.status_code != 200:
+                try:
+                    code = response.json()["error"]["code"]
+                except (ValueError, KeyError, TypeError):
+                    code = "unparseable"
+            result.outcomes.append(
+                Outcome(response.status_code, code, response.headers.get("retry-after"))
+            )
+
+        tasks: list[asyncio.Task[None]] = []
+        start = time.monotonic()
+        interval = 1.0 / rate
+        n = 0
+        while (next_at := start + n * interval) < start + duration:
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(urls[n % len(urls)])))
+            n += 1
+        result.sent = n
+        await asyncio.gather(*tasks)
+    return result
