@@ -26,6 +26,7 @@ from proxy.api.responses import error_response
 from proxy.config import Settings, load_settings
 from proxy.errors import InvalidRequest, ModelNotFound, ProxyError
 from proxy.limiter import create_limiter
+from proxy.logs import configure_logging
 from proxy.metrics import Metrics
 from proxy.pipeline import Pipeline
 from proxy.upstream.client import create_http_client
@@ -43,7 +44,7 @@ def create_app(settings: Settings, *, workers: int = 1) -> FastAPI:
     with the in-memory limiter each holds ``1/workers`` of every budget."""
     shared = bool(settings.redis.url)
     share = 1.0 if shared else 1.0 / max(workers, 1)
-    metrics = Metrics()
+    metrics = Metrics(budget_shared=shared)
     _warn_about(settings, workers, shared)
 
     @asynccontextmanager
@@ -98,6 +99,7 @@ def create_app(settings: Settings, *, workers: int = 1) -> FastAPI:
 def create_app_from_env() -> FastAPI:
     """Factory for ``uvicorn --factory`` (used by ``--workers N``): config from the env."""
     settings = load_settings(os.environ[CONFIG_ENV])
+    configure_logging(settings.server.log_level)
     return create_app(settings, workers=int(os.environ.get(WORKERS_ENV, "1")))
 
 
@@ -129,11 +131,12 @@ def _publish_configured_state(settings: Settings, metrics: Metrics, share: float
     """Series visible before any traffic: every deployment healthy, its limits."""
     for group in settings.models:
         for d in group.deployments:
-            metrics.set_deployment_state(group.name, d.id, False)
-            if d.rpm is not None:
-                metrics.set_deployment_limit(group.name, d.id, "requests", d.rpm * share)
-            if d.tpm is not None:
-                metrics.set_deployment_limit(group.name, d.id, "tokens", d.tpm * share)
+            metrics.init_deployment(
+                group.name,
+                d.id,
+                rpm=d.rpm * share if d.rpm is not None else None,
+                tpm=d.tpm * share if d.tpm is not None else None,
+            )
     metrics.set_fallback_active(False)
 
 

@@ -127,7 +127,7 @@ def _serve(args: argparse.Namespace) -> int:
         return _serve_workers(args, settings)
     from proxy.app import create_app
 
-    _run(create_app(settings), args.host, args.port)
+    _run(create_app(settings), args.host, args.port, settings.server.log_level)
     return 0
 
 
@@ -142,7 +142,7 @@ def _serve_demo(args: argparse.Namespace) -> int:
     upstream = run_in_thread(FakeUpstreamConfig(port=port))
     logger.info("Demo: built-in fake upstream at %s", upstream.url)
     try:
-        _run(create_app(demo_settings(upstream.url)), args.host, args.port)
+        _run(create_app(demo_settings(upstream.url)), args.host, args.port, "info")
     finally:
         upstream.stop()
     return 0
@@ -169,7 +169,7 @@ def _serve_workers(args: argparse.Namespace, settings: Settings) -> int:
             "proxy.app:create_app_from_env",
             factory=True,
             workers=args.workers,
-            **_uvicorn_options(args.host, args.port),
+            **_uvicorn_options(args.host, args.port, settings.server.log_level),
         )
     finally:
         if metrics_dir is not None:
@@ -177,20 +177,23 @@ def _serve_workers(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _run(app: Any, host: str, port: int) -> None:
+def _run(app: Any, host: str, port: int, log_level: str) -> None:
     import uvicorn
 
-    uvicorn.run(app, **_uvicorn_options(host, port))
+    uvicorn.run(app, **_uvicorn_options(host, port, log_level))
 
 
-def _uvicorn_options(host: str, port: int) -> dict[str, Any]:
+def _uvicorn_options(host: str, port: int, log_level: str) -> dict[str, Any]:
+    from proxy.logs import logging_config
+
     return {
         "host": host,
         "port": port,
         "loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
         "http": "httptools" if importlib.util.find_spec("httptools") else "h11",
         "access_log": False,  # the proxy writes its own structured line per request
-        "log_config": None,
+        # Workers are spawned: they get the logging set-up through uvicorn, not from us.
+        "log_config": logging_config(log_level),
         "timeout_graceful_shutdown": 30,
         "backlog": 4096,
     }

@@ -1,0 +1,540 @@
+"""Prometheus metrics of the proxy.
+
+One :class:`Metrics` object per process owns its own ``CollectorRegistry``: nothing is
+registered in prometheus-client's global registry, so tests can build many apps per process.
+The request pipeline calls the small recording methods below; each one looks its labelled
+children up in a dict keyed by the label tuple, because ``.labels()`` validates and locks on
+every call and is too slow for the hot path.
+
+Label values must come from the config (model and deployment names, or the literal
+``"unknown"``) and from the fixed vocabularies named here, never from client input, so the
+number of series stays bounded.
+
+Several uvicorn workers (``--workers N``) use prometheus-client's multiprocess mode:
+
+* prometheus-client picks its value class once, when ``prometheus_client.values`` is first
+  imported: with ``PROMETHEUS_MULTIPROC_DIR`` set, every metric is backed by a per-process
+  mmap file in that directory. So the variable must be set before a worker imports
+  prometheus_client. uvicorn *spawns* its workers (fresh interpreters that inherit the
+  environment), hence the CLI calls :func:`prepare_multiprocess_dir` in the parent before
+  starting them, and :func:`cleanup_multiprocess_dir` after they have stopped.
+* :meth:`Metrics.render` then merges every worker's file with ``MultiProcessCollector``:
+  counters and histograms are summed (files of dead workers stay, so nothing is lost; the
+  directory is fresh per start, so nothing from an earlier run is counted again), and each
+  gauge is merged by the mode that makes its number right (see ``_GAUGE_MODES``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import logging
+import os
+import re
+import shutil
+import tempfile
+from typing import Final, Literal
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import values as _prom_values
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+__all__ = [
+    "CONTENT_TYPE",
+    "LIMIT_KINDS",
+    "MULTIPROC_ENV",
+    "RATE_LIMIT_SCOPES",
+    "Metrics",
+    "cleanup_multiprocess_dir",
+    "mark_worker_dead",
+    "prepare_multiprocess_dir",
+]
+
+log = logging.getLogger(__name__)
+
+MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
+
+# The classic text format; every Prometheus server understands it.
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+
+# ``kind`` of the budget gauges; the names of OpenAI's x-ratelimit-*-requests/-tokens headers.
+LIMIT_KINDS: Final = frozenset({"requests", "tokens"})
+
+# Known ``scope`` values of llmproxy_rate_limited_total (others are accepted: the pipeline
+# owns the vocabulary; this list documents it).
+RATE_LIMIT_SCOPES: Final = (
+    "key_rpm",
+    "key_tpm",
+    "key_parallel",
+    "model_capacity",
+    "queue_full",
+    "queue_timeout",
+    "too_large",
+)
+
+# LLM calls last from milliseconds (cached, tiny embeddings) to many minutes (long generations).
+DURATION_BUCKETS: Final = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0,
+    120.0, 300.0, 600.0,
+)  # fmt: skip
+TTFT_BUCKETS: Final = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0,
+    20.0, 30.0, 60.0,
+)  # fmt: skip
+QUEUE_WAIT_BUCKETS: Final = (
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0,
+)  # fmt: skip
+
+_GaugeMode = Literal["livesum", "livemax", "livemostrecent"]
+
+# How each gauge is merged across workers. "live*" modes drop the values of dead workers
+# (see mark_worker_dead), so a crashed worker's in-flight requests do not linger.
+_GAUGE_MODES: Final[dict[str, _GaugeMode]] = {
+    # Each worker counts its own requests: the replica's number is the sum.
+    "queue_depth": "livesum",
+    "in_flight": "livesum",
+    # Cooling down or in fallback in any worker is what an operator must see.
+    "deployment_state": "livemax",
+    "fallback_active": "livemax",
+    # The upstream's own view, the same for every worker: the latest report is the truth.
+    "upstream_remaining": "livemostrecent",
+}
+# The limiter's limit and remaining budget: with a shared (Redis) limiter every worker sees the
+# same bucket, so the latest value is the truth; with the in-memory one each worker holds its
+# own share of the budget, so the replica's number is the sum of the shares.
+_BUDGET_MODES: Final[dict[bool, _GaugeMode]] = {True: "livemostrecent", False: "livesum"}
+
+
+class Metrics:
+    """Every metric of the proxy, in a registry of its own.
+
+    ``budget_shared`` says how the limiter's limit and remaining budget are merged across
+    workers: True (Redis backend) when every worker sees the same shared bucket, so the
+    latest value wins; False (in-memory backend) when each worker enforces its own share, so
+    each worker sets its share and the shares add up. It matters only with several workers.
+
+    In multiprocess mode create one instance per process: two instances in one process would
+    write the same entries of the same mmap file.
+    """
+
+    def __init__(self, *, budget_shared: bool = True) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.multiprocess_dir = _multiprocess_dir()
+        self._render_registry = self.registry
+        if self.multiprocess_dir is not None:
+            # The aggregating registry reads every worker's files; self.registry still
+            # holds this process's own values (handy in tests and for debugging).
+            self._render_registry = CollectorRegistry(auto_describe=False)
+            MultiProcessCollector(  # type: ignore[no-untyped-call]
+                self._render_registry, path=self.multiprocess_dir
+            )
+
+        reg = self.registry
+        self._requests_total = Counter(
+            "llmproxy_requests_total",
+            "Client requests answered by the proxy, by model and HTTP status.",
+            ["model", "status"],
+            registry=reg,
+        )
+        self._request_duration = Histogram(
+            "llmproxy_request_duration_seconds",
+            "Time from receiving a client request to the end of its response, queueing "
+            "and retries included.",
+            ["model"],
+            unit="seconds",
+            buckets=DURATION_BUCKETS,
+            registry=reg,
+        )
+        self._upstream_total = Counter(
+            "llmproxy_upstream_requests_total",
+            "Requests sent to upstream deployments, by HTTP status, or error/timeout when "
+            "no response arrived.",
+            ["model", "deployment", "status"],
+            registry=reg,
+        )
+        self._upstream_duration = Histogram(
+            "llmproxy_upstream_duration_seconds",
+            "Time from sending a request upstream to the end of its response.",
+            ["model", "deployment"],
+            unit="seconds",
+            buckets=DURATION_BUCKETS,
+            registry=reg,
+        )
+        self._ttft = Histogram(
+            "llmproxy_time_to_first_token_seconds",
+            "Time from sending a streaming request upstream to its first content chunk.",
+            ["model", "deployment"],
+            unit="seconds",
+            buckets=TTFT_BUCKETS,
+            registry=reg,
+        )
+        self._tokens_total = Counter(
+            "llmproxy_tokens_total",
+            "Tokens reported by the upstream's usage, by kind (prompt or completion).",
+            ["model", "deployment", "kind"],
+            registry=reg,
+        )
+        self._rate_limited_total = Counter(
+            "llmproxy_rate_limited_total",
+            "Requests the proxy answered with 429, by whose limit it was (scope).",
+            ["scope", "model"],
+            registry=reg,
+        )
+        self._queue_wait = Histogram(
+            "llmproxy_queue_wait_seconds",
+            "Time a request waited for a budget before being forwarded or rejected.",
+            ["model"],
+            unit="seconds",
+            buckets=QUEUE_WAIT_BUCKETS,
+            registry=reg,
+        )
+        self._queue_depth = Gauge(
+            "llmproxy_queue_depth",
+            "Requests currently waiting for a budget.",
+            ["model"],
+            multiprocess_mode=_GAUGE_MODES["queue_depth"],
+            registry=reg,
+        )
+        self._in_flight = Gauge(
+            "llmproxy_in_flight_requests",
+            "Requests currently being forwarded to a deployment.",
+            ["model", "deployment"],
+            multiprocess_mode=_GAUGE_MODES["in_flight"],
+            registry=reg,
+        )
+        self._deployment_state = Gauge(
+            "llmproxy_deployment_state",
+            "Deployment state: 0 healthy, 1 cooling down (not chosen).",
+            ["model", "deployment"],
+            multiprocess_mode=_GAUGE_MODES["deployment_state"],
+            registry=reg,
+        )
+        self._cooldowns_total = Counter(
+            "llmproxy_deployment_cooldowns_total",
+            "Times a deployment was put into cooldown, by reason.",
+            ["model", "deployment", "reason"],
+            registry=reg,
+        )
+        self._failures_total = Counter(
+            "llmproxy_deployment_failures_total",
+            "Failed upstream attempts counted against a deployment's health, by reason.",
+            ["model", "deployment", "reason"],
+            registry=reg,
+        )
+        self._fallback_active = Gauge(
+            "llmproxy_limiter_fallback_active",
+            "1 while the shared limiter (Redis) is unreachable and local limits apply.",
+            multiprocess_mode=_GAUGE_MODES["fallback_active"],
+            registry=reg,
+        )
+        self._limiter_errors_total = Counter(
+            "llmproxy_limiter_errors_total",
+            "Errors talking to the shared limiter backend (Redis), by operation.",
+            ["operation"],
+            registry=reg,
+        )
+        self._deployment_limit = Gauge(
+            "llmproxy_deployment_limit",
+            "Per-minute limit the proxy enforces for a deployment, by kind (requests or tokens).",
+            ["model", "deployment", "kind"],
+            multiprocess_mode=_BUDGET_MODES[budget_shared],
+            registry=reg,
+        )
+        self._budget_remaining = Gauge(
+            "llmproxy_deployment_budget_remaining",
+            "Budget the proxy's limiter had left for a deployment at its last decision, by "
+            "kind (requests or tokens).",
+            ["model", "deployment", "kind"],
+            multiprocess_mode=_BUDGET_MODES[budget_shared],
+            registry=reg,
+        )
+        self._upstream_remaining = Gauge(
+            "llmproxy_upstream_ratelimit_remaining",
+            "Remaining budget the upstream last reported in its x-ratelimit-remaining-* "
+            "headers, by kind (requests or tokens).",
+            ["model", "deployment", "kind"],
+            multiprocess_mode=_GAUGE_MODES["upstream_remaining"],
+            registry=reg,
+        )
+
+        # Children caches, keyed by label tuples (see the module docstring).
+        self._c_request: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
+        self._c_upstream: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
+        self._c_ttft: dict[tuple[str, str], Histogram] = {}
+        self._c_tokens: dict[tuple[str, str], tuple[Counter, Counter]] = {}
+        self._c_rate_limited: dict[tuple[str, str], Counter] = {}
+        self._c_queue_wait: dict[str, Histogram] = {}
+        self._c_queue_depth: dict[str, Gauge] = {}
+        self._c_in_flight: dict[tuple[str, str], Gauge] = {}
+        self._c_state: dict[tuple[str, str], Gauge] = {}
+        self._c_cooldown: dict[tuple[str, str, str], Counter] = {}
+        self._c_failure: dict[tuple[str, str, str], Counter] = {}
+        self._c_limiter_error: dict[str, Counter] = {}
+        self._c_limit: dict[tuple[str, str, str], Gauge] = {}
+        self._c_budget: dict[tuple[str, str, str], Gauge] = {}
+        self._c_upstream_remaining: dict[tuple[str, str, str], Gauge] = {}
+
+        # Visible from the first scrape, before any Redis trouble.
+        self._fallback_active.set(0)
+
+    # -- request pipeline -------------------------------------------------------------------
+
+    def request_finished(self, model: str, status: int, duration: float) -> None:
+        """A client request was answered with ``status`` after ``duration`` seconds."""
+        children = self._c_request.get((model, status))
+        if children is None:
+            children = self._c_request[(model, status)] = (
+                self._requests_total.labels(model, str(status)),
+                self._request_duration.labels(model),
+            )
+        children[0].inc()
+        children[1].observe(duration)
+
+    def upstream_finished(self, model: str, deployment: str, status: str, duration: float) -> None:
+        """An upstream attempt ended: ``status`` is the HTTP status as a string, or
+        ``"error"``/``"timeout"`` when no response arrived."""
+        key = (model, deployment, status)
+        children = self._c_upstream.get(key)
+        if children is None:
+            children = self._c_upstream[key] = (
+                self._upstream_total.labels(model, deployment, status),
+                self._upstream_duration.labels(model, deployment),
+            )
+        children[0].inc()
+        children[1].observe(duration)
+
+    def first_token(self, model: str, deployment: str, seconds: float) -> None:
+        child = self._c_ttft.get((model, deployment))
+        if child is None:
+            child = self._c_ttft[(model, deployment)] = self._ttft.labels(model, deployment)
+        child.observe(seconds)
+
+    def tokens(self, model: str, deployment: str, prompt: int, completion: int) -> None:
+        children = self._c_tokens.get((model, deployment))
+        if children is None:
+            children = self._c_tokens[(model, deployment)] = self._token_children(model, deployment)
+        # Counters refuse negative increments; a zero one is a needless mmap write.
+        if prompt > 0:
+            children[0].inc(prompt)
+        if completion > 0:
+            children[1].inc(completion)
+
+    def rate_limited(self, scope: str, model: str) -> None:
+        """The proxy answered 429 because of ``scope``'s limit (see RATE_LIMIT_SCOPES)."""
+        child = self._c_rate_limited.get((scope, model))
+        if child is None:
+            child = self._c_rate_limited[(scope, model)] = self._rate_limited_total.labels(
+                scope, model
+            )
+        child.inc()
+
+    def queue_wait(self, model: str, seconds: float) -> None:
+        child = self._c_queue_wait.get(model)
+        if child is None:
+            child = self._c_queue_wait[model] = self._queue_wait.labels(model)
+        child.observe(seconds)
+
+    def queue_depth_add(self, model: str, delta: int) -> None:
+        child = self._c_queue_depth.get(model)
+        if child is None:
+            child = self._c_queue_depth[model] = self._queue_depth.labels(model)
+        child.inc(delta)
+
+    def in_flight_add(self, model: str, deployment: str, delta: int) -> None:
+        child = self._c_in_flight.get((model, deployment))
+        if child is None:
+            child = self._c_in_flight[(model, deployment)] = self._in_flight.labels(
+                model, deployment
+            )
+        child.inc(delta)
+
+    # -- deployment health ------------------------------------------------------------------
+
+    def set_deployment_state(self, model: str, deployment: str, cooling: bool) -> None:
+        child = self._c_state.get((model, deployment))
+        if child is None:
+            child = self._c_state[(model, deployment)] = self._deployment_state.labels(
+                model, deployment
+            )
+        child.set(1.0 if cooling else 0.0)
+
+    def cooldown(self, model: str, deployment: str, reason: str) -> None:
+        key = (model, deployment, reason)
+        child = self._c_cooldown.get(key)
+        if child is None:
+            child = self._c_cooldown[key] = self._cooldowns_total.labels(*key)
+        child.inc()
+
+    def failure(self, model: str, deployment: str, reason: str) -> None:
+        key = (model, deployment, reason)
+        child = self._c_failure.get(key)
+        if child is None:
+            child = self._c_failure[key] = self._failures_total.labels(*key)
+        child.inc()
+
+    # -- limiter ----------------------------------------------------------------------------
+
+    def set_fallback_active(self, active: bool) -> None:
+        self._fallback_active.set(1.0 if active else 0.0)
+
+    def limiter_error(self, operation: str) -> None:
+        child = self._c_limiter_error.get(operation)
+        if child is None:
+            child = self._c_limiter_error[operation] = self._limiter_errors_total.labels(operation)
+        child.inc()
+
+    def set_deployment_limit(self, model: str, deployment: str, kind: str, value: float) -> None:
+        """The per-minute limit this process enforces (the configured rpm/tpm, or this
+        worker's share of it; see ``budget_shared``); ``kind``: ``"requests"``/``"tokens"``."""
+        self._kind_gauge(self._deployment_limit, self._c_limit, model, deployment, kind).set(value)
+
+    def set_budget_remaining(self, model: str, deployment: str, kind: str, value: float) -> None:
+        self._kind_gauge(self._budget_remaining, self._c_budget, model, deployment, kind).set(value)
+
+    def set_upstream_remaining(self, model: str, deployment: str, kind: str, value: float) -> None:
+        """What the upstream's ``x-ratelimit-remaining-{requests,tokens}`` header said."""
+        gauge = self._kind_gauge(
+            self._upstream_remaining, self._c_upstream_remaining, model, deployment, kind
+        )
+        gauge.set(value)
+
+    def init_deployment(
+        self, model: str, deployment: str, *, rpm: float | None, tpm: float | None
+    ) -> None:
+        """Start-up: make a configured deployment's series exist before any traffic, so
+        dashboards show it (healthy, idle, its limits) from the first scrape."""
+        self.set_deployment_state(model, deployment, False)
+        if rpm is not None:
+            self.set_deployment_limit(model, deployment, "requests", rpm)
+        if tpm is not None:
+            self.set_deployment_limit(model, deployment, "tokens", tpm)
+        self.in_flight_add(model, deployment, 0)
+        self.queue_depth_add(model, 0)
+        self._c_tokens.setdefault((model, deployment), self._token_children(model, deployment))
+
+    # -- exposition -------------------------------------------------------------------------
+
+    def render(self) -> tuple[bytes, str]:
+        """Body and content type of ``GET /metrics``: in multiprocess mode, every worker's
+        values merged."""
+        if self.multiprocess_dir is not None:
+            _reap_dead_workers(self.multiprocess_dir)
+        return generate_latest(self._render_registry), CONTENT_TYPE
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _token_children(self, model: str, deployment: str) -> tuple[Counter, Counter]:
+        return (
+            self._tokens_total.labels(model, deployment, "prompt"),
+            self._tokens_total.labels(model, deployment, "completion"),
+        )
+
+    @staticmethod
+    def _kind_gauge(
+        gauge: Gauge,
+        cache: dict[tuple[str, str, str], Gauge],
+        model: str,
+        deployment: str,
+        kind: str,
+    ) -> Gauge:
+        key = (model, deployment, kind)
+        child = cache.get(key)
+        if child is None:
+            # Validated once per label set, on the cache miss, so the hot path stays cheap.
+            if kind not in LIMIT_KINDS:
+                raise ValueError(f"kind must be one of {sorted(LIMIT_KINDS)}, not {kind!r}")
+            child = cache[key] = gauge.labels(*key)
+        return child
+
+
+# -- multiprocess mode ------------------------------------------------------------------------
+
+
+def _multiprocess_dir() -> str | None:
+    """The directory this process's metrics live in, or None in single-process mode.
+
+    The truth is prometheus-client's value class, fixed when it was imported; the
+    environment variable only tells where the files are.
+    """
+    mmap_backed = bool(getattr(_prom_values.ValueClass, "_multiprocess", False))
+    path = os.environ.get(MULTIPROC_ENV)
+    if mmap_backed:
+        if not path or not os.path.isdir(path):
+            raise RuntimeError(
+                f"prometheus_client is in multiprocess mode but {MULTIPROC_ENV}={path!r} "
+                "is not a directory"
+            )
+        return path
+    if path:
+        # Set after prometheus_client was imported here: values live in this process
+        # only, so rendering them is the only truthful thing to do.
+        log.warning(
+            "%s is set but prometheus_client was imported before it; "
+            "metrics of this process are not shared with other workers",
+            MULTIPROC_ENV,
+        )
+    return None
+
+
+def prepare_multiprocess_dir(workers: int) -> str | None:
+    """Call in the CLI's parent process before starting ``workers`` uvicorn workers.
+
+    With more than one worker: creates a fresh private directory (0700; a reused one would
+    count an earlier run's requests again), exports it as ``PROMETHEUS_MULTIPROC_DIR`` so the
+    spawned workers inherit it before they import prometheus_client, and returns it.
+    With one worker: returns None and changes nothing.
+    """
+    if workers <= 1:
+        return None
+    path = tempfile.mkdtemp(prefix="llmproxy-metrics-")
+    os.environ[MULTIPROC_ENV] = path
+    return path
+
+
+def cleanup_multiprocess_dir(path: str | None) -> None:
+    """Call in the parent after the workers have stopped: removes the directory and the
+    environment variable :func:`prepare_multiprocess_dir` set."""
+    if path is None:
+        return
+    if os.environ.get(MULTIPROC_ENV) == path:
+        del os.environ[MULTIPROC_ENV]
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def mark_worker_dead(pid: int, path: str | None = None) -> None:
+    """Forget the live gauges (in-flight, queue depth, states) of a worker that died.
+
+    Its counters and histograms stay: they are history. :meth:`Metrics.render` calls this
+    for every worker that is gone, so nobody has to; a supervisor that knows a pid died may
+    call it too.
+    """
+    path = path or os.environ.get(MULTIPROC_ENV)
+    if not path:
+        return
+    # Two workers rendering at once may both remove the same file.
+    with contextlib.suppress(FileNotFoundError):
+        mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
+
+
+_LIVE_GAUGE_FILE = re.compile(r"gauge_live[a-z]+_(\d+)\.db$")
+
+
+def _reap_dead_workers(path: str) -> None:
+    pids = {
+        int(m.group(1))
+        for name in glob.glob(os.path.join(glob.escape(path), "gauge_live*_*.db"))
+        if (m := _LIVE_GAUGE_FILE.search(name))
+    }
+    for pid in pids:
+        if not _pid_alive(pid):
+            mark_worker_dead(pid, path)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
