@@ -28,17 +28,20 @@ DEMO_UPSTREAM_PORT = 8001
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["fake-upstream"]:
+        # Its options are its own: hand them over untouched (argparse's REMAINDER
+        # would stop at the first --option).
+        from proxy.fake_upstream import main as fake_main
+
+        fake_main(argv[1:])
+        return 0
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
     if args.command == "check-config":
         return _check_config(args.path)
-    if args.command == "fake-upstream":
-        from proxy.fake_upstream import main as fake_main
-
-        fake_main(list(args.rest))
-        return 0
     parser.print_help()
     return 2
 
@@ -55,10 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, default=int(os.environ.get("LLM_PROXY_WORKERS", "1")))
     check = commands.add_parser("check-config", help="validate a config file")
     check.add_argument("path")
-    fake = commands.add_parser(
-        "fake-upstream", help="run the built-in fake OpenAI upstream", add_help=False
+    commands.add_parser(
+        "fake-upstream", help="run the built-in fake OpenAI upstream (see its --help)"
     )
-    fake.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
 
 

@@ -1,0 +1,102 @@
+"""What an upstream's answer says about its budget (pure).
+
+Reads OpenAI's ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` (resets as Go
+durations such as ``6m0s``), Anthropic's ``anthropic-ratelimit-{requests,tokens}-
+{limit,remaining,reset}`` (resets as RFC 3339 times), and ``retry-after-ms`` /
+``retry-after`` (seconds or an HTTP date).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+
+from proxy.ratelimit_headers import parse_reset
+
+__all__ = ["UpstreamBudget", "parse_budget", "retry_after"]
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamBudget:
+    limit_requests: float | None = None
+    remaining_requests: float | None = None
+    reset_requests: float | None = None  # seconds from now
+    limit_tokens: float | None = None
+    remaining_tokens: float | None = None
+    reset_tokens: float | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.remaining_requests is None and self.remaining_tokens is None
+
+
+def _number(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def _until(value: str | None, now: float) -> float | None:
+    """Seconds until an RFC 3339 time (Anthropic) or a Go duration (OpenAI)."""
+    if value is None:
+        return None
+    seconds = parse_reset(value)
+    if seconds is not None:
+        return seconds
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return max(moment.timestamp() - now, 0.0)
+
+
+def parse_budget(headers: Mapping[str, str], now: float) -> UpstreamBudget:
+    """The upstream's view of its budget; ``now`` is the wall clock (epoch seconds)."""
+    get = headers.get
+    if get("x-ratelimit-remaining-requests") is not None or get(
+        "x-ratelimit-remaining-tokens"
+    ) is not None:
+        return UpstreamBudget(
+            limit_requests=_number(get("x-ratelimit-limit-requests")),
+            remaining_requests=_number(get("x-ratelimit-remaining-requests")),
+            reset_requests=parse_reset(get("x-ratelimit-reset-requests")),
+            limit_tokens=_number(get("x-ratelimit-limit-tokens")),
+            remaining_tokens=_number(get("x-ratelimit-remaining-tokens")),
+            reset_tokens=parse_reset(get("x-ratelimit-reset-tokens")),
+        )
+    prefix = "anthropic-ratelimit-"
+    if get(prefix + "requests-remaining") is not None or get(prefix + "tokens-remaining"):
+        return UpstreamBudget(
+            limit_requests=_number(get(prefix + "requests-limit")),
+            remaining_requests=_number(get(prefix + "requests-remaining")),
+            reset_requests=_until(get(prefix + "requests-reset"), now),
+            limit_tokens=_number(get(prefix + "tokens-limit")),
+            remaining_tokens=_number(get(prefix + "tokens-remaining")),
+            reset_tokens=_until(get(prefix + "tokens-reset"), now),
+        )
+    return UpstreamBudget()
+
+
+def retry_after(headers: Mapping[str, str], now: float) -> float | None:
+    """Seconds the upstream asks us to wait, from the most precise header it sent."""
+    ms = _number(headers.get("retry-after-ms"))
+    if ms is not None and ms >= 0:
+        return ms / 1000.0
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    seconds = _number(value)
+    if seconds is not None:
+        return max(seconds, 0.0)
+    try:
+        moment = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(moment.timestamp() - now, 0.0)
