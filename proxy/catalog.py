@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import httpx
+
 from proxy.config import ClientKey, Deployment, ModelGroup, Settings
 from proxy.limiter.base import DeploymentLimits, KeyLimits, Rate
+from proxy.upstream.client import timeout_extension
 
 __all__ = ["Catalog", "DeploymentRoute", "GroupRoute", "key_limits"]
 
@@ -24,6 +27,9 @@ DEFAULT_DEPLOYMENT_BURST = 1
 DEPLOYMENT_HEADROOM = 0.01
 
 
+_ENDPOINTS = ("chat/completions", "completions", "embeddings")
+
+
 @dataclass(frozen=True, slots=True)
 class DeploymentRoute:
     config: Deployment
@@ -31,6 +37,9 @@ class DeploymentRoute:
     limits: DeploymentLimits
     upstream_model: str
     timeout: float
+    # Built once: parsed upstream URLs per endpoint, the timeout extension, auth header.
+    urls: dict[str, httpx.URL]
+    timeouts: dict[str, float]
 
     @property
     def id(self) -> str:
@@ -40,8 +49,8 @@ class DeploymentRoute:
     def weight(self) -> float:
         return self.config.weight
 
-    def url(self, endpoint: str) -> str:
-        return f"{self.config.base_url}/{endpoint}"
+    def url(self, endpoint: str) -> httpx.URL:
+        return self.urls[endpoint]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +101,8 @@ def _group(group: ModelGroup, share: float) -> GroupRoute:
                 limits=deployment_limits(d, share),
                 upstream_model=d.model or group.name,
                 timeout=d.timeout,
+                urls={e: httpx.URL(f"{d.base_url}/{e}") for e in _ENDPOINTS},
+                timeouts=timeout_extension(d.timeout),
             )
             for d in group.deployments
         ),

@@ -187,7 +187,7 @@ class Pipeline:
         self,
         settings: Settings,
         limiter: Limiter,
-        http: httpx.AsyncClient,
+        transport: httpx.AsyncBaseTransport,
         metrics: Metrics,
         share: float = 1.0,
         rng: random.Random | None = None,
@@ -196,7 +196,7 @@ class Pipeline:
         self.catalog = Catalog(settings, share)
         self.keys = KeyStore(settings.keys)
         self.limiter = limiter
-        self.http = http
+        self.transport = transport
         self.metrics = metrics
         self.rng = rng or random.Random()
         self.waiting = 0
@@ -403,12 +403,12 @@ class Pipeline:
                 }
                 strip_usage = True
             payload = orjson.dumps(body)
-        request = self.http.build_request(
+        request = httpx.Request(
             "POST",
             deployment.url(call.endpoint),
             content=payload,
             headers=request_headers(call.headers, deployment.config.api_key.get_secret_value()),
-            timeout=httpx.Timeout(deployment.timeout, connect=min(deployment.timeout, 10.0)),
+            extensions={"timeout": deployment.timeouts},
         )
         return await self._exchange(call, deployment, request, strip_usage, settlement)
 
@@ -424,7 +424,7 @@ class Pipeline:
         started = time.perf_counter()
         self._in_flight_add(model, dep, 1)
         try:
-            response = await self.http.send(request, stream=True)
+            response = await self.transport.handle_async_request(request)
         except (TimeoutError, httpx.HTTPError, OSError) as exc:
             self._in_flight_add(model, dep, -1)
             error, reason = map_transport_error(exc, dep)

@@ -123,9 +123,9 @@ def test_max_parallel_caps_in_flight_requests_and_frees_slots(upstream: FakeUpst
 
 
 def test_a_burst_over_the_deployment_limit_waits_for_its_turn(upstream: FakeUpstreamHandle) -> None:
-    # The upstream accepts 5 requests per second, strictly; the proxy paces to that.
-    upstream.control(rpm=5, window=1.0)
-    with _proxy(upstream, {}, {"rpm": 300}, {"max_wait": "10s"}) as proxy:
+    # The upstream accepts 10 requests in any 5 s, strictly; the proxy paces 12 to that.
+    upstream.control(rpm=10, window=5.0)
+    with _proxy(upstream, {}, {"rpm": 120}, {"max_wait": "10s"}) as proxy:
         responses = asyncio.run(_burst(proxy.base_url, 12))
     assert [r.status_code for r in responses] == [200] * 12
     stats = upstream.stats()

@@ -1,0 +1,148 @@
+"""The forwarding endpoints as plain ASGI: raw bytes in, raw bytes out.
+
+The hot path skips Starlette's request and response objects (and, through
+``HotPathRouter``, the middleware stack): it reads the body from ``receive`` under the
+size limit, hands it to the pipeline, and writes the reply with ``send``. A streamed
+reply races the client's ``http.disconnect``, so a client that goes away closes the
+upstream request at once, not at the next chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from proxy.errors import BodyTooLarge, ProxyError, UnsupportedMediaType
+from proxy.pipeline import Pipeline, Reply, StreamBody
+
+__all__ = ["ENDPOINTS", "ForwardingEndpoint", "HotPathRouter"]
+
+ENDPOINTS = {
+    "/v1/chat/completions": "chat/completions",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+}
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request body arrived."""
+
+
+class ForwardingEndpoint:
+    """One OpenAI endpoint that the proxy forwards (an ASGI app)."""
+
+    def __init__(self, endpoint: str, pipeline: Callable[[], Pipeline]) -> None:
+        self.endpoint = endpoint
+        self._pipeline = pipeline
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        pipeline = self._pipeline()
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+        lookup = dict(headers)
+        try:
+            _check_content_type(lookup.get("content-type"))
+            raw = await _read_body(
+                receive, lookup.get("content-length"), pipeline.settings.server.max_body_size
+            )
+        except ClientGone:
+            return
+        except ProxyError as error:
+            reply = pipeline.reject(self.endpoint, error)
+        else:
+            reply = await pipeline.handle(self.endpoint, raw, headers, lookup.get("authorization"))
+        await send_reply(reply, receive, send)
+
+
+class HotPathRouter:
+    """Sends POSTs to the forwarding endpoints straight to them; all else to ``app``."""
+
+    def __init__(self, app: ASGIApp, endpoints: dict[str, ForwardingEndpoint]) -> None:
+        self.app = app
+        self.endpoints = endpoints
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            endpoint = self.endpoints.get(scope["path"])
+            if endpoint is not None:
+                await endpoint(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    @property
+    def state(self) -> object:
+        """The wrapped app's state (``pipeline``, ``metrics``...), for tests and probes."""
+        return getattr(self.app, "state")  # noqa: B009
+
+
+def _check_content_type(content_type: str | None) -> None:
+    if content_type is None:
+        return  # lenient: a JSON body without a declared type is still parsed
+    media = content_type.split(";", 1)[0].strip().lower()
+    if not (media == "application/json" or media.endswith("+json")):
+        raise UnsupportedMediaType(f"Content-Type must be application/json, not '{media[:100]}'.")
+
+
+async def _read_body(receive: Receive, declared: str | None, limit: int) -> bytes:
+    too_large = BodyTooLarge(f"The request body exceeds the limit of {limit} bytes.")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _raw_headers(reply: Reply) -> list[tuple[bytes, bytes]]:
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in reply.headers.items()]
+
+
+async def send_reply(reply: Reply, receive: Receive, send: Send) -> None:
+    if reply.stream is None:
+        headers = _raw_headers(reply)
+        headers.append((b"content-length", str(len(reply.body)).encode()))
+        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+        await send({"type": "http.response.body", "body": reply.body})
+        return
+    await _send_stream(reply, reply.stream, receive, send)
+
+
+async def _send_stream(reply: Reply, body: StreamBody, receive: Receive, send: Send) -> None:
+    """Pass chunks through until the upstream ends or the client leaves, whichever first;
+    either way the upstream response is closed and the budgets settled."""
+
+    async def pump() -> None:
+        await send(
+            {"type": "http.response.start", "status": reply.status, "headers": _raw_headers(reply)}
+        )
+        async for chunk in body:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def client_left() -> None:
+        message: Message = {"type": ""}
+        while message["type"] != "http.disconnect":
+            message = await receive()
+
+    streaming = asyncio.ensure_future(pump())
+    watching = asyncio.ensure_future(client_left())
+    try:
+        await asyncio.wait({streaming, watching}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (streaming, watching):
+            task.cancel()
+        for task in (streaming, watching):
+            with contextlib.suppress(asyncio.CancelledError, OSError):
+                await task
+        await body.aclose()
