@@ -54,8 +54,7 @@ def create_app(settings: Settings, *, workers: int = 1) -> HotPathRouter:
             settings.redis.url or None,
             on_error=settings.redis.on_error,
             replica_id=f"{os.getpid()}-{uuid.uuid4().hex[:8]}",
-            socket_timeout=settings.redis.timeout,
-            connect_timeout=settings.redis.timeout,
+            timeout=settings.redis.timeout,
         )
         await _start(limiter)
         transport = create_transport()

@@ -162,6 +162,11 @@ class ManagedLimiter(Limiter, Protocol):
         """Verdicts can be given (storage reachable or a fallback in use)."""
         ...
 
+    @property
+    def storage_available(self) -> bool:
+        """The shared storage answers (always True without one)."""
+        ...
+
     def on_mode_change(self, callback: Callable[[LimiterMode], None]) -> None:
         """Call ``callback(new_mode)`` on every change (for metrics and readiness)."""
         ...

@@ -1,0 +1,113 @@
+-- Shared by every bucket script (prepended by proxy/limiter/scripts.py).
+-- A line-by-line mirror of proxy/limiter/bucket.py and of the lease rules in memory.py:
+-- same formulas in the same order, so results are bit-identical. Change them together.
+
+-- Keys stay this long after their bucket has refilled (a missing key reads as full).
+local EXPIRE_SLACK_MS = 10000
+-- Never ask Redis to keep a key longer than this (30 days), whatever the debt.
+local EXPIRE_MAX_MS = 2592000000
+
+-- Numbers cross the boundary as strings: 17 significant digits round-trip a double
+-- exactly (Lua's default tostring keeps only 14).
+local function fmt(x)
+  return string.format('%.17g', x)
+end
+
+-- An explicit time (tests) or the server's clock; one clock per slot, so per bucket.
+local function clock(arg)
+  if arg ~= '' then
+    return tonumber(arg)
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+-- A missing key is bucket.FULL: no debt, full forever.
+local function load_state(key)
+  local v = redis.call('HMGET', key, 'd', 't')
+  if v[1] then
+    return tonumber(v[1]), tonumber(v[2])
+  end
+  return 0.0, -math.huge
+end
+
+local function store_state(key, d, t, interval)
+  redis.call('HSET', key, 'd', fmt(d), 't', fmt(t))
+  local ttl = math.min(math.ceil(d * interval * 1000) + EXPIRE_SLACK_MS, EXPIRE_MAX_MS)
+  redis.call('PEXPIRE', key, string.format('%d', ttl))
+end
+
+-- bucket.debt_at
+local function debt_at(d, t, interval, now)
+  return math.max(0.0, d - (now - t) / interval)
+end
+
+local function bucket(key, interval, capacity, cost, now)
+  local d, t = load_state(key)
+  return {
+    key = key, interval = interval, capacity = capacity, cost = cost,
+    d = d, t = t, debt = debt_at(d, t, interval, now),
+  }
+end
+
+-- bucket.plan: returns wait, binding, too_large (indices 0-based, -1 for none)
+local function plan(buckets)
+  local wait, binding, too_large = 0.0, -1, -1
+  for i, b in ipairs(buckets) do
+    if b.cost > b.capacity and too_large < 0 then
+      too_large = i - 1
+    end
+    local w = (b.debt + b.cost - b.capacity) * b.interval
+    if w > wait then
+      wait = w
+      binding = i - 1
+    end
+  end
+  return wait, binding, too_large
+end
+
+-- bucket.decide: returns outcome, wait, retry_after, binding
+local function decide(wait, binding, too_large, max_wait)
+  if too_large >= 0 then
+    return 'too_large', 0.0, 0.0, too_large
+  end
+  if wait <= max_wait then
+    return 'allowed', wait, 0.0, binding
+  end
+  return 'refused', 0.0, wait - max_wait, binding
+end
+
+-- bucket.charge (and the store)
+local function charge(buckets, wait, now)
+  for _, b in ipairs(buckets) do
+    b.d = math.max(b.debt, wait / b.interval) + b.cost
+    b.t = now
+    store_state(b.key, b.d, b.t, b.interval)
+  end
+end
+
+-- bucket.adjust (and the store)
+local function adjust(key, interval, units, now)
+  local d, t = load_state(key)
+  d = math.max(0.0, debt_at(d, t, interval, now) + units)
+  store_state(key, d, now, interval)
+end
+
+-- memory.Leases.acquire: a sorted set of lease ids scored by their deadline
+local function acquire_lease(key, lease_id, limit, now, ttl)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. fmt(now))
+  if not redis.call('ZSCORE', key, lease_id) and redis.call('ZCARD', key) >= limit then
+    return false
+  end
+  redis.call('ZADD', key, fmt(now + ttl), lease_id)
+  redis.call('PEXPIRE', key, string.format('%d', math.ceil(ttl * 1000) + EXPIRE_SLACK_MS))
+  return true
+end
+
+local function append_states(reply, buckets)
+  for _, b in ipairs(buckets) do
+    table.insert(reply, fmt(b.d))
+    table.insert(reply, fmt(b.t))
+  end
+  return reply
+end

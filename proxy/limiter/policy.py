@@ -1,0 +1,380 @@
+"""The one place deciding what happens when the shared storage fails: fail open to a
+local share of every budget, or fail closed.
+
+``ResilientLimiter`` wraps the Redis limiter with a circuit breaker. After
+``failure_threshold`` consecutive storage errors the circuit opens: for ``reset_after``
+seconds nothing is sent to Redis. Then one call (a request or a heartbeat) probes it; an
+answer closes the circuit and budgets are shared again, a failure reopens it.
+
+While the circuit is open, and for any call that fails:
+
+* ``on_error="local"``: the answer comes from an in-memory limiter holding this
+  replica's share of each budget (limit / replicas last seen alive);
+* ``on_error="reject"``: ``LimiterUnavailable`` is raised (the HTTP layer answers 503).
+
+Replicas count themselves with heartbeats in Redis (one sorted set, server time): every
+``heartbeat_interval`` seconds each writes its id; alive means seen within
+``replica_ttl`` seconds. The last count seen sizes the local share. ``replica_id`` must be
+unique per process (each uvicorn worker is a replica with its own local share).
+
+Settlements (``release_key``, ``correct_deployment``) never raise for storage trouble:
+a lease that cannot be released expires on its own, a lost correction only errs on one
+request's estimate. They go where the request went when that is known (leases held
+locally), otherwise where requests currently go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from typing import Literal, TypeVar
+
+from proxy.limiter.base import (
+    DeploymentLimits,
+    DeploymentVerdict,
+    KeyLimits,
+    KeyVerdict,
+    LimiterMode,
+    LimiterUnavailable,
+    Rate,
+    StorageError,
+)
+from proxy.limiter.memory import MemoryLimiter
+from proxy.limiter.redis import RedisLimiter
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Clock = Callable[[], float]
+OnError = Literal["local", "reject"]
+
+
+class CircuitState(enum.Enum):
+    CLOSED = "closed"  # calls go to the storage
+    OPEN = "open"  # calls skip the storage until reset_after has passed
+    HALF_OPEN = "half_open"  # one probe call is in flight; the others skip
+
+
+class CircuitBreaker:
+    """Consecutive-failure circuit breaker with an injected clock."""
+
+    def __init__(
+        self,
+        failure_threshold: int = 3,
+        reset_after: float = 1.0,
+        clock: Clock = time.monotonic,
+        on_change: Callable[[CircuitState], None] | None = None,
+    ) -> None:
+        self._threshold = failure_threshold
+        self._reset_after = reset_after
+        self._clock = clock
+        self._on_change = on_change
+        self._state = CircuitState.CLOSED
+        self._failures = 0
+        self._opened_at = 0.0
+
+    @property
+    def state(self) -> CircuitState:
+        return self._state
+
+    def try_acquire(self) -> bool:
+        """May this call go to the storage? True at most once per opening (the probe)."""
+        if self._state is CircuitState.CLOSED:
+            return True
+        if (
+            self._state is CircuitState.OPEN
+            and self._clock() - self._opened_at >= self._reset_after
+        ):
+            self._set(CircuitState.HALF_OPEN)
+            return True
+        return False
+
+    def record_success(self) -> None:
+        self._failures = 0
+        self._set(CircuitState.CLOSED)
+
+    def record_failure(self) -> None:
+        self._failures += 1
+        if self._state is CircuitState.HALF_OPEN or self._failures >= self._threshold:
+            self._opened_at = self._clock()
+            self._set(CircuitState.OPEN)
+
+    def record_abandoned(self) -> None:
+        """The call was cancelled before the storage answered: it proves nothing. A
+        probe's slot goes back so the next call probes again."""
+        if self._state is CircuitState.HALF_OPEN:
+            self._set(CircuitState.OPEN)
+
+    def _set(self, state: CircuitState) -> None:
+        if state is not self._state:
+            self._state = state
+            if self._on_change is not None:
+                self._on_change(state)
+
+
+def share(rate: Rate, replicas: int, cost: float) -> Rate:
+    """This replica's part of ``rate`` when ``replicas`` share it.
+
+    The capacity is divided too (a burst from every replica at once would otherwise hit
+    the upstream with ``replicas`` times the burst), but never below what one request of
+    this ``cost`` needs, if the whole budget could take it: a request the shared budget
+    accepts must not become ``request_too_large`` locally.
+    """
+    if replicas <= 1:
+        return rate
+    capacity = max(rate.capacity / replicas, min(rate.capacity, cost))
+    return Rate(rate.limit / replicas, rate.period, capacity)
+
+
+def share_key(limits: KeyLimits, replicas: int, tokens: float) -> KeyLimits:
+    return replace(
+        limits,
+        rpm=None if limits.rpm is None else share(limits.rpm, replicas, 1.0),
+        tpm=None if limits.tpm is None else share(limits.tpm, replicas, tokens),
+        max_parallel=(
+            None if limits.max_parallel is None else max(1, limits.max_parallel // replicas)
+        ),
+    )
+
+
+def share_deployment(
+    deployment: DeploymentLimits, replicas: int, tokens: float
+) -> DeploymentLimits:
+    return replace(
+        deployment,
+        rpm=None if deployment.rpm is None else share(deployment.rpm, replicas, 1.0),
+        tpm=None if deployment.tpm is None else share(deployment.tpm, replicas, tokens),
+    )
+
+
+class _Skipped:
+    """The storage was not asked (circuit open) or failed."""
+
+
+SKIPPED = _Skipped()
+
+
+class ResilientLimiter:
+    """The shared (Redis) limiter behind a circuit breaker, with a local fallback."""
+
+    def __init__(
+        self,
+        shared: RedisLimiter,
+        *,
+        on_error: OnError,
+        replica_id: str,
+        heartbeat_interval: float = 1.0,
+        replica_ttl: float = 3.0,
+        initial_replicas: int = 1,
+        failure_threshold: int = 3,
+        reset_after: float = 1.0,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        if on_error not in ("local", "reject"):
+            raise ValueError(f"on_error must be 'local' or 'reject', not {on_error!r}")
+        self._shared = shared
+        self._on_error = on_error
+        self._replica_id = replica_id
+        self._heartbeat_interval = heartbeat_interval
+        self._replica_ttl = replica_ttl
+        self._replicas = max(1, initial_replicas)
+        self._breaker = CircuitBreaker(failure_threshold, reset_after, clock, self._circuit_changed)
+        self._local = MemoryLimiter(clock)
+        self._listeners: list[Callable[[LimiterMode], None]] = []
+        self._last_mode = self.mode
+        self._heartbeats: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+
+    # -- health ----------------------------------------------------------------------
+
+    @property
+    def mode(self) -> LimiterMode:
+        if self._breaker.state is CircuitState.CLOSED:
+            return LimiterMode.SHARED
+        return LimiterMode.FALLBACK if self._on_error == "local" else LimiterMode.UNAVAILABLE
+
+    @property
+    def fallback_active(self) -> bool:
+        return self.mode is LimiterMode.FALLBACK
+
+    @property
+    def ready(self) -> bool:
+        return self.mode is not LimiterMode.UNAVAILABLE
+
+    @property
+    def storage_available(self) -> bool:
+        """The circuit is closed: the last calls to the storage succeeded."""
+        return self._breaker.state is CircuitState.CLOSED
+
+    @property
+    def live_replicas(self) -> int:
+        """Replicas seen alive at the last successful heartbeat (sizes the local share)."""
+        return self._replicas
+
+    @property
+    def circuit(self) -> CircuitState:
+        return self._breaker.state
+
+    @property
+    def local(self) -> MemoryLimiter:
+        """The in-memory limiter answering while the storage is down (for inspection)."""
+        return self._local
+
+    def on_mode_change(self, callback: Callable[[LimiterMode], None]) -> None:
+        self._listeners.append(callback)
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._heartbeats is None:
+            self._stopping.clear()
+            self._heartbeats = asyncio.create_task(self._heartbeat_loop(), name="limiter-heartbeat")
+
+    async def aclose(self) -> None:
+        task, self._heartbeats = self._heartbeats, None
+        if task is not None:
+            self._stopping.set()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            if self._breaker.state is CircuitState.CLOSED:
+                with contextlib.suppress(StorageError):
+                    await self._shared.leave(self._replica_id)
+        await self._shared.aclose()
+        await self._local.aclose()
+
+    async def heartbeat(self) -> None:
+        """One heartbeat now (the background task calls this every interval)."""
+        count = await self._via_shared(
+            lambda: self._shared.heartbeat(self._replica_id, self._replica_ttl)
+        )
+        if not isinstance(count, _Skipped):
+            self._replicas = max(1, count)
+
+    # -- Limiter ---------------------------------------------------------------------
+
+    async def acquire_key(self, limits: KeyLimits, lease_id: str, tokens: float) -> KeyVerdict:
+        verdict = await self._via_shared(lambda: self._shared.acquire_key(limits, lease_id, tokens))
+        if not isinstance(verdict, _Skipped):
+            return verdict
+        self._require_fallback()
+        local_limits = share_key(limits, self._replicas, tokens)
+        return self._local.acquire_key_now(local_limits, lease_id, tokens)
+
+    async def release_key(self, limits: KeyLimits, lease_id: str, token_correction: float) -> None:
+        if (
+            self._local.holds_lease(limits.name, lease_id)
+            or self._breaker.state is not CircuitState.CLOSED
+        ):
+            self._release_locally(limits, lease_id, token_correction)
+            return
+        done = await self._via_shared(
+            lambda: self._shared.release_key(limits, lease_id, token_correction)
+        )
+        if isinstance(done, _Skipped):
+            self._release_locally(limits, lease_id, token_correction)
+
+    async def reserve_deployment(
+        self,
+        group: str,
+        candidates: Sequence[DeploymentLimits],
+        tokens: float,
+        max_wait: float,
+    ) -> DeploymentVerdict:
+        verdict = await self._via_shared(
+            lambda: self._shared.reserve_deployment(group, candidates, tokens, max_wait)
+        )
+        if not isinstance(verdict, _Skipped):
+            return verdict
+        self._require_fallback()
+        local = [share_deployment(c, self._replicas, tokens) for c in candidates]
+        return self._local.reserve_deployment_now(group, local, tokens, max_wait)
+
+    async def correct_deployment(
+        self, group: str, deployment: DeploymentLimits, requests: float, tokens: float
+    ) -> None:
+        if self._breaker.state is CircuitState.CLOSED:
+            done = await self._via_shared(
+                lambda: self._shared.correct_deployment(group, deployment, requests, tokens)
+            )
+            if not isinstance(done, _Skipped):
+                return
+        if self._on_error == "local":
+            local = share_deployment(deployment, self._replicas, 0.0)
+            self._local.correct_deployment_now(group, local, requests, tokens)
+
+    # -- plumbing --------------------------------------------------------------------
+
+    async def _via_shared(self, call: Callable[[], Awaitable[T]]) -> T | _Skipped:
+        """``call()``'s result, or SKIPPED when the circuit is open or the call fails."""
+        if not self._breaker.try_acquire():
+            return SKIPPED
+        try:
+            result = await call()
+        except StorageError as exc:
+            if _being_cancelled():
+                # The client library turned our cancellation into an error: honour the
+                # cancellation, and do not blame the storage for it.
+                self._breaker.record_abandoned()
+                raise asyncio.CancelledError from exc
+            log.warning("limiter storage failed: %s", exc)
+            self._breaker.record_failure()
+            return SKIPPED
+        except BaseException:
+            self._breaker.record_abandoned()
+            raise
+        self._breaker.record_success()
+        return result
+
+    def _require_fallback(self) -> None:
+        if self._on_error == "reject":
+            raise LimiterUnavailable("rate-limit storage unavailable")
+
+    def _release_locally(self, limits: KeyLimits, lease_id: str, token_correction: float) -> None:
+        if self._on_error == "local":
+            local = share_key(limits, self._replicas, 0.0)
+            self._local.release_key_now(local, lease_id, token_correction)
+
+    def _circuit_changed(self, state: CircuitState) -> None:
+        mode = self.mode
+        if mode is self._last_mode:
+            return  # e.g. open -> half-open -> open: still the fallback
+        self._last_mode = mode
+        log.warning("rate limiter mode: %s (circuit %s)", mode.value, state.value)
+        for callback in self._listeners:
+            try:
+                callback(mode)
+            except Exception:
+                log.exception("limiter mode listener failed")
+
+    async def _heartbeat_loop(self) -> None:
+        # Stopped by an event as well as by cancellation, so a cancellation swallowed
+        # somewhere below cannot keep it running.
+        while not self._stopping.is_set():
+            try:
+                await self.heartbeat()
+            except Exception:  # never let the loop die quietly
+                log.exception("limiter heartbeat failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self._heartbeat_interval)
+
+
+def _being_cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+__all__ = [
+    "SKIPPED",
+    "CircuitBreaker",
+    "CircuitState",
+    "ResilientLimiter",
+    "share",
+    "share_deployment",
+    "share_key",
+]

@@ -1,0 +1,288 @@
+"""The Redis backend: the bucket core run atomically in Lua, shared by every replica.
+
+One script per operation, one round trip each (``lua/*.lua``, the math mirrored from
+bucket.py line by line). Time comes from ``redis.call('TIME')``, so replicas' clocks need
+not agree; tests pass an explicit clock instead. Keys are hash-tagged so each script
+touches one cluster slot::
+
+    {llmproxy:k:<key name>}:rpm | :tpm | :leases          a client key's buckets and slots
+    {llmproxy:g:<model group>}:d:<deployment id>:rpm | :tpm  a group's deployments
+    llmproxy:replicas                                       replica heartbeats (policy.py)
+
+Idle bucket keys expire a little (10 s) after they have refilled: a missing key reads
+as a full bucket. Scripts run with EVALSHA and are reloaded on NOSCRIPT (redis-py's
+Script object). Every failure (connection, timeout, script error, cluster trouble) is
+raised as ``StorageError``; deciding what to do then is policy.py's job.
+
+Single Redis or Cluster: ``redis+cluster://`` / ``rediss+cluster://`` URLs mean a
+cluster; ``redis://`` / ``rediss://`` URLs are probed once on first use with
+``INFO cluster`` and ``cluster_enabled:1`` switches to the cluster client; ``unix://``
+is always a single Redis. ``cluster=True/False`` skips the probe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
+from redis.retry import Retry
+
+from proxy.limiter import scripts
+from proxy.limiter.base import (
+    DeploymentLimits,
+    DeploymentVerdict,
+    KeyLimits,
+    KeyVerdict,
+    StorageError,
+)
+from proxy.limiter.bucket import BucketState, Choice, Decision, Outcome, take_soonest
+from proxy.limiter.verdicts import (
+    LEASE_TTL,
+    Spend,
+    correction_spends,
+    deployment_spends,
+    deployment_verdict,
+    key_spends,
+    key_verdict,
+)
+
+Client = Redis | RedisCluster
+Clock = Callable[[], float]
+
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+class RedisLimiter:
+    """A Limiter over Redis or Redis Cluster; connects lazily on first use.
+
+    Timeouts are short on purpose: a limiter that cannot answer in a few tens of
+    milliseconds should fall back (policy.py), not stall traffic. ``op_timeout`` bounds a
+    whole operation, including waiting for one of ``max_connections`` connections and a
+    NOSCRIPT reload.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        cluster: bool | None = None,
+        socket_timeout: float = 0.1,
+        connect_timeout: float = 0.1,
+        op_timeout: float = 0.25,
+        max_connections: int = 64,
+        lease_ttl: float = LEASE_TTL,
+        prefix: str = "llmproxy",
+        clock: Clock | None = None,
+    ) -> None:
+        scheme, sep, rest = url.partition("://")
+        if scheme in CLUSTER_SCHEMES:
+            url, cluster = f"{CLUSTER_SCHEMES[scheme]}{sep}{rest}", True
+        elif scheme == "unix":
+            cluster = False
+        self._url = url
+        self._cluster = cluster
+        self._options: dict[str, Any] = {
+            "decode_responses": True,
+            "socket_timeout": socket_timeout,
+            "socket_connect_timeout": connect_timeout,
+        }
+        self._max_connections = max_connections
+        self._op_timeout = op_timeout
+        self._lease_ttl = lease_ttl
+        self._prefix = prefix
+        self._clock = clock
+        self._client: Client | None = None
+        self._scripts: dict[str, AsyncScript] = {}
+        self._connecting = asyncio.Lock()
+        # Never more operations in flight than connections: the pool never overflows
+        # (the cluster client would raise), callers queue here within op_timeout.
+        self._slots = asyncio.Semaphore(max_connections)
+
+    @property
+    def is_cluster(self) -> bool | None:
+        """True/False once known (after the first operation), None before."""
+        return self._cluster
+
+    # -- Limiter ---------------------------------------------------------------------
+
+    async def acquire_key(self, limits: KeyLimits, lease_id: str, tokens: float) -> KeyVerdict:
+        spends = key_spends(limits, tokens)
+        if not spends and limits.max_parallel is None:
+            return KeyVerdict(True)
+        rate = {s.kind: s.rate for s in spends}
+        rpm, tpm = rate.get("rpm"), rate.get("tpm")
+        reply = await self._run(
+            "acquire_key",
+            [self._key(limits.name, k) for k in ("rpm", "tpm", "leases")],
+            [
+                self._now(),
+                _num(tokens),
+                _num(rpm.interval) if rpm else "",
+                _num(rpm.capacity) if rpm else "",
+                _num(tpm.interval) if tpm else "",
+                _num(tpm.capacity) if tpm else "",
+                "" if limits.max_parallel is None else str(limits.max_parallel),
+                lease_id,
+                _num(self._lease_ttl),
+            ],
+        )
+        outcome, binding, wait, retry_after, parallel_full, now, *flat = reply
+        decision = Decision(Outcome(outcome), float(wait), float(retry_after), int(binding))
+        states = [
+            BucketState(float(d), float(t)) for d, t in zip(flat[::2], flat[1::2], strict=True)
+        ]
+        return key_verdict(spends, decision, parallel_full == "1", states, float(now))
+
+    async def release_key(self, limits: KeyLimits, lease_id: str, token_correction: float) -> None:
+        lease = lease_id if limits.max_parallel is not None else ""
+        correct = limits.tpm is not None and token_correction != 0
+        if not lease and not correct:
+            return
+        await self._run(
+            "release_key",
+            [self._key(limits.name, "tpm"), self._key(limits.name, "leases")],
+            [
+                self._now(),
+                lease,
+                _num(limits.tpm.interval) if limits.tpm and correct else "",
+                _num(token_correction),
+            ],
+        )
+
+    async def reserve_deployment(
+        self,
+        group: str,
+        candidates: Sequence[DeploymentLimits],
+        tokens: float,
+        max_wait: float,
+    ) -> DeploymentVerdict:
+        if not candidates:
+            raise ValueError("reserve_deployment needs at least one candidate")
+        spends = [deployment_spends(c, tokens) for c in candidates]
+        if not any(spends):
+            # No candidate has a limit: the first goes now, no round trip.
+            return deployment_verdict(candidates, take_soonest([[] for _ in spends], 0.0, 0.0))
+        keys: list[str] = []
+        args = [self._now(), _num(max_wait)]
+        for c, ss in zip(candidates, spends, strict=True):
+            keys += [self._deployment(group, c.id, s.kind) for s in ss]
+            args.append(str(len(ss)))
+            for s in ss:
+                args += [_num(s.rate.interval), _num(s.rate.capacity), _num(s.amount)]
+        reply = await self._run("reserve_deployment", keys, args)
+        outcome, index, wait, retry_after, binding, *waits = reply
+        decision = Decision(Outcome(outcome), float(wait), float(retry_after), int(binding))
+        choice = Choice(int(index), [], decision, [float(w) for w in waits])
+        return deployment_verdict(candidates, choice)
+
+    async def correct_deployment(
+        self, group: str, deployment: DeploymentLimits, requests: float, tokens: float
+    ) -> None:
+        spends = correction_spends(deployment, requests, tokens)
+        if spends:
+            await self._run(
+                "correct_deployment",
+                [self._deployment(group, deployment.id, s.kind) for s in spends],
+                [self._now(), *_adjust_args(spends)],
+            )
+
+    async def aclose(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    # -- replica heartbeats (used by policy.py) -----------------------------------------
+
+    async def heartbeat(self, replica_id: str, alive_for: float) -> int:
+        """Mark ``replica_id`` alive; return how many replicas were seen within
+        ``alive_for`` seconds (this one included)."""
+        count = await self._run(
+            "heartbeat", [self._replicas()], [replica_id, str(round(alive_for * 1000))]
+        )
+        return int(count)
+
+    async def leave(self, replica_id: str) -> None:
+        """Stop counting ``replica_id`` as alive (a clean shutdown)."""
+        await self._call(lambda client: client.zrem(self._replicas(), replica_id))
+
+    # -- plumbing --------------------------------------------------------------------
+
+    def _key(self, name: str, kind: str) -> str:
+        return f"{{{self._prefix}:k:{name}}}:{kind}"
+
+    def _deployment(self, group: str, deployment_id: str, kind: str) -> str:
+        return f"{{{self._prefix}:g:{group}}}:d:{deployment_id}:{kind}"
+
+    def _replicas(self) -> str:
+        return f"{self._prefix}:replicas"
+
+    def _now(self) -> str:
+        return "" if self._clock is None else _num(self._clock())
+
+    async def _run(self, script: str, keys: list[str], args: list[str]) -> Any:
+        return await self._call(lambda _: self._scripts[script](keys=keys, args=args))
+
+    async def _call(self, op: Callable[[Client], Awaitable[Any]]) -> Any:
+        try:
+            async with asyncio.timeout(self._op_timeout), self._slots:
+                return await op(await self._connected())
+        except Exception as exc:
+            # RedisError (connection, timeout, script error), RedisClusterException (not
+            # a RedisError), OSError, our deadline's TimeoutError, and anything else the
+            # client lets escape: the policy falls back rather than failing the request.
+            raise StorageError(f"redis limiter: {type(exc).__name__}: {exc}") from exc
+
+    async def _connected(self) -> Client:
+        if self._client is None:
+            async with self._connecting:
+                if self._client is None:
+                    self._client = await self._open()
+                    self._scripts = {
+                        name: self._client.register_script(scripts.source(name))
+                        for name in scripts.BUCKET_SCRIPTS + scripts.PLAIN_SCRIPTS
+                    }
+        return self._client
+
+    async def _open(self) -> Client:
+        if self._cluster is None:
+            self._cluster = await self._probe_cluster()
+        if self._cluster:
+            cluster = RedisCluster.from_url(
+                self._url,
+                max_connections=self._max_connections,
+                retry=Retry(NoBackoff(), 0),  # scripts are not idempotent: never re-run
+                **self._options,
+            )
+            # Discover the topology once, before any concurrent use.
+            return await cluster.initialize()
+        return Redis.from_url(
+            self._url,
+            max_connections=self._max_connections,
+            retry=Retry(NoBackoff(), 0),  # fail fast: the circuit breaker decides
+            **self._options,
+        )
+
+    async def _probe_cluster(self) -> bool:
+        probe = Redis.from_url(self._url, retry=Retry(NoBackoff(), 0), **self._options)
+        try:
+            info = await probe.info("cluster")
+        finally:
+            await probe.aclose()
+        return str(info.get("cluster_enabled", 0)) == "1"
+
+
+def _num(x: float) -> str:
+    """A float as text that Lua's tonumber reads back as the very same double."""
+    return repr(float(x))
+
+
+def _adjust_args(spends: Sequence[Spend]) -> list[str]:
+    args: list[str] = []
+    for s in spends:
+        args += [_num(s.rate.interval), _num(s.amount)]
+    return args

@@ -1,0 +1,76 @@
+"""Fixtures for the whole suite: real Redis servers started by the test session.
+
+Nothing here ever connects to a Redis the session did not start (the one on 6379, if
+any, is left alone): every server listens on a free 127.0.0.1 port, in a temp dir, with
+``--save "" --appendonly no``.
+
+* ``redis_url`` (function): ``redis://127.0.0.1:<port>`` of one redis-server shared by
+  the session (started on first use, stopped at the end), FLUSHALLed before each test.
+* ``redis_server`` (session): that server as a ``support.redis_server.RedisServer``.
+* ``redis_cluster_url`` (function): a URL of one node of a 3-master Redis Cluster (no
+  replicas, all slots covered), started only when a test asks for it, every master
+  FLUSHALLed before each test. A plain ``redis://`` URL: use a cluster client
+  (``redis.asyncio.cluster.RedisCluster.from_url``); ``proxy.limiter`` detects it.
+* ``redis_cluster`` (session): that cluster as ``support.redis_server.RedisClusterServers``.
+* ``disposable_redis`` (function): a private, running ``RedisServer`` for a test that
+  stops, kills or restarts it (``.stop()``, ``.kill()``, ``.start()`` keeps the port).
+
+Tests using these are skipped when ``redis-server``/``redis-cli`` are not installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.redis_server import RedisClusterServers, RedisServer, redis_available
+
+
+def _require_redis() -> None:
+    if not redis_available():
+        pytest.skip("redis-server and redis-cli are needed")
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    _require_redis()
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    if not redis_server.running:  # a test stopped it: bring it back
+        redis_server.start()
+    redis_server.flush()
+    return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServers]:
+    _require_redis()
+    cluster = RedisClusterServers(tmp_path_factory.mktemp("redis-cluster")).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster: RedisClusterServers) -> str:
+    redis_cluster.flush()
+    return redis_cluster.url
+
+
+@pytest.fixture
+def disposable_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    _require_redis()
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        yield server
+    finally:
+        server.kill()

@@ -1,0 +1,228 @@
+"""Property: the Lua scripts do exactly the pure core's math.
+
+Random sequences of every limiter operation (key acquire/release with rpm, tpm and
+max_parallel; multi-candidate deployment reservations with rpm + tpm; corrections) at
+nondecreasing times are applied in lockstep to the memory backend (the pure core over a
+dict) and to the Redis backend (the Lua scripts), both on the same explicit clock. Every
+verdict must be identical: exact float equality, no tolerance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proxy.limiter.base import DeploymentLimits, KeyLimits, Rate
+from proxy.limiter.memory import MemoryLimiter
+from proxy.limiter.redis import RedisLimiter
+
+
+def patient(url: str, **options: Any) -> RedisLimiter:
+    """Generous timeouts: tests check results, not latency, on a possibly busy machine."""
+    return RedisLimiter(url, op_timeout=5.0, socket_timeout=2.0, connect_timeout=2.0, **options)
+
+
+amounts = st.one_of(
+    st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.0, 10.0, 50.0]),
+    st.floats(min_value=0.0, max_value=80.0, allow_nan=False, allow_infinity=False),
+)
+# Intervals from ~10 ms to a minute, so that time advancing a few seconds sometimes
+# drains a bucket fully and often only partly.
+rates = st.builds(
+    Rate,
+    limit=st.one_of(
+        st.sampled_from([1.0, 3.0, 7.0, 50.0]),
+        st.floats(min_value=0.5, max_value=100.0, allow_nan=False, allow_infinity=False),
+    ),
+    period=st.sampled_from([1.0, 60.0, 0.7, 3.0]),
+    capacity=st.one_of(
+        st.sampled_from([1.0, 2.0, 5.0, 50.0]),
+        st.floats(min_value=0.5, max_value=60.0, allow_nan=False, allow_infinity=False),
+    ),
+)
+optional_rates = st.one_of(st.none(), rates)
+keys = st.builds(
+    KeyLimits,
+    name=st.sampled_from(["k"]),
+    rpm=optional_rates,
+    tpm=optional_rates,
+    max_parallel=st.one_of(st.none(), st.integers(min_value=1, max_value=3)),
+)
+deployments = st.lists(
+    st.builds(DeploymentLimits, id=st.just(""), rpm=optional_rates, tpm=optional_rates),
+    min_size=1,
+    max_size=3,
+)
+
+
+@dataclass(frozen=True)
+class Advance:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Acquire:
+    tokens: float
+    lease: int
+
+
+@dataclass(frozen=True)
+class Release:
+    lease: int
+    correction: float
+
+
+@dataclass(frozen=True)
+class Reserve:
+    order: tuple[int, ...]  # candidate indices, in preference order
+    tokens: float
+    max_wait: float
+
+
+@dataclass(frozen=True)
+class Correct:
+    deployment: int
+    requests: float
+    tokens: float
+
+
+Op = Advance | Acquire | Release | Reserve | Correct
+
+corrections = st.one_of(
+    st.sampled_from([0.0, -1.0, 1.0, -10.0, 5.5]),
+    st.floats(min_value=-60.0, max_value=60.0, allow_nan=False, allow_infinity=False),
+)
+advances = st.builds(
+    Advance,
+    st.one_of(
+        st.sampled_from([0.0, 0.01, 0.1, 0.7, 1.0, 1.2, 60.0]),
+        st.floats(min_value=0.0, max_value=3.0, allow_nan=False, allow_infinity=False),
+    ),
+)
+reserves = st.builds(
+    Reserve,
+    st.permutations([0, 1, 2]).map(tuple),
+    amounts,
+    st.one_of(st.sampled_from([0.0, 1.0, 30.0]), st.floats(0.0, 20.0, allow_nan=False)),
+)
+# Reservations weigh most: they exercise multi-bucket charging and the choice.
+ops = st.one_of(
+    advances,
+    advances,
+    st.builds(Acquire, amounts, st.integers(0, 4)),
+    st.builds(Release, st.integers(0, 4), corrections),
+    reserves,
+    reserves,
+    reserves,
+    st.builds(Correct, st.integers(0, 2), st.sampled_from([0.0, -1.0, 1.0]), corrections),
+)
+start_times = st.sampled_from([0.0, 12345.678, 1_700_000_000.123456])
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def run_both(
+    url: str,
+    key: KeyLimits,
+    deps: list[DeploymentLimits],
+    start: float,
+    sequence: list[Op],
+) -> None:
+    clock = Clock(start)
+    memory = MemoryLimiter(clock)
+    shared = patient(url, clock=clock, prefix=f"eq{uuid.uuid4().hex}")
+    candidates = [DeploymentLimits(f"d{i}", d.rpm, d.tpm) for i, d in enumerate(deps)]
+    try:
+        for step, op in enumerate(sequence):
+            if isinstance(op, Advance):
+                clock.now += op.seconds
+            elif isinstance(op, Acquire):
+                lease = f"lease{op.lease}"
+                got = await shared.acquire_key(key, lease, op.tokens)
+                want = await memory.acquire_key(key, lease, op.tokens)
+                assert got == want, (step, op)
+            elif isinstance(op, Release):
+                lease = f"lease{op.lease}"
+                await shared.release_key(key, lease, op.correction)
+                await memory.release_key(key, lease, op.correction)
+            elif isinstance(op, Reserve):
+                chosen = [candidates[i] for i in op.order if i < len(candidates)]
+                got_d = await shared.reserve_deployment("g", chosen, op.tokens, op.max_wait)
+                want_d = await memory.reserve_deployment("g", chosen, op.tokens, op.max_wait)
+                assert got_d == want_d, (step, op)
+            else:
+                target = candidates[op.deployment % len(candidates)]
+                await shared.correct_deployment("g", target, op.requests, op.tokens)
+                await memory.correct_deployment("g", target, op.requests, op.tokens)
+    finally:
+        await shared.aclose()
+
+
+@settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    key=keys,
+    deps=deployments,
+    start=start_times,
+    sequence=st.lists(ops, min_size=1, max_size=40),
+)
+def test_lua_matches_the_pure_core(
+    redis_url: str,
+    key: KeyLimits,
+    deps: list[DeploymentLimits],
+    start: float,
+    sequence: list[Op],
+) -> None:
+    asyncio.run(run_both(redis_url, key, deps, start, sequence))
+
+
+busy_deployment = st.builds(DeploymentLimits, id=st.just(""), rpm=rates, tpm=rates).map(
+    lambda d: [d]
+)
+small_reserves = st.builds(
+    Reserve,
+    st.just((0,)),
+    st.one_of(st.sampled_from([0.0, 0.5, 1.0, 2.0]), st.floats(0.0, 5.0, allow_nan=False)),
+    st.one_of(st.sampled_from([0.0, 30.0]), st.floats(0.0, 20.0, allow_nan=False)),
+)
+queueing_ops = st.one_of(
+    advances,
+    reserves,
+    small_reserves,
+    small_reserves,
+    st.builds(Correct, st.just(0), st.sampled_from([0.0, -1.0]), corrections),
+)
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    deps=busy_deployment,
+    start=start_times,
+    sequence=st.lists(queueing_ops, min_size=1, max_size=40),
+)
+def test_lua_matches_the_pure_core_on_one_queue(
+    redis_url: str,
+    deps: list[DeploymentLimits],
+    start: float,
+    sequence: list[Op],
+) -> None:
+    """One deployment limited by rpm and tpm at once: turns queue up in both buckets."""
+    asyncio.run(run_both(redis_url, KeyLimits("k"), deps, start, sequence))

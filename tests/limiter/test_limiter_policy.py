@@ -1,0 +1,291 @@
+"""Fail-open / fail-closed: the circuit breaker, the local share, and a real Redis that
+dies and comes back mid-test. Breaker and local limiter run on an injected clock; only
+Redis's own heartbeat clock is real."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from support.redis_server import RedisServer
+
+from proxy.limiter import create_limiter
+from proxy.limiter.base import (
+    DeploymentLimits,
+    KeyLimits,
+    LimiterMode,
+    LimiterUnavailable,
+    Rate,
+)
+from proxy.limiter.memory import MemoryLimiter
+from proxy.limiter.policy import (
+    CircuitBreaker,
+    CircuitState,
+    OnError,
+    ResilientLimiter,
+    share,
+    share_key,
+)
+from proxy.limiter.redis import RedisLimiter
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# -- circuit breaker -------------------------------------------------------------------
+
+
+def test_breaker_opens_after_consecutive_failures_only() -> None:
+    breaker = CircuitBreaker(failure_threshold=3, reset_after=1.0, clock=Clock())
+    for _ in range(2):
+        breaker.record_failure()
+    breaker.record_success()  # resets the count
+    for _ in range(2):
+        breaker.record_failure()
+    assert breaker.state is CircuitState.CLOSED and breaker.try_acquire()
+    breaker.record_failure()
+    assert breaker.state.value == "open" and not breaker.try_acquire()
+
+
+def test_breaker_lets_one_probe_through_after_reset_after() -> None:
+    clock = Clock()
+    changes: list[CircuitState] = []
+    breaker = CircuitBreaker(1, reset_after=1.0, clock=clock, on_change=changes.append)
+    breaker.record_failure()
+    clock.now += 0.999
+    assert not breaker.try_acquire()
+    clock.now += 0.001
+    assert breaker.try_acquire()  # the probe
+    assert not breaker.try_acquire()  # others keep skipping while it is in flight
+    breaker.record_failure()  # probe failed: open again, for a full reset_after
+    assert breaker.state is CircuitState.OPEN and not breaker.try_acquire()
+    clock.now += 1.0
+    assert breaker.try_acquire()
+    breaker.record_success()
+    assert breaker.state.value == "closed"
+    assert changes == [
+        CircuitState.OPEN,
+        CircuitState.HALF_OPEN,
+        CircuitState.OPEN,
+        CircuitState.HALF_OPEN,
+        CircuitState.CLOSED,
+    ]
+
+
+def test_breaker_abandoned_probe_lets_the_next_call_probe() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker(1, reset_after=1.0, clock=clock)
+    breaker.record_failure()
+    clock.now += 1.0
+    assert breaker.try_acquire()
+    breaker.record_abandoned()  # e.g. the client disconnected mid-probe
+    assert breaker.try_acquire()
+
+
+# -- the local share -------------------------------------------------------------------
+
+
+def test_share_divides_limit_and_capacity() -> None:
+    assert share(Rate(600, 60, 600), 3, 1) == Rate(200, 60, 200)
+    assert share(Rate(600, 60, 600), 1, 1) == Rate(600, 60, 600)
+
+
+def test_share_keeps_room_for_one_request_the_whole_budget_accepts() -> None:
+    assert share(Rate(60, 60, 1), 4, 1) == Rate(15, 60, 1)  # burst 1 stays 1
+    assert share(Rate(1000, 60, 1000), 4, 600) == Rate(250, 60, 600)
+    assert share(Rate(1000, 60, 1000), 4, 2000).capacity == 1000  # still too large
+
+
+def test_share_key_divides_parallel_slots_keeping_one() -> None:
+    key = KeyLimits("k", max_parallel=5)
+    assert share_key(key, 2, 0).max_parallel == 2
+    assert share_key(key, 10, 0).max_parallel == 1
+
+
+# -- against a Redis that dies ---------------------------------------------------------
+
+KEY = KeyLimits("team", rpm=Rate(10, 60, 10))
+DEP = DeploymentLimits("d", rpm=Rate(60, 60, 2))
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+async def make(
+    disposable_redis: RedisServer, clock: Clock
+) -> AsyncIterator[Callable[[OnError, str], ResilientLimiter]]:
+    """Build ResilientLimiters on the test's private Redis and clock."""
+    made: list[ResilientLimiter] = []
+
+    def build(on_error: OnError, replica_id: str = "a") -> ResilientLimiter:
+        shared = RedisLimiter(
+            disposable_redis.url, socket_timeout=0.5, connect_timeout=0.5, op_timeout=1.0
+        )
+        limiter = ResilientLimiter(
+            shared,
+            on_error=on_error,
+            replica_id=replica_id,
+            failure_threshold=3,
+            reset_after=1.0,
+            clock=clock,
+        )
+        made.append(limiter)
+        return limiter
+
+    yield build
+    for limiter in made:
+        await limiter.aclose()
+
+
+async def test_local_fallback_uses_this_replicas_share_then_recovers(
+    make: Callable[[OnError, str], ResilientLimiter],
+    disposable_redis: RedisServer,
+    clock: Clock,
+) -> None:
+    a, b = make("local", "a"), make("local", "b")
+    await a.heartbeat()
+    await b.heartbeat()
+    await a.heartbeat()
+    assert a.live_replicas == 2
+    modes: list[LimiterMode] = []
+    a.on_mode_change(modes.append)
+    assert (await a.acquire_key(KEY, "r0", 0)).allowed
+    assert a.mode is LimiterMode.SHARED and not a.fallback_active
+
+    disposable_redis.kill()
+    verdicts = [await a.acquire_key(KEY, f"r{i}", 0) for i in range(1, 11)]
+    # Every call is answered, from the local half: 10 RPM / 2 replicas = 5 at once.
+    assert sum(v.allowed for v in verdicts) == 5
+    assert {v.code for v in verdicts if not v.allowed} == {"key_rpm"}
+    assert a.fallback_active and a.ready and not a.storage_available
+    assert a.circuit is CircuitState.OPEN
+    assert modes == [LimiterMode.FALLBACK]
+    deployment = await a.reserve_deployment("g", [DEP], 0, max_wait=0)
+    assert deployment.deployment_id == "d"  # local share of the deployment too
+
+    disposable_redis.start()  # empty: the shared budget is whole again
+    clock.now += 1.0  # reset_after: the next call probes
+    verdicts = [await a.acquire_key(KEY, f"s{i}", 0) for i in range(10)]
+    assert all(v.allowed for v in verdicts)  # shared budget, not the local 5
+    assert a.mode is LimiterMode.SHARED and a.storage_available
+    assert modes == [LimiterMode.FALLBACK, LimiterMode.SHARED]
+
+
+async def test_reject_raises_limiter_unavailable(
+    make: Callable[[OnError, str], ResilientLimiter],
+    disposable_redis: RedisServer,
+    clock: Clock,
+) -> None:
+    a = make("reject", "a")
+    assert (await a.acquire_key(KEY, "r0", 0)).allowed
+    disposable_redis.kill()
+    for _ in range(4):  # erroring calls and then the open circuit: all rejected
+        with pytest.raises(LimiterUnavailable):
+            await a.acquire_key(KEY, "r1", 0)
+    with pytest.raises(LimiterUnavailable):
+        await a.reserve_deployment("g", [DEP], 0, max_wait=0)
+    assert a.mode is LimiterMode.UNAVAILABLE and not a.ready and not a.fallback_active
+    # Settlements never raise: leases expire, corrections are best effort.
+    await a.release_key(KEY, "r0", -5)
+    await a.correct_deployment("g", DEP, -1, 0)
+
+    disposable_redis.start()
+    clock.now += 1.0
+    assert (await a.acquire_key(KEY, "r2", 0)).allowed
+    assert a.mode.value == "shared" and a.ready
+
+
+async def test_leases_taken_locally_are_released_locally(
+    make: Callable[[OnError, str], ResilientLimiter],
+    disposable_redis: RedisServer,
+    clock: Clock,
+) -> None:
+    a = make("local", "a")
+    key = KeyLimits("p", max_parallel=1)
+    disposable_redis.kill()
+    for _ in range(3):  # open the circuit
+        await a.acquire_key(KeyLimits("other"), "x", 0)
+    assert (await a.acquire_key(key, "held", 0)).allowed
+    assert not (await a.acquire_key(key, "second", 0)).allowed
+    disposable_redis.start()
+    clock.now += 1.0
+    await a.heartbeat()  # the heartbeat probes and closes the circuit
+    assert a.mode is LimiterMode.SHARED
+    await a.release_key(key, "held", 0)
+    assert a.local.leases_held("p") == 0
+
+
+async def test_heartbeat_task_and_leaving(disposable_redis: RedisServer) -> None:
+    def build(replica: str) -> ResilientLimiter:
+        shared = RedisLimiter(disposable_redis.url, op_timeout=1.0)
+        return ResilientLimiter(
+            shared, on_error="local", replica_id=replica, heartbeat_interval=0.02
+        )
+
+    a, b = build("a"), build("b")
+    await a.start()
+    await b.start()
+    try:
+        await _eventually(lambda: a.live_replicas == 2)
+        await b.aclose()  # leaves the set at once, not after replica_ttl
+        await _eventually(lambda: a.live_replicas == 1)
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_mode_listener_errors_do_not_break_the_limiter(
+    make: Callable[[OnError, str], ResilientLimiter], disposable_redis: RedisServer
+) -> None:
+    a = make("local", "a")
+
+    def broken(mode: LimiterMode) -> None:
+        raise RuntimeError("metrics are down")
+
+    a.on_mode_change(broken)
+    disposable_redis.kill()
+    for i in range(4):
+        assert (await a.acquire_key(KEY, f"r{i}", 0)).allowed
+    assert a.fallback_active
+
+
+async def _eventually(condition: Callable[[], bool], timeout: float = 3.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+# -- the factory -----------------------------------------------------------------------
+
+
+async def test_create_limiter_without_redis_is_in_memory() -> None:
+    for url in (None, ""):
+        limiter = create_limiter(url, "local", "r1")
+        assert isinstance(limiter, MemoryLimiter)
+        assert limiter.mode is LimiterMode.MEMORY and limiter.ready
+        assert not limiter.fallback_active
+        await limiter.start()
+        await limiter.aclose()
+
+
+async def test_create_limiter_with_redis(redis_url: str) -> None:
+    limiter = create_limiter(redis_url, "reject", "r1", timeout=0.5)
+    assert isinstance(limiter, ResilientLimiter)
+    await limiter.start()
+    assert (await limiter.acquire_key(KEY, "a", 0)).allowed
+    assert limiter.mode is LimiterMode.SHARED
+    await limiter.aclose()
+
+
+def test_create_limiter_rejects_unknown_on_error() -> None:
+    with pytest.raises(ValueError):
+        create_limiter("redis://127.0.0.1:1", "maybe", "r1")

@@ -1,0 +1,163 @@
+"""What is specific to the Redis backend: key layout, expiry, script loading, error
+mapping, cluster detection, heartbeats. Real redis-server processes, no mocks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis
+from redis.crc import key_slot
+from support.redis_server import RedisServer
+
+from proxy.limiter.base import DeploymentLimits, KeyLimits, Rate, StorageError
+from proxy.limiter.redis import RedisLimiter
+from proxy.limiter.verdicts import LEASE_TTL
+
+
+def patient(url: str, **options: Any) -> RedisLimiter:
+    """Generous timeouts: tests check results, not latency, on a possibly busy machine."""
+    return RedisLimiter(url, op_timeout=5.0, socket_timeout=2.0, connect_timeout=2.0, **options)
+
+
+KEY = KeyLimits("team-a", rpm=Rate(60, 60, 60), tpm=Rate(6000, 60, 6000), max_parallel=4)
+DEP = DeploymentLimits("openai-a", rpm=Rate(60, 60, 1), tpm=Rate(6000, 60, 1000))
+
+
+@pytest.fixture
+async def limiter(redis_url: str) -> AsyncIterator[RedisLimiter]:
+    lim = patient(redis_url)
+    yield lim
+    await lim.aclose()
+
+
+def sync_client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, decode_responses=True)
+
+
+async def test_keys_are_hash_tagged_one_slot_per_key_and_per_group(
+    limiter: RedisLimiter, redis_url: str
+) -> None:
+    await limiter.acquire_key(KEY, "lease-1", 100)
+    await limiter.reserve_deployment("gpt-4o-mini", [DEP], 100, max_wait=5)
+    with sync_client(redis_url) as c:
+        keys = set(c.keys("*"))
+    assert keys == {
+        "{llmproxy:k:team-a}:rpm",
+        "{llmproxy:k:team-a}:tpm",
+        "{llmproxy:k:team-a}:leases",
+        "{llmproxy:g:gpt-4o-mini}:d:openai-a:rpm",
+        "{llmproxy:g:gpt-4o-mini}:d:openai-a:tpm",
+    }
+    assert len({key_slot(k.encode()) for k in keys if ":k:" in k}) == 1
+    assert len({key_slot(k.encode()) for k in keys if ":g:" in k}) == 1
+
+
+async def test_idle_keys_expire_a_little_after_they_refill(
+    limiter: RedisLimiter, redis_url: str
+) -> None:
+    await limiter.acquire_key(KEY, "lease-1", 600)  # tpm: 600 tokens take 6 s to refill
+    await limiter.reserve_deployment("g", [DEP], 0, max_wait=5)  # rpm: 1 s to refill
+    with sync_client(redis_url) as c:
+        tpm_ttl = c.pttl("{llmproxy:k:team-a}:tpm")
+        rpm_ttl = c.pttl("{llmproxy:g:g}:d:openai-a:rpm")
+        leases_ttl = c.pttl("{llmproxy:k:team-a}:leases")
+    assert 6000 + 9000 < tpm_ttl <= 6000 + 10000
+    assert 1000 + 9000 < rpm_ttl <= 1000 + 10000
+    assert LEASE_TTL * 1000 < leases_ttl <= LEASE_TTL * 1000 + 10000
+
+
+async def test_scripts_are_reloaded_after_script_flush(
+    limiter: RedisLimiter, redis_url: str
+) -> None:
+    assert (await limiter.acquire_key(KEY, "a", 1)).allowed
+    with sync_client(redis_url) as c:
+        c.script_flush()
+    assert (await limiter.acquire_key(KEY, "b", 1)).allowed  # NOSCRIPT, load, retry
+
+
+async def test_script_errors_become_storage_errors(limiter: RedisLimiter, redis_url: str) -> None:
+    with sync_client(redis_url) as c:
+        c.set("{llmproxy:k:team-a}:rpm", "not a hash")
+    with pytest.raises(StorageError, match="WRONGTYPE"):
+        await limiter.acquire_key(KEY, "a", 1)
+
+
+async def test_unreachable_redis_is_a_storage_error_fast(disposable_redis: RedisServer) -> None:
+    lim = RedisLimiter(disposable_redis.url)
+    assert (await lim.acquire_key(KEY, "a", 1)).allowed
+    disposable_redis.kill()
+    started = time.monotonic()
+    with pytest.raises(StorageError):
+        await lim.acquire_key(KEY, "b", 1)
+    assert time.monotonic() - started < 0.5
+    await lim.aclose()
+
+
+async def test_a_stalled_redis_times_out(disposable_redis: RedisServer) -> None:
+    lim = RedisLimiter(disposable_redis.url, op_timeout=0.2, socket_timeout=0.1)
+    assert (await lim.acquire_key(KEY, "a", 1)).allowed
+    with disposable_redis.client() as c:
+        c.execute_command("CLIENT", "PAUSE", "1000", "ALL")  # the server stops answering
+    started = time.monotonic()
+    with pytest.raises(StorageError):
+        await lim.acquire_key(KEY, "b", 1)
+    assert time.monotonic() - started < 0.5
+    await lim.aclose()
+
+
+async def test_construction_does_not_connect() -> None:
+    lim = RedisLimiter("redis://127.0.0.1:1", connect_timeout=0.05)
+    assert lim.is_cluster is None
+    with pytest.raises(StorageError):
+        await lim.reserve_deployment("g", [DEP], 1, max_wait=0)
+    await lim.aclose()
+
+
+async def test_single_redis_is_detected(limiter: RedisLimiter) -> None:
+    await limiter.acquire_key(KEY, "a", 1)
+    assert limiter.is_cluster is False
+
+
+async def test_cluster_is_detected_from_a_plain_url(redis_cluster_url: str) -> None:
+    lim = patient(redis_cluster_url)
+    assert redis_cluster_url.startswith("redis://")
+    assert (await lim.acquire_key(KEY, "a", 1)).allowed
+    assert lim.is_cluster is True
+    assert (await lim.reserve_deployment("g", [DEP], 1, max_wait=0)).deployment_id == DEP.id
+    await lim.aclose()
+
+
+async def test_cluster_scheme_skips_detection(redis_cluster_url: str) -> None:
+    url = redis_cluster_url.replace("redis://", "redis+cluster://")
+    lim = patient(url)
+    assert lim.is_cluster is True
+    assert (await lim.acquire_key(KEY, "a", 1)).allowed
+    await lim.aclose()
+
+
+async def test_keys_spread_over_cluster_slots(redis_cluster_url: str) -> None:
+    lim = patient(redis_cluster_url)
+    keys = [KeyLimits(f"team-{i}", rpm=Rate(1, 60, 1)) for i in range(20)]
+    verdicts = await asyncio.gather(*(lim.acquire_key(k, "a", 0) for k in keys))
+    assert all(v.allowed for v in verdicts)
+    verdicts = await asyncio.gather(*(lim.acquire_key(k, "b", 0) for k in keys))
+    assert not any(v.allowed for v in verdicts)
+    await lim.aclose()
+
+
+async def test_heartbeats_count_live_replicas(limiter: RedisLimiter) -> None:
+    assert await limiter.heartbeat("replica-a", alive_for=3.0) == 1
+    assert await limiter.heartbeat("replica-b", alive_for=3.0) == 2
+    assert await limiter.heartbeat("replica-a", alive_for=3.0) == 2
+    await limiter.leave("replica-a")
+    assert await limiter.heartbeat("replica-b", alive_for=3.0) == 1
+
+
+async def test_silent_replicas_stop_counting(limiter: RedisLimiter) -> None:
+    await limiter.heartbeat("replica-a", alive_for=0.05)
+    await asyncio.sleep(0.1)  # server time: Redis TIME decides who is alive
+    assert await limiter.heartbeat("replica-b", alive_for=0.05) == 1

@@ -1,0 +1,198 @@
+"""Real ``redis-server`` processes for tests: no mocks, no shared state with any other Redis.
+
+Every server listens on 127.0.0.1 on a free port picked at start, persists nothing
+(``--save "" --appendonly no``) and works in its own directory.
+
+* ``RedisServer``: one server; ``stop()``/``kill()`` then ``start()`` again brings it back
+  on the same port (for fail-over tests).
+* ``RedisClusterServers``: ``masters`` cluster-enabled servers joined with
+  ``redis-cli --cluster create ... --cluster-replicas 0``, ready once every node reports
+  ``cluster_state:ok``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+
+import redis
+
+HOST = "127.0.0.1"
+START_TIMEOUT = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def redis_available() -> bool:
+    return shutil.which("redis-server") is not None and shutil.which("redis-cli") is not None
+
+
+class RedisServer:
+    """One redis-server child process on 127.0.0.1."""
+
+    def __init__(self, workdir: Path, port: int | None = None, *extra_args: str) -> None:
+        self.workdir = workdir
+        self.port = port if port is not None else free_port()
+        self._extra_args = extra_args
+        self._process: subprocess.Popen[bytes] | None = None
+        workdir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self) -> RedisServer:
+        if self.running:
+            return self
+        args = [
+            "redis-server",
+            "--port", str(self.port),
+            "--bind", HOST,
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(self.workdir),
+            "--logfile", str(self.workdir / "redis.log"),
+            *self._extra_args,
+        ]  # fmt: skip
+        self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self._wait_until_up()
+        return self
+
+    def stop(self) -> None:
+        """A graceful shutdown (SIGTERM), waited for."""
+        self._end(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """A crash (SIGKILL), waited for."""
+        self._end(signal.SIGKILL)
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host=HOST, port=self.port, socket_timeout=2.0)
+
+    def flush(self) -> None:
+        with self.client() as c:
+            c.flushall()
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.kill()
+
+    def _end(self, sig: signal.Signals) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.send_signal(sig)
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if process is not None and process.stderr is not None:
+            process.stderr.close()
+
+    def _wait_until_up(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if not self.running:
+                raise RuntimeError(f"redis-server on port {self.port} exited: {self._log()}")
+            try:
+                with self.client() as c:
+                    if c.ping():
+                        return
+            except redis.RedisError:
+                time.sleep(0.01)
+        self.kill()
+        raise RuntimeError(f"redis-server on port {self.port} did not start: {self._log()}")
+
+    def _log(self) -> str:
+        log = self.workdir / "redis.log"
+        return log.read_text()[-2000:] if log.exists() else ""
+
+
+def _cluster_args() -> list[str]:
+    bus_port = str(free_port())  # explicit: port + 10000 may be taken
+    timeout = "5000"
+    return [
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+        "--cluster-node-timeout",
+        timeout,
+        "--cluster-port",
+        bus_port,
+    ]
+
+
+class RedisClusterServers:
+    """A Redis Cluster of ``masters`` masters and no replicas, every slot covered."""
+
+    def __init__(self, workdir: Path, masters: int = 3) -> None:
+        self.nodes = [
+            RedisServer(workdir / f"node{i}", None, *_cluster_args()) for i in range(masters)
+        ]
+
+    @property
+    def url(self) -> str:
+        """Any node's URL; a cluster client discovers the others from it."""
+        return self.nodes[0].url
+
+    @property
+    def urls(self) -> list[str]:
+        return [n.url for n in self.nodes]
+
+    def start(self) -> RedisClusterServers:
+        try:
+            for node in self.nodes:
+                node.start()
+            nodes = [f"{HOST}:{n.port}" for n in self.nodes]
+            create = ["redis-cli", "--cluster", "create", *nodes, "--cluster-replicas", "0"]
+            subprocess.run([*create, "--cluster-yes"], check=True, capture_output=True, timeout=30)
+            self._wait_until_ok()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def flush(self) -> None:
+        for node in self.nodes:
+            node.flush()
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.kill()
+
+    def _wait_until_ok(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if all(self._node_ok(n) for n in self.nodes):
+                return
+            time.sleep(0.05)
+        raise RuntimeError("redis cluster did not reach cluster_state:ok")
+
+    @staticmethod
+    def _node_ok(node: RedisServer) -> bool:
+        with node.client() as c:
+            info = c.execute_command("CLUSTER", "INFO")
+        text = info.decode() if isinstance(info, bytes) else str(info)
+        return "cluster_state:ok" in text
