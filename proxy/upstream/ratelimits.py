@@ -60,9 +60,10 @@ def _until(value: str | None, now: float) -> float | None:
 def parse_budget(headers: Mapping[str, str], now: float) -> UpstreamBudget:
     """The upstream's view of its budget; ``now`` is the wall clock (epoch seconds)."""
     get = headers.get
-    if get("x-ratelimit-remaining-requests") is not None or get(
-        "x-ratelimit-remaining-tokens"
-    ) is not None:
+    if (
+        get("x-ratelimit-remaining-requests") is not None
+        or get("x-ratelimit-remaining-tokens") is not None
+    ):
         return UpstreamBudget(
             limit_requests=_number(get("x-ratelimit-limit-requests")),
             remaining_requests=_number(get("x-ratelimit-remaining-requests")),
