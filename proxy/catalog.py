@@ -72,6 +72,8 @@ def deployment_limits(deployment: Deployment, share: float = 1.0) -> DeploymentL
     burst = deployment.burst or DEFAULT_DEPLOYMENT_BURST
     return DeploymentLimits(
         id=deployment.id,
+        # A half-open probe is out at most as long as the call may take.
+        probe_timeout=deployment.timeout,
         rpm=_rate(deployment.rpm, burst, share, DEPLOYMENT_HEADROOM),
         # Tokens: a bucket of a whole minute, so any request the upstream could ever
         # accept fits; the request bucket above does the pacing.

@@ -41,6 +41,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 
 __all__ = [
     "CONTENT_TYPE",
+    "LIMITER_OPERATIONS",
     "LIMIT_KINDS",
     "MULTIPROC_ENV",
     "RATE_LIMIT_SCOPES",
@@ -68,8 +69,21 @@ RATE_LIMIT_SCOPES: Final = (
     "key_parallel",
     "model_capacity",
     "queue_full",
-    "queue_timeout",
-    "too_large",
+    "model_unavailable",  # 503: every deployment cooling down
+    "request_too_large",
+)
+
+# What the limiter asks its shared storage (labels of llmproxy_limiter_errors_total).
+LIMITER_OPERATIONS: Final = (
+    "acquire_key",
+    "release_key",
+    "reserve_deployment",
+    "settle_deployment",
+    "correct_deployment",
+    "sync_budget",
+    "deployment_health",
+    "deployment_usage",
+    "heartbeat",
 )
 
 # LLM calls last from milliseconds (cached, tiny embeddings) to many minutes (long generations).
@@ -269,7 +283,10 @@ class Metrics:
         self._c_state: dict[tuple[str, str], Gauge] = {}
         self._c_cooldown: dict[tuple[str, str, str], Counter] = {}
         self._c_failure: dict[tuple[str, str, str], Counter] = {}
-        self._c_limiter_error: dict[str, Counter] = {}
+        # Zero series from the start: "errors by operation" reads 0, not "no data".
+        self._c_limiter_error: dict[str, Counter] = {
+            op: self._limiter_errors_total.labels(op) for op in LIMITER_OPERATIONS
+        }
         self._c_limit: dict[tuple[str, str, str], Gauge] = {}
         self._c_budget: dict[tuple[str, str, str], Gauge] = {}
         self._c_upstream_remaining: dict[tuple[str, str, str], Gauge] = {}

@@ -15,8 +15,9 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from proxy.call import Reply, StreamSource
 from proxy.errors import BodyTooLarge, ProxyError, UnsupportedMediaType
-from proxy.pipeline import Pipeline, Reply, StreamBody
+from proxy.pipeline import Pipeline
 
 __all__ = ["ENDPOINTS", "ForwardingEndpoint", "HotPathRouter"]
 
@@ -118,7 +119,7 @@ async def send_reply(reply: Reply, receive: Receive, send: Send) -> None:
     await _send_stream(reply, reply.stream, receive, send)
 
 
-async def _send_stream(reply: Reply, body: StreamBody, receive: Receive, send: Send) -> None:
+async def _send_stream(reply: Reply, body: StreamSource, receive: Receive, send: Send) -> None:
     """Pass chunks through until the upstream ends or the client leaves, whichever first;
     either way the upstream response is closed and the budgets settled."""
 

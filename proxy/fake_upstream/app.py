@@ -311,12 +311,14 @@ class FakeUpstream:
         config = self.config
         state = self.window_log.state(now)
         headers: dict[str, str] = {}
+        # OpenAI announces its limits per minute; so does the fake, whatever its window.
+        per_minute = 60.0 / config.window
         if config.rpm is not None:
-            headers["x-ratelimit-limit-requests"] = str(config.rpm)
+            headers["x-ratelimit-limit-requests"] = str(round(config.rpm * per_minute))
             headers["x-ratelimit-remaining-requests"] = str(max(0, config.rpm - state.requests))
             headers["x-ratelimit-reset-requests"] = format_duration(state.requests_reset)
         if config.tpm is not None:
-            headers["x-ratelimit-limit-tokens"] = str(config.tpm)
+            headers["x-ratelimit-limit-tokens"] = str(round(config.tpm * per_minute))
             headers["x-ratelimit-remaining-tokens"] = str(max(0, config.tpm - state.tokens))
             headers["x-ratelimit-reset-tokens"] = format_duration(state.tokens_reset)
         return headers

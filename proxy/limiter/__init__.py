@@ -3,34 +3,47 @@
 ``create_limiter`` builds what the app needs: an in-memory limiter without Redis, or the
 Redis limiter behind the fail-open/fail-closed policy. Call ``await limiter.start()`` at
 start-up and ``await limiter.aclose()`` at shutdown.
+
+The backends are imported on first use (PEP 562), so importing a pure module of this
+package (``base``, ``bucket``) neither loads redis nor creates an import cycle with
+``proxy.routing.health``, which the backends use and which uses ``base``.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 import uuid
+from typing import TYPE_CHECKING
 
 from proxy.limiter.base import (
+    CooldownRule,
     DeploymentLimits,
     DeploymentVerdict,
+    HealthChange,
     KeyLimits,
     KeyVerdict,
     Limiter,
     LimiterMode,
     LimiterUnavailable,
     ManagedLimiter,
+    Outcome,
     Rate,
     StorageError,
     Usage,
 )
-from proxy.limiter.memory import MemoryLimiter
-from proxy.limiter.policy import OnError, ResilientLimiter
-from proxy.limiter.redis import RedisLimiter
+
+if TYPE_CHECKING:
+    from proxy.limiter.memory import MemoryLimiter
+    from proxy.limiter.policy import ResilientLimiter
+    from proxy.limiter.redis import RedisLimiter
 
 __all__ = [
+    "CooldownRule",
     "DeploymentLimits",
     "DeploymentVerdict",
+    "HealthChange",
     "KeyLimits",
     "KeyVerdict",
     "Limiter",
@@ -38,6 +51,7 @@ __all__ = [
     "LimiterUnavailable",
     "ManagedLimiter",
     "MemoryLimiter",
+    "Outcome",
     "Rate",
     "RedisLimiter",
     "ResilientLimiter",
@@ -46,6 +60,19 @@ __all__ = [
     "create_limiter",
     "default_replica_id",
 ]
+
+_LAZY = {
+    "MemoryLimiter": "proxy.limiter.memory",
+    "RedisLimiter": "proxy.limiter.redis",
+    "ResilientLimiter": "proxy.limiter.policy",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 
 def create_limiter(
@@ -74,6 +101,10 @@ def create_limiter(
     step (connect, send, read), and three times it bounds a whole operation (which may
     wait for a pooled connection, connect, and reload a script after NOSCRIPT).
     """
+    from proxy.limiter.memory import MemoryLimiter
+    from proxy.limiter.policy import OnError, ResilientLimiter
+    from proxy.limiter.redis import RedisLimiter
+
     if not redis_url:
         return MemoryLimiter()
     if on_error not in ("local", "reject"):

@@ -15,6 +15,11 @@ go now, it must wait ``(debt + cost - capacity) * interval`` seconds. If that is
 its exact turn (no polling). Otherwise nothing is charged and ``retry_after`` says when the
 same request (same cost, same ``max_wait``) would be admitted.
 
+A deployment's bucket may refill slower than configured: ``factor`` (the effective rate
+learned from upstream 429s, see ``proxy.routing.health``) divides its interval. The state
+stays a debt in units, so a rate change is well defined: the debt at ``now`` is what is
+left after draining since ``at`` at the *current* effective rate.
+
 ``lua/bucket.lua`` is a line-by-line mirror of this module: same formulas in the same
 order, so the Redis backend's floats are identical. Change both together.
 
@@ -69,11 +74,18 @@ class Decision:
 
 @dataclass(frozen=True, slots=True)
 class Bucket:
-    """One bucket taking part in a decision: its state, its rate, what this request costs."""
+    """One bucket taking part in a decision: its state, its rate, what this request costs,
+    and the share of the rate it refills at (``factor``; the interval is divided by it)."""
 
     state: BucketState
     rate: Rate
     cost: float
+    factor: float = 1.0
+
+    @property
+    def interval(self) -> float:
+        """Seconds one unit takes to refill at the effective rate (``x / 1.0 == x``)."""
+        return self.rate.interval / self.factor
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,13 +111,14 @@ def plan(buckets: Sequence[Bucket], now: float) -> Plan:
     binding = -1
     too_large = -1
     for i, b in enumerate(buckets):
-        debt = debt_at(b.state, b.rate.interval, now)
+        interval = b.interval
+        debt = debt_at(b.state, interval, now)
         debts.append(debt)
         if b.cost > b.rate.capacity and too_large < 0:
             too_large = i
         # debt + cost - capacity is exact for whole units, so the last request of a
         # burst that exactly fills the bucket gets wait 0, not 1e-12.
-        w = (debt + b.cost - b.rate.capacity) * b.rate.interval
+        w = (debt + b.cost - b.rate.capacity) * interval
         if w > wait:
             wait = w
             binding = i
@@ -131,7 +144,7 @@ def charge(buckets: Sequence[Bucket], p: Plan, now: float) -> list[BucketState]:
     refill early and admit a later request too close behind this one.
     """
     return [
-        BucketState(max(debt, p.wait / b.rate.interval) + b.cost, now)
+        BucketState(max(debt, p.wait / b.interval) + b.cost, now)
         for b, debt in zip(buckets, p.debts, strict=True)
     ]
 
@@ -155,10 +168,33 @@ def take(
     return states[0], decision
 
 
-def adjust(state: BucketState, rate: Rate, units: float, now: float) -> BucketState:
+def adjust(
+    state: BucketState, rate: Rate, units: float, now: float, factor: float = 1.0
+) -> BucketState:
     """Add ``units`` to the debt (negative: a refund). A refund never makes the bucket
     fuller than full (the TAT never goes below ``now``)."""
-    return BucketState(max(0.0, debt_at(state, rate.interval, now) + units), now)
+    return BucketState(max(0.0, debt_at(state, rate.interval / factor, now) + units), now)
+
+
+def lower(
+    state: BucketState,
+    rate: Rate,
+    available: float,
+    now: float,
+    factor: float = 1.0,
+    wait: float | None = None,
+) -> BucketState | None:
+    """At most ``available`` units may be taken at once now, and with ``wait``, one unit
+    no sooner than ``wait`` seconds from now: the debt is raised to that, never lowered.
+    None when the bucket already holds no more (nothing to write)."""
+    interval = rate.interval / factor
+    debt = debt_at(state, interval, now)
+    floor = rate.capacity - available
+    if wait is not None:
+        floor = max(floor, rate.capacity - 1.0 + wait / interval)
+    if floor > debt:
+        return BucketState(floor, now)
+    return None
 
 
 def usage(state: BucketState, rate: Rate, now: float) -> Usage:

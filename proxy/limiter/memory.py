@@ -4,32 +4,44 @@ Safe under concurrency within one event loop because every operation reads, deci
 writes without awaiting in between (the async methods only wrap synchronous ones). Not
 shared between processes: with N workers each holds 1/N of every budget, which is the
 caller's job (it passes divided rates). Idle state is forgotten once it is equivalent to
-a full bucket, so memory stays bounded by the number of live keys and deployments.
+a full bucket (or a healthy deployment, see ``health.expires_at``), so memory stays
+bounded by the number of live keys and deployments.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 
+from proxy.limiter import bucket
 from proxy.limiter.base import (
+    CooldownRule,
     DeploymentLimits,
     DeploymentVerdict,
+    HealthChange,
     KeyLimits,
     KeyVerdict,
     LimiterMode,
+    Outcome,
     Rate,
 )
-from proxy.limiter.bucket import FULL, Bucket, BucketState, adjust, debt_at, take_all, take_soonest
+from proxy.limiter.bucket import FULL, Bucket, BucketState, adjust, debt_at, take_all
+from proxy.limiter.selection import Candidate, select
 from proxy.limiter.verdicts import (
     LEASE_TTL,
     Spend,
     correction_spends,
     deployment_spends,
     deployment_verdict,
+    in_flight_deadline,
     key_spends,
     key_verdict,
+    probe_timeout,
+    sync_floors,
 )
+from proxy.routing import health
+from proxy.routing.health import HEALTHY, MIN_FACTOR, Health
 
 Clock = Callable[[], float]
 BucketId = tuple[str, ...]
@@ -57,6 +69,14 @@ class Leases:
             return False
         held[lease_id] = now + self._ttl
         return True
+
+    def put(self, name: str, lease_id: str, deadline: float) -> None:
+        """Hold ``lease_id`` until ``deadline`` whatever the limit (in-flight counts)."""
+        self._held.setdefault(name, {})[lease_id] = deadline
+
+    def live(self, name: str, now: float) -> int:
+        """Leases not yet expired at ``now``."""
+        return sum(1 for deadline in self._held.get(name, {}).values() if deadline >= now)
 
     def release(self, name: str, lease_id: str) -> None:
         held = self._held.get(name)
@@ -90,8 +110,12 @@ class MemoryLimiter:
         sweep_every: float = SWEEP_EVERY,
     ) -> None:
         self._clock = clock
-        self._buckets: dict[BucketId, tuple[BucketState, Rate]] = {}
+        # Each bucket with the interval it is swept at: the slowest it may ever refill.
+        self._buckets: dict[BucketId, tuple[BucketState, float]] = {}
         self._leases = Leases(lease_ttl)
+        # Per (group, deployment): its health and when it may be forgotten.
+        self._health: dict[tuple[str, str], tuple[Health, float]] = {}
+        self._in_flight = Leases(0.0)  # per deployment: lease id -> deadline
         self._sweep_every = sweep_every
         self._last_sweep = clock()
 
@@ -109,16 +133,65 @@ class MemoryLimiter:
         candidates: Sequence[DeploymentLimits],
         tokens: float,
         max_wait: float,
+        *,
+        lease_id: str = "",
+        least_busy: bool = False,
     ) -> DeploymentVerdict:
-        return self.reserve_deployment_now(group, candidates, tokens, max_wait)
+        return self.reserve_deployment_now(
+            group, candidates, tokens, max_wait, lease_id=lease_id, least_busy=least_busy
+        )
 
     async def correct_deployment(
         self, group: str, deployment: DeploymentLimits, requests: float, tokens: float
     ) -> None:
         self.correct_deployment_now(group, deployment, requests, tokens)
 
+    async def settle_deployment(
+        self,
+        group: str,
+        deployment: DeploymentLimits,
+        *,
+        lease_id: str,
+        outcome: Outcome,
+        rule: CooldownRule,
+        requests: float = 0.0,
+        tokens: float = 0.0,
+    ) -> HealthChange:
+        return self.settle_deployment_now(
+            group,
+            deployment,
+            lease_id=lease_id,
+            outcome=outcome,
+            rule=rule,
+            requests=requests,
+            tokens=tokens,
+        )
+
+    async def sync_budget(
+        self,
+        group: str,
+        deployment: DeploymentLimits,
+        *,
+        remaining_requests: float | None,
+        reset_requests: float | None,
+        remaining_tokens: float | None,
+        reset_tokens: float | None,
+    ) -> None:
+        self.sync_budget_now(
+            group,
+            deployment,
+            remaining_requests=remaining_requests,
+            reset_requests=reset_requests,
+            remaining_tokens=remaining_tokens,
+            reset_tokens=reset_tokens,
+        )
+
+    async def deployment_health(self, group: str, ids: Sequence[str]) -> dict[str, float]:
+        return self.deployment_health_now(group, ids)
+
     async def aclose(self) -> None:
         self._buckets.clear()
+        self._health.clear()
 
     # -- ManagedLimiter --------------------------------------------------------------
 
@@ -175,6 +248,9 @@ class MemoryLimiter:
         candidates: Sequence[DeploymentLimits],
         tokens: float,
         max_wait: float,
+        *,
+        lease_id: str = "",
+        least_busy: bool = False,
     ) -> DeploymentVerdict:
         now = self._now()
         spends = [deployment_spends(c, tokens) for c in candidates]
@@ -182,19 +258,93 @@ class MemoryLimiter:
             [_deployment_bucket(group, c.id, s.kind) for s in ss]
             for c, ss in zip(candidates, spends, strict=True)
         ]
-        choice = take_soonest(
-            [self._buckets_for(i, ss) for i, ss in zip(ids, spends, strict=True)], now, max_wait
-        )
-        if choice.index >= 0:
-            self._store(ids[choice.index], choice.states, spends[choice.index])
-        return deployment_verdict(candidates, choice)
+        healths = [self._health_of(group, c.id, now) for c in candidates]
+        offered = [
+            Candidate(
+                self._buckets_for(i, ss, health.rate_factor(h, now)),
+                h,
+                self._in_flight.live(_deployment(group, c.id), now) if least_busy else 0,
+            )
+            for c, i, ss, h in zip(candidates, ids, spends, healths, strict=True)
+        ]
+        selection = select(offered, now, max_wait, least_busy)
+        if selection.index >= 0:
+            chosen = candidates[selection.index]
+            wait = selection.decision.wait
+            self._store(ids[selection.index], selection.states, spends[selection.index])
+            if selection.probe:
+                probe = health.start_probe(
+                    healths[selection.index], now, probe_timeout(chosen, wait), lease_id
+                )
+                self._store_health(group, chosen.id, probe, 0.0)
+            if lease_id:
+                deadline = in_flight_deadline(chosen, wait, now)
+                self._in_flight.put(_deployment(group, chosen.id), lease_id, deadline)
+        return deployment_verdict(candidates, selection)
 
     def correct_deployment_now(
         self, group: str, deployment: DeploymentLimits, requests: float, tokens: float
     ) -> None:
         now = self._now()
-        for s in correction_spends(deployment, requests, tokens):
-            self._adjust(_deployment_bucket(group, deployment.id, s.kind), s.rate, s.amount, now)
+        factor = health.rate_factor(self._health_of(group, deployment.id, now), now)
+        self._correct(group, deployment, requests, tokens, factor, now)
+
+    def settle_deployment_now(
+        self,
+        group: str,
+        deployment: DeploymentLimits,
+        *,
+        lease_id: str,
+        outcome: Outcome,
+        rule: CooldownRule,
+        requests: float = 0.0,
+        tokens: float = 0.0,
+    ) -> HealthChange:
+        now = self._now()
+        if lease_id:
+            self._in_flight.release(_deployment(group, deployment.id), lease_id)
+        h = self._health_of(group, deployment.id, now)
+        self._correct(group, deployment, requests, tokens, health.rate_factor(h, now), now)
+        settled, change = health.settle(h, outcome, rule, now, lease_id)
+        if settled is not h:
+            self._store_health(group, deployment.id, settled, rule.window)
+        return change
+
+    def sync_budget_now(
+        self,
+        group: str,
+        deployment: DeploymentLimits,
+        *,
+        remaining_requests: float | None,
+        reset_requests: float | None,
+        remaining_tokens: float | None,
+        reset_tokens: float | None,
+    ) -> None:
+        floors = sync_floors(deployment, remaining_requests, reset_requests, remaining_tokens)
+        if not floors:
+            return
+        now = self._now()
+        factor = health.rate_factor(self._health_of(group, deployment.id, now), now)
+        for f in floors:
+            bucket_id = _deployment_bucket(group, deployment.id, f.kind)
+            lowered = bucket.lower(self._state(bucket_id), f.rate, f.available, now, factor, f.wait)
+            if lowered is not None:
+                self._buckets[bucket_id] = (lowered, _slowest(bucket_id, f.rate))
+
+    def deployment_health_now(self, group: str, ids: Sequence[str]) -> dict[str, float]:
+        now = self._now()
+        return {i: health.unusable_for(self._health_of(group, i, now), now) for i in ids}
+
+    def holds_in_flight(self, group: str, deployment_id: str, lease_id: str) -> bool:
+        """Whether ``lease_id`` is in flight here (the fallback policy routes settlements)."""
+        return self._in_flight.holds(_deployment(group, deployment_id), lease_id)
+
+    def in_flight(self, group: str, deployment_id: str) -> int:
+        return self._in_flight.live(_deployment(group, deployment_id), self._clock())
+
+    def health_of(self, group: str, deployment_id: str) -> Health:
+        """The deployment's health as stored here now (for tests and inspection)."""
+        return self._health_of(group, deployment_id, self._clock())
 
     def holds_lease(self, name: str, lease_id: str) -> bool:
         """Whether ``lease_id`` is a slot held here (the fallback policy routes releases)."""
@@ -215,15 +365,25 @@ class MemoryLimiter:
         return now
 
     def _sweep(self, now: float) -> None:
-        # A bucket whose debt has drained to exactly 0 behaves like FULL from now on.
-        for bucket_id, (state, rate) in list(self._buckets.items()):
-            if debt_at(state, rate.interval, now) == 0:
+        # A bucket whose debt has drained to exactly 0 behaves like FULL from now on (at
+        # its slowest rate, so also at any rate it may refill at later).
+        for bucket_id, (state, slowest) in list(self._buckets.items()):
+            if debt_at(state, slowest, now) == 0:
                 del self._buckets[bucket_id]
+        for deployment, (_, expires) in list(self._health.items()):
+            if now >= expires:
+                del self._health[deployment]
         self._leases.sweep(now)
+        self._in_flight.sweep(now)
         self._last_sweep = now
 
-    def _buckets_for(self, ids: Sequence[BucketId], spends: Sequence[Spend]) -> list[Bucket]:
-        return [Bucket(self._state(i), s.rate, s.amount) for i, s in zip(ids, spends, strict=True)]
+    def _buckets_for(
+        self, ids: Sequence[BucketId], spends: Sequence[Spend], factor: float = 1.0
+    ) -> list[Bucket]:
+        return [
+            Bucket(self._state(i), s.rate, s.amount, factor)
+            for i, s in zip(ids, spends, strict=True)
+        ]
 
     def _state(self, bucket_id: BucketId) -> BucketState:
         entry = self._buckets.get(bucket_id)
@@ -233,10 +393,43 @@ class MemoryLimiter:
         self, ids: Sequence[BucketId], states: Sequence[BucketState], spends: Sequence[Spend]
     ) -> None:
         for i, state, s in zip(ids, states, spends, strict=True):
-            self._buckets[i] = (state, s.rate)
+            self._buckets[i] = (state, _slowest(i, s.rate))
 
-    def _adjust(self, bucket_id: BucketId, rate: Rate, units: float, now: float) -> None:
-        self._buckets[bucket_id] = (adjust(self._state(bucket_id), rate, units, now), rate)
+    def _adjust(
+        self, bucket_id: BucketId, rate: Rate, units: float, now: float, factor: float = 1.0
+    ) -> None:
+        state = adjust(self._state(bucket_id), rate, units, now, factor)
+        self._buckets[bucket_id] = (state, _slowest(bucket_id, rate))
+
+    def _correct(
+        self,
+        group: str,
+        deployment: DeploymentLimits,
+        requests: float,
+        tokens: float,
+        factor: float,
+        now: float,
+    ) -> None:
+        for s in correction_spends(deployment, requests, tokens):
+            bucket_id = _deployment_bucket(group, deployment.id, s.kind)
+            self._adjust(bucket_id, s.rate, s.amount, now, factor)
+
+    def _health_of(self, group: str, deployment_id: str, now: float) -> Health:
+        entry = self._health.get((group, deployment_id))
+        if entry is None:
+            return HEALTHY
+        h, expires = entry
+        if now >= expires:
+            del self._health[(group, deployment_id)]
+            return HEALTHY
+        return h
+
+    def _store_health(self, group: str, deployment_id: str, h: Health, window: float) -> None:
+        expires = health.expires_at(h, window)
+        if expires == -math.inf:
+            self._health.pop((group, deployment_id), None)
+        else:
+            self._health[(group, deployment_id)] = (h, expires)
 
 
 def _key_bucket(name: str, kind: str) -> BucketId:
@@ -245,3 +438,13 @@ def _key_bucket(name: str, kind: str) -> BucketId:
 
 def _deployment_bucket(group: str, deployment_id: str, kind: str) -> BucketId:
     return ("deployment", group, deployment_id, kind)
+
+
+def _deployment(group: str, deployment_id: str) -> str:
+    return f"{group}\n{deployment_id}"
+
+
+def _slowest(bucket_id: BucketId, rate: Rate) -> float:
+    """The longest interval a bucket may refill at: a deployment's rate may be lowered to
+    MIN_FACTOR of the configured one by 429s."""
+    return rate.interval / MIN_FACTOR if bucket_id[0] == "deployment" else rate.interval

@@ -17,10 +17,16 @@ Replicas count themselves with heartbeats in Redis (one sorted set, server time)
 ``replica_ttl`` seconds. The last count seen sizes the local share. ``replica_id`` must be
 unique per process (each uvicorn worker is a replica with its own local share).
 
-Settlements (``release_key``, ``correct_deployment``) never raise for storage trouble:
-a lease that cannot be released expires on its own, a lost correction only errs on one
-request's estimate. They go where the request went when that is known (leases held
-locally), otherwise where requests currently go.
+Deployment health and in-flight counts follow the budgets: shared while Redis answers,
+this replica's own in the fallback (a cooldown decided locally is not shared, and is not
+carried over when Redis is back).
+
+Settlements (``release_key``, ``correct_deployment``, ``settle_deployment``) and
+``sync_budget`` / ``deployment_health`` never raise for storage trouble: they log and give
+up (neutral results: no health change, every deployment usable), since a lease that
+cannot be released expires on its own and a lost correction only errs on one request's
+estimate. They go where the request went when that is known (leases held locally),
+otherwise where requests currently go.
 """
 
 from __future__ import annotations
@@ -35,12 +41,16 @@ from dataclasses import replace
 from typing import Literal, TypeVar
 
 from proxy.limiter.base import (
+    NO_CHANGE,
+    CooldownRule,
     DeploymentLimits,
     DeploymentVerdict,
+    HealthChange,
     KeyLimits,
     KeyVerdict,
     LimiterMode,
     LimiterUnavailable,
+    Outcome,
     Rate,
     StorageError,
 )
@@ -285,15 +295,22 @@ class ResilientLimiter:
         candidates: Sequence[DeploymentLimits],
         tokens: float,
         max_wait: float,
+        *,
+        lease_id: str = "",
+        least_busy: bool = False,
     ) -> DeploymentVerdict:
         verdict = await self._via_shared(
-            lambda: self._shared.reserve_deployment(group, candidates, tokens, max_wait)
+            lambda: self._shared.reserve_deployment(
+                group, candidates, tokens, max_wait, lease_id=lease_id, least_busy=least_busy
+            )
         )
         if not isinstance(verdict, _Skipped):
             return verdict
         self._require_fallback()
         local = [share_deployment(c, self._replicas, tokens) for c in candidates]
-        return self._local.reserve_deployment_now(group, local, tokens, max_wait)
+        return self._local.reserve_deployment_now(
+            group, local, tokens, max_wait, lease_id=lease_id, least_busy=least_busy
+        )
 
     async def correct_deployment(
         self, group: str, deployment: DeploymentLimits, requests: float, tokens: float
@@ -307,6 +324,93 @@ class ResilientLimiter:
         if self._on_error == "local":
             local = share_deployment(deployment, self._replicas, 0.0)
             self._local.correct_deployment_now(group, local, requests, tokens)
+
+    async def settle_deployment(
+        self,
+        group: str,
+        deployment: DeploymentLimits,
+        *,
+        lease_id: str,
+        outcome: Outcome,
+        rule: CooldownRule,
+        requests: float = 0.0,
+        tokens: float = 0.0,
+    ) -> HealthChange:
+        def locally() -> HealthChange:
+            if self._on_error != "local":
+                log.warning("limiter storage unavailable: settlement of %s dropped", deployment.id)
+                return NO_CHANGE
+            local = share_deployment(deployment, self._replicas, 0.0)
+            return self._local.settle_deployment_now(
+                group,
+                local,
+                lease_id=lease_id,
+                outcome=outcome,
+                rule=rule,
+                requests=requests,
+                tokens=tokens,
+            )
+
+        if (
+            self._local.holds_in_flight(group, deployment.id, lease_id)
+            or self._breaker.state is not CircuitState.CLOSED
+        ):
+            return locally()
+        change = await self._via_shared(
+            lambda: self._shared.settle_deployment(
+                group,
+                deployment,
+                lease_id=lease_id,
+                outcome=outcome,
+                rule=rule,
+                requests=requests,
+                tokens=tokens,
+            )
+        )
+        return locally() if isinstance(change, _Skipped) else change
+
+    async def sync_budget(
+        self,
+        group: str,
+        deployment: DeploymentLimits,
+        *,
+        remaining_requests: float | None,
+        reset_requests: float | None,
+        remaining_tokens: float | None,
+        reset_tokens: float | None,
+    ) -> None:
+        if self._breaker.state is CircuitState.CLOSED:
+            done = await self._via_shared(
+                lambda: self._shared.sync_budget(
+                    group,
+                    deployment,
+                    remaining_requests=remaining_requests,
+                    reset_requests=reset_requests,
+                    remaining_tokens=remaining_tokens,
+                    reset_tokens=reset_tokens,
+                )
+            )
+            if not isinstance(done, _Skipped):
+                return
+        if self._on_error == "local":
+            # This replica's share of what the upstream has left.
+            n = self._replicas
+            self._local.sync_budget_now(
+                group,
+                share_deployment(deployment, n, 0.0),
+                remaining_requests=None if remaining_requests is None else remaining_requests / n,
+                reset_requests=reset_requests,
+                remaining_tokens=None if remaining_tokens is None else remaining_tokens / n,
+                reset_tokens=reset_tokens,
+            )
+
+    async def deployment_health(self, group: str, ids: Sequence[str]) -> dict[str, float]:
+        health = await self._via_shared(lambda: self._shared.deployment_health(group, ids))
+        if not isinstance(health, _Skipped):
+            return health
+        if self._on_error == "local":
+            return self._local.deployment_health_now(group, ids)
+        return dict.fromkeys(ids, 0.0)
 
     # -- plumbing --------------------------------------------------------------------
 

@@ -6,12 +6,16 @@ not agree; tests pass an explicit clock instead. Keys are hash-tagged so each sc
 touches one cluster slot::
 
     {llmproxy:k:<key name>}:rpm | :tpm | :leases          a client key's buckets and slots
-    {llmproxy:g:<model group>}:d:<deployment id>:rpm | :tpm  a group's deployments
+    {llmproxy:g:<model group>}:d:<deployment id>:rpm | :tpm  a group's deployments...
+    {llmproxy:g:<model group>}:d:<deployment id>:health      ...their health (a hash)...
+    {llmproxy:g:<model group>}:d:<deployment id>:inflight    ...and requests in flight
     llmproxy:replicas                                       replica heartbeats (policy.py)
 
-Idle bucket keys expire a little (10 s) after they have refilled: a missing key reads
-as a full bucket. Scripts run with EVALSHA and are reloaded on NOSCRIPT (redis-py's
-Script object). Every failure (connection, timeout, script error, cluster trouble) is
+Idle bucket keys expire a little (10 s) after they have refilled (a deployment's at the
+slowest rate 429s may lower it to): a missing key reads as a full bucket. Health keys
+expire a little after ``health.expires_at`` (a missing key reads as healthy), in-flight
+sets after their latest deadline. Scripts run with EVALSHA and are reloaded on NOSCRIPT
+(redis-py's Script object). Every failure (connection, timeout, script error, cluster trouble) is
 raised as ``StorageError``; deciding what to do then is policy.py's job.
 
 Single Redis or Cluster: ``redis+cluster://`` / ``rediss+cluster://`` URLs mean a
@@ -34,13 +38,18 @@ from redis.retry import Retry
 
 from proxy.limiter import scripts
 from proxy.limiter.base import (
+    CooldownRule,
     DeploymentLimits,
     DeploymentVerdict,
+    HealthChange,
     KeyLimits,
     KeyVerdict,
+    Outcome,
     StorageError,
 )
-from proxy.limiter.bucket import BucketState, Choice, Decision, Outcome, take_soonest
+from proxy.limiter.bucket import BucketState, Decision
+from proxy.limiter.bucket import Outcome as Result
+from proxy.limiter.selection import Selection
 from proxy.limiter.verdicts import (
     LEASE_TTL,
     Spend,
@@ -49,6 +58,7 @@ from proxy.limiter.verdicts import (
     deployment_verdict,
     key_spends,
     key_verdict,
+    sync_floors,
 )
 
 Client = Redis | RedisCluster
@@ -132,7 +142,7 @@ class RedisLimiter:
             ],
         )
         outcome, binding, wait, retry_after, parallel_full, now, *flat = reply
-        decision = Decision(Outcome(outcome), float(wait), float(retry_after), int(binding))
+        decision = Decision(Result(outcome), float(wait), float(retry_after), int(binding))
         states = [
             BucketState(float(d), float(t)) for d, t in zip(flat[::2], flat[1::2], strict=True)
         ]
@@ -160,25 +170,31 @@ class RedisLimiter:
         candidates: Sequence[DeploymentLimits],
         tokens: float,
         max_wait: float,
+        *,
+        lease_id: str = "",
+        least_busy: bool = False,
     ) -> DeploymentVerdict:
         if not candidates:
             raise ValueError("reserve_deployment needs at least one candidate")
-        spends = [deployment_spends(c, tokens) for c in candidates]
-        if not any(spends):
-            # No candidate has a limit: the first goes now, no round trip.
-            return deployment_verdict(candidates, take_soonest([[] for _ in spends], 0.0, 0.0))
         keys: list[str] = []
-        args = [self._now(), _num(max_wait)]
-        for c, ss in zip(candidates, spends, strict=True):
-            keys += [self._deployment(group, c.id, s.kind) for s in ss]
-            args.append(str(len(ss)))
-            for s in ss:
+        args = [self._now(), _num(max_wait), lease_id, "1" if least_busy else "0"]
+        for c in candidates:
+            spends = deployment_spends(c, tokens)
+            keys += [
+                self._deployment(group, c.id, "health"),
+                self._deployment(group, c.id, "inflight"),
+            ]
+            keys += [self._deployment(group, c.id, s.kind) for s in spends]
+            args += [str(len(spends)), _num(c.probe_timeout)]
+            for s in spends:
                 args += [_num(s.rate.interval), _num(s.rate.capacity), _num(s.amount)]
         reply = await self._run("reserve_deployment", keys, args)
-        outcome, index, wait, retry_after, binding, *waits = reply
-        decision = Decision(Outcome(outcome), float(wait), float(retry_after), int(binding))
-        choice = Choice(int(index), [], decision, [float(w) for w in waits])
-        return deployment_verdict(candidates, choice)
+        outcome, index, wait, retry_after, binding, probe, cooling, *waits = reply
+        decision = Decision(Result(outcome), float(wait), float(retry_after), int(binding))
+        selection = Selection(
+            int(index), [], decision, [float(w) for w in waits], probe == "1", cooling == "1"
+        )
+        return deployment_verdict(candidates, selection)
 
     async def correct_deployment(
         self, group: str, deployment: DeploymentLimits, requests: float, tokens: float
@@ -187,9 +203,76 @@ class RedisLimiter:
         if spends:
             await self._run(
                 "correct_deployment",
-                [self._deployment(group, deployment.id, s.kind) for s in spends],
+                [
+                    self._deployment(group, deployment.id, "health"),
+                    *(self._deployment(group, deployment.id, s.kind) for s in spends),
+                ],
                 [self._now(), *_adjust_args(spends)],
             )
+
+    async def settle_deployment(
+        self,
+        group: str,
+        deployment: DeploymentLimits,
+        *,
+        lease_id: str,
+        outcome: Outcome,
+        rule: CooldownRule,
+        requests: float = 0.0,
+        tokens: float = 0.0,
+    ) -> HealthChange:
+        spends = correction_spends(deployment, requests, tokens)
+        reply = await self._run(
+            "settle_deployment",
+            [
+                self._deployment(group, deployment.id, "health"),
+                self._deployment(group, deployment.id, "inflight"),
+                *(self._deployment(group, deployment.id, s.kind) for s in spends),
+            ],
+            [
+                self._now(),
+                lease_id,
+                outcome.kind,
+                "" if outcome.cool_for is None else _num(outcome.cool_for),
+                "1" if outcome.rate_limited else "0",
+                str(rule.allowed_fails),
+                _num(rule.window),
+                _num(rule.time),
+                *_adjust_args(spends),
+            ],
+        )
+        cooled, recovered, cool_for = reply
+        return HealthChange(cooled == "1", recovered == "1", float(cool_for))
+
+    async def sync_budget(
+        self,
+        group: str,
+        deployment: DeploymentLimits,
+        *,
+        remaining_requests: float | None,
+        reset_requests: float | None,
+        remaining_tokens: float | None,
+        reset_tokens: float | None,
+    ) -> None:
+        floors = sync_floors(deployment, remaining_requests, reset_requests, remaining_tokens)
+        if not floors:
+            return
+        args = [self._now()]
+        for f in floors:
+            wait = "" if f.wait is None else _num(f.wait)
+            args += [_num(f.rate.interval), _num(f.rate.capacity), _num(f.available), wait]
+        keys = [
+            self._deployment(group, deployment.id, k) for k in ("health", *(f.kind for f in floors))
+        ]
+        await self._run("sync_budget", keys, args)
+
+    async def deployment_health(self, group: str, ids: Sequence[str]) -> dict[str, float]:
+        if not ids:
+            return {}
+        reply = await self._run(
+            "deployment_health", [self._deployment(group, i, "health") for i in ids], [self._now()]
+        )
+        return {i: float(w) for i, w in zip(ids, reply, strict=True)}
 
     async def aclose(self) -> None:
         client, self._client = self._client, None

@@ -68,7 +68,8 @@ def _config(upstream_url: str, **overrides: Any) -> dict[str, Any]:
                 ],
             },
         ],
-        "routing": {"retries": 0},
+        # These tests inject failures to check how they map to errors, not cooldowns.
+        "routing": {"retries": 0, "cooldown": {"allowed_fails": 1000}},
         "server": {"max_body_size": "64KiB"},
     }
     config.update(overrides)
@@ -211,7 +212,8 @@ def test_client_disconnect_mid_stream_closes_the_upstream_request(
         with httpx.stream(
             "POST", f"{proxy.base_url}/chat/completions", json=body, headers=headers, timeout=10
         ) as r:
-            next(r.iter_raw())
+            chunks = r.iter_raw()  # keep a reference: a dropped iterator closes the stream
+            next(chunks)
             assert upstream.stats()["in_flight"] == 1
         # The client is gone; the proxy must hang up on the upstream long before the
         # 50 chunks (10 s) would have finished.

@@ -256,7 +256,8 @@ def test_sliding_window_rejects_the_request_over_the_limit() -> None:
         for _ in range(5):
             response = http.post("/chat/completions", json=CHAT)
             assert response.status_code == 200
-            assert response.headers["x-ratelimit-limit-requests"] == "5"
+            # Announced per minute, as OpenAI does: 5 per 0.5 s is 600 per minute.
+            assert response.headers["x-ratelimit-limit-requests"] == "600"
             remaining.append(int(response.headers["x-ratelimit-remaining-requests"]))
             assert 0 < parse_duration(response.headers["x-ratelimit-reset-requests"]) <= 0.5
         assert remaining == [4, 3, 2, 1, 0]
@@ -264,7 +265,7 @@ def test_sliding_window_rejects_the_request_over_the_limit() -> None:
         rejected = http.post("/chat/completions", json=CHAT)
         assert_openai_error(rejected, 429, "requests", "rate_limit_exceeded")
         headers = rejected.headers
-        assert headers["x-ratelimit-limit-requests"] == "5"
+        assert headers["x-ratelimit-limit-requests"] == "600"
         assert headers["x-ratelimit-remaining-requests"] == "0"
         assert 0 < parse_duration(headers["x-ratelimit-reset-requests"]) <= 0.5
         assert headers["retry-after"] == "1"  # 0 < wait <= 0.5 s, rounded up

@@ -17,6 +17,7 @@ from proxy.limiter.bucket import (
     Decision,
     Outcome,
     adjust,
+    lower,
     take,
     take_all,
     take_soonest,
@@ -208,3 +209,26 @@ def test_retrying_after_retry_after_succeeds(
         assert retried.wait == pytest.approx(max_wait, abs=1e-6)
     elif decision.outcome is Outcome.TOO_LARGE:
         assert cost > rate.capacity
+
+
+def test_a_factor_slows_the_refill_not_the_burst() -> None:
+    half = [Bucket(FULL, RPM, 1, factor=0.5)]
+    states, decision = take_all(half, 0.0, max_wait=10)
+    assert decision.wait == 0.0
+    _, decision = take_all([Bucket(states[0], RPM, 1, factor=0.5)], 0.0, max_wait=10)
+    assert decision.wait == 2.0  # one request every 2 s instead of 1 s
+    # The debt is in units: the same state read at the full rate refills twice as fast.
+    _, decision = take_all([Bucket(states[0], RPM, 1)], 0.0, max_wait=10)
+    assert decision.wait == 1.0
+    assert adjust(states[0], RPM, 0.0, 1.0, factor=0.5).debt == 0.5
+
+
+def test_lower_brings_a_bucket_down_never_up() -> None:
+    state, _ = take(FULL, TPM, 50, 0.0, max_wait=0)  # 50 of 100 left
+    assert lower(state, TPM, 80, 0.0) is None  # has 50: not raised to 80
+    assert lower(state, TPM, 20, 0.0) == BucketState(80.0, 0.0)
+    # no request may go for 7 s: the wait for one unit becomes 7 s
+    lowered = lower(FULL, RPM, 0, 0.0, wait=7.0)
+    assert lowered is not None
+    _, decision = take(lowered, RPM, 1, 0.0, max_wait=10)
+    assert decision.wait == 7.0

@@ -1,10 +1,12 @@
 """Property: the Lua scripts do exactly the pure core's math.
 
 Random sequences of every limiter operation (key acquire/release with rpm, tpm and
-max_parallel; multi-candidate deployment reservations with rpm + tpm; corrections) at
-nondecreasing times are applied in lockstep to the memory backend (the pure core over a
-dict) and to the Redis backend (the Lua scripts), both on the same explicit clock. Every
-verdict must be identical: exact float equality, no tolerance.
+max_parallel; multi-candidate deployment reservations with rpm + tpm, leases and
+least_busy; corrections; settlements with every kind of outcome; upstream budget syncs;
+health queries) at nondecreasing times are applied in lockstep to the memory backend (the
+pure core and pure health model over dicts) and to the Redis backend (the Lua scripts),
+both on the same explicit clock. Every answer must be identical: exact float equality,
+no tolerance.
 """
 
 from __future__ import annotations
@@ -14,10 +16,17 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from proxy.limiter.base import DeploymentLimits, KeyLimits, Rate
+from proxy.limiter.base import (
+    CooldownRule,
+    DeploymentLimits,
+    DeploymentVerdict,
+    KeyLimits,
+    Outcome,
+    Rate,
+)
 from proxy.limiter.memory import MemoryLimiter
 from proxy.limiter.redis import RedisLimiter
 
@@ -53,8 +62,15 @@ keys = st.builds(
     tpm=optional_rates,
     max_parallel=st.one_of(st.none(), st.integers(min_value=1, max_value=3)),
 )
+probe_timeouts = st.sampled_from([0.5, 5.0, 60.0])
 deployments = st.lists(
-    st.builds(DeploymentLimits, id=st.just(""), rpm=optional_rates, tpm=optional_rates),
+    st.builds(
+        DeploymentLimits,
+        id=st.just(""),
+        rpm=optional_rates,
+        tpm=optional_rates,
+        probe_timeout=probe_timeouts,
+    ),
     min_size=1,
     max_size=3,
 )
@@ -91,7 +107,40 @@ class Correct:
     tokens: float
 
 
-Op = Advance | Acquire | Release | Reserve | Correct
+@dataclass(frozen=True)
+class Book:
+    """A reservation with an in-flight lease, least busy or not."""
+
+    order: tuple[int, ...]
+    tokens: float
+    max_wait: float
+    lease: int  # -1: no lease
+    least_busy: bool
+
+
+@dataclass(frozen=True)
+class Settle:
+    deployment: int
+    lease: int  # -1: no lease
+    outcome: Outcome
+    requests: float
+    tokens: float
+
+
+@dataclass(frozen=True)
+class Sync:
+    deployment: int
+    remaining_requests: float | None
+    reset_requests: float | None
+    remaining_tokens: float | None
+
+
+@dataclass(frozen=True)
+class Query:
+    """deployment_health of every deployment."""
+
+
+Op = Advance | Acquire | Release | Reserve | Correct | Book | Settle | Sync | Query
 
 corrections = st.one_of(
     st.sampled_from([0.0, -1.0, 1.0, -10.0, 5.5]),
@@ -132,17 +181,23 @@ class Clock:
         return self.now
 
 
+RULE = CooldownRule(allowed_fails=3, window=60.0, time=30.0)
+
+
 async def run_both(
     url: str,
     key: KeyLimits,
     deps: list[DeploymentLimits],
     start: float,
     sequence: list[Op],
+    rule: CooldownRule = RULE,
 ) -> None:
     clock = Clock(start)
     memory = MemoryLimiter(clock)
     shared = patient(url, clock=clock, prefix=f"eq{uuid.uuid4().hex}")
-    candidates = [DeploymentLimits(f"d{i}", d.rpm, d.tpm) for i, d in enumerate(deps)]
+    candidates = [
+        DeploymentLimits(f"d{i}", d.rpm, d.tpm, d.probe_timeout) for i, d in enumerate(deps)
+    ]
     try:
         for step, op in enumerate(sequence):
             if isinstance(op, Advance):
@@ -162,11 +217,70 @@ async def run_both(
                 want_d = await memory.reserve_deployment("g", chosen, op.tokens, op.max_wait)
                 assert got_d == want_d, (step, op)
             else:
-                target = candidates[op.deployment % len(candidates)]
-                await shared.correct_deployment("g", target, op.requests, op.tokens)
-                await memory.correct_deployment("g", target, op.requests, op.tokens)
+                await run_health_op(shared, memory, candidates, rule, op, step)
     finally:
         await shared.aclose()
+
+
+def _kind(verdict: DeploymentVerdict) -> str:
+    if verdict.deployment_id is None:
+        return "cooling" if verdict.cooling else (verdict.code or "")
+    return ("probe " if verdict.probe else "") + ("waits" if verdict.wait > 0 else "now")
+
+
+def _lease(i: int) -> str:
+    return "" if i < 0 else f"lease{i}"
+
+
+async def run_health_op(
+    shared: RedisLimiter,
+    memory: MemoryLimiter,
+    candidates: list[DeploymentLimits],
+    rule: CooldownRule,
+    op: Op,
+    step: int,
+) -> None:
+    if isinstance(op, Correct):
+        target = candidates[op.deployment % len(candidates)]
+        await shared.correct_deployment("g", target, op.requests, op.tokens)
+        await memory.correct_deployment("g", target, op.requests, op.tokens)
+    elif isinstance(op, Book):
+        chosen = [candidates[i] for i in op.order if i < len(candidates)] or candidates[:1]
+        options = {"lease_id": _lease(op.lease), "least_busy": op.least_busy}
+        got = await shared.reserve_deployment("g", chosen, op.tokens, op.max_wait, **options)
+        want = await memory.reserve_deployment("g", chosen, op.tokens, op.max_wait, **options)
+        event(f"reserve: {_kind(want)}")  # --hypothesis-show-statistics shows coverage
+        assert got == want, (step, op)
+    elif isinstance(op, Settle):
+        target = candidates[op.deployment % len(candidates)]
+        args = {
+            "lease_id": _lease(op.lease),
+            "outcome": op.outcome,
+            "rule": rule,
+            "requests": op.requests,
+            "tokens": op.tokens,
+        }
+        got_change = await shared.settle_deployment("g", target, **args)
+        want_change = await memory.settle_deployment("g", target, **args)
+        learned = memory.health_of("g", target.id).factor < 1.0
+        cooled, recovered = want_change.cooled, want_change.recovered
+        event(f"settle: {cooled=} {recovered=} {learned=}")
+        assert got_change == want_change, (step, op)
+    elif isinstance(op, Sync):
+        target = candidates[op.deployment % len(candidates)]
+        budget = {
+            "remaining_requests": op.remaining_requests,
+            "reset_requests": op.reset_requests,
+            "remaining_tokens": op.remaining_tokens,
+            "reset_tokens": None,
+        }
+        await shared.sync_budget("g", target, **budget)
+        await memory.sync_budget("g", target, **budget)
+    elif isinstance(op, Query):
+        ids = [c.id for c in candidates]
+        assert await shared.deployment_health("g", ids) == await memory.deployment_health(
+            "g", ids
+        ), (step, op)
 
 
 @settings(
@@ -226,3 +340,108 @@ def test_lua_matches_the_pure_core_on_one_queue(
 ) -> None:
     """One deployment limited by rpm and tpm at once: turns queue up in both buckets."""
     asyncio.run(run_both(redis_url, KeyLimits("k"), deps, start, sequence))
+
+
+outcomes = st.one_of(
+    st.just(Outcome("success")),
+    st.just(Outcome("success")),
+    st.just(Outcome("success")),
+    st.just(Outcome("neutral")),
+    st.just(Outcome("failure", "server_error")),
+    st.builds(
+        Outcome,
+        st.just("failure"),
+        st.just("rate_limited"),
+        st.one_of(st.none(), st.sampled_from([0.0, 0.5, 2.0]), st.floats(0.0, 40.0)),
+        st.just(True),
+    ),
+    st.builds(Outcome, st.just("failure"), st.just("auth"), st.floats(0.0, 40.0)),
+)
+leases = st.integers(-1, 3)
+health_advances = st.one_of(
+    advances,
+    st.builds(Advance, st.sampled_from([0.0, 0.25, 0.5, 1.0])),
+    st.builds(Advance, st.sampled_from([5.0, 30.0, 61.0, 500.0, 3700.0])),
+)
+books = st.builds(
+    Book,
+    st.lists(st.integers(0, 2), min_size=1, max_size=3, unique=True).map(tuple),
+    st.one_of(st.sampled_from([0.0, 0.5, 1.0, 2.0]), st.sampled_from([0.0, 1.0]), amounts),
+    st.one_of(st.sampled_from([0.0, 1.0, 5.0, 30.0]), st.floats(0.0, 20.0, allow_nan=False)),
+    leases,
+    st.booleans(),
+)
+settles = st.builds(
+    Settle,
+    st.integers(0, 2),
+    leases,
+    outcomes,
+    st.sampled_from([0.0, 0.0, -1.0]),
+    st.one_of(st.just(0.0), corrections),
+)
+# Reservations and settlements weigh most: they move health and budgets together.
+health_ops = st.one_of(
+    health_advances,
+    health_advances,
+    health_advances,
+    books,
+    books,
+    books,
+    books,
+    books,
+    settles,
+    settles,
+    st.builds(
+        Sync,
+        st.integers(0, 2),
+        st.one_of(st.none(), st.sampled_from([0.0, 1.0, 3.0]), st.floats(0.0, 60.0)),
+        st.one_of(st.none(), st.sampled_from([0.0, 1.0, 7.5]), st.floats(0.0, 60.0)),
+        st.one_of(st.none(), st.sampled_from([0.0, 10.0]), st.floats(0.0, 100.0)),
+    ),
+    st.builds(Correct, st.integers(0, 2), st.sampled_from([0.0, -1.0]), corrections),
+    st.just(Query()),
+)
+# Busy deployments: turns a second or so apart, so waits and learned rates show.
+paced = st.one_of(
+    st.sampled_from([Rate(60, 60, 1), Rate(120, 60, 2), Rate(30, 60, 1), Rate(600, 60, 10)]),
+    rates,
+)
+health_deployments = st.lists(
+    st.builds(
+        DeploymentLimits,
+        id=st.just(""),
+        rpm=paced,
+        tpm=st.one_of(st.none(), st.none(), rates),
+        probe_timeout=probe_timeouts,
+    ),
+    min_size=1,
+    max_size=3,
+)
+rules = st.builds(
+    CooldownRule,
+    allowed_fails=st.integers(1, 3),
+    window=st.sampled_from([1.0, 10.0, 60.0]),
+    time=st.sampled_from([0.0, 1.0, 5.0, 30.0]),
+)
+
+
+@settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    deps=health_deployments,
+    rule=rules,
+    start=start_times,
+    sequence=st.lists(health_ops, min_size=20, max_size=80),
+)
+def test_lua_matches_the_pure_health_model(
+    redis_url: str,
+    deps: list[DeploymentLimits],
+    rule: CooldownRule,
+    start: float,
+    sequence: list[Op],
+) -> None:
+    """Cooldowns, probes, learned rates, in-flight counts and syncs: identical answers."""
+    asyncio.run(run_both(redis_url, KeyLimits("k"), deps, start, sequence, rule))

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.limiter.base import DeploymentLimits, KeyLimits, Rate
+from proxy.limiter.base import CooldownRule, DeploymentLimits, KeyLimits, Outcome, Rate
 from proxy.limiter.memory import SWEEP_EVERY, MemoryLimiter
-from proxy.limiter.verdicts import LEASE_TTL
+from proxy.limiter.verdicts import IN_FLIGHT_MARGIN, LEASE_TTL
+from proxy.routing.health import FORGET_AFTER, HEALTHY
 
 
 class Clock:
@@ -48,3 +49,25 @@ async def test_a_bucket_in_debt_is_kept() -> None:
     verdict = await limiter.reserve_deployment("g", [slow], 0, max_wait=0)
     assert verdict.deployment_id is None  # the debt survived the sweep
     assert verdict.retry_after == pytest.approx(3600 - SWEEP_EVERY)
+
+
+async def test_health_and_in_flight_leases_are_forgotten_when_they_no_longer_matter() -> None:
+    clock = Clock()
+    limiter = MemoryLimiter(clock)
+    rule = CooldownRule(allowed_fails=3, window=60.0, time=30.0)
+    dep = DeploymentLimits("d", probe_timeout=10.0)
+    await limiter.reserve_deployment("g", [dep], 0, max_wait=0, lease_id="never-settled")
+    await limiter.settle_deployment(
+        "g", dep, lease_id="", outcome=Outcome("failure", "auth", cool_for=5.0), rule=rule
+    )
+    assert limiter.in_flight("g", "d") == 1
+    clock.now += 10.0 + IN_FLIGHT_MARGIN + SWEEP_EVERY
+    await limiter.deployment_health("g", ["d"])  # sweeps
+    assert limiter.in_flight("g", "d") == 0 and not limiter.holds_in_flight(
+        "g", "d", "never-settled"
+    )
+    assert limiter.health_of("g", "d").cooling  # a cooled deployment is kept...
+    clock.now = 5.0 + FORGET_AFTER
+    await limiter.deployment_health("g", ["d"])
+    assert limiter.health_of("g", "d") == HEALTHY  # ...until it is forgotten
+    assert limiter.bucket_count() == 0

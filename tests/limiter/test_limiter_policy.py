@@ -12,10 +12,13 @@ from support.redis_server import RedisServer
 
 from proxy.limiter import create_limiter
 from proxy.limiter.base import (
+    CooldownRule,
     DeploymentLimits,
+    HealthChange,
     KeyLimits,
     LimiterMode,
     LimiterUnavailable,
+    Outcome,
     Rate,
 )
 from proxy.limiter.memory import MemoryLimiter
@@ -128,7 +131,11 @@ async def make(
 
     def build(on_error: OnError, replica_id: str = "a") -> ResilientLimiter:
         shared = RedisLimiter(
-            disposable_redis.url, socket_timeout=0.5, connect_timeout=0.5, op_timeout=1.0
+            disposable_redis.url,
+            socket_timeout=0.5,
+            connect_timeout=0.5,
+            op_timeout=1.0,
+            clock=clock,  # scripts get the test's time (heartbeats keep the server's)
         )
         limiter = ResilientLimiter(
             shared,
@@ -255,6 +262,120 @@ async def test_mode_listener_errors_do_not_break_the_limiter(
     disposable_redis.kill()
     for i in range(4):
         assert (await a.acquire_key(KEY, f"r{i}", 0)).allowed
+    assert a.fallback_active
+
+
+# -- deployment health through the policy ----------------------------------------------
+
+RULE = CooldownRule(allowed_fails=3, window=60.0, time=30.0)
+AUTH = Outcome("failure", "auth", cool_for=5.0)
+OTHER = DeploymentLimits("e", rpm=Rate(60, 60, 2))
+
+
+async def test_health_and_in_flight_are_shared_by_replicas(
+    make: Callable[[OnError, str], ResilientLimiter],
+) -> None:
+    a, b = make("local", "a"), make("local", "b")
+    first = await a.reserve_deployment("g", [DEP, OTHER], 0, 0, lease_id="r1", least_busy=True)
+    assert first.deployment_id == "d"
+    # b sees a's request in flight on d...
+    second = await b.reserve_deployment("g", [DEP, OTHER], 0, 0, lease_id="r2", least_busy=True)
+    assert second.deployment_id == "e"
+    # ...and the cooldown a's settlement started.
+    change = await a.settle_deployment("g", DEP, lease_id="r1", outcome=AUTH, rule=RULE)
+    assert change == HealthChange(cooled=True, cool_for=5.0)
+    verdict = await b.reserve_deployment("g", [DEP], 0, max_wait=0)
+    assert verdict.deployment_id is None and verdict.cooling and verdict.retry_after == 5.0
+    assert await b.deployment_health("g", ["d", "e"]) == {"d": 5.0, "e": 0.0}
+    await b.sync_budget(
+        "g",
+        OTHER,
+        remaining_requests=0,
+        reset_requests=30,
+        remaining_tokens=None,
+        reset_tokens=None,
+    )
+    assert (await a.reserve_deployment("g", [OTHER], 0, max_wait=0)).deployment_id is None
+
+
+async def test_local_fallback_keeps_health_and_in_flight_locally(
+    make: Callable[[OnError, str], ResilientLimiter],
+    disposable_redis: RedisServer,
+    clock: Clock,
+) -> None:
+    a = make("local", "a")
+    disposable_redis.kill()
+    for _ in range(3):  # failing calls: answered locally, and they open the circuit
+        assert await a.deployment_health("g", ["d"]) == {"d": 0.0}
+    assert a.fallback_active
+    verdict = await a.reserve_deployment("g", [DEP, OTHER], 0, 0, lease_id="r1", least_busy=True)
+    assert verdict.deployment_id == "d" and a.local.in_flight("g", "d") == 1
+    change = await a.settle_deployment("g", DEP, lease_id="r1", outcome=AUTH, rule=RULE)
+    assert change == HealthChange(cooled=True, cool_for=5.0)
+    assert a.local.in_flight("g", "d") == 0
+    assert await a.deployment_health("g", ["d", "e"]) == {"d": 5.0, "e": 0.0}
+    refused = await a.reserve_deployment("g", [DEP], 0, max_wait=1)
+    assert refused.deployment_id is None and refused.cooling and refused.retry_after == 5.0
+    await a.sync_budget(
+        "g", OTHER, remaining_requests=0, reset_requests=30, remaining_tokens=0, reset_tokens=9
+    )
+    assert (await a.reserve_deployment("g", [OTHER], 0, max_wait=0)).retry_after == 30.0
+    clock.now += 5.0
+    probe = await a.reserve_deployment("g", [DEP], 0, max_wait=0, lease_id="p")
+    assert probe.deployment_id == "d" and probe.probe
+
+
+async def test_a_request_reserved_locally_is_settled_locally(
+    make: Callable[[OnError, str], ResilientLimiter],
+    disposable_redis: RedisServer,
+    clock: Clock,
+) -> None:
+    a = make("local", "a")
+    disposable_redis.kill()
+    for _ in range(3):
+        await a.reserve_deployment("g", [OTHER], 0, max_wait=0)
+    assert (await a.reserve_deployment("g", [DEP], 0, 0, lease_id="r")).deployment_id == "d"
+    disposable_redis.start()
+    clock.now += 1.0
+    await a.heartbeat()  # closes the circuit
+    assert a.mode is LimiterMode.SHARED
+    change = await a.settle_deployment("g", DEP, lease_id="r", outcome=AUTH, rule=RULE)
+    assert change.cooled and a.local.in_flight("g", "d") == 0
+    # The cooldown was decided locally: the shared health never heard of it.
+    assert await a.deployment_health("g", ["d"]) == {"d": 0.0}
+
+
+async def test_reject_refuses_reservations_and_settles_nothing(
+    make: Callable[[OnError, str], ResilientLimiter], disposable_redis: RedisServer
+) -> None:
+    a = make("reject", "a")
+    disposable_redis.kill()
+    for _ in range(4):  # erroring calls and then the open circuit
+        with pytest.raises(LimiterUnavailable):
+            await a.reserve_deployment("g", [DEP], 0, max_wait=0, lease_id="r", least_busy=True)
+    # Never raise: give up with neutral answers.
+    change = await a.settle_deployment("g", DEP, lease_id="r", outcome=AUTH, rule=RULE, tokens=-5)
+    assert change == HealthChange()
+    await a.sync_budget(
+        "g", DEP, remaining_requests=0, reset_requests=5, remaining_tokens=0, reset_tokens=5
+    )
+    assert await a.deployment_health("g", ["d", "e"]) == {"d": 0.0, "e": 0.0}
+    assert a.mode is LimiterMode.UNAVAILABLE
+
+
+async def test_new_operations_failing_in_the_storage_are_answered_locally(
+    make: Callable[[OnError, str], ResilientLimiter], disposable_redis: RedisServer
+) -> None:
+    a = make("local", "a")
+    assert (await a.reserve_deployment("g", [DEP], 0, 0, lease_id="r")).deployment_id == "d"
+    disposable_redis.kill()
+    # The circuit is still closed: each call tries Redis, fails, and falls back.
+    change = await a.settle_deployment("g", DEP, lease_id="r", outcome=AUTH, rule=RULE)
+    assert change.cooled
+    await a.sync_budget(
+        "g", DEP, remaining_requests=1, reset_requests=1, remaining_tokens=None, reset_tokens=None
+    )
+    assert await a.deployment_health("g", ["d"]) == {"d": 5.0}
     assert a.fallback_active
 
 

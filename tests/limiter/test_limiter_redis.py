@@ -13,9 +13,18 @@ import redis
 from redis.crc import key_slot
 from support.redis_server import RedisServer
 
-from proxy.limiter.base import DeploymentLimits, KeyLimits, Rate, StorageError
+from proxy.limiter import scripts
+from proxy.limiter.base import (
+    CooldownRule,
+    DeploymentLimits,
+    KeyLimits,
+    Outcome,
+    Rate,
+    StorageError,
+)
 from proxy.limiter.redis import RedisLimiter
-from proxy.limiter.verdicts import LEASE_TTL
+from proxy.limiter.verdicts import IN_FLIGHT_MARGIN, LEASE_TTL
+from proxy.routing import health
 
 
 def patient(url: str, **options: Any) -> RedisLimiter:
@@ -24,7 +33,10 @@ def patient(url: str, **options: Any) -> RedisLimiter:
 
 
 KEY = KeyLimits("team-a", rpm=Rate(60, 60, 60), tpm=Rate(6000, 60, 6000), max_parallel=4)
-DEP = DeploymentLimits("openai-a", rpm=Rate(60, 60, 1), tpm=Rate(6000, 60, 1000))
+DEP = DeploymentLimits(
+    "openai-a", rpm=Rate(60, 60, 1), tpm=Rate(6000, 60, 1000), probe_timeout=20.0
+)
+RULE = CooldownRule(allowed_fails=3, window=60.0, time=30.0)
 
 
 @pytest.fixture
@@ -42,7 +54,10 @@ async def test_keys_are_hash_tagged_one_slot_per_key_and_per_group(
     limiter: RedisLimiter, redis_url: str
 ) -> None:
     await limiter.acquire_key(KEY, "lease-1", 100)
-    await limiter.reserve_deployment("gpt-4o-mini", [DEP], 100, max_wait=5)
+    await limiter.reserve_deployment("gpt-4o-mini", [DEP], 100, max_wait=5, lease_id="r1")
+    await limiter.settle_deployment(
+        "gpt-4o-mini", DEP, lease_id="", outcome=Outcome("failure", "timeout"), rule=RULE
+    )
     with sync_client(redis_url) as c:
         keys = set(c.keys("*"))
     assert keys == {
@@ -51,6 +66,8 @@ async def test_keys_are_hash_tagged_one_slot_per_key_and_per_group(
         "{llmproxy:k:team-a}:leases",
         "{llmproxy:g:gpt-4o-mini}:d:openai-a:rpm",
         "{llmproxy:g:gpt-4o-mini}:d:openai-a:tpm",
+        "{llmproxy:g:gpt-4o-mini}:d:openai-a:health",
+        "{llmproxy:g:gpt-4o-mini}:d:openai-a:inflight",
     }
     assert len({key_slot(k.encode()) for k in keys if ":k:" in k}) == 1
     assert len({key_slot(k.encode()) for k in keys if ":g:" in k}) == 1
@@ -60,14 +77,59 @@ async def test_idle_keys_expire_a_little_after_they_refill(
     limiter: RedisLimiter, redis_url: str
 ) -> None:
     await limiter.acquire_key(KEY, "lease-1", 600)  # tpm: 600 tokens take 6 s to refill
-    await limiter.reserve_deployment("g", [DEP], 0, max_wait=5)  # rpm: 1 s to refill
+    # rpm: 1 s to refill, 20 s at the slowest rate 429s may lower it to
+    await limiter.reserve_deployment("g", [DEP], 0, max_wait=5, lease_id="r1")
     with sync_client(redis_url) as c:
         tpm_ttl = c.pttl("{llmproxy:k:team-a}:tpm")
         rpm_ttl = c.pttl("{llmproxy:g:g}:d:openai-a:rpm")
         leases_ttl = c.pttl("{llmproxy:k:team-a}:leases")
+        in_flight_ttl = c.pttl("{llmproxy:g:g}:d:openai-a:inflight")
     assert 6000 + 9000 < tpm_ttl <= 6000 + 10000
-    assert 1000 + 9000 < rpm_ttl <= 1000 + 10000
+    slowest = 1000 / health.MIN_FACTOR
+    assert slowest + 9000 < rpm_ttl <= slowest + 10000
     assert LEASE_TTL * 1000 < leases_ttl <= LEASE_TTL * 1000 + 10000
+    deadline = (DEP.probe_timeout + IN_FLIGHT_MARGIN) * 1000
+    assert deadline + 9000 < in_flight_ttl <= deadline + 10000
+
+
+async def test_health_keys_expire_when_nothing_in_them_matters(
+    limiter: RedisLimiter, redis_url: str
+) -> None:
+    key = "{llmproxy:g:g}:d:openai-a:health"
+    timeout = Outcome("failure", "timeout")
+    await limiter.settle_deployment("g", DEP, lease_id="", outcome=timeout, rule=RULE)
+    with sync_client(redis_url) as c:
+        # one failure: it matters for the window (60 s)
+        assert 60000 + 9000 < c.pttl(key) <= 61000 + 10000
+    cooling = Outcome("failure", "auth", cool_for=5.0)
+    await limiter.settle_deployment("g", DEP, lease_id="", outcome=cooling, rule=RULE)
+    with sync_client(redis_url) as c:
+        # cooling: forgotten FORGET_AFTER after the cooldown ends
+        forget = (5 + health.FORGET_AFTER) * 1000
+        assert forget + 9000 < c.pttl(key) <= forget + 10000
+
+
+async def test_a_success_of_a_healthy_deployment_writes_no_health(
+    limiter: RedisLimiter, redis_url: str
+) -> None:
+    await limiter.settle_deployment(
+        "g", DEP, lease_id="r", outcome=Outcome("success"), rule=RULE, tokens=-10
+    )
+    with sync_client(redis_url) as c:
+        assert c.keys("*health*") == []
+
+
+async def test_deployment_health_of_no_deployments_needs_no_round_trip() -> None:
+    lim = RedisLimiter("redis://127.0.0.1:1", connect_timeout=0.05)
+    assert await lim.deployment_health("g", []) == {}
+    await lim.aclose()
+
+
+def test_deployment_scripts_carry_the_python_constants() -> None:
+    source = scripts.source("reserve_deployment")
+    assert f"local DECREASE = {health.DECREASE!r}" in source
+    assert f"local IN_FLIGHT_MARGIN = {IN_FLIGHT_MARGIN!r}" in source
+    assert "local DECREASE" not in scripts.source("acquire_key")
 
 
 async def test_scripts_are_reloaded_after_script_flush(

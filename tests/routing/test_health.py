@@ -1,18 +1,27 @@
 """Deployment health as a specification: failure windows, cooldowns, half-open probes and
 the effective rate learned from 429s. Times are plain numbers: no clocks, no sleeps."""
 
+import math
+
 from hypothesis import given
 from hypothesis import strategies as st
 
+from proxy.limiter import base
 from proxy.routing.health import (
     DECREASE,
+    FORGET_AFTER,
     HEALTHY,
     MIN_FACTOR,
     CooldownRule,
+    abandon_probe,
+    expires_at,
     on_failure,
     on_success,
+    probe_eligible,
     rate_factor,
+    settle,
     start_probe,
+    unusable_for,
     wait_for,
 )
 
@@ -77,3 +86,60 @@ def test_the_factor_stays_between_its_floor_and_one(times: list[float]) -> None:
     for t in sorted(times):
         h, _ = on_failure(h, RULE, t, cool_for=0.0, rate_limited=True)
         assert MIN_FACTOR <= rate_factor(h, t) <= 1.0
+
+
+def test_the_rule_is_the_limiters() -> None:
+    assert CooldownRule is base.CooldownRule
+
+
+def test_a_failure_exactly_one_window_old_no_longer_counts() -> None:
+    h, _ = on_failure(HEALTHY, RULE, 0.0)
+    h, _ = on_failure(h, RULE, 1.0)
+    h, cooled = on_failure(h, RULE, 60.0)
+    assert not cooled and h.failures == (1.0, 60.0)
+
+
+def test_unusable_for_and_probe_eligible() -> None:
+    h, _ = on_failure(HEALTHY, RULE, 0.0, cool_for=5.0)
+    assert unusable_for(h, 1.0) == 4.0 and not probe_eligible(h, 1.0)
+    assert unusable_for(h, 5.0) == 0.0 and probe_eligible(h, 5.0)
+    h = start_probe(h, 5.0, probe_timeout=10.0, lease_id="p")
+    assert unusable_for(h, 6.0) == 9.0 and not probe_eligible(h, 6.0)
+    assert unusable_for(HEALTHY, 6.0) == 0.0 and not probe_eligible(HEALTHY, 6.0)
+
+
+def test_only_the_probes_own_abandonment_frees_the_slot() -> None:
+    h, _ = on_failure(HEALTHY, RULE, 0.0, cool_for=5.0)
+    h = start_probe(h, 5.0, probe_timeout=10.0, lease_id="p")
+    assert abandon_probe(h, "other") is h
+    assert abandon_probe(h, "") is h
+    freed = abandon_probe(h, "p")
+    assert freed.cooling and probe_eligible(freed, 6.0)
+    assert abandon_probe(HEALTHY, "p") is HEALTHY
+
+
+def test_settle_maps_outcomes_to_changes() -> None:
+    fail = base.Outcome("failure", "timeout")
+    h, change = settle(HEALTHY, fail, RULE, 0.0)
+    assert change == base.HealthChange() and h.failures == (0.0,)
+    h, change = settle(h, base.Outcome("failure", "auth", cool_for=5.0), RULE, 1.0)
+    assert change == base.HealthChange(cooled=True, cool_for=5.0)
+    same, change = settle(h, base.Outcome("success"), RULE, 2.0)  # still cooling
+    assert same is h and change == base.HealthChange(cool_for=4.0)
+    same, change = settle(h, base.Outcome("neutral"), RULE, 2.0, "any")
+    assert same is h and not change.cooled
+    healthy, change = settle(h, base.Outcome("success"), RULE, 6.0)  # the probe's answer
+    assert change == base.HealthChange(recovered=True) and not healthy.cooling
+
+
+def test_expires_at_is_when_a_state_is_as_good_as_healthy() -> None:
+    assert expires_at(HEALTHY, RULE.window) == -math.inf
+    h, _ = on_failure(HEALTHY, RULE, 10.0)
+    assert 70.0 < expires_at(h, RULE.window) < 72.0  # the failure leaves the window
+    h, _ = on_failure(HEALTHY, RULE, 10.0, cool_for=5.0)
+    assert expires_at(h, RULE.window) == 15.0 + FORGET_AFTER
+    h, _ = on_failure(HEALTHY, RULE, 10.0, cool_for=0.0, rate_limited=True)
+    h = on_success(h, 10.0)
+    recovered_at = expires_at(h, RULE.window)
+    assert rate_factor(h, recovered_at) == 1.0
+    assert rate_factor(h, recovered_at - 2.0) < 1.0

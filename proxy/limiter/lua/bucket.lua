@@ -42,11 +42,13 @@ local function debt_at(d, t, interval, now)
   return math.max(0.0, d - (now - t) / interval)
 end
 
-local function bucket(key, interval, capacity, cost, now)
+-- ``interval`` is the effective one (bucket.Bucket.interval); the key's expiry is
+-- computed with ``ttl_interval`` (default: the same), the slowest it may ever refill at.
+local function bucket(key, interval, capacity, cost, now, ttl_interval)
   local d, t = load_state(key)
   return {
     key = key, interval = interval, capacity = capacity, cost = cost,
-    d = d, t = t, debt = debt_at(d, t, interval, now),
+    d = d, t = t, debt = debt_at(d, t, interval, now), ttl_interval = ttl_interval or interval,
   }
 end
 
@@ -82,15 +84,15 @@ local function charge(buckets, wait, now)
   for _, b in ipairs(buckets) do
     b.d = math.max(b.debt, wait / b.interval) + b.cost
     b.t = now
-    store_state(b.key, b.d, b.t, b.interval)
+    store_state(b.key, b.d, b.t, b.ttl_interval)
   end
 end
 
--- bucket.adjust (and the store)
-local function adjust(key, interval, units, now)
+-- bucket.adjust (and the store); ``interval`` is the effective one
+local function adjust(key, interval, units, now, ttl_interval)
   local d, t = load_state(key)
   d = math.max(0.0, debt_at(d, t, interval, now) + units)
-  store_state(key, d, now, interval)
+  store_state(key, d, now, ttl_interval or interval)
 end
 
 -- memory.Leases.acquire: a sorted set of lease ids scored by their deadline

@@ -1,0 +1,34 @@
+"""Bookkeeping off the critical path: tasks that must finish but nobody awaits."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+
+__all__ = ["Background"]
+
+logger = logging.getLogger("proxy.background")
+
+
+class Background:
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def run(self, work: Awaitable[None]) -> None:
+        """Start ``work``; keep a reference so it is neither collected nor lost."""
+        task = asyncio.ensure_future(self._guard(work))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    async def _guard(work: Awaitable[None]) -> None:
+        try:
+            await work
+        except Exception:  # bookkeeping must never take the process down
+            logger.warning("background bookkeeping failed", exc_info=True)
+
+    async def drain(self) -> None:
+        """Wait for everything pending (at shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)

@@ -1,0 +1,65 @@
+"""What the proxy knows about one request as it goes, and what it answers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+__all__ = ["Call", "Reply", "Settlement", "StreamSource"]
+
+
+class StreamSource(Protocol):
+    """A streamed answer: iterate for chunks; ``aclose`` always ends and settles it."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass(slots=True)
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes = b""
+    stream: StreamSource | None = None
+
+
+@dataclass(slots=True)
+class Call:
+    request_id: str
+    endpoint: str
+    started: float
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    key_name: str | None = None
+    model: str = "unknown"  # a configured name once known: safe as a metric label
+    body: dict[str, Any] = field(default_factory=dict)
+    raw: bytes = b""
+    stream: bool = False
+    estimate: int = 0
+    deployment: str | None = None
+    queue_wait: float = 0.0
+    retries: int = 0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    error_code: str | None = None
+
+    def real_tokens(self) -> int | None:
+        """Tokens the upstream reported (prompt + completion), if it did."""
+        if self.prompt_tokens is None and self.completion_tokens is None:
+            return None
+        return (self.prompt_tokens or 0) + (self.completion_tokens or 0)
+
+
+class Settlement:
+    """Gives back what a request took from a budget, exactly once."""
+
+    def __init__(self, run: Callable[[], Awaitable[None]]) -> None:
+        self._run = run
+        self._done = False
+
+    async def settle(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        await self._run()

@@ -1,0 +1,106 @@
+"""Choosing a deployment of a model group (pure): health gates, learned rates, least busy.
+
+Every backend decides a reservation with :func:`select` (the Redis backend through
+``lua/reserve_deployment.lua``, a line-by-line mirror), given each candidate's buckets (at
+its effective rate), health and, for ``least_busy``, in-flight count, all read in one
+atomic step:
+
+* a candidate that is too small for the request (``cost > capacity``) never takes it;
+* a candidate held by its health (cooling down, or a probe is out) is not reservable at
+  all: reserving a turn at the end of a cooldown would bypass the half-open probe;
+* among the others, the soonest turn wins, list order among equals; waits are clamped at
+  0 so every candidate that can go now beats one that must wait. With ``least_busy``, the
+  one with the fewest requests in flight among those that can go now (list order among
+  equals), else the soonest turn as usual;
+* the chosen one is charged when its turn is within ``max_wait``; if it was cooled and
+  its cooldown is over (and no probe is out) this request is its probe.
+
+Refused: ``retry_after`` is the soonest moment some candidate could take the request: a
+reservable one's ``wait - max_wait``, a held one's ``max(hold, wait - max_wait)`` (its
+health must allow it and its budget must be within ``max_wait``). ``cooling`` says some
+candidate that could take the request was held by its health.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from proxy.limiter.bucket import Bucket, BucketState, Decision, Outcome, charge, decide, plan
+from proxy.routing.health import HEALTHY, Health, unusable_for
+
+__all__ = ["Candidate", "Selection", "select"]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One deployment offered the request: its buckets (``factor`` set to its effective
+    rate), its health, and its requests in flight (only read for ``least_busy``)."""
+
+    buckets: Sequence[Bucket]
+    health: Health = HEALTHY
+    in_flight: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    index: int  # the chosen candidate, -1 when none was charged
+    states: list[BucketState]  # the chosen candidate's new bucket states (empty when none)
+    decision: Decision  # ALLOWED (wait), REFUSED (retry_after) or TOO_LARGE
+    waits: list[float]  # per candidate: seconds until it could take it (inf: too large)
+    probe: bool = False  # the chosen candidate was cooled: this request is its probe
+    cooling: bool = False  # refused while a candidate that could take it was held
+
+
+def select(
+    candidates: Sequence[Candidate], now: float, max_wait: float, least_busy: bool = False
+) -> Selection:
+    if not candidates:
+        raise ValueError("select needs at least one candidate")
+    plans = [plan(c.buckets, now) for c in candidates]
+    waits: list[float] = []
+    reservable: list[bool] = []
+    held = False
+    held_retry = math.inf
+    for c, p in zip(candidates, plans, strict=True):
+        if p.too_large >= 0:
+            waits.append(math.inf)
+            reservable.append(False)
+            continue
+        hold = unusable_for(c.health, now)
+        if hold == 0.0:
+            waits.append(p.wait)
+            reservable.append(True)
+        else:
+            waits.append(max(hold, p.wait))
+            reservable.append(False)
+            held = True
+            held_retry = min(held_retry, max(hold, p.wait - max_wait))
+    best = -1
+    if least_busy:
+        for i, c in enumerate(candidates):
+            if (
+                reservable[i]
+                and waits[i] == 0.0
+                and (best < 0 or c.in_flight < candidates[best].in_flight)
+            ):
+                best = i
+    if best < 0:
+        for i, w in enumerate(waits):
+            if reservable[i] and (best < 0 or w < waits[best]):
+                best = i
+    if best < 0:
+        if not held:
+            return Selection(-1, [], Decision(Outcome.TOO_LARGE, binding=plans[0].too_large), waits)
+        return Selection(
+            -1, [], Decision(Outcome.REFUSED, retry_after=held_retry), waits, cooling=True
+        )
+    decision = decide(plans[best], max_wait)
+    if not decision.allowed:
+        retry = min(decision.retry_after, held_retry)
+        refused = Decision(Outcome.REFUSED, retry_after=retry, binding=decision.binding)
+        return Selection(-1, [], refused, waits, cooling=held)
+    chosen = candidates[best]
+    states = charge(chosen.buckets, plans[best], now)
+    return Selection(best, states, decision, waits, probe=chosen.health.cooling)

@@ -1,0 +1,79 @@
+"""Building the upstream request and sending it (one place for transport errors)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import orjson
+
+from proxy.catalog import DeploymentRoute
+from proxy.errors import UpstreamError
+from proxy.upstream.errors import map_transport_error
+from proxy.upstream.headers import request_headers
+
+__all__ = ["TransportFailure", "build_request", "read_body", "send"]
+
+
+class TransportFailure(Exception):
+    """No (complete) HTTP answer: ``error`` for the client, ``reason`` for metrics."""
+
+    def __init__(self, error: UpstreamError, reason: str) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.reason = reason
+
+
+def build_request(
+    endpoint: str,
+    body: dict[str, Any],
+    raw: bytes,
+    client_headers: list[tuple[str, str]],
+    deployment: DeploymentRoute,
+    stream: bool,
+) -> tuple[httpx.Request, bool]:
+    """The upstream request, and whether the proxy added the usage chunk to a stream.
+
+    The client's bytes go as they are unless ``model`` must change or the proxy needs the
+    stream's usage (to settle the token budget), which the client did not ask for.
+    """
+    add_usage = stream and not _asks_usage(body)
+    payload = raw
+    if deployment.upstream_model != body.get("model") or add_usage:
+        body = {**body, "model": deployment.upstream_model}
+        if add_usage:
+            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        payload = orjson.dumps(body)
+    request = httpx.Request(
+        "POST",
+        deployment.url(endpoint),
+        content=payload,
+        headers=request_headers(client_headers, deployment.config.api_key.get_secret_value()),
+        extensions={"timeout": deployment.timeouts},
+    )
+    return request, add_usage
+
+
+async def send(
+    transport: httpx.AsyncBaseTransport, request: httpx.Request, deployment: str
+) -> httpx.Response:
+    """Send ``request``; the response's body is still to be read (or streamed)."""
+    try:
+        return await transport.handle_async_request(request)
+    except (TimeoutError, httpx.HTTPError, OSError) as exc:
+        raise TransportFailure(*map_transport_error(exc, deployment)) from None
+
+
+async def read_body(response: httpx.Response, deployment: str) -> bytes:
+    """The whole body of a buffered answer; the response is closed either way."""
+    try:
+        return await response.aread()
+    except (TimeoutError, httpx.HTTPError, OSError) as exc:
+        raise TransportFailure(*map_transport_error(exc, deployment)) from None
+    finally:
+        await response.aclose()
+
+
+def _asks_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True

@@ -1,0 +1,78 @@
+"""A streamed upstream answer, passed through chunk by chunk."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import httpx
+import orjson
+
+from proxy.upstream.sse import UsageTap
+
+__all__ = ["StreamBody", "StreamEnd"]
+
+logger = logging.getLogger("proxy.upstream")
+
+StreamEnd = str  # "completed" | "interrupted" (upstream broke off) | "abandoned" (client left)
+
+
+class StreamBody:
+    """Chunks as they arrive; usage is read on the way (``tap``).
+
+    ``aclose`` closes the upstream response and calls ``on_close`` exactly once, even when
+    iteration never started (the client left before the first byte).
+    """
+
+    def __init__(
+        self,
+        response: httpx.Response,
+        tap: UsageTap,
+        on_first_chunk: Callable[[], None],
+        on_close: Callable[[StreamEnd], Awaitable[None]],
+    ) -> None:
+        self._response = response
+        self.tap = tap
+        self._on_first_chunk = on_first_chunk
+        self._on_close = on_close
+        self._closed = False
+        self._end: StreamEnd = "abandoned"
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        first = True
+        try:
+            async for chunk in self._response.aiter_raw():
+                if first:
+                    first = False
+                    self._on_first_chunk()
+                out = self.tap.feed(chunk)
+                if out:
+                    yield out
+            rest = self.tap.flush()
+            if rest:
+                yield rest
+            self._end = "completed"
+        except httpx.HTTPError:
+            # The upstream broke off mid-stream. A stream is never retried after its first
+            # byte, so it ends with an SSE error event the OpenAI SDK raises as an APIError.
+            self._end = "interrupted"
+            yield sse_error("The upstream stream was interrupted.")
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._response.aclose()
+        except Exception:  # closing a broken connection may fail; nothing to return
+            logger.debug("closing an upstream stream failed", exc_info=True)
+        await self._on_close(self._end)
+
+
+def sse_error(message: str) -> bytes:
+    payload = orjson.dumps(
+        {"error": {"message": message, "type": "api_error", "param": None, "code": "stream_error"}}
+    )
+    return b"data: " + payload + b"\n\n"
