@@ -340,3 +340,27 @@ def test_upstream_client_errors_pass_through(proxy: ProxyInThread) -> None:
     response = _post(proxy, "/chat/completions", json={"model": "gpt-4o-mini", "messages": "oops"})
     assert response.status_code == 400
     assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+async def test_the_async_sdk_chats_streams_and_gets_typed_errors(proxy: ProxyInThread) -> None:
+    client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key=TEAM_A, max_retries=0)
+    completion = await client.chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert completion.choices[0].message.content
+    stream = await client.chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert text
+    embedding = await client.embeddings.create(model="text-embedding-3-small", input="x")
+    assert embedding.data[0].embedding
+    with pytest.raises(openai.NotFoundError):
+        await client.chat.completions.create(model="nope", messages=[])
+    with pytest.raises(openai.PermissionDeniedError):
+        forbidden = openai.AsyncOpenAI(base_url=proxy.base_url, api_key=TEAM_B, max_retries=0)
+        await forbidden.embeddings.create(model="text-embedding-3-small", input="x")
+    with pytest.raises(openai.InternalServerError) as info:
+        await client.chat.completions.create(model="refused", messages=[])
+    assert info.value.status_code == 502
+    await client.close()

@@ -1,0 +1,82 @@
+"""No budget leaks: after upstream errors, timeouts and client disconnects, every parallel
+slot is free again and the token budgets hold only what was really used."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from support.proxy_server import ProxyInThread, settings_from
+
+from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
+
+KEY = "sk-leaks"
+TPM = 1_000_000
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 500}
+
+
+@pytest.fixture
+def upstream() -> Iterator[FakeUpstreamHandle]:
+    with run_in_thread(FakeUpstreamConfig(port=0, completion_tokens=5)) as handle:
+        yield handle
+
+
+async def _mixed_run(url: str, upstream: FakeUpstreamHandle) -> None:
+    headers = {"authorization": f"Bearer {KEY}"}
+    async with httpx.AsyncClient(timeout=10, headers=headers) as client:
+        post = lambda: client.post(f"{url}/chat/completions", json=BODY)  # noqa: E731
+        await asyncio.gather(*(post() for _ in range(5)))  # plain successes
+        for option in ("fail_rate", "drop_rate"):
+            upstream.control(**{option: 1.0})
+            await asyncio.gather(*(post() for _ in range(3)))
+            upstream.control(**{option: 0.0})
+        upstream.control(hang_rate=1.0)  # upstream timeouts (the deployment waits 0.5 s)
+        await asyncio.gather(*(post() for _ in range(3)))
+        upstream.control(hang_rate=0.0, stream_chunks=40, chunk_delay=0.05)
+        for _ in range(3):  # clients that leave mid-stream
+            body = {**BODY, "stream": True}
+            async with client.stream("POST", f"{url}/chat/completions", json=body) as response:
+                async for _ in response.aiter_raw():
+                    break
+
+
+def test_errors_timeouts_and_disconnects_leak_no_budget(upstream: FakeUpstreamHandle) -> None:
+    config = {
+        "keys": [{"name": "k", "key": KEY, "rpm": 1000, "tpm": TPM, "max_parallel": 5}],
+        "models": [
+            {
+                "name": "m",
+                "deployments": [
+                    {"id": "d", "base_url": upstream.base_url, "timeout": "0.5s", "tpm": TPM}
+                ],
+            }
+        ],
+        "routing": {"retries": 0, "cooldown": {"allowed_fails": 1000}},
+    }
+    with ProxyInThread(settings_from(config)) as proxy:
+        asyncio.run(_mixed_run(proxy.base_url, upstream))
+        pipeline = proxy.app.state.pipeline
+        deadline_checks = 0
+        while (
+            pipeline.background._tasks or upstream.stats()["in_flight"]
+        ) and deadline_checks < 100:
+            asyncio.run(asyncio.sleep(0.05))
+            deadline_checks += 1
+        limiter = pipeline.limiter
+        leases = limiter.leases_held("k")
+        in_flight = dict(pipeline.dispatcher.in_flight)
+        # A last request shows the key's token budget: only real usage was kept.
+        final = httpx.post(
+            f"{proxy.base_url}/chat/completions",
+            json={**BODY, "max_tokens": 5},
+            headers={"authorization": f"Bearer {KEY}"},
+        )
+    assert leases == 0
+    assert set(in_flight.values()) <= {0}
+    assert final.status_code == 200
+    used = TPM - int(final.headers["x-ratelimit-remaining-tokens"])
+    # 5 successes and this one, each about 10 real tokens, plus this one's estimate; the
+    # failed, timed-out and abandoned calls (500 tokens reserved each) were refunded.
+    assert used < 200, used
