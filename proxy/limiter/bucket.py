@@ -222,6 +222,9 @@ class Choice:
 def take_soonest(candidates: Sequence[Sequence[Bucket]], now: float, max_wait: float) -> Choice:
     """Charge the candidate whose turn comes soonest; the first among equals.
 
+    The backends choose deployments with ``selection.select``: this same rule, plus
+    health (cooldowns, probes, learned rates) and least-busy.
+
     Waits are clamped at 0, so every candidate that can go now ties and list order
     decides among them (routing's preference), and any of them beats one that must wait.
     When none fits within ``max_wait`` nothing is charged; ``retry_after`` is when the

@@ -132,7 +132,8 @@ def test_redis_killed_mid_run_falls_back_to_local_shares(tmp_path: Path) -> None
     assert len(result.outcomes) == result.sent
     # Traffic kept flowing while Redis was down, within each replica's share.
     assert stats["served"] >= 0.8 * RATE * 24.0
-    assert stats["peak_window_requests"] <= LIMIT + LIMIT / 3 + 1
+    # One replica's share, plus the one request each replica may send at the switch.
+    assert stats["peak_window_requests"] <= LIMIT + LIMIT / 3 + 3
 
 
 def test_redis_killed_mid_run_with_reject_answers_503_then_recovers(tmp_path: Path) -> None:
