@@ -39,3 +39,20 @@ format: install-dev
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# The stack and the load test (docs/stack.md, docs/benchmarks.md).
+.PHONY: stack-locust
+
+stack: install-dev
+	$(BIN)/python -m loadtest.stack up
+
+stack-locust: install-dev
+	$(BIN)/python -m loadtest.stack locust
+
+# matplotlib draws the chart; only the benchmark needs it.
+$(VENV)/.bench: $(VENV)/.dev
+	$(BIN)/pip install -q matplotlib
+	touch $@
+
+bench: $(VENV)/.bench
+	BENCH_COMMAND="make bench" $(BIN)/python -m loadtest.bench

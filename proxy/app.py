@@ -26,9 +26,10 @@ from proxy.api.forwarding import ENDPOINTS, ForwardingEndpoint, HotPathRouter
 from proxy.api.responses import error_response
 from proxy.config import Settings, load_settings
 from proxy.errors import InvalidRequest, ModelNotFound, ProxyError
-from proxy.limiter import create_limiter
+from proxy.limiter import LimiterMode, ManagedLimiter, create_limiter
 from proxy.logs import configure_logging
 from proxy.metrics import Metrics
+from proxy.observer import StateObserver
 from proxy.pipeline import Pipeline
 from proxy.upstream.client import create_transport
 
@@ -56,14 +57,22 @@ def create_app(settings: Settings, *, workers: int = 1) -> HotPathRouter:
             replica_id=f"{os.getpid()}-{uuid.uuid4().hex[:8]}",
             timeout=settings.redis.timeout,
         )
-        await _start(limiter)
+        limiter.on_mode_change(
+            lambda mode: metrics.set_fallback_active(mode is LimiterMode.FALLBACK)
+        )
+        await limiter.start()
         transport = create_transport()
         pipeline = Pipeline(settings, limiter, transport, metrics, share=share)
         app.state.pipeline = pipeline
+        app.state.limiter = limiter
         _publish_configured_state(settings, metrics, share)
+        observer = StateObserver(pipeline.catalog, limiter, metrics)
+        observer.start()
+        app.state.observer = observer
         try:
             yield
         finally:
+            await observer.aclose()
             await pipeline.drain()
             await transport.aclose()
             await limiter.aclose()
@@ -107,26 +116,16 @@ def create_app_from_env() -> HotPathRouter:
     return create_app(settings, workers=int(os.environ.get(WORKERS_ENV, "1")))
 
 
-async def _start(limiter: Any) -> None:
-    start = getattr(limiter, "start", None)
-    if start is not None:
-        await start()
-
-
 def _readiness(app: FastAPI) -> dict[str, Any]:
     pipeline: Pipeline | None = getattr(app.state, "pipeline", None)
     if pipeline is None:
         return {"ready": False, "reason": "starting"}
-    limiter = pipeline.limiter
-    fallback = bool(getattr(limiter, "fallback_active", False))
-    storage_ok = bool(getattr(limiter, "storage_available", True))
-    limiter_ok = storage_ok or fallback
-    usable = sum(len(g.deployments) for g in pipeline.catalog.groups.values())
+    limiter: ManagedLimiter = app.state.limiter
+    observer: StateObserver = app.state.observer
+    usable = observer.usable()
     return {
-        "ready": limiter_ok and usable > 0,
-        "limiter": "fallback"
-        if fallback
-        else ("shared" if pipeline.settings.redis.url else "memory"),
+        "ready": limiter.ready and usable > 0,
+        "limiter": limiter.mode.value,
         "deployments_usable": usable,
     }
 

@@ -240,6 +240,13 @@ class Limiter(Protocol):
         token reset is the time until full, which says nothing about the next request)."""
         ...
 
+    async def deployment_budget(
+        self, group: str, deployments: Sequence[DeploymentLimits]
+    ) -> dict[str, dict[str, float]]:
+        """What is left now in each deployment's buckets: ``{id: {"requests": n,
+        "tokens": n}}`` (kinds without a limit are absent). For dashboards."""
+        ...
+
     async def deployment_health(self, group: str, ids: Sequence[str]) -> dict[str, float]:
         """Seconds until each deployment may take a request: 0 when healthy or a probe
         may go, the rest of its cooldown, or the deadline of the probe that is out."""

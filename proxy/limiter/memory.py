@@ -26,7 +26,7 @@ from proxy.limiter.base import (
     Outcome,
     Rate,
 )
-from proxy.limiter.bucket import FULL, Bucket, BucketState, adjust, debt_at, take_all
+from proxy.limiter.bucket import FULL, Bucket, BucketState, adjust, debt_at, take_all, usage
 from proxy.limiter.selection import Candidate, select
 from proxy.limiter.verdicts import (
     LEASE_TTL,
@@ -330,6 +330,27 @@ class MemoryLimiter:
             lowered = bucket.lower(self._state(bucket_id), f.rate, f.available, now, factor, f.wait)
             if lowered is not None:
                 self._buckets[bucket_id] = (lowered, _slowest(bucket_id, f.rate))
+
+    async def deployment_budget(
+        self, group: str, deployments: Sequence[DeploymentLimits]
+    ) -> dict[str, dict[str, float]]:
+        return self.deployment_budget_now(group, deployments)
+
+    def deployment_budget_now(
+        self, group: str, deployments: Sequence[DeploymentLimits]
+    ) -> dict[str, dict[str, float]]:
+        now = self._now()
+        budget: dict[str, dict[str, float]] = {}
+        for d in deployments:
+            rates = {"requests": d.rpm, "tokens": d.tpm}
+            budget[d.id] = {
+                kind: usage(
+                    self._state(_deployment_bucket(group, d.id, bucket)), rate, now
+                ).remaining
+                for (kind, rate), bucket in zip(rates.items(), ("rpm", "tpm"), strict=True)
+                if rate is not None
+            }
+        return budget
 
     def deployment_health_now(self, group: str, ids: Sequence[str]) -> dict[str, float]:
         now = self._now()

@@ -404,6 +404,14 @@ class ResilientLimiter:
                 reset_tokens=reset_tokens,
             )
 
+    async def deployment_budget(
+        self, group: str, deployments: Sequence[DeploymentLimits]
+    ) -> dict[str, dict[str, float]]:
+        budget = await self._via_shared(lambda: self._shared.deployment_budget(group, deployments))
+        if not isinstance(budget, _Skipped):
+            return budget
+        return self._local.deployment_budget_now(group, deployments)
+
     async def deployment_health(self, group: str, ids: Sequence[str]) -> dict[str, float]:
         health = await self._via_shared(lambda: self._shared.deployment_health(group, ids))
         if not isinstance(health, _Skipped):

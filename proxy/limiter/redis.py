@@ -34,6 +34,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from proxy.limiter import scripts
@@ -47,6 +48,7 @@ from proxy.limiter.base import (
     Outcome,
     StorageError,
 )
+from proxy.limiter.batch import Batcher
 from proxy.limiter.bucket import BucketState, Decision
 from proxy.limiter.bucket import Outcome as Result
 from proxy.limiter.selection import Selection
@@ -112,6 +114,7 @@ class RedisLimiter:
         # Never more operations in flight than connections: the pool never overflows
         # (the cluster client would raise), callers queue here within op_timeout.
         self._slots = asyncio.Semaphore(max_connections)
+        self._batch = Batcher(self._run_batch)
 
     @property
     def is_cluster(self) -> bool | None:
@@ -274,6 +277,25 @@ class RedisLimiter:
         )
         return {i: float(w) for i, w in zip(ids, reply, strict=True)}
 
+    async def deployment_budget(
+        self, group: str, deployments: Sequence[DeploymentLimits]
+    ) -> dict[str, dict[str, float]]:
+        keys: list[str] = []
+        args = [self._now()]
+        slots: list[tuple[str, str]] = []
+        for d in deployments:
+            for kind, bucket, rate in (("requests", "rpm", d.rpm), ("tokens", "tpm", d.tpm)):
+                if rate is not None:
+                    keys.append(self._deployment(group, d.id, bucket))
+                    args += [_num(rate.interval), _num(rate.capacity)]
+                    slots.append((d.id, kind))
+        budget: dict[str, dict[str, float]] = {d.id: {} for d in deployments}
+        if keys:
+            reply = await self._run("deployment_budget", keys, args)
+            for (deployment_id, kind), left in zip(slots, reply, strict=True):
+                budget[deployment_id][kind] = float(left)
+        return budget
+
     async def aclose(self) -> None:
         client, self._client = self._client, None
         if client is not None:
@@ -308,7 +330,36 @@ class RedisLimiter:
         return "" if self._clock is None else _num(self._clock())
 
     async def _run(self, script: str, keys: list[str], args: list[str]) -> Any:
+        if self._cluster is False and self._client is not None:
+            return await self._batch.submit(script, keys, args)
         return await self._call(lambda _: self._scripts[script](keys=keys, args=args))
+
+    async def _run_batch(self, calls: list[tuple[str, list[str], list[str]]]) -> list[Any]:
+        """Several scripts in one pipelined round trip (single Redis only: a cluster
+        would split the pipeline per node anyway). Entries are results or exceptions."""
+
+        async def execute(client: Client) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            for name, keys, args in calls:
+                pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+            results: list[Any] = await pipe.execute(raise_on_error=False)
+            missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+            if missing:
+                # A restarted or flushed Redis forgot the scripts. NOSCRIPT means the call
+                # did not run, so loading them and running those calls again is safe.
+                for name in {calls[i][0] for i in missing}:
+                    await client.script_load(scripts.source(name))
+                again = client.pipeline(transaction=False)
+                for i in missing:
+                    name, keys, args = calls[i]
+                    again.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+                for i, result in zip(
+                    missing, await again.execute(raise_on_error=False), strict=True
+                ):
+                    results[i] = result
+            return results
+
+        return list(await self._call(execute))
 
     async def _call(self, op: Callable[[Client], Awaitable[Any]]) -> Any:
         try:

@@ -24,6 +24,7 @@ DEPLOYMENT_SCRIPTS = (
     "settle_deployment",
     "sync_budget",
     "deployment_health",
+    "deployment_budget",
 )
 BUCKET_SCRIPTS = KEY_SCRIPTS + DEPLOYMENT_SCRIPTS
 PLAIN_SCRIPTS = ("heartbeat",)

@@ -1,0 +1,45 @@
+# syntax=docker/dockerfile:1
+# The proxy image (also runs the fake upstream: `llm-proxy fake-upstream`).
+#
+#   docker build -t llm-proxy .
+#   docker run -p 8000:8000 -v $PWD/my.yaml:/etc/llm-proxy/config.yaml:ro \
+#       -e LLM_PROXY_WORKERS=2 llm-proxy
+#
+# The default config is config/demo.yaml (fake upstream at FAKE_UPSTREAM_URL); mount yours
+# at /etc/llm-proxy/config.yaml. LLM_PROXY_PORT (8000) and LLM_PROXY_WORKERS (1) are read
+# by `llm-proxy serve`.
+
+ARG PYTHON_IMAGE=python:3.12-slim
+
+# --- builder: the project and every dependency as wheels (compilers stay here) ----------
+FROM ${PYTHON_IMAGE} AS builder
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+WORKDIR /src
+# Only what the wheel needs, so editing tests or docs does not invalidate this layer.
+COPY pyproject.toml README.md ./
+COPY proxy ./proxy
+RUN pip wheel --wheel-dir /wheels .
+
+# --- runtime: slim Python, the wheels, a non-root user -----------------------------------
+FROM ${PYTHON_IMAGE} AS runtime
+ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
+    LLM_PROXY_HOST=0.0.0.0 \
+    LLM_PROXY_PORT=8000 \
+    LLM_PROXY_WORKERS=1
+RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
+    pip install --no-index --find-links=/wheels llm-proxy \
+ && groupadd --system --gid 10001 llmproxy \
+ && useradd --system --uid 10001 --gid llmproxy --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin llmproxy
+COPY config/demo.yaml /etc/llm-proxy/config.yaml
+USER 10001:10001
+WORKDIR /tmp
+EXPOSE 8000
+# Liveness only (the process answers); compose uses /health/ready to order start-up.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health/live' % os.environ.get('LLM_PROXY_PORT', '8000'), timeout=2)"]
+# Exec form, no shell: SIGTERM reaches uvicorn (PID 1), which drains in-flight requests.
+CMD ["llm-proxy", "serve", "--config", "/etc/llm-proxy/config.yaml"]

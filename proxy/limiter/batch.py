@@ -1,0 +1,66 @@
+"""Coalescing the limiter's Redis calls: every script called within one turn of the event
+loop goes out in one pipelined round trip.
+
+Under load a proxy makes several limiter calls per loop turn (a key check, a reservation,
+settlements of finished requests). Sent one by one, each pays a connection checkout, a
+deadline, a write and a read; sent together they pay them once, and Redis reads them in
+one go. A lone call still goes out at once: the flush is scheduled for the end of the
+current turn, not after a delay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from proxy.limiter.base import StorageError
+
+__all__ = ["Batcher"]
+
+Call = tuple[str, list[str], list[str]]  # script name, keys, args
+Runner = Callable[[list[Call]], Awaitable[list[Any]]]
+
+
+class Batcher:
+    def __init__(self, run: Runner) -> None:
+        self._run = run
+        self._calls: list[Call] = []
+        self._futures: list[asyncio.Future[Any]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def submit(self, script: str, keys: list[str], args: list[str]) -> asyncio.Future[Any]:
+        """The result of ``script``, run with the other calls of this loop turn."""
+        loop = asyncio.get_running_loop()
+        if not self._calls:
+            loop.call_soon(self._flush)
+        future: asyncio.Future[Any] = loop.create_future()
+        self._calls.append((script, keys, args))
+        self._futures.append(future)
+        return future
+
+    def _flush(self) -> None:
+        calls, futures = self._calls, self._futures
+        self._calls, self._futures = [], []
+        task = asyncio.ensure_future(self._send(calls, futures))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, calls: list[Call], futures: list[asyncio.Future[Any]]) -> None:
+        try:
+            results = await self._run(calls)
+        except BaseException as exc:  # the batch failed as a whole: so does every call
+            error = exc if isinstance(exc, StorageError) else StorageError(str(exc))
+            for future in futures:
+                if not future.done():
+                    future.set_exception(error)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        for future, result in zip(futures, results, strict=True):
+            if future.done():
+                continue  # its caller gave up (cancelled) meanwhile
+            if isinstance(result, Exception):
+                future.set_exception(StorageError(f"redis limiter: {result}"))
+            else:
+                future.set_result(result)
