@@ -104,7 +104,9 @@ class _Strict(BaseModel):
 class RedisConfig(_Strict):
     url: str = ""
     on_error: Literal["local", "reject"] = "local"
-    timeout: Duration = 0.05  # per Redis operation: an ailing Redis must not stall traffic
+    # Per Redis call: an ailing Redis must not stall traffic, but on a saturated machine
+    # 50 ms timed out healthy calls and made replicas flap into their fallback shares.
+    timeout: Duration = 0.1
 
 
 class ClientKey(_Strict):
