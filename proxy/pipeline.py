@@ -11,6 +11,7 @@ reply, when the stream ends (or its client leaves) for a streamed one.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
@@ -88,7 +89,7 @@ class Pipeline:
         self, endpoint: str, raw: bytes, headers: list[tuple[str, str]], authorization: str | None
     ) -> Reply:
         call = _new_call(endpoint, headers)
-        key_verdict: KeyVerdict | None = None
+        key_check: asyncio.Future[KeyVerdict] | None = None
         settlement: Settlement | None = None
         reply: Reply | None = None
         try:
@@ -104,15 +105,16 @@ class Pipeline:
             )
             limits = self.catalog.key_limits.get(key.name) if key is not None else None
             if limits is not None:
-                key_verdict = await self._acquire_key(call, limits)
-                settlement = self._key_settlement(call, limits)
+                # Asked together with the first reservation: one Redis round trip for both.
+                key_check = asyncio.ensure_future(self._acquire_key(call, limits))
+                settlement = self._key_settlement(call, limits, key_check)
 
             async def stream_done(status: int) -> None:
                 if settlement is not None:
                     await settlement.settle()
                 self._finish(call, status)
 
-            reply = await self.dispatcher.run(call, group, stream_done)
+            reply = await self.dispatcher.run(call, group, stream_done, gate=key_check)
         except ProxyError as error:
             reply = self._error_reply(call, error)
         except (LimiterUnavailable, StorageError):
@@ -130,6 +132,7 @@ class Pipeline:
             if settlement is not None and (reply is None or reply.stream is None):
                 self.background.run(settlement.settle())
         reply.headers["x-request-id"] = call.request_id
+        key_verdict = _granted(key_check)
         if key_verdict is not None:
             reply.headers.update(_key_headers(key_verdict))
         if reply.stream is None:
@@ -179,8 +182,13 @@ class Pipeline:
             retry_after=verdict.retry_after,
         )
 
-    def _key_settlement(self, call: Call, limits: KeyLimits) -> Settlement:
+    def _key_settlement(
+        self, call: Call, limits: KeyLimits, key_check: asyncio.Future[KeyVerdict]
+    ) -> Settlement:
         async def release() -> None:
+            await asyncio.wait([key_check])
+            if _granted(key_check) is None:
+                return  # refused (or never answered): nothing was taken
             # Unknown usage (an error, no usage in the answer) refunds the whole estimate.
             correction = (call.real_tokens() or 0) - call.estimate
             await self.limiter.release_key(limits, call.request_id, float(correction))
@@ -210,6 +218,15 @@ class Pipeline:
                 error_code=call.error_code,
             )
         )
+
+
+def _granted(key_check: asyncio.Future[KeyVerdict] | None) -> KeyVerdict | None:
+    """The key's verdict if the key check is over and let the request through."""
+    if key_check is None or not key_check.done() or key_check.cancelled():
+        return None
+    if key_check.exception() is not None:
+        return None
+    return key_check.result()
 
 
 def _new_call(endpoint: str, headers: list[tuple[str, str]]) -> Call:

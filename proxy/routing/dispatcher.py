@@ -17,6 +17,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import replace
 
 import httpx
 import orjson
@@ -35,6 +36,7 @@ from proxy.errors import (
 from proxy.limiter.base import (
     CooldownRule,
     DeploymentLimits,
+    DeploymentVerdict,
     HealthChange,
     Limiter,
     Outcome,
@@ -66,6 +68,14 @@ class Retryable(Exception):
 
     def __init__(self, error: UpstreamError) -> None:
         super().__init__(error.message)
+        self.error = error
+
+
+class GateClosed(Exception):
+    """The client key's check refused the request: its error is the answer as it is."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
         self.error = error
 
 
@@ -102,8 +112,18 @@ class Dispatcher:
 
     # --- the attempts ---------------------------------------------------------------
 
-    async def run(self, call: Call, group: GroupRoute, stream_done: StreamDone) -> Reply:
-        """The first good answer from ``group`` or its fallbacks; else the right error."""
+    async def run(
+        self,
+        call: Call,
+        group: GroupRoute,
+        stream_done: StreamDone,
+        gate: Awaitable[object] | None = None,
+    ) -> Reply:
+        """The first good answer from ``group`` or its fallbacks; else the right error.
+
+        ``gate`` (the client key's check) runs alongside the first reservation and must
+        pass before anything is forwarded; if it fails, the reserved turn is given back
+        and its error is the answer."""
         last_error: UpstreamError | None = None
         refusal: ProxyError | None = None
         attempts_left = self.routing.retries + 1
@@ -114,7 +134,10 @@ class Dispatcher:
                 if not candidates:
                     break
                 try:
-                    deployment, lease = await self._reserve(call, current, candidates)
+                    deployment, lease = await self._reserve(call, current, candidates, gate)
+                    gate = None
+                except GateClosed as closed:
+                    raise closed.error from None
                 except (RateLimited, ServiceUnavailable) as refused:
                     refusal = refusal or refused
                     break
@@ -140,7 +163,11 @@ class Dispatcher:
     # --- reserving a turn -------------------------------------------------------------
 
     async def _reserve(
-        self, call: Call, group: GroupRoute, candidates: list[DeploymentRoute]
+        self,
+        call: Call,
+        group: GroupRoute,
+        candidates: list[DeploymentRoute],
+        gate: Awaitable[object] | None = None,
     ) -> tuple[DeploymentRoute, str]:
         """Reserve a turn on a deployment and sleep until it (bounded by max_wait)."""
         while True:
@@ -163,10 +190,27 @@ class Dispatcher:
                 lease_id=lease,
                 least_busy=self.routing.strategy == "least-busy",
             )
-            if verdict.deployment_id is not None:
-                deployment = next(d for d in ordered if d.id == verdict.deployment_id)
-                if verdict.wait > 0:
-                    await self._wait(call, verdict.wait, give_back=(deployment, lease))
+            deployment = next((d for d in ordered if d.id == verdict.deployment_id), None)
+            queued = deployment is not None and verdict.wait > 0
+            if queued and self.waiting >= self.routing.max_queue:
+                # The queue filled up while we asked: give the turn back.
+                assert deployment is not None
+                self._settle(call, deployment, lease, NEUTRAL, requests=-1.0, real_tokens=0)
+                deployment, queue_full = None, True
+                verdict = replace(verdict, deployment_id=None, retry_after=verdict.wait)
+            if queued := deployment is not None and verdict.wait > 0:
+                self.waiting += 1  # counted at once: no await between check and count
+            try:
+                if gate is not None:
+                    await self._pass_gate(call, ordered, verdict, lease, gate)
+                    gate = None
+            except BaseException:
+                if queued:
+                    self.waiting -= 1
+                raise
+            if deployment is not None:
+                if queued:
+                    await self._wait(call, verdict.wait, (deployment, lease), queued=True)
                 return deployment, lease
             if verdict.code == "request_too_large":
                 raise InvalidRequest(
@@ -176,9 +220,27 @@ class Dispatcher:
                 )
             if verdict.cooling and 0.0 < verdict.retry_after <= budget:
                 # Every usable deployment is cooling down: wait for the first to return.
-                await self._wait(call, verdict.retry_after, give_back=None)
+                await self._wait(call, verdict.retry_after, None)
                 continue
             raise self._refusal(call, group, verdict.cooling, queue_full, verdict.retry_after)
+
+    async def _pass_gate(
+        self,
+        call: Call,
+        ordered: list[DeploymentRoute],
+        verdict: DeploymentVerdict,
+        lease: str,
+        gate: Awaitable[object],
+    ) -> None:
+        try:
+            await gate
+        except BaseException as exc:
+            if verdict.deployment_id is not None:
+                deployment = next(d for d in ordered if d.id == verdict.deployment_id)
+                self._settle(call, deployment, lease, NEUTRAL, requests=-1.0, real_tokens=0)
+            if isinstance(exc, Exception):
+                raise GateClosed(exc) from exc
+            raise
 
     def _refusal(
         self, call: Call, group: GroupRoute, cooling: bool, queue_full: bool, retry_after: float
@@ -201,9 +263,15 @@ class Dispatcher:
         return RateLimited(message, code=scope, retry_after=retry_after)
 
     async def _wait(
-        self, call: Call, seconds: float, give_back: tuple[DeploymentRoute, str] | None
+        self,
+        call: Call,
+        seconds: float,
+        give_back: tuple[DeploymentRoute, str] | None,
+        queued: bool = False,
     ) -> None:
-        self.waiting += 1
+        """Sleep ``seconds`` as one of the waiting requests (``queued``: already counted)."""
+        if not queued:
+            self.waiting += 1
         self.metrics.queue_depth_add(call.model, 1)
         try:
             await asyncio.sleep(seconds)
