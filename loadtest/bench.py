@@ -81,7 +81,7 @@ class Target:
     """What wrk is pointed at: the fake upstream itself, or a proxy in front of it."""
 
     label: str
-    backend: str | None  # None: direct; "memory" or "redis"
+    backend: str | None  # None: direct; "nolimit" (auth, no limits), "memory" or "redis"
     workers: int = 1
 
     @property
@@ -91,6 +91,7 @@ class Target:
 
 TARGETS = (
     Target("direct to the fake upstream", None),
+    Target("proxy, no limits, 1 worker", "nolimit", 1),
     Target("proxy, memory, 1 worker", "memory", 1),
     Target("proxy, memory, 2 workers", "memory", 2),
     Target("proxy, Redis, 1 worker", "redis", 1),
@@ -274,8 +275,17 @@ def wait_until(check: str, process: subprocess.Popen[bytes], timeout: float) -> 
     raise RuntimeError(f"{check} not ready within {timeout} s")
 
 
-def proxy_config(upstream_url: str, redis_url: str | None) -> dict[str, object]:
-    """Auth on, limits that never bind: what is measured is the proxy's own cost."""
+def proxy_config(
+    upstream_url: str, redis_url: str | None, limits: bool = True
+) -> dict[str, object]:
+    """Auth on, limits that never bind: what is measured is the proxy's own cost. Without
+    ``limits``, no key or deployment limit at all: the proxy's cost without its limiter."""
+    if not limits:
+        config = proxy_config(upstream_url, None)
+        config["keys"] = [{"name": "bench", "key": API_KEY}]
+        deployment = config["models"][0]["deployments"][0]  # type: ignore[index]
+        del deployment["rpm"], deployment["burst"]
+        return config
     return {
         "redis": {"url": redis_url or ""},
         "keys": [{"name": "bench", "key": API_KEY, "rpm": 100_000_000, "tpm": 10_000_000_000}],
@@ -351,7 +361,9 @@ def bench_target(
         port = free_port()
         config = procs.workdir / f"{target.slug}.yaml"
         backend_url = redis_url if target.backend == "redis" else None
-        config.write_text(yaml.safe_dump(proxy_config(upstream_url, backend_url)))
+        config.write_text(
+            yaml.safe_dump(proxy_config(upstream_url, backend_url, target.backend != "nolimit"))
+        )
         if backend_url:  # every run starts from empty buckets
             flush_redis(redis_url)
         process = procs.start(
