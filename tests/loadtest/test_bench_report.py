@@ -37,7 +37,7 @@ def _run(connections: int, rps: float, p50: float) -> Run:
 
 
 def _report() -> BenchReport:
-    direct, memory1, memory2, redis1, redis2 = TARGETS
+    direct, _nolimit, memory1, memory2, redis1, redis2 = TARGETS
     results = [
         TargetResult(direct, {1: _run(1, 4000, 0.25), 64: _run(64, 12000, 5.0)}),
         TargetResult(memory1, {1: _run(1, 1500, 0.9), 64: _run(64, 1800, 30)}, 0.8, [70.0]),
