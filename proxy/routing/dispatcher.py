@@ -20,7 +20,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 
 import httpx
-import orjson
 
 from proxy.background import Background
 from proxy.call import Call, Reply
@@ -36,7 +35,6 @@ from proxy.errors import (
 from proxy.limiter.base import (
     CooldownRule,
     DeploymentLimits,
-    DeploymentVerdict,
     HealthChange,
     Limiter,
     Outcome,
@@ -44,10 +42,10 @@ from proxy.limiter.base import (
 from proxy.metrics import Metrics
 from proxy.routing.outcomes import SUCCESS, classify_status, is_failure, status_error
 from proxy.routing.strategies import order_candidates
-from proxy.upstream.forward import TransportFailure, build_request, read_body, send
+from proxy.upstream.forward import TransportFailure, build_request, discard, read_body, send
 from proxy.upstream.headers import response_headers
 from proxy.upstream.ratelimits import UpstreamBudget, parse_budget
-from proxy.upstream.sse import UsageTap
+from proxy.upstream.sse import UsageTap, usage_of_body
 from proxy.upstream.stream import StreamBody, StreamEnd
 
 __all__ = ["Dispatcher", "StreamDone"]
@@ -106,7 +104,6 @@ class Dispatcher:
         self.waiting = 0  # requests of this replica sleeping for a turn
         self.in_flight: dict[str, int] = {}
         self.latency: dict[str, float] = {}
-        self._cooling_timers: dict[str, asyncio.TimerHandle] = {}
         # Limits lowered to what the upstream says it allows (x-ratelimit-limit-*).
         self.learned: dict[str, DeploymentLimits] = {}
 
@@ -195,14 +192,14 @@ class Dispatcher:
             if queued and self.waiting >= self.routing.max_queue:
                 # The queue filled up while we asked: give the turn back.
                 assert deployment is not None
-                self._settle(call, deployment, lease, NEUTRAL, requests=-1.0, real_tokens=0)
-                deployment, queue_full = None, True
+                self._give_back(call, deployment, lease)
+                deployment, queued, queue_full = None, False, True
                 verdict = replace(verdict, deployment_id=None, retry_after=verdict.wait)
-            if queued := deployment is not None and verdict.wait > 0:
+            if queued:
                 self.waiting += 1  # counted at once: no await between check and count
             try:
                 if gate is not None:
-                    await self._pass_gate(call, ordered, verdict, lease, gate)
+                    await self._pass_gate(call, deployment, lease, gate)
                     gate = None
             except BaseException:
                 if queued:
@@ -227,17 +224,15 @@ class Dispatcher:
     async def _pass_gate(
         self,
         call: Call,
-        ordered: list[DeploymentRoute],
-        verdict: DeploymentVerdict,
+        reserved: DeploymentRoute | None,
         lease: str,
         gate: Awaitable[object],
     ) -> None:
         try:
             await gate
         except BaseException as exc:
-            if verdict.deployment_id is not None:
-                deployment = next(d for d in ordered if d.id == verdict.deployment_id)
-                self._settle(call, deployment, lease, NEUTRAL, requests=-1.0, real_tokens=0)
+            if reserved is not None:
+                self._give_back(call, reserved, lease)
             if isinstance(exc, Exception):
                 raise GateClosed(exc) from exc
             raise
@@ -277,9 +272,7 @@ class Dispatcher:
             await asyncio.sleep(seconds)
         except asyncio.CancelledError:
             if give_back is not None:
-                # The turn goes unused: give it back so the next request can take it.
-                deployment, lease = give_back
-                self._settle(call, deployment, lease, NEUTRAL, requests=-1.0, real_tokens=0)
+                self._give_back(call, *give_back)
             raise
         finally:
             self.waiting -= 1
@@ -306,7 +299,7 @@ class Dispatcher:
         status = response.status_code
         self._learn(call, deployment, response.headers)
         if is_failure(status):
-            await _discard(response)
+            await discard(response)
             outcome = classify_status(status, response.headers, time.time(), self.rule.time)
             self._finished(call, deployment, lease, outcome, str(status), started, real_tokens=0)
             error = status_error(status, deployment.id)
@@ -325,7 +318,7 @@ class Dispatcher:
             self._failed(call, deployment, lease, failure, started)
             raise Retryable(failure.error) from None
         if status == 200:
-            call.prompt_tokens, call.completion_tokens = _usage(content)
+            call.prompt_tokens, call.completion_tokens = usage_of_body(content)
         self._finished(call, deployment, lease, SUCCESS, str(status), started, call.real_tokens())
         headers.setdefault("content-type", "application/json")
         return Reply(status=status, headers=headers, body=content)
@@ -439,6 +432,10 @@ class Dispatcher:
 
         self.background.run(settle())
 
+    def _give_back(self, call: Call, deployment: DeploymentRoute, lease: str) -> None:
+        """A reserved turn goes unused: return it, so the next request can take it."""
+        self._settle(call, deployment, lease, NEUTRAL, requests=-1.0, real_tokens=0)
+
     def _report_health(
         self, deployment: DeploymentRoute, outcome: Outcome, change: HealthChange
     ) -> None:
@@ -460,19 +457,9 @@ class Dispatcher:
                     ),
                 },
             )
-            self._mark_healthy_after(model, dep, change.cool_for)
         elif change.recovered:
             self.metrics.set_deployment_state(model, dep, False)
             logger.info("deployment healthy again", extra={"model": model, "deployment": dep})
-
-    def _mark_healthy_after(self, model: str, deployment: str, seconds: float) -> None:
-        """The state gauge drops back when the cooldown ends (a probe may then go)."""
-        timer = self._cooling_timers.pop(deployment, None)
-        if timer is not None:
-            timer.cancel()
-        self._cooling_timers[deployment] = asyncio.get_running_loop().call_later(
-            seconds, self.metrics.set_deployment_state, model, deployment, False
-        )
 
     def _learn(self, call: Call, deployment: DeploymentRoute, headers: httpx.Headers) -> None:
         """Mirror the upstream's own remaining budget; correct ours when it has less."""
@@ -538,26 +525,3 @@ def _low(remaining: float | None, limit: float | None) -> bool:
     if remaining is None:
         return False
     return remaining <= 0 or (limit is not None and remaining < SYNC_BELOW * limit)
-
-
-def _usage(content: bytes) -> tuple[int | None, int | None]:
-    try:
-        usage = orjson.loads(content).get("usage")
-    except (orjson.JSONDecodeError, AttributeError):
-        return None, None
-    if not isinstance(usage, dict):
-        return None, None
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    return (
-        prompt if isinstance(prompt, int) else None,
-        completion if isinstance(completion, int) else None,
-    )
-
-
-async def _discard(response: httpx.Response) -> None:
-    try:
-        await response.aread()
-    except (httpx.HTTPError, OSError):
-        pass
-    finally:
-        await response.aclose()

@@ -12,7 +12,7 @@ from proxy.errors import UpstreamError
 from proxy.upstream.errors import map_transport_error
 from proxy.upstream.headers import request_headers
 
-__all__ = ["TransportFailure", "build_request", "read_body", "send"]
+__all__ = ["TransportFailure", "build_request", "discard", "read_body", "send"]
 
 
 class TransportFailure(Exception):
@@ -70,6 +70,16 @@ async def read_body(response: httpx.Response, deployment: str) -> bytes:
         return await response.aread()
     except (TimeoutError, httpx.HTTPError, OSError) as exc:
         raise TransportFailure(*map_transport_error(exc, deployment)) from None
+    finally:
+        await response.aclose()
+
+
+async def discard(response: httpx.Response) -> None:
+    """Read and close an answer whose body nobody needs (the connection is reused)."""
+    try:
+        await response.aread()
+    except (httpx.HTTPError, OSError):
+        pass
     finally:
         await response.aclose()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import orjson
 
-__all__ = ["UsageTap"]
+__all__ = ["UsageTap", "usage_counts", "usage_of_body"]
 
 _USAGE_MARKERS = (b'"usage":{', b'"usage": {')
 
@@ -64,12 +64,26 @@ class UsageTap:
                     payload = orjson.loads(line[5:].strip())
                 except orjson.JSONDecodeError:
                     return None
-                usage = payload.get("usage") if isinstance(payload, dict) else None
-                if isinstance(usage, dict):
-                    self.prompt_tokens = _int(usage.get("prompt_tokens"))
-                    self.completion_tokens = _int(usage.get("completion_tokens"))
+                if isinstance(payload, dict) and isinstance(payload.get("usage"), dict):
+                    self.prompt_tokens, self.completion_tokens = usage_counts(payload)
                 return payload
         return None
+
+
+def usage_counts(payload: object) -> tuple[int | None, int | None]:
+    """(prompt_tokens, completion_tokens) of an OpenAI object's ``usage``, where given."""
+    usage = payload.get("usage") if isinstance(payload, dict) else None
+    if not isinstance(usage, dict):
+        return None, None
+    return _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
+
+
+def usage_of_body(content: bytes) -> tuple[int | None, int | None]:
+    """The usage counts of a buffered JSON answer (None where it has none)."""
+    try:
+        return usage_counts(orjson.loads(content))
+    except orjson.JSONDecodeError:
+        return None, None
 
 
 def _int(value: object) -> int | None:
