@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import httpx
 import pytest
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
+from support.ports import free_port
 
 from proxy.metrics import (
     CONTENT_TYPE,
@@ -497,13 +497,6 @@ APP = textwrap.dedent(
         await send({"type": "http.response.body", "body": body})
     """
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def test_uvicorn_workers_count_every_request_exactly_once(tmp_path: Path) -> None:

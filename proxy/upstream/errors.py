@@ -14,9 +14,7 @@ import httpx
 
 from proxy.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
 
-__all__ = ["FailureReason", "map_transport_error"]
-
-FailureReason = str  # "timeout" | "connection" | "protocol"
+__all__ = ["map_transport_error"]
 
 
 def map_transport_error(exc: BaseException, deployment: str) -> tuple[UpstreamError, str]:

@@ -22,7 +22,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -34,6 +33,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARDS_DIR = REPO / "config" / "grafana" / "dashboards"
@@ -58,13 +59,6 @@ def require_prometheus() -> str:
             "prometheus binary not found (apt-get install prometheus, or set PROMETHEUS_BIN)"
         )
     return binary
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class PrometheusError(RuntimeError):

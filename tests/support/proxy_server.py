@@ -24,13 +24,7 @@ import yaml
 
 from proxy.app import create_app
 from proxy.config import Settings, parse_settings
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+from support.ports import free_port
 
 
 def settings_from(data: dict[str, Any]) -> Settings:

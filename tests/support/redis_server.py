@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -22,15 +21,10 @@ from types import TracebackType
 
 import redis
 
+from support.ports import free_port
+
 HOST = "127.0.0.1"
 START_TIMEOUT = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def redis_available() -> bool:
