@@ -60,6 +60,7 @@ def create_app(settings: Settings, *, workers: int = 1) -> HotPathRouter:
         limiter.on_mode_change(
             lambda mode: metrics.set_fallback_active(mode is LimiterMode.FALLBACK)
         )
+        limiter.on_storage_error(metrics.limiter_error)
         await limiter.start()
         transport = create_transport()
         pipeline = Pipeline(settings, limiter, transport, metrics, share=share)

@@ -82,7 +82,7 @@ LIMITER_OPERATIONS: Final = (
     "correct_deployment",
     "sync_budget",
     "deployment_health",
-    "deployment_usage",
+    "deployment_budget",
     "heartbeat",
 )
 

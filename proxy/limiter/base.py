@@ -280,6 +280,11 @@ class ManagedLimiter(Limiter, Protocol):
         """Call ``callback(new_mode)`` on every change (for metrics and readiness)."""
         ...
 
+    def on_storage_error(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(operation)`` each time the shared storage fails an operation
+        (the method name, e.g. ``"reserve_deployment"``; for metrics)."""
+        ...
+
     async def start(self) -> None:
         """Start background work (replica heartbeats). Pair with ``aclose``."""
         ...

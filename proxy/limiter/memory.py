@@ -214,6 +214,9 @@ class MemoryLimiter:
     def on_mode_change(self, callback: Callable[[LimiterMode], None]) -> None:
         """The mode never changes; accepted so callers need not special-case."""
 
+    def on_storage_error(self, callback: Callable[[str], None]) -> None:
+        """There is no shared storage to fail; accepted so callers need not special-case."""
+
     async def start(self) -> None:
         """Nothing runs in the background."""
 

@@ -196,6 +196,7 @@ class ResilientLimiter:
         self._breaker = CircuitBreaker(failure_threshold, reset_after, clock, self._circuit_changed)
         self._local = MemoryLimiter(clock)
         self._listeners: list[Callable[[LimiterMode], None]] = []
+        self._error_listeners: list[Callable[[str], None]] = []
         self._last_mode = self.mode
         self._heartbeats: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -238,6 +239,9 @@ class ResilientLimiter:
     def on_mode_change(self, callback: Callable[[LimiterMode], None]) -> None:
         self._listeners.append(callback)
 
+    def on_storage_error(self, callback: Callable[[str], None]) -> None:
+        self._error_listeners.append(callback)
+
     # -- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -261,7 +265,7 @@ class ResilientLimiter:
     async def heartbeat(self) -> None:
         """One heartbeat now (the background task calls this every interval)."""
         count = await self._via_shared(
-            lambda: self._shared.heartbeat(self._replica_id, self._replica_ttl)
+            "heartbeat", lambda: self._shared.heartbeat(self._replica_id, self._replica_ttl)
         )
         if not isinstance(count, _Skipped):
             self._replicas = max(1, count)
@@ -269,7 +273,9 @@ class ResilientLimiter:
     # -- Limiter ---------------------------------------------------------------------
 
     async def acquire_key(self, limits: KeyLimits, lease_id: str, tokens: float) -> KeyVerdict:
-        verdict = await self._via_shared(lambda: self._shared.acquire_key(limits, lease_id, tokens))
+        verdict = await self._via_shared(
+            "acquire_key", lambda: self._shared.acquire_key(limits, lease_id, tokens)
+        )
         if not isinstance(verdict, _Skipped):
             return verdict
         self._require_fallback()
@@ -284,7 +290,7 @@ class ResilientLimiter:
             self._release_locally(limits, lease_id, token_correction)
             return
         done = await self._via_shared(
-            lambda: self._shared.release_key(limits, lease_id, token_correction)
+            "release_key", lambda: self._shared.release_key(limits, lease_id, token_correction)
         )
         if isinstance(done, _Skipped):
             self._release_locally(limits, lease_id, token_correction)
@@ -300,9 +306,10 @@ class ResilientLimiter:
         least_busy: bool = False,
     ) -> DeploymentVerdict:
         verdict = await self._via_shared(
+            "reserve_deployment",
             lambda: self._shared.reserve_deployment(
                 group, candidates, tokens, max_wait, lease_id=lease_id, least_busy=least_busy
-            )
+            ),
         )
         if not isinstance(verdict, _Skipped):
             return verdict
@@ -317,7 +324,8 @@ class ResilientLimiter:
     ) -> None:
         if self._breaker.state is CircuitState.CLOSED:
             done = await self._via_shared(
-                lambda: self._shared.correct_deployment(group, deployment, requests, tokens)
+                "correct_deployment",
+                lambda: self._shared.correct_deployment(group, deployment, requests, tokens),
             )
             if not isinstance(done, _Skipped):
                 return
@@ -357,6 +365,7 @@ class ResilientLimiter:
         ):
             return locally()
         change = await self._via_shared(
+            "settle_deployment",
             lambda: self._shared.settle_deployment(
                 group,
                 deployment,
@@ -365,7 +374,7 @@ class ResilientLimiter:
                 rule=rule,
                 requests=requests,
                 tokens=tokens,
-            )
+            ),
         )
         return locally() if isinstance(change, _Skipped) else change
 
@@ -381,6 +390,7 @@ class ResilientLimiter:
     ) -> None:
         if self._breaker.state is CircuitState.CLOSED:
             done = await self._via_shared(
+                "sync_budget",
                 lambda: self._shared.sync_budget(
                     group,
                     deployment,
@@ -388,7 +398,7 @@ class ResilientLimiter:
                     reset_requests=reset_requests,
                     remaining_tokens=remaining_tokens,
                     reset_tokens=reset_tokens,
-                )
+                ),
             )
             if not isinstance(done, _Skipped):
                 return
@@ -407,13 +417,17 @@ class ResilientLimiter:
     async def deployment_budget(
         self, group: str, deployments: Sequence[DeploymentLimits]
     ) -> dict[str, dict[str, float]]:
-        budget = await self._via_shared(lambda: self._shared.deployment_budget(group, deployments))
+        budget = await self._via_shared(
+            "deployment_budget", lambda: self._shared.deployment_budget(group, deployments)
+        )
         if not isinstance(budget, _Skipped):
             return budget
         return self._local.deployment_budget_now(group, deployments)
 
     async def deployment_health(self, group: str, ids: Sequence[str]) -> dict[str, float]:
-        health = await self._via_shared(lambda: self._shared.deployment_health(group, ids))
+        health = await self._via_shared(
+            "deployment_health", lambda: self._shared.deployment_health(group, ids)
+        )
         if not isinstance(health, _Skipped):
             return health
         if self._on_error == "local":
@@ -422,8 +436,9 @@ class ResilientLimiter:
 
     # -- plumbing --------------------------------------------------------------------
 
-    async def _via_shared(self, call: Callable[[], Awaitable[T]]) -> T | _Skipped:
-        """``call()``'s result, or SKIPPED when the circuit is open or the call fails."""
+    async def _via_shared(self, operation: str, call: Callable[[], Awaitable[T]]) -> T | _Skipped:
+        """``call()``'s result, or SKIPPED when the circuit is open or the call fails
+        (``operation`` names it for the error listeners)."""
         if not self._breaker.try_acquire():
             return SKIPPED
         try:
@@ -435,6 +450,8 @@ class ResilientLimiter:
                 self._breaker.record_abandoned()
                 raise asyncio.CancelledError from exc
             log.warning("limiter storage failed: %s", exc)
+            for listener in self._error_listeners:
+                listener(operation)
             self._breaker.record_failure()
             return SKIPPED
         except BaseException:

@@ -410,3 +410,19 @@ async def test_create_limiter_with_redis(redis_url: str) -> None:
 def test_create_limiter_rejects_unknown_on_error() -> None:
     with pytest.raises(ValueError):
         create_limiter("redis://127.0.0.1:1", "maybe", "r1")
+
+
+async def test_storage_errors_are_reported_by_operation(
+    make: Callable[[OnError, str], ResilientLimiter],
+    disposable_redis: RedisServer,
+) -> None:
+    a = make("local", "a")
+    failed: list[str] = []
+    a.on_storage_error(failed.append)
+    assert (await a.acquire_key(KEY, "r0", 0)).allowed
+    assert failed == []
+    disposable_redis.kill()
+    await a.acquire_key(KEY, "r1", 0)
+    await a.reserve_deployment("g", [DEP], 0, max_wait=0)
+    # Each call that reached the storage and failed is named; an open circuit asks none.
+    assert failed[:2] == ["acquire_key", "reserve_deployment"]
