@@ -36,8 +36,7 @@ class DeploymentRoute:
     group: str
     limits: DeploymentLimits
     upstream_model: str
-    timeout: float
-    # Built once: parsed upstream URLs per endpoint, the timeout extension, auth header.
+    # Built once: parsed upstream URLs per endpoint and httpx's timeout extension.
     urls: dict[str, httpx.URL]
     timeouts: dict[str, float]
 
@@ -102,7 +101,6 @@ def _group(group: ModelGroup, share: float) -> GroupRoute:
                 group=group.name,
                 limits=deployment_limits(d, share),
                 upstream_model=d.model or group.name,
-                timeout=d.timeout,
                 urls={e: httpx.URL(f"{d.base_url}/{e}") for e in _ENDPOINTS},
                 timeouts=timeout_extension(d.timeout),
             )
