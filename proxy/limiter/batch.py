@@ -6,6 +6,12 @@ settlements of finished requests). Sent one by one, each pays a connection check
 deadline, a write and a read; sent together they pay them once, and Redis reads them in
 one go. A lone call still goes out at once: the flush is scheduled for the end of the
 current turn, not after a delay.
+
+Bookkeeping that nothing waits for (settlements: releasing a slot, correcting an
+estimate) is submitted as *not urgent*: it lingers a few milliseconds for the next urgent
+call (a reservation) and goes out in front of it, in the same round trip, so a request
+costs one round trip, not two. A linger timer sends it on its own when no urgent call
+comes; either way it runs before anything submitted after it.
 """
 
 from __future__ import annotations
@@ -21,26 +27,43 @@ __all__ = ["Batcher"]
 Call = tuple[str, list[str], list[str]]  # script name, keys, args
 Runner = Callable[[list[Call]], Awaitable[list[Any]]]
 
+LINGER = 0.005  # seconds a call that is not urgent may wait for company
+
 
 class Batcher:
-    def __init__(self, run: Runner) -> None:
+    def __init__(self, run: Runner, linger: float = LINGER) -> None:
         self._run = run
+        self._linger = linger
         self._calls: list[Call] = []
         self._futures: list[asyncio.Future[Any]] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        self._flush_soon = False  # a flush at the end of this turn is scheduled
+        self._timer: asyncio.TimerHandle | None = None  # the lingering calls' flush
 
-    def submit(self, script: str, keys: list[str], args: list[str]) -> asyncio.Future[Any]:
-        """The result of ``script``, run with the other calls of this loop turn."""
+    def submit(
+        self, script: str, keys: list[str], args: list[str], *, urgent: bool = True
+    ) -> asyncio.Future[Any]:
+        """The result of ``script``, run with the other calls of this loop turn (or, not
+        ``urgent``, with the next urgent one, at most ``linger`` seconds later)."""
         loop = asyncio.get_running_loop()
-        if not self._calls:
-            loop.call_soon(self._flush)
         future: asyncio.Future[Any] = loop.create_future()
         self._calls.append((script, keys, args))
         self._futures.append(future)
+        if urgent and not self._flush_soon:
+            self._flush_soon = True
+            loop.call_soon(self._flush)
+        elif not urgent and not self._flush_soon and self._timer is None:
+            self._timer = loop.call_later(self._linger, self._flush)
         return future
 
     def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._flush_soon = False
         calls, futures = self._calls, self._futures
+        if not calls:
+            return
         self._calls, self._futures = [], []
         task = asyncio.ensure_future(self._send(calls, futures))
         self._tasks.add(task)

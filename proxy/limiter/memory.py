@@ -280,7 +280,7 @@ class MemoryLimiter:
                     healths[selection.index], now, probe_timeout(chosen, wait), lease_id
                 )
                 self._store_health(group, chosen.id, probe, 0.0)
-            if lease_id:
+            if lease_id and least_busy:  # only least-busy counts requests in flight
                 deadline = in_flight_deadline(chosen, wait, now)
                 self._in_flight.put(_deployment(group, chosen.id), lease_id, deadline)
         return deployment_verdict(candidates, selection)

@@ -17,7 +17,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import httpx
 
@@ -67,6 +67,15 @@ class Retryable(Exception):
     def __init__(self, error: UpstreamError) -> None:
         super().__init__(error.message)
         self.error = error
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """A reserved turn on a deployment, named by its lease."""
+
+    deployment: DeploymentRoute
+    lease: str
+    probe: bool = False  # a half-open probe of a cooled deployment: its answer must count
 
 
 class GateClosed(Exception):
@@ -131,7 +140,7 @@ class Dispatcher:
                 if not candidates:
                     break
                 try:
-                    deployment, lease = await self._reserve(call, current, candidates, gate)
+                    turn = await self._reserve(call, current, candidates, gate)
                     gate = None
                 except GateClosed as closed:
                     raise closed.error from None
@@ -140,10 +149,10 @@ class Dispatcher:
                     break
                 attempts_left -= 1
                 try:
-                    return await self._attempt(call, deployment, lease, stream_done)
+                    return await self._attempt(call, turn, stream_done)
                 except Retryable as failure:
                     last_error = failure.error
-                    tried.add(deployment.id)
+                    tried.add(turn.deployment.id)
                     call.retries += 1
         call.retries = max(call.retries - 1, 0)
         error = last_error or refusal
@@ -165,7 +174,7 @@ class Dispatcher:
         group: GroupRoute,
         candidates: list[DeploymentRoute],
         gate: Awaitable[object] | None = None,
-    ) -> tuple[DeploymentRoute, str]:
+    ) -> Turn:
         """Reserve a turn on a deployment and sleep until it (bounded by max_wait)."""
         while True:
             ordered = order_candidates(
@@ -188,27 +197,28 @@ class Dispatcher:
                 least_busy=self.routing.strategy == "least-busy",
             )
             deployment = next((d for d in ordered if d.id == verdict.deployment_id), None)
-            queued = deployment is not None and verdict.wait > 0
+            turn = None if deployment is None else Turn(deployment, lease, verdict.probe)
+            queued = turn is not None and verdict.wait > 0
             if queued and self.waiting >= self.routing.max_queue:
                 # The queue filled up while we asked: give the turn back.
-                assert deployment is not None
-                self._give_back(call, deployment, lease)
-                deployment, queued, queue_full = None, False, True
+                assert turn is not None
+                self._give_back(call, turn)
+                turn, queued, queue_full = None, False, True
                 verdict = replace(verdict, deployment_id=None, retry_after=verdict.wait)
             if queued:
                 self.waiting += 1  # counted at once: no await between check and count
             try:
                 if gate is not None:
-                    await self._pass_gate(call, deployment, lease, gate)
+                    await self._pass_gate(call, turn, gate)
                     gate = None
             except BaseException:
                 if queued:
                     self.waiting -= 1
                 raise
-            if deployment is not None:
+            if turn is not None:
                 if queued:
-                    await self._wait(call, verdict.wait, (deployment, lease), queued=True)
-                return deployment, lease
+                    await self._wait(call, verdict.wait, turn, queued=True)
+                return turn
             if verdict.code == "request_too_large":
                 raise InvalidRequest(
                     f"This request needs about {call.estimate} tokens, more than any"
@@ -221,18 +231,12 @@ class Dispatcher:
                 continue
             raise self._refusal(call, group, verdict.cooling, queue_full, verdict.retry_after)
 
-    async def _pass_gate(
-        self,
-        call: Call,
-        reserved: DeploymentRoute | None,
-        lease: str,
-        gate: Awaitable[object],
-    ) -> None:
+    async def _pass_gate(self, call: Call, reserved: Turn | None, gate: Awaitable[object]) -> None:
         try:
             await gate
         except BaseException as exc:
             if reserved is not None:
-                self._give_back(call, reserved, lease)
+                self._give_back(call, reserved)
             if isinstance(exc, Exception):
                 raise GateClosed(exc) from exc
             raise
@@ -261,7 +265,7 @@ class Dispatcher:
         self,
         call: Call,
         seconds: float,
-        give_back: tuple[DeploymentRoute, str] | None,
+        give_back: Turn | None,
         queued: bool = False,
     ) -> None:
         """Sleep ``seconds`` as one of the waiting requests (``queued``: already counted)."""
@@ -272,7 +276,7 @@ class Dispatcher:
             await asyncio.sleep(seconds)
         except asyncio.CancelledError:
             if give_back is not None:
-                self._give_back(call, *give_back)
+                self._give_back(call, give_back)
             raise
         finally:
             self.waiting -= 1
@@ -282,9 +286,8 @@ class Dispatcher:
 
     # --- one upstream call ------------------------------------------------------------
 
-    async def _attempt(
-        self, call: Call, deployment: DeploymentRoute, lease: str, stream_done: StreamDone
-    ) -> Reply:
+    async def _attempt(self, call: Call, turn: Turn, stream_done: StreamDone) -> Reply:
+        deployment = turn.deployment
         call.deployment = deployment.id
         request, added_usage = build_request(
             call.endpoint, call.body, call.raw, call.headers, deployment, call.stream
@@ -294,47 +297,46 @@ class Dispatcher:
         try:
             response = await send(self.transport, request, deployment.id)
         except TransportFailure as failure:
-            self._failed(call, deployment, lease, failure, started)
+            self._failed(call, turn, failure, started)
             raise Retryable(failure.error) from None
         status = response.status_code
-        self._learn(call, deployment, response.headers)
+        # One plain dict: httpx's Headers scan and decode their list at every lookup.
+        upstream_headers = dict(response.headers.multi_items())
+        self._learn(call, deployment, upstream_headers)
         if is_failure(status):
             await discard(response)
-            outcome = classify_status(status, response.headers, time.time(), self.rule.time)
-            self._finished(call, deployment, lease, outcome, str(status), started, real_tokens=0)
+            outcome = classify_status(status, upstream_headers, time.time(), self.rule.time)
+            self._finished(call, turn, outcome, str(status), started, real_tokens=0)
             error = status_error(status, deployment.id)
             error.retry_after = outcome.cool_for if status == 429 else None
             raise Retryable(error)
-        headers = response_headers(response.headers.multi_items())
-        content_type = response.headers.get("content-type", "")
+        headers = response_headers(upstream_headers.items())
+        content_type = upstream_headers.get("content-type", "")
         if call.stream and status == 200 and "event-stream" in content_type:
             tap = UsageTap(strip_usage_event=added_usage)
-            return self._stream(
-                call, deployment, lease, response, tap, started, headers, stream_done
-            )
+            return self._stream(call, turn, response, tap, started, headers, stream_done)
         try:
             content = await read_body(response, deployment.id)
         except TransportFailure as failure:
-            self._failed(call, deployment, lease, failure, started)
+            self._failed(call, turn, failure, started)
             raise Retryable(failure.error) from None
         if status == 200:
             call.prompt_tokens, call.completion_tokens = usage_of_body(content)
-        self._finished(call, deployment, lease, SUCCESS, str(status), started, call.real_tokens())
+        self._finished(call, turn, SUCCESS, str(status), started, call.real_tokens())
         headers.setdefault("content-type", "application/json")
         return Reply(status=status, headers=headers, body=content)
 
     def _stream(
         self,
         call: Call,
-        deployment: DeploymentRoute,
-        lease: str,
+        turn: Turn,
         response: httpx.Response,
         tap: UsageTap,
         started: float,
         headers: dict[str, str],
         stream_done: StreamDone,
     ) -> Reply:
-        model, dep = deployment.group, deployment.id
+        model, dep = turn.deployment.group, turn.deployment.id
 
         def on_first_chunk() -> None:
             self.metrics.first_token(model, dep, time.perf_counter() - started)
@@ -346,7 +348,7 @@ class Dispatcher:
                 "interrupted": Outcome(kind="failure", reason="protocol"),
             }.get(end, NEUTRAL)
             label = "200" if end == "completed" else end
-            self._finished(call, deployment, lease, outcome, label, started, call.real_tokens())
+            self._finished(call, turn, outcome, label, started, call.real_tokens())
             if end == "interrupted":
                 call.error_code = "stream_interrupted"
             await stream_done(200 if end != "abandoned" else 499)
@@ -357,28 +359,21 @@ class Dispatcher:
 
     # --- bookkeeping ------------------------------------------------------------------
 
-    def _failed(
-        self,
-        call: Call,
-        deployment: DeploymentRoute,
-        lease: str,
-        failure: TransportFailure,
-        started: float,
-    ) -> None:
+    def _failed(self, call: Call, turn: Turn, failure: TransportFailure, started: float) -> None:
         outcome = Outcome(kind="failure", reason=failure.reason)
-        self._finished(call, deployment, lease, outcome, failure.reason, started, real_tokens=0)
+        self._finished(call, turn, outcome, failure.reason, started, real_tokens=0)
 
     def _finished(
         self,
         call: Call,
-        deployment: DeploymentRoute,
-        lease: str,
+        turn: Turn,
         outcome: Outcome,
         label: str,
         started: float,
         real_tokens: int | None,
     ) -> None:
         """An upstream call ended: metrics now, the limiter's settlement in the background."""
+        deployment = turn.deployment
         duration = time.perf_counter() - started
         self._in_flight(call, deployment, -1)
         self.metrics.upstream_finished(deployment.group, deployment.id, label, duration)
@@ -403,26 +398,28 @@ class Dispatcher:
                     "reason": outcome.reason,
                 },
             )
-        self._settle(call, deployment, lease, outcome, requests=0.0, real_tokens=real_tokens)
+        self._settle(call, turn, outcome, requests=0.0, real_tokens=real_tokens)
 
     def _settle(
         self,
         call: Call,
-        deployment: DeploymentRoute,
-        lease: str,
+        turn: Turn,
         outcome: Outcome,
         *,
         requests: float,
         real_tokens: int | None,
     ) -> None:
+        deployment = turn.deployment
         # Unknown usage (no usage in the answer) refunds the whole estimate.
         tokens = float((real_tokens or 0) - call.estimate)
+        if self._changes_nothing(turn, outcome, requests, tokens):
+            return  # the common case: no storage call at all
 
         async def settle() -> None:
             change = await self.limiter.settle_deployment(
                 deployment.group,
                 deployment.limits,
-                lease_id=lease,
+                lease_id=turn.lease,
                 outcome=outcome,
                 rule=self.rule,
                 requests=requests,
@@ -432,9 +429,23 @@ class Dispatcher:
 
         self.background.run(settle())
 
-    def _give_back(self, call: Call, deployment: DeploymentRoute, lease: str) -> None:
+    def _changes_nothing(
+        self, turn: Turn, outcome: Outcome, requests: float, tokens: float
+    ) -> bool:
+        """Whether settling would leave the shared state as it is: a success that probed
+        nothing, holds no in-flight lease (only least-busy keeps them) and corrects no
+        budget (the deployment counts no tokens, or the estimate was exact)."""
+        return (
+            outcome.kind == "success"
+            and not turn.probe
+            and self.routing.strategy != "least-busy"
+            and requests == 0
+            and (tokens == 0 or turn.deployment.limits.tpm is None)
+        )
+
+    def _give_back(self, call: Call, turn: Turn) -> None:
         """A reserved turn goes unused: return it, so the next request can take it."""
-        self._settle(call, deployment, lease, NEUTRAL, requests=-1.0, real_tokens=0)
+        self._settle(call, turn, NEUTRAL, requests=-1.0, real_tokens=0)
 
     def _report_health(
         self, deployment: DeploymentRoute, outcome: Outcome, change: HealthChange
@@ -461,7 +472,7 @@ class Dispatcher:
             self.metrics.set_deployment_state(model, dep, False)
             logger.info("deployment healthy again", extra={"model": model, "deployment": dep})
 
-    def _learn(self, call: Call, deployment: DeploymentRoute, headers: httpx.Headers) -> None:
+    def _learn(self, call: Call, deployment: DeploymentRoute, headers: dict[str, str]) -> None:
         """Mirror the upstream's own remaining budget; correct ours when it has less."""
         budget = parse_budget(headers, time.time())
         if budget.empty:

@@ -1,21 +1,103 @@
 """The one pooled upstream transport per process.
 
 httpx's transport API (``httpx.Request`` in, ``httpx.Response`` out) over aiohttp's
-connection pool: measured on a 2-core machine, a minimal proxy served ~500 req/s with
-httpx's default transport and ~1,860 with this one. The proxy calls the transport
-directly rather than through ``httpx.AsyncClient``: it needs no cookies, redirects, auth
-flows or URL merging, and skipping them was a quarter of the forwarding cost.
+connection pool. Measured on a 2-core machine, a minimal proxy served ~500 req/s with
+httpx's default transport and ~1,860 with httpx-aiohttp's ``AiohttpTransport``; this one
+is that transport cut to what a proxy needs (no proxies, no per-request SSL or URL
+parsing: targets are parsed once per URL), and its stream hands a buffered answer over
+in one read (``UpstreamStream.read``) instead of httpx's chunk iteration. aiohttp's
+exceptions are mapped onto httpx's exactly as httpx-aiohttp maps them, the original kept
+as the cause (upstream/errors.py reads it).
+
+The proxy calls the transport directly rather than through ``httpx.AsyncClient``: it
+needs no cookies, redirects, auth flows or URL merging, and skipping them was a quarter
+of the forwarding cost.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Mapping
+
 import aiohttp
-from httpx_aiohttp import AiohttpTransport
+import httpx
+from httpx_aiohttp.transport import map_aiohttp_exceptions
+from yarl import URL
 
-__all__ = ["create_transport", "timeout_extension"]
+__all__ = ["UpstreamStream", "UpstreamTransport", "create_transport", "timeout_extension"]
+
+_HTTP11 = {"http_version": b"HTTP/1.1"}
 
 
-def create_transport(max_connections: int = 1000, keepalive: float = 30.0) -> AiohttpTransport:
+class UpstreamStream(httpx.AsyncByteStream):
+    """An upstream answer's body: streamed chunk by chunk as it arrives, or read whole."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        with map_aiohttp_exceptions():
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+
+    async def read(self) -> bytes:
+        """The whole body in one go (a buffered answer)."""
+        with map_aiohttp_exceptions():
+            return await self._response.read()
+
+    async def aclose(self) -> None:
+        with map_aiohttp_exceptions():
+            await self._response.__aexit__(None, None, None)
+
+
+class UpstreamTransport(httpx.AsyncBaseTransport):
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self._session = session
+        self._targets: dict[str, URL] = {}
+        self._timeouts: dict[tuple[float | None, ...], aiohttp.ClientTimeout] = {}
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = str(request.url)
+        target = self._targets.get(url)
+        if target is None:
+            target = self._targets[url] = URL(url)
+        try:
+            content: bytes | httpx.AsyncByteStream | None = request.content or None
+        except httpx.RequestNotRead:
+            content = request.stream  # type: ignore[assignment]
+        with map_aiohttp_exceptions():
+            response = await self._session.request(
+                request.method,
+                target,
+                headers=[
+                    (k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw
+                ],
+                data=content,
+                allow_redirects=False,
+                timeout=self._timeout(request.extensions.get("timeout")),
+            )
+        return httpx.Response(
+            status_code=response.status,
+            headers=response.raw_headers,
+            stream=UpstreamStream(response),
+            request=request,
+            extensions=_HTTP11,
+        )
+
+    def _timeout(self, spec: Mapping[str, float | None] | None) -> aiohttp.ClientTimeout:
+        spec = spec or {}
+        key = (spec.get("connect"), spec.get("read"), spec.get("pool"))
+        timeout = self._timeouts.get(key)
+        if timeout is None:
+            timeout = self._timeouts[key] = aiohttp.ClientTimeout(
+                sock_connect=key[0], sock_read=key[1], connect=key[2]
+            )
+        return timeout
+
+    async def aclose(self) -> None:
+        await self._session.close()
+
+
+def create_transport(max_connections: int = 1000, keepalive: float = 30.0) -> UpstreamTransport:
     """The transport for all upstream calls; create it inside the running event loop."""
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(
@@ -29,7 +111,7 @@ def create_transport(max_connections: int = 1000, keepalive: float = 30.0) -> Ai
         skip_auto_headers=("User-Agent",),
         cookie_jar=aiohttp.DummyCookieJar(),
     )
-    return AiohttpTransport(client=session)
+    return UpstreamTransport(session)
 
 
 def timeout_extension(seconds: float) -> dict[str, float]:

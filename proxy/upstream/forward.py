@@ -9,6 +9,7 @@ import orjson
 
 from proxy.catalog import DeploymentRoute
 from proxy.errors import UpstreamError
+from proxy.upstream.client import UpstreamStream
 from proxy.upstream.errors import map_transport_error
 from proxy.upstream.headers import request_headers
 
@@ -67,7 +68,7 @@ async def send(
 async def read_body(response: httpx.Response, deployment: str) -> bytes:
     """The whole body of a buffered answer; the response is closed either way."""
     try:
-        return await response.aread()
+        return await _read(response)
     except (TimeoutError, httpx.HTTPError, OSError) as exc:
         raise TransportFailure(*map_transport_error(exc, deployment)) from None
     finally:
@@ -77,11 +78,18 @@ async def read_body(response: httpx.Response, deployment: str) -> bytes:
 async def discard(response: httpx.Response) -> None:
     """Read and close an answer whose body nobody needs (the connection is reused)."""
     try:
-        await response.aread()
-    except (httpx.HTTPError, OSError):
+        await _read(response)
+    except (TimeoutError, httpx.HTTPError, OSError):
         pass
     finally:
         await response.aclose()
+
+
+async def _read(response: httpx.Response) -> bytes:
+    stream = response.stream
+    if isinstance(stream, UpstreamStream):
+        return await stream.read()  # one read, not httpx's chunk by chunk iteration
+    return await response.aread()
 
 
 def _asks_usage(body: dict[str, Any]) -> bool:

@@ -56,7 +56,9 @@ async def test_health_and_in_flight_leases_are_forgotten_when_they_no_longer_mat
     limiter = MemoryLimiter(clock)
     rule = CooldownRule(allowed_fails=3, window=60.0, time=30.0)
     dep = DeploymentLimits("d", probe_timeout=10.0)
-    await limiter.reserve_deployment("g", [dep], 0, max_wait=0, lease_id="never-settled")
+    await limiter.reserve_deployment(
+        "g", [dep], 0, max_wait=0, lease_id="never-settled", least_busy=True
+    )
     await limiter.settle_deployment(
         "g", dep, lease_id="", outcome=Outcome("failure", "auth", cool_for=5.0), rule=rule
     )

@@ -334,7 +334,8 @@ async def test_a_request_reserved_locally_is_settled_locally(
     disposable_redis.kill()
     for _ in range(3):
         await a.reserve_deployment("g", [OTHER], 0, max_wait=0)
-    assert (await a.reserve_deployment("g", [DEP], 0, 0, lease_id="r")).deployment_id == "d"
+    reserved = await a.reserve_deployment("g", [DEP], 0, 0, lease_id="r", least_busy=True)
+    assert reserved.deployment_id == "d"
     disposable_redis.start()
     clock.now += 1.0
     await a.heartbeat()  # closes the circuit
@@ -367,7 +368,8 @@ async def test_new_operations_failing_in_the_storage_are_answered_locally(
     make: Callable[[OnError, str], ResilientLimiter], disposable_redis: RedisServer
 ) -> None:
     a = make("local", "a")
-    assert (await a.reserve_deployment("g", [DEP], 0, 0, lease_id="r")).deployment_id == "d"
+    reserved = await a.reserve_deployment("g", [DEP], 0, 0, lease_id="r", least_busy=True)
+    assert reserved.deployment_id == "d"
     disposable_redis.kill()
     # The circuit is still closed: each call tries Redis, fails, and falls back.
     change = await a.settle_deployment("g", DEP, lease_id="r", outcome=AUTH, rule=RULE)

@@ -54,7 +54,9 @@ async def test_keys_are_hash_tagged_one_slot_per_key_and_per_group(
     limiter: RedisLimiter, redis_url: str
 ) -> None:
     await limiter.acquire_key(KEY, "lease-1", 100)
-    await limiter.reserve_deployment("gpt-4o-mini", [DEP], 100, max_wait=5, lease_id="r1")
+    await limiter.reserve_deployment(
+        "gpt-4o-mini", [DEP], 100, max_wait=5, lease_id="r1", least_busy=True
+    )
     await limiter.settle_deployment(
         "gpt-4o-mini", DEP, lease_id="", outcome=Outcome("failure", "timeout"), rule=RULE
     )
@@ -78,7 +80,7 @@ async def test_idle_keys_expire_a_little_after_they_refill(
 ) -> None:
     await limiter.acquire_key(KEY, "lease-1", 600)  # tpm: 600 tokens take 6 s to refill
     # rpm: 1 s to refill, 20 s at the slowest rate 429s may lower it to
-    await limiter.reserve_deployment("g", [DEP], 0, max_wait=5, lease_id="r1")
+    await limiter.reserve_deployment("g", [DEP], 0, max_wait=5, lease_id="r1", least_busy=True)
     with sync_client(redis_url) as c:
         tpm_ttl = c.pttl("{llmproxy:k:team-a}:tpm")
         rpm_ttl = c.pttl("{llmproxy:g:g}:d:openai-a:rpm")

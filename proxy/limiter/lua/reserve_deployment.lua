@@ -2,7 +2,8 @@
 -- backend's reserve_deployment_now does with its choice).
 -- KEYS: per candidate, in order: its health, its in-flight set, then its buckets (one
 --       hash tag per model group: one slot)
--- ARGV: now ('' = server time), max_wait, lease id ('' = none), least_busy (1/0), then
+-- ARGV: now ('' = server time), max_wait, lease id ('' = none; a probe's, and in flight
+--       under least_busy), least_busy (1/0), then
 --       per candidate: its bucket count n, its probe_timeout, then n times: interval,
 --       capacity, cost
 -- Reply: outcome, chosen index (0-based, -1 none), wait, retry_after, binding, probe (1/0),
@@ -92,7 +93,7 @@ else
       store_health(c.health_key, start_probe(c.health, now, w + c.probe_timeout, lease_id),
         0.0, now)
     end
-    if lease_id ~= '' then
+    if lease_id ~= '' and least_busy then
       add_in_flight(c.flight_key, lease_id, now + w + c.probe_timeout + IN_FLIGHT_MARGIN, now)
     end
     reply = {outcome, tostring(best - 1), fmt(w), fmt(retry), tostring(bind),

@@ -1,0 +1,95 @@
+"""What one request costs the shared limiter, watched with Redis's MONITOR on a real Redis:
+a plain success runs the key check, the reservation and the key's settlement, and
+nothing for the deployment, whose state a success does not change."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import redis
+from support.proxy_server import ProxyInThread, settings_from
+
+from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
+from proxy.limiter import scripts
+
+KEY = "sk-calls"
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+STOP = "test-monitor-stop"
+# Run on timers, not per request: replica heartbeats and the state observer's reads.
+PERIODIC = ("heartbeat", "deployment_budget", "deployment_health")
+
+
+@pytest.fixture
+def upstream() -> Iterator[FakeUpstreamHandle]:
+    with run_in_thread(FakeUpstreamConfig(port=0)) as handle:
+        yield handle
+
+
+class ScriptMonitor:
+    """Counts the limiter scripts Redis runs (by name) while it is open."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.names = {
+            hashlib.sha1(scripts.source(n).encode(), usedforsecurity=False).hexdigest(): n
+            for n in scripts.BUCKET_SCRIPTS + scripts.PLAIN_SCRIPTS
+        }
+        self.ran: list[str] = []
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        client = redis.Redis.from_url(self.url)
+        with client.monitor() as monitor:
+            self._ready.set()
+            for command in monitor.listen():
+                words = command["command"].split()
+                if words[:2] == ["ECHO", STOP]:
+                    break
+                if words and words[0] == "EVALSHA":
+                    self.ran.append(self.names.get(words[1], words[1]))
+        client.close()
+
+    def __enter__(self) -> ScriptMonitor:
+        self._thread.start()
+        self._ready.wait(5)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        redis.Redis.from_url(self.url).echo(STOP)
+        self._thread.join(5)
+
+
+def test_a_plain_success_runs_no_deployment_settlement(
+    upstream: FakeUpstreamHandle, redis_url: str
+) -> None:
+    config = {
+        "redis": {"url": redis_url},
+        "keys": [{"name": "k", "key": KEY, "rpm": 1000, "tpm": 1_000_000}],
+        "models": [
+            {"name": "m", "deployments": [{"id": "d", "base_url": upstream.base_url, "rpm": 600}]}
+        ],
+    }
+    with ProxyInThread(settings_from(config)) as proxy:
+        headers = {"authorization": f"Bearer {KEY}"}
+        httpx.post(f"{proxy.base_url}/chat/completions", json=CHAT, headers=headers)  # connects
+        _wait_for_settlements(proxy)
+        with ScriptMonitor(redis_url) as monitor:
+            for _ in range(5):
+                reply = httpx.post(f"{proxy.base_url}/chat/completions", json=CHAT, headers=headers)
+                assert reply.status_code == 200
+            _wait_for_settlements(proxy)
+    ran = [name for name in monitor.ran if name not in PERIODIC]
+    assert sorted(ran) == sorted(["acquire_key", "reserve_deployment", "release_key"] * 5)
+
+
+def _wait_for_settlements(proxy: ProxyInThread) -> None:
+    """Settlements run in the background: wait until none is pending."""
+    deadline = time.monotonic() + 5
+    while proxy.app.state.pipeline.background._tasks and time.monotonic() < deadline:
+        time.sleep(0.01)

@@ -1,0 +1,75 @@
+"""The Redis backend's batcher: the calls of one loop turn share a round trip, and
+bookkeeping nobody waits for rides along with the next urgent call."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from proxy.limiter.base import StorageError
+from proxy.limiter.batch import Batcher, Call
+
+
+class Recorder:
+    """A runner that records every batch and answers each call with its script name."""
+
+    def __init__(self, fail: Exception | None = None) -> None:
+        self.batches: list[list[str]] = []
+        self.fail = fail
+
+    async def __call__(self, calls: list[Call]) -> list[Any]:
+        self.batches.append([name for name, _, _ in calls])
+        if self.fail is not None:
+            raise self.fail
+        return [ValueError("script error") if name == "bad" else name for name, _, _ in calls]
+
+
+async def test_calls_of_one_loop_turn_go_out_together_in_order() -> None:
+    run = Recorder()
+    batcher = Batcher(run)
+    results = await asyncio.gather(*(batcher.submit(name, [], []) for name in "abc"))
+    assert results == ["a", "b", "c"]
+    assert run.batches == [["a", "b", "c"]]
+
+
+async def test_a_call_that_is_not_urgent_rides_with_the_next_urgent_one_in_front() -> None:
+    run = Recorder()
+    batcher = Batcher(run, linger=3600)  # its own timer would never fire in this test
+    settled = batcher.submit("release", [], [], urgent=False)
+    await asyncio.sleep(0)  # turns pass: it still waits for company
+    await asyncio.sleep(0)
+    assert run.batches == [] and not settled.done()
+    reserved = await batcher.submit("reserve", [], [])
+    assert (await settled, reserved) == ("release", "reserve")
+    assert run.batches == [["release", "reserve"]]
+
+
+async def test_a_lone_call_that_is_not_urgent_goes_out_after_its_linger() -> None:
+    run = Recorder()
+    batcher = Batcher(run, linger=0.001)
+    assert await batcher.submit("release", [], [], urgent=False) == "release"
+    assert run.batches == [["release"]]
+
+
+async def test_a_failed_round_trip_fails_every_call_as_a_storage_error() -> None:
+    batcher = Batcher(Recorder(fail=ConnectionError("gone")))
+    calls = [batcher.submit("a", [], []), batcher.submit("b", [], [], urgent=False)]
+    for outcome in await asyncio.gather(*calls, return_exceptions=True):
+        assert isinstance(outcome, StorageError)
+
+
+async def test_one_failing_script_fails_only_its_own_call() -> None:
+    batcher = Batcher(Recorder())
+    good, bad = batcher.submit("a", [], []), batcher.submit("bad", [], [])
+    assert await good == "a"
+    with pytest.raises(StorageError, match="script error"):
+        await bad
+
+
+async def test_a_caller_that_gave_up_does_not_disturb_the_others() -> None:
+    batcher = Batcher(Recorder())
+    gone, kept = batcher.submit("a", [], []), batcher.submit("b", [], [])
+    gone.cancel()
+    assert await kept == "b"
