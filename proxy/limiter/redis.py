@@ -27,7 +27,7 @@ is always a single Redis. ``cluster=True/False`` skips the probe.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
@@ -37,7 +37,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
-from proxy.limiter import scripts
+from proxy.limiter import resp, scripts
 from proxy.limiter.base import (
     CooldownRule,
     DeploymentLimits,
@@ -75,7 +75,8 @@ class RedisLimiter:
     Timeouts are short on purpose: a limiter that cannot answer in a few tens of
     milliseconds should fall back (policy.py), not stall traffic. ``op_timeout`` bounds a
     whole operation, including waiting for one of ``max_connections`` connections and a
-    NOSCRIPT reload.
+    NOSCRIPT reload. Batches go over one pipelined connection of their own (resp.py),
+    or through redis-py's pipeline for TLS or when ``pipelined`` is False.
     """
 
     def __init__(
@@ -90,6 +91,7 @@ class RedisLimiter:
         lease_ttl: float = LEASE_TTL,
         prefix: str = "llmproxy",
         clock: Clock | None = None,
+        pipelined: bool = True,
     ) -> None:
         scheme, sep, rest = url.partition("://")
         if scheme in CLUSTER_SCHEMES:
@@ -115,6 +117,12 @@ class RedisLimiter:
         # (the cluster client would raise), callers queue here within op_timeout.
         self._slots = asyncio.Semaphore(max_connections)
         self._batch = Batcher(self._run_batch)
+        # The batches' own connection (single Redis over TCP or a unix socket).
+        self._pipelined = (
+            resp.PipelinedConnection(url, connect_timeout=connect_timeout, timeout=socket_timeout)
+            if pipelined and resp.supports(url) and cluster is not True
+            else None
+        )
 
     @property
     def is_cluster(self) -> bool | None:
@@ -297,6 +305,8 @@ class RedisLimiter:
         return budget
 
     async def aclose(self) -> None:
+        if self._pipelined is not None:
+            self._pipelined.close()
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
@@ -338,28 +348,33 @@ class RedisLimiter:
         """Several scripts in one pipelined round trip (single Redis only: a cluster
         would split the pipeline per node anyway). Entries are results or exceptions."""
 
-        async def execute(client: Client) -> list[Any]:
-            pipe = client.pipeline(transaction=False)
-            for name, keys, args in calls:
-                pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
-            results: list[Any] = await pipe.execute(raise_on_error=False)
+        def evalsha(indices: Iterable[int]) -> list[resp.Command]:
+            commands: list[resp.Command] = []
+            for i in indices:
+                name, keys, args = calls[i]
+                commands.append(("EVALSHA", self._scripts[name].sha, len(keys), *keys, *args))
+            return commands
+
+        async def run(commands: list[resp.Command]) -> list[Any]:
+            if self._pipelined is not None:
+                return await self._pipelined.execute(commands)
+            return list(await self._call(lambda client: _pipeline(client, commands)))
+
+        try:
+            results = await run(evalsha(range(len(calls))))
             missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
             if missing:
                 # A restarted or flushed Redis forgot the scripts. NOSCRIPT means the call
                 # did not run, so loading them and running those calls again is safe.
-                for name in {calls[i][0] for i in missing}:
-                    await client.script_load(scripts.source(name))
-                again = client.pipeline(transaction=False)
-                for i in missing:
-                    name, keys, args = calls[i]
-                    again.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
-                for i, result in zip(
-                    missing, await again.execute(raise_on_error=False), strict=True
-                ):
+                names = {calls[i][0] for i in missing}
+                await run([("SCRIPT", "LOAD", scripts.source(name)) for name in names])
+                for i, result in zip(missing, await run(evalsha(missing)), strict=True):
                     results[i] = result
-            return results
-
-        return list(await self._call(execute))
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise StorageError(f"redis limiter: {type(exc).__name__}: {exc}") from exc
+        return results
 
     async def _call(self, op: Callable[[Client], Awaitable[Any]]) -> Any:
         try:
@@ -408,6 +423,13 @@ class RedisLimiter:
         finally:
             await probe.aclose()
         return str(info.get("cluster_enabled", 0)) == "1"
+
+
+async def _pipeline(client: Client, commands: list[resp.Command]) -> list[Any]:
+    pipe = client.pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command(*command)
+    return list(await pipe.execute(raise_on_error=False))
 
 
 def _num(x: float) -> str:

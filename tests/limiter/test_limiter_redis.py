@@ -39,9 +39,10 @@ DEP = DeploymentLimits(
 RULE = CooldownRule(allowed_fails=3, window=60.0, time=30.0)
 
 
-@pytest.fixture
-async def limiter(redis_url: str) -> AsyncIterator[RedisLimiter]:
-    lim = patient(redis_url)
+@pytest.fixture(params=[True, False], ids=["pipelined", "redis-py-pipeline"])
+async def limiter(redis_url: str, request: pytest.FixtureRequest) -> AsyncIterator[RedisLimiter]:
+    """Both ways batches travel: the limiter's own connection, redis-py's pipeline."""
+    lim = patient(redis_url, pipelined=request.param)
     yield lim
     await lim.aclose()
 
