@@ -14,8 +14,9 @@ touches one cluster slot::
 Idle bucket keys expire a little (10 s) after they have refilled (a deployment's at the
 slowest rate 429s may lower it to): a missing key reads as a full bucket. Health keys
 expire a little after ``health.expires_at`` (a missing key reads as healthy), in-flight
-sets after their latest deadline. Scripts run with EVALSHA and are reloaded on NOSCRIPT
-(redis-py's Script object). Every failure (connection, timeout, script error, cluster trouble) is
+sets after their latest deadline. On a single Redis 7+ the bucket scripts run as the
+functions of one library (FCALL, loaded when Redis says it is missing); otherwise, and on
+clusters, as scripts with EVALSHA, reloaded on NOSCRIPT. Every failure (connection, timeout, script error, cluster trouble) is
 raised as ``StorageError``; deciding what to do then is policy.py's job.
 
 Single Redis or Cluster: ``redis+cluster://`` / ``rediss+cluster://`` URLs mean a
@@ -34,7 +35,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.retry import Retry
 
 from proxy.limiter import resp, scripts
@@ -117,6 +118,7 @@ class RedisLimiter:
         # (the cluster client would raise), callers queue here within op_timeout.
         self._slots = asyncio.Semaphore(max_connections)
         self._batch = Batcher(self._run_batch)
+        self._functions = True  # until the server shows it has none (scripts.library)
         # The batches' own connection (single Redis over TCP or a unix socket).
         self._pipelined = (
             resp.PipelinedConnection(url, connect_timeout=connect_timeout, timeout=socket_timeout)
@@ -346,35 +348,60 @@ class RedisLimiter:
 
     async def _run_batch(self, calls: list[tuple[str, list[str], list[str]]]) -> list[Any]:
         """Several scripts in one pipelined round trip (single Redis only: a cluster
-        would split the pipeline per node anyway). Entries are results or exceptions."""
+        would split the pipeline per node anyway). Entries are results or exceptions.
 
-        def evalsha(indices: Iterable[int]) -> list[resp.Command]:
-            commands: list[resp.Command] = []
+        Bucket scripts are called as the function library's functions (FCALL) while the
+        server has functions (Redis 7+), else with EVALSHA."""
+
+        def commands(indices: Iterable[int]) -> list[resp.Command]:
+            out: list[resp.Command] = []
             for i in indices:
                 name, keys, args = calls[i]
-                commands.append(("EVALSHA", self._scripts[name].sha, len(keys), *keys, *args))
-            return commands
+                if self._functions and name in scripts.BUCKET_SCRIPTS:
+                    out.append(("FCALL", scripts.function_name(name), len(keys), *keys, *args))
+                else:
+                    out.append(("EVALSHA", self._scripts[name].sha, len(keys), *keys, *args))
+            return out
 
-        async def run(commands: list[resp.Command]) -> list[Any]:
+        async def run(batch: list[resp.Command]) -> list[Any]:
             if self._pipelined is not None:
-                return await self._pipelined.execute(commands)
-            return list(await self._call(lambda client: _pipeline(client, commands)))
+                return await self._pipelined.execute(batch)
+            return list(await self._call(lambda client: _pipeline(client, batch)))
 
         try:
-            results = await run(evalsha(range(len(calls))))
-            missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
-            if missing:
-                # A restarted or flushed Redis forgot the scripts. NOSCRIPT means the call
-                # did not run, so loading them and running those calls again is safe.
-                names = {calls[i][0] for i in missing}
-                await run([("SCRIPT", "LOAD", scripts.source(name)) for name in names])
-                for i, result in zip(missing, await run(evalsha(missing)), strict=True):
+            results = await run(commands(range(len(calls))))
+            # A restarted or flushed Redis forgot the scripts or functions (or never had
+            # functions): the call did not run, so loading them and running it again is
+            # safe. At most twice: FCALL unknown -> EVALSHA -> NOSCRIPT -> loaded.
+            for _ in range(2):
+                missing = [i for i, r in enumerate(results) if _missing(r)]
+                if not missing:
+                    break
+                await self._load({_missing(results[i]) for i in missing}, missing, calls, run)
+                for i, result in zip(missing, await run(commands(missing)), strict=True):
                     results[i] = result
         except StorageError:
             raise
         except Exception as exc:
             raise StorageError(f"redis limiter: {type(exc).__name__}: {exc}") from exc
         return results
+
+    async def _load(
+        self,
+        what: set[str | None],
+        missing: list[int],
+        calls: list[tuple[str, list[str], list[str]]],
+        run: Callable[[list[resp.Command]], Awaitable[list[Any]]],
+    ) -> None:
+        if "fcall" in what:
+            self._functions = False  # Redis before 7: scripts only
+        elif "function" in what:
+            [loaded] = await run([("FUNCTION", "LOAD", "REPLACE", scripts.library()[1])])
+            if isinstance(loaded, Exception):  # e.g. an ACL without FUNCTION: scripts
+                self._functions = False
+        if "script" in what:
+            names = {calls[i][0] for i in missing}
+            await run([("SCRIPT", "LOAD", scripts.source(name)) for name in names])
 
     async def _call(self, op: Callable[[Client], Awaitable[Any]]) -> Any:
         try:
@@ -423,6 +450,20 @@ class RedisLimiter:
         finally:
             await probe.aclose()
         return str(info.get("cluster_enabled", 0)) == "1"
+
+
+def _missing(reply: object) -> str | None:
+    """Why a call did not run: its script or function is not loaded, or the server has
+    no functions at all ("fcall"); None if it ran (well or not)."""
+    if isinstance(reply, NoScriptError):
+        return "script"
+    if isinstance(reply, ResponseError):
+        message = str(reply).lower()
+        if "function not found" in message:
+            return "function"
+        if "unknown command" in message and "fcall" in message:
+            return "fcall"
+    return None
 
 
 async def _pipeline(client: Client, commands: list[resp.Command]) -> list[Any]:

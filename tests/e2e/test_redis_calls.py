@@ -31,14 +31,14 @@ def upstream() -> Iterator[FakeUpstreamHandle]:
 
 
 class ScriptMonitor:
-    """Counts the limiter scripts Redis runs (by name) while it is open."""
+    """Counts the limiter scripts and functions Redis runs (by name) while it is open."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.names = {
             hashlib.sha1(scripts.source(n).encode(), usedforsecurity=False).hexdigest(): n
             for n in scripts.BUCKET_SCRIPTS + scripts.PLAIN_SCRIPTS
-        }
+        } | {scripts.function_name(n): n for n in scripts.BUCKET_SCRIPTS}
         self.ran: list[str] = []
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
@@ -51,7 +51,7 @@ class ScriptMonitor:
                 words = command["command"].split()
                 if words[:2] == ["ECHO", STOP]:
                     break
-                if words and words[0] == "EVALSHA":
+                if words and words[0] in ("EVALSHA", "FCALL"):
                     self.ran.append(self.names.get(words[1], words[1]))
         client.close()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -142,6 +143,41 @@ async def test_scripts_are_reloaded_after_script_flush(
     with sync_client(redis_url) as c:
         c.script_flush()
     assert (await limiter.acquire_key(KEY, "b", 1)).allowed  # NOSCRIPT, load, retry
+
+
+async def test_bucket_scripts_run_as_one_function_library_reloaded_when_flushed(
+    limiter: RedisLimiter, redis_url: str
+) -> None:
+    assert (await limiter.acquire_key(KEY, "a", 1)).allowed  # connects
+    assert (await limiter.acquire_key(KEY, "b", 1)).allowed  # FCALL: loads the library
+    name, _ = scripts.library()
+    with sync_client(redis_url) as c:
+        assert _libraries(c) == [name]
+        c.function_flush()
+    assert (await limiter.acquire_key(KEY, "c", 1)).allowed  # not found, load, retry
+    with sync_client(redis_url) as c:
+        assert _libraries(c) == [name]
+
+
+def _libraries(client: redis.Redis) -> list[str]:
+    return [
+        dict(zip(lib[::2], lib[1::2], strict=True))["library_name"]
+        for lib in client.function_list()
+    ]
+
+
+async def test_a_redis_without_functions_gets_scripts(tmp_path: Path) -> None:
+    # As Redis 6 answers FCALL: unknown command.
+    server = RedisServer(tmp_path / "redis", None, "--rename-command", "FCALL", "").start()
+    lim = patient(server.url, clock=lambda: 1000.0)
+    try:
+        for lease in ("a", "b", "c"):
+            assert (await lim.acquire_key(KEY, lease, 1)).allowed
+        verdict = await lim.acquire_key(KEY, "d", 1)
+        assert verdict.requests is not None and verdict.requests.remaining == 56
+    finally:
+        await lim.aclose()
+        server.kill()
 
 
 async def test_script_errors_become_storage_errors(limiter: RedisLimiter, redis_url: str) -> None:
