@@ -16,8 +16,9 @@ slowest rate 429s may lower it to): a missing key reads as a full bucket. Health
 expire a little after ``health.expires_at`` (a missing key reads as healthy), in-flight
 sets after their latest deadline. On a single Redis 7+ the bucket scripts run as the
 functions of one library (FCALL, loaded when Redis says it is missing); otherwise, and on
-clusters, as scripts with EVALSHA, reloaded on NOSCRIPT. Every failure (connection, timeout, script error, cluster trouble) is
-raised as ``StorageError``; deciding what to do then is policy.py's job.
+clusters, as scripts with EVALSHA, reloaded on NOSCRIPT. Every failure (connection,
+timeout, script error, cluster trouble) is raised as ``StorageError``; deciding what to do
+then is policy.py's job.
 
 Single Redis or Cluster: ``redis+cluster://`` / ``rediss+cluster://`` URLs mean a
 cluster; ``redis://`` / ``rediss://`` URLs are probed once on first use with

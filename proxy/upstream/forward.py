@@ -45,13 +45,18 @@ def build_request(
         if add_usage:
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         payload = orjson.dumps(body)
+    headers = request_headers(client_headers, deployment.config.api_key.get_secret_value())
+    headers["content-length"] = str(len(payload))
+    # A ready stream skips httpx's header defaults (each a scan of its header list): the
+    # transport (aiohttp) sets Host itself. Read at once, so ``request.content`` is there.
     request = httpx.Request(
         "POST",
         deployment.url(endpoint),
-        content=payload,
-        headers=request_headers(client_headers, deployment.config.api_key.get_secret_value()),
+        stream=httpx.ByteStream(payload),
+        headers=headers,
         extensions={"timeout": deployment.timeouts},
     )
+    request.read()
     return request, add_usage
 
 
