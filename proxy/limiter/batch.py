@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from proxy.limiter.base import StorageError
@@ -26,13 +27,20 @@ __all__ = ["Batcher"]
 
 Call = tuple[str, list[str], list[str]]  # script name, keys, args
 Runner = Callable[[list[Call]], Awaitable[list[Any]]]
+# The batch's results (or its failure), handed over as soon as they are known.
+Deliver = Callable[[list[Any] | BaseException], None]
+# Sends a batch at once, without a task, when it can (connected): True if it did.
+SendNow = Callable[[list[Call], Deliver], bool]
 
 LINGER = 0.005  # seconds a call that is not urgent may wait for company
 
 
 class Batcher:
-    def __init__(self, run: Runner, linger: float = LINGER) -> None:
+    def __init__(
+        self, run: Runner, linger: float = LINGER, send_now: SendNow | None = None
+    ) -> None:
         self._run = run
+        self._send_now = send_now
         self._linger = linger
         self._calls: list[Call] = []
         self._futures: list[asyncio.Future[Any]] = []
@@ -65,6 +73,8 @@ class Batcher:
         if not calls:
             return
         self._calls, self._futures = [], []
+        if self._send_now is not None and self._send_now(calls, partial(_deliver, futures)):
+            return  # the results go straight to the futures: no task, no extra turn
         task = asyncio.ensure_future(self._send(calls, futures))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -72,18 +82,25 @@ class Batcher:
     async def _send(self, calls: list[Call], futures: list[asyncio.Future[Any]]) -> None:
         try:
             results = await self._run(calls)
-        except BaseException as exc:  # the batch failed as a whole: so does every call
-            error = exc if isinstance(exc, StorageError) else StorageError(str(exc))
-            for future in futures:
-                if not future.done():
-                    future.set_exception(error)
+        except BaseException as exc:
+            _deliver(futures, exc)
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
-        for future, result in zip(futures, results, strict=True):
-            if future.done():
-                continue  # its caller gave up (cancelled) meanwhile
-            if isinstance(result, Exception):
-                future.set_exception(StorageError(f"redis limiter: {result}"))
-            else:
-                future.set_result(result)
+        _deliver(futures, results)
+
+
+def _deliver(futures: list[asyncio.Future[Any]], outcome: list[Any] | BaseException) -> None:
+    if isinstance(outcome, BaseException):  # the batch failed as a whole: so does every call
+        error = outcome if isinstance(outcome, StorageError) else StorageError(str(outcome))
+        for future in futures:
+            if not future.done():
+                future.set_exception(error)
+        return
+    for future, result in zip(futures, outcome, strict=True):
+        if future.done():
+            continue  # its caller gave up (cancelled) meanwhile
+        if isinstance(result, Exception):
+            future.set_exception(StorageError(f"redis limiter: {result}"))
+        else:
+            future.set_result(result)

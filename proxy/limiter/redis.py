@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from functools import partial
 from typing import Any
 
 from redis.asyncio import Redis
@@ -50,7 +51,7 @@ from proxy.limiter.base import (
     Outcome,
     StorageError,
 )
-from proxy.limiter.batch import Batcher
+from proxy.limiter.batch import Batcher, Call, Deliver
 from proxy.limiter.bucket import BucketState, Decision
 from proxy.limiter.bucket import Outcome as Result
 from proxy.limiter.selection import Selection
@@ -118,7 +119,8 @@ class RedisLimiter:
         # Never more operations in flight than connections: the pool never overflows
         # (the cluster client would raise), callers queue here within op_timeout.
         self._slots = asyncio.Semaphore(max_connections)
-        self._batch = Batcher(self._run_batch)
+        self._batch = Batcher(self._run_batch, send_now=self._send_now)
+        self._loading: set[asyncio.Task[list[Any]]] = set()
         self._functions = True  # until the server shows it has none (scripts.library)
         # The batches' own connection (single Redis over TCP or a unix socket).
         self._pipelined = (
@@ -347,62 +349,88 @@ class RedisLimiter:
             return await self._batch.submit(script, keys, args)
         return await self._call(lambda _: self._scripts[script](keys=keys, args=args))
 
-    async def _run_batch(self, calls: list[tuple[str, list[str], list[str]]]) -> list[Any]:
+    async def _run_batch(self, calls: list[Call]) -> list[Any]:
         """Several scripts in one pipelined round trip (single Redis only: a cluster
         would split the pipeline per node anyway). Entries are results or exceptions.
 
         Bucket scripts are called as the function library's functions (FCALL) while the
         server has functions (Redis 7+), else with EVALSHA."""
-
-        def commands(indices: Iterable[int]) -> list[resp.Command]:
-            out: list[resp.Command] = []
-            for i in indices:
-                name, keys, args = calls[i]
-                if self._functions and name in scripts.BUCKET_SCRIPTS:
-                    out.append(("FCALL", scripts.function_name(name), len(keys), *keys, *args))
-                else:
-                    out.append(("EVALSHA", self._scripts[name].sha, len(keys), *keys, *args))
-            return out
-
-        async def run(batch: list[resp.Command]) -> list[Any]:
-            if self._pipelined is not None:
-                return await self._pipelined.execute(batch)
-            return list(await self._call(lambda client: _pipeline(client, batch)))
-
         try:
-            results = await run(commands(range(len(calls))))
-            # A restarted or flushed Redis forgot the scripts or functions (or never had
-            # functions): the call did not run, so loading them and running it again is
-            # safe. At most twice: FCALL unknown -> EVALSHA -> NOSCRIPT -> loaded.
-            for _ in range(2):
-                missing = [i for i, r in enumerate(results) if _missing(r)]
-                if not missing:
-                    break
-                await self._load({_missing(results[i]) for i in missing}, missing, calls, run)
-                for i, result in zip(missing, await run(commands(missing)), strict=True):
-                    results[i] = result
+            results = await self._execute(self._commands(calls, range(len(calls))))
+            return await self._complete(calls, results)
         except StorageError:
             raise
         except Exception as exc:
-            raise StorageError(f"redis limiter: {type(exc).__name__}: {exc}") from exc
+            raise _storage_error(exc) from exc
+
+    def _send_now(self, calls: list[Call], deliver: Deliver) -> bool:
+        """The batcher's fast path: write the batch at once on the pipelined connection
+        (if connected) and hand the replies over from the connection's own callback."""
+        connection = self._pipelined
+        if connection is None:
+            return False
+
+        def replied(outcome: list[Any] | BaseException) -> None:
+            if isinstance(outcome, BaseException):
+                deliver(_storage_error(outcome))
+            elif not any(_missing(r) for r in outcome):
+                deliver(outcome)
+            else:  # scripts to load first: finish in a task
+                task = asyncio.ensure_future(self._complete(calls, outcome))
+                self._loading.add(task)
+                task.add_done_callback(partial(self._loaded, deliver))
+
+        return connection.send(self._commands(calls, range(len(calls))), replied)
+
+    def _loaded(self, deliver: Deliver, task: asyncio.Task[list[Any]]) -> None:
+        self._loading.discard(task)
+        if task.cancelled():
+            deliver(StorageError("redis limiter: cancelled while loading scripts"))
+        elif (exc := task.exception()) is not None:
+            deliver(_storage_error(exc))
+        else:
+            deliver(task.result())
+
+    def _commands(self, calls: list[Call], indices: Iterable[int]) -> list[resp.Command]:
+        out: list[resp.Command] = []
+        for i in indices:
+            name, keys, args = calls[i]
+            if self._functions and name in scripts.BUCKET_SCRIPTS:
+                out.append(("FCALL", scripts.function_name(name), len(keys), *keys, *args))
+            else:
+                out.append(("EVALSHA", self._scripts[name].sha, len(keys), *keys, *args))
+        return out
+
+    async def _execute(self, commands: list[resp.Command]) -> list[Any]:
+        if self._pipelined is not None:
+            return await self._pipelined.execute(commands)
+        return list(await self._call(lambda client: _pipeline(client, commands)))
+
+    async def _complete(self, calls: list[Call], results: list[Any]) -> list[Any]:
+        """``results`` with the calls that did not run for want of their script or
+        function loaded and run again. A restarted or flushed Redis forgot them (or never
+        had functions); the call did not run, so running it again is safe. At most twice:
+        FCALL unknown -> EVALSHA -> NOSCRIPT -> loaded."""
+        for _ in range(2):
+            missing = [i for i, r in enumerate(results) if _missing(r)]
+            if not missing:
+                break
+            await self._load({_missing(results[i]) for i in missing}, missing, calls)
+            again = await self._execute(self._commands(calls, missing))
+            for i, result in zip(missing, again, strict=True):
+                results[i] = result
         return results
 
-    async def _load(
-        self,
-        what: set[str | None],
-        missing: list[int],
-        calls: list[tuple[str, list[str], list[str]]],
-        run: Callable[[list[resp.Command]], Awaitable[list[Any]]],
-    ) -> None:
+    async def _load(self, what: set[str | None], missing: list[int], calls: list[Call]) -> None:
         if "fcall" in what:
             self._functions = False  # Redis before 7: scripts only
         elif "function" in what:
-            [loaded] = await run([("FUNCTION", "LOAD", "REPLACE", scripts.library()[1])])
+            [loaded] = await self._execute([("FUNCTION", "LOAD", "REPLACE", scripts.library()[1])])
             if isinstance(loaded, Exception):  # e.g. an ACL without FUNCTION: scripts
                 self._functions = False
         if "script" in what:
             names = {calls[i][0] for i in missing}
-            await run([("SCRIPT", "LOAD", scripts.source(name)) for name in names])
+            await self._execute([("SCRIPT", "LOAD", scripts.source(name)) for name in names])
 
     async def _call(self, op: Callable[[Client], Awaitable[Any]]) -> Any:
         try:
@@ -412,7 +440,7 @@ class RedisLimiter:
             # RedisError (connection, timeout, script error), RedisClusterException (not
             # a RedisError), OSError, our deadline's TimeoutError, and anything else the
             # client lets escape: the policy falls back rather than failing the request.
-            raise StorageError(f"redis limiter: {type(exc).__name__}: {exc}") from exc
+            raise _storage_error(exc) from exc
 
     async def _connected(self) -> Client:
         if self._client is None:
@@ -451,6 +479,12 @@ class RedisLimiter:
         finally:
             await probe.aclose()
         return str(info.get("cluster_enabled", 0)) == "1"
+
+
+def _storage_error(exc: BaseException) -> StorageError:
+    if isinstance(exc, StorageError):
+        return exc
+    return StorageError(f"redis limiter: {type(exc).__name__}: {exc}")
 
 
 def _missing(reply: object) -> str | None:

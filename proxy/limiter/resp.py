@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import hiredis
 from redis.asyncio.connection import parse_url
 from redis.exceptions import NoScriptError, ResponseError
 
-__all__ = ["PipelinedConnection", "supports"]
+__all__ = ["Deliver", "PipelinedConnection", "supports"]
 
 Command = Sequence[str | bytes | int]
 
@@ -34,11 +35,14 @@ def supports(url: str) -> bool:
     return url.startswith(("redis://", "unix://"))
 
 
-class _Batch:
-    __slots__ = ("future", "replies", "size", "timer")
+Deliver = Callable[[list[Any] | BaseException], None]
 
-    def __init__(self, future: asyncio.Future[list[Any]], size: int) -> None:
-        self.future = future
+
+class _Batch:
+    __slots__ = ("deliver", "replies", "size", "timer")
+
+    def __init__(self, deliver: Deliver, size: int) -> None:
+        self.deliver = deliver
         self.size = size
         self.replies: list[Any] = []
         self.timer: asyncio.TimerHandle | None = None
@@ -61,7 +65,18 @@ class PipelinedConnection:
         transport = self._transport
         if transport is None or transport.is_closing():
             transport = await self._connect()
-        return await self._send(transport, commands)
+        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        self._send(transport, commands, partial(_settle, future))
+        return await future
+
+    def send(self, commands: Sequence[Command], deliver: Deliver) -> bool:
+        """Send ``commands`` now if connected (else False, and nothing is sent);
+        ``deliver`` gets the replies, or the failure, the moment they are known."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return False
+        self._send(transport, commands, deliver)
+        return True
 
     def close(self) -> None:
         transport, self._transport = self._transport, None
@@ -72,15 +87,13 @@ class PipelinedConnection:
     # -- plumbing --------------------------------------------------------------------
 
     def _send(
-        self, transport: asyncio.Transport, commands: Sequence[Command]
-    ) -> asyncio.Future[list[Any]]:
-        loop = asyncio.get_running_loop()
-        batch = _Batch(loop.create_future(), len(commands))
-        batch.timer = loop.call_later(self._timeout, self._expire, batch)
+        self, transport: asyncio.Transport, commands: Sequence[Command], deliver: Deliver
+    ) -> None:
+        batch = _Batch(deliver, len(commands))
+        batch.timer = asyncio.get_running_loop().call_later(self._timeout, self._expire, batch)
         self._waiting.append(batch)
         # (hiredis's stub types pack_command's argument as a 1-tuple)
         transport.write(b"".join([hiredis.pack_command(tuple(c)) for c in commands]))  # type: ignore[arg-type]
-        return batch.future
 
     async def _connect(self) -> asyncio.Transport:
         async with self._connecting:
@@ -109,7 +122,9 @@ class PipelinedConnection:
             if options.get("db"):
                 handshake.append(("SELECT", int(options["db"])))
             if handshake:
-                for reply in await self._send(transport, handshake):
+                ready: asyncio.Future[list[Any]] = loop.create_future()
+                self._send(transport, handshake, partial(_settle, ready))
+                for reply in await ready:
                     if isinstance(reply, Exception):
                         self.close()
                         raise ConnectionError(f"redis handshake failed: {reply}")
@@ -132,8 +147,7 @@ class PipelinedConnection:
                 self._waiting.popleft()
                 if batch.timer is not None:
                     batch.timer.cancel()
-                if not batch.future.done():  # else its caller gave up meanwhile
-                    batch.future.set_result(batch.replies)
+                batch.deliver(batch.replies)
 
     def _expire(self, batch: _Batch) -> None:
         if batch in self._waiting:
@@ -157,8 +171,16 @@ class PipelinedConnection:
         for batch in waiting:
             if batch.timer is not None:
                 batch.timer.cancel()
-            if not batch.future.done():
-                batch.future.set_exception(error)
+            batch.deliver(error)
+
+
+def _settle(future: asyncio.Future[list[Any]], outcome: list[Any] | BaseException) -> None:
+    if future.done():
+        return  # its caller gave up meanwhile
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
 
 
 class _Protocol(asyncio.Protocol):

@@ -42,6 +42,7 @@ from proxy.limiter.base import (
 from proxy.metrics import Metrics
 from proxy.routing.outcomes import SUCCESS, classify_status, is_failure, status_error
 from proxy.routing.strategies import order_candidates
+from proxy.upstream.client import HEADER_MAP
 from proxy.upstream.forward import TransportFailure, build_request, discard, read_body, send
 from proxy.upstream.headers import response_headers
 from proxy.upstream.ratelimits import UpstreamBudget, parse_budget
@@ -301,7 +302,9 @@ class Dispatcher:
             raise Retryable(failure.error) from None
         status = response.status_code
         # One plain dict: httpx's Headers scan and decode their list at every lookup.
-        upstream_headers = dict(response.headers.multi_items())
+        upstream_headers = response.extensions.get(HEADER_MAP) or dict(
+            response.headers.multi_items()
+        )
         self._learn(call, deployment, upstream_headers)
         if is_failure(status):
             await discard(response)

@@ -17,15 +17,24 @@ of the forwarding cost.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
+from typing import NoReturn
 
 import aiohttp
 import httpx
 from httpx_aiohttp.transport import map_aiohttp_exceptions
 from yarl import URL
 
-__all__ = ["UpstreamStream", "UpstreamTransport", "create_transport", "timeout_extension"]
+__all__ = [
+    "HEADER_MAP",
+    "UpstreamStream",
+    "UpstreamTransport",
+    "create_transport",
+    "timeout_extension",
+]
 
 _HTTP11 = {"http_version": b"HTTP/1.1"}
+# A response extension: its headers as a dict, names lowercase (the last of repeats).
+HEADER_MAP = "proxy.header_map"
 
 
 class UpstreamStream(httpx.AsyncByteStream):
@@ -35,18 +44,24 @@ class UpstreamStream(httpx.AsyncByteStream):
         self._response = response
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        with map_aiohttp_exceptions():
+        try:
             async for chunk in self._response.content.iter_any():
                 yield chunk
+        except Exception as exc:
+            _raise_mapped(exc)
 
     async def read(self) -> bytes:
         """The whole body in one go (a buffered answer)."""
-        with map_aiohttp_exceptions():
+        try:
             return await self._response.read()
+        except Exception as exc:
+            _raise_mapped(exc)
 
     async def aclose(self) -> None:
-        with map_aiohttp_exceptions():
+        try:
             await self._response.__aexit__(None, None, None)
+        except Exception as exc:
+            _raise_mapped(exc)
 
 
 class UpstreamTransport(httpx.AsyncBaseTransport):
@@ -64,7 +79,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             content: bytes | httpx.AsyncByteStream | None = request.content or None
         except httpx.RequestNotRead:
             content = request.stream  # type: ignore[assignment]
-        with map_aiohttp_exceptions():
+        try:
             response = await self._session.request(
                 request.method,
                 target,
@@ -75,12 +90,16 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
                 allow_redirects=False,
                 timeout=self._timeout(request.extensions.get("timeout")),
             )
+        except Exception as exc:
+            _raise_mapped(exc)
+        # The headers also as a plain dict: spares the caller httpx's lookups, each a scan.
+        header_map = {k.lower(): v for k, v in response.headers.items()}
         return httpx.Response(
             status_code=response.status,
             headers=response.raw_headers,
             stream=UpstreamStream(response),
             request=request,
-            extensions=_HTTP11,
+            extensions={**_HTTP11, HEADER_MAP: header_map},
         )
 
     def _timeout(self, spec: Mapping[str, float | None] | None) -> aiohttp.ClientTimeout:
@@ -95,6 +114,13 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self._session.close()
+
+
+def _raise_mapped(exc: Exception) -> NoReturn:
+    """Raise ``exc`` as httpx-aiohttp would: its httpx counterpart, ``exc`` the cause."""
+    with map_aiohttp_exceptions():
+        raise exc
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def create_transport(max_connections: int = 1000, keepalive: float = 30.0) -> UpstreamTransport:

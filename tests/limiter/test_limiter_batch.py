@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from proxy.limiter.base import StorageError
-from proxy.limiter.batch import Batcher, Call
+from proxy.limiter.batch import Batcher, Call, Deliver
 
 
 class Recorder:
@@ -73,3 +73,38 @@ async def test_a_caller_that_gave_up_does_not_disturb_the_others() -> None:
     gone, kept = batcher.submit("a", [], []), batcher.submit("b", [], [])
     gone.cancel()
     assert await kept == "b"
+
+
+async def test_a_sender_that_can_send_at_once_answers_without_the_runner() -> None:
+    run = Recorder()
+    sent: list[list[str]] = []
+
+    def send_now(calls: list[Call], deliver: Deliver) -> bool:
+        sent.append([name for name, _, _ in calls])
+        asyncio.get_running_loop().call_soon(deliver, [f"{name}!" for name, _, _ in calls])
+        return True
+
+    batcher = Batcher(run, send_now=send_now)
+    assert await asyncio.gather(batcher.submit("a", [], []), batcher.submit("b", [], [])) == [
+        "a!",
+        "b!",
+    ]
+    assert sent == [["a", "b"]] and run.batches == []
+
+
+async def test_a_sender_that_cannot_send_now_leaves_the_batch_to_the_runner() -> None:
+    run = Recorder()
+    batcher = Batcher(run, send_now=lambda calls, deliver: False)
+    assert await batcher.submit("a", [], []) == "a"
+    assert run.batches == [["a"]]
+
+
+async def test_a_failure_handed_over_by_the_sender_fails_every_call() -> None:
+    def send_now(calls: list[Call], deliver: Deliver) -> bool:
+        deliver(ConnectionError("lost"))
+        return True
+
+    batcher = Batcher(Recorder(), send_now=send_now)
+    calls = [batcher.submit("a", [], []), batcher.submit("b", [], [])]
+    for outcome in await asyncio.gather(*calls, return_exceptions=True):
+        assert isinstance(outcome, StorageError)
