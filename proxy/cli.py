@@ -129,7 +129,7 @@ def _serve(args: argparse.Namespace) -> int:
         return _serve_workers(args, settings)
     from proxy.app import create_app
 
-    _run(create_app(settings), args.host, args.port, settings.server.log_level)
+    _run(create_app(settings, tune_gc=True), args.host, args.port, settings.server.log_level)
     return 0
 
 
@@ -144,7 +144,7 @@ def _serve_demo(args: argparse.Namespace) -> int:
     upstream = run_in_thread(FakeUpstreamConfig(port=port))
     logger.info("Demo: built-in fake upstream at %s", upstream.url)
     try:
-        _run(create_app(demo_settings(upstream.url)), args.host, args.port, "info")
+        _run(create_app(demo_settings(upstream.url), tune_gc=True), args.host, args.port, "info")
     finally:
         upstream.stop()
     return 0

@@ -137,7 +137,10 @@ class Pipeline:
         if key_verdict is not None:
             reply.headers.update(_key_headers(key_verdict))
         if reply.stream is None:
-            self._finish(call, reply.status)
+            # Metrics and the log line once the answer is on its way (the next loop turn).
+            asyncio.get_running_loop().call_soon(
+                self._finish, call, reply.status, time.perf_counter()
+            )
         return reply
 
     def reject(self, endpoint: str, error: ProxyError) -> Reply:
@@ -201,8 +204,8 @@ class Pipeline:
         call.error_code = error.code
         return Reply(status=status, headers={**_JSON, **headers}, body=body)
 
-    def _finish(self, call: Call, status: int) -> None:
-        duration = time.perf_counter() - call.started
+    def _finish(self, call: Call, status: int, ended: float | None = None) -> None:
+        duration = (ended or time.perf_counter()) - call.started
         self.metrics.request_finished(call.model, status, duration)
         log_request(
             RequestLog(

@@ -323,11 +323,20 @@ class Dispatcher:
         except TransportFailure as failure:
             self._failed(call, turn, failure, started)
             raise Retryable(failure.error) from None
-        if status == 200:
-            call.prompt_tokens, call.completion_tokens = usage_of_body(content)
-        self._finished(call, turn, SUCCESS, str(status), started, call.real_tokens())
+        # Its bookkeeping waits until the answer is on its way to the client.
+        asyncio.get_running_loop().call_soon(
+            self._answered, call, turn, status, content, started, time.perf_counter()
+        )
         headers.setdefault("content-type", "application/json")
         return Reply(status=status, headers=headers, body=content)
+
+    def _answered(
+        self, call: Call, turn: Turn, status: int, content: bytes, started: float, ended: float
+    ) -> None:
+        """A buffered answer was forwarded: usage, metrics, settlement."""
+        if status == 200:
+            call.prompt_tokens, call.completion_tokens = usage_of_body(content)
+        self._finished(call, turn, SUCCESS, str(status), started, call.real_tokens(), ended)
 
     def _stream(
         self,
@@ -374,10 +383,12 @@ class Dispatcher:
         label: str,
         started: float,
         real_tokens: int | None,
+        ended: float | None = None,
     ) -> None:
-        """An upstream call ended: metrics now, the limiter's settlement in the background."""
+        """An upstream call ended (at ``ended``, default now): metrics now, the limiter's
+        settlement in the background."""
         deployment = turn.deployment
-        duration = time.perf_counter() - started
+        duration = (ended or time.perf_counter()) - started
         self._in_flight(call, deployment, -1)
         self.metrics.upstream_finished(deployment.group, deployment.id, label, duration)
         if call.prompt_tokens or call.completion_tokens:
