@@ -10,10 +10,12 @@ One run measures, at 1 and at 64 connections, non-streamed chat completions:
 * through the proxy with the Redis limiter (its own redis-server), 1 and 2 workers;
 
 always with a client key (auth) and metrics on, and with limits so high they never make a
-request wait, so what is measured is the proxy's own cost. It also measures each proxy's
-time from start to a 200 on /health/ready and the resident memory (RSS) of each worker
-when idle. It prints a table and writes a Markdown report with a PNG chart (matplotlib if
-installed, else a bare bar chart drawn by ``write_png``).
+request wait, so what is measured is the proxy's own cost. At 1 connection the proxy is
+measured in slices that alternate with direct ones (``paired_run``): the added latency is
+the median of the pairs' differences, robust to the machine speeding up or slowing down.
+It also measures each proxy's time from start to a 200 on /health/ready and the resident
+memory (RSS) of each worker when idle. It prints a table and writes a Markdown report
+with a PNG chart (matplotlib if installed, else a bare bar chart drawn by ``write_png``).
 
 Everything runs on 127.0.0.1, every process is started here and stopped at the end, and
 every wrk run is bounded by ``--duration``.
@@ -30,6 +32,7 @@ import platform
 import shlex
 import shutil
 import signal
+import statistics
 import struct
 import subprocess
 import sys
@@ -51,6 +54,7 @@ LUA_SCRIPT = Path(__file__).with_name("bench_chat.lua")
 CHAT_PATH = "/v1/chat/completions"
 API_KEY = "sk-bench-client"
 CONNECTIONS = (1, 64)
+PAIRS = 3  # 1-connection slices through the proxy, each paired with a direct one
 DEFAULT_OUTPUT = REPO / "docs" / "benchmarks.md"
 PACKAGES = (
     "llm-proxy",
@@ -124,6 +128,9 @@ class TargetResult:
     ready_s: float | None = None  # proxy only
     worker_rss_mb: list[float] = field(default_factory=list)  # proxy only, idle
     supervisor_rss_mb: float | None = None  # with --workers > 1: uvicorn's parent
+    # Added median latency at 1 connection, from slices alternating with the direct run
+    # (PAIRS): the median of each pair's difference, so the machine's drift cancels out.
+    added_ms: float | None = None
 
 
 @dataclass
@@ -394,7 +401,10 @@ def bench_target(
         log(f"{target.label}: warming up {warmup:g} s")
         run_wrk(url, 64, warmup)
         for connections in CONNECTIONS:
-            run = run_wrk(url, connections, duration)
+            if connections == 1 and process is not None:
+                run, result.added_ms = paired_run(url, upstream_url, duration)
+            else:
+                run = run_wrk(url, connections, duration)
             result.runs[connections] = run
             log(
                 f"  {connections:>2} conn: {run.rps:8.0f} req/s  p50 {run.p50_ms:.2f} ms"
@@ -405,6 +415,28 @@ def bench_target(
         if process is not None:
             procs.stop(process)
     return result
+
+
+def paired_run(url: str, direct_url: str, duration: float) -> tuple[Run, float]:
+    """One connection through the proxy in PAIRS slices, each right after a direct slice:
+    the proxy's figures are the median slice's, the added latency the median difference."""
+    direct: list[Run] = []
+    proxied: list[Run] = []
+    for _ in range(PAIRS):
+        direct.append(run_wrk(direct_url, 1, duration / PAIRS))
+        proxied.append(run_wrk(url, 1, duration / PAIRS))
+    added = statistics.median(p.p50_ms - d.p50_ms for p, d in zip(proxied, direct, strict=True))
+    run = Run(
+        connections=1,
+        requests=sum(r.requests for r in proxied),
+        seconds=sum(r.seconds for r in proxied),
+        p50_ms=statistics.median(r.p50_ms for r in proxied),
+        p90_ms=statistics.median(r.p90_ms for r in proxied),
+        p99_ms=statistics.median(r.p99_ms for r in proxied),
+        errors=sum(r.errors for r in proxied),
+        non_2xx=sum(r.non_2xx for r in proxied),
+    )
+    return run, added
 
 
 def flush_redis(url: str) -> None:
@@ -586,7 +618,9 @@ def overhead(report: BenchReport, result: TargetResult) -> tuple[float | None, f
     ratio = added = None
     if 64 in direct.runs and 64 in result.runs and direct.runs[64].rps:
         ratio = result.runs[64].rps / direct.runs[64].rps
-    if 1 in direct.runs and 1 in result.runs:
+    if result.added_ms is not None:
+        added = result.added_ms
+    elif 1 in direct.runs and 1 in result.runs:
         added = result.runs[1].p50_ms - direct.runs[1].p50_ms
     return ratio, added
 
@@ -719,7 +753,10 @@ def render_markdown(report: BenchReport) -> str:
         "## The proxy's overhead, memory and start-up",
         "",
         "Throughput ratio: the proxy's req/s at 64 connections over the direct run's. Added"
-        " median: the proxy's p50 minus the direct run's p50, at 1 connection. RSS: resident"
+        " median: the proxy's p50 minus the direct run's p50, at 1 connection, measured in"
+        f" {PAIRS} pairs of slices (a direct slice, then one through the proxy) and taken as"
+        " the median of the pairs' differences, so the machine's drift during the run"
+        " cancels out (the proxy's 1-connection row shows its median slice). RSS: resident"
         " memory of each worker process when idle, after start-up (with 2 workers, uvicorn's"
         " supervising parent is listed apart). Ready: from starting `llm-proxy serve` to the"
         " first 200 from `/health/ready`.",

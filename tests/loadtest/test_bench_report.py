@@ -86,6 +86,12 @@ def test_overhead_is_relative_to_the_direct_run() -> None:
     assert overhead(report, report.results[0]) == (None, None)
 
 
+def test_a_paired_measurement_of_the_added_latency_takes_precedence() -> None:
+    report = _report()
+    report.results[3].added_ms = 0.8  # measured against adjacent direct slices
+    assert overhead(report, report.results[3])[1] == 0.8
+
+
 def test_verdicts_compare_with_the_targets_honestly() -> None:
     by_name = {v.name.split(" (")[0]: v for v in verdicts(_report())}
     assert by_name["throughput"].met is True  # 2,100 >= 2,000
