@@ -51,7 +51,7 @@ from proxy.limiter.base import (
     Outcome,
     StorageError,
 )
-from proxy.limiter.batch import Batcher, Call, Deliver
+from proxy.limiter.batch import LINGER, Batcher, Call, Deliver
 from proxy.limiter.bucket import BucketState, Decision
 from proxy.limiter.bucket import Outcome as Result
 from proxy.limiter.selection import Selection
@@ -79,7 +79,8 @@ class RedisLimiter:
     milliseconds should fall back (policy.py), not stall traffic. ``op_timeout`` bounds a
     whole operation, including waiting for one of ``max_connections`` connections and a
     NOSCRIPT reload. Batches go over one pipelined connection of their own (resp.py),
-    or through redis-py's pipeline for TLS or when ``pipelined`` is False.
+    or through redis-py's pipeline for TLS or when ``pipelined`` is False. Settlements
+    wait up to ``linger`` seconds to ride along with the next reservation.
     """
 
     def __init__(
@@ -95,6 +96,7 @@ class RedisLimiter:
         prefix: str = "llmproxy",
         clock: Clock | None = None,
         pipelined: bool = True,
+        linger: float = LINGER,
     ) -> None:
         scheme, sep, rest = url.partition("://")
         if scheme in CLUSTER_SCHEMES:
@@ -119,7 +121,7 @@ class RedisLimiter:
         # Never more operations in flight than connections: the pool never overflows
         # (the cluster client would raise), callers queue here within op_timeout.
         self._slots = asyncio.Semaphore(max_connections)
-        self._batch = Batcher(self._run_batch, send_now=self._send_now)
+        self._batch = Batcher(self._run_batch, linger=linger, send_now=self._send_now)
         self._loading: set[asyncio.Task[list[Any]]] = set()
         self._functions = True  # until the server shows it has none (scripts.library)
         # The batches' own connection (single Redis over TCP or a unix socket).
@@ -178,6 +180,7 @@ class RedisLimiter:
                 _num(limits.tpm.interval) if limits.tpm and correct else "",
                 _num(token_correction),
             ],
+            urgent=False,
         )
 
     async def reserve_deployment(
@@ -224,6 +227,7 @@ class RedisLimiter:
                     *(self._deployment(group, deployment.id, s.kind) for s in spends),
                 ],
                 [self._now(), *_adjust_args(spends)],
+                urgent=False,
             )
 
     async def settle_deployment(
@@ -256,6 +260,7 @@ class RedisLimiter:
                 _num(rule.time),
                 *_adjust_args(spends),
             ],
+            urgent=outcome.kind == "failure",  # a cooldown must start at once
         )
         cooled, recovered, cool_for = reply
         return HealthChange(cooled == "1", recovered == "1", float(cool_for))
@@ -344,9 +349,13 @@ class RedisLimiter:
     def _now(self) -> str:
         return "" if self._clock is None else _num(self._clock())
 
-    async def _run(self, script: str, keys: list[str], args: list[str]) -> Any:
+    async def _run(
+        self, script: str, keys: list[str], args: list[str], *, urgent: bool = True
+    ) -> Any:
+        """Run ``script``; a call that is not ``urgent`` (bookkeeping nobody waits for)
+        may ride along with the next urgent one (batch.py)."""
         if self._cluster is False and self._client is not None:
-            return await self._batch.submit(script, keys, args)
+            return await self._batch.submit(script, keys, args, urgent=urgent)
         return await self._call(lambda _: self._scripts[script](keys=keys, args=args))
 
     async def _run_batch(self, calls: list[Call]) -> list[Any]:

@@ -3,12 +3,14 @@
 Every batch is written the moment it is handed over and its replies are matched in
 order as they arrive: the connection is multiplexed, never checked out of a pool, and
 costs no task, no per-command timeout and no per-reply parse call (hiredis's reader
-parses whatever has arrived in one go). This is the hot path's only Redis traffic; the
-rest (script loading, heartbeats, clusters, TLS) goes through redis-py.
+parses whatever has arrived in one go). Once the limiter has connected (its first call
+goes through redis-py, which also tells a cluster from a single Redis), every call of a
+single Redis over TCP or a unix socket travels here; clusters and TLS stay with redis-py.
 
 A batch that gets no complete answer within ``timeout`` breaks the connection: every
-batch still waiting fails with ``ConnectionError`` and the next one reconnects. Late
-replies can thus never be taken for another batch's. Error replies come back as
+batch still waiting fails (``TimeoutError``; ``ConnectionError`` when the connection is
+lost) and the next one reconnects. Late replies can thus never be taken for another
+batch's. Error replies come back as
 exceptions in the results (``NoScriptError`` for NOSCRIPT, else ``ResponseError``),
 like redis-py's ``execute(raise_on_error=False)``.
 """

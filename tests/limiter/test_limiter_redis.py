@@ -180,6 +180,24 @@ async def test_a_redis_without_functions_gets_scripts(tmp_path: Path) -> None:
         server.kill()
 
 
+async def test_settlements_wait_for_the_next_reservation_and_go_out_first(
+    redis_url: str,
+) -> None:
+    lim = patient(redis_url, linger=3600, clock=lambda: 1000.0)  # no timer sends them alone
+    try:
+        assert (await lim.acquire_key(KEY, "a", 100)).allowed  # connects
+        settled = asyncio.ensure_future(lim.release_key(KEY, "a", -100.0))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not settled.done()  # waiting for company
+        verdict = await lim.acquire_key(KEY, "b", 100)  # urgent: takes the release along
+        assert settled.done()
+        # The refund ran first: only b's 100 tokens are taken from the 6,000.
+        assert verdict.tokens is not None and verdict.tokens.remaining == 5900
+    finally:
+        await lim.aclose()
+
+
 async def test_script_errors_become_storage_errors(limiter: RedisLimiter, redis_url: str) -> None:
     with sync_client(redis_url) as c:
         c.set("{llmproxy:k:team-a}:rpm", "not a hash")
