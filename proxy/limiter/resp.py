@@ -10,16 +10,15 @@ single Redis over TCP or a unix socket travels here; clusters and TLS stay with 
 A batch that gets no complete answer within ``timeout`` breaks the connection: every
 batch still waiting fails (``TimeoutError``; ``ConnectionError`` when the connection is
 lost) and the next one reconnects. Late replies can thus never be taken for another
-batch's. Error replies come back as
-exceptions in the results (``NoScriptError`` for NOSCRIPT, else ``ResponseError``),
-like redis-py's ``execute(raise_on_error=False)``.
+batch's. Error replies come back as exceptions in the results (``NoScriptError`` for
+NOSCRIPT, else ``ResponseError``), like redis-py's ``execute(raise_on_error=False)``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -27,7 +26,9 @@ import hiredis
 from redis.asyncio.connection import parse_url
 from redis.exceptions import NoScriptError, ResponseError
 
-__all__ = ["Deliver", "PipelinedConnection", "supports"]
+from proxy.limiter.batch import Deliver
+
+__all__ = ["Command", "PipelinedConnection", "supports"]
 
 Command = Sequence[str | bytes | int]
 
@@ -35,9 +36,6 @@ Command = Sequence[str | bytes | int]
 def supports(url: str) -> bool:
     """Plain TCP and unix sockets; TLS stays with redis-py."""
     return url.startswith(("redis://", "unix://"))
-
-
-Deliver = Callable[[list[Any] | BaseException], None]
 
 
 class _Batch:

@@ -100,6 +100,8 @@ class Dispatcher:
     ) -> None:
         routing = settings.routing
         self.routing = routing
+        # Only least-busy routing counts requests in flight (leases in the limiter).
+        self.least_busy = routing.strategy == "least-busy"
         self.catalog = catalog
         self.limiter = limiter
         self.transport = transport
@@ -195,7 +197,7 @@ class Dispatcher:
                 float(call.estimate),
                 budget,
                 lease_id=lease,
-                least_busy=self.routing.strategy == "least-busy",
+                least_busy=self.least_busy,
             )
             deployment = next((d for d in ordered if d.id == verdict.deployment_id), None)
             turn = None if deployment is None else Turn(deployment, lease, verdict.probe)
@@ -452,7 +454,7 @@ class Dispatcher:
         return (
             outcome.kind == "success"
             and not turn.probe
-            and self.routing.strategy != "least-busy"
+            and not self.least_busy
             and requests == 0
             and (tokens == 0 or turn.deployment.limits.tpm is None)
         )
