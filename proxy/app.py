@@ -27,7 +27,8 @@ from proxy.api.forwarding import ENDPOINTS, ForwardingEndpoint, HotPathRouter
 from proxy.api.responses import error_response
 from proxy.config import Settings, load_settings
 from proxy.errors import InvalidRequest, ModelNotFound, ProxyError
-from proxy.limiter import LimiterMode, ManagedLimiter, create_limiter
+from proxy.limiter.base import LimiterMode, ManagedLimiter
+from proxy.limiter.factory import create_limiter
 from proxy.logs import configure_logging
 from proxy.metrics import Metrics
 from proxy.observer import StateObserver

@@ -11,13 +11,12 @@ from dataclasses import dataclass
 
 import httpx
 
-from proxy.config import ClientKey, Deployment, ModelGroup, Settings
-from proxy.limiter.base import DeploymentLimits, KeyLimits, Rate
+from proxy.config import ClientKey, Deployment, LimitRule, ModelGroup, Settings
+from proxy.limiter.base import MINUTE, DeploymentLimits, KeyLimits, Rate, Window, window_name
 from proxy.upstream.client import timeout_extension
 
 __all__ = ["Catalog", "DeploymentRoute", "GroupRoute", "key_limits"]
 
-MINUTE = 60.0
 # A deployment's request bucket holds one request unless configured: requests then go
 # 60/rpm seconds apart, which no sliding-window upstream limit can reject...
 DEFAULT_DEPLOYMENT_BURST = 1
@@ -58,34 +57,40 @@ class GroupRoute:
     deployments: tuple[DeploymentRoute, ...]
 
 
-def _rate(
-    limit: int | None, capacity: float | None, share: float, headroom: float = 0.0
-) -> Rate | None:
-    if limit is None:
-        return None
-    scaled = limit * share * (1.0 - headroom)
-    return Rate(limit=scaled, period=MINUTE, capacity=max(capacity or scaled, 1.0))
+def window(rule: LimitRule, share: float, capacity: float | None, headroom: float = 0.0) -> Window:
+    """One configured limit as a limiter window: ``share`` of it (this process's part
+    when budgets are not shared), ``headroom`` below it, holding ``capacity`` units at
+    once (default: the whole window's allowance)."""
+    limit = rule.amount * share * (1.0 - headroom)
+    rate = Rate(limit=limit, period=rule.per, capacity=max(capacity or limit, 1.0))
+    return Window(window_name(rule.kind, rule.per), rule.kind, rate)
 
 
 def deployment_limits(deployment: Deployment, share: float = 1.0) -> DeploymentLimits:
     burst = deployment.burst or DEFAULT_DEPLOYMENT_BURST
+
+    def capacity(rule: LimitRule) -> float | None:
+        # Requests are paced within a minute; a longer window only caps the total.
+        # Tokens: a bucket of the whole window, so any request the upstream could ever
+        # accept fits; the request pacing spreads them.
+        return burst if rule.kind == "requests" and rule.per <= MINUTE else None
+
     return DeploymentLimits(
         id=deployment.id,
+        windows=tuple(
+            window(rule, share, capacity(rule), DEPLOYMENT_HEADROOM)
+            for rule in deployment.limit_rules()
+        ),
         # A half-open probe is out at most as long as the call may take.
         probe_timeout=deployment.timeout,
-        rpm=_rate(deployment.rpm, burst, share, DEPLOYMENT_HEADROOM),
-        # Tokens: a bucket of a whole minute, so any request the upstream could ever
-        # accept fits; the request bucket above does the pacing.
-        tpm=_rate(deployment.tpm, None, share, DEPLOYMENT_HEADROOM),
     )
 
 
 def key_limits(key: ClientKey, share: float = 1.0) -> KeyLimits:
-    """A key's bucket holds its whole per-minute allowance (50 RPM: 50 at once)."""
+    """A key's windows hold their whole allowance (50 RPM: 50 at once)."""
     return KeyLimits(
         name=key.name,
-        rpm=_rate(key.rpm, None, share),
-        tpm=_rate(key.tpm, None, share),
+        windows=tuple(window(rule, share, None) for rule in key.limit_rules()),
         max_parallel=(
             max(1, int(key.max_parallel * share)) if key.max_parallel is not None else None
         ),
@@ -115,3 +120,31 @@ class Catalog:
         self.key_limits = {k.name: key_limits(k, share) for k in settings.keys}
         self.fallbacks = settings.routing.fallbacks
         self.share = share
+        # Deployments whose upstream announced lower per-minute limits than configured.
+        self._announced: dict[str, DeploymentLimits] = {}
+
+    def limits(self, deployment: DeploymentRoute) -> DeploymentLimits:
+        """The one place a deployment's limits come from, for every limiter operation:
+        configured, this process's share of them, lowered to what its upstream
+        announces (``announce``). How fast its windows refill after 429s is the
+        limiter's (health) business."""
+        return self._announced.get(deployment.id, deployment.limits)
+
+    def announce(
+        self, deployment: DeploymentRoute, requests: float | None, tokens: float | None
+    ) -> dict[str, int]:
+        """The upstream says its per-minute limits are ``requests`` and ``tokens`` (None:
+        not said): a configured limit above it is lowered to it. Returns what changed."""
+        config = deployment.config
+        lower: dict[str, int] = {}
+        for field, announced in (("rpm", requests), ("tpm", tokens)):
+            configured = getattr(config, field)
+            if announced and configured and announced < configured:
+                lower[field] = int(announced)
+        if not lower:
+            return {}
+        limits = deployment_limits(config.model_copy(update=lower), self.share)
+        if limits == self._announced.get(deployment.id):
+            return {}
+        self._announced[deployment.id] = limits
+        return lower

@@ -11,6 +11,7 @@ import hashlib
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -26,7 +27,9 @@ from pydantic import (
     model_validator,
 )
 
-__all__ = ["ConfigError", "Settings", "load_settings", "parse_settings"]
+from proxy.routing.strategies import STRATEGIES
+
+__all__ = ["ConfigError", "LimitRule", "Settings", "load_settings", "parse_settings"]
 
 
 class ConfigError(Exception):
@@ -40,8 +43,8 @@ class ConfigError(Exception):
 
 # --- value parsers ------------------------------------------------------------------
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|KiB|MB|MiB|GB|GiB)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {
     "b": 1,
@@ -55,7 +58,7 @@ _SIZE_UNITS = {
 
 
 def parse_duration(value: object) -> float:
-    """Seconds from a number or a string like ``500ms``, ``30s``, ``2m``, ``1m30s``."""
+    """Seconds from a number or a string like ``500ms``, ``30s``, ``2m``, ``1m30s``, ``30d``."""
     if isinstance(value, bool):
         raise ValueError("expected a duration such as 30s, 500ms or 2m")
     if isinstance(value, int | float):
@@ -109,12 +112,82 @@ class RedisConfig(_Strict):
     timeout: Duration = 0.1
 
 
-class ClientKey(_Strict):
+LimitKind = Literal["requests", "tokens"]
+
+
+@dataclass(frozen=True, slots=True)
+class LimitRule:
+    """One configured window: at most ``amount`` ``kind`` per ``per`` seconds."""
+
+    kind: LimitKind
+    amount: int
+    per: float
+
+
+class LimitSpec(_Strict):
+    """The general form of a limit: ``{requests: N, per: 1d}`` or ``{tokens: N, per: 30d}``."""
+
+    requests: PositiveInt | None = None
+    tokens: PositiveInt | None = None
+    per: Annotated[Duration, Field(ge=1.0)]
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> LimitSpec:
+        if (self.requests is None) == (self.tokens is None):
+            raise ValueError("give exactly one of 'requests' or 'tokens' (with 'per')")
+        return self
+
+    def rule(self) -> LimitRule:
+        if self.requests is not None:
+            return LimitRule("requests", self.requests, self.per)
+        assert self.tokens is not None
+        return LimitRule("tokens", self.tokens, self.per)
+
+
+# The shorthands, as (field, kind, seconds): rpm/tpm per minute, rpd/tpd per day.
+_SHORTHANDS: tuple[tuple[str, LimitKind, float], ...] = (
+    ("rpm", "requests", 60.0),
+    ("tpm", "tokens", 60.0),
+    ("rpd", "requests", 86400.0),
+    ("tpd", "tokens", 86400.0),
+)
+
+
+class _Limited(_Strict):
+    """Limits as data: the shorthands and ``limits`` make one list of windows."""
+
+    rpm: PositiveInt | None = None
+    tpm: PositiveInt | None = None
+    rpd: PositiveInt | None = None
+    tpd: PositiveInt | None = None
+    limits: list[LimitSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _distinct_windows(self) -> _Limited:
+        seen: set[tuple[str, float]] = set()
+        for rule in self.limit_rules():
+            if (rule.kind, rule.per) in seen:
+                raise ValueError(
+                    f"two limits on {rule.kind} per {rule.per:g}s: give each window once"
+                    " (rpm/tpm are per 1m, rpd/tpd per 1d)"
+                )
+            seen.add((rule.kind, rule.per))
+        return self
+
+    def limit_rules(self) -> list[LimitRule]:
+        """Every configured window: the shorthands first, then ``limits`` in order."""
+        rules = [
+            LimitRule(kind, amount, per)
+            for field, kind, per in _SHORTHANDS
+            if (amount := getattr(self, field)) is not None
+        ]
+        return rules + [spec.rule() for spec in self.limits]
+
+
+class ClientKey(_Limited):
     name: str = Field(min_length=1)
     key: SecretStr | None = None
     key_sha256: str | None = None
-    rpm: PositiveInt | None = None
-    tpm: PositiveInt | None = None
     max_parallel: PositiveInt | None = None
     models: list[str] | None = None
 
@@ -140,13 +213,11 @@ class ClientKey(_Strict):
         return hashlib.sha256(self.key.get_secret_value().encode()).digest()
 
 
-class Deployment(_Strict):
+class Deployment(_Limited):
     id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")
     base_url: str = Field(pattern=r"^https?://[^\s/]+")
     api_key: SecretStr = SecretStr("")
     model: str | None = None
-    rpm: PositiveInt | None = None
-    tpm: PositiveInt | None = None
     burst: PositiveInt | None = None
     weight: float = Field(default=1.0, gt=0)
     timeout: Duration = 60.0
@@ -169,14 +240,19 @@ class CooldownConfig(_Strict):
 
 
 class RoutingConfig(_Strict):
-    strategy: Literal["least-wait", "weighted-random", "least-busy", "lowest-latency"] = (
-        "least-wait"
-    )
+    strategy: str = "least-wait"
     max_wait: Duration = 30.0
     max_queue: Annotated[int, Field(ge=0)] = 1000
     retries: Annotated[int, Field(ge=0)] = 2
     cooldown: CooldownConfig = CooldownConfig()
     fallbacks: dict[str, list[str]] = Field(default_factory=dict)
+
+    @field_validator("strategy")
+    @classmethod
+    def _known_strategy(cls, value: str) -> str:
+        if value not in STRATEGIES:
+            raise ValueError(f"unknown strategy {value!r}: use one of {', '.join(STRATEGIES)}")
+        return value
 
 
 class ServerConfig(_Strict):

@@ -33,7 +33,7 @@ import os
 import re
 import shutil
 import tempfile
-from typing import Final, Literal
+from typing import Final, Generic, Literal, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import values as _prom_values
@@ -74,17 +74,7 @@ RATE_LIMIT_SCOPES: Final = (
 )
 
 # What the limiter asks its shared storage (labels of llmproxy_limiter_errors_total).
-LIMITER_OPERATIONS: Final = (
-    "acquire_key",
-    "release_key",
-    "reserve_deployment",
-    "settle_deployment",
-    "correct_deployment",
-    "sync_budget",
-    "deployment_health",
-    "deployment_budget",
-    "heartbeat",
-)
+LIMITER_OPERATIONS: Final = ("acquire_key", "reserve", "settle", "snapshot", "heartbeat")
 
 # LLM calls last from milliseconds (cached, tiny embeddings) to many minutes (long generations).
 DURATION_BUCKETS: Final = (
@@ -271,25 +261,27 @@ class Metrics:
             registry=reg,
         )
 
-        # Children caches, keyed by label tuples (see the module docstring).
-        self._c_request: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
-        self._c_upstream: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
-        self._c_ttft: dict[tuple[str, str], Histogram] = {}
-        self._c_tokens: dict[tuple[str, str], tuple[Counter, Counter]] = {}
-        self._c_rate_limited: dict[tuple[str, str], Counter] = {}
-        self._c_queue_wait: dict[str, Histogram] = {}
-        self._c_queue_depth: dict[str, Gauge] = {}
-        self._c_in_flight: dict[tuple[str, str], Gauge] = {}
-        self._c_state: dict[tuple[str, str], Gauge] = {}
-        self._c_cooldown: dict[tuple[str, str, str], Counter] = {}
-        self._c_failure: dict[tuple[str, str, str], Counter] = {}
+        # Children by label values (see the module docstring).
+        self._c_requests = _Children(self._requests_total)
+        self._c_request_duration = _Children(self._request_duration)
+        self._c_upstream = _Children(self._upstream_total)
+        self._c_upstream_duration = _Children(self._upstream_duration)
+        self._c_ttft = _Children(self._ttft)
+        self._c_tokens = _Children(self._tokens_total)
+        self._c_rate_limited = _Children(self._rate_limited_total)
+        self._c_queue_wait = _Children(self._queue_wait)
+        self._c_queue_depth = _Children(self._queue_depth)
+        self._c_in_flight = _Children(self._in_flight)
+        self._c_state = _Children(self._deployment_state)
+        self._c_cooldown = _Children(self._cooldowns_total)
+        self._c_failure = _Children(self._failures_total)
+        self._c_limiter_error = _Children(self._limiter_errors_total)
+        self._c_limit = _Children(self._deployment_limit)
+        self._c_budget = _Children(self._budget_remaining)
+        self._c_upstream_remaining = _Children(self._upstream_remaining)
         # Zero series from the start: "errors by operation" reads 0, not "no data".
-        self._c_limiter_error: dict[str, Counter] = {
-            op: self._limiter_errors_total.labels(op) for op in LIMITER_OPERATIONS
-        }
-        self._c_limit: dict[tuple[str, str, str], Gauge] = {}
-        self._c_budget: dict[tuple[str, str, str], Gauge] = {}
-        self._c_upstream_remaining: dict[tuple[str, str, str], Gauge] = {}
+        for operation in LIMITER_OPERATIONS:
+            self._c_limiter_error(operation)
 
         # Visible from the first scrape, before any Redis trouble.
         self._fallback_active.set(0)
@@ -298,96 +290,51 @@ class Metrics:
 
     def request_finished(self, model: str, status: int, duration: float) -> None:
         """A client request was answered with ``status`` after ``duration`` seconds."""
-        children = self._c_request.get((model, status))
-        if children is None:
-            children = self._c_request[(model, status)] = (
-                self._requests_total.labels(model, str(status)),
-                self._request_duration.labels(model),
-            )
-        children[0].inc()
-        children[1].observe(duration)
+        self._c_requests(model, status).inc()
+        self._c_request_duration(model).observe(duration)
 
     def upstream_finished(self, model: str, deployment: str, status: str, duration: float) -> None:
         """An upstream attempt ended: ``status`` is the HTTP status as a string, or
-        ``"error"``/``"timeout"`` when no response arrived."""
-        key = (model, deployment, status)
-        children = self._c_upstream.get(key)
-        if children is None:
-            children = self._c_upstream[key] = (
-                self._upstream_total.labels(model, deployment, status),
-                self._upstream_duration.labels(model, deployment),
-            )
-        children[0].inc()
-        children[1].observe(duration)
+        the failure's reason (``"timeout"``...) when no response arrived."""
+        self._c_upstream(model, deployment, status).inc()
+        self._c_upstream_duration(model, deployment).observe(duration)
 
     def first_token(self, model: str, deployment: str, seconds: float) -> None:
-        child = self._c_ttft.get((model, deployment))
-        if child is None:
-            child = self._c_ttft[(model, deployment)] = self._ttft.labels(model, deployment)
-        child.observe(seconds)
+        self._c_ttft(model, deployment).observe(seconds)
 
     def tokens(self, model: str, deployment: str, prompt: int, completion: int) -> None:
-        children = self._c_tokens.get((model, deployment))
-        if children is None:
-            children = self._c_tokens[(model, deployment)] = self._token_children(model, deployment)
-        # Counters refuse negative increments; a zero one is a needless mmap write.
+        # Both series exist from the first report on. Counters refuse negative
+        # increments; a zero one is a needless mmap write.
+        prompt_total = self._c_tokens(model, deployment, "prompt")
+        completion_total = self._c_tokens(model, deployment, "completion")
         if prompt > 0:
-            children[0].inc(prompt)
+            prompt_total.inc(prompt)
         if completion > 0:
-            children[1].inc(completion)
+            completion_total.inc(completion)
 
     def rate_limited(self, scope: str, model: str) -> None:
         """The proxy answered 429 because of ``scope``'s limit (see RATE_LIMIT_SCOPES)."""
-        child = self._c_rate_limited.get((scope, model))
-        if child is None:
-            child = self._c_rate_limited[(scope, model)] = self._rate_limited_total.labels(
-                scope, model
-            )
-        child.inc()
+        self._c_rate_limited(scope, model).inc()
 
     def queue_wait(self, model: str, seconds: float) -> None:
-        child = self._c_queue_wait.get(model)
-        if child is None:
-            child = self._c_queue_wait[model] = self._queue_wait.labels(model)
-        child.observe(seconds)
+        self._c_queue_wait(model).observe(seconds)
 
     def queue_depth_add(self, model: str, delta: int) -> None:
-        child = self._c_queue_depth.get(model)
-        if child is None:
-            child = self._c_queue_depth[model] = self._queue_depth.labels(model)
-        child.inc(delta)
+        self._c_queue_depth(model).inc(delta)
 
     def in_flight_add(self, model: str, deployment: str, delta: int) -> None:
-        child = self._c_in_flight.get((model, deployment))
-        if child is None:
-            child = self._c_in_flight[(model, deployment)] = self._in_flight.labels(
-                model, deployment
-            )
-        child.inc(delta)
+        self._c_in_flight(model, deployment).inc(delta)
 
     # -- deployment health ------------------------------------------------------------------
 
     def set_deployment_state(self, model: str, deployment: str, cooling: bool) -> None:
-        child = self._c_state.get((model, deployment))
-        if child is None:
-            child = self._c_state[(model, deployment)] = self._deployment_state.labels(
-                model, deployment
-            )
-        child.set(1.0 if cooling else 0.0)
+        self._c_state(model, deployment).set(1.0 if cooling else 0.0)
 
     def cooldown(self, model: str, deployment: str, reason: str) -> None:
-        key = (model, deployment, reason)
-        child = self._c_cooldown.get(key)
-        if child is None:
-            child = self._c_cooldown[key] = self._cooldowns_total.labels(*key)
-        child.inc()
+        self._c_cooldown(model, deployment, reason).inc()
 
     def failure(self, model: str, deployment: str, reason: str) -> None:
-        key = (model, deployment, reason)
-        child = self._c_failure.get(key)
-        if child is None:
-            child = self._c_failure[key] = self._failures_total.labels(*key)
-        child.inc()
+        self._c_failure(model, deployment, reason).inc()
 
     # -- limiter ----------------------------------------------------------------------------
 
@@ -395,25 +342,19 @@ class Metrics:
         self._fallback_active.set(1.0 if active else 0.0)
 
     def limiter_error(self, operation: str) -> None:
-        child = self._c_limiter_error.get(operation)
-        if child is None:
-            child = self._c_limiter_error[operation] = self._limiter_errors_total.labels(operation)
-        child.inc()
+        self._c_limiter_error(operation).inc()
 
     def set_deployment_limit(self, model: str, deployment: str, kind: str, value: float) -> None:
         """The per-minute limit this process enforces (the configured rpm/tpm, or this
         worker's share of it; see ``budget_shared``); ``kind``: ``"requests"``/``"tokens"``."""
-        self._kind_gauge(self._deployment_limit, self._c_limit, model, deployment, kind).set(value)
+        self._c_limit(model, deployment, _kind(kind)).set(value)
 
     def set_budget_remaining(self, model: str, deployment: str, kind: str, value: float) -> None:
-        self._kind_gauge(self._budget_remaining, self._c_budget, model, deployment, kind).set(value)
+        self._c_budget(model, deployment, _kind(kind)).set(value)
 
     def set_upstream_remaining(self, model: str, deployment: str, kind: str, value: float) -> None:
         """What the upstream's ``x-ratelimit-remaining-{requests,tokens}`` header said."""
-        gauge = self._kind_gauge(
-            self._upstream_remaining, self._c_upstream_remaining, model, deployment, kind
-        )
-        gauge.set(value)
+        self._c_upstream_remaining(model, deployment, _kind(kind)).set(value)
 
     def init_deployment(
         self, model: str, deployment: str, *, rpm: float | None, tpm: float | None
@@ -427,7 +368,8 @@ class Metrics:
             self.set_deployment_limit(model, deployment, "tokens", tpm)
         self.in_flight_add(model, deployment, 0)
         self.queue_depth_add(model, 0)
-        self._c_tokens.setdefault((model, deployment), self._token_children(model, deployment))
+        for kind in ("prompt", "completion"):
+            self._c_tokens(model, deployment, kind)
 
     # -- exposition -------------------------------------------------------------------------
 
@@ -438,30 +380,33 @@ class Metrics:
             _reap_dead_workers(self.multiprocess_dir)
         return generate_latest(self._render_registry), CONTENT_TYPE
 
-    # -- helpers ----------------------------------------------------------------------------
 
-    def _token_children(self, model: str, deployment: str) -> tuple[Counter, Counter]:
-        return (
-            self._tokens_total.labels(model, deployment, "prompt"),
-            self._tokens_total.labels(model, deployment, "completion"),
-        )
+_M = TypeVar("_M", Counter, Gauge, Histogram)
 
-    @staticmethod
-    def _kind_gauge(
-        gauge: Gauge,
-        cache: dict[tuple[str, str, str], Gauge],
-        model: str,
-        deployment: str,
-        kind: str,
-    ) -> Gauge:
-        key = (model, deployment, kind)
-        child = cache.get(key)
+
+class _Children(Generic[_M]):
+    """A metric's labelled children, looked up in a dict keyed by the label values:
+    ``.labels()`` validates and locks on every call, too slow for the hot path."""
+
+    __slots__ = ("_children", "_metric")
+    _metric: _M
+    _children: dict[tuple[object, ...], _M]
+
+    def __init__(self, metric: _M) -> None:
+        self._metric = metric
+        self._children = {}
+
+    def __call__(self, *values: object) -> _M:
+        child = self._children.get(values)
         if child is None:
-            # Validated once per label set, on the cache miss, so the hot path stays cheap.
-            if kind not in LIMIT_KINDS:
-                raise ValueError(f"kind must be one of {sorted(LIMIT_KINDS)}, not {kind!r}")
-            child = cache[key] = gauge.labels(*key)
+            child = self._children[values] = self._metric.labels(*(str(v) for v in values))
         return child
+
+
+def _kind(kind: str) -> str:
+    if kind not in LIMIT_KINDS:
+        raise ValueError(f"kind must be one of {sorted(LIMIT_KINDS)}, not {kind!r}")
+    return kind
 
 
 # -- multiprocess mode ------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import contextlib
 import logging
 
 from proxy.catalog import Catalog
-from proxy.limiter.base import ManagedLimiter
+from proxy.limiter.base import MINUTE, ManagedLimiter
 from proxy.metrics import Metrics
 
 __all__ = ["StateObserver"]
@@ -46,15 +46,19 @@ class StateObserver:
 
     async def refresh(self) -> None:
         for group in self.catalog.groups.values():
-            limits = [d.limits for d in group.deployments]
-            budget = await self.limiter.deployment_budget(group.name, limits)
-            health = await self.limiter.deployment_health(group.name, [d.id for d in limits])
-            for deployment_id, left in budget.items():
-                for kind, value in left.items():
-                    self.metrics.set_budget_remaining(group.name, deployment_id, kind, value)
-            for deployment_id, unusable_for in health.items():
-                self.metrics.set_deployment_state(group.name, deployment_id, unusable_for > 0)
-            self.unusable_for.update(health)
+            limits = {d.id: self.catalog.limits(d) for d in group.deployments}
+            states = await self.limiter.snapshot(group.name, list(limits.values()))
+            for deployment_id, state in states.items():
+                # The per-minute windows: what llmproxy_deployment_budget_remaining shows.
+                for window in limits[deployment_id].windows:
+                    if window.rate.period == MINUTE and window.name in state.remaining:
+                        left = state.remaining[window.name]
+                        self.metrics.set_budget_remaining(
+                            group.name, deployment_id, window.kind, left
+                        )
+                unusable = state.unusable_for
+                self.metrics.set_deployment_state(group.name, deployment_id, unusable > 0)
+                self.unusable_for[deployment_id] = unusable
 
     def usable(self) -> int:
         """Deployments that can take a request now (all of them until first seen)."""

@@ -37,28 +37,29 @@ from proxy.errors import (
     render,
 )
 from proxy.limiter.base import (
+    CooldownRule,
+    KeyAsk,
     KeyLimits,
+    KeySettlement,
     KeyVerdict,
     Limiter,
     LimiterUnavailable,
     StorageError,
     Usage,
+    describe,
 )
-from proxy.logs import RequestLog, log_request
+from proxy.logs import RequestLog
 from proxy.metrics import Metrics
 from proxy.ratelimit_headers import format_reset
 from proxy.routing.dispatcher import Dispatcher
+from proxy.routing.settlement import Settler
+from proxy.telemetry import Telemetry
 
 __all__ = ["Pipeline"]
 
 logger = logging.getLogger("proxy.pipeline")
 
 _JSON = {"content-type": "application/json"}
-_KEY_MESSAGES = {
-    "key_rpm": "Rate limit reached for requests per minute on this key.",
-    "key_tpm": "Rate limit reached for tokens per minute on this key.",
-    "key_parallel": "Too many parallel requests on this key.",
-}
 
 
 class Pipeline:
@@ -75,10 +76,22 @@ class Pipeline:
         self.catalog = Catalog(settings, share)
         self.keys = KeyStore(settings.keys)
         self.limiter = limiter
-        self.metrics = metrics
+        self.telemetry = Telemetry(metrics)
         self.background = Background()
+        routing = settings.routing
+        rule = CooldownRule(
+            routing.cooldown.allowed_fails, routing.cooldown.window, routing.cooldown.time
+        )
+        settler = Settler(
+            limiter,
+            self.catalog,
+            rule,
+            self.background,
+            self.telemetry,
+            least_busy=routing.strategy == "least-busy",
+        )
         self.dispatcher = Dispatcher(
-            settings, self.catalog, limiter, transport, metrics, self.background, rng
+            settings, self.catalog, limiter, transport, settler, self.telemetry, rng
         )
 
     @property
@@ -169,22 +182,20 @@ class Pipeline:
         return group
 
     async def _acquire_key(self, call: Call, limits: KeyLimits) -> KeyVerdict:
-        verdict = await self.limiter.acquire_key(limits, call.request_id, call.estimate)
+        verdict = await self.limiter.acquire_key(
+            KeyAsk(limits, call.request_id, float(call.estimate))
+        )
         if verdict.allowed:
             return verdict
         code = verdict.code or "rate_limited"
-        self.metrics.rate_limited(code, call.model)
+        self.telemetry.refused(code, call.model)
         if code == "request_too_large":
             raise InvalidRequest(
                 f"This request needs about {call.estimate} tokens, more than the key"
                 f" '{limits.name}' may ever use at once; lower max_tokens or the input.",
                 code="request_too_large",
             )
-        raise RateLimited(
-            _KEY_MESSAGES.get(code, "Rate limit reached."),
-            code=code,
-            retry_after=verdict.retry_after,
-        )
+        raise RateLimited(_refusal_message(verdict), code=code, retry_after=verdict.retry_after)
 
     def _key_settlement(
         self, call: Call, limits: KeyLimits, key_check: asyncio.Future[KeyVerdict]
@@ -195,7 +206,7 @@ class Pipeline:
                 return  # refused (or never answered): nothing was taken
             # Unknown usage (an error, no usage in the answer) refunds the whole estimate.
             correction = (call.real_tokens() or 0) - call.estimate
-            await self.limiter.release_key(limits, call.request_id, float(correction))
+            await self.limiter.settle(KeySettlement(limits, call.request_id, float(correction)))
 
         return Settlement(release)
 
@@ -206,8 +217,7 @@ class Pipeline:
 
     def _finish(self, call: Call, status: int, ended: float | None = None) -> None:
         duration = (ended or time.perf_counter()) - call.started
-        self.metrics.request_finished(call.model, status, duration)
-        log_request(
+        self.telemetry.request_finished(
             RequestLog(
                 request_id=call.request_id,
                 key_name=call.key_name,
@@ -220,7 +230,8 @@ class Pipeline:
                 completion_tokens=call.completion_tokens,
                 retries=call.retries,
                 error_code=call.error_code,
-            )
+            ),
+            duration,
         )
 
 
@@ -273,9 +284,23 @@ def _parse_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
+def _refusal_message(verdict: KeyVerdict) -> str:
+    """What refused, its limit and when it frees, in words."""
+    if verdict.code == "key_parallel" or verdict.window is None:
+        return "Too many parallel requests on this key."
+    window = verdict.window
+    return (
+        f"Rate limit reached for {describe(window)} on this key (limit"
+        f" {window.rate.limit:g}); retry in {format_reset(verdict.retry_after)}."
+    )
+
+
 def _key_headers(verdict: KeyVerdict) -> dict[str, str]:
+    """OpenAI's x-ratelimit-* headers; of several windows of a kind, the one with the
+    least left."""
     headers: dict[str, str] = {}
-    for kind, usage in (("requests", verdict.requests), ("tokens", verdict.tokens)):
+    for kind in ("requests", "tokens"):
+        usage = verdict.tightest(kind)
         if usage is not None:
             headers.update(_usage_headers(kind, usage))
     return headers

@@ -145,3 +145,48 @@ def test_repository_configs_are_valid() -> None:
     env = {"TEAM_A_KEY": "x", "OPENAI_KEY_A": "y", "OPENAI_KEY_B": "z"}
     for name in ("demo.yaml", "example.yaml"):
         load_settings(root / name, env=env)
+
+
+def test_days_are_a_duration_unit() -> None:
+    assert parse_duration("30d") == 30 * 86400.0
+    assert parse_duration("1d12h") == 1.5 * 86400.0
+
+
+def test_limits_as_data_shorthands_and_windows() -> None:
+    key = {
+        "name": "batch",
+        "key": "k",
+        "rpm": 600,
+        "tpd": 5_000_000,
+        "limits": [{"tokens": 200_000_000, "per": "30d"}, {"requests": 5, "per": "1s"}],
+    }
+    deployment = {"id": "d", "base_url": "http://127.0.0.1:1/v1", "rpd": 1000}
+    settings = parse_settings(
+        {"keys": [key], "models": [{"name": "m", "deployments": [deployment]}]}, env={}
+    )
+    rules = [(r.kind, r.amount, r.per) for r in settings.keys[0].limit_rules()]
+    assert rules == [
+        ("requests", 600, 60.0),
+        ("tokens", 5_000_000, 86400.0),
+        ("tokens", 200_000_000, 30 * 86400.0),
+        ("requests", 5, 1.0),
+    ]
+    assert [(r.kind, r.per) for r in settings.models[0].deployments[0].limit_rules()] == [
+        ("requests", 86400.0)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        ([{"requests": 5, "tokens": 5, "per": "1m"}], "exactly one of 'requests' or 'tokens'"),
+        ([{"per": "1m"}], "exactly one of 'requests' or 'tokens'"),
+        ([{"requests": 5, "per": "500ms"}], "per"),
+        ([{"requests": 0, "per": "1m"}], "requests"),
+        ([{"requests": 5, "per": "1m"}], "two limits on requests per 60s"),  # rpm: 10 too
+    ],
+)
+def test_bad_limits_name_the_field(limits: list[dict[str, object]], message: str) -> None:
+    data = {"keys": [{"name": "a", "key": "k", "rpm": 10, "limits": limits}], **MINIMAL}
+    problems = _problems(data)
+    assert any(p.startswith("keys[0]") and message in p for p in problems), problems

@@ -1,20 +1,28 @@
-"""The limiter's contract: rules in, verdicts out, whatever the storage.
+"""The limiter's contract: limits as data in, verdicts out, whatever the storage.
 
-Two questions are asked per request, each answered in one step (one Redis round trip):
+A limit is a :class:`Window`: at most ``rate.limit`` units of one kind (requests or
+tokens) per ``rate.period`` seconds, at most ``rate.capacity`` at once. A client key and a
+deployment each carry any number of windows (a minute, a day, thirty days...); a new
+window is data, not code. Every backend answers four questions, each in one step (one
+Redis round trip):
 
-* ``acquire_key``: may this client key send one more request costing ``tokens``?
-  Client keys get an answer at once (they never wait): all of rpm, tpm and
-  max_parallel pass, or nothing is charged and the verdict names the limit hit.
-* ``reserve_deployment``: which of these deployments of one model group can take
-  the request soonest, and when? The chosen deployment's budget is reserved for that
-  exact turn; the caller sleeps ``wait`` seconds and then forwards (no polling).
+* ``acquire_key(KeyAsk)``: may this client key send one more request costing ``tokens``?
+  Client keys get an answer at once (they never wait): every window and the parallel
+  slots pass, or nothing is charged and the verdict names the window that refused.
+* ``reserve(GroupAsk)``: which deployment of one model group can take the request
+  soonest, and when? Its windows are charged for that exact turn; the caller sleeps
+  ``wait`` seconds and then forwards (no polling).
+* ``settle(KeySettlement | DeploymentSettlement)``: after the fact. A key's parallel slot
+  is freed and its token estimate corrected; a deployment's estimate is corrected, a turn
+  nobody used is given back, its in-flight lease freed, the upstream's answer recorded in
+  its health (cooldowns, half-open probes, the rate learned from 429s), and what the
+  upstream says it has left lowers its per-minute windows (``Remaining``).
+* ``snapshot(group, deployments)``: what is left in each deployment's windows and how
+  long until each can take a request (dashboards, readiness).
 
-Afterwards the caller settles: ``release_key`` frees the parallel slot and corrects the
-token estimate to the real usage; ``settle_deployment`` does the same for the deployment,
-frees its in-flight lease and records what the answer says about the deployment's health
-(cooldowns, half-open probes, the effective rate learned from 429s), in one step.
-``correct_deployment`` only corrects (e.g. gives back a reserved turn nobody used), and
-``sync_budget`` lowers a deployment's buckets to what the upstream says it has left.
+The effective limits of a deployment are computed in one place, inside each backend's
+step: the windows passed in (configured, already scaled to this process's share when
+budgets are not shared), refilled at the rate its health has learned.
 """
 
 from __future__ import annotations
@@ -23,6 +31,11 @@ import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
+
+Kind = Literal["requests", "tokens"]
+
+MINUTE = 60.0
+DAY = 86400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,26 +57,62 @@ class Rate:
 
 
 @dataclass(frozen=True, slots=True)
-class KeyLimits:
-    """A client key's own limits; ``None`` means unlimited."""
+class Window:
+    """One limit: ``kind`` units at ``rate``. ``name`` (see :func:`window_name`) is unique
+    among one owner's windows: it names the window's storage, so its state survives a
+    change of the rate, and its 429 code (``key_<name>``)."""
 
     name: str
-    rpm: Rate | None = None
-    tpm: Rate | None = None
+    kind: Kind
+    rate: Rate
+
+    def cost(self, requests: float, tokens: float) -> float:
+        """What a request (or a correction) of ``requests`` and ``tokens`` costs here."""
+        return requests if self.kind == "requests" else tokens
+
+
+_UNITS = (("d", DAY), ("h", 3600.0), ("m", MINUTE), ("s", 1.0))
+
+
+def describe(window: Window) -> str:
+    """``requests per minute``, ``tokens per day``, ``tokens per 30d``: for messages."""
+    per = window.rate.period
+    span = {MINUTE: "minute", DAY: "day"}.get(per) or window_name(window.kind, per).split("_")[1]
+    return f"{window.kind} per {span}"
+
+
+def window_name(kind: Kind, per: float) -> str:
+    """``rpm``/``tpm`` for a minute, ``rpd``/``tpd`` for a day, else ``requests_10s``,
+    ``tokens_30d``: the largest unit that divides ``per`` exactly."""
+    short = {MINUTE: "m", DAY: "d"}.get(per)
+    if short is not None:
+        return f"{kind[0]}p{short}"
+    for unit, seconds in _UNITS:
+        count = per / seconds
+        if count >= 1 and count == int(count):
+            return f"{kind}_{int(count)}{unit}"
+    return f"{kind}_{round(per * 1000)}ms"
+
+
+@dataclass(frozen=True, slots=True)
+class KeyLimits:
+    """A client key's own limits; no windows and no ``max_parallel``: unlimited."""
+
+    name: str
+    windows: tuple[Window, ...] = ()
     max_parallel: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class DeploymentLimits:
-    """One upstream deployment's budget; ``None`` means unlimited.
+    """One upstream deployment's budget; no windows: unlimited.
 
     ``probe_timeout``: the longest one upstream call may take (the deployment's timeout).
     A half-open probe blocks the deployment at most that long after its turn, and an
     in-flight lease stops counting a little after it."""
 
     id: str
-    rpm: Rate | None = None
-    tpm: Rate | None = None
+    windows: tuple[Window, ...] = ()
     probe_timeout: float = 60.0
 
 
@@ -94,9 +143,13 @@ class Outcome:
     rate_limited: bool = False
 
 
+SUCCESS = Outcome(kind="success")
+NEUTRAL = Outcome(kind="neutral")
+
+
 @dataclass(frozen=True, slots=True)
 class HealthChange:
-    """What ``settle_deployment`` did to the deployment's health."""
+    """What a settlement did to the deployment's health."""
 
     cooled: bool = False  # a cooldown started or was extended by this call
     recovered: bool = False  # a probe succeeded: healthy again
@@ -108,21 +161,104 @@ NO_CHANGE = HealthChange()
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """What a bucket looks like after a decision, for x-ratelimit-* headers."""
+    """What a window looks like after a decision, for x-ratelimit-* headers."""
 
     limit: float
     remaining: float
-    reset: float  # seconds until the bucket is full again
+    reset: float  # seconds until the window is full again
+
+
+# -- the questions --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class KeyAsk:
+    """May the key send one request of ``tokens``? ``lease`` names its parallel slot."""
+
+    limits: KeyLimits
+    lease: str
+    tokens: float
+
+
+@dataclass(frozen=True, slots=True)
+class GroupAsk:
+    """Reserve 1 request and ``tokens`` on the candidate whose turn comes soonest (the
+    first in ``candidates`` order among equals; one that can go now always beats one
+    that must wait). Nothing is charged when no candidate's turn is within ``max_wait``.
+
+    A candidate that is cooling down or has a probe out is not reservable at all; one
+    whose cooldown is over takes exactly one request, its probe (``verdict.probe``).
+    ``least_busy``: among those that can go now, the one with the fewest requests in
+    flight across replicas. ``lease`` counts the request in the chosen deployment's
+    in-flight set until settled (or ``probe_timeout`` plus a margin after its turn)."""
+
+    group: str
+    candidates: Sequence[DeploymentLimits]
+    tokens: float
+    max_wait: float
+    lease: str = ""
+    least_busy: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Remaining:
+    """What an upstream says it has left of its per-minute limits (None: unknown).
+    ``requests_wait``: with no request left, seconds until the next one frees up."""
+
+    requests: float | None = None
+    requests_wait: float | None = None
+    tokens: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KeySettlement:
+    """Free the key's parallel slot ``lease``; add ``tokens`` (real minus estimated;
+    negative refunds) to its token windows."""
+
+    limits: KeyLimits
+    lease: str
+    tokens: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentSettlement:
+    """After the upstream answered (or the request was abandoned): free ``lease`` from
+    the in-flight set; add ``requests`` (-1: a reserved turn nobody used) and ``tokens``
+    (real minus estimated) to the windows; record ``outcome`` in the health; lower the
+    per-minute windows to ``remaining`` (never raise them). One step."""
+
+    group: str
+    deployment: DeploymentLimits
+    rule: CooldownRule
+    outcome: Outcome = NEUTRAL
+    lease: str = ""
+    requests: float = 0.0
+    tokens: float = 0.0
+    remaining: Remaining | None = None
+
+
+Settlement = KeySettlement | DeploymentSettlement
+
+
+# -- the answers ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class KeyVerdict:
     allowed: bool
-    # None when allowed; else "key_rpm" | "key_tpm" | "key_parallel" | "request_too_large"
+    # None when allowed; else "key_<window name>" | "key_parallel" | "request_too_large"
     code: str | None = None
     retry_after: float = 0.0  # seconds; meaningful when not allowed
-    requests: Usage | None = None  # None when the key has no rpm
-    tokens: Usage | None = None  # None when the key has no tpm
+    usage: tuple[tuple[Window, Usage], ...] = ()  # each window after the decision
+    window: Window | None = None  # the window that refused (or is too small)
+
+    def tightest(self, kind: Kind) -> Usage | None:
+        """The window of ``kind`` with the least left (what x-ratelimit-* headers show)."""
+        best: Usage | None = None
+        for window, usage in self.usage:
+            if window.kind == kind and (best is None or usage.remaining < best.remaining):
+                best = usage
+        return best
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +278,14 @@ class DeploymentVerdict:
     # Refused while some candidate that could take the request is held by its health
     # (cooling down, or its probe is out): the model is unavailable, not out of budget.
     cooling: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentState:
+    """One deployment as the limiter sees it now."""
+
+    unusable_for: float  # seconds until it may take a request (0: now)
+    remaining: dict[str, float]  # per window name: units that could be taken at once
 
 
 class StorageError(Exception):
@@ -164,92 +308,24 @@ class LimiterMode(enum.Enum):
 
 
 class Limiter(Protocol):
-    async def acquire_key(self, limits: KeyLimits, lease_id: str, tokens: float) -> KeyVerdict:
-        """All-or-nothing check of a key's rpm (cost 1), tpm (cost ``tokens``) and parallel
-        slots (``lease_id`` names the slot). Never waits."""
+    async def acquire_key(self, ask: KeyAsk) -> KeyVerdict:
+        """All-or-nothing check of every window of the key (requests cost 1, tokens
+        ``ask.tokens``) and of its parallel slots. Never waits."""
         ...
 
-    async def release_key(self, limits: KeyLimits, lease_id: str, token_correction: float) -> None:
-        """Free the parallel slot ``lease_id``; add ``token_correction`` (real minus
-        estimated; negative refunds) to the key's token bucket."""
+    async def reserve(self, ask: GroupAsk) -> DeploymentVerdict:
+        """A turn on one deployment of ``ask.group`` (see :class:`GroupAsk`)."""
         ...
 
-    async def reserve_deployment(
-        self,
-        group: str,
-        candidates: Sequence[DeploymentLimits],
-        tokens: float,
-        max_wait: float,
-        *,
-        lease_id: str = "",
-        least_busy: bool = False,
-    ) -> DeploymentVerdict:
-        """Reserve 1 request and ``tokens`` on the candidate whose turn comes soonest
-        (the first in ``candidates`` order among equals; a candidate that can go now
-        always beats one that must wait). Nothing is charged when no candidate's turn
-        is within ``max_wait``.
-
-        A candidate that is cooling down or has a probe out is not reservable at all; one
-        whose cooldown is over takes exactly one request, its probe (``verdict.probe``).
-        Budgets refill at the rate learned from 429s. ``least_busy``: among those that can
-        go now, the one with the fewest requests in flight across replicas. ``lease_id``
-        counts the request in the chosen deployment's in-flight set until it is settled
-        (or ``probe_timeout`` plus a margin after its turn)."""
+    async def settle(self, settlement: Settlement) -> HealthChange:
+        """Everything known after the fact (see the two settlement classes); a key's
+        settlement changes no health (``NO_CHANGE``)."""
         ...
 
-    async def correct_deployment(
-        self,
-        group: str,
-        deployment: DeploymentLimits,
-        requests: float,
-        tokens: float,
-    ) -> None:
-        """Add corrections to a deployment's buckets: ``requests=-1`` gives back a turn
-        that was reserved but not used; ``tokens`` is real minus estimated usage."""
-        ...
-
-    async def settle_deployment(
-        self,
-        group: str,
-        deployment: DeploymentLimits,
-        *,
-        lease_id: str,
-        outcome: Outcome,
-        rule: CooldownRule,
-        requests: float = 0.0,
-        tokens: float = 0.0,
-    ) -> HealthChange:
-        """After the upstream answered (or the request was abandoned): free ``lease_id``
-        from the in-flight set, correct the buckets as ``correct_deployment`` does, and
-        record ``outcome`` in the deployment's health. One step."""
-        ...
-
-    async def sync_budget(
-        self,
-        group: str,
-        deployment: DeploymentLimits,
-        *,
-        remaining_requests: float | None,
-        reset_requests: float | None,
-        remaining_tokens: float | None,
-        reset_tokens: float | None,
-    ) -> None:
-        """The upstream has less left than the buckets say (another client shares it):
-        bring them down to it, never up. ``None``: unknown. ``remaining_requests == 0``
-        with ``reset_requests``: no request before then. ``reset_tokens`` is not used (a
-        token reset is the time until full, which says nothing about the next request)."""
-        ...
-
-    async def deployment_budget(
+    async def snapshot(
         self, group: str, deployments: Sequence[DeploymentLimits]
-    ) -> dict[str, dict[str, float]]:
-        """What is left now in each deployment's buckets: ``{id: {"requests": n,
-        "tokens": n}}`` (kinds without a limit are absent). For dashboards."""
-        ...
-
-    async def deployment_health(self, group: str, ids: Sequence[str]) -> dict[str, float]:
-        """Seconds until each deployment may take a request: 0 when healthy or a probe
-        may go, the rest of its cooldown, or the deadline of the probe that is out."""
+    ) -> dict[str, DeploymentState]:
+        """Each deployment's windows and health now, by id."""
         ...
 
     async def aclose(self) -> None: ...
@@ -282,7 +358,8 @@ class ManagedLimiter(Limiter, Protocol):
 
     def on_storage_error(self, callback: Callable[[str], None]) -> None:
         """Call ``callback(operation)`` each time the shared storage fails an operation
-        (the method name, e.g. ``"reserve_deployment"``; for metrics)."""
+        (``"acquire_key"``, ``"reserve"``, ``"settle"``, ``"snapshot"``, ``"heartbeat"``;
+        for metrics)."""
         ...
 
     async def start(self) -> None:

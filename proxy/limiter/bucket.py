@@ -16,7 +16,7 @@ its exact turn (no polling). Otherwise nothing is charged and ``retry_after`` sa
 same request (same cost, same ``max_wait``) would be admitted.
 
 A deployment's bucket may refill slower than configured: ``factor`` (the effective rate
-learned from upstream 429s, see ``proxy.routing.health``) divides its interval. The state
+learned from upstream 429s, see ``proxy.limiter.health``) divides its interval. The state
 stays a debt in units, so a rate change is well defined: the debt at ``now`` is what is
 left after draining since ``at`` at the *current* effective rate.
 
@@ -197,50 +197,17 @@ def lower(
     return None
 
 
+def remaining_now(state: BucketState, rate: Rate, now: float, factor: float = 1.0) -> float:
+    """Units that could be taken at once right now (0 while turns are reserved ahead)."""
+    return max(0.0, rate.capacity - debt_at(state, rate.interval / factor, now))
+
+
 def usage(state: BucketState, rate: Rate, now: float) -> Usage:
-    """The bucket as x-ratelimit-* headers describe it. ``remaining`` is what could be
-    taken at once right now (0 while turns are reserved ahead); ``reset`` is the seconds
-    until the bucket is full again."""
+    """The bucket as x-ratelimit-* headers describe it: ``remaining`` now, and ``reset``,
+    the seconds until the bucket is full again."""
     debt = debt_at(state, rate.interval, now)
     return Usage(
         limit=rate.limit,
-        remaining=max(0.0, rate.capacity - debt),
+        remaining=remaining_now(state, rate, now),
         reset=debt * rate.interval,
     )
-
-
-@dataclass(frozen=True, slots=True)
-class Choice:
-    """The outcome of offering a request to several alternative sets of buckets."""
-
-    index: int  # the chosen candidate, -1 when none was charged
-    states: list[BucketState]  # the chosen candidate's new states (empty when none)
-    decision: Decision
-    waits: list[float]  # per candidate: seconds until its turn (>= 0; inf: too large)
-
-
-def take_soonest(candidates: Sequence[Sequence[Bucket]], now: float, max_wait: float) -> Choice:
-    """Charge the candidate whose turn comes soonest; the first among equals.
-
-    The backends choose deployments with ``selection.select``: this same rule, plus
-    health (cooldowns, probes, learned rates) and least-busy.
-
-    Waits are clamped at 0, so every candidate that can go now ties and list order
-    decides among them (routing's preference), and any of them beats one that must wait.
-    When none fits within ``max_wait`` nothing is charged; ``retry_after`` is when the
-    soonest candidate would admit it. TOO_LARGE only when no candidate could ever take it.
-    """
-    if not candidates:
-        raise ValueError("take_soonest needs at least one candidate")
-    plans = [plan(buckets, now) for buckets in candidates]
-    waits = [float("inf") if p.too_large >= 0 else p.wait for p in plans]
-    best = -1
-    for i, w in enumerate(waits):
-        if w != float("inf") and (best < 0 or w < waits[best]):
-            best = i
-    if best < 0:
-        return Choice(-1, [], Decision(Outcome.TOO_LARGE, binding=plans[0].too_large), waits)
-    decision = decide(plans[best], max_wait)
-    if not decision.allowed:
-        return Choice(-1, [], decision, waits)
-    return Choice(best, charge(candidates[best], plans[best], now), decision, waits)

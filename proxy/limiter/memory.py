@@ -14,34 +14,44 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
-from proxy.limiter import bucket
+from proxy.limiter import bucket, health
 from proxy.limiter.base import (
-    CooldownRule,
+    NO_CHANGE,
     DeploymentLimits,
+    DeploymentState,
     DeploymentVerdict,
+    GroupAsk,
     HealthChange,
-    KeyLimits,
+    KeyAsk,
+    KeySettlement,
     KeyVerdict,
     LimiterMode,
-    Outcome,
     Rate,
+    Settlement,
+    Window,
 )
-from proxy.limiter.bucket import FULL, Bucket, BucketState, adjust, debt_at, take_all, usage
+from proxy.limiter.bucket import (
+    FULL,
+    Bucket,
+    BucketState,
+    adjust,
+    debt_at,
+    remaining_now,
+    take_all,
+)
+from proxy.limiter.health import HEALTHY, MIN_FACTOR, Health
 from proxy.limiter.selection import Candidate, select
 from proxy.limiter.verdicts import (
     LEASE_TTL,
     Spend,
-    correction_spends,
-    deployment_spends,
+    corrections,
     deployment_verdict,
+    floors,
     in_flight_deadline,
-    key_spends,
     key_verdict,
     probe_timeout,
-    sync_floors,
+    spends,
 )
-from proxy.routing import health
-from proxy.routing.health import HEALTHY, MIN_FACTOR, Health
 
 Clock = Callable[[], float]
 BucketId = tuple[str, ...]
@@ -121,73 +131,19 @@ class MemoryLimiter:
 
     # -- Limiter ---------------------------------------------------------------------
 
-    async def acquire_key(self, limits: KeyLimits, lease_id: str, tokens: float) -> KeyVerdict:
-        return self.acquire_key_now(limits, lease_id, tokens)
+    async def acquire_key(self, ask: KeyAsk) -> KeyVerdict:
+        return self.acquire_key_now(ask)
 
-    async def release_key(self, limits: KeyLimits, lease_id: str, token_correction: float) -> None:
-        self.release_key_now(limits, lease_id, token_correction)
+    async def reserve(self, ask: GroupAsk) -> DeploymentVerdict:
+        return self.reserve_now(ask)
 
-    async def reserve_deployment(
-        self,
-        group: str,
-        candidates: Sequence[DeploymentLimits],
-        tokens: float,
-        max_wait: float,
-        *,
-        lease_id: str = "",
-        least_busy: bool = False,
-    ) -> DeploymentVerdict:
-        return self.reserve_deployment_now(
-            group, candidates, tokens, max_wait, lease_id=lease_id, least_busy=least_busy
-        )
+    async def settle(self, settlement: Settlement) -> HealthChange:
+        return self.settle_now(settlement)
 
-    async def correct_deployment(
-        self, group: str, deployment: DeploymentLimits, requests: float, tokens: float
-    ) -> None:
-        self.correct_deployment_now(group, deployment, requests, tokens)
-
-    async def settle_deployment(
-        self,
-        group: str,
-        deployment: DeploymentLimits,
-        *,
-        lease_id: str,
-        outcome: Outcome,
-        rule: CooldownRule,
-        requests: float = 0.0,
-        tokens: float = 0.0,
-    ) -> HealthChange:
-        return self.settle_deployment_now(
-            group,
-            deployment,
-            lease_id=lease_id,
-            outcome=outcome,
-            rule=rule,
-            requests=requests,
-            tokens=tokens,
-        )
-
-    async def sync_budget(
-        self,
-        group: str,
-        deployment: DeploymentLimits,
-        *,
-        remaining_requests: float | None,
-        reset_requests: float | None,
-        remaining_tokens: float | None,
-        reset_tokens: float | None,
-    ) -> None:
-        self.sync_budget_now(
-            group,
-            deployment,
-            remaining_requests=remaining_requests,
-            reset_requests=reset_requests,
-            remaining_tokens=remaining_tokens,
-            reset_tokens=reset_tokens,
-        )
-
-    async def deployment_health(self, group: str, ids: Sequence[str]) -> dict[str, float]:
-        return self.deployment_health_now(group, ids)
+    async def snapshot(
+        self, group: str, deployments: Sequence[DeploymentLimits]
+    ) -> dict[str, DeploymentState]:
+        return self.snapshot_now(group, deployments)
 
     async def aclose(self) -> None:
         self._buckets.clear()
@@ -222,142 +178,97 @@ class MemoryLimiter:
 
     # -- synchronous core (no await between reading and writing state) ----------------
 
-    def acquire_key_now(self, limits: KeyLimits, lease_id: str, tokens: float) -> KeyVerdict:
+    def acquire_key_now(self, ask: KeyAsk) -> KeyVerdict:
         now = self._now()
-        spends = key_spends(limits, tokens)
-        ids = [_key_bucket(limits.name, s.kind) for s in spends]
-        buckets = self._buckets_for(ids, spends)
+        limits = ask.limits
+        spent = spends(limits.windows, 1.0, ask.tokens)
+        ids = [_key_bucket(limits.name, s.window) for s in spent]
+        buckets = self._buckets_for(ids, spent)
         states, decision = take_all(buckets, now, 0.0)
         parallel_full = False
         if decision.allowed and limits.max_parallel is not None:
             parallel_full = not self._leases.acquire(
-                limits.name, lease_id, limits.max_parallel, now
+                limits.name, ask.lease, limits.max_parallel, now
             )
         if decision.allowed and not parallel_full:
-            self._store(ids, states, spends)
+            self._store(ids, states, spent)
         else:
             states = [b.state for b in buckets]
-        return key_verdict(spends, decision, parallel_full, states, now)
+        return key_verdict(spent, decision, parallel_full, states, now)
 
-    def release_key_now(self, limits: KeyLimits, lease_id: str, token_correction: float) -> None:
+    def reserve_now(self, ask: GroupAsk) -> DeploymentVerdict:
         now = self._now()
-        self._leases.release(limits.name, lease_id)
-        if limits.tpm is not None and token_correction != 0:
-            self._adjust(_key_bucket(limits.name, "tpm"), limits.tpm, token_correction, now)
-
-    def reserve_deployment_now(
-        self,
-        group: str,
-        candidates: Sequence[DeploymentLimits],
-        tokens: float,
-        max_wait: float,
-        *,
-        lease_id: str = "",
-        least_busy: bool = False,
-    ) -> DeploymentVerdict:
-        now = self._now()
-        spends = [deployment_spends(c, tokens) for c in candidates]
+        group, candidates = ask.group, ask.candidates
+        spent = [spends(c.windows, 1.0, ask.tokens) for c in candidates]
         ids = [
-            [_deployment_bucket(group, c.id, s.kind) for s in ss]
-            for c, ss in zip(candidates, spends, strict=True)
+            [_deployment_bucket(group, c.id, s.window) for s in ss]
+            for c, ss in zip(candidates, spent, strict=True)
         ]
         healths = [self._health_of(group, c.id, now) for c in candidates]
         offered = [
             Candidate(
                 self._buckets_for(i, ss, health.rate_factor(h, now)),
                 h,
-                self._in_flight.live(_deployment(group, c.id), now) if least_busy else 0,
+                self._in_flight.live(_deployment(group, c.id), now) if ask.least_busy else 0,
             )
-            for c, i, ss, h in zip(candidates, ids, spends, healths, strict=True)
+            for c, i, ss, h in zip(candidates, ids, spent, healths, strict=True)
         ]
-        selection = select(offered, now, max_wait, least_busy)
+        selection = select(offered, now, ask.max_wait, ask.least_busy)
         if selection.index >= 0:
             chosen = candidates[selection.index]
             wait = selection.decision.wait
-            self._store(ids[selection.index], selection.states, spends[selection.index])
+            self._store(ids[selection.index], selection.states, spent[selection.index])
             if selection.probe:
                 probe = health.start_probe(
-                    healths[selection.index], now, probe_timeout(chosen, wait), lease_id
+                    healths[selection.index], now, probe_timeout(chosen, wait), ask.lease
                 )
                 self._store_health(group, chosen.id, probe, 0.0)
-            if lease_id and least_busy:  # only least-busy counts requests in flight
+            if ask.lease and ask.least_busy:  # only least-busy counts requests in flight
                 deadline = in_flight_deadline(chosen, wait, now)
-                self._in_flight.put(_deployment(group, chosen.id), lease_id, deadline)
+                self._in_flight.put(_deployment(group, chosen.id), ask.lease, deadline)
         return deployment_verdict(candidates, selection)
 
-    def correct_deployment_now(
-        self, group: str, deployment: DeploymentLimits, requests: float, tokens: float
-    ) -> None:
+    def settle_now(self, settlement: Settlement) -> HealthChange:
         now = self._now()
-        factor = health.rate_factor(self._health_of(group, deployment.id, now), now)
-        self._correct(group, deployment, requests, tokens, factor, now)
-
-    def settle_deployment_now(
-        self,
-        group: str,
-        deployment: DeploymentLimits,
-        *,
-        lease_id: str,
-        outcome: Outcome,
-        rule: CooldownRule,
-        requests: float = 0.0,
-        tokens: float = 0.0,
-    ) -> HealthChange:
-        now = self._now()
-        if lease_id:
-            self._in_flight.release(_deployment(group, deployment.id), lease_id)
-        h = self._health_of(group, deployment.id, now)
-        self._correct(group, deployment, requests, tokens, health.rate_factor(h, now), now)
-        settled, change = health.settle(h, outcome, rule, now, lease_id)
+        if isinstance(settlement, KeySettlement):
+            self._settle_key(settlement, now)
+            return NO_CHANGE
+        s = settlement
+        deployment = s.deployment
+        if s.lease:
+            self._in_flight.release(_deployment(s.group, deployment.id), s.lease)
+        h = self._health_of(s.group, deployment.id, now)
+        factor = health.rate_factor(h, now)
+        for spend in corrections(deployment.windows, s.requests, s.tokens):
+            bucket_id = _deployment_bucket(s.group, deployment.id, spend.window)
+            self._adjust(bucket_id, spend.rate, spend.amount, now, factor)
+        for f in floors(deployment, s.remaining):
+            bucket_id = _deployment_bucket(s.group, deployment.id, f.window)
+            rate = f.window.rate
+            lowered = bucket.lower(self._state(bucket_id), rate, f.available, now, factor, f.wait)
+            if lowered is not None:
+                self._buckets[bucket_id] = (lowered, _slowest(bucket_id, rate))
+        settled, change = health.settle(h, s.outcome, s.rule, now, s.lease)
         if settled is not h:
-            self._store_health(group, deployment.id, settled, rule.window)
+            self._store_health(s.group, deployment.id, settled, s.rule.window)
         return change
 
-    def sync_budget_now(
-        self,
-        group: str,
-        deployment: DeploymentLimits,
-        *,
-        remaining_requests: float | None,
-        reset_requests: float | None,
-        remaining_tokens: float | None,
-        reset_tokens: float | None,
-    ) -> None:
-        floors = sync_floors(deployment, remaining_requests, reset_requests, remaining_tokens)
-        if not floors:
-            return
-        now = self._now()
-        factor = health.rate_factor(self._health_of(group, deployment.id, now), now)
-        for f in floors:
-            bucket_id = _deployment_bucket(group, deployment.id, f.kind)
-            lowered = bucket.lower(self._state(bucket_id), f.rate, f.available, now, factor, f.wait)
-            if lowered is not None:
-                self._buckets[bucket_id] = (lowered, _slowest(bucket_id, f.rate))
-
-    async def deployment_budget(
+    def snapshot_now(
         self, group: str, deployments: Sequence[DeploymentLimits]
-    ) -> dict[str, dict[str, float]]:
-        return self.deployment_budget_now(group, deployments)
-
-    def deployment_budget_now(
-        self, group: str, deployments: Sequence[DeploymentLimits]
-    ) -> dict[str, dict[str, float]]:
+    ) -> dict[str, DeploymentState]:
         now = self._now()
-        budget: dict[str, dict[str, float]] = {}
+        states = {}
         for d in deployments:
-            rates = {"requests": d.rpm, "tokens": d.tpm}
-            budget[d.id] = {
-                kind: usage(
-                    self._state(_deployment_bucket(group, d.id, bucket)), rate, now
-                ).remaining
-                for (kind, rate), bucket in zip(rates.items(), ("rpm", "tpm"), strict=True)
-                if rate is not None
+            h = self._health_of(group, d.id, now)
+            factor = health.rate_factor(h, now)
+            remaining = {
+                w.name: remaining_now(
+                    self._state(_deployment_bucket(group, d.id, w)), w.rate, now, factor
+                )
+                for w in d.windows
             }
-        return budget
-
-    def deployment_health_now(self, group: str, ids: Sequence[str]) -> dict[str, float]:
-        now = self._now()
-        return {i: health.unusable_for(self._health_of(group, i, now), now) for i in ids}
+            states[d.id] = DeploymentState(health.unusable_for(h, now), remaining)
+        return states
 
     def holds_in_flight(self, group: str, deployment_id: str, lease_id: str) -> bool:
         """Whether ``lease_id`` is in flight here (the fallback policy routes settlements)."""
@@ -382,6 +293,11 @@ class MemoryLimiter:
 
     # -- state -----------------------------------------------------------------------
 
+    def _settle_key(self, s: KeySettlement, now: float) -> None:
+        self._leases.release(s.limits.name, s.lease)
+        for spend in corrections(s.limits.windows, 0.0, s.tokens):
+            self._adjust(_key_bucket(s.limits.name, spend.window), spend.rate, spend.amount, now)
+
     def _now(self) -> float:
         now = self._clock()
         if now - self._last_sweep >= self._sweep_every:
@@ -402,11 +318,11 @@ class MemoryLimiter:
         self._last_sweep = now
 
     def _buckets_for(
-        self, ids: Sequence[BucketId], spends: Sequence[Spend], factor: float = 1.0
+        self, ids: Sequence[BucketId], spent: Sequence[Spend], factor: float = 1.0
     ) -> list[Bucket]:
         return [
             Bucket(self._state(i), s.rate, s.amount, factor)
-            for i, s in zip(ids, spends, strict=True)
+            for i, s in zip(ids, spent, strict=True)
         ]
 
     def _state(self, bucket_id: BucketId) -> BucketState:
@@ -414,9 +330,9 @@ class MemoryLimiter:
         return FULL if entry is None else entry[0]
 
     def _store(
-        self, ids: Sequence[BucketId], states: Sequence[BucketState], spends: Sequence[Spend]
+        self, ids: Sequence[BucketId], states: Sequence[BucketState], spent: Sequence[Spend]
     ) -> None:
-        for i, state, s in zip(ids, states, spends, strict=True):
+        for i, state, s in zip(ids, states, spent, strict=True):
             self._buckets[i] = (state, _slowest(i, s.rate))
 
     def _adjust(
@@ -424,19 +340,6 @@ class MemoryLimiter:
     ) -> None:
         state = adjust(self._state(bucket_id), rate, units, now, factor)
         self._buckets[bucket_id] = (state, _slowest(bucket_id, rate))
-
-    def _correct(
-        self,
-        group: str,
-        deployment: DeploymentLimits,
-        requests: float,
-        tokens: float,
-        factor: float,
-        now: float,
-    ) -> None:
-        for s in correction_spends(deployment, requests, tokens):
-            bucket_id = _deployment_bucket(group, deployment.id, s.kind)
-            self._adjust(bucket_id, s.rate, s.amount, now, factor)
 
     def _health_of(self, group: str, deployment_id: str, now: float) -> Health:
         entry = self._health.get((group, deployment_id))
@@ -456,12 +359,12 @@ class MemoryLimiter:
             self._health[(group, deployment_id)] = (h, expires)
 
 
-def _key_bucket(name: str, kind: str) -> BucketId:
-    return ("key", name, kind)
+def _key_bucket(name: str, window: Window) -> BucketId:
+    return ("key", name, window.name)
 
 
-def _deployment_bucket(group: str, deployment_id: str, kind: str) -> BucketId:
-    return ("deployment", group, deployment_id, kind)
+def _deployment_bucket(group: str, deployment_id: str, window: Window) -> BucketId:
+    return ("deployment", group, deployment_id, window.name)
 
 
 def _deployment(group: str, deployment_id: str) -> str:

@@ -21,12 +21,11 @@ Deployment health and in-flight counts follow the budgets: shared while Redis an
 this replica's own in the fallback (a cooldown decided locally is not shared, and is not
 carried over when Redis is back).
 
-Settlements (``release_key``, ``correct_deployment``, ``settle_deployment``) and
-``sync_budget`` / ``deployment_health`` never raise for storage trouble: they log and give
-up (neutral results: no health change, every deployment usable), since a lease that
+Settlements and snapshots never raise for storage trouble: with ``on_error="reject"`` they
+give up (neutral results: no health change, every deployment usable), since a lease that
 cannot be released expires on its own and a lost correction only errs on one request's
-estimate. They go where the request went when that is known (leases held locally),
-otherwise where requests currently go.
+estimate. A settlement goes where its request's budget was taken when that was here (a
+slot or in-flight lease held locally), otherwise where requests currently go.
 """
 
 from __future__ import annotations
@@ -42,17 +41,22 @@ from typing import Literal, TypeVar
 
 from proxy.limiter.base import (
     NO_CHANGE,
-    CooldownRule,
     DeploymentLimits,
+    DeploymentState,
     DeploymentVerdict,
+    GroupAsk,
     HealthChange,
+    KeyAsk,
     KeyLimits,
+    KeySettlement,
     KeyVerdict,
     LimiterMode,
     LimiterUnavailable,
-    Outcome,
     Rate,
+    Remaining,
+    Settlement,
     StorageError,
+    Window,
 )
 from proxy.limiter.memory import MemoryLimiter
 from proxy.limiter.redis import RedisLimiter
@@ -141,25 +145,24 @@ def share(rate: Rate, replicas: int, cost: float) -> Rate:
     return Rate(rate.limit / replicas, rate.period, capacity)
 
 
+def share_windows(windows: Sequence[Window], replicas: int, tokens: float) -> tuple[Window, ...]:
+    """Every window's share (a request costs 1 in requests windows, ``tokens`` in others)."""
+    return tuple(replace(w, rate=share(w.rate, replicas, w.cost(1.0, tokens))) for w in windows)
+
+
 def share_key(limits: KeyLimits, replicas: int, tokens: float) -> KeyLimits:
+    parallel = limits.max_parallel
     return replace(
         limits,
-        rpm=None if limits.rpm is None else share(limits.rpm, replicas, 1.0),
-        tpm=None if limits.tpm is None else share(limits.tpm, replicas, tokens),
-        max_parallel=(
-            None if limits.max_parallel is None else max(1, limits.max_parallel // replicas)
-        ),
+        windows=share_windows(limits.windows, replicas, tokens),
+        max_parallel=None if parallel is None else max(1, parallel // replicas),
     )
 
 
 def share_deployment(
     deployment: DeploymentLimits, replicas: int, tokens: float
 ) -> DeploymentLimits:
-    return replace(
-        deployment,
-        rpm=None if deployment.rpm is None else share(deployment.rpm, replicas, 1.0),
-        tpm=None if deployment.tpm is None else share(deployment.tpm, replicas, tokens),
-    )
+    return replace(deployment, windows=share_windows(deployment.windows, replicas, tokens))
 
 
 class _Skipped:
@@ -170,7 +173,12 @@ SKIPPED = _Skipped()
 
 
 class ResilientLimiter:
-    """The shared (Redis) limiter behind a circuit breaker, with a local fallback."""
+    """The shared (Redis) limiter behind a circuit breaker, with a local fallback.
+
+    Every operation goes through :meth:`_route`: the shared limiter when the breaker lets
+    the call through and it answers, else the local share (``on_error="local"``) or
+    ``LimiterUnavailable`` for decisions / a neutral answer for bookkeeping (``reject``).
+    """
 
     def __init__(
         self,
@@ -272,169 +280,55 @@ class ResilientLimiter:
 
     # -- Limiter ---------------------------------------------------------------------
 
-    async def acquire_key(self, limits: KeyLimits, lease_id: str, tokens: float) -> KeyVerdict:
-        verdict = await self._via_shared(
-            "acquire_key", lambda: self._shared.acquire_key(limits, lease_id, tokens)
-        )
-        if not isinstance(verdict, _Skipped):
-            return verdict
-        self._require_fallback()
-        local_limits = share_key(limits, self._replicas, tokens)
-        return self._local.acquire_key_now(local_limits, lease_id, tokens)
+    async def acquire_key(self, ask: KeyAsk) -> KeyVerdict:
+        def local() -> KeyVerdict:
+            self._require_fallback()
+            limits = share_key(ask.limits, self._replicas, ask.tokens)
+            return self._local.acquire_key_now(replace(ask, limits=limits))
 
-    async def release_key(self, limits: KeyLimits, lease_id: str, token_correction: float) -> None:
-        if (
-            self._local.holds_lease(limits.name, lease_id)
-            or self._breaker.state is not CircuitState.CLOSED
-        ):
-            self._release_locally(limits, lease_id, token_correction)
-            return
-        done = await self._via_shared(
-            "release_key", lambda: self._shared.release_key(limits, lease_id, token_correction)
-        )
-        if isinstance(done, _Skipped):
-            self._release_locally(limits, lease_id, token_correction)
+        return await self._route("acquire_key", lambda: self._shared.acquire_key(ask), local)
 
-    async def reserve_deployment(
-        self,
-        group: str,
-        candidates: Sequence[DeploymentLimits],
-        tokens: float,
-        max_wait: float,
-        *,
-        lease_id: str = "",
-        least_busy: bool = False,
-    ) -> DeploymentVerdict:
-        verdict = await self._via_shared(
-            "reserve_deployment",
-            lambda: self._shared.reserve_deployment(
-                group, candidates, tokens, max_wait, lease_id=lease_id, least_busy=least_busy
-            ),
-        )
-        if not isinstance(verdict, _Skipped):
-            return verdict
-        self._require_fallback()
-        local = [share_deployment(c, self._replicas, tokens) for c in candidates]
-        return self._local.reserve_deployment_now(
-            group, local, tokens, max_wait, lease_id=lease_id, least_busy=least_busy
-        )
-
-    async def correct_deployment(
-        self, group: str, deployment: DeploymentLimits, requests: float, tokens: float
-    ) -> None:
-        if self._breaker.state is CircuitState.CLOSED:
-            done = await self._via_shared(
-                "correct_deployment",
-                lambda: self._shared.correct_deployment(group, deployment, requests, tokens),
-            )
-            if not isinstance(done, _Skipped):
-                return
-        if self._on_error == "local":
-            local = share_deployment(deployment, self._replicas, 0.0)
-            self._local.correct_deployment_now(group, local, requests, tokens)
-
-    async def settle_deployment(
-        self,
-        group: str,
-        deployment: DeploymentLimits,
-        *,
-        lease_id: str,
-        outcome: Outcome,
-        rule: CooldownRule,
-        requests: float = 0.0,
-        tokens: float = 0.0,
-    ) -> HealthChange:
-        def locally() -> HealthChange:
-            if self._on_error != "local":
-                log.warning("limiter storage unavailable: settlement of %s dropped", deployment.id)
-                return NO_CHANGE
-            local = share_deployment(deployment, self._replicas, 0.0)
-            return self._local.settle_deployment_now(
-                group,
-                local,
-                lease_id=lease_id,
-                outcome=outcome,
-                rule=rule,
-                requests=requests,
-                tokens=tokens,
-            )
-
-        if (
-            self._local.holds_in_flight(group, deployment.id, lease_id)
-            or self._breaker.state is not CircuitState.CLOSED
-        ):
-            return locally()
-        change = await self._via_shared(
-            "settle_deployment",
-            lambda: self._shared.settle_deployment(
-                group,
-                deployment,
-                lease_id=lease_id,
-                outcome=outcome,
-                rule=rule,
-                requests=requests,
-                tokens=tokens,
-            ),
-        )
-        return locally() if isinstance(change, _Skipped) else change
-
-    async def sync_budget(
-        self,
-        group: str,
-        deployment: DeploymentLimits,
-        *,
-        remaining_requests: float | None,
-        reset_requests: float | None,
-        remaining_tokens: float | None,
-        reset_tokens: float | None,
-    ) -> None:
-        if self._breaker.state is CircuitState.CLOSED:
-            done = await self._via_shared(
-                "sync_budget",
-                lambda: self._shared.sync_budget(
-                    group,
-                    deployment,
-                    remaining_requests=remaining_requests,
-                    reset_requests=reset_requests,
-                    remaining_tokens=remaining_tokens,
-                    reset_tokens=reset_tokens,
-                ),
-            )
-            if not isinstance(done, _Skipped):
-                return
-        if self._on_error == "local":
-            # This replica's share of what the upstream has left.
+    async def reserve(self, ask: GroupAsk) -> DeploymentVerdict:
+        def local() -> DeploymentVerdict:
+            self._require_fallback()
             n = self._replicas
-            self._local.sync_budget_now(
-                group,
-                share_deployment(deployment, n, 0.0),
-                remaining_requests=None if remaining_requests is None else remaining_requests / n,
-                reset_requests=reset_requests,
-                remaining_tokens=None if remaining_tokens is None else remaining_tokens / n,
-                reset_tokens=reset_tokens,
-            )
+            candidates = [share_deployment(c, n, ask.tokens) for c in ask.candidates]
+            return self._local.reserve_now(replace(ask, candidates=candidates))
 
-    async def deployment_budget(
+        return await self._route("reserve", lambda: self._shared.reserve(ask), local)
+
+    async def settle(self, settlement: Settlement) -> HealthChange:
+        def local() -> HealthChange:
+            if self._on_error != "local":
+                log.warning("limiter storage unavailable: a settlement was dropped")
+                return NO_CHANGE
+            return self._local.settle_now(self._local_share(settlement))
+
+        if self._held_locally(settlement):
+            return local()  # the request's budget was taken here: give it back here
+        return await self._route("settle", lambda: self._shared.settle(settlement), local)
+
+    async def snapshot(
         self, group: str, deployments: Sequence[DeploymentLimits]
-    ) -> dict[str, dict[str, float]]:
-        budget = await self._via_shared(
-            "deployment_budget", lambda: self._shared.deployment_budget(group, deployments)
-        )
-        if not isinstance(budget, _Skipped):
-            return budget
-        return self._local.deployment_budget_now(group, deployments)
+    ) -> dict[str, DeploymentState]:
+        def local() -> dict[str, DeploymentState]:
+            if self._on_error == "local":
+                return self._local.snapshot_now(group, deployments)
+            return {d.id: DeploymentState(0.0, {}) for d in deployments}
 
-    async def deployment_health(self, group: str, ids: Sequence[str]) -> dict[str, float]:
-        health = await self._via_shared(
-            "deployment_health", lambda: self._shared.deployment_health(group, ids)
+        return await self._route(
+            "snapshot", lambda: self._shared.snapshot(group, deployments), local
         )
-        if not isinstance(health, _Skipped):
-            return health
-        if self._on_error == "local":
-            return self._local.deployment_health_now(group, ids)
-        return dict.fromkeys(ids, 0.0)
 
     # -- plumbing --------------------------------------------------------------------
+
+    async def _route(
+        self, operation: str, shared: Callable[[], Awaitable[T]], local: Callable[[], T]
+    ) -> T:
+        """The shared answer when the circuit lets the call through and it succeeds,
+        else ``local()``: the one place every operation checks the breaker."""
+        result = await self._via_shared(operation, shared)
+        return local() if isinstance(result, _Skipped) else result
 
     async def _via_shared(self, operation: str, call: Callable[[], Awaitable[T]]) -> T | _Skipped:
         """``call()``'s result, or SKIPPED when the circuit is open or the call fails
@@ -464,10 +358,25 @@ class ResilientLimiter:
         if self._on_error == "reject":
             raise LimiterUnavailable("rate-limit storage unavailable")
 
-    def _release_locally(self, limits: KeyLimits, lease_id: str, token_correction: float) -> None:
-        if self._on_error == "local":
-            local = share_key(limits, self._replicas, 0.0)
-            self._local.release_key_now(local, lease_id, token_correction)
+    def _held_locally(self, s: Settlement) -> bool:
+        """Whether the settled request's slot or in-flight lease was taken here."""
+        if isinstance(s, KeySettlement):
+            return self._local.holds_lease(s.limits.name, s.lease)
+        return self._local.holds_in_flight(s.group, s.deployment.id, s.lease)
+
+    def _local_share(self, s: Settlement) -> Settlement:
+        """The settlement against this replica's share of the budgets."""
+        n = self._replicas
+        if isinstance(s, KeySettlement):
+            return replace(s, limits=share_key(s.limits, n, 0.0))
+        remaining = s.remaining
+        if remaining is not None and n > 1:  # this replica's share of what is left
+            remaining = Remaining(
+                None if remaining.requests is None else remaining.requests / n,
+                remaining.requests_wait,
+                None if remaining.tokens is None else remaining.tokens / n,
+            )
+        return replace(s, deployment=share_deployment(s.deployment, n, 0.0), remaining=remaining)
 
     def _circuit_changed(self, state: CircuitState) -> None:
         mode = self.mode
@@ -506,4 +415,5 @@ __all__ = [
     "share",
     "share_deployment",
     "share_key",
+    "share_windows",
 ]

@@ -2,7 +2,7 @@
 
 Each operation is one script. The bucket scripts are prefixed with ``bucket.lua``, the
 shared math; the deployment scripts also with the health constants (taken from
-``proxy.routing.health`` and ``verdicts``, so Lua and Python cannot disagree on them) and
+``proxy.limiter.health`` and ``verdicts``, so Lua and Python cannot disagree on them) and
 ``health.lua``. Every script is thus self-contained for EVALSHA. No redis import here:
 tests run the same sources through any client.
 
@@ -18,20 +18,13 @@ import hashlib
 from functools import cache
 from importlib import resources
 
+from proxy.limiter import health
 from proxy.limiter.verdicts import IN_FLIGHT_MARGIN
-from proxy.routing import health
 
 LIBRARY = "bucket"
 HEALTH_LIBRARY = "health"
-KEY_SCRIPTS = ("acquire_key", "release_key")
-DEPLOYMENT_SCRIPTS = (
-    "reserve_deployment",
-    "correct_deployment",
-    "settle_deployment",
-    "sync_budget",
-    "deployment_health",
-    "deployment_budget",
-)
+KEY_SCRIPTS = ("acquire_key", "settle_key")
+DEPLOYMENT_SCRIPTS = ("reserve_deployment", "settle_deployment", "snapshot")
 BUCKET_SCRIPTS = KEY_SCRIPTS + DEPLOYMENT_SCRIPTS
 PLAIN_SCRIPTS = ("heartbeat",)
 

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.limiter.bucket import Bucket, BucketState, Decision, Outcome, charge, decide, plan
-from proxy.routing.health import HEALTHY, Health, unusable_for
+from proxy.limiter.health import HEALTHY, Health, unusable_for
 
 __all__ = ["Candidate", "Selection", "select"]
 

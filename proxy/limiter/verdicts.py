@@ -1,6 +1,6 @@
 """Pure glue between the limits in base.py and the bucket core, shared by every backend.
 
-Which buckets a request touches and what it costs in each, and how a core decision
+Which windows a request touches and what it costs in each, and how a core decision
 becomes a KeyVerdict or a DeploymentVerdict. Both backends call these functions, so
 their verdicts agree by construction; only where the bucket states live differs.
 """
@@ -10,7 +10,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from proxy.limiter.base import DeploymentLimits, DeploymentVerdict, KeyLimits, KeyVerdict, Rate
+from proxy.limiter.base import (
+    MINUTE,
+    DeploymentLimits,
+    DeploymentVerdict,
+    KeyVerdict,
+    Rate,
+    Remaining,
+    Window,
+)
 from proxy.limiter.bucket import BucketState, Decision, Outcome, usage
 from proxy.limiter.selection import Selection
 
@@ -32,81 +40,74 @@ running after that silently stops counting against max_parallel)."""
 
 @dataclass(frozen=True, slots=True)
 class Spend:
-    """One bucket a request touches: ``kind`` is ``"rpm"`` or ``"tpm"``."""
+    """One window a request (or a correction) touches, and what it adds there."""
 
-    kind: str
-    rate: Rate
+    window: Window
     amount: float
 
-
-def key_spends(limits: KeyLimits, tokens: float) -> list[Spend]:
-    return _spends(limits.rpm, limits.tpm, 1.0, tokens)
-
-
-def deployment_spends(deployment: DeploymentLimits, tokens: float) -> list[Spend]:
-    return _spends(deployment.rpm, deployment.tpm, 1.0, tokens)
+    @property
+    def rate(self) -> Rate:
+        return self.window.rate
 
 
-def correction_spends(deployment: DeploymentLimits, requests: float, tokens: float) -> list[Spend]:
-    """Only the buckets with something to correct: no round trip for zero corrections."""
-    return [s for s in _spends(deployment.rpm, deployment.tpm, requests, tokens) if s.amount != 0]
+def spends(windows: Sequence[Window], requests: float, tokens: float) -> list[Spend]:
+    """Every window with its cost: requests windows ``requests``, token windows ``tokens``."""
+    return [Spend(w, w.cost(requests, tokens)) for w in windows]
+
+
+def corrections(windows: Sequence[Window], requests: float, tokens: float) -> list[Spend]:
+    """Only the windows with something to correct: no round trip for zero corrections."""
+    return [s for s in spends(windows, requests, tokens) if s.amount != 0]
 
 
 @dataclass(frozen=True, slots=True)
 class Floor:
-    """A bucket ``sync_budget`` lowers: at most ``available`` units at once, and with
+    """A window a settlement lowers: at most ``available`` units at once, and with
     ``wait``, one unit no sooner than ``wait`` seconds from now (``bucket.lower``)."""
 
-    kind: str
-    rate: Rate
+    window: Window
     available: float
     wait: float | None = None
 
 
-def sync_floors(
-    deployment: DeploymentLimits,
-    remaining_requests: float | None,
-    reset_requests: float | None,
-    remaining_tokens: float | None,
-) -> list[Floor]:
-    """What the upstream's remaining budget says, for the buckets the deployment has.
-    None is unknown; no requests left with a known reset: none before the reset."""
-    floors = []
-    if deployment.rpm is not None and remaining_requests is not None:
-        wait = reset_requests if remaining_requests <= 0 else None
-        floors.append(Floor("rpm", deployment.rpm, remaining_requests, wait))
-    if deployment.tpm is not None and remaining_tokens is not None:
-        floors.append(Floor("tpm", deployment.tpm, remaining_tokens))
-    return floors
-
-
-def _spends(rpm: Rate | None, tpm: Rate | None, requests: float, tokens: float) -> list[Spend]:
-    spends = []
-    if rpm is not None:
-        spends.append(Spend("rpm", rpm, requests))
-    if tpm is not None:
-        spends.append(Spend("tpm", tpm, tokens))
-    return spends
+def floors(deployment: DeploymentLimits, remaining: Remaining | None) -> list[Floor]:
+    """What the upstream's remaining budget says, for the deployment's per-minute windows
+    (upstreams announce per-minute limits; a longer window of ours is not theirs)."""
+    if remaining is None:
+        return []
+    out = []
+    for w in deployment.windows:
+        if w.rate.period != MINUTE:
+            continue
+        if w.kind == "requests" and remaining.requests is not None:
+            wait = remaining.requests_wait if remaining.requests <= 0 else None
+            out.append(Floor(w, remaining.requests, wait))
+        elif w.kind == "tokens" and remaining.tokens is not None:
+            out.append(Floor(w, remaining.tokens))
+    return out
 
 
 def key_verdict(
-    spends: Sequence[Spend],
+    spent: Sequence[Spend],
     decision: Decision,
     parallel_full: bool,
     states: Sequence[BucketState],
     now: float,
 ) -> KeyVerdict:
-    """``states`` are the buckets after the decision (unchanged when refused)."""
-    by_kind = {s.kind: usage(state, s.rate, now) for s, state in zip(spends, states, strict=True)}
-    requests, tokens = by_kind.get("rpm"), by_kind.get("tpm")
+    """``states`` are the windows after the decision (unchanged when refused)."""
+    used = tuple(
+        (s.window, usage(state, s.rate, now)) for s, state in zip(spent, states, strict=True)
+    )
     if decision.outcome is Outcome.TOO_LARGE:
-        return KeyVerdict(False, "request_too_large", requests=requests, tokens=tokens)
+        return KeyVerdict(
+            False, "request_too_large", usage=used, window=spent[decision.binding].window
+        )
     if decision.outcome is Outcome.REFUSED:
-        code = f"key_{spends[decision.binding].kind}"
-        return KeyVerdict(False, code, decision.retry_after, requests, tokens)
+        window = spent[decision.binding].window
+        return KeyVerdict(False, f"key_{window.name}", decision.retry_after, used, window)
     if parallel_full:
-        return KeyVerdict(False, "key_parallel", PARALLEL_RETRY_AFTER, requests, tokens)
-    return KeyVerdict(True, requests=requests, tokens=tokens)
+        return KeyVerdict(False, "key_parallel", PARALLEL_RETRY_AFTER, used)
+    return KeyVerdict(True, usage=used)
 
 
 def deployment_verdict(

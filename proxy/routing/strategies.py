@@ -3,16 +3,22 @@
 The limiter then reserves budget on the first candidate that can go now, or else on the
 one whose turn comes soonest, so every strategy is also budget-aware: an order is a
 preference, never a promise to send to a deployment that has no budget.
+
+``STRATEGIES`` is the one list of names (config validation reads it): each name and the
+function that orders for it. ``weighted-random`` is another name for ``least-wait``, as
+LiteLLM users know it: since the limiter already prefers whoever can go now, a weighted
+random order among them is all either needs.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
-from typing import Literal, Protocol, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
-Strategy = Literal["least-wait", "weighted-random", "least-busy", "lowest-latency"]
+__all__ = ["STRATEGIES", "RoutingState", "order_candidates", "weighted_shuffle"]
 
 # Share of requests that try a deployment other than the fastest, so a recovered
 # (or never measured) deployment gets measured again.
@@ -30,6 +36,14 @@ class Candidate(Protocol):
 C = TypeVar("C", bound=Candidate)
 
 
+@dataclass
+class RoutingState:
+    """What this process knows that a strategy may order by."""
+
+    in_flight: Mapping[str, int] = field(default_factory=dict)
+    latency: Mapping[str, float] = field(default_factory=dict)  # moving average, seconds
+
+
 def weighted_shuffle(candidates: Sequence[C], rng: random.Random) -> list[C]:
     """A random order where each position is drawn in proportion to weight
     (Efraimidis-Spirakis: sort by u ** (1 / w))."""
@@ -38,30 +52,43 @@ def weighted_shuffle(candidates: Sequence[C], rng: random.Random) -> list[C]:
     return [candidates[i] for _, i in keyed]
 
 
+def _least_wait(candidates: Sequence[C], rng: random.Random, state: RoutingState) -> list[C]:
+    # The limiter picks the soonest turn; ties are broken in proportion to weight, so
+    # idle deployments share the load as configured.
+    return weighted_shuffle(candidates, rng)
+
+
+def _least_busy(candidates: Sequence[C], rng: random.Random, state: RoutingState) -> list[C]:
+    busy = state.in_flight
+    # Shuffle first so ties spread evenly instead of always favouring the first.
+    shuffled = weighted_shuffle(candidates, rng)
+    return sorted(shuffled, key=lambda c: busy.get(c.id, 0) / c.weight)
+
+
+def _lowest_latency(candidates: Sequence[C], rng: random.Random, state: RoutingState) -> list[C]:
+    shuffled = weighted_shuffle(candidates, rng)
+    if rng.random() < EXPLORATION:
+        return shuffled
+    seen = state.latency
+    # Unmeasured deployments sort first: they must be measured once.
+    return sorted(shuffled, key=lambda c: seen.get(c.id, 0.0))
+
+
+Orderer = Callable[[Sequence[C], random.Random, RoutingState], list[C]]
+
+STRATEGIES: dict[str, Orderer[Candidate]] = {
+    "least-wait": _least_wait,
+    "weighted-random": _least_wait,
+    "least-busy": _least_busy,
+    "lowest-latency": _lowest_latency,
+}
+
+
 def order_candidates(
-    strategy: Strategy,
-    candidates: Sequence[C],
-    rng: random.Random,
-    in_flight: Mapping[str, int] | None = None,
-    latency: Mapping[str, float] | None = None,
+    strategy: str, candidates: Sequence[C], rng: random.Random, state: RoutingState
 ) -> list[C]:
-    """Candidates in order of preference for ``strategy``."""
+    """Candidates in order of preference for ``strategy`` (a name in ``STRATEGIES``)."""
     if len(candidates) <= 1:
         return list(candidates)
-    if strategy == "weighted-random":
-        return weighted_shuffle(candidates, rng)
-    if strategy == "least-busy":
-        busy = in_flight or {}
-        # Shuffle first so ties spread evenly instead of always favouring the first.
-        shuffled = weighted_shuffle(candidates, rng)
-        return sorted(shuffled, key=lambda c: busy.get(c.id, 0) / c.weight)
-    if strategy == "lowest-latency":
-        shuffled = weighted_shuffle(candidates, rng)
-        if rng.random() < EXPLORATION:
-            return shuffled
-        seen = latency or {}
-        # Unmeasured deployments sort first: they must be measured once.
-        return sorted(shuffled, key=lambda c: seen.get(c.id, 0.0))
-    # least-wait: the limiter picks the soonest turn; ties are broken in proportion to
-    # weight, so idle deployments share the load as configured.
-    return weighted_shuffle(candidates, rng)
+    order: Orderer[C] = STRATEGIES[strategy]  # type: ignore[assignment]
+    return order(candidates, rng, state)

@@ -13,9 +13,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
+from proxy.limiter.base import Remaining
 from proxy.ratelimit_headers import parse_reset
 
-__all__ = ["UpstreamBudget", "parse_budget", "retry_after"]
+# Tell the limiter what the upstream has left only when it is getting low: most answers
+# then cost no extra storage call.
+SYNC_BELOW = 0.1
+
+__all__ = ["SYNC_BELOW", "UpstreamBudget", "parse_budget", "remaining_report", "retry_after"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,3 +106,35 @@ def retry_after(headers: Mapping[str, str], now: float) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(moment.timestamp() - now, 0.0)
+
+
+def remaining_report(budget: UpstreamBudget) -> Remaining | None:
+    """What the limiter should hear of the upstream's remaining budget: nothing while
+    plenty is left, else what is left and, with no request left, when the next frees."""
+    if not (
+        _low(budget.remaining_requests, budget.limit_requests)
+        or _low(budget.remaining_tokens, budget.limit_tokens)
+    ):
+        return None
+    return Remaining(
+        requests=budget.remaining_requests,
+        requests_wait=_next_unit(
+            budget.reset_requests, budget.limit_requests, budget.remaining_requests
+        ),
+        tokens=budget.remaining_tokens,
+    )
+
+
+def _next_unit(reset: float | None, limit: float | None, remaining: float | None) -> float | None:
+    """When the next request frees up. Upstreams announce when their budget is *full*
+    again (OpenAI: "resets to its initial state"); it refills gradually before that, one
+    request about every ``reset / used``."""
+    if reset is None or limit is None or remaining is None:
+        return reset
+    return reset / max(limit - remaining, 1.0)
+
+
+def _low(remaining: float | None, limit: float | None) -> bool:
+    if remaining is None:
+        return False
+    return remaining <= 0 or (limit is not None and remaining < SYNC_BELOW * limit)

@@ -66,14 +66,16 @@ def _assert_429(response: httpx.Response, code: str) -> None:
 def test_200_concurrent_requests_against_a_key_of_50_let_exactly_50_through(
     upstream: FakeUpstreamHandle,
 ) -> None:
-    with _proxy(upstream, {"rpm": 50}) as proxy:
+    # 50 a day: nothing refills while the burst lasts, however slow the machine (50 a
+    # minute would refill one every 1.2 s, and a slow burst could rightly pass a 51st).
+    with _proxy(upstream, {"rpd": 50}) as proxy:
         responses = asyncio.run(_burst(proxy.base_url, 200))
     statuses = [r.status_code for r in responses]
     assert statuses.count(200) == 50
     assert statuses.count(429) == 150
     for response in responses:
         if response.status_code == 429:
-            _assert_429(response, "key_rpm")
+            _assert_429(response, "key_rpd")
     assert upstream.stats()["served"] == 50
 
 
@@ -155,3 +157,36 @@ def test_a_full_queue_answers_queue_full(upstream: FakeUpstreamHandle) -> None:
     assert statuses.count(429) == 3
     _assert_429(next(r for r in responses if r.status_code == 429), "queue_full")
     assert leftovers == 0
+
+
+def test_a_day_window_and_a_30_day_token_budget_name_themselves(
+    upstream: FakeUpstreamHandle,
+) -> None:
+    """Limits as data: a window's 429 says which window, its limit and when it frees;
+    the x-ratelimit-* headers show, of each kind, the window with the least left."""
+    key = {"rpm": 100, "rpd": 3, "limits": [{"tokens": 100, "per": "30d"}]}
+    with _proxy(upstream, key) as proxy:
+        client = openai.OpenAI(base_url=proxy.base_url, api_key=KEY, max_retries=0)
+        small = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+        first = client.chat.completions.with_raw_response.create(  # type: ignore[call-overload]
+            **{**small, "max_tokens": 60}
+        )
+        # The day's window (2 left) is tighter than the minute's (99 left).
+        assert first.headers["x-ratelimit-limit-requests"] == "3"
+        assert first.headers["x-ratelimit-remaining-requests"] == "2"
+        assert first.headers["x-ratelimit-limit-tokens"] == "100"
+        with pytest.raises(openai.RateLimitError) as too_many_tokens:
+            # About 98 tokens: more than is left, whether or not the first request's
+            # estimate was corrected to its real usage yet.
+            client.chat.completions.create(**{**small, "max_tokens": 90})  # type: ignore[call-overload]
+        error = too_many_tokens.value.body
+        assert isinstance(error, dict) and error["code"] == "key_tokens_30d"
+        assert "tokens per 30d" in error["message"] and "100" in error["message"]
+        for _ in range(2):  # the day's 2nd and 3rd
+            client.chat.completions.create(**small)  # type: ignore[call-overload]
+        with pytest.raises(openai.RateLimitError) as too_many_requests:
+            client.chat.completions.create(**small)  # type: ignore[call-overload]
+        error = too_many_requests.value.body
+        assert isinstance(error, dict) and error["code"] == "key_rpd"
+        assert "requests per day" in error["message"]
+        assert int(too_many_requests.value.response.headers["retry-after"]) > 3600

@@ -21,7 +21,7 @@ KEY = "sk-calls"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 STOP = "test-monitor-stop"
 # Run on timers, not per request: replica heartbeats and the state observer's reads.
-PERIODIC = ("heartbeat", "deployment_budget", "deployment_health")
+PERIODIC = ("heartbeat", "snapshot")
 
 
 @pytest.fixture
@@ -85,7 +85,7 @@ def test_a_plain_success_runs_no_deployment_settlement(
                 assert reply.status_code == 200
             _wait_for_settlements(proxy)
     ran = [name for name in monitor.ran if name not in PERIODIC]
-    assert sorted(ran) == sorted(["acquire_key", "reserve_deployment", "release_key"] * 5)
+    assert sorted(ran) == sorted(["acquire_key", "reserve_deployment", "settle_key"] * 5)
 
 
 def _wait_for_settlements(proxy: ProxyInThread) -> None:

@@ -20,9 +20,9 @@ from proxy.limiter.bucket import (
     lower,
     take,
     take_all,
-    take_soonest,
     usage,
 )
+from proxy.limiter.selection import Candidate, select
 
 RPM = Rate(60, 60, 1)  # one request a second, no burst
 TPM = Rate(600, 60, 100)  # ten tokens a second, 100 at once
@@ -93,49 +93,49 @@ def test_usage_for_headers() -> None:
     assert usage(queued, key, 0.0) == Usage(limit=50, remaining=0.0, reset=72.0)
 
 
-def cands(*debts: float) -> list[list[Bucket]]:
-    return [[Bucket(BucketState(d, 0.0), RPM, 1)] for d in debts]
+def cands(*debts: float) -> list[Candidate]:
+    return [Candidate([Bucket(BucketState(d, 0.0), RPM, 1)]) for d in debts]
 
 
-def test_soonest_prefers_list_order_among_those_that_can_go_now() -> None:
+def test_select_prefers_list_order_among_those_that_can_go_now() -> None:
     # Both can go now (capacity 2); the first wins though the second has more to spare.
     burst = Rate(60, 60, 2)
-    first = [Bucket(BucketState(1.0, 0.0), burst, 1)]
-    second = [Bucket(FULL, burst, 1)]
-    choice = take_soonest([first, second], 0.0, 0.0)
+    first = Candidate([Bucket(BucketState(1.0, 0.0), burst, 1)])
+    second = Candidate([Bucket(FULL, burst, 1)])
+    choice = select([first, second], 0.0, 0.0)
     assert choice.index == 0 and choice.waits == [0.0, 0.0]
 
 
-def test_soonest_go_now_beats_any_wait() -> None:
-    choice = take_soonest(cands(2.0, 0.0, 1.5), 0.0, 30.0)
+def test_select_go_now_beats_any_wait() -> None:
+    choice = select(cands(2.0, 0.0, 1.5), 0.0, 30.0)
     assert choice.index == 1 and choice.decision.wait == 0.0
     assert choice.waits == [2.0, 0.0, 1.5]
 
 
-def test_soonest_picks_the_shortest_wait() -> None:
-    choice = take_soonest(cands(3.0, 1.5, 2.0), 0.0, 30.0)
+def test_select_picks_the_shortest_wait() -> None:
+    choice = select(cands(3.0, 1.5, 2.0), 0.0, 30.0)
     assert choice.index == 1 and choice.decision.wait == 1.5
     assert choice.states == [BucketState(2.5, 0.0)]
 
 
-def test_soonest_refuses_when_none_fits_and_charges_nothing() -> None:
-    choice = take_soonest(cands(9.0, 5.0), 0.0, 2.0)
+def test_select_refuses_when_none_fits_and_charges_nothing() -> None:
+    choice = select(cands(9.0, 5.0), 0.0, 2.0)
     assert choice.index == -1 and choice.states == []
     assert choice.decision == Decision(Outcome.REFUSED, retry_after=3.0, binding=0)
 
 
-def test_soonest_skips_candidates_too_small() -> None:
-    small = [Bucket(FULL, Rate(10, 60, 5), 8)]
-    big = [Bucket(BucketState(1.0, 0.0), TPM, 8)]
-    choice = take_soonest([small, big], 0.0, 0.0)
+def test_select_skips_candidates_too_small() -> None:
+    small = Candidate([Bucket(FULL, Rate(10, 60, 5), 8)])
+    big = Candidate([Bucket(BucketState(1.0, 0.0), TPM, 8)])
+    choice = select([small, big], 0.0, 0.0)
     assert choice.index == 1 and choice.waits == [math.inf, 0.0]
-    none_fits = take_soonest([small, small], 0.0, 0.0)
+    none_fits = select([small, small], 0.0, 0.0)
     assert none_fits.decision.outcome is Outcome.TOO_LARGE and none_fits.index == -1
 
 
-def test_soonest_needs_candidates() -> None:
+def test_select_needs_candidates() -> None:
     with pytest.raises(ValueError):
-        take_soonest([], 0.0, 0.0)
+        select([], 0.0, 0.0)
 
 
 # -- properties ------------------------------------------------------------------------

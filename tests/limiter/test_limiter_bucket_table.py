@@ -12,19 +12,25 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import pytest
+from support.limits import patient
 
 from proxy.limiter import bucket
-from proxy.limiter.base import DeploymentLimits, DeploymentVerdict, Limiter, Rate
+from proxy.limiter.base import (
+    CooldownRule,
+    DeploymentLimits,
+    DeploymentSettlement,
+    DeploymentVerdict,
+    GroupAsk,
+    Limiter,
+    Rate,
+    Window,
+)
 from proxy.limiter.memory import MemoryLimiter
-from proxy.limiter.redis import RedisLimiter
 
-
-def patient(url: str, **options: Any) -> RedisLimiter:
-    """Generous timeouts: tests check results, not latency, on a possibly busy machine."""
-    return RedisLimiter(url, op_timeout=5.0, socket_timeout=2.0, connect_timeout=2.0, **options)
+RULE = CooldownRule(allowed_fails=3, window=60.0, time=30.0)  # a settlement's rule
 
 
 Result = tuple[str, float] | None
@@ -181,16 +187,18 @@ class LimiterDriver:
     def __init__(self, make: Callable[[Callable[[], float]], Limiter], rate: Rate) -> None:
         self.now = 0.0
         self.limiter = make(lambda: self.now)
-        self.deployment = DeploymentLimits("d", tpm=rate)
+        self.deployment = DeploymentLimits("d", windows=(Window("tpm", "tokens", rate),))
 
     async def take(self, at: float, cost: float, max_wait: float) -> Result:
         self.now = at
-        verdict = await self.limiter.reserve_deployment("g", [self.deployment], cost, max_wait)
+        verdict = await self.limiter.reserve(GroupAsk("g", [self.deployment], cost, max_wait))
         return _result(verdict)
 
     async def adjust(self, at: float, units: float) -> None:
         self.now = at
-        await self.limiter.correct_deployment("g", self.deployment, 0.0, units)
+        await self.limiter.settle(
+            DeploymentSettlement("g", self.deployment, RULE, requests=0.0, tokens=units)
+        )
 
 
 def _result(verdict: DeploymentVerdict) -> Result:

@@ -9,27 +9,24 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
+from support.limits import Clock, patient, rpm, tpm, window
 
-from proxy.limiter.base import DeploymentLimits, KeyLimits, Limiter, Rate
+from proxy.limiter.base import (
+    CooldownRule,
+    DeploymentLimits,
+    DeploymentSettlement,
+    GroupAsk,
+    KeyAsk,
+    KeyLimits,
+    KeySettlement,
+    Limiter,
+)
 from proxy.limiter.memory import MemoryLimiter
-from proxy.limiter.redis import RedisLimiter
 from proxy.limiter.verdicts import LEASE_TTL, PARALLEL_RETRY_AFTER
 
-
-def patient(url: str, **options: Any) -> RedisLimiter:
-    """Generous timeouts: tests check results, not latency, on a possibly busy machine."""
-    return RedisLimiter(url, op_timeout=5.0, socket_timeout=2.0, connect_timeout=2.0, **options)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+RULE = CooldownRule(allowed_fails=3, window=60.0, time=30.0)  # a settlement's rule
 
 
 @dataclass
@@ -40,7 +37,7 @@ class Subject:
 
 @pytest.fixture(params=["memory", "redis", "redis-cluster"])
 async def subject(request: pytest.FixtureRequest) -> AsyncIterator[Subject]:
-    clock = Clock()
+    clock = Clock(1_700_000_000.0)
     limiter: Limiter
     if request.param == "memory":
         limiter = MemoryLimiter(clock)
@@ -51,17 +48,13 @@ async def subject(request: pytest.FixtureRequest) -> AsyncIterator[Subject]:
     await limiter.aclose()
 
 
-def per_minute(n: float, burst: float | None = None) -> Rate:
-    return Rate(n, 60.0, n if burst is None else burst)
-
-
 # -- client keys -----------------------------------------------------------------------
 
 
 async def test_200_concurrent_requests_on_a_key_of_50_pass_exactly_50(s: Subject) -> None:
-    key = KeyLimits("team-a", rpm=per_minute(50))
+    key = KeyLimits("team-a", windows=(rpm(50),))
     verdicts = await asyncio.gather(
-        *(s.limiter.acquire_key(key, f"req-{i}", 10) for i in range(200))
+        *(s.limiter.acquire_key(KeyAsk(key, f"req-{i}", 10)) for i in range(200))
     )
     allowed = [v for v in verdicts if v.allowed]
     refused = [v for v in verdicts if not v.allowed]
@@ -69,115 +62,163 @@ async def test_200_concurrent_requests_on_a_key_of_50_pass_exactly_50(s: Subject
     assert {v.code for v in refused} == {"key_rpm"}
     assert all(v.retry_after == pytest.approx(1.2) for v in refused)
     # Each pass saw its own remaining count: the check-and-charge was atomic.
-    assert sorted(v.requests.remaining for v in allowed if v.requests) == list(range(50))
+    assert sorted(
+        v.tightest("requests").remaining for v in allowed if v.tightest("requests")
+    ) == list(range(50))
 
 
 async def test_key_rpm_and_tpm_are_all_or_nothing(s: Subject) -> None:
-    key = KeyLimits("k", rpm=per_minute(10), tpm=per_minute(100))  # 0.6 s per token
-    first = await s.limiter.acquire_key(key, "a", 60)
-    assert first.allowed and first.tokens is not None and first.tokens.remaining == 40
-    second = await s.limiter.acquire_key(key, "b", 60)
+    key = KeyLimits(
+        "k",
+        windows=(
+            rpm(10),
+            tpm(100),
+        ),
+    )  # 0.6 s per token
+    first = await s.limiter.acquire_key(KeyAsk(key, "a", 60))
+    assert (
+        first.allowed
+        and first.tightest("tokens") is not None
+        and first.tightest("tokens").remaining == 40
+    )
+    second = await s.limiter.acquire_key(KeyAsk(key, "b", 60))
     assert not second.allowed and second.code == "key_tpm"
     assert second.retry_after == pytest.approx(12.0)  # 20 tokens short at 0.6 s each
     # The refused request charged no request either.
-    assert second.requests is not None and second.requests.remaining == 9
+    assert second.tightest("requests") is not None and second.tightest("requests").remaining == 9
     s.clock.now += 12.0
-    assert (await s.limiter.acquire_key(key, "b", 60)).allowed
+    assert (await s.limiter.acquire_key(KeyAsk(key, "b", 60))).allowed
 
 
 async def test_key_request_larger_than_the_bucket_is_not_retryable(s: Subject) -> None:
-    key = KeyLimits("k", rpm=per_minute(10), tpm=per_minute(100))
-    verdict = await s.limiter.acquire_key(key, "a", 101)
+    key = KeyLimits(
+        "k",
+        windows=(
+            rpm(10),
+            tpm(100),
+        ),
+    )
+    verdict = await s.limiter.acquire_key(KeyAsk(key, "a", 101))
     assert not verdict.allowed and verdict.code == "request_too_large"
     assert verdict.retry_after == 0
-    assert verdict.tokens is not None and verdict.tokens.remaining == 100
-    assert verdict.requests is not None and verdict.requests.remaining == 10
+    assert verdict.tightest("tokens") is not None and verdict.tightest("tokens").remaining == 100
+    assert verdict.tightest("requests") is not None and verdict.tightest("requests").remaining == 10
 
 
 async def test_key_usage_reports_limit_remaining_and_reset(s: Subject) -> None:
-    key = KeyLimits("k", rpm=per_minute(60), tpm=per_minute(6000))
-    verdict = await s.limiter.acquire_key(key, "a", 600)
-    assert verdict.requests is not None and verdict.tokens is not None
-    assert (verdict.requests.limit, verdict.requests.remaining) == (60, 59)
-    assert verdict.requests.reset == pytest.approx(1.0)
-    assert (verdict.tokens.limit, verdict.tokens.remaining) == (6000, 5400)
-    assert verdict.tokens.reset == pytest.approx(6.0)
+    key = KeyLimits(
+        "k",
+        windows=(
+            rpm(60),
+            tpm(6000),
+        ),
+    )
+    verdict = await s.limiter.acquire_key(KeyAsk(key, "a", 600))
+    assert verdict.tightest("requests") is not None and verdict.tightest("tokens") is not None
+    assert (verdict.tightest("requests").limit, verdict.tightest("requests").remaining) == (60, 59)
+    assert verdict.tightest("requests").reset == pytest.approx(1.0)
+    assert (verdict.tightest("tokens").limit, verdict.tightest("tokens").remaining) == (6000, 5400)
+    assert verdict.tightest("tokens").reset == pytest.approx(6.0)
 
 
 async def test_release_corrects_the_token_estimate(s: Subject) -> None:
-    key = KeyLimits("k", tpm=per_minute(100))
-    assert (await s.limiter.acquire_key(key, "a", 60)).allowed
-    await s.limiter.release_key(key, "a", -50)  # used 10 of the 60 estimated
-    verdict = await s.limiter.acquire_key(key, "b", 0)
-    assert verdict.tokens is not None and verdict.tokens.remaining == 90
-    await s.limiter.release_key(key, "b", 30)  # used 30 more than estimated
-    verdict = await s.limiter.acquire_key(key, "c", 0)
-    assert verdict.tokens is not None and verdict.tokens.remaining == 60
+    key = KeyLimits("k", windows=(tpm(100),))
+    assert (await s.limiter.acquire_key(KeyAsk(key, "a", 60))).allowed
+    await s.limiter.settle(KeySettlement(key, "a", -50))  # used 10 of the 60 estimated
+    verdict = await s.limiter.acquire_key(KeyAsk(key, "b", 0))
+    assert verdict.tightest("tokens") is not None and verdict.tightest("tokens").remaining == 90
+    await s.limiter.settle(KeySettlement(key, "b", 30))  # used 30 more than estimated
+    verdict = await s.limiter.acquire_key(KeyAsk(key, "c", 0))
+    assert verdict.tightest("tokens") is not None and verdict.tightest("tokens").remaining == 60
 
 
 async def test_unlimited_key_always_passes(s: Subject) -> None:
-    verdict = await s.limiter.acquire_key(KeyLimits("free"), "a", 1e9)
-    assert verdict.allowed and verdict.requests is None and verdict.tokens is None
+    verdict = await s.limiter.acquire_key(KeyAsk(KeyLimits("free"), "a", 1e9))
+    assert (
+        verdict.allowed
+        and verdict.tightest("requests") is None
+        and verdict.tightest("tokens") is None
+    )
 
 
 # -- max_parallel ----------------------------------------------------------------------
 
 
 async def test_parallel_slots_never_exceed_max_parallel(s: Subject) -> None:
-    key = KeyLimits("k", rpm=per_minute(1000), max_parallel=5)
-    verdicts = await asyncio.gather(*(s.limiter.acquire_key(key, f"l{i}", 1) for i in range(20)))
+    key = KeyLimits("k", windows=(rpm(1000),), max_parallel=5)
+    verdicts = await asyncio.gather(
+        *(s.limiter.acquire_key(KeyAsk(key, f"l{i}", 1)) for i in range(20))
+    )
     held = [f"l{i}" for i, v in enumerate(verdicts) if v.allowed]
     assert len(held) == 5
     refused = [v for v in verdicts if not v.allowed]
     assert {v.code for v in refused} == {"key_parallel"}
     assert {v.retry_after for v in refused} == {PARALLEL_RETRY_AFTER}
     # Refused requests charged nothing: only the 5 passes count against rpm.
-    probe = await s.limiter.acquire_key(key, held[0], 1)  # re-acquiring a held slot
-    assert probe.allowed and probe.requests is not None and probe.requests.remaining == 994
+    probe = await s.limiter.acquire_key(KeyAsk(key, held[0], 1))  # re-acquiring a held slot
+    assert (
+        probe.allowed
+        and probe.tightest("requests") is not None
+        and probe.tightest("requests").remaining == 994
+    )
 
     for lease in held[:2]:
-        await s.limiter.release_key(key, lease, 0)
-    again = await asyncio.gather(*(s.limiter.acquire_key(key, f"m{i}", 1) for i in range(5)))
+        await s.limiter.settle(KeySettlement(key, lease, 0))
+    again = await asyncio.gather(
+        *(s.limiter.acquire_key(KeyAsk(key, f"m{i}", 1)) for i in range(5))
+    )
     assert sum(v.allowed for v in again) == 2
 
 
 async def test_parallel_slots_of_crashed_requests_expire(s: Subject) -> None:
     key = KeyLimits("k", max_parallel=2)
-    assert (await s.limiter.acquire_key(key, "a", 0)).allowed
-    assert (await s.limiter.acquire_key(key, "b", 0)).allowed
-    assert not (await s.limiter.acquire_key(key, "c", 0)).allowed
+    assert (await s.limiter.acquire_key(KeyAsk(key, "a", 0))).allowed
+    assert (await s.limiter.acquire_key(KeyAsk(key, "b", 0))).allowed
+    assert not (await s.limiter.acquire_key(KeyAsk(key, "c", 0))).allowed
     s.clock.now += LEASE_TTL + 1  # "a" and "b" were never released
-    assert (await s.limiter.acquire_key(key, "c", 0)).allowed
+    assert (await s.limiter.acquire_key(KeyAsk(key, "c", 0))).allowed
 
 
 # -- deployments -----------------------------------------------------------------------
 
-A = DeploymentLimits("a", rpm=per_minute(60, burst=1), tpm=per_minute(6000, burst=1000))
-B = DeploymentLimits("b", rpm=per_minute(60, burst=1), tpm=per_minute(6000, burst=1000))
+A = DeploymentLimits(
+    "a",
+    windows=(
+        rpm(60, 1),
+        tpm(6000, 1000),
+    ),
+)
+B = DeploymentLimits(
+    "b",
+    windows=(
+        rpm(60, 1),
+        tpm(6000, 1000),
+    ),
+)
 
 
 async def test_deployment_first_in_order_among_those_that_can_go_now(s: Subject) -> None:
-    verdict = await s.limiter.reserve_deployment("g", [B, A], 10, max_wait=30)
+    verdict = await s.limiter.reserve(GroupAsk("g", [B, A], 10, max_wait=30))
     assert (verdict.deployment_id, verdict.wait) == ("b", 0.0)
     assert verdict.waits == {"b": 0.0, "a": 0.0}
     # b now waits 1 s for its next turn; a can go now and wins whatever the order.
-    verdict = await s.limiter.reserve_deployment("g", [B, A], 10, max_wait=30)
+    verdict = await s.limiter.reserve(GroupAsk("g", [B, A], 10, max_wait=30))
     assert (verdict.deployment_id, verdict.wait) == ("a", 0.0)
     assert verdict.waits == {"b": pytest.approx(1.0), "a": 0.0}
 
 
 async def test_deployment_soonest_turn_is_reserved(s: Subject) -> None:
     for _ in range(3):
-        await s.limiter.reserve_deployment("g", [A], 10, max_wait=30)  # a: turns 0, 1, 2
-    await s.limiter.reserve_deployment("g", [B], 10, max_wait=30)  # b: turn 0
-    verdict = await s.limiter.reserve_deployment("g", [A, B], 10, max_wait=30)
+        await s.limiter.reserve(GroupAsk("g", [A], 10, max_wait=30))  # a: turns 0, 1, 2
+    await s.limiter.reserve(GroupAsk("g", [B], 10, max_wait=30))  # b: turn 0
+    verdict = await s.limiter.reserve(GroupAsk("g", [A, B], 10, max_wait=30))
     assert verdict.deployment_id == "b" and verdict.wait == pytest.approx(1.0)
     assert verdict.waits == {"a": pytest.approx(3.0), "b": pytest.approx(1.0)}
 
 
 async def test_100_concurrent_reservations_get_distinct_turns(s: Subject) -> None:
     verdicts = await asyncio.gather(
-        *(s.limiter.reserve_deployment("g", [A], 1, max_wait=1000) for _ in range(100))
+        *(s.limiter.reserve(GroupAsk("g", [A], 1, max_wait=1000)) for _ in range(100))
     )
     waits = sorted(v.wait for v in verdicts)
     assert waits == pytest.approx([float(i) for i in range(100)])
@@ -185,62 +226,113 @@ async def test_100_concurrent_reservations_get_distinct_turns(s: Subject) -> Non
 
 async def test_deployment_rpm_and_tpm_are_reserved_together(s: Subject) -> None:
     # tpm allows 1000 at once, then 100 a second: 1500 tokens wait 5 s for tpm.
-    first = await s.limiter.reserve_deployment("g", [A], 1000, max_wait=30)
+    first = await s.limiter.reserve(GroupAsk("g", [A], 1000, max_wait=30))
     assert first.wait == 0.0
-    second = await s.limiter.reserve_deployment("g", [A], 500, max_wait=30)
+    second = await s.limiter.reserve(GroupAsk("g", [A], 500, max_wait=30))
     assert second.deployment_id == "a" and second.wait == pytest.approx(5.0)
     # rpm was charged as of that turn (t=5), so the next request waits past it.
-    third = await s.limiter.reserve_deployment("g", [A], 0, max_wait=30)
+    third = await s.limiter.reserve(GroupAsk("g", [A], 0, max_wait=30))
     assert third.wait == pytest.approx(6.0)
 
 
 async def test_deployment_none_fits_charges_nothing(s: Subject) -> None:
-    await s.limiter.reserve_deployment("g", [A], 1000, max_wait=0)
-    refused = await s.limiter.reserve_deployment("g", [A], 800, max_wait=2)
+    await s.limiter.reserve(GroupAsk("g", [A], 1000, max_wait=0))
+    refused = await s.limiter.reserve(GroupAsk("g", [A], 800, max_wait=2))
     assert refused.deployment_id is None and refused.code == "model_capacity"
     assert refused.retry_after == pytest.approx(6.0)  # 8 s until a turn, minus max_wait
     s.clock.now += 6.0
-    retried = await s.limiter.reserve_deployment("g", [A], 800, max_wait=2)
+    retried = await s.limiter.reserve(GroupAsk("g", [A], 800, max_wait=2))
     assert retried.deployment_id == "a" and retried.wait == pytest.approx(2.0)
 
 
 async def test_deployment_retry_after_is_the_soonest_candidate(s: Subject) -> None:
-    await s.limiter.reserve_deployment("g", [A], 1000, max_wait=0)  # a: 10 s for 1000
-    await s.limiter.reserve_deployment("g", [B], 600, max_wait=0)  # b: 6 s for 1000
-    refused = await s.limiter.reserve_deployment("g", [A, B], 1000, max_wait=1)
+    await s.limiter.reserve(GroupAsk("g", [A], 1000, max_wait=0))  # a: 10 s for 1000
+    await s.limiter.reserve(GroupAsk("g", [B], 600, max_wait=0))  # b: 6 s for 1000
+    refused = await s.limiter.reserve(GroupAsk("g", [A, B], 1000, max_wait=1))
     assert refused.code == "model_capacity" and refused.retry_after == pytest.approx(5.0)
     assert refused.waits == {"a": pytest.approx(10.0), "b": pytest.approx(6.0)}
 
 
 async def test_deployment_request_too_large_for_every_candidate(s: Subject) -> None:
-    verdict = await s.limiter.reserve_deployment("g", [A, B], 1001, max_wait=30)
+    verdict = await s.limiter.reserve(GroupAsk("g", [A, B], 1001, max_wait=30))
     assert verdict.deployment_id is None and verdict.code == "request_too_large"
-    big = DeploymentLimits("big", tpm=per_minute(60000))
-    verdict = await s.limiter.reserve_deployment("g", [A, big], 1001, max_wait=30)
+    big = DeploymentLimits("big", windows=(tpm(60000),))
+    verdict = await s.limiter.reserve(GroupAsk("g", [A, big], 1001, max_wait=30))
     assert verdict.deployment_id == "big"
 
 
 async def test_unused_turn_is_given_back(s: Subject) -> None:
-    await s.limiter.reserve_deployment("g", [A], 1, max_wait=30)  # turn 0
-    mine = await s.limiter.reserve_deployment("g", [A], 1, max_wait=30)  # turn 1
+    await s.limiter.reserve(GroupAsk("g", [A], 1, max_wait=30))  # turn 0
+    mine = await s.limiter.reserve(GroupAsk("g", [A], 1, max_wait=30))  # turn 1
     assert mine.wait == pytest.approx(1.0)
-    await s.limiter.correct_deployment("g", A, requests=-1, tokens=-1)  # client left
-    again = await s.limiter.reserve_deployment("g", [A], 1, max_wait=30)
+    await s.limiter.settle(
+        DeploymentSettlement("g", A, RULE, requests=-1, tokens=-1)
+    )  # client left
+    again = await s.limiter.reserve(GroupAsk("g", [A], 1, max_wait=30))
     assert again.wait == pytest.approx(1.0)
 
 
 async def test_unlimited_deployment_goes_now(s: Subject) -> None:
     free = DeploymentLimits("free")
-    verdict = await s.limiter.reserve_deployment("g", [free, A], 1e9, max_wait=0)
+    verdict = await s.limiter.reserve(GroupAsk("g", [free, A], 1e9, max_wait=0))
     assert verdict == verdict.__class__("free", 0.0, waits={"free": 0.0, "a": float("inf")})
 
 
 async def test_groups_do_not_share_budgets(s: Subject) -> None:
-    await s.limiter.reserve_deployment("g1", [A], 1, max_wait=0)
-    verdict = await s.limiter.reserve_deployment("g2", [A], 1, max_wait=0)
+    await s.limiter.reserve(GroupAsk("g1", [A], 1, max_wait=0))
+    verdict = await s.limiter.reserve(GroupAsk("g2", [A], 1, max_wait=0))
     assert verdict.deployment_id == "a" and verdict.wait == 0.0
 
 
 @pytest.fixture
 def s(subject: Subject) -> Subject:
     return subject
+
+
+# -- windows beyond a minute ------------------------------------------------------------
+
+DAY = 86400.0
+MONTH = 30 * DAY
+
+
+async def test_a_day_window_caps_a_key_across_minutes(s: Subject) -> None:
+    key = KeyLimits("k", (rpm(10), window("requests", 25, DAY)))
+    for minute in range(3):
+        verdicts = [await s.limiter.acquire_key(KeyAsk(key, "x", 0)) for _ in range(11)]
+        passed = sum(v.allowed for v in verdicts)
+        if minute < 2:  # the minute's window refuses the 11th
+            assert passed == 10 and verdicts[-1].code == "key_rpm"
+        else:  # 20 of the day's 25 are spent: 5 more, then the day's window refuses
+            assert passed == 5 and verdicts[5].code == "key_rpd"
+            assert verdicts[5].window is not None and verdicts[5].window.rate.period == DAY
+            # One request frees every 86400 / 25 = 3456 s, minus what two minutes refilled.
+            assert verdicts[5].retry_after == pytest.approx(3456.0 - 120.0, abs=1.0)
+        s.clock.now += 60.0
+
+
+async def test_a_30_day_token_budget_refuses_and_refunds(s: Subject) -> None:
+    budget = window("tokens", 5000, MONTH)
+    key = KeyLimits("k", (tpm(1000), budget))
+    for _ in range(5):
+        assert (await s.limiter.acquire_key(KeyAsk(key, "x", 1000))).allowed
+        s.clock.now += 60.0
+    refused = await s.limiter.acquire_key(KeyAsk(key, "x", 1000))
+    assert not refused.allowed and refused.code == "key_tokens_30d"
+    assert refused.retry_after > 5 * DAY  # 1000 tokens take 6 days to come back
+    assert refused.tightest("tokens") is not None
+    assert refused.tightest("tokens").remaining < 2  # type: ignore[union-attr]
+    # The last request used 400 of its 1000: the refund reaches every token window.
+    await s.limiter.settle(KeySettlement(key, "x", -600))
+    assert (await s.limiter.acquire_key(KeyAsk(key, "y", 500))).allowed
+
+
+async def test_a_day_window_caps_a_deployment(s: Subject) -> None:
+    daily = DeploymentLimits("d", (rpm(60, 1), window("requests", 3, DAY)))
+    waits = [(await s.limiter.reserve(GroupAsk("g", [daily], 0, 30))).wait for _ in range(3)]
+    assert waits == pytest.approx([0.0, 1.0, 2.0])  # paced by the minute's window
+    refused = await s.limiter.reserve(GroupAsk("g", [daily], 0, 30))
+    assert refused.deployment_id is None and refused.code == "model_capacity"
+    assert refused.retry_after > 3600  # the day's window binds
+    state = (await s.limiter.snapshot("g", [daily]))["d"]
+    assert state.remaining == {"rpm": 0.0, "rpd": pytest.approx(0.0, abs=1e-3)}
+    assert state.unusable_for == 0.0

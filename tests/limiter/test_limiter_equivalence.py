@@ -1,76 +1,92 @@
 """Property: the Lua scripts do exactly the pure core's math.
 
-Random sequences of every limiter operation (key acquire/release with rpm, tpm and
-max_parallel; multi-candidate deployment reservations with rpm + tpm, leases and
-least_busy; corrections; settlements with every kind of outcome; upstream budget syncs;
-health queries) at nondecreasing times are applied in lockstep to the memory backend (the
-pure core and pure health model over dicts) and to the Redis backend (the Lua scripts),
-both on the same explicit clock. Every answer must be identical: exact float equality,
-no tolerance.
+Random sequences of every limiter operation (key acquire and settlement with several
+windows of requests and tokens, from under a second to thirty days, and max_parallel;
+multi-candidate deployment reservations over several windows each, with leases and
+least_busy; corrections; settlements with every kind of outcome and what the upstream
+says it has left; snapshots, the budget read) at nondecreasing times are applied in
+lockstep to the memory backend (the pure core and pure health model over dicts) and to
+the Redis backend (the Lua scripts), both on the same explicit clock. Every answer must be
+identical: exact float equality, no tolerance.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from support.limits import Clock, patient
 
 from proxy.limiter.base import (
     CooldownRule,
     DeploymentLimits,
+    DeploymentSettlement,
     DeploymentVerdict,
+    GroupAsk,
+    KeyAsk,
     KeyLimits,
+    KeySettlement,
+    Kind,
     Outcome,
     Rate,
+    Remaining,
+    Window,
+    window_name,
 )
 from proxy.limiter.memory import MemoryLimiter
 from proxy.limiter.redis import RedisLimiter
-
-
-def patient(url: str, **options: Any) -> RedisLimiter:
-    """Generous timeouts: tests check results, not latency, on a possibly busy machine."""
-    return RedisLimiter(url, op_timeout=5.0, socket_timeout=2.0, connect_timeout=2.0, **options)
-
 
 amounts = st.one_of(
     st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.0, 10.0, 50.0]),
     st.floats(min_value=0.0, max_value=80.0, allow_nan=False, allow_infinity=False),
 )
-# Intervals from ~10 ms to a minute, so that time advancing a few seconds sometimes
-# drains a bucket fully and often only partly.
-rates = st.builds(
-    Rate,
-    limit=st.one_of(
-        st.sampled_from([1.0, 3.0, 7.0, 50.0]),
-        st.floats(min_value=0.5, max_value=100.0, allow_nan=False, allow_infinity=False),
-    ),
-    period=st.sampled_from([1.0, 60.0, 0.7, 3.0]),
-    capacity=st.one_of(
-        st.sampled_from([1.0, 2.0, 5.0, 50.0]),
-        st.floats(min_value=0.5, max_value=60.0, allow_nan=False, allow_infinity=False),
-    ),
+limits = st.one_of(
+    st.sampled_from([1.0, 3.0, 7.0, 50.0]),
+    st.floats(min_value=0.5, max_value=100.0, allow_nan=False, allow_infinity=False),
 )
-optional_rates = st.one_of(st.none(), rates)
+capacities = st.one_of(
+    st.sampled_from([1.0, 2.0, 5.0, 50.0]),
+    st.floats(min_value=0.5, max_value=60.0, allow_nan=False, allow_infinity=False),
+)
+# Intervals from ~10 ms to a minute, so that time advancing a few seconds sometimes
+# drains a bucket fully and often only partly; and day and 30-day windows.
+PERIODS = [1.0, 60.0, 0.7, 3.0, 86400.0, 2592000.0]
+rates = st.builds(Rate, limit=limits, period=st.sampled_from(PERIODS[:4]), capacity=capacities)
+
+
+def _window(kind: Kind, rate: Rate) -> Window:
+    return Window(window_name(kind, rate.period), kind, rate)
+
+
+def _distinct(windows: tuple[Window | None, ...]) -> tuple[Window, ...]:
+    """The first window of each name (a name is a kind and a period)."""
+    named: dict[str, Window] = {}
+    for w in windows:
+        if w is not None:
+            named.setdefault(w.name, w)
+    return tuple(named.values())
+
+
+window_sets = st.lists(
+    st.tuples(
+        st.sampled_from(["requests", "tokens"]),
+        st.builds(Rate, limit=limits, period=st.sampled_from(PERIODS), capacity=capacities),
+    ),
+    max_size=3,
+    unique_by=lambda kr: (kr[0], kr[1].period),  # a window is named by kind and period
+).map(lambda pairs: tuple(_window(k, r) for k, r in pairs))  # type: ignore[arg-type]
 keys = st.builds(
     KeyLimits,
     name=st.sampled_from(["k"]),
-    rpm=optional_rates,
-    tpm=optional_rates,
+    windows=window_sets,
     max_parallel=st.one_of(st.none(), st.integers(min_value=1, max_value=3)),
 )
 probe_timeouts = st.sampled_from([0.5, 5.0, 60.0])
 deployments = st.lists(
-    st.builds(
-        DeploymentLimits,
-        id=st.just(""),
-        rpm=optional_rates,
-        tpm=optional_rates,
-        probe_timeout=probe_timeouts,
-    ),
+    st.builds(DeploymentLimits, id=st.just(""), windows=window_sets, probe_timeout=probe_timeouts),
     min_size=1,
     max_size=3,
 )
@@ -102,6 +118,8 @@ class Reserve:
 
 @dataclass(frozen=True)
 class Correct:
+    """A settlement that only corrects (a turn given back, a token estimate)."""
+
     deployment: int
     requests: float
     tokens: float
@@ -129,15 +147,15 @@ class Settle:
 
 @dataclass(frozen=True)
 class Sync:
+    """A settlement with what the upstream says it has left."""
+
     deployment: int
-    remaining_requests: float | None
-    reset_requests: float | None
-    remaining_tokens: float | None
+    remaining: Remaining
 
 
 @dataclass(frozen=True)
 class Query:
-    """deployment_health of every deployment."""
+    """A snapshot of every deployment: health and what is left in each window."""
 
 
 Op = Advance | Acquire | Release | Reserve | Correct | Book | Settle | Sync | Query
@@ -173,14 +191,6 @@ ops = st.one_of(
 start_times = st.sampled_from([0.0, 12345.678, 1_700_000_000.123456])
 
 
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 RULE = CooldownRule(allowed_fails=3, window=60.0, time=30.0)
 
 
@@ -195,27 +205,23 @@ async def run_both(
     clock = Clock(start)
     memory = MemoryLimiter(clock)
     shared = patient(url, clock=clock, prefix=f"eq{uuid.uuid4().hex}")
-    candidates = [
-        DeploymentLimits(f"d{i}", d.rpm, d.tpm, d.probe_timeout) for i, d in enumerate(deps)
-    ]
+    candidates = [replace(d, id=f"d{i}") for i, d in enumerate(deps)]
     try:
         for step, op in enumerate(sequence):
             if isinstance(op, Advance):
                 clock.now += op.seconds
             elif isinstance(op, Acquire):
-                lease = f"lease{op.lease}"
-                got = await shared.acquire_key(key, lease, op.tokens)
-                want = await memory.acquire_key(key, lease, op.tokens)
-                assert got == want, (step, op)
+                ask = KeyAsk(key, f"lease{op.lease}", op.tokens)
+                assert await shared.acquire_key(ask) == memory.acquire_key_now(ask), (step, op)
             elif isinstance(op, Release):
-                lease = f"lease{op.lease}"
-                await shared.release_key(key, lease, op.correction)
-                await memory.release_key(key, lease, op.correction)
+                settlement = KeySettlement(key, f"lease{op.lease}", op.correction)
+                await shared.settle(settlement)
+                memory.settle_now(settlement)
             elif isinstance(op, Reserve):
                 chosen = [candidates[i] for i in op.order if i < len(candidates)]
-                got_d = await shared.reserve_deployment("g", chosen, op.tokens, op.max_wait)
-                want_d = await memory.reserve_deployment("g", chosen, op.tokens, op.max_wait)
-                assert got_d == want_d, (step, op)
+                group_ask = GroupAsk("g", chosen, op.tokens, op.max_wait)
+                got = await shared.reserve(group_ask)
+                assert got == memory.reserve_now(group_ask), (step, op)
             else:
                 await run_health_op(shared, memory, candidates, rule, op, step)
     finally:
@@ -240,47 +246,34 @@ async def run_health_op(
     op: Op,
     step: int,
 ) -> None:
-    if isinstance(op, Correct):
+    if isinstance(op, Correct | Settle | Sync):
         target = candidates[op.deployment % len(candidates)]
-        await shared.correct_deployment("g", target, op.requests, op.tokens)
-        await memory.correct_deployment("g", target, op.requests, op.tokens)
-    elif isinstance(op, Book):
-        chosen = [candidates[i] for i in op.order if i < len(candidates)] or candidates[:1]
-        options = {"lease_id": _lease(op.lease), "least_busy": op.least_busy}
-        got = await shared.reserve_deployment("g", chosen, op.tokens, op.max_wait, **options)
-        want = await memory.reserve_deployment("g", chosen, op.tokens, op.max_wait, **options)
-        event(f"reserve: {_kind(want)}")  # --hypothesis-show-statistics shows coverage
-        assert got == want, (step, op)
-    elif isinstance(op, Settle):
-        target = candidates[op.deployment % len(candidates)]
-        args = {
-            "lease_id": _lease(op.lease),
-            "outcome": op.outcome,
-            "rule": rule,
-            "requests": op.requests,
-            "tokens": op.tokens,
-        }
-        got_change = await shared.settle_deployment("g", target, **args)
-        want_change = await memory.settle_deployment("g", target, **args)
+        if isinstance(op, Correct):
+            settlement = DeploymentSettlement(
+                "g", target, rule, requests=op.requests, tokens=op.tokens
+            )
+        elif isinstance(op, Sync):
+            settlement = DeploymentSettlement("g", target, rule, remaining=op.remaining)
+        else:
+            settlement = DeploymentSettlement(
+                "g", target, rule, op.outcome, _lease(op.lease), op.requests, op.tokens
+            )
+        got_change = await shared.settle(settlement)
+        want_change = memory.settle_now(settlement)
         learned = memory.health_of("g", target.id).factor < 1.0
         cooled, recovered = want_change.cooled, want_change.recovered
         event(f"settle: {cooled=} {recovered=} {learned=}")
         assert got_change == want_change, (step, op)
-    elif isinstance(op, Sync):
-        target = candidates[op.deployment % len(candidates)]
-        budget = {
-            "remaining_requests": op.remaining_requests,
-            "reset_requests": op.reset_requests,
-            "remaining_tokens": op.remaining_tokens,
-            "reset_tokens": None,
-        }
-        await shared.sync_budget("g", target, **budget)
-        await memory.sync_budget("g", target, **budget)
+    elif isinstance(op, Book):
+        chosen = [candidates[i] for i in op.order if i < len(candidates)] or candidates[:1]
+        ask = GroupAsk("g", chosen, op.tokens, op.max_wait, _lease(op.lease), op.least_busy)
+        got = await shared.reserve(ask)
+        want = memory.reserve_now(ask)
+        event(f"reserve: {_kind(want)}")  # --hypothesis-show-statistics shows coverage
+        assert got == want, (step, op)
     elif isinstance(op, Query):
-        ids = [c.id for c in candidates]
-        assert await shared.deployment_health("g", ids) == await memory.deployment_health(
-            "g", ids
-        ), (step, op)
+        got_states = await shared.snapshot("g", candidates)
+        assert got_states == memory.snapshot_now("g", candidates), (step, op)
 
 
 @settings(
@@ -304,9 +297,13 @@ def test_lua_matches_the_pure_core(
     asyncio.run(run_both(redis_url, key, deps, start, sequence))
 
 
-busy_deployment = st.builds(DeploymentLimits, id=st.just(""), rpm=rates, tpm=rates).map(
-    lambda d: [d]
-)
+busy_deployment = st.builds(
+    DeploymentLimits,
+    id=st.just(""),
+    windows=st.tuples(
+        rates.map(lambda r: _window("requests", r)), rates.map(lambda r: _window("tokens", r))
+    ),
+).map(lambda d: [d])
 small_reserves = st.builds(
     Reserve,
     st.just((0,)),
@@ -319,6 +316,7 @@ queueing_ops = st.one_of(
     small_reserves,
     small_reserves,
     st.builds(Correct, st.just(0), st.sampled_from([0.0, -1.0]), corrections),
+    st.just(Query()),
 )
 
 
@@ -338,7 +336,7 @@ def test_lua_matches_the_pure_core_on_one_queue(
     start: float,
     sequence: list[Op],
 ) -> None:
-    """One deployment limited by rpm and tpm at once: turns queue up in both buckets."""
+    """One deployment limited by requests and tokens at once: turns queue up in both."""
     asyncio.run(run_both(redis_url, KeyLimits("k"), deps, start, sequence))
 
 
@@ -394,25 +392,31 @@ health_ops = st.one_of(
     st.builds(
         Sync,
         st.integers(0, 2),
-        st.one_of(st.none(), st.sampled_from([0.0, 1.0, 3.0]), st.floats(0.0, 60.0)),
-        st.one_of(st.none(), st.sampled_from([0.0, 1.0, 7.5]), st.floats(0.0, 60.0)),
-        st.one_of(st.none(), st.sampled_from([0.0, 10.0]), st.floats(0.0, 100.0)),
+        st.builds(
+            Remaining,
+            st.one_of(st.none(), st.sampled_from([0.0, 1.0, 3.0]), st.floats(0.0, 60.0)),
+            st.one_of(st.none(), st.sampled_from([0.0, 1.0, 7.5]), st.floats(0.0, 60.0)),
+            st.one_of(st.none(), st.sampled_from([0.0, 10.0]), st.floats(0.0, 100.0)),
+        ),
     ),
     st.builds(Correct, st.integers(0, 2), st.sampled_from([0.0, -1.0]), corrections),
     st.just(Query()),
 )
-# Busy deployments: turns a second or so apart, so waits and learned rates show.
+# Busy deployments: turns a second or so apart, so waits and learned rates show; per
+# minute (what upstream budgets lower), with more windows at times.
 paced = st.one_of(
     st.sampled_from([Rate(60, 60, 1), Rate(120, 60, 2), Rate(30, 60, 1), Rate(600, 60, 10)]),
-    rates,
+    st.builds(Rate, limit=limits, period=st.just(60.0), capacity=capacities),
 )
+per_minute_tokens = st.builds(Rate, limit=limits, period=st.just(60.0), capacity=capacities)
+health_windows = st.tuples(
+    paced.map(lambda r: _window("requests", r)),
+    st.one_of(st.none(), st.none(), per_minute_tokens.map(lambda r: _window("tokens", r))),
+    st.one_of(st.none(), st.none(), rates.map(lambda r: _window("requests", r))),
+).map(_distinct)
 health_deployments = st.lists(
     st.builds(
-        DeploymentLimits,
-        id=st.just(""),
-        rpm=paced,
-        tpm=st.one_of(st.none(), st.none(), rates),
-        probe_timeout=probe_timeouts,
+        DeploymentLimits, id=st.just(""), windows=health_windows, probe_timeout=probe_timeouts
     ),
     min_size=1,
     max_size=3,
@@ -443,5 +447,6 @@ def test_lua_matches_the_pure_health_model(
     start: float,
     sequence: list[Op],
 ) -> None:
-    """Cooldowns, probes, learned rates, in-flight counts and syncs: identical answers."""
+    """Cooldowns, probes, learned rates, in-flight counts, upstream budgets, snapshots:
+    identical answers."""
     asyncio.run(run_both(redis_url, KeyLimits("k"), deps, start, sequence, rule))

@@ -7,7 +7,7 @@ Each case is (description, steps); every step carries what it must answer:
   ``Go(deployment, wait, probe)``, ``Refused(retry_after, cooling)`` or ``TOO_LARGE``;
 * ``Settle(at, "a", outcome, expect, ...)``: expects the ``HealthChange``;
 * ``Sync(at, "a", ...)``: the upstream's remaining budget (answers nothing);
-* ``Health(at, {"a": seconds, ...})``: ``deployment_health``.
+* ``Health(at, {"a": seconds, ...})``: ``snapshot``'s ``unusable_for``.
 
 The cooldown rule is 3 failures within 60 s cool for 30 s; probes may be out 10 s.
 """
@@ -16,44 +16,46 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
+from support.limits import patient, rpm, tpm
 
 from proxy.limiter.base import (
     CooldownRule,
     DeploymentLimits,
+    DeploymentSettlement,
     DeploymentVerdict,
+    GroupAsk,
     HealthChange,
     Limiter,
     Outcome,
-    Rate,
+    Remaining,
 )
+from proxy.limiter.health import DECREASE, FORGET_AFTER, RECOVERY_PER_SECOND
 from proxy.limiter.memory import MemoryLimiter
-from proxy.limiter.redis import RedisLimiter
 from proxy.limiter.verdicts import IN_FLIGHT_MARGIN
-from proxy.routing.health import DECREASE, FORGET_AFTER, RECOVERY_PER_SECOND
-
-
-def patient(url: str, **options: Any) -> RedisLimiter:
-    """Generous timeouts: tests check results, not latency, on a possibly busy machine."""
-    return RedisLimiter(url, op_timeout=5.0, socket_timeout=2.0, connect_timeout=2.0, **options)
-
 
 RULE = CooldownRule(allowed_fails=3, window=60.0, time=30.0)
 PROBE = 10.0  # every deployment's probe_timeout
 
 DEPLOYMENTS = {
     # one request a second, no burst
-    "a": DeploymentLimits("a", rpm=Rate(60, 60, 1), probe_timeout=PROBE),
-    "b": DeploymentLimits("b", rpm=Rate(60, 60, 1), probe_timeout=PROBE),
+    "a": DeploymentLimits("a", windows=(rpm(60, 1),), probe_timeout=PROBE),
+    "b": DeploymentLimits("b", windows=(rpm(60, 1),), probe_timeout=PROBE),
     # roomy: ten at once
-    "x": DeploymentLimits("x", rpm=Rate(600, 60, 10), probe_timeout=PROBE),
-    "y": DeploymentLimits("y", rpm=Rate(600, 60, 10), probe_timeout=PROBE),
+    "x": DeploymentLimits("x", windows=(rpm(600, 10),), probe_timeout=PROBE),
+    "y": DeploymentLimits("y", windows=(rpm(600, 10),), probe_timeout=PROBE),
     # requests and tokens: 10 at once then 1/s; 1000 tokens at once then 100/s
-    "t": DeploymentLimits("t", rpm=Rate(60, 60, 10), tpm=Rate(6000, 60, 1000), probe_timeout=PROBE),
+    "t": DeploymentLimits(
+        "t",
+        windows=(
+            rpm(60, 10),
+            tpm(6000, 1000),
+        ),
+        probe_timeout=PROBE,
+    ),
     # at most 100 tokens per request
-    "s": DeploymentLimits("s", tpm=Rate(600, 60, 100), probe_timeout=PROBE),
+    "s": DeploymentLimits("s", windows=(tpm(600, 100),), probe_timeout=PROBE),
 }
 
 OK = Outcome("success")
@@ -367,36 +369,45 @@ class Driver:
         lim = self.limiter
         if isinstance(step, Reserve):
             candidates = [DEPLOYMENTS[i] for i in step.ids]
-            verdict = await lim.reserve_deployment(
-                "g",
-                candidates,
-                step.tokens,
-                step.max_wait,
-                lease_id=step.lease,
-                least_busy=step.least_busy,
+            verdict = await lim.reserve(
+                GroupAsk(
+                    "g",
+                    candidates,
+                    step.tokens,
+                    step.max_wait,
+                    lease=step.lease,
+                    least_busy=step.least_busy,
+                )
             )
             return _result(verdict)
         if isinstance(step, Settle):
-            return await lim.settle_deployment(
-                "g",
-                DEPLOYMENTS[step.id],
-                lease_id=step.lease,
-                outcome=step.outcome,
-                rule=RULE,
-                requests=step.requests,
-                tokens=step.tokens,
+            return await lim.settle(
+                DeploymentSettlement(
+                    "g",
+                    DEPLOYMENTS[step.id],
+                    lease=step.lease,
+                    outcome=step.outcome,
+                    rule=RULE,
+                    requests=step.requests,
+                    tokens=step.tokens,
+                )
             )
         if isinstance(step, Sync):
-            await lim.sync_budget(
-                "g",
-                DEPLOYMENTS[step.id],
-                remaining_requests=step.remaining_requests,
-                reset_requests=step.reset_requests,
-                remaining_tokens=step.remaining_tokens,
-                reset_tokens=None,
+            await lim.settle(
+                DeploymentSettlement(
+                    "g",
+                    DEPLOYMENTS[step.id],
+                    RULE,
+                    remaining=Remaining(
+                        requests=step.remaining_requests,
+                        requests_wait=step.reset_requests,
+                        tokens=step.remaining_tokens,
+                    ),
+                )
             )
             return None
-        return await lim.deployment_health("g", list(step.expect))
+        states = await lim.snapshot("g", [DEPLOYMENTS[i] for i in step.expect])
+        return {i: state.unusable_for for i, state in states.items()}
 
 
 def _result(verdict: DeploymentVerdict) -> Expect:

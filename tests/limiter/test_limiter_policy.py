@@ -8,19 +8,25 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import pytest
+from support.limits import Clock, rpm, unusable
 from support.redis_server import RedisServer
 
-from proxy.limiter import create_limiter
 from proxy.limiter.base import (
     CooldownRule,
     DeploymentLimits,
+    DeploymentSettlement,
+    GroupAsk,
     HealthChange,
+    KeyAsk,
     KeyLimits,
+    KeySettlement,
     LimiterMode,
     LimiterUnavailable,
     Outcome,
     Rate,
+    Remaining,
 )
+from proxy.limiter.factory import create_limiter
 from proxy.limiter.memory import MemoryLimiter
 from proxy.limiter.policy import (
     CircuitBreaker,
@@ -32,20 +38,11 @@ from proxy.limiter.policy import (
 )
 from proxy.limiter.redis import RedisLimiter
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 # -- circuit breaker -------------------------------------------------------------------
 
 
 def test_breaker_opens_after_consecutive_failures_only() -> None:
-    breaker = CircuitBreaker(failure_threshold=3, reset_after=1.0, clock=Clock())
+    breaker = CircuitBreaker(failure_threshold=3, reset_after=1.0, clock=Clock(1000.0))
     for _ in range(2):
         breaker.record_failure()
     breaker.record_success()  # resets the count
@@ -57,7 +54,7 @@ def test_breaker_opens_after_consecutive_failures_only() -> None:
 
 
 def test_breaker_lets_one_probe_through_after_reset_after() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     changes: list[CircuitState] = []
     breaker = CircuitBreaker(1, reset_after=1.0, clock=clock, on_change=changes.append)
     breaker.record_failure()
@@ -82,7 +79,7 @@ def test_breaker_lets_one_probe_through_after_reset_after() -> None:
 
 
 def test_breaker_abandoned_probe_lets_the_next_call_probe() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     breaker = CircuitBreaker(1, reset_after=1.0, clock=clock)
     breaker.record_failure()
     clock.now += 1.0
@@ -113,13 +110,13 @@ def test_share_key_divides_parallel_slots_keeping_one() -> None:
 
 # -- against a Redis that dies ---------------------------------------------------------
 
-KEY = KeyLimits("team", rpm=Rate(10, 60, 10))
-DEP = DeploymentLimits("d", rpm=Rate(60, 60, 2))
+KEY = KeyLimits("team", windows=(rpm(10, 10),))
+DEP = DeploymentLimits("d", windows=(rpm(60, 2),))
 
 
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
+    return Clock(1000.0)
 
 
 @pytest.fixture
@@ -165,23 +162,23 @@ async def test_local_fallback_uses_this_replicas_share_then_recovers(
     assert a.live_replicas == 2
     modes: list[LimiterMode] = []
     a.on_mode_change(modes.append)
-    assert (await a.acquire_key(KEY, "r0", 0)).allowed
+    assert (await a.acquire_key(KeyAsk(KEY, "r0", 0))).allowed
     assert a.mode is LimiterMode.SHARED and not a.fallback_active
 
     disposable_redis.kill()
-    verdicts = [await a.acquire_key(KEY, f"r{i}", 0) for i in range(1, 11)]
+    verdicts = [await a.acquire_key(KeyAsk(KEY, f"r{i}", 0)) for i in range(1, 11)]
     # Every call is answered, from the local half: 10 RPM / 2 replicas = 5 at once.
     assert sum(v.allowed for v in verdicts) == 5
     assert {v.code for v in verdicts if not v.allowed} == {"key_rpm"}
     assert a.fallback_active and a.ready and not a.storage_available
     assert a.circuit is CircuitState.OPEN
     assert modes == [LimiterMode.FALLBACK]
-    deployment = await a.reserve_deployment("g", [DEP], 0, max_wait=0)
+    deployment = await a.reserve(GroupAsk("g", [DEP], 0, max_wait=0))
     assert deployment.deployment_id == "d"  # local share of the deployment too
 
     disposable_redis.start()  # empty: the shared budget is whole again
     clock.now += 1.0  # reset_after: the next call probes
-    verdicts = [await a.acquire_key(KEY, f"s{i}", 0) for i in range(10)]
+    verdicts = [await a.acquire_key(KeyAsk(KEY, f"s{i}", 0)) for i in range(10)]
     assert all(v.allowed for v in verdicts)  # shared budget, not the local 5
     assert a.mode is LimiterMode.SHARED and a.storage_available
     assert modes == [LimiterMode.FALLBACK, LimiterMode.SHARED]
@@ -193,21 +190,21 @@ async def test_reject_raises_limiter_unavailable(
     clock: Clock,
 ) -> None:
     a = make("reject", "a")
-    assert (await a.acquire_key(KEY, "r0", 0)).allowed
+    assert (await a.acquire_key(KeyAsk(KEY, "r0", 0))).allowed
     disposable_redis.kill()
     for _ in range(4):  # erroring calls and then the open circuit: all rejected
         with pytest.raises(LimiterUnavailable):
-            await a.acquire_key(KEY, "r1", 0)
+            await a.acquire_key(KeyAsk(KEY, "r1", 0))
     with pytest.raises(LimiterUnavailable):
-        await a.reserve_deployment("g", [DEP], 0, max_wait=0)
+        await a.reserve(GroupAsk("g", [DEP], 0, max_wait=0))
     assert a.mode is LimiterMode.UNAVAILABLE and not a.ready and not a.fallback_active
     # Settlements never raise: leases expire, corrections are best effort.
-    await a.release_key(KEY, "r0", -5)
-    await a.correct_deployment("g", DEP, -1, 0)
+    await a.settle(KeySettlement(KEY, "r0", -5))
+    await a.settle(DeploymentSettlement("g", DEP, RULE, requests=-1, tokens=0))
 
     disposable_redis.start()
     clock.now += 1.0
-    assert (await a.acquire_key(KEY, "r2", 0)).allowed
+    assert (await a.acquire_key(KeyAsk(KEY, "r2", 0))).allowed
     assert a.mode.value == "shared" and a.ready
 
 
@@ -220,14 +217,14 @@ async def test_leases_taken_locally_are_released_locally(
     key = KeyLimits("p", max_parallel=1)
     disposable_redis.kill()
     for _ in range(3):  # open the circuit
-        await a.acquire_key(KeyLimits("other"), "x", 0)
-    assert (await a.acquire_key(key, "held", 0)).allowed
-    assert not (await a.acquire_key(key, "second", 0)).allowed
+        await a.acquire_key(KeyAsk(KeyLimits("other"), "x", 0))
+    assert (await a.acquire_key(KeyAsk(key, "held", 0))).allowed
+    assert not (await a.acquire_key(KeyAsk(key, "second", 0))).allowed
     disposable_redis.start()
     clock.now += 1.0
     await a.heartbeat()  # the heartbeat probes and closes the circuit
     assert a.mode is LimiterMode.SHARED
-    await a.release_key(key, "held", 0)
+    await a.settle(KeySettlement(key, "held", 0))
     assert a.local.leases_held("p") == 0
 
 
@@ -261,7 +258,7 @@ async def test_mode_listener_errors_do_not_break_the_limiter(
     a.on_mode_change(broken)
     disposable_redis.kill()
     for i in range(4):
-        assert (await a.acquire_key(KEY, f"r{i}", 0)).allowed
+        assert (await a.acquire_key(KeyAsk(KEY, f"r{i}", 0))).allowed
     assert a.fallback_active
 
 
@@ -269,33 +266,30 @@ async def test_mode_listener_errors_do_not_break_the_limiter(
 
 RULE = CooldownRule(allowed_fails=3, window=60.0, time=30.0)
 AUTH = Outcome("failure", "auth", cool_for=5.0)
-OTHER = DeploymentLimits("e", rpm=Rate(60, 60, 2))
+OTHER = DeploymentLimits("e", windows=(rpm(60, 2),))
 
 
 async def test_health_and_in_flight_are_shared_by_replicas(
     make: Callable[[OnError, str], ResilientLimiter],
 ) -> None:
     a, b = make("local", "a"), make("local", "b")
-    first = await a.reserve_deployment("g", [DEP, OTHER], 0, 0, lease_id="r1", least_busy=True)
+    first = await a.reserve(GroupAsk("g", [DEP, OTHER], 0, 0, lease="r1", least_busy=True))
     assert first.deployment_id == "d"
     # b sees a's request in flight on d...
-    second = await b.reserve_deployment("g", [DEP, OTHER], 0, 0, lease_id="r2", least_busy=True)
+    second = await b.reserve(GroupAsk("g", [DEP, OTHER], 0, 0, lease="r2", least_busy=True))
     assert second.deployment_id == "e"
     # ...and the cooldown a's settlement started.
-    change = await a.settle_deployment("g", DEP, lease_id="r1", outcome=AUTH, rule=RULE)
+    change = await a.settle(DeploymentSettlement("g", DEP, lease="r1", outcome=AUTH, rule=RULE))
     assert change == HealthChange(cooled=True, cool_for=5.0)
-    verdict = await b.reserve_deployment("g", [DEP], 0, max_wait=0)
+    verdict = await b.reserve(GroupAsk("g", [DEP], 0, max_wait=0))
     assert verdict.deployment_id is None and verdict.cooling and verdict.retry_after == 5.0
-    assert await b.deployment_health("g", ["d", "e"]) == {"d": 5.0, "e": 0.0}
-    await b.sync_budget(
-        "g",
-        OTHER,
-        remaining_requests=0,
-        reset_requests=30,
-        remaining_tokens=None,
-        reset_tokens=None,
+    assert await unusable(b, "g", [DEP, OTHER]) == {"d": 5.0, "e": 0.0}
+    await b.settle(
+        DeploymentSettlement(
+            "g", OTHER, RULE, remaining=Remaining(requests=0, requests_wait=30, tokens=None)
+        )
     )
-    assert (await a.reserve_deployment("g", [OTHER], 0, max_wait=0)).deployment_id is None
+    assert (await a.reserve(GroupAsk("g", [OTHER], 0, max_wait=0))).deployment_id is None
 
 
 async def test_local_fallback_keeps_health_and_in_flight_locally(
@@ -306,22 +300,24 @@ async def test_local_fallback_keeps_health_and_in_flight_locally(
     a = make("local", "a")
     disposable_redis.kill()
     for _ in range(3):  # failing calls: answered locally, and they open the circuit
-        assert await a.deployment_health("g", ["d"]) == {"d": 0.0}
+        assert await unusable(a, "g", [DEP]) == {"d": 0.0}
     assert a.fallback_active
-    verdict = await a.reserve_deployment("g", [DEP, OTHER], 0, 0, lease_id="r1", least_busy=True)
+    verdict = await a.reserve(GroupAsk("g", [DEP, OTHER], 0, 0, lease="r1", least_busy=True))
     assert verdict.deployment_id == "d" and a.local.in_flight("g", "d") == 1
-    change = await a.settle_deployment("g", DEP, lease_id="r1", outcome=AUTH, rule=RULE)
+    change = await a.settle(DeploymentSettlement("g", DEP, lease="r1", outcome=AUTH, rule=RULE))
     assert change == HealthChange(cooled=True, cool_for=5.0)
     assert a.local.in_flight("g", "d") == 0
-    assert await a.deployment_health("g", ["d", "e"]) == {"d": 5.0, "e": 0.0}
-    refused = await a.reserve_deployment("g", [DEP], 0, max_wait=1)
+    assert await unusable(a, "g", [DEP, OTHER]) == {"d": 5.0, "e": 0.0}
+    refused = await a.reserve(GroupAsk("g", [DEP], 0, max_wait=1))
     assert refused.deployment_id is None and refused.cooling and refused.retry_after == 5.0
-    await a.sync_budget(
-        "g", OTHER, remaining_requests=0, reset_requests=30, remaining_tokens=0, reset_tokens=9
+    await a.settle(
+        DeploymentSettlement(
+            "g", OTHER, RULE, remaining=Remaining(requests=0, requests_wait=30, tokens=0)
+        )
     )
-    assert (await a.reserve_deployment("g", [OTHER], 0, max_wait=0)).retry_after == 30.0
+    assert (await a.reserve(GroupAsk("g", [OTHER], 0, max_wait=0))).retry_after == 30.0
     clock.now += 5.0
-    probe = await a.reserve_deployment("g", [DEP], 0, max_wait=0, lease_id="p")
+    probe = await a.reserve(GroupAsk("g", [DEP], 0, max_wait=0, lease="p"))
     assert probe.deployment_id == "d" and probe.probe
 
 
@@ -333,17 +329,17 @@ async def test_a_request_reserved_locally_is_settled_locally(
     a = make("local", "a")
     disposable_redis.kill()
     for _ in range(3):
-        await a.reserve_deployment("g", [OTHER], 0, max_wait=0)
-    reserved = await a.reserve_deployment("g", [DEP], 0, 0, lease_id="r", least_busy=True)
+        await a.reserve(GroupAsk("g", [OTHER], 0, max_wait=0))
+    reserved = await a.reserve(GroupAsk("g", [DEP], 0, 0, lease="r", least_busy=True))
     assert reserved.deployment_id == "d"
     disposable_redis.start()
     clock.now += 1.0
     await a.heartbeat()  # closes the circuit
     assert a.mode is LimiterMode.SHARED
-    change = await a.settle_deployment("g", DEP, lease_id="r", outcome=AUTH, rule=RULE)
+    change = await a.settle(DeploymentSettlement("g", DEP, lease="r", outcome=AUTH, rule=RULE))
     assert change.cooled and a.local.in_flight("g", "d") == 0
     # The cooldown was decided locally: the shared health never heard of it.
-    assert await a.deployment_health("g", ["d"]) == {"d": 0.0}
+    assert await unusable(a, "g", [DEP]) == {"d": 0.0}
 
 
 async def test_reject_refuses_reservations_and_settles_nothing(
@@ -353,14 +349,18 @@ async def test_reject_refuses_reservations_and_settles_nothing(
     disposable_redis.kill()
     for _ in range(4):  # erroring calls and then the open circuit
         with pytest.raises(LimiterUnavailable):
-            await a.reserve_deployment("g", [DEP], 0, max_wait=0, lease_id="r", least_busy=True)
+            await a.reserve(GroupAsk("g", [DEP], 0, max_wait=0, lease="r", least_busy=True))
     # Never raise: give up with neutral answers.
-    change = await a.settle_deployment("g", DEP, lease_id="r", outcome=AUTH, rule=RULE, tokens=-5)
-    assert change == HealthChange()
-    await a.sync_budget(
-        "g", DEP, remaining_requests=0, reset_requests=5, remaining_tokens=0, reset_tokens=5
+    change = await a.settle(
+        DeploymentSettlement("g", DEP, lease="r", outcome=AUTH, rule=RULE, tokens=-5)
     )
-    assert await a.deployment_health("g", ["d", "e"]) == {"d": 0.0, "e": 0.0}
+    assert change == HealthChange()
+    await a.settle(
+        DeploymentSettlement(
+            "g", DEP, RULE, remaining=Remaining(requests=0, requests_wait=5, tokens=0)
+        )
+    )
+    assert await unusable(a, "g", [DEP, OTHER]) == {"d": 0.0, "e": 0.0}
     assert a.mode is LimiterMode.UNAVAILABLE
 
 
@@ -368,16 +368,18 @@ async def test_new_operations_failing_in_the_storage_are_answered_locally(
     make: Callable[[OnError, str], ResilientLimiter], disposable_redis: RedisServer
 ) -> None:
     a = make("local", "a")
-    reserved = await a.reserve_deployment("g", [DEP], 0, 0, lease_id="r", least_busy=True)
+    reserved = await a.reserve(GroupAsk("g", [DEP], 0, 0, lease="r", least_busy=True))
     assert reserved.deployment_id == "d"
     disposable_redis.kill()
     # The circuit is still closed: each call tries Redis, fails, and falls back.
-    change = await a.settle_deployment("g", DEP, lease_id="r", outcome=AUTH, rule=RULE)
+    change = await a.settle(DeploymentSettlement("g", DEP, lease="r", outcome=AUTH, rule=RULE))
     assert change.cooled
-    await a.sync_budget(
-        "g", DEP, remaining_requests=1, reset_requests=1, remaining_tokens=None, reset_tokens=None
+    await a.settle(
+        DeploymentSettlement(
+            "g", DEP, RULE, remaining=Remaining(requests=1, requests_wait=1, tokens=None)
+        )
     )
-    assert await a.deployment_health("g", ["d"]) == {"d": 5.0}
+    assert await unusable(a, "g", [DEP]) == {"d": 5.0}
     assert a.fallback_active
 
 
@@ -404,7 +406,7 @@ async def test_create_limiter_with_redis(redis_url: str) -> None:
     limiter = create_limiter(redis_url, "reject", "r1", timeout=0.5)
     assert isinstance(limiter, ResilientLimiter)
     await limiter.start()
-    assert (await limiter.acquire_key(KEY, "a", 0)).allowed
+    assert (await limiter.acquire_key(KeyAsk(KEY, "a", 0))).allowed
     assert limiter.mode is LimiterMode.SHARED
     await limiter.aclose()
 
@@ -421,10 +423,10 @@ async def test_storage_errors_are_reported_by_operation(
     a = make("local", "a")
     failed: list[str] = []
     a.on_storage_error(failed.append)
-    assert (await a.acquire_key(KEY, "r0", 0)).allowed
+    assert (await a.acquire_key(KeyAsk(KEY, "r0", 0))).allowed
     assert failed == []
     disposable_redis.kill()
-    await a.acquire_key(KEY, "r1", 0)
-    await a.reserve_deployment("g", [DEP], 0, max_wait=0)
+    await a.acquire_key(KeyAsk(KEY, "r1", 0))
+    await a.reserve(GroupAsk("g", [DEP], 0, max_wait=0))
     # Each call that reached the storage and failed is named; an open circuit asks none.
-    assert failed[:2] == ["acquire_key", "reserve_deployment"]
+    assert failed[:2] == ["acquire_key", "reserve"]

@@ -4,7 +4,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 
-from proxy.routing.strategies import order_candidates, weighted_shuffle
+from proxy.routing.strategies import RoutingState, order_candidates, weighted_shuffle
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,10 @@ def test_weighted_shuffle_leads_in_proportion_to_weight() -> None:
 def test_least_busy_prefers_fewest_in_flight() -> None:
     rng = random.Random(1)
     order = order_candidates(
-        "least-busy", [D("a"), D("b"), D("c")], rng, in_flight={"a": 5, "b": 0, "c": 2}
+        "least-busy",
+        [D("a"), D("b"), D("c")],
+        rng,
+        RoutingState(in_flight={"a": 5, "b": 0, "c": 2}),
     )
     assert [d.id for d in order] == ["b", "c", "a"]
 
@@ -33,12 +36,14 @@ def test_lowest_latency_measures_unmeasured_first_and_explores() -> None:
     deployments = [D("fast"), D("slow"), D("new")]
     latency = {"fast": 0.1, "slow": 2.0}
     firsts = Counter(
-        order_candidates("lowest-latency", deployments, rng, latency=latency)[0].id
+        order_candidates("lowest-latency", deployments, rng, RoutingState(latency=latency))[0].id
         for _ in range(1000)
     )
     assert firsts["new"] > 900
     firsts = Counter(
-        order_candidates("lowest-latency", deployments[:2], rng, latency=latency)[0].id
+        order_candidates("lowest-latency", deployments[:2], rng, RoutingState(latency=latency))[
+            0
+        ].id
         for _ in range(2000)
     )
     assert firsts["fast"] > 1800 and firsts["slow"] > 0
@@ -48,5 +53,5 @@ def test_every_strategy_returns_every_candidate_once() -> None:
     rng = random.Random(0)
     deployments = [D(str(i), i + 1.0) for i in range(5)]
     for strategy in ("least-wait", "weighted-random", "least-busy", "lowest-latency"):
-        order = order_candidates(strategy, deployments, rng)  # type: ignore[arg-type]
+        order = order_candidates(strategy, deployments, rng, RoutingState())
         assert sorted(d.id for d in order) == sorted(d.id for d in deployments)

@@ -1,23 +1,22 @@
--- A client key's rpm (cost 1), tpm (cost ARGV[2]) and max_parallel, all or nothing.
--- KEYS: rpm bucket, tpm bucket, leases (one hash tag per key name: one slot)
--- ARGV: now ('' = server time), tokens, rpm interval, rpm capacity, tpm interval,
---       tpm capacity ('' interval = no such limit), max_parallel ('' = none), lease id,
---       lease ttl
+-- A client key's windows (requests cost 1, tokens cost the estimate) and max_parallel,
+-- all or nothing.
+-- KEYS: the key's leases, then one bucket per window (one hash tag per key name: one slot)
+-- ARGV: now ('' = server time), max_parallel ('' = none), lease id, lease ttl, then per
+--       window: interval, capacity, cost
 -- Reply: outcome, binding, wait, retry_after, parallel_full (0/1), now, then debt and
---        time of each present bucket (rpm first) after the decision.
+--        time of each window after the decision.
 local now = clock(ARGV[1])
 local buckets = {}
-if ARGV[3] ~= '' then
-  table.insert(buckets, bucket(KEYS[1], tonumber(ARGV[3]), tonumber(ARGV[4]), 1.0, now))
-end
-if ARGV[5] ~= '' then
-  table.insert(buckets, bucket(KEYS[2], tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[2]), now))
+for i = 2, #KEYS do
+  local a = 3 * i - 1
+  table.insert(buckets, bucket(KEYS[i], tonumber(ARGV[a]), tonumber(ARGV[a + 1]),
+    tonumber(ARGV[a + 2]), now))
 end
 local wait, binding, too_large = plan(buckets)
 local outcome, w, retry, bind = decide(wait, binding, too_large, 0.0)
 local parallel_full = false
-if outcome == 'allowed' and ARGV[7] ~= '' then
-  parallel_full = not acquire_lease(KEYS[3], ARGV[8], tonumber(ARGV[7]), now, tonumber(ARGV[9]))
+if outcome == 'allowed' and ARGV[2] ~= '' then
+  parallel_full = not acquire_lease(KEYS[1], ARGV[3], tonumber(ARGV[2]), now, tonumber(ARGV[4]))
 end
 if outcome == 'allowed' and not parallel_full then
   charge(buckets, wait, now)

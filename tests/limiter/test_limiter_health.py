@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.limiter import base
-from proxy.routing.health import (
+from proxy.limiter.health import (
     DECREASE,
     FORGET_AFTER,
     HEALTHY,

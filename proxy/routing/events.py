@@ -1,0 +1,68 @@
+"""What the dispatcher reports as a request goes: one event per upstream attempt, and the
+few that are not about an attempt (waiting, refusals, health). Metrics and logs consume
+them (``proxy/telemetry.py``); the dispatcher itself touches neither."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from proxy.limiter.base import NEUTRAL, HealthChange, Outcome
+from proxy.upstream.ratelimits import UpstreamBudget
+
+__all__ = ["Attempt", "Events"]
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One upstream call of a request, from the moment it is sent until it ended."""
+
+    request_id: str
+    model: str  # the deployment's group (a configured name: safe as a label)
+    deployment: str  # its configured id
+    started: float  # perf_counter
+    ended: float = 0.0
+    # "200"/"429"/... for an answer, else the failure's reason ("timeout", ...) or how a
+    # stream ended ("interrupted", "abandoned").
+    label: str = ""
+    outcome: Outcome = NEUTRAL
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+    @property
+    def duration(self) -> float:
+        return self.ended - self.started
+
+
+class Events(Protocol):
+    def attempt_started(self, attempt: Attempt) -> None: ...
+
+    def first_token(self, attempt: Attempt, seconds: float) -> None:
+        """A streamed answer's first chunk arrived ``seconds`` after it was sent."""
+        ...
+
+    def attempt_ended(self, attempt: Attempt) -> None:
+        """Once per attempt, with its label, outcome, duration and usage."""
+        ...
+
+    def health_changed(
+        self, model: str, deployment: str, outcome: Outcome, change: HealthChange
+    ) -> None: ...
+
+    def upstream_budget(self, model: str, deployment: str, budget: UpstreamBudget) -> None:
+        """What an upstream's rate-limit headers said it has left."""
+        ...
+
+    def limits_announced(self, deployment: str, lowered: dict[str, int]) -> None:
+        """Configured limits were lowered to what the upstream announces."""
+        ...
+
+    def queued(self, model: str, delta: int) -> None:
+        """A request started (+1) or stopped (-1) waiting for its turn."""
+        ...
+
+    def waited(self, model: str, seconds: float) -> None: ...
+
+    def refused(self, scope: str, model: str) -> None:
+        """The proxy refused a request because of ``scope``'s limit (a 429 or 503)."""
+        ...

@@ -1,0 +1,111 @@
+"""Where the request path's events become metrics and log lines.
+
+The dispatcher and the pipeline report what happened (``routing/events.py``); this is
+the one place that decides which metrics move and what is logged for it, so neither the
+control flow nor the metrics registry knows about the other.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from proxy.limiter.base import HealthChange, Outcome
+from proxy.logs import RequestLog, log_request
+from proxy.metrics import Metrics
+from proxy.routing.events import Attempt
+from proxy.upstream.ratelimits import UpstreamBudget
+
+__all__ = ["Telemetry"]
+
+logger = logging.getLogger("proxy.routing")
+
+
+class Telemetry:
+    """Implements ``routing.events.Events`` over the metrics and the logs."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    # -- one request -----------------------------------------------------------------
+
+    def request_finished(self, line: RequestLog, duration: float) -> None:
+        self.metrics.request_finished(line.model, line.status, duration)
+        log_request(line)
+
+    # -- routing.events.Events ---------------------------------------------------------
+
+    def attempt_started(self, attempt: Attempt) -> None:
+        self.metrics.in_flight_add(attempt.model, attempt.deployment, 1)
+
+    def first_token(self, attempt: Attempt, seconds: float) -> None:
+        self.metrics.first_token(attempt.model, attempt.deployment, seconds)
+
+    def attempt_ended(self, attempt: Attempt) -> None:
+        model, deployment = attempt.model, attempt.deployment
+        self.metrics.in_flight_add(model, deployment, -1)
+        self.metrics.upstream_finished(model, deployment, attempt.label, attempt.duration)
+        if attempt.prompt_tokens or attempt.completion_tokens:
+            self.metrics.tokens(
+                model, deployment, attempt.prompt_tokens or 0, attempt.completion_tokens or 0
+            )
+        if attempt.outcome.kind == "failure":
+            reason = attempt.outcome.reason
+            self.metrics.failure(model, deployment, reason)
+            logger.warning(
+                "upstream failure",
+                extra={
+                    "request_id": attempt.request_id,
+                    "model": model,
+                    "deployment": deployment,
+                    "reason": reason,
+                },
+            )
+
+    def health_changed(
+        self, model: str, deployment: str, outcome: Outcome, change: HealthChange
+    ) -> None:
+        if change.cooled:
+            self.metrics.cooldown(model, deployment, outcome.reason)
+            self.metrics.set_deployment_state(model, deployment, True)
+            auth = outcome.reason == "auth"
+            (logger.error if auth else logger.warning)(
+                "deployment cooling down" + (": the upstream rejected its api_key" if auth else ""),
+                extra={
+                    "model": model,
+                    "deployment": deployment,
+                    "reason": outcome.reason,
+                    "cooldown_s": round(change.cool_for, 3),
+                    "until": time.strftime(
+                        "%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + change.cool_for)
+                    ),
+                },
+            )
+        elif change.recovered:
+            self.metrics.set_deployment_state(model, deployment, False)
+            logger.info(
+                "deployment healthy again", extra={"model": model, "deployment": deployment}
+            )
+
+    def upstream_budget(self, model: str, deployment: str, budget: UpstreamBudget) -> None:
+        for kind, left in (
+            ("requests", budget.remaining_requests),
+            ("tokens", budget.remaining_tokens),
+        ):
+            if left is not None:
+                self.metrics.set_upstream_remaining(model, deployment, kind, left)
+
+    def limits_announced(self, deployment: str, lowered: dict[str, int]) -> None:
+        logger.warning(
+            "deployment limit lowered to what the upstream announces",
+            extra={"deployment": deployment, **lowered},
+        )
+
+    def queued(self, model: str, delta: int) -> None:
+        self.metrics.queue_depth_add(model, delta)
+
+    def waited(self, model: str, seconds: float) -> None:
+        self.metrics.queue_wait(model, seconds)
+
+    def refused(self, scope: str, model: str) -> None:
+        self.metrics.rate_limited(scope, model)

@@ -1,0 +1,68 @@
+"""The catalog turns configured limits into limiter windows: names, shares, capacities."""
+
+from __future__ import annotations
+
+from support.proxy_server import settings_from
+
+from proxy.catalog import Catalog
+from proxy.limiter.base import DAY, Rate, Window, describe, window_name
+
+
+def _catalog(share: float = 1.0) -> Catalog:
+    deployment = {
+        "id": "d",
+        "base_url": "http://127.0.0.1:1/v1",
+        "rpm": 600,
+        "tpm": 60_000,
+        "rpd": 10_000,
+        "burst": 2,
+    }
+    key = {"name": "k", "key": "s", "rpm": 60, "limits": [{"tokens": 1000, "per": "30d"}]}
+    return Catalog(
+        settings_from({"keys": [key], "models": [{"name": "m", "deployments": [deployment]}]}),
+        share,
+    )
+
+
+def test_window_names_say_kind_and_period() -> None:
+    assert [window_name("requests", p) for p in (60.0, DAY, 1.0, 3600.0, 0.5)] == [
+        "rpm",
+        "rpd",
+        "requests_1s",
+        "requests_1h",
+        "requests_500ms",
+    ]
+    assert [window_name("tokens", p) for p in (60.0, DAY, 30 * DAY, 90.0)] == [
+        "tpm",
+        "tpd",
+        "tokens_30d",
+        "tokens_90s",
+    ]
+    assert describe(Window("tokens_30d", "tokens", Rate(5, 30 * DAY, 5))) == "tokens per 30d"
+    assert describe(Window("rpd", "requests", Rate(5, DAY, 5))) == "requests per day"
+
+
+def test_deployments_pace_requests_within_a_minute_and_cap_longer_windows() -> None:
+    [route] = _catalog().groups["m"].deployments
+    windows = {w.name: w.rate for w in route.limits.windows}
+    # 1% headroom below every configured limit.
+    assert windows["rpm"] == Rate(594.0, 60.0, 2.0)  # burst: paced
+    assert windows["tpm"] == Rate(59_400.0, 60.0, 59_400.0)  # a minute of tokens
+    assert windows["rpd"] == Rate(9_900.0, DAY, 9_900.0)  # caps the day's total
+
+
+def test_keys_hold_their_whole_allowance_and_workers_their_share() -> None:
+    halves = _catalog(share=0.5).key_limits["k"]
+    assert [(w.name, w.rate) for w in halves.windows] == [
+        ("rpm", Rate(30.0, 60.0, 30.0)),
+        ("tokens_30d", Rate(500.0, 30 * DAY, 500.0)),
+    ]
+
+
+def test_an_announced_lower_limit_replaces_the_configured_one_everywhere() -> None:
+    catalog = _catalog()
+    [route] = catalog.groups["m"].deployments
+    assert catalog.announce(route, requests=300, tokens=None) == {"rpm": 300}
+    rates = {w.name: w.rate.limit for w in catalog.limits(route).windows}
+    assert rates == {"rpm": 297.0, "tpm": 59_400.0, "rpd": 9_900.0}
+    assert catalog.announce(route, requests=300, tokens=90_000) == {}  # nothing lower
