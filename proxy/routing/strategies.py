@@ -4,10 +4,11 @@ The limiter then reserves budget on the first candidate that can go now, or else
 one whose turn comes soonest, so every strategy is also budget-aware: an order is a
 preference, never a promise to send to a deployment that has no budget.
 
-``STRATEGIES`` is the one list of names (config validation reads it): each name and the
-function that orders for it. ``weighted-random`` is another name for ``least-wait``, as
-LiteLLM users know it: since the limiter already prefers whoever can go now, a weighted
-random order among them is all either needs.
+``STRATEGIES`` maps each name the config allows (``config.Strategy``, the contract's
+list) to the function that orders for it; an import-time check keeps the two equal.
+``weighted-random`` is another name for ``least-wait``, as LiteLLM users know it: since
+the limiter already prefers whoever can go now, a weighted random order among them is
+all either needs.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, get_args
+
+from proxy.config import Strategy
 
 __all__ = ["STRATEGIES", "RoutingState", "order_candidates", "weighted_shuffle"]
 
@@ -76,7 +79,7 @@ def _lowest_latency(candidates: Sequence[C], rng: random.Random, state: RoutingS
 
 Orderer = Callable[[Sequence[C], random.Random, RoutingState], list[C]]
 
-STRATEGIES: dict[str, Orderer[Candidate]] = {
+STRATEGIES: dict[Strategy, Orderer[Candidate]] = {
     "least-wait": _least_wait,
     "weighted-random": _least_wait,
     "least-busy": _least_busy,
@@ -84,10 +87,14 @@ STRATEGIES: dict[str, Orderer[Candidate]] = {
 }
 
 
+if set(STRATEGIES) != set(get_args(Strategy)):  # pragma: no cover - a developer's slip
+    raise ImportError("routing strategies and config.Strategy name different strategies")
+
+
 def order_candidates(
-    strategy: str, candidates: Sequence[C], rng: random.Random, state: RoutingState
+    strategy: Strategy, candidates: Sequence[C], rng: random.Random, state: RoutingState
 ) -> list[C]:
-    """Candidates in order of preference for ``strategy`` (a name in ``STRATEGIES``)."""
+    """Candidates in order of preference for ``strategy``."""
     if len(candidates) <= 1:
         return list(candidates)
     order: Orderer[C] = STRATEGIES[strategy]  # type: ignore[assignment]
