@@ -57,30 +57,48 @@ class GroupRoute:
     deployments: tuple[DeploymentRoute, ...]
 
 
-def window(rule: LimitRule, share: float, capacity: float | None, headroom: float = 0.0) -> Window:
+def window(
+    rule: LimitRule,
+    share: float,
+    capacity: float | None,
+    headroom: float = 0.0,
+    *,
+    paced: bool = False,
+) -> Window:
     """One configured limit as a limiter window: ``share`` of it (this process's part
     when budgets are not shared), ``headroom`` below it, holding ``capacity`` units at
-    once (default: the whole window's allowance)."""
+    once (default: the whole window's allowance). ``paced``: units are spent at the
+    window's rate, one request ahead at most, and a request up to the whole allowance
+    still goes (alone)."""
     limit = rule.amount * share * (1.0 - headroom)
-    rate = Rate(limit=limit, period=rule.per, capacity=max(capacity or limit, 1.0))
+    rate = Rate(
+        limit=limit,
+        period=rule.per,
+        capacity=max(capacity or limit, 1.0),
+        ceiling=limit if paced else None,
+    )
     return Window(window_name(rule.kind, rule.per), rule.kind, rate)
 
 
 def deployment_limits(deployment: Deployment, share: float = 1.0) -> DeploymentLimits:
     burst = deployment.burst or DEFAULT_DEPLOYMENT_BURST
 
-    def capacity(rule: LimitRule) -> float | None:
-        # Requests are paced within a minute; a longer window only caps the total.
-        # Tokens: a bucket of the whole window, so any request the upstream could ever
-        # accept fits; the request pacing spreads them.
-        return burst if rule.kind == "requests" and rule.per <= MINUTE else None
+    def spec(rule: LimitRule) -> Window:
+        # Within a minute, requests go `burst` at a time and tokens one request ahead of
+        # their pace at most: upstreams enforce per-minute limits over windows of a few
+        # seconds (OpenAI's are "quantized", Azure's 1-10 s), so over any window of
+        # W >= 1 s at most tpm x W / 60 tokens plus one request go out; a request as
+        # large as the whole minute's allowance still goes, alone. A longer window only
+        # caps the total.
+        if rule.per > MINUTE:
+            return window(rule, share, None, DEPLOYMENT_HEADROOM)
+        if rule.kind == "requests":
+            return window(rule, share, burst, DEPLOYMENT_HEADROOM)
+        return window(rule, share, 1.0, DEPLOYMENT_HEADROOM, paced=True)
 
     return DeploymentLimits(
         id=deployment.id,
-        windows=tuple(
-            window(rule, share, capacity(rule), DEPLOYMENT_HEADROOM)
-            for rule in deployment.limit_rules()
-        ),
+        windows=tuple(spec(rule) for rule in deployment.limit_rules()),
         # A half-open probe is out at most as long as the call may take.
         probe_timeout=deployment.timeout,
     )

@@ -47,7 +47,8 @@ def test_deployments_pace_requests_within_a_minute_and_cap_longer_windows() -> N
     windows = {w.name: w.rate for w in route.limits.windows}
     # 1% headroom below every configured limit.
     assert windows["rpm"] == Rate(594.0, 60.0, 2.0)  # burst: paced
-    assert windows["tpm"] == Rate(59_400.0, 60.0, 59_400.0)  # a minute of tokens
+    # Tokens paced: one request ahead at most, one up to the whole minute's allowance.
+    assert windows["tpm"] == Rate(59_400.0, 60.0, 1.0, ceiling=59_400.0)
     assert windows["rpd"] == Rate(9_900.0, DAY, 9_900.0)  # caps the day's total
 
 

@@ -40,11 +40,17 @@ DAY = 86400.0
 
 @dataclass(frozen=True, slots=True)
 class Rate:
-    """``limit`` units per ``period`` seconds, at most ``capacity`` units at once."""
+    """``limit`` units per ``period`` seconds, at most ``capacity`` units at once.
+
+    ``ceiling`` makes a *paced* bucket: a request costing more than ``capacity`` (but at
+    most ``ceiling``) still goes, alone, once the bucket has drained; a paced bucket with
+    a tiny capacity spends its units exactly at its rate, one request ahead at most.
+    Without a ceiling, a request costing more than ``capacity`` can never go."""
 
     limit: float
     period: float
     capacity: float
+    ceiling: float | None = None
 
     def __post_init__(self) -> None:
         if not (self.limit > 0 and self.period > 0 and self.capacity > 0):
@@ -54,6 +60,18 @@ class Rate:
     def interval(self) -> float:
         """Seconds one unit of budget takes to refill."""
         return self.period / self.limit
+
+    @property
+    def largest(self) -> float:
+        """The largest request it can ever take (and what 'full' means for headers)."""
+        return self.capacity if self.ceiling is None else max(self.capacity, self.ceiling)
+
+    def capacity_for(self, cost: float) -> float:
+        """The capacity a request of ``cost`` is measured against: a paced bucket lets a
+        request up to its ceiling go alone once drained (``debt + cost - cost <= 0``)."""
+        if cost <= self.capacity or self.ceiling is None or cost > self.ceiling:
+            return self.capacity
+        return cost
 
 
 @dataclass(frozen=True, slots=True)

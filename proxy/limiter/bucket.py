@@ -87,6 +87,11 @@ class Bucket:
         """Seconds one unit takes to refill at the effective rate (``x / 1.0 == x``)."""
         return self.rate.interval / self.factor
 
+    @property
+    def capacity(self) -> float:
+        """What this request is measured against (``Rate.capacity_for``)."""
+        return self.rate.capacity_for(self.cost)
+
 
 @dataclass(frozen=True, slots=True)
 class Plan:
@@ -114,11 +119,12 @@ def plan(buckets: Sequence[Bucket], now: float) -> Plan:
         interval = b.interval
         debt = debt_at(b.state, interval, now)
         debts.append(debt)
-        if b.cost > b.rate.capacity and too_large < 0:
+        capacity = b.capacity
+        if b.cost > capacity and too_large < 0:
             too_large = i
         # debt + cost - capacity is exact for whole units, so the last request of a
         # burst that exactly fills the bucket gets wait 0, not 1e-12.
-        w = (debt + b.cost - b.rate.capacity) * interval
+        w = (debt + b.cost - capacity) * interval
         if w > wait:
             wait = w
             binding = i
@@ -189,17 +195,18 @@ def lower(
     None when the bucket already holds no more (nothing to write)."""
     interval = rate.interval / factor
     debt = debt_at(state, interval, now)
-    floor = rate.capacity - available
+    floor = rate.largest - available
     if wait is not None:
-        floor = max(floor, rate.capacity - 1.0 + wait / interval)
+        floor = max(floor, rate.largest - 1.0 + wait / interval)
     if floor > debt:
         return BucketState(floor, now)
     return None
 
 
 def remaining_now(state: BucketState, rate: Rate, now: float, factor: float = 1.0) -> float:
-    """Units that could be taken at once right now (0 while turns are reserved ahead)."""
-    return max(0.0, rate.capacity - debt_at(state, rate.interval / factor, now))
+    """Units that could be taken at once right now (0 while turns are reserved ahead;
+    for a paced bucket, the largest request it could take)."""
+    return max(0.0, rate.largest - debt_at(state, rate.interval / factor, now))
 
 
 def usage(state: BucketState, rate: Rate, now: float) -> Usage:

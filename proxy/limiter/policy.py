@@ -142,7 +142,7 @@ def share(rate: Rate, replicas: int, cost: float) -> Rate:
     if replicas <= 1:
         return rate
     capacity = max(rate.capacity / replicas, min(rate.capacity, cost))
-    return Rate(rate.limit / replicas, rate.period, capacity)
+    return replace(rate, limit=rate.limit / replicas, capacity=capacity)
 
 
 def share_windows(windows: Sequence[Window], replicas: int, tokens: float) -> tuple[Window, ...]:

@@ -89,7 +89,7 @@ class RedisLimiter:
             _num(self._lease_ttl),
         ]
         for s in spent:
-            args += [_num(s.rate.interval), _num(s.rate.capacity), _num(s.amount)]
+            args += [_num(s.rate.interval), _num(s.capacity), _num(s.amount)]
         keys = [
             self._key(limits.name, "leases"),
             *(self._window(limits.name, w) for w in limits.windows),
@@ -117,7 +117,7 @@ class RedisLimiter:
             keys += [self._deployment(group, c.id, s.window.name) for s in spent]
             args += [str(len(spent)), _num(c.probe_timeout)]
             for s in spent:
-                args += [_num(s.rate.interval), _num(s.rate.capacity), _num(s.amount)]
+                args += [_num(s.rate.interval), _num(s.capacity), _num(s.amount)]
         reply = await self.runner.run("reserve_deployment", keys, args)
         outcome, index, wait, retry_after, binding, probe, cooling, *waits = reply
         decision = Decision(Result(outcome), float(wait), float(retry_after), int(binding))
@@ -156,7 +156,7 @@ class RedisLimiter:
         for f in lowered:
             wait = "" if f.wait is None else _num(f.wait)
             rate = f.window.rate
-            args += [_num(rate.interval), _num(rate.capacity), _num(f.available), wait]
+            args += [_num(rate.interval), _num(rate.largest), _num(f.available), wait]
         # A cooldown must start at once; other settlements ride along with the next call.
         urgent = s.outcome.kind == "failure" or bool(lowered)
         cooled, recovered, cool_for = await self.runner.run(
@@ -176,7 +176,7 @@ class RedisLimiter:
             keys += [self._deployment(group, d.id, w.name) for w in d.windows]
             args.append(str(len(d.windows)))
             for w in d.windows:
-                args += [_num(w.rate.interval), _num(w.rate.capacity)]
+                args += [_num(w.rate.interval), _num(w.rate.largest)]
         reply = iter(await self.runner.run("snapshot", keys, args))
         return {
             d.id: DeploymentState(

@@ -49,6 +49,11 @@ class Spend:
     def rate(self) -> Rate:
         return self.window.rate
 
+    @property
+    def capacity(self) -> float:
+        """What this spend is measured against (``Rate.capacity_for``)."""
+        return self.window.rate.capacity_for(self.amount)
+
 
 def spends(windows: Sequence[Window], requests: float, tokens: float) -> list[Spend]:
     """Every window with its cost: requests windows ``requests``, token windows ``tokens``."""

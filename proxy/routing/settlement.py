@@ -1,8 +1,10 @@
 """Settling deployments after the fact, off the request's path.
 
-A reserved turn is settled once its upstream call ended (or was never made): the token
-estimate is corrected to the real usage, an unused turn is given back, the in-flight
-lease freed, and the answer's meaning recorded in the deployment's health. The common
+A reserved turn is settled once its upstream call ended (or was never made): a turn never
+used is given back whole; a request that went keeps its charge (upstreams count a
+request's tokens when they admit it, as prompt plus ``max_tokens``, and never give back
+what it did not use), charged more only when it used more than estimated. The in-flight
+lease is freed and the answer's meaning recorded in the deployment's health. The common
 case, a success that would change nothing, costs no storage call at all.
 """
 
@@ -54,53 +56,46 @@ class Settler:
         self.least_busy = least_busy
 
     def settle(
-        self,
-        turn: Turn,
-        outcome: Outcome,
-        *,
-        estimate: int,
-        real_tokens: int | None,
-        requests: float = 0.0,
+        self, turn: Turn, outcome: Outcome, *, estimate: int, real_tokens: int | None
     ) -> None:
-        """Settle ``turn`` in the background. Unknown usage (``real_tokens`` None: an
-        error, no usage in the answer) refunds the whole ``estimate``."""
+        """Settle the turn of a request that went upstream, in the background:
+        ``real_tokens`` beyond the ``estimate`` are charged (None: unknown)."""
+        extra = max(0.0, float((real_tokens or 0) - estimate))
         limits = self.catalog.limits(turn.deployment)
-        tokens = float((real_tokens or 0) - estimate)
-        corrects_tokens = tokens != 0 and any(w.kind == "tokens" for w in limits.windows)
+        corrects_tokens = extra > 0 and any(w.kind == "tokens" for w in limits.windows)
         if (
             outcome.kind == "success"
             and not turn.probe
             and not self.least_busy
-            and requests == 0
             and not corrects_tokens
         ):
             return  # the common case: it would change nothing
-        self._send(
-            turn.deployment,
-            DeploymentSettlement(
-                turn.deployment.group,
-                limits,
-                self.rule,
-                outcome,
-                lease=turn.lease,
-                requests=requests,
-                tokens=tokens,
-            ),
-        )
+        self._send(turn.deployment, turn.lease, outcome, requests=0.0, tokens=extra)
 
     def give_back(self, turn: Turn, estimate: int) -> None:
-        """A reserved turn goes unused: return it, so the next request can take it."""
-        self.settle(turn, NEUTRAL, estimate=estimate, real_tokens=0, requests=-1.0)
+        """A reserved turn goes unused (nothing was sent): return it whole, so the next
+        request can take it."""
+        self._send(turn.deployment, turn.lease, NEUTRAL, requests=-1.0, tokens=-float(estimate))
 
     def report(self, deployment: DeploymentRoute, remaining: Remaining) -> None:
         """The upstream has less left than the windows may say: bring them down to it."""
+        self._send(deployment, "", NEUTRAL, remaining=remaining)
+
+    def _send(
+        self,
+        deployment: DeploymentRoute,
+        lease: str,
+        outcome: Outcome,
+        *,
+        requests: float = 0.0,
+        tokens: float = 0.0,
+        remaining: Remaining | None = None,
+    ) -> None:
         limits = self.catalog.limits(deployment)
-        self._send(
-            deployment,
-            DeploymentSettlement(deployment.group, limits, self.rule, NEUTRAL, remaining=remaining),
+        settlement = DeploymentSettlement(
+            deployment.group, limits, self.rule, outcome, lease, requests, tokens, remaining
         )
 
-    def _send(self, deployment: DeploymentRoute, settlement: DeploymentSettlement) -> None:
         async def run() -> None:
             change = await self.limiter.settle(settlement)
             if change.cooled or change.recovered:

@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 from support.proxy_server import ProxyInThread, settings_from
+from support.waiting import wait_until
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 
@@ -113,15 +114,17 @@ def test_a_request_bigger_than_the_key_can_ever_hold_is_a_clear_400(
 
 
 def test_max_parallel_caps_in_flight_requests_and_frees_slots(upstream: FakeUpstreamHandle) -> None:
-    upstream.control(latency=0.5)
+    upstream.control(latency=1.0)  # the whole burst arrives while the first 3 are in flight
     with _proxy(upstream, {"max_parallel": 3}) as proxy:
+        limiter = proxy.app.state.pipeline.limiter
         first = asyncio.run(_burst(proxy.base_url, 10))
+        # Slots are released once each answer is out, in the background.
+        wait_until(lambda: limiter.leases_held("limited") == 0, what="slots released")
         second = asyncio.run(_burst(proxy.base_url, 3))
-        leases = proxy.app.state.pipeline.limiter.leases_held("limited")
+        wait_until(lambda: limiter.leases_held("limited") == 0, what="slots released again")
     assert sorted(r.status_code for r in first) == [200] * 3 + [429] * 7
     _assert_429(next(r for r in first if r.status_code == 429), "key_parallel")
     assert [r.status_code for r in second] == [200] * 3
-    assert leases == 0
 
 
 def test_a_burst_over_the_deployment_limit_waits_for_its_turn(upstream: FakeUpstreamHandle) -> None:

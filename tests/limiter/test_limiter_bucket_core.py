@@ -232,3 +232,42 @@ def test_lower_brings_a_bucket_down_never_up() -> None:
     assert lowered is not None
     _, decision = take(lowered, RPM, 1, 0.0, max_wait=10)
     assert decision.wait == 7.0
+
+
+# -- paced buckets: a tiny capacity and a ceiling --------------------------------------
+
+PACED = Rate(600, 60, 1.0, ceiling=600)  # ten tokens a second, one request ahead at most
+
+
+def test_a_paced_bucket_lets_a_request_go_alone_once_drained() -> None:
+    state, first = take(FULL, PACED, 30, 0.0, 0.0)
+    assert first.allowed and first.wait == 0.0  # a drained bucket: any request goes now
+    _, second = take(state, PACED, 5, 0.0, 10.0)
+    assert second.allowed and second.wait == pytest.approx(3.0)  # after the 30 drained
+
+
+def test_a_paced_bucket_refuses_only_beyond_its_ceiling() -> None:
+    assert take(FULL, PACED, 600, 0.0, 0.0)[1].allowed
+    assert take(FULL, PACED, 601, 0.0, 0.0)[1].outcome is Outcome.TOO_LARGE
+    assert PACED.largest == 600 and Rate(10, 60, 5).largest == 5
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    costs=st.lists(st.floats(min_value=1.0, max_value=600.0), min_size=1, max_size=40),
+    gaps=st.lists(st.floats(min_value=0.0, max_value=20.0), min_size=40, max_size=40),
+)
+def test_paced_tokens_never_exceed_the_pace_plus_one_request(
+    costs: list[float], gaps: list[float]
+) -> None:
+    """Over any span of turns [s, e], at most rate x (e - s) plus the last request."""
+    state, now, turns = FULL, 0.0, []
+    for cost, gap in zip(costs, gaps, strict=False):
+        now += gap
+        state, decision = take(state, PACED, cost, now, 1e9)
+        turns.append((now + decision.wait, cost))
+    for i, (start, _) in enumerate(turns):
+        for j in range(i, len(turns)):
+            end = turns[j][0]
+            sent = sum(c for _, c in turns[i : j + 1])
+            assert sent <= (end - start) / PACED.interval + turns[j][1] + 1e-6

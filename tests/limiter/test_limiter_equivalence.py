@@ -51,10 +51,18 @@ capacities = st.one_of(
     st.sampled_from([1.0, 2.0, 5.0, 50.0]),
     st.floats(min_value=0.5, max_value=60.0, allow_nan=False, allow_infinity=False),
 )
+# Paced buckets (a request up to the ceiling goes alone once drained) now and then.
+ceilings = st.one_of(st.none(), st.none(), st.sampled_from([10.0, 100.0]), limits)
 # Intervals from ~10 ms to a minute, so that time advancing a few seconds sometimes
 # drains a bucket fully and often only partly; and day and 30-day windows.
 PERIODS = [1.0, 60.0, 0.7, 3.0, 86400.0, 2592000.0]
-rates = st.builds(Rate, limit=limits, period=st.sampled_from(PERIODS[:4]), capacity=capacities)
+rates = st.builds(
+    Rate,
+    limit=limits,
+    period=st.sampled_from(PERIODS[:4]),
+    capacity=capacities,
+    ceiling=ceilings,
+)
 
 
 def _window(kind: Kind, rate: Rate) -> Window:
@@ -73,7 +81,13 @@ def _distinct(windows: tuple[Window | None, ...]) -> tuple[Window, ...]:
 window_sets = st.lists(
     st.tuples(
         st.sampled_from(["requests", "tokens"]),
-        st.builds(Rate, limit=limits, period=st.sampled_from(PERIODS), capacity=capacities),
+        st.builds(
+            Rate,
+            limit=limits,
+            period=st.sampled_from(PERIODS),
+            capacity=capacities,
+            ceiling=ceilings,
+        ),
     ),
     max_size=3,
     unique_by=lambda kr: (kr[0], kr[1].period),  # a window is named by kind and period
@@ -408,7 +422,9 @@ paced = st.one_of(
     st.sampled_from([Rate(60, 60, 1), Rate(120, 60, 2), Rate(30, 60, 1), Rate(600, 60, 10)]),
     st.builds(Rate, limit=limits, period=st.just(60.0), capacity=capacities),
 )
-per_minute_tokens = st.builds(Rate, limit=limits, period=st.just(60.0), capacity=capacities)
+per_minute_tokens = st.builds(
+    Rate, limit=limits, period=st.just(60.0), capacity=capacities, ceiling=ceilings
+)
 health_windows = st.tuples(
     paced.map(lambda r: _window("requests", r)),
     st.one_of(st.none(), st.none(), per_minute_tokens.map(lambda r: _window("tokens", r))),

@@ -2,7 +2,7 @@
 -- all or nothing.
 -- KEYS: the key's leases, then one bucket per window (one hash tag per key name: one slot)
 -- ARGV: now ('' = server time), max_parallel ('' = none), lease id, lease ttl, then per
---       window: interval, capacity, cost
+--       window: interval, capacity (Rate.capacity_for the cost), cost
 -- Reply: outcome, binding, wait, retry_after, parallel_full (0/1), now, then debt and
 --        time of each window after the decision.
 local now = clock(ARGV[1])

@@ -5,7 +5,7 @@
 -- ARGV: now ('' = server time), max_wait, lease id ('' = none; a probe's, and in flight
 --       under least_busy), least_busy (1/0), then
 --       per candidate: its bucket count n, its probe_timeout, then n times: interval,
---       capacity, cost
+--       capacity (Rate.capacity_for the cost), cost
 -- Reply: outcome, chosen index (0-based, -1 none), wait, retry_after, binding, probe (1/0),
 --        cooling (1/0), then each candidate's wait ('inf' when too large).
 local now = clock(ARGV[1])

@@ -5,7 +5,8 @@
 -- ARGV: now ('' = server time), lease id ('' = none), kind (success/failure/neutral),
 --       cool_for ('' = none), rate_limited (1/0), allowed_fails, window, cooldown time,
 --       number of buckets to correct, then per bucket to correct: interval, units, then
---       per bucket to lower: interval, capacity, available, wait for one unit ('' = none)
+--       per bucket to lower: interval, largest (Rate.largest), available, wait for one
+--       unit ('' = none)
 -- Reply: cooled (1/0), recovered (1/0), seconds left of the cooldown
 local now = clock(ARGV[1])
 local lease_id = ARGV[2]

@@ -3,7 +3,7 @@
 -- (bucket.remaining_now).
 -- KEYS: per deployment: its health, then its buckets
 -- ARGV: now ('' = server time), then per deployment: its bucket count n, then n times:
---       interval, capacity
+--       interval, largest (Rate.largest)
 -- Reply: per deployment: unusable_for, then one number per bucket
 local now = clock(ARGV[1])
 local reply = {}
