@@ -169,9 +169,10 @@ NEUTRAL = Outcome(kind="neutral")
 class HealthChange:
     """What a settlement did to the deployment's health."""
 
-    cooled: bool = False  # a cooldown started or was extended by this call
+    cooled: bool = False  # a cooldown or a 429's hold started or was extended by this call
     recovered: bool = False  # a probe succeeded: healthy again
-    cool_for: float = 0.0  # seconds from now until the cooldown ends; 0 if not cooling
+    cool_for: float = 0.0  # seconds from now until it may take a request again (0: now)
+    epoch: int = 0  # the deployment's learning epoch after this call (see health.py)
 
 
 NO_CHANGE = HealthChange()
@@ -239,11 +240,21 @@ class KeySettlement:
 
 
 @dataclass(frozen=True, slots=True)
+class Sent:
+    """The turn a request was sent on, as ``reserve`` granted it (``DeploymentVerdict``):
+    what a 429 on it teaches (health.py)."""
+
+    epoch: int = 0
+    sequence: int = 0
+    at: float = 0.0  # the turn, in the limiter's time
+
+
+@dataclass(frozen=True, slots=True)
 class DeploymentSettlement:
     """After the upstream answered (or the request was abandoned): free ``lease`` from
     the in-flight set; add ``requests`` (-1: a reserved turn nobody used) and ``tokens``
-    (real minus estimated) to the windows; record ``outcome`` in the health; lower the
-    per-minute windows to ``remaining`` (never raise them). One step."""
+    to the windows; record ``outcome`` in the health (a 429 learns from ``sent``); lower
+    the per-minute windows to ``remaining`` (never raise them). One step."""
 
     group: str
     deployment: DeploymentLimits
@@ -253,6 +264,7 @@ class DeploymentSettlement:
     requests: float = 0.0
     tokens: float = 0.0
     remaining: Remaining | None = None
+    sent: Sent | None = None
 
 
 Settlement = KeySettlement | DeploymentSettlement
@@ -294,8 +306,9 @@ class DeploymentVerdict:
     waits: dict[str, float] = field(default_factory=dict)
     probe: bool = False  # the reserved request is a half-open probe of a cooled deployment
     # Refused while some candidate that could take the request is held by its health
-    # (cooling down, or its probe is out): the model is unavailable, not out of budget.
+    # (cooling down, its probe out, or a 429's hold): unavailable, not out of budget.
     cooling: bool = False
+    sent: Sent | None = None  # the reserved turn (None when refused)
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +317,7 @@ class DeploymentState:
 
     unusable_for: float  # seconds until it may take a request (0: now)
     remaining: dict[str, float]  # per window name: units that could be taken at once
+    learned: float = 0.0  # requests a second learned from upstream 429s (0: none)
 
 
 class StorageError(Exception):

@@ -15,10 +15,9 @@ go now, it must wait ``(debt + cost - capacity) * interval`` seconds. If that is
 its exact turn (no polling). Otherwise nothing is charged and ``retry_after`` says when the
 same request (same cost, same ``max_wait``) would be admitted.
 
-A deployment's bucket may refill slower than configured: ``factor`` (the effective rate
-learned from upstream 429s, see ``proxy.limiter.health``) divides its interval. The state
-stays a debt in units, so a rate change is well defined: the debt at ``now`` is what is
-left after draining since ``at`` at the *current* effective rate.
+The state stays a debt in units, so a rate change is well defined: the debt at ``now``
+is what is left after draining since ``at`` at the *current* rate (a learned rate that
+grows, an operator's new limit).
 
 ``lua/bucket.lua`` is a line-by-line mirror of this module: same formulas in the same
 order, so the Redis backend's floats are identical. Change both together.
@@ -74,18 +73,16 @@ class Decision:
 
 @dataclass(frozen=True, slots=True)
 class Bucket:
-    """One bucket taking part in a decision: its state, its rate, what this request costs,
-    and the share of the rate it refills at (``factor``; the interval is divided by it)."""
+    """One bucket taking part in a decision: its state, its rate, what this request costs."""
 
     state: BucketState
     rate: Rate
     cost: float
-    factor: float = 1.0
 
     @property
     def interval(self) -> float:
-        """Seconds one unit takes to refill at the effective rate (``x / 1.0 == x``)."""
-        return self.rate.interval / self.factor
+        """Seconds one unit takes to refill."""
+        return self.rate.interval
 
     @property
     def capacity(self) -> float:
@@ -174,12 +171,10 @@ def take(
     return states[0], decision
 
 
-def adjust(
-    state: BucketState, rate: Rate, units: float, now: float, factor: float = 1.0
-) -> BucketState:
+def adjust(state: BucketState, rate: Rate, units: float, now: float) -> BucketState:
     """Add ``units`` to the debt (negative: a refund). A refund never makes the bucket
     fuller than full (the TAT never goes below ``now``)."""
-    return BucketState(max(0.0, debt_at(state, rate.interval / factor, now) + units), now)
+    return BucketState(max(0.0, debt_at(state, rate.interval, now) + units), now)
 
 
 def lower(
@@ -187,13 +182,12 @@ def lower(
     rate: Rate,
     available: float,
     now: float,
-    factor: float = 1.0,
     wait: float | None = None,
 ) -> BucketState | None:
     """At most ``available`` units may be taken at once now, and with ``wait``, one unit
     no sooner than ``wait`` seconds from now: the debt is raised to that, never lowered.
     None when the bucket already holds no more (nothing to write)."""
-    interval = rate.interval / factor
+    interval = rate.interval
     debt = debt_at(state, interval, now)
     floor = rate.largest - available
     if wait is not None:
@@ -203,10 +197,17 @@ def lower(
     return None
 
 
-def remaining_now(state: BucketState, rate: Rate, now: float, factor: float = 1.0) -> float:
+def remaining_now(state: BucketState, rate: Rate, now: float) -> float:
     """Units that could be taken at once right now (0 while turns are reserved ahead;
     for a paced bucket, the largest request it could take)."""
-    return max(0.0, rate.largest - debt_at(state, rate.interval / factor, now))
+    return max(0.0, rate.largest - debt_at(state, rate.interval, now))
+
+
+def held(rate: Rate, hold: float, now: float) -> BucketState:
+    """A bucket that takes nothing for ``hold`` seconds, then its next request (one unit:
+    its debt is its capacity less one, plus the hold), whatever it had reserved ahead:
+    turns past a learning event are taken again at the new pace (health.py)."""
+    return BucketState(max(0.0, rate.capacity - 1.0) + hold / rate.interval, now)
 
 
 def usage(state: BucketState, rate: Rate, now: float) -> Usage:

@@ -1,27 +1,39 @@
-"""Deployment health (pure): failure windows, cooldowns, half-open probes, and the
-effective-rate factor learned from upstream 429s. Times are injected seconds.
+"""Deployment health (pure): failure windows, cooldowns, half-open probes, holds after
+upstream 429s, and the request rate learned from them. Times are injected seconds.
 
-A deployment is *healthy*, *cooling* (``now < cool_until``: takes nothing), or *probing*
-(its cooldown is over but it has not yet proven itself: exactly one request, the probe,
-may go; until ``probe_until`` nobody else is sent). A success while probing makes it
-healthy; a failure while cooling or probing cools it again (a cooldown is extended, never
-shortened).
+A deployment is *healthy*; *cooling* after failures (``now < cool_until``: takes
+nothing), then *probing* (its cooldown is over but it has not yet proven itself: exactly
+one request, the probe, may go; until ``probe_until`` nobody else is sent); or *held*
+after an upstream 429 (``now < hold_until``: the upstream said when it takes requests
+again, so requests get turns from then on, and no probe is needed). A success while
+probing makes it healthy; a failure while cooling or probing cools it again (a cooldown
+or a hold is extended, never shortened).
 
 * Timeouts, connection errors and 5xx count in a sliding ``window``; ``allowed_fails``
-  of them cool the deployment for ``time``.
-* An upstream 429 cools it at once until the upstream's retry-after / reset (else
-  ``time``), and multiplies the deployment's effective rate by ``DECREASE``; the factor
-  recovers additively by ``RECOVERY_PER_SECOND`` back to 1 (AIMD), so a limit configured
-  too high converges to what the upstream really allows.
-* 401/403 (a bad upstream key) cool it for ``time`` with reason ``auth``.
+  of them cool the deployment for ``time``. 401/403 (a bad upstream key) cool it for
+  ``time`` with reason ``auth``.
 * A probe abandoned without an answer (the client went away) frees the probe slot at
   once, so the next request probes instead of everyone waiting for ``probe_until``.
 
+**Learning from 429s.** Each turn granted is counted in the deployment's current
+*period* (``sent`` turns since ``sent_from``, the first one's turn). An upstream 429 on the
+n-th turn of its period, sent at ``t``, with a retry-after of ``r``, says: the upstream took
+the n-1 before it and takes the next at ``t + r``, so it allows about
+``(n - 1) / (t - sent_from + r)`` requests a second (exactly that for a sliding-window
+limit that our sends filled). The deployment is held until ``t + r``; the rate in force
+drops to ``MARGIN`` of that (never rising on a 429), as a *learned* window of one request
+at a time on top of the configured ones; ``epoch`` counts these events, so turns reserved
+before one are taken again at the new pace; a new period starts. While no 429 comes, the
+learned rate grows by ``GROWTH`` of itself per second, and is forgotten once it has
+doubled (the configured windows cap it anyway). Only the first 429 of a period teaches:
+the requests in flight with it answer for the same overload.
+
 Storage forgets a state at ``expires_at``: from then on it reads as ``HEALTHY``. For a
-state that is not cooling this changes nothing (its failures have left the window and its
-factor has recovered); a cooling state is forgotten ``FORGET_AFTER`` seconds after its
-cooldown (or probe) ended, so a deployment nobody asked for in that long is tried again
-as healthy (a broken one cools again after ``allowed_fails``).
+state that is not cooling this changes nothing (its failures have left the window, its
+hold is over, its learned rate has doubled, its period is idle); a cooling state is
+forgotten ``FORGET_AFTER`` seconds after its cooldown (or probe) ended, so a deployment
+nobody asked for in that long is tried again as healthy (a broken one cools again after
+``allowed_fails``).
 
 ``limiter/lua/health.lua`` mirrors this module for the Redis backend, line by line, so
 its floats are identical. Change both together.
@@ -32,31 +44,44 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from proxy.limiter.base import CooldownRule, HealthChange, Outcome
+from proxy.limiter.base import CooldownRule, HealthChange, Outcome, Rate
 
 __all__ = [
     "DECREASE",
     "FORGET_AFTER",
+    "GROWTH",
     "HEALTHY",
-    "MIN_FACTOR",
-    "RECOVERY_PER_SECOND",
+    "HOLD_WITHOUT_HINT",
+    "LEARNED_SPAN",
+    "MARGIN",
+    "MIN_RATE",
+    "PERIOD_IDLE",
     "CooldownRule",
+    "Evidence",
     "Health",
     "abandon_probe",
+    "counted",
     "expires_at",
+    "hold_for",
+    "learned_rate",
+    "learned_window_rate",
     "on_failure",
+    "on_rate_limited",
     "on_success",
     "probe_eligible",
-    "rate_factor",
     "settle",
     "start_probe",
     "unusable_for",
     "wait_for",
 ]
 
-DECREASE = 0.8  # effective rate x0.8 per upstream 429
-MIN_FACTOR = 0.05  # never below 5% of the configured rate
-RECOVERY_PER_SECOND = 0.002  # +0.2% of the configured rate per second (~8 min from 0.05)
+MARGIN = 0.95  # pace at 95% of the rate an upstream was seen to admit
+GROWTH = 0.002  # the learned rate grows by 0.2% of itself a second without a 429...
+LEARNED_SPAN = 2.0  # ...and is forgotten once it has doubled (~8 min)
+DECREASE = 0.8  # when a 429 says nothing measurable: 80% of the rate in force
+MIN_RATE = 1.0 / 60.0  # never below one request a minute
+HOLD_WITHOUT_HINT = 1.0  # seconds a 429 without retry-after or reset holds
+PERIOD_IDLE = 60.0  # a period with no turn for this long is over (the upstream forgot it)
 FORGET_AFTER = 3600.0  # a cooled deployment idle this long after its cooldown: healthy
 FORGET_SLACK = 1.0  # seconds past the moment a state becomes equivalent to HEALTHY
 
@@ -67,24 +92,40 @@ class Health:
     cool_until: float = 0.0
     cooling: bool = False  # cooled and not yet proven healthy by a probe
     probe_until: float = 0.0  # a probe is out until then
-    factor: float = 1.0  # effective share of the configured rate
-    factor_at: float = 0.0  # when ``factor`` was last set
     probe_lease: str = ""  # the lease id of the probe that is out ("" unknown)
+    hold_until: float = 0.0  # an upstream 429: no turn before then
+    learned: float = 0.0  # requests a second learned from 429s (0: none)
+    learned_at: float = 0.0  # when ``learned`` was set; it grows from then
+    epoch: int = 0  # learning events so far
+    sent: int = 0  # turns granted in the current period
+    sent_from: float = 0.0  # the period's first turn
+    sent_last: float = 0.0  # the period's latest turn
 
 
 HEALTHY = Health()
 
 
-def rate_factor(h: Health, now: float) -> float:
-    """The effective-rate factor now, after additive recovery since it was last set."""
-    if h.factor >= 1.0:
-        return 1.0
-    return min(1.0, h.factor + RECOVERY_PER_SECOND * max(0.0, now - h.factor_at))
+def learned_rate(h: Health, now: float) -> float:
+    """The learned requests a second now, grown since it was set; 0 when none (never
+    learned, or doubled since: forgotten)."""
+    if h.learned <= 0.0:
+        return 0.0
+    growth = 1.0 + GROWTH * max(0.0, now - h.learned_at)
+    return 0.0 if growth >= LEARNED_SPAN else h.learned * growth
+
+
+def learned_window_rate(h: Health, now: float) -> Rate | None:
+    """The learned window: one request at a time at the learned rate (None: none)."""
+    rate = learned_rate(h, now)
+    if rate <= 0.0:
+        return None
+    return Rate(limit=rate, period=1.0, capacity=1.0)
 
 
 def wait_for(h: Health, now: float) -> float | None:
-    """Seconds until the deployment may take a request: 0 = now; None = a probe is out
-    and its outcome decides (the earliest that can be known is ``probe_until``)."""
+    """Seconds until a failed deployment may take a request: 0 = now; None = a probe is
+    out and its outcome decides (the earliest that can be known is ``probe_until``).
+    Holds are not counted here (see ``hold_for``)."""
     if not h.cooling:
         return 0.0
     if now < h.cool_until:
@@ -94,11 +135,17 @@ def wait_for(h: Health, now: float) -> float | None:
     return 0.0
 
 
+def hold_for(h: Health, now: float) -> float:
+    """Seconds left of a 429's hold (0: none)."""
+    return max(0.0, h.hold_until - now)
+
+
 def unusable_for(h: Health, now: float) -> float:
     """Seconds until the deployment may take a request (for a probe that is out: until
     its deadline, the latest its outcome can be known)."""
     wait = wait_for(h, now)
-    return h.probe_until - now if wait is None else wait
+    cooling = h.probe_until - now if wait is None else wait
+    return max(cooling, hold_for(h, now))
 
 
 def probe_eligible(h: Health, now: float) -> bool:
@@ -111,6 +158,13 @@ def start_probe(h: Health, now: float, probe_timeout: float, lease_id: str = "")
     if not h.cooling or now < h.cool_until:
         return h
     return replace(h, probe_until=now + probe_timeout, probe_lease=lease_id)
+
+
+def counted(h: Health, turn: float) -> Health:
+    """A turn at ``turn`` was granted: count it in the current period (or start one)."""
+    if h.sent == 0 or turn - h.sent_last > PERIOD_IDLE:
+        return replace(h, sent=1, sent_from=turn, sent_last=turn)
+    return replace(h, sent=h.sent + 1, sent_last=max(h.sent_last, turn))
 
 
 def abandon_probe(h: Health, lease_id: str) -> Health:
@@ -129,38 +183,68 @@ def on_success(h: Health, now: float) -> Health:
     return h
 
 
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What a 429 says, with what the limiter told the request that got it: its turn's
+    ``epoch`` and ``sequence`` in its period, when it was sent (limiter time), the pace
+    in force then (requests a second; 0 unknown), and how long the upstream holds."""
+
+    epoch: int = 0
+    sequence: int = 0
+    sent_at: float = 0.0
+    pace: float = 0.0
+    hold: float | None = None
+
+
+def on_rate_limited(h: Health, now: float, evidence: Evidence) -> Health:
+    """An upstream 429: hold, and learn from the first of a period (see the module)."""
+    hold = evidence.hold if evidence.hold is not None else HOLD_WITHOUT_HINT
+    held = replace(h, hold_until=max(h.hold_until, now + hold))
+    if evidence.epoch != h.epoch or h.sent == 0:
+        return held  # the same overload as a 429 already learned from, or unknown
+    in_force = learned_rate(h, now) or evidence.pace
+    admitted = float(min(evidence.sequence, h.sent) - 1)
+    span = evidence.sent_at - h.sent_from + hold
+    if admitted > 0 and span > 0:
+        rate = MARGIN * admitted / span
+    elif in_force > 0:
+        rate = DECREASE * in_force
+    else:
+        return held  # nothing measured, nothing in force: nothing to learn
+    if in_force > 0:
+        rate = min(rate, in_force)
+    return replace(
+        held,
+        learned=max(MIN_RATE, rate),
+        learned_at=now + hold,
+        epoch=h.epoch + 1,
+        sent=0,
+        sent_from=0.0,
+        sent_last=0.0,
+    )
+
+
 def on_failure(
-    h: Health,
-    rule: CooldownRule,
-    now: float,
-    *,
-    cool_for: float | None = None,
-    rate_limited: bool = False,
+    h: Health, rule: CooldownRule, now: float, cool_for: float | None
 ) -> tuple[Health, bool]:
-    """Record a failure; returns the new health and whether it started or extended a
-    cooldown. ``cool_for`` cools at once for that long (429 with retry-after, auth)."""
-    factor = h.factor
-    factor_at = h.factor_at
-    # One decrease per cooldown: the many requests in flight when the upstream starts
-    # answering 429 are one signal, not many.
-    if rate_limited and not (h.cooling and now < h.cool_until):
-        factor = max(MIN_FACTOR, rate_factor(h, now) * DECREASE)
-        factor_at = now
+    """Record a failure that is not a 429; returns the new health and whether it started
+    or extended a cooldown. ``cool_for`` cools at once for that long (a bad key)."""
     if cool_for is not None or h.cooling:
         until = now + (cool_for if cool_for is not None else rule.time)
-        cooled = Health(
+        cooled = replace(
+            h,
             failures=(),
             cool_until=max(h.cool_until, until),
             cooling=True,
             probe_until=0.0,
-            factor=factor,
-            factor_at=factor_at,
+            probe_lease="",
         )
         return cooled, True
     recent = (*(t for t in h.failures if t > now - rule.window), now)
     if len(recent) >= rule.allowed_fails:
-        return Health((), now + rule.time, True, 0.0, factor, factor_at), True
-    return Health(recent, h.cool_until, False, 0.0, factor, factor_at), False
+        cooled = replace(h, failures=(), cool_until=now + rule.time, cooling=True, probe_until=0.0)
+        return cooled, True
+    return replace(h, failures=recent, probe_until=0.0), False
 
 
 def expires_at(h: Health, window: float) -> float:
@@ -172,26 +256,37 @@ def expires_at(h: Health, window: float) -> float:
         until = max(h.cool_until, h.probe_until) + FORGET_AFTER
     elif h.failures:
         until = h.failures[-1] + window + FORGET_SLACK
-    if h.factor < 1.0:
-        recovered = h.factor_at + (1.0 - h.factor) / RECOVERY_PER_SECOND + FORGET_SLACK
-        until = max(until, recovered)
+    if h.hold_until > 0.0:
+        until = max(until, h.hold_until + FORGET_SLACK)
+    if h.learned > 0.0:
+        doubled = h.learned_at + (LEARNED_SPAN - 1.0) / GROWTH + FORGET_SLACK
+        until = max(until, doubled)
+    if h.sent > 0:
+        until = max(until, h.sent_last + PERIOD_IDLE + FORGET_SLACK)
     return until
 
 
 def settle(
-    h: Health, outcome: Outcome, rule: CooldownRule, now: float, lease_id: str = ""
+    h: Health,
+    outcome: Outcome,
+    rule: CooldownRule,
+    now: float,
+    lease_id: str = "",
+    evidence: Evidence | None = None,
 ) -> tuple[Health, HealthChange]:
-    """What an upstream answer (or an abandoned request, ``lease_id``) does to ``h``.
-    The returned Health is ``h`` itself when nothing changed (nothing to store)."""
+    """What an upstream answer (or an abandoned request, ``lease_id``) does to ``h``;
+    a 429's ``evidence`` (default: none, which holds without learning). The returned
+    Health is ``h`` itself when nothing changed (nothing to store)."""
     cooled = recovered = False
     if outcome.kind == "success":
         new = on_success(h, now)
         recovered = new is not h
+    elif outcome.kind == "failure" and outcome.rate_limited:
+        base = evidence if evidence is not None else Evidence(epoch=-1)
+        new = on_rate_limited(h, now, replace(base, hold=outcome.cool_for))
+        cooled = True
     elif outcome.kind == "failure":
-        new, cooled = on_failure(
-            h, rule, now, cool_for=outcome.cool_for, rate_limited=outcome.rate_limited
-        )
+        new, cooled = on_failure(h, rule, now, outcome.cool_for)
     else:
         new = abandon_probe(h, lease_id)
-    cool_for = max(0.0, new.cool_until - now) if new.cooling else 0.0
-    return new, HealthChange(cooled=cooled, recovered=recovered, cool_for=cool_for)
+    return new, HealthChange(cooled, recovered, unusable_for(new, now), new.epoch)

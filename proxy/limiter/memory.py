@@ -26,7 +26,7 @@ from proxy.limiter.base import (
     KeySettlement,
     KeyVerdict,
     LimiterMode,
-    Rate,
+    Sent,
     Settlement,
     Window,
 )
@@ -39,18 +39,21 @@ from proxy.limiter.bucket import (
     remaining_now,
     take_all,
 )
-from proxy.limiter.health import HEALTHY, MIN_FACTOR, Health
+from proxy.limiter.health import HEALTHY, Health
 from proxy.limiter.selection import Candidate, select
 from proxy.limiter.verdicts import (
     LEASE_TTL,
     Spend,
     corrections,
     deployment_verdict,
+    evidence,
     floors,
     in_flight_deadline,
     key_verdict,
+    learning_windows,
     probe_timeout,
     spends,
+    with_learned,
 )
 
 Clock = Callable[[], float]
@@ -120,7 +123,7 @@ class MemoryLimiter:
         sweep_every: float = SWEEP_EVERY,
     ) -> None:
         self._clock = clock
-        # Each bucket with the interval it is swept at: the slowest it may ever refill.
+        # Each bucket with the interval it was last used at (it is swept when drained).
         self._buckets: dict[BucketId, tuple[BucketState, float]] = {}
         self._leases = Leases(lease_ttl)
         # Per (group, deployment): its health and when it may be forgotten.
@@ -199,34 +202,39 @@ class MemoryLimiter:
     def reserve_now(self, ask: GroupAsk) -> DeploymentVerdict:
         now = self._now()
         group, candidates = ask.group, ask.candidates
-        spent = [spends(c.windows, 1.0, ask.tokens) for c in candidates]
+        healths = [self._health_of(group, c.id, now) for c in candidates]
+        spent = [
+            with_learned(spends(c.windows, 1.0, ask.tokens), h, now)
+            for c, h in zip(candidates, healths, strict=True)
+        ]
         ids = [
             [_deployment_bucket(group, c.id, s.window) for s in ss]
             for c, ss in zip(candidates, spent, strict=True)
         ]
-        healths = [self._health_of(group, c.id, now) for c in candidates]
         offered = [
             Candidate(
-                self._buckets_for(i, ss, health.rate_factor(h, now)),
+                self._buckets_for(i, ss),
                 h,
                 self._in_flight.live(_deployment(group, c.id), now) if ask.least_busy else 0,
             )
             for c, i, ss, h in zip(candidates, ids, spent, healths, strict=True)
         ]
         selection = select(offered, now, ask.max_wait, ask.least_busy)
+        sent = None
         if selection.index >= 0:
             chosen = candidates[selection.index]
             wait = selection.decision.wait
             self._store(ids[selection.index], selection.states, spent[selection.index])
+            h = healths[selection.index]
             if selection.probe:
-                probe = health.start_probe(
-                    healths[selection.index], now, probe_timeout(chosen, wait), ask.lease
-                )
-                self._store_health(group, chosen.id, probe, 0.0)
+                h = health.start_probe(h, now, probe_timeout(chosen, wait), ask.lease)
+            h = health.counted(h, now + wait)
+            self._store_health(group, chosen.id, h, None)
+            sent = Sent(h.epoch, h.sent, now + wait)
             if ask.lease and ask.least_busy:  # only least-busy counts requests in flight
                 deadline = in_flight_deadline(chosen, wait, now)
                 self._in_flight.put(_deployment(group, chosen.id), ask.lease, deadline)
-        return deployment_verdict(candidates, selection)
+        return deployment_verdict(candidates, selection, sent)
 
     def settle_now(self, settlement: Settlement) -> HealthChange:
         now = self._now()
@@ -234,23 +242,28 @@ class MemoryLimiter:
             self._settle_key(settlement, now)
             return NO_CHANGE
         s = settlement
-        deployment = s.deployment
+        group, deployment = s.group, s.deployment
         if s.lease:
-            self._in_flight.release(_deployment(s.group, deployment.id), s.lease)
-        h = self._health_of(s.group, deployment.id, now)
-        factor = health.rate_factor(h, now)
+            self._in_flight.release(_deployment(group, deployment.id), s.lease)
+        h = self._health_of(group, deployment.id, now)
         for spend in corrections(deployment.windows, s.requests, s.tokens):
-            bucket_id = _deployment_bucket(s.group, deployment.id, spend.window)
-            self._adjust(bucket_id, spend.rate, spend.amount, now, factor)
+            self._adjust(_deployment_bucket(group, deployment.id, spend.window), spend, now)
         for f in floors(deployment, s.remaining):
-            bucket_id = _deployment_bucket(s.group, deployment.id, f.window)
+            bucket_id = _deployment_bucket(group, deployment.id, f.window)
             rate = f.window.rate
-            lowered = bucket.lower(self._state(bucket_id), rate, f.available, now, factor, f.wait)
+            lowered = bucket.lower(self._state(bucket_id), rate, f.available, now, f.wait)
             if lowered is not None:
-                self._buckets[bucket_id] = (lowered, _slowest(bucket_id, rate))
-        settled, change = health.settle(h, s.outcome, s.rule, now, s.lease)
+                self._buckets[bucket_id] = (lowered, rate.interval)
+        settled, change = health.settle(
+            h, s.outcome, s.rule, now, s.lease, evidence(deployment, s.sent)
+        )
+        if settled.epoch != h.epoch:  # learned: turns past the hold are taken again
+            hold = health.hold_for(settled, now)
+            for w in learning_windows(deployment, settled, now):
+                bucket_id = _deployment_bucket(group, deployment.id, w)
+                self._buckets[bucket_id] = (bucket.held(w.rate, hold, now), w.rate.interval)
         if settled is not h:
-            self._store_health(s.group, deployment.id, settled, s.rule.window)
+            self._store_health(group, deployment.id, settled, s.rule.window)
         return change
 
     def snapshot_now(
@@ -260,14 +273,13 @@ class MemoryLimiter:
         states = {}
         for d in deployments:
             h = self._health_of(group, d.id, now)
-            factor = health.rate_factor(h, now)
             remaining = {
-                w.name: remaining_now(
-                    self._state(_deployment_bucket(group, d.id, w)), w.rate, now, factor
-                )
+                w.name: remaining_now(self._state(_deployment_bucket(group, d.id, w)), w.rate, now)
                 for w in d.windows
             }
-            states[d.id] = DeploymentState(health.unusable_for(h, now), remaining)
+            states[d.id] = DeploymentState(
+                health.unusable_for(h, now), remaining, health.learned_rate(h, now)
+            )
         return states
 
     def holds_in_flight(self, group: str, deployment_id: str, lease_id: str) -> bool:
@@ -296,7 +308,7 @@ class MemoryLimiter:
     def _settle_key(self, s: KeySettlement, now: float) -> None:
         self._leases.release(s.limits.name, s.lease)
         for spend in corrections(s.limits.windows, 0.0, s.tokens):
-            self._adjust(_key_bucket(s.limits.name, spend.window), spend.rate, spend.amount, now)
+            self._adjust(_key_bucket(s.limits.name, spend.window), spend, now)
 
     def _now(self) -> float:
         now = self._clock()
@@ -305,8 +317,8 @@ class MemoryLimiter:
         return now
 
     def _sweep(self, now: float) -> None:
-        # A bucket whose debt has drained to exactly 0 behaves like FULL from now on (at
-        # its slowest rate, so also at any rate it may refill at later).
+        # A bucket whose debt has drained to exactly 0 behaves like FULL from now on (a
+        # learned rate only grows; a configured one changes by reload, which forgets).
         for bucket_id, (state, slowest) in list(self._buckets.items()):
             if debt_at(state, slowest, now) == 0:
                 del self._buckets[bucket_id]
@@ -317,13 +329,8 @@ class MemoryLimiter:
         self._in_flight.sweep(now)
         self._last_sweep = now
 
-    def _buckets_for(
-        self, ids: Sequence[BucketId], spent: Sequence[Spend], factor: float = 1.0
-    ) -> list[Bucket]:
-        return [
-            Bucket(self._state(i), s.rate, s.amount, factor)
-            for i, s in zip(ids, spent, strict=True)
-        ]
+    def _buckets_for(self, ids: Sequence[BucketId], spent: Sequence[Spend]) -> list[Bucket]:
+        return [Bucket(self._state(i), s.rate, s.amount) for i, s in zip(ids, spent, strict=True)]
 
     def _state(self, bucket_id: BucketId) -> BucketState:
         entry = self._buckets.get(bucket_id)
@@ -333,13 +340,11 @@ class MemoryLimiter:
         self, ids: Sequence[BucketId], states: Sequence[BucketState], spent: Sequence[Spend]
     ) -> None:
         for i, state, s in zip(ids, states, spent, strict=True):
-            self._buckets[i] = (state, _slowest(i, s.rate))
+            self._buckets[i] = (state, s.rate.interval)
 
-    def _adjust(
-        self, bucket_id: BucketId, rate: Rate, units: float, now: float, factor: float = 1.0
-    ) -> None:
-        state = adjust(self._state(bucket_id), rate, units, now, factor)
-        self._buckets[bucket_id] = (state, _slowest(bucket_id, rate))
+    def _adjust(self, bucket_id: BucketId, spend: Spend, now: float) -> None:
+        state = adjust(self._state(bucket_id), spend.rate, spend.amount, now)
+        self._buckets[bucket_id] = (state, spend.rate.interval)
 
     def _health_of(self, group: str, deployment_id: str, now: float) -> Health:
         entry = self._health.get((group, deployment_id))
@@ -351,12 +356,19 @@ class MemoryLimiter:
             return HEALTHY
         return h
 
-    def _store_health(self, group: str, deployment_id: str, h: Health, window: float) -> None:
-        expires = health.expires_at(h, window)
+    def _store_health(
+        self, group: str, deployment_id: str, h: Health, window: float | None
+    ) -> None:
+        """``window``: the cooldown rule's; None when unknown (a reservation): the stored
+        expiry is then kept if it is later."""
+        key = (group, deployment_id)
+        expires = health.expires_at(h, window or 0.0)
+        if window is None and key in self._health:
+            expires = max(expires, self._health[key][1])
         if expires == -math.inf:
-            self._health.pop((group, deployment_id), None)
+            self._health.pop(key, None)
         else:
-            self._health[(group, deployment_id)] = (h, expires)
+            self._health[key] = (h, expires)
 
 
 def _key_bucket(name: str, window: Window) -> BucketId:
@@ -369,9 +381,3 @@ def _deployment_bucket(group: str, deployment_id: str, window: Window) -> Bucket
 
 def _deployment(group: str, deployment_id: str) -> str:
     return f"{group}\n{deployment_id}"
-
-
-def _slowest(bucket_id: BucketId, rate: Rate) -> float:
-    """The longest interval a bucket may refill at: a deployment's rate may be lowered to
-    MIN_FACTOR of the configured one by 429s."""
-    return rate.interval / MIN_FACTOR if bucket_id[0] == "deployment" else rate.interval

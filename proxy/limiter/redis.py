@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Unpack
 
 from proxy.limiter.base import (
+    MINUTE,
     NO_CHANGE,
     DeploymentLimits,
     DeploymentState,
@@ -34,6 +35,7 @@ from proxy.limiter.base import (
     KeyAsk,
     KeySettlement,
     KeyVerdict,
+    Sent,
     Settlement,
     Window,
 )
@@ -42,9 +44,11 @@ from proxy.limiter.bucket import Outcome as Result
 from proxy.limiter.runner import RunnerOptions, ScriptRunner
 from proxy.limiter.selection import Selection
 from proxy.limiter.verdicts import (
+    LEARNED,
     LEASE_TTL,
     corrections,
     deployment_verdict,
+    evidence,
     floors,
     key_verdict,
     spends,
@@ -113,18 +117,20 @@ class RedisLimiter:
             keys += [
                 self._deployment(group, c.id, "health"),
                 self._deployment(group, c.id, "inflight"),
+                self._deployment(group, c.id, LEARNED),
             ]
             keys += [self._deployment(group, c.id, s.window.name) for s in spent]
             args += [str(len(spent)), _num(c.probe_timeout)]
             for s in spent:
                 args += [_num(s.rate.interval), _num(s.capacity), _num(s.amount)]
         reply = await self.runner.run("reserve_deployment", keys, args)
-        outcome, index, wait, retry_after, binding, probe, cooling, *waits = reply
+        outcome, index, wait, retry_after, binding, probe, cooling, epoch, seq, at, *waits = reply
         decision = Decision(Result(outcome), float(wait), float(retry_after), int(binding))
         selection = Selection(
             int(index), [], decision, [float(w) for w in waits], probe == "1", cooling == "1"
         )
-        return deployment_verdict(ask.candidates, selection)
+        sent = Sent(int(epoch), int(seq), float(at)) if int(index) >= 0 else None
+        return deployment_verdict(ask.candidates, selection, sent)
 
     async def settle(self, settlement: Settlement) -> HealthChange:
         if isinstance(settlement, KeySettlement):
@@ -134,12 +140,16 @@ class RedisLimiter:
         d = s.deployment
         corrected = corrections(d.windows, s.requests, s.tokens)
         lowered = floors(d, s.remaining)
+        pacing = [w for w in d.windows if w.rate.period <= MINUTE]
         keys = [
             self._deployment(s.group, d.id, "health"),
             self._deployment(s.group, d.id, "inflight"),
+            self._deployment(s.group, d.id, LEARNED),
             *(self._deployment(s.group, d.id, c.window.name) for c in corrected),
             *(self._deployment(s.group, d.id, f.window.name) for f in lowered),
+            *(self._deployment(s.group, d.id, w.name) for w in pacing),
         ]
+        ev = evidence(d, s.sent)
         args = [
             self._now(),
             s.lease,
@@ -149,7 +159,13 @@ class RedisLimiter:
             str(s.rule.allowed_fails),
             _num(s.rule.window),
             _num(s.rule.time),
+            *(
+                ("", "", "", "")
+                if ev is None
+                else (str(ev.epoch), str(ev.sequence), _num(ev.sent_at), _num(ev.pace))
+            ),
             str(len(corrected)),
+            str(len(lowered)),
         ]
         for c in corrected:
             args += [_num(c.rate.interval), _num(c.amount)]
@@ -157,12 +173,14 @@ class RedisLimiter:
             wait = "" if f.wait is None else _num(f.wait)
             rate = f.window.rate
             args += [_num(rate.interval), _num(rate.largest), _num(f.available), wait]
+        for w in pacing:
+            args += [_num(w.rate.interval), _num(w.rate.capacity)]
         # A cooldown must start at once; other settlements ride along with the next call.
         urgent = s.outcome.kind == "failure" or bool(lowered)
-        cooled, recovered, cool_for = await self.runner.run(
+        cooled, recovered, left, epoch = await self.runner.run(
             "settle_deployment", keys, args, urgent=urgent
         )
-        return HealthChange(cooled == "1", recovered == "1", float(cool_for))
+        return HealthChange(cooled == "1", recovered == "1", float(left), int(epoch))
 
     async def snapshot(
         self, group: str, deployments: Sequence[DeploymentLimits]
@@ -178,12 +196,12 @@ class RedisLimiter:
             for w in d.windows:
                 args += [_num(w.rate.interval), _num(w.rate.largest)]
         reply = iter(await self.runner.run("snapshot", keys, args))
-        return {
-            d.id: DeploymentState(
-                float(next(reply)), {w.name: float(next(reply)) for w in d.windows}
-            )
-            for d in deployments
-        }
+        states = {}
+        for d in deployments:
+            unusable_for, learned = float(next(reply)), float(next(reply))
+            remaining = {w.name: float(next(reply)) for w in d.windows}
+            states[d.id] = DeploymentState(unusable_for, remaining, learned)
+        return states
 
     async def aclose(self) -> None:
         await self.runner.aclose()

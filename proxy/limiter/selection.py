@@ -1,42 +1,45 @@
-"""Choosing a deployment of a model group (pure): health gates, learned rates, least busy.
+"""Choosing a deployment of a model group (pure): health gates, holds, least busy.
 
 Every backend decides a reservation with :func:`select` (the Redis backend through
-``lua/reserve_deployment.lua``, a line-by-line mirror), given each candidate's buckets (at
-its effective rate), health and, for ``least_busy``, in-flight count, all read in one
-atomic step:
+``lua/reserve_deployment.lua``, a line-by-line mirror), given each candidate's buckets
+(its windows, and its learned window when it has one), health and, for ``least_busy``,
+in-flight count, all read in one atomic step:
 
 * a candidate that is too small for the request (``cost > capacity``) never takes it;
-* a candidate held by its health (cooling down, or a probe is out) is not reservable at
+* a candidate cooling down after failures, or whose probe is out, is not reservable at
   all: reserving a turn at the end of a cooldown would bypass the half-open probe;
-* among the others, the soonest turn wins, list order among equals; waits are clamped at
-  0 so every candidate that can go now beats one that must wait. With ``least_busy``, the
-  one with the fewest requests in flight among those that can go now (list order among
-  equals), else the soonest turn as usual;
+* a candidate held after a 429 is reservable, for a turn no sooner than its hold ends
+  (its wait is the later of the hold and its budget's): the upstream said when;
+* among the reservable, the soonest turn wins, list order among equals; waits are clamped
+  at 0 so every candidate that can go now beats one that must wait. With ``least_busy``,
+  the one with the fewest requests in flight among those that can go now (list order
+  among equals), else the soonest turn as usual;
 * the chosen one is charged when its turn is within ``max_wait``; if it was cooled and
   its cooldown is over (and no probe is out) this request is its probe.
 
 Refused: ``retry_after`` is the soonest moment some candidate could take the request: a
-reservable one's ``wait - max_wait``, a held one's ``max(hold, wait - max_wait)`` (its
-health must allow it and its budget must be within ``max_wait``). ``cooling`` says some
-candidate that could take the request was held by its health.
+reservable one's ``wait - max_wait``, a cooling one's ``max(out, wait - max_wait)`` (``out``:
+until it may take a request; its budget must be within ``max_wait`` too). ``cooling``
+says the health of some candidate that could take the request kept it from going in time
+(cooling, probing, or held longer than ``max_wait``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from proxy.limiter.bucket import Bucket, BucketState, Decision, Outcome, charge, decide, plan
-from proxy.limiter.health import HEALTHY, Health, unusable_for
+from proxy.limiter.health import HEALTHY, Health, hold_for, unusable_for, wait_for
 
 __all__ = ["Candidate", "Selection", "select"]
 
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """One deployment offered the request: its buckets (``factor`` set to its effective
-    rate), its health, and its requests in flight (only read for ``least_busy``)."""
+    """One deployment offered the request: its buckets (its windows, then its learned
+    window if any), its health, and its requests in flight (only read for ``least_busy``)."""
 
     buckets: Sequence[Bucket]
     health: Health = HEALTHY
@@ -61,22 +64,27 @@ def select(
     plans = [plan(c.buckets, now) for c in candidates]
     waits: list[float] = []
     reservable: list[bool] = []
-    held = False
-    held_retry = math.inf
+    held_back: list[bool] = []  # reservable, but its hold is what makes it wait
+    cooling = False
+    cooling_retry = math.inf
     for c, p in zip(candidates, plans, strict=True):
         if p.too_large >= 0:
             waits.append(math.inf)
             reservable.append(False)
+            held_back.append(False)
             continue
-        hold = unusable_for(c.health, now)
-        if hold == 0.0:
-            waits.append(p.wait)
-            reservable.append(True)
-        else:
+        hold = hold_for(c.health, now)
+        if wait_for(c.health, now) == 0.0:
             waits.append(max(hold, p.wait))
+            reservable.append(True)
+            held_back.append(hold > p.wait)
+        else:
+            out = unusable_for(c.health, now)
+            waits.append(max(out, p.wait))
             reservable.append(False)
-            held = True
-            held_retry = min(held_retry, max(hold, p.wait - max_wait))
+            held_back.append(False)
+            cooling = True
+            cooling_retry = min(cooling_retry, max(out, p.wait - max_wait))
     best = -1
     if least_busy:
         for i, c in enumerate(candidates):
@@ -91,16 +99,17 @@ def select(
             if reservable[i] and (best < 0 or w < waits[best]):
                 best = i
     if best < 0:
-        if not held:
+        if not cooling:
             return Selection(-1, [], Decision(Outcome.TOO_LARGE, binding=plans[0].too_large), waits)
         return Selection(
-            -1, [], Decision(Outcome.REFUSED, retry_after=held_retry), waits, cooling=True
+            -1, [], Decision(Outcome.REFUSED, retry_after=cooling_retry), waits, cooling=True
         )
-    decision = decide(plans[best], max_wait)
+    turn = replace(plans[best], wait=waits[best])
+    decision = decide(turn, max_wait)
     if not decision.allowed:
-        retry = min(decision.retry_after, held_retry)
+        retry = min(decision.retry_after, cooling_retry)
         refused = Decision(Outcome.REFUSED, retry_after=retry, binding=decision.binding)
-        return Selection(-1, [], refused, waits, cooling=held)
+        return Selection(-1, [], refused, waits, cooling=cooling or held_back[best])
     chosen = candidates[best]
-    states = charge(chosen.buckets, plans[best], now)
+    states = charge(chosen.buckets, turn, now)
     return Selection(best, states, decision, waits, probe=chosen.health.cooling)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from proxy.limiter import health
 from proxy.limiter.base import (
     MINUTE,
     DeploymentLimits,
@@ -17,9 +18,11 @@ from proxy.limiter.base import (
     KeyVerdict,
     Rate,
     Remaining,
+    Sent,
     Window,
 )
 from proxy.limiter.bucket import BucketState, Decision, Outcome, usage
+from proxy.limiter.health import Health
 from proxy.limiter.selection import Selection
 
 PARALLEL_RETRY_AFTER = 1.0
@@ -58,6 +61,43 @@ class Spend:
 def spends(windows: Sequence[Window], requests: float, tokens: float) -> list[Spend]:
     """Every window with its cost: requests windows ``requests``, token windows ``tokens``."""
     return [Spend(w, w.cost(requests, tokens)) for w in windows]
+
+
+LEARNED = "learned"
+"""The name of a deployment's learned window (its bucket's storage)."""
+
+
+def with_learned(spent: list[Spend], h: Health, now: float) -> list[Spend]:
+    """A deployment's spends, and one request in its learned window if it has one."""
+    rate = health.learned_window_rate(h, now)
+    if rate is None:
+        return spent
+    return [*spent, Spend(Window(LEARNED, "requests", rate), 1.0)]
+
+
+def learning_windows(deployment: DeploymentLimits, h: Health, now: float) -> list[Window]:
+    """The windows a learning event holds (dropping the turns reserved past the hold):
+    those of a minute or less, which pace, and the learned one."""
+    windows = [w for w in deployment.windows if w.rate.period <= MINUTE]
+    rate = health.learned_window_rate(h, now)
+    return windows if rate is None else [*windows, Window(LEARNED, "requests", rate)]
+
+
+def pace(deployment: DeploymentLimits) -> float:
+    """The requests a second its configured windows of a minute or less allow (0: none)."""
+    paces = [
+        w.rate.limit / w.rate.period
+        for w in deployment.windows
+        if w.kind == "requests" and w.rate.period <= MINUTE
+    ]
+    return min(paces) if paces else 0.0
+
+
+def evidence(deployment: DeploymentLimits, sent: Sent | None) -> health.Evidence | None:
+    """What a 429 on the turn ``sent`` can teach (None: nothing known of its turn)."""
+    if sent is None:
+        return None
+    return health.Evidence(sent.epoch, sent.sequence, sent.at, pace(deployment))
 
 
 def corrections(windows: Sequence[Window], requests: float, tokens: float) -> list[Spend]:
@@ -116,13 +156,16 @@ def key_verdict(
 
 
 def deployment_verdict(
-    candidates: Sequence[DeploymentLimits], selection: Selection
+    candidates: Sequence[DeploymentLimits], selection: Selection, sent: Sent | None
 ) -> DeploymentVerdict:
+    """``sent``: the chosen one's turn (None when refused)."""
     waits = {c.id: w for c, w in zip(candidates, selection.waits, strict=True)}
     decision = selection.decision
     if selection.index >= 0:
         chosen = candidates[selection.index].id
-        return DeploymentVerdict(chosen, decision.wait, waits=waits, probe=selection.probe)
+        return DeploymentVerdict(
+            chosen, decision.wait, waits=waits, probe=selection.probe, sent=sent
+        )
     if decision.outcome is Outcome.TOO_LARGE:
         return DeploymentVerdict(None, code="request_too_large", waits=waits)
     return DeploymentVerdict(

@@ -161,7 +161,10 @@ class Dispatcher:
                 )
             )
             deployment = next((d for d in ordered if d.id == verdict.deployment_id), None)
-            turn = None if deployment is None else Turn(deployment, lease, verdict.probe)
+            turn = None
+            if deployment is not None and verdict.sent is not None:
+                self.settler.saw(deployment.id, verdict.sent.epoch)
+                turn = Turn(deployment, lease, verdict.probe, verdict.sent)
             queued = turn is not None and verdict.wait > 0
             if queued and self.waiting >= self.routing.max_queue:
                 # The queue filled up while we asked: give the turn back.
@@ -182,6 +185,8 @@ class Dispatcher:
             if turn is not None:
                 if queued:
                     await self._wait(call, verdict.wait, turn, queued=True)
+                    if self.settler.stale(turn):
+                        continue  # learned meanwhile: its turn was dropped, take a new one
                 return turn
             if verdict.code == "request_too_large":
                 raise InvalidRequest(

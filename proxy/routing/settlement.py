@@ -21,6 +21,7 @@ from proxy.limiter.base import (
     Limiter,
     Outcome,
     Remaining,
+    Sent,
 )
 from proxy.routing.events import Events
 
@@ -34,6 +35,7 @@ class Turn:
     deployment: DeploymentRoute
     lease: str
     probe: bool = False  # a half-open probe of a cooled deployment: its answer must count
+    sent: Sent | None = None  # what the limiter said of the turn (a 429 learns from it)
 
 
 class Settler:
@@ -54,6 +56,17 @@ class Settler:
         self.events = events
         # Only least-busy routing keeps in-flight leases, which every answer must free.
         self.least_busy = least_busy
+        # The latest learning epoch seen of each deployment (health.py): a turn of an
+        # older epoch was reserved at a pace since found too fast.
+        self.epochs: dict[str, int] = {}
+
+    def saw(self, deployment_id: str, epoch: int) -> None:
+        if epoch > self.epochs.get(deployment_id, 0):
+            self.epochs[deployment_id] = epoch
+
+    def stale(self, turn: Turn) -> bool:
+        """Whether the deployment learned since ``turn`` was reserved: take it again."""
+        return turn.sent is not None and self.epochs.get(turn.deployment.id, 0) > turn.sent.epoch
 
     def settle(
         self, turn: Turn, outcome: Outcome, *, estimate: int, real_tokens: int | None
@@ -70,7 +83,8 @@ class Settler:
             and not corrects_tokens
         ):
             return  # the common case: it would change nothing
-        self._send(turn.deployment, turn.lease, outcome, requests=0.0, tokens=extra)
+        sent = turn.sent if outcome.rate_limited else None
+        self._send(turn.deployment, turn.lease, outcome, tokens=extra, sent=sent)
 
     def give_back(self, turn: Turn, estimate: int) -> None:
         """A reserved turn goes unused (nothing was sent): return it whole, so the next
@@ -90,14 +104,16 @@ class Settler:
         requests: float = 0.0,
         tokens: float = 0.0,
         remaining: Remaining | None = None,
+        sent: Sent | None = None,
     ) -> None:
         limits = self.catalog.limits(deployment)
         settlement = DeploymentSettlement(
-            deployment.group, limits, self.rule, outcome, lease, requests, tokens, remaining
+            deployment.group, limits, self.rule, outcome, lease, requests, tokens, remaining, sent
         )
 
         async def run() -> None:
             change = await self.limiter.settle(settlement)
+            self.saw(deployment.id, change.epoch)
             if change.cooled or change.recovered:
                 self.events.health_changed(
                     deployment.group, deployment.id, settlement.outcome, change

@@ -22,6 +22,9 @@ from proxy.limiter.bucket import (
     take_all,
     usage,
 )
+from proxy.limiter.bucket import (
+    held as held_bucket,
+)
 from proxy.limiter.selection import Candidate, select
 
 RPM = Rate(60, 60, 1)  # one request a second, no burst
@@ -211,16 +214,24 @@ def test_retrying_after_retry_after_succeeds(
         assert cost > rate.capacity
 
 
-def test_a_factor_slows_the_refill_not_the_burst() -> None:
-    half = [Bucket(FULL, RPM, 1, factor=0.5)]
-    states, decision = take_all(half, 0.0, max_wait=10)
+def test_a_debt_in_units_survives_a_change_of_rate() -> None:
+    half = Rate(30, 60, 1)  # one request every 2 s
+    state, decision = take(FULL, half, 1, 0.0, max_wait=10)
     assert decision.wait == 0.0
-    _, decision = take_all([Bucket(states[0], RPM, 1, factor=0.5)], 0.0, max_wait=10)
-    assert decision.wait == 2.0  # one request every 2 s instead of 1 s
-    # The debt is in units: the same state read at the full rate refills twice as fast.
-    _, decision = take_all([Bucket(states[0], RPM, 1)], 0.0, max_wait=10)
-    assert decision.wait == 1.0
-    assert adjust(states[0], RPM, 0.0, 1.0, factor=0.5).debt == 0.5
+    assert take(state, half, 1, 0.0, max_wait=10)[1].wait == 2.0
+    # The same state read at the full rate refills twice as fast.
+    assert take(state, RPM, 1, 0.0, max_wait=10)[1].wait == 1.0
+    assert adjust(state, half, 0.0, 1.0).debt == 0.5
+
+
+def test_held_takes_nothing_until_the_hold_then_paces_again() -> None:
+    busy, _ = take(FULL, RPM, 1, 0.0, max_wait=0)
+    for _ in range(5):  # turns reserved up to 5 s ahead
+        busy, _ = take(busy, RPM, 1, 0.0, max_wait=10)
+    held = held_bucket(RPM, 3.0, 0.0)  # turns past the hold are dropped
+    assert take(held, RPM, 1, 0.0, max_wait=10)[1].wait == 3.0
+    burst = Rate(60, 60, 5)
+    assert take(held_bucket(burst, 3.0, 0.0), burst, 1, 0.0, max_wait=10)[1].wait == 3.0
 
 
 def test_lower_brings_a_bucket_down_never_up() -> None:

@@ -33,6 +33,7 @@ from proxy.limiter.base import (
     Outcome,
     Rate,
     Remaining,
+    Sent,
     Window,
     window_name,
 )
@@ -157,6 +158,8 @@ class Settle:
     outcome: Outcome
     requests: float
     tokens: float
+    # With the latest turn reserved on it (a 429 then learns from it), or with none.
+    with_turn: bool = False
 
 
 @dataclass(frozen=True)
@@ -220,6 +223,7 @@ async def run_both(
     memory = MemoryLimiter(clock)
     shared = patient(url, clock=clock, prefix=f"eq{uuid.uuid4().hex}")
     candidates = [replace(d, id=f"d{i}") for i, d in enumerate(deps)]
+    turns: dict[str, Sent] = {}
     try:
         for step, op in enumerate(sequence):
             if isinstance(op, Advance):
@@ -235,9 +239,12 @@ async def run_both(
                 chosen = [candidates[i] for i in op.order if i < len(candidates)]
                 group_ask = GroupAsk("g", chosen, op.tokens, op.max_wait)
                 got = await shared.reserve(group_ask)
-                assert got == memory.reserve_now(group_ask), (step, op)
+                want = memory.reserve_now(group_ask)
+                assert got == want, (step, op)
+                if want.deployment_id is not None and want.sent is not None:
+                    turns[want.deployment_id] = want.sent
             else:
-                await run_health_op(shared, memory, candidates, rule, op, step)
+                await run_health_op(shared, memory, candidates, rule, op, step, turns)
     finally:
         await shared.aclose()
 
@@ -259,7 +266,9 @@ async def run_health_op(
     rule: CooldownRule,
     op: Op,
     step: int,
+    turns: dict[str, Sent],
 ) -> None:
+    """One operation on both; ``turns`` keeps each deployment's latest reserved turn."""
     if isinstance(op, Correct | Settle | Sync):
         target = candidates[op.deployment % len(candidates)]
         if isinstance(op, Correct):
@@ -269,12 +278,13 @@ async def run_health_op(
         elif isinstance(op, Sync):
             settlement = DeploymentSettlement("g", target, rule, remaining=op.remaining)
         else:
+            sent = turns.get(target.id) if op.with_turn else None
             settlement = DeploymentSettlement(
-                "g", target, rule, op.outcome, _lease(op.lease), op.requests, op.tokens
+                "g", target, rule, op.outcome, _lease(op.lease), op.requests, op.tokens, sent=sent
             )
         got_change = await shared.settle(settlement)
         want_change = memory.settle_now(settlement)
-        learned = memory.health_of("g", target.id).factor < 1.0
+        learned = want_change.epoch > 0
         cooled, recovered = want_change.cooled, want_change.recovered
         event(f"settle: {cooled=} {recovered=} {learned=}")
         assert got_change == want_change, (step, op)
@@ -285,6 +295,8 @@ async def run_health_op(
         want = memory.reserve_now(ask)
         event(f"reserve: {_kind(want)}")  # --hypothesis-show-statistics shows coverage
         assert got == want, (step, op)
+        if want.deployment_id is not None and want.sent is not None:
+            turns[want.deployment_id] = want.sent
     elif isinstance(op, Query):
         got_states = await shared.snapshot("g", candidates)
         assert got_states == memory.snapshot_now("g", candidates), (step, op)
@@ -390,6 +402,23 @@ settles = st.builds(
     outcomes,
     st.sampled_from([0.0, 0.0, -1.0]),
     st.one_of(st.just(0.0), corrections),
+    st.booleans(),
+)
+# 429s on the latest turn, which learn (health.py), now and then.
+learning_settles = st.builds(
+    Settle,
+    st.integers(0, 2),
+    leases,
+    st.builds(
+        Outcome,
+        st.just("failure"),
+        st.just("rate_limited"),
+        st.one_of(st.none(), st.sampled_from([0.5, 2.0]), st.floats(0.0, 40.0)),
+        st.just(True),
+    ),
+    st.just(0.0),
+    st.just(0.0),
+    st.just(True),
 )
 # Reservations and settlements weigh most: they move health and budgets together.
 health_ops = st.one_of(
@@ -403,6 +432,7 @@ health_ops = st.one_of(
     books,
     settles,
     settles,
+    learning_settles,
     st.builds(
         Sync,
         st.integers(0, 2),

@@ -1,5 +1,6 @@
-"""Deployment health as a specification: failure windows, cooldowns, half-open probes and
-the effective rate learned from 429s. Times are plain numbers: no clocks, no sleeps."""
+"""Deployment health as a specification: failure windows, cooldowns, half-open probes,
+holds after 429s and the rate learned from them. Times are plain numbers: no clocks, no
+sleeps."""
 
 import math
 
@@ -10,15 +11,25 @@ from proxy.limiter import base
 from proxy.limiter.health import (
     DECREASE,
     FORGET_AFTER,
+    GROWTH,
     HEALTHY,
-    MIN_FACTOR,
+    HOLD_WITHOUT_HINT,
+    LEARNED_SPAN,
+    MARGIN,
+    MIN_RATE,
+    PERIOD_IDLE,
     CooldownRule,
+    Evidence,
+    Health,
     abandon_probe,
+    counted,
     expires_at,
+    hold_for,
+    learned_rate,
     on_failure,
+    on_rate_limited,
     on_success,
     probe_eligible,
-    rate_factor,
     settle,
     start_probe,
     unusable_for,
@@ -29,26 +40,26 @@ RULE = CooldownRule(allowed_fails=3, window=60.0, time=30.0)
 
 
 def test_allowed_fails_within_the_window_cool_the_deployment() -> None:
-    h, cooled = on_failure(HEALTHY, RULE, 0.0)
+    h, cooled = on_failure(HEALTHY, RULE, 0.0, None)
     assert not cooled and wait_for(h, 0.0) == 0.0
-    h, cooled = on_failure(h, RULE, 10.0)
+    h, cooled = on_failure(h, RULE, 10.0, None)
     assert not cooled
-    h, cooled = on_failure(h, RULE, 20.0)
+    h, cooled = on_failure(h, RULE, 20.0, None)
     assert cooled
     assert wait_for(h, 20.0) == 30.0
     assert wait_for(h, 45.0) == 5.0
 
 
 def test_failures_older_than_the_window_do_not_count() -> None:
-    h, _ = on_failure(HEALTHY, RULE, 0.0)
-    h, _ = on_failure(h, RULE, 1.0)
-    h, cooled = on_failure(h, RULE, 61.5)
+    h, _ = on_failure(HEALTHY, RULE, 0.0, None)
+    h, _ = on_failure(h, RULE, 1.0, None)
+    h, cooled = on_failure(h, RULE, 61.5, None)
     assert not cooled
     assert len(h.failures) == 1
 
 
 def test_after_a_cooldown_exactly_one_probe_goes_first() -> None:
-    h, _ = on_failure(HEALTHY, RULE, 0.0, cool_for=5.0)
+    h, _ = on_failure(HEALTHY, RULE, 0.0, 5.0)
     assert wait_for(h, 5.0) == 0.0  # the cooldown is over: a probe may go
     h = start_probe(h, 5.0, probe_timeout=10.0)
     assert wait_for(h, 6.0) is None  # the probe is out: nobody else
@@ -58,11 +69,11 @@ def test_after_a_cooldown_exactly_one_probe_goes_first() -> None:
 
 
 def test_a_failed_probe_or_a_failure_during_a_cooldown_cools_again() -> None:
-    h, _ = on_failure(HEALTHY, RULE, 0.0, cool_for=5.0)
-    h, cooled = on_failure(h, RULE, 2.0)
+    h, _ = on_failure(HEALTHY, RULE, 0.0, 5.0)
+    h, cooled = on_failure(h, RULE, 2.0, None)
     assert cooled and h.cool_until == 32.0  # extended, never shortened
     h = start_probe(h, 32.0, probe_timeout=10.0)
-    h, cooled = on_failure(h, RULE, 33.0)
+    h, cooled = on_failure(h, RULE, 33.0, None)
     assert cooled and wait_for(h, 33.0) == 30.0
 
 
@@ -70,22 +81,80 @@ def test_a_success_while_healthy_changes_nothing() -> None:
     assert on_success(HEALTHY, 1.0) == HEALTHY
 
 
-def test_upstream_429s_lower_the_rate_once_per_cooldown_and_it_recovers() -> None:
-    h, _ = on_failure(HEALTHY, RULE, 0.0, cool_for=1.0, rate_limited=True)
-    assert rate_factor(h, 0.0) == DECREASE
-    h, _ = on_failure(h, RULE, 0.5, cool_for=1.0, rate_limited=True)  # same burst
-    assert rate_factor(h, 0.5) > DECREASE * DECREASE
-    h, _ = on_failure(h, RULE, 3.0, cool_for=1.0, rate_limited=True)  # a new signal
-    assert rate_factor(h, 3.0) < DECREASE
-    assert rate_factor(h, 10_000.0) == 1.0
-
-
-@given(st.lists(st.floats(min_value=0, max_value=1000), max_size=60))
-def test_the_factor_stays_between_its_floor_and_one(times: list[float]) -> None:
+def _busy(turns: int, every: float, start: float = 0.0) -> Health:
+    """A deployment that was granted ``turns`` turns ``every`` seconds from ``start``."""
     h = HEALTHY
-    for t in sorted(times):
-        h, _ = on_failure(h, RULE, t, cool_for=0.0, rate_limited=True)
-        assert MIN_FACTOR <= rate_factor(h, t) <= 1.0
+    for i in range(turns):
+        h = counted(h, start + i * every)
+    return h
+
+
+def test_a_429_holds_until_the_upstream_says_and_needs_no_probe() -> None:
+    h = on_rate_limited(HEALTHY, 10.0, Evidence(hold=2.5))
+    assert hold_for(h, 11.0) == 1.5 and unusable_for(h, 11.0) == 1.5
+    assert wait_for(h, 11.0) == 0.0 and not h.cooling  # reservable, for after the hold
+    assert hold_for(h, 12.5) == 0.0 and not probe_eligible(h, 12.5)
+    without_hint = on_rate_limited(HEALTHY, 10.0, Evidence())
+    assert hold_for(without_hint, 10.0) == HOLD_WITHOUT_HINT
+
+
+def test_a_429_learns_the_rate_the_upstream_admitted() -> None:
+    # 20 turns half a second apart from t=0; the 21st (sent at 10) got 429 "retry in 10":
+    # a sliding window of 20 per 20 s, i.e. 1 request a second.
+    h = _busy(21, 0.5)
+    learned = on_rate_limited(h, 10.1, Evidence(0, 21, 10.0, pace=2.0, hold=10.0))
+    assert learned.learned == MARGIN * 20 / 20.0
+    assert learned.epoch == 1 and learned.sent == 0  # a new period, a new epoch
+    assert learned.hold_until == 20.1 and learned.learned_at == 20.1
+    # The other 429s of that overload (their turns were of epoch 0) only hold.
+    again = on_rate_limited(learned, 10.2, Evidence(0, 22, 10.5, pace=2.0, hold=10.0))
+    assert again.learned == learned.learned and again.epoch == 1
+
+
+def test_a_429_never_raises_the_rate_in_force() -> None:
+    h = _busy(11, 0.1)  # sent 10/s, but the configured pace is 1/s
+    learned = on_rate_limited(h, 1.0, Evidence(0, 11, 1.0, pace=1.0, hold=0.0))
+    assert learned.learned == 1.0
+
+
+def test_a_429_with_nothing_measured_lowers_what_is_in_force_or_only_holds() -> None:
+    first = counted(HEALTHY, 0.0)
+    lowered = on_rate_limited(first, 0.0, Evidence(0, 1, 0.0, pace=2.0, hold=1.0))
+    assert lowered.learned == DECREASE * 2.0
+    unknown = on_rate_limited(first, 0.0, Evidence(0, 1, 0.0, pace=0.0, hold=1.0))
+    assert unknown.learned == 0.0 and unknown.hold_until == 1.0
+
+
+def test_the_learned_rate_grows_and_is_forgotten_once_doubled() -> None:
+    h = on_rate_limited(_busy(11, 1.0), 10.0, Evidence(0, 11, 10.0, hold=0.0))
+    rate = MARGIN * 10 / 10.0
+    assert learned_rate(h, 10.0) == rate
+    assert learned_rate(h, 20.0) == rate * (1 + GROWTH * 10)
+    doubled_at = 10.0 + (LEARNED_SPAN - 1.0) / GROWTH
+    assert learned_rate(h, doubled_at - 1) > rate and learned_rate(h, doubled_at) == 0.0
+    assert expires_at(h, RULE.window) >= doubled_at
+
+
+def test_a_period_ends_after_idling() -> None:
+    h = _busy(5, 1.0)
+    assert (h.sent, h.sent_from) == (5, 0.0)
+    h = counted(h, 4.0 + PERIOD_IDLE + 1)
+    assert (h.sent, h.sent_from) == (1, 4.0 + PERIOD_IDLE + 1)
+
+
+@given(st.lists(st.tuples(st.floats(0, 1000), st.integers(0, 50), st.floats(0, 30)), max_size=60))
+def test_learning_never_raises_and_never_drops_below_its_floor(
+    events: list[tuple[float, int, float]],
+) -> None:
+    h, now = HEALTHY, 0.0
+    for gap, turns, hold in events:
+        now += gap
+        for _ in range(turns):
+            h = counted(h, now)
+        before, epoch = learned_rate(h, now) or 4.0, h.epoch
+        h = on_rate_limited(h, now, Evidence(h.epoch, h.sent, now, pace=4.0, hold=hold))
+        if h.epoch != epoch:  # it learned
+            assert MIN_RATE <= learned_rate(h, now) <= before
 
 
 def test_the_rule_is_the_limiters() -> None:
@@ -93,14 +162,14 @@ def test_the_rule_is_the_limiters() -> None:
 
 
 def test_a_failure_exactly_one_window_old_no_longer_counts() -> None:
-    h, _ = on_failure(HEALTHY, RULE, 0.0)
-    h, _ = on_failure(h, RULE, 1.0)
-    h, cooled = on_failure(h, RULE, 60.0)
+    h, _ = on_failure(HEALTHY, RULE, 0.0, None)
+    h, _ = on_failure(h, RULE, 1.0, None)
+    h, cooled = on_failure(h, RULE, 60.0, None)
     assert not cooled and h.failures == (1.0, 60.0)
 
 
 def test_unusable_for_and_probe_eligible() -> None:
-    h, _ = on_failure(HEALTHY, RULE, 0.0, cool_for=5.0)
+    h, _ = on_failure(HEALTHY, RULE, 0.0, 5.0)
     assert unusable_for(h, 1.0) == 4.0 and not probe_eligible(h, 1.0)
     assert unusable_for(h, 5.0) == 0.0 and probe_eligible(h, 5.0)
     h = start_probe(h, 5.0, probe_timeout=10.0, lease_id="p")
@@ -109,7 +178,7 @@ def test_unusable_for_and_probe_eligible() -> None:
 
 
 def test_only_the_probes_own_abandonment_frees_the_slot() -> None:
-    h, _ = on_failure(HEALTHY, RULE, 0.0, cool_for=5.0)
+    h, _ = on_failure(HEALTHY, RULE, 0.0, 5.0)
     h = start_probe(h, 5.0, probe_timeout=10.0, lease_id="p")
     assert abandon_probe(h, "other") is h
     assert abandon_probe(h, "") is h
@@ -130,16 +199,19 @@ def test_settle_maps_outcomes_to_changes() -> None:
     assert same is h and not change.cooled
     healthy, change = settle(h, base.Outcome("success"), RULE, 6.0)  # the probe's answer
     assert change == base.HealthChange(recovered=True) and not healthy.cooling
+    limited = base.Outcome("failure", "rate_limited", cool_for=3.0, rate_limited=True)
+    h, change = settle(_busy(3, 1.0), limited, RULE, 2.0, evidence=Evidence(0, 3, 2.0))
+    assert change == base.HealthChange(cooled=True, cool_for=3.0, epoch=1)
+    assert h.learned == MARGIN * 2 / 5.0
 
 
 def test_expires_at_is_when_a_state_is_as_good_as_healthy() -> None:
     assert expires_at(HEALTHY, RULE.window) == -math.inf
-    h, _ = on_failure(HEALTHY, RULE, 10.0)
+    h, _ = on_failure(HEALTHY, RULE, 10.0, None)
     assert 70.0 < expires_at(h, RULE.window) < 72.0  # the failure leaves the window
-    h, _ = on_failure(HEALTHY, RULE, 10.0, cool_for=5.0)
+    h, _ = on_failure(HEALTHY, RULE, 10.0, 5.0)
     assert expires_at(h, RULE.window) == 15.0 + FORGET_AFTER
-    h, _ = on_failure(HEALTHY, RULE, 10.0, cool_for=0.0, rate_limited=True)
-    h = on_success(h, 10.0)
-    recovered_at = expires_at(h, RULE.window)
-    assert rate_factor(h, recovered_at) == 1.0
-    assert rate_factor(h, recovered_at - 2.0) < 1.0
+    held = on_rate_limited(HEALTHY, 10.0, Evidence(hold=2.0))
+    assert 12.0 < expires_at(held, RULE.window) < 14.0  # the hold is over
+    busy = counted(HEALTHY, 10.0)
+    assert 10.0 + PERIOD_IDLE < expires_at(busy, RULE.window) < 12.0 + PERIOD_IDLE

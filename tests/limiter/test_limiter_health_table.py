@@ -30,8 +30,9 @@ from proxy.limiter.base import (
     Limiter,
     Outcome,
     Remaining,
+    Sent,
 )
-from proxy.limiter.health import DECREASE, FORGET_AFTER, RECOVERY_PER_SECOND
+from proxy.limiter.health import FORGET_AFTER, MARGIN
 from proxy.limiter.memory import MemoryLimiter
 from proxy.limiter.verdicts import IN_FLIGHT_MARGIN
 
@@ -105,6 +106,7 @@ class Settle:
     lease: str = ""
     requests: float = 0.0
     tokens: float = 0.0
+    sent: Sent | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,7 @@ def cooled(seconds: float) -> HealthChange:
 
 
 RECOVERED = HealthChange(recovered=True)
+LEARNED = HealthChange(cooled=True, cool_for=3.0, epoch=1)
 
 CASES: list[tuple[str, list[Step]]] = [
     (
@@ -210,7 +213,7 @@ CASES: list[tuple[str, list[Step]]] = [
         [
             Settle(0, "a", cool(5), cooled(5)),
             Reserve(5, "a", Go("a", probe=True), lease="p"),
-            Settle(6, "a", NEUTRAL, lease="other", requests=-1),
+            Settle(6, "a", NEUTRAL, HealthChange(cool_for=9.0), lease="other", requests=-1),
             Reserve(6, "a", Refused(9, cooling=True)),
             Settle(6, "a", NEUTRAL, lease="p", requests=-1),
             Reserve(6, "a", Go("a", probe=True), lease="q"),
@@ -226,17 +229,33 @@ CASES: list[tuple[str, list[Step]]] = [
         ],
     ),
     (
-        "an upstream 429 lowers the effective rate by DECREASE, and it recovers",
+        "an upstream 429 holds: turns from the end of the hold, paced, no probe",
         [
             Settle(0, "a", cool(2, rate_limited=True), cooled(2)),
-            Reserve(1, "a", Refused(1, cooling=True), max_wait=5),
-            Reserve(2, "a", Go("a", probe=True), lease="p", max_wait=5),
-            Settle(2, "a", OK, RECOVERED, lease="p"),
-            # one request a second, slowed to DECREASE of it (plus 2 s of recovery)
-            Reserve(2, "a", Go("a", 1 / (DECREASE + 2 * RECOVERY_PER_SECOND)), max_wait=5),
-            Reserve(2, "a", Go("a", 2 / (DECREASE + 2 * RECOVERY_PER_SECOND)), max_wait=5),
-            Reserve(1000, "a", Go("a")),
-            Reserve(1000, "a", Go("a", 1.0), max_wait=5),  # the whole rate again
+            Health(1, {"a": 1.0}),
+            Reserve(1, "a", Go("a", 1.0), max_wait=5),
+            Reserve(1, "a", Go("a", 2.0), max_wait=5),
+            Reserve(1, "a", Refused(1.5), max_wait=1.5),  # its budget, not the hold, binds
+            Settle(1, "b", cool(10, rate_limited=True), cooled(10)),
+            Reserve(1, "b", Refused(5.0, cooling=True), max_wait=5),  # the hold binds
+            Reserve(1, "ab", Go("a", 3.0), max_wait=5),
+        ],
+    ),
+    (
+        "a 429 learns the rate the upstream admitted; turns past its hold are dropped",
+        [
+            # Turns at 0, 1, 2, 3 (1/s); the 4th (sent at 3, epoch 0) got 429, retry in
+            # 3 s: the upstream took 3 in 6 s.
+            Reserve(0, "a", Go("a")),
+            Reserve(0, "a", Go("a", 1.0), max_wait=10),
+            Reserve(0, "a", Go("a", 2.0), max_wait=10),
+            Reserve(0, "a", Go("a", 3.0), max_wait=10),
+            Reserve(0, "a", Go("a", 4.0), max_wait=10),  # a 5th, queued
+            Settle(3, "a", cool(3, rate_limited=True), LEARNED, sent=Sent(0, 4, 3.0)),
+            # Held until 6, then at MARGIN * 3 / 6 a second; the 5th turn was dropped.
+            Reserve(3, "a", Go("a", 3.0), max_wait=10),
+            Reserve(3, "a", Go("a", 3.0 + 2 / MARGIN), max_wait=10),
+            Health(3, {"a": 3.0}),
         ],
     ),
     (
@@ -390,6 +409,7 @@ class Driver:
                     rule=RULE,
                     requests=step.requests,
                     tokens=step.tokens,
+                    sent=step.sent,
                 )
             )
         if isinstance(step, Sync):
@@ -432,7 +452,7 @@ def _expected(step: Step) -> object:
         return e
     if isinstance(step, Settle):
         e2 = step.expect
-        return HealthChange(e2.cooled, e2.recovered, near(e2.cool_for))  # type: ignore[arg-type]
+        return HealthChange(e2.cooled, e2.recovered, near(e2.cool_for), e2.epoch)  # type: ignore[arg-type]
     if isinstance(step, Sync):
         return None
     return {k: near(v) for k, v in step.expect.items()}

@@ -1,23 +1,27 @@
 -- Shared by the deployment scripts (prepended after bucket.lua by scripts.py, with the
--- constants DECREASE, MIN_FACTOR, RECOVERY_PER_SECOND, FORGET_AFTER, FORGET_SLACK and
--- IN_FLIGHT_MARGIN taken from the Python modules, so they cannot drift).
--- A line-by-line mirror of proxy/routing/health.py, and of the in-flight leases and the
--- health storage in memory.py: same formulas in the same order. Change them together.
+-- constants MARGIN, GROWTH, LEARNED_SPAN, DECREASE, MIN_RATE, HOLD_WITHOUT_HINT,
+-- PERIOD_IDLE, FORGET_AFTER, FORGET_SLACK and IN_FLIGHT_MARGIN taken from the Python
+-- modules, so they cannot drift).
+-- A line-by-line mirror of proxy/limiter/health.py, and of the in-flight leases, the
+-- learned window and the health storage in memory.py and verdicts.py: same formulas in
+-- the same order. Change them together.
 
 -- health.HEALTHY
 local function healthy()
   return {
-    failures = {}, cool_until = 0.0, cooling = false, probe_until = 0.0,
-    factor = 1.0, factor_at = 0.0, probe_lease = '',
+    failures = {}, cool_until = 0.0, cooling = false, probe_until = 0.0, probe_lease = '',
+    hold_until = 0.0, learned = 0.0, learned_at = 0.0, epoch = 0, sent = 0,
+    sent_from = 0.0, sent_last = 0.0,
   }
 end
 
--- A hash {x: expires_at, f: failures (space separated), cu, c (0/1), pu, k, ka, pl}.
--- A missing key, or one read at or after its expiry, is HEALTHY.
+-- A hash {x: expires_at, f: failures (space separated), cu, c (0/1), pu, pl, hu, l, la, e,
+-- n, nf, nl}. A missing key, or one read at or after its expiry, is HEALTHY.
 local function load_health(key, now)
-  local v = redis.call('HMGET', key, 'x', 'f', 'cu', 'c', 'pu', 'k', 'ka', 'pl')
+  local v = redis.call('HMGET', key, 'x', 'f', 'cu', 'c', 'pu', 'pl', 'hu', 'l', 'la', 'e',
+    'n', 'nf', 'nl')
   if not v[1] or now >= tonumber(v[1]) then
-    return healthy()
+    return healthy(), -math.huge
   end
   local failures = {}
   for t in string.gmatch(v[2], '%S+') do
@@ -25,9 +29,18 @@ local function load_health(key, now)
   end
   return {
     failures = failures, cool_until = tonumber(v[3]), cooling = v[4] == '1',
-    probe_until = tonumber(v[5]), factor = tonumber(v[6]), factor_at = tonumber(v[7]),
-    probe_lease = v[8],
-  }
+    probe_until = tonumber(v[5]), probe_lease = v[6], hold_until = tonumber(v[7]),
+    learned = tonumber(v[8]), learned_at = tonumber(v[9]), epoch = tonumber(v[10]),
+    sent = tonumber(v[11]), sent_from = tonumber(v[12]), sent_last = tonumber(v[13]),
+  }, tonumber(v[1])
+end
+
+local function copy(h)
+  local c = {}
+  for k, value in pairs(h) do
+    c[k] = value
+  end
+  return c
 end
 
 -- health.expires_at
@@ -38,16 +51,26 @@ local function expires_at(h, window)
   elseif #h.failures > 0 then
     expiry = h.failures[#h.failures] + window + FORGET_SLACK
   end
-  if h.factor < 1.0 then
-    local recovered = h.factor_at + (1.0 - h.factor) / RECOVERY_PER_SECOND + FORGET_SLACK
-    expiry = math.max(expiry, recovered)
+  if h.hold_until > 0.0 then
+    expiry = math.max(expiry, h.hold_until + FORGET_SLACK)
+  end
+  if h.learned > 0.0 then
+    local doubled = h.learned_at + (LEARNED_SPAN - 1.0) / GROWTH + FORGET_SLACK
+    expiry = math.max(expiry, doubled)
+  end
+  if h.sent > 0 then
+    expiry = math.max(expiry, h.sent_last + PERIOD_IDLE + FORGET_SLACK)
   end
   return expiry
 end
 
--- memory.MemoryLimiter._store_health (and the key's expiry, in server time)
-local function store_health(key, h, window, now)
-  local x = expires_at(h, window)
+-- memory.MemoryLimiter._store_health (and the key's expiry, in server time). ``window``
+-- nil: unknown (a reservation): the stored expiry ``kept`` is kept if it is later.
+local function store_health(key, h, window, now, kept)
+  local x = expires_at(h, window or 0.0)
+  if window == nil and kept ~= nil then
+    x = math.max(x, kept)
+  end
   if x == -math.huge then
     redis.call('DEL', key)
     return
@@ -58,17 +81,23 @@ local function store_health(key, h, window, now)
   end
   redis.call('HSET', key, 'x', fmt(x), 'f', table.concat(failures, ' '),
     'cu', fmt(h.cool_until), 'c', h.cooling and '1' or '0', 'pu', fmt(h.probe_until),
-    'k', fmt(h.factor), 'ka', fmt(h.factor_at), 'pl', h.probe_lease)
+    'pl', h.probe_lease, 'hu', fmt(h.hold_until), 'l', fmt(h.learned),
+    'la', fmt(h.learned_at), 'e', tostring(h.epoch), 'n', tostring(h.sent),
+    'nf', fmt(h.sent_from), 'nl', fmt(h.sent_last))
   local ttl = math.min(math.max(0, math.ceil((x - now) * 1000)) + EXPIRE_SLACK_MS, EXPIRE_MAX_MS)
   redis.call('PEXPIRE', key, string.format('%d', ttl))
 end
 
--- health.rate_factor
-local function rate_factor(h, now)
-  if h.factor >= 1.0 then
-    return 1.0
+-- health.learned_rate
+local function learned_rate(h, now)
+  if h.learned <= 0.0 then
+    return 0.0
   end
-  return math.min(1.0, h.factor + RECOVERY_PER_SECOND * math.max(0.0, now - h.factor_at))
+  local growth = 1.0 + GROWTH * math.max(0.0, now - h.learned_at)
+  if growth >= LEARNED_SPAN then
+    return 0.0
+  end
+  return h.learned * growth
 end
 
 -- health.wait_for (nil: a probe is out)
@@ -85,13 +114,19 @@ local function wait_for(h, now)
   return 0.0
 end
 
+-- health.hold_for
+local function hold_for(h, now)
+  return math.max(0.0, h.hold_until - now)
+end
+
 -- health.unusable_for
 local function unusable_for(h, now)
   local wait = wait_for(h, now)
+  local cooling = wait
   if wait == nil then
-    return h.probe_until - now
+    cooling = h.probe_until - now
   end
-  return wait
+  return math.max(cooling, hold_for(h, now))
 end
 
 -- health.start_probe
@@ -101,6 +136,19 @@ local function start_probe(h, now, probe_timeout, lease_id)
   end
   h.probe_until = now + probe_timeout
   h.probe_lease = lease_id
+  return h
+end
+
+-- health.counted
+local function counted(h, turn)
+  if h.sent == 0 or turn - h.sent_last > PERIOD_IDLE then
+    h.sent = 1
+    h.sent_from = turn
+    h.sent_last = turn
+  else
+    h.sent = h.sent + 1
+    h.sent_last = math.max(h.sent_last, turn)
+  end
   return h
 end
 
@@ -127,20 +175,55 @@ local function on_success(h, now)
   return h, false
 end
 
--- health.on_failure: returns the new health and whether it cooled
-local function on_failure(h, allowed_fails, window, cool_time, now, cool_for, rate_limited)
-  local factor = h.factor
-  local factor_at = h.factor_at
-  if rate_limited and not (h.cooling and now < h.cool_until) then
-    factor = math.max(MIN_FACTOR, rate_factor(h, now) * DECREASE)
-    factor_at = now
+-- health.on_rate_limited; ``ev``: {epoch, sequence, sent_at, pace, hold} (hold nil: none)
+local function on_rate_limited(h, now, ev)
+  local hold = ev.hold
+  if hold == nil then
+    hold = HOLD_WITHOUT_HINT
   end
+  h.hold_until = math.max(h.hold_until, now + hold)
+  if ev.epoch ~= h.epoch or h.sent == 0 then
+    return h
+  end
+  local in_force = learned_rate(h, now)
+  if in_force == 0.0 then
+    in_force = ev.pace
+  end
+  local admitted = math.min(ev.sequence, h.sent) - 1
+  local span = ev.sent_at - h.sent_from + hold
+  local rate
+  if admitted > 0 and span > 0 then
+    rate = MARGIN * admitted / span
+  elseif in_force > 0 then
+    rate = DECREASE * in_force
+  else
+    return h
+  end
+  if in_force > 0 then
+    rate = math.min(rate, in_force)
+  end
+  h.learned = math.max(MIN_RATE, rate)
+  h.learned_at = now + hold
+  h.epoch = h.epoch + 1
+  h.sent = 0
+  h.sent_from = 0.0
+  h.sent_last = 0.0
+  return h
+end
+
+-- health.on_failure: returns the new health and whether it cooled
+local function on_failure(h, allowed_fails, window, cool_time, now, cool_for)
   if cool_for ~= nil or h.cooling then
-    local cooled_until = now + (cool_for ~= nil and cool_for or cool_time)
-    return {
-      failures = {}, cool_until = math.max(h.cool_until, cooled_until), cooling = true,
-      probe_until = 0.0, factor = factor, factor_at = factor_at, probe_lease = '',
-    }, true
+    local until_ = now + cool_time
+    if cool_for ~= nil then
+      until_ = now + cool_for
+    end
+    h.failures = {}
+    h.cool_until = math.max(h.cool_until, until_)
+    h.cooling = true
+    h.probe_until = 0.0
+    h.probe_lease = ''
+    return h, true
   end
   local recent = {}
   for _, t in ipairs(h.failures) do
@@ -150,36 +233,50 @@ local function on_failure(h, allowed_fails, window, cool_time, now, cool_for, ra
   end
   table.insert(recent, now)
   if #recent >= allowed_fails then
-    return {
-      failures = {}, cool_until = now + cool_time, cooling = true, probe_until = 0.0,
-      factor = factor, factor_at = factor_at, probe_lease = '',
-    }, true
+    h.failures = {}
+    h.cool_until = now + cool_time
+    h.cooling = true
+    h.probe_until = 0.0
+    return h, true
   end
-  return {
-    failures = recent, cool_until = h.cool_until, cooling = false, probe_until = 0.0,
-    factor = factor, factor_at = factor_at, probe_lease = '',
-  }, false
+  h.failures = recent
+  h.probe_until = 0.0
+  return h, false
 end
 
 -- health.settle: returns the new health, whether it changed, cooled, recovered, and the
--- seconds left of its cooldown
+-- seconds until it may take a request (health.unusable_for)
 local function settle_health(h, kind, lease_id, allowed_fails, window, cool_time, now,
-                             cool_for, rate_limited)
+                             cool_for, rate_limited, ev)
   local changed, cooled, recovered = false, false, false
   if kind == 'success' then
     h, recovered = on_success(h, now)
     changed = recovered
+  elseif kind == 'failure' and rate_limited then
+    if ev == nil then
+      ev = {epoch = -1, sequence = 0, sent_at = 0.0, pace = 0.0}
+    end
+    ev.hold = cool_for
+    h = on_rate_limited(h, now, ev)
+    changed = true
+    cooled = true
   elseif kind == 'failure' then
-    h, cooled = on_failure(h, allowed_fails, window, cool_time, now, cool_for, rate_limited)
+    h, cooled = on_failure(h, allowed_fails, window, cool_time, now, cool_for)
     changed = true
   else
     h, changed = abandon_probe(h, lease_id)
   end
-  local left = 0.0
-  if h.cooling then
-    left = math.max(0.0, h.cool_until - now)
+  return h, changed, cooled, recovered, unusable_for(h, now)
+end
+
+-- verdicts.with_learned: the learned window's bucket for a candidate (nil: none)
+local function learned_bucket(key, h, now)
+  local rate = learned_rate(h, now)
+  if rate <= 0.0 then
+    return nil
   end
-  return h, changed, cooled, recovered, left
+  -- Rate(limit=rate, period=1.0, capacity=1.0): its interval is 1.0 / rate.
+  return bucket(key, 1.0 / rate, 1.0, 1.0, now)
 end
 
 -- memory.Leases.put for in-flight requests: a sorted set of lease ids scored by their

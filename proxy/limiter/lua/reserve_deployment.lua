@@ -1,13 +1,13 @@
 -- Reserve a turn on a deployment of one group (selection.select, and what the memory
--- backend's reserve_deployment_now does with its choice).
--- KEYS: per candidate, in order: its health, its in-flight set, then its buckets (one
---       hash tag per model group: one slot)
+-- backend's reserve_now does with its choice).
+-- KEYS: per candidate, in order: its health, its in-flight set, its learned window's
+--       bucket, then its buckets (one hash tag per model group: one slot)
 -- ARGV: now ('' = server time), max_wait, lease id ('' = none; a probe's, and in flight
---       under least_busy), least_busy (1/0), then
---       per candidate: its bucket count n, its probe_timeout, then n times: interval,
---       capacity (Rate.capacity_for the cost), cost
+--       under least_busy), least_busy (1/0), then per candidate: its bucket count n, its
+--       probe_timeout, then n times: interval, capacity (Rate.capacity_for the cost), cost
 -- Reply: outcome, chosen index (0-based, -1 none), wait, retry_after, binding, probe (1/0),
---        cooling (1/0), then each candidate's wait ('inf' when too large).
+--        cooling (1/0), then the chosen turn's epoch, sequence and time (0s when none),
+--        then each candidate's wait ('inf' when too large).
 local now = clock(ARGV[1])
 local max_wait = tonumber(ARGV[2])
 local lease_id = ARGV[3]
@@ -20,16 +20,19 @@ while argi <= #ARGV do
     health_key = KEYS[keyi], flight_key = KEYS[keyi + 1],
     probe_timeout = tonumber(ARGV[argi + 1]), buckets = {}, in_flight = 0,
   }
-  c.health = load_health(c.health_key, now)
-  local factor = rate_factor(c.health, now)
+  c.health, c.kept = load_health(c.health_key, now)
+  local learned_key = KEYS[keyi + 2]
   argi = argi + 2
-  keyi = keyi + 2
+  keyi = keyi + 3
   for _ = 1, n do
-    local interval = tonumber(ARGV[argi])
-    table.insert(c.buckets, bucket(KEYS[keyi], interval / factor, tonumber(ARGV[argi + 1]),
-      tonumber(ARGV[argi + 2]), now, interval / MIN_FACTOR))
+    table.insert(c.buckets, bucket(KEYS[keyi], tonumber(ARGV[argi]), tonumber(ARGV[argi + 1]),
+      tonumber(ARGV[argi + 2]), now))
     keyi = keyi + 1
     argi = argi + 3
+  end
+  local learned = learned_bucket(learned_key, c.health, now)
+  if learned ~= nil then
+    table.insert(c.buckets, learned)
   end
   if least_busy then
     c.in_flight = in_flight(c.flight_key, now)
@@ -37,24 +40,29 @@ while argi <= #ARGV do
   table.insert(candidates, c)
 end
 
-local plans, waits, reservable = {}, {}, {}
-local held, held_retry = false, math.huge
+-- selection.select
+local plans, waits, reservable, held_back = {}, {}, {}, {}
+local cooling, cooling_retry = false, math.huge
 for i, c in ipairs(candidates) do
   local wait, binding, too_large = plan(c.buckets)
   plans[i] = {wait, binding, too_large}
   if too_large >= 0 then
     waits[i] = math.huge
     reservable[i] = false
+    held_back[i] = false
   else
-    local hold = unusable_for(c.health, now)
-    if hold == 0.0 then
-      waits[i] = wait
-      reservable[i] = true
-    else
+    local hold = hold_for(c.health, now)
+    if wait_for(c.health, now) == 0.0 then
       waits[i] = math.max(hold, wait)
+      reservable[i] = true
+      held_back[i] = hold > wait
+    else
+      local out = unusable_for(c.health, now)
+      waits[i] = math.max(out, wait)
       reservable[i] = false
-      held = true
-      held_retry = math.min(held_retry, math.max(hold, wait - max_wait))
+      held_back[i] = false
+      cooling = true
+      cooling_retry = math.min(cooling_retry, math.max(out, wait - max_wait))
     end
   end
 end
@@ -77,30 +85,36 @@ end
 
 local reply
 if best == 0 then
-  if not held then
+  if not cooling then
     reply = {'too_large', '-1', fmt(0.0), fmt(0.0), tostring(plans[1][3]), '0', '0'}
   else
-    reply = {'refused', '-1', fmt(0.0), fmt(held_retry), '-1', '0', '1'}
+    reply = {'refused', '-1', fmt(0.0), fmt(cooling_retry), '-1', '0', '1'}
   end
+  table.insert(reply, '0')
+  table.insert(reply, '0')
+  table.insert(reply, fmt(0.0))
 else
   local p = plans[best]
-  local outcome, w, retry, bind = decide(p[1], p[2], p[3], max_wait)
+  local outcome, w, retry, bind = decide(waits[best], p[2], p[3], max_wait)
   if outcome == 'allowed' then
     local c = candidates[best]
-    charge(c.buckets, p[1], now)
+    charge(c.buckets, waits[best], now)
     local probe = c.health.cooling
+    local h = c.health
     if probe then
-      store_health(c.health_key, start_probe(c.health, now, w + c.probe_timeout, lease_id),
-        0.0, now)
+      h = start_probe(h, now, w + c.probe_timeout, lease_id)
     end
+    h = counted(h, now + w)
+    store_health(c.health_key, h, nil, now, c.kept)
     if lease_id ~= '' and least_busy then
       add_in_flight(c.flight_key, lease_id, now + w + c.probe_timeout + IN_FLIGHT_MARGIN, now)
     end
     reply = {outcome, tostring(best - 1), fmt(w), fmt(retry), tostring(bind),
-      probe and '1' or '0', '0'}
+      probe and '1' or '0', '0', tostring(h.epoch), tostring(h.sent), fmt(now + w)}
   else
-    reply = {outcome, '-1', fmt(w), fmt(math.min(retry, held_retry)), tostring(bind), '0',
-      held and '1' or '0'}
+    local held = cooling or held_back[best]
+    reply = {outcome, '-1', fmt(w), fmt(math.min(retry, cooling_retry)), tostring(bind), '0',
+      held and '1' or '0', '0', '0', fmt(0.0)}
   end
 end
 for _, w in ipairs(waits) do
