@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import math
 import os
 import random
 import time
@@ -57,6 +58,7 @@ class FakeUpstream:
         self.config = config
         self.stats = Stats()
         self.window_log = SlidingWindowLog(config.window)
+        self.quantum_log = SlidingWindowLog(config.quantum or config.window)
         self.rng = random.Random(config.seed)
         self._ids = itertools.count(1)
         self._id_prefix = os.urandom(4).hex()  # distinct ids across instances
@@ -71,6 +73,7 @@ class FakeUpstream:
         if "seed" in changes:
             self.rng.seed(config.seed)
         self.window_log.window = config.window
+        self.quantum_log.window = config.quantum or config.window
         self.config = config
         return config.runtime_options()
 
@@ -80,6 +83,7 @@ class FakeUpstream:
     def reset(self) -> None:
         self.stats = self.stats.fresh()
         self.window_log.clear()
+        self.quantum_log.clear()
 
     # ------------------------------------------------------------ endpoints
 
@@ -199,11 +203,19 @@ class FakeUpstream:
         now = time.monotonic()
         if config.rpm is None and config.tpm is None:
             self.window_log.add(now, job.cost)  # only for peak_window_requests
+            self.stats.admitted(now, job.cost)
             return dict(JSON_HEADERS)
         rejection = self.window_log.check(now, job.cost, config.rpm, config.tpm)
+        if rejection is None and config.quantum:
+            rejection = self.quantum_log.check(
+                now, job.cost, _pro_rata(config.rpm, config), _pro_rata(config.tpm, config)
+            )
         if rejection is not None:
             raise _Answered(self._rate_limited(rejection, job, now))
         self.window_log.add(now, job.cost)
+        if config.quantum:
+            self.quantum_log.add(now, job.cost)
+        self.stats.admitted(now, job.cost)
         return {**JSON_HEADERS, **self._limit_headers(now)}
 
     async def _sleep_latency(self) -> None:
@@ -309,8 +321,10 @@ class FakeUpstream:
     def _limit_headers(self, now: float) -> dict[str, str]:
         """OpenAI's x-ratelimit-* headers; a reset is when the window is empty again."""
         config = self.config
-        state = self.window_log.state(now)
         headers: dict[str, str] = {}
+        if not config.ratelimit_headers:
+            return headers
+        state = self.window_log.state(now)
         # OpenAI announces its limits per minute; so does the fake, whatever its window.
         per_minute = 60.0 / config.window
         if config.rpm is not None:
@@ -322,6 +336,13 @@ class FakeUpstream:
             headers["x-ratelimit-remaining-tokens"] = str(max(0, config.tpm - state.tokens))
             headers["x-ratelimit-reset-tokens"] = format_duration(state.tokens_reset)
         return headers
+
+
+def _pro_rata(limit: int | None, config: FakeUpstreamConfig) -> int | None:
+    """A limit per window as a limit per quantum (at least one)."""
+    if limit is None or not config.quantum:
+        return limit
+    return max(1, math.floor(limit * config.quantum / config.window))
 
 
 def _rate_limit_message(rejection: Rejection, model: str, window: float) -> str:

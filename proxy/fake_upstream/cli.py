@@ -34,6 +34,18 @@ def build_parser() -> argparse.ArgumentParser:
     add("--rpm", type=int, default=None, help="requests per window (unset: unlimited)")
     add("--tpm", type=int, default=None, help="tokens per window (unset: unlimited)")
     add("--window", type=float, default=defaults.window, help="limit window in seconds")
+    add(
+        "--quantum",
+        type=float,
+        default=None,
+        help="also enforce the limits pro rata over every QUANTUM seconds (unset: off)",
+    )
+    add(
+        "--no-ratelimit-headers",
+        dest="ratelimit_headers",
+        action="store_false",
+        help="send no x-ratelimit-* headers (429s keep retry-after)",
+    )
     add("--fail-rate", type=float, default=0.0, help="share of requests answered fail-status")
     add("--fail-status", type=int, default=defaults.fail_status, help="injected status")
     add("--hang-rate", type=float, default=0.0, help="share of requests never answered")
@@ -60,6 +72,8 @@ def config_from_args(args: argparse.Namespace) -> FakeUpstreamConfig:
         rpm=args.rpm,
         tpm=args.tpm,
         window=args.window,
+        quantum=args.quantum,
+        ratelimit_headers=args.ratelimit_headers,
         fail_rate=args.fail_rate,
         fail_status=args.fail_status,
         hang_rate=args.hang_rate,

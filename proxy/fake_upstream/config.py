@@ -26,6 +26,8 @@ RUNTIME_FIELDS: frozenset[str] = frozenset(
         "rpm",
         "tpm",
         "window",
+        "quantum",
+        "ratelimit_headers",
         "fail_rate",
         "fail_status",
         "hang_rate",
@@ -58,6 +60,10 @@ class FakeUpstreamConfig:
     rpm: int | None = None
     tpm: int | None = None
     window: float = 60.0
+    # Limits also enforced over every `quantum` seconds, pro rata (OpenAI's "quantized"
+    # limits: 60,000 a minute may be enforced as 1,000 a second). None: off.
+    quantum: float | None = None
+    ratelimit_headers: bool = True  # send x-ratelimit-* headers (429s keep retry-after)
     fail_rate: float = 0.0
     fail_status: int = 500
     hang_rate: float = 0.0
@@ -108,6 +114,7 @@ class FakeUpstreamConfig:
             f"rpm={self.rpm or 'off'}",
             f"tpm={self.tpm or 'off'}",
             f"window={self.window:g}s",
+            *([f"quantum={self.quantum:g}s"] if self.quantum else []),
             f"latency={latency}",
             f"stream_chunks={self.stream_chunks}",
             f"chunk_delay={self.chunk_delay:g}s",
@@ -165,6 +172,12 @@ def _validate(config: FakeUpstreamConfig) -> None:
     _require(config.completion_tokens >= 1, "completion_tokens must be >= 1")
     _require(config.fail_after_chunks >= 0, "fail_after_chunks must be >= 0 (0 = off)")
     _require(_is_number(config.window) and config.window > 0, "window must be > 0")
+    _require(
+        config.quantum is None
+        or (_is_number(config.quantum) and 0 < config.quantum <= config.window),
+        "quantum must be > 0 and at most window (or null: off)",
+    )
+    _require(isinstance(config.ratelimit_headers, bool), "ratelimit_headers must be true/false")
     _require(_is_number(config.chunk_delay) and config.chunk_delay >= 0, "chunk_delay >= 0")
     for name in ("fail_rate", "hang_rate", "drop_rate"):
         rate = getattr(config, name)
@@ -187,6 +200,8 @@ def _check_json_type(name: str, value: object) -> None:
         return
     if name == "api_key":
         _require(isinstance(value, str), "api_key must be a string or null")
+    elif name == "ratelimit_headers":
+        _require(isinstance(value, bool), "ratelimit_headers must be true or false")
     else:
         _require(_is_number(value), f"{name} must be a number")
 

@@ -44,6 +44,9 @@ class Stats:
     max_in_flight: int = 0
     prompt_tokens_served: int = 0
     completion_tokens_served: int = 0
+    admitted_tokens: int = 0  # what the rate limit counted: prompt + max_tokens
+    first_admitted: float | None = None  # monotonic time of the first admission
+    last_admitted: float | None = None
     by_status: dict[int, int] = field(default_factory=dict)
     last_request: LastRequest | None = None
 
@@ -54,6 +57,13 @@ class Stats:
 
     def count_status(self, status: int) -> None:
         self.by_status[status] = self.by_status.get(status, 0) + 1
+
+    def admitted(self, now: float, cost: int) -> None:
+        """A request passed the rate limit at ``now``, costing ``cost`` tokens."""
+        self.admitted_tokens += cost
+        if self.first_admitted is None:
+            self.first_admitted = now
+        self.last_admitted = now
 
     def count_served(self, prompt_tokens: int, completion_tokens: int) -> None:
         self.served += 1
@@ -79,6 +89,14 @@ class Stats:
             "in_flight": self.in_flight,
             "max_in_flight": self.max_in_flight,
             "peak_window_requests": peak_window_requests,
+            "admitted_tokens": self.admitted_tokens,
+            # Seconds between the first and the latest admission: the span a measured
+            # throughput is over.
+            "admitted_span": (
+                self.last_admitted - self.first_admitted
+                if self.first_admitted is not None and self.last_admitted is not None
+                else 0.0
+            ),
             "tokens_served": self.prompt_tokens_served + self.completion_tokens_served,
             "prompt_tokens_served": self.prompt_tokens_served,
             "completion_tokens_served": self.completion_tokens_served,

@@ -189,9 +189,11 @@ def lower(
     None when the bucket already holds no more (nothing to write)."""
     interval = rate.interval
     debt = debt_at(state, interval, now)
-    floor = rate.largest - available
+    # Against the capacity, not a paced bucket's ceiling: a paced bucket sends one
+    # request ahead of its pace at most, so only "nothing left" must hold it back.
+    floor = rate.capacity - available
     if wait is not None:
-        floor = max(floor, rate.largest - 1.0 + wait / interval)
+        floor = max(floor, rate.capacity - 1.0 + wait / interval)
     if floor > debt:
         return BucketState(floor, now)
     return None

@@ -172,7 +172,7 @@ class RedisLimiter:
         for f in lowered:
             wait = "" if f.wait is None else _num(f.wait)
             rate = f.window.rate
-            args += [_num(rate.interval), _num(rate.largest), _num(f.available), wait]
+            args += [_num(rate.interval), _num(rate.capacity), _num(f.available), wait]
         for w in pacing:
             args += [_num(w.rate.interval), _num(w.rate.capacity)]
         # A cooldown must start at once; other settlements ride along with the next call.

@@ -302,6 +302,32 @@ def test_token_limit_counts_prompt_plus_max_tokens(
     assert "too large" in too_large.json()["error"]["message"]
 
 
+def test_a_quantum_enforces_the_limits_pro_rata_over_shorter_spans(
+    client: httpx.Client, upstream: FakeUpstreamHandle
+) -> None:
+    # 600 tokens a minute, and so at most 50 in any 5 s: the second 25 fits, a third not.
+    upstream.control(tpm=600, rpm=600, window=60, quantum=5)
+    request = {**CHAT, "max_tokens": 14}  # 25 tokens
+    assert [client.post("/chat/completions", json=request).status_code for _ in range(3)] == [
+        200,
+        200,
+        429,
+    ]
+    assert upstream.stats()["rejected"] == 1
+
+
+def test_rate_limit_headers_can_be_withheld(
+    client: httpx.Client, upstream: FakeUpstreamHandle
+) -> None:
+    upstream.control(rpm=1, window=60, ratelimit_headers=False)
+    accepted = client.post("/chat/completions", json=CHAT)
+    rejected = client.post("/chat/completions", json=CHAT)
+    assert accepted.status_code == 200 and rejected.status_code == 429
+    for response in (accepted, rejected):
+        assert not [h for h in response.headers if h.startswith("x-ratelimit-")]
+    assert int(rejected.headers["retry-after"]) == 60 and rejected.headers["retry-after-ms"]
+
+
 # ------------------------------------------------------------------ failure injection
 
 

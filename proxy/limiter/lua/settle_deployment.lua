@@ -8,8 +8,8 @@
 --       cool_for ('' = none), rate_limited (1/0), allowed_fails, window, cooldown time,
 --       the turn's epoch, sequence, time and the pace in force ('' = turn unknown),
 --       the numbers of buckets to correct and to lower, then per bucket to correct:
---       interval, units; per bucket to lower: interval, largest (Rate.largest),
---       available, wait for one unit ('' = none); per pacing bucket: interval, capacity
+--       interval, units; per bucket to lower: interval, capacity, available,
+--       wait for one unit ('' = none); per pacing bucket: interval, capacity
 -- Reply: cooled (1/0), recovered (1/0), seconds until it may take a request, epoch
 local now = clock(ARGV[1])
 local lease_id = ARGV[2]
@@ -27,12 +27,12 @@ for _ = 1, corrected do
 end
 for _ = 1, lowered do
   local interval = tonumber(ARGV[a])
-  local largest = tonumber(ARGV[a + 1])
+  local capacity = tonumber(ARGV[a + 1])
   local d, t = load_state(KEYS[k])
   local debt = debt_at(d, t, interval, now)
-  local floor = largest - tonumber(ARGV[a + 2])
+  local floor = capacity - tonumber(ARGV[a + 2])
   if ARGV[a + 3] ~= '' then
-    floor = math.max(floor, largest - 1.0 + tonumber(ARGV[a + 3]) / interval)
+    floor = math.max(floor, capacity - 1.0 + tonumber(ARGV[a + 3]) / interval)
   end
   if floor > debt then
     store_state(KEYS[k], floor, now, interval)

@@ -1,0 +1,150 @@
+"""Exact under real conditions: limits learned when the config is wrong, token limits
+paced as upstreams enforce them, cooldowns waited out. Two proxy replicas share a real
+Redis in front of a strict fake upstream; load is open-loop, bounded in time.
+
+The figures each run measures are printed (``-s`` shows them); docs/limiter.md records
+them. The assertions are the issue's targets, not timings."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.load import LoadResult, drive
+from support.proxy_server import ProxyProcess
+from support.redis_server import RedisServer, redis_available
+
+from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
+
+pytestmark = pytest.mark.skipif(not redis_available(), reason="redis-server is not installed")
+
+WINDOW = 10.0  # the upstream's strict sliding window, seconds
+LIMIT = 100  # requests it takes in any window: 10 a second
+TRUE_RATE = LIMIT / WINDOW
+DURATION = 30.0
+
+
+def _config(redis_url: str, upstream: FakeUpstreamHandle, **deployment: Any) -> dict[str, Any]:
+    return {
+        "redis": {"url": redis_url},
+        "models": [
+            {
+                "name": "gpt-4o-mini",
+                "deployments": [
+                    {"id": "strict", "base_url": upstream.base_url, "timeout": "10s", **deployment}
+                ],
+            }
+        ],
+        "routing": {"max_wait": "5s", "retries": 0},
+    }
+
+
+@pytest.fixture
+def strict_upstream() -> Iterator[FakeUpstreamHandle]:
+    """A strict upstream that tells nothing but its 429s and their retry-after."""
+    config = FakeUpstreamConfig(
+        port=0, rpm=LIMIT, window=WINDOW, latency=0.02, ratelimit_headers=False
+    )
+    with run_in_thread(config) as handle:
+        yield handle
+
+
+def _run(
+    tmp_path: Path, upstream: FakeUpstreamHandle, rate: float, duration: float, **deployment: Any
+) -> tuple[LoadResult, dict[str, Any]]:
+    with ExitStack() as stack:
+        redis = stack.enter_context(RedisServer(tmp_path / "redis"))
+        config = _config(redis.url, upstream, **deployment)
+        proxies = [
+            stack.enter_context(ProxyProcess(config, tmp_path, name=f"replica-{i}"))
+            for i in range(2)
+        ]
+        upstream.reset()
+        result = asyncio.run(drive([p.base_url for p in proxies], rate, duration))
+        return result, upstream.stats()
+
+
+def _report(name: str, result: LoadResult, stats: dict[str, Any]) -> None:
+    """What a run measured: the share of the true limit used over the span the upstream
+    admitted requests (the queue drains past the load's end), the upstream's 429s."""
+    served, rejected, span = stats["served"], stats["rejected"], stats["admitted_span"]
+    print(
+        f"\n{name}: served {served}, {served / (TRUE_RATE * span):.1%} of the true limit"
+        f" over {span:.1f} s; upstream 429s {rejected} ({rejected / max(served, 1):.1%} of"
+        f" served); clients: {dict(result.statuses)} {dict(result.codes)}"
+    )
+
+
+@pytest.mark.parametrize(
+    "configured",
+    [
+        pytest.param({"rpm": int(2 * TRUE_RATE * 60)}, id="overstated-twofold"),
+        pytest.param({}, id="no-limit"),
+    ],
+)
+def test_a_wrong_limit_is_learned_from_429s_alone(
+    tmp_path: Path, strict_upstream: FakeUpstreamHandle, configured: dict[str, Any]
+) -> None:
+    """Demand at twice the upstream's real limit, which the config overstates twofold (or
+    does not state): upstream 429s stay within 5% of what it served, and at least 80% of
+    its real limit is used over 30 s."""
+    result, stats = _run(tmp_path, strict_upstream, 2 * TRUE_RATE, DURATION, **configured)
+    _report(f"learning, {configured or 'no limit'}", result, stats)
+    assert len(result.outcomes) == result.sent, "a request was lost"
+    assert stats["rejected"] <= 0.05 * stats["served"], stats
+    assert stats["served"] >= 0.8 * TRUE_RATE * DURATION, stats
+
+
+# The token scenarios' request: the proxy estimates 8 + 20 = 28 tokens, the upstream
+# counts 7 + 20 = 27 at admission (prompt plus max_tokens, as OpenAI does).
+TOKEN_BODY = {
+    "model": "gpt-4o-mini",
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 20,
+}
+ADMITTED = 27
+TOKEN_DURATION = 20.0
+
+
+@pytest.mark.parametrize(
+    ("upstream_limits", "tokens_per_second"),
+    [
+        # 3,000 tokens in any 10 s, strictly: 300 a second.
+        pytest.param({"tpm": 3000, "window": 10.0}, 300.0, id="strict-10s-window"),
+        # 28,000 a minute, enforced pro rata over any 6 s as well (2,800 per 6 s).
+        pytest.param({"tpm": 28000, "window": 60.0, "quantum": 6.0}, 28000 / 60, id="quantized"),
+    ],
+)
+def test_tokens_are_paced_as_the_upstream_enforces_them(
+    tmp_path: Path, upstream_limits: dict[str, Any], tokens_per_second: float
+) -> None:
+    """The deployment states its real per-minute token limit; demand is twice it. No
+    upstream 429 at all, and at least 90% of the steady pace is used."""
+    config = FakeUpstreamConfig(port=0, latency=0.02, **upstream_limits)
+    with run_in_thread(config) as upstream, ExitStack() as stack:
+        redis = stack.enter_context(RedisServer(tmp_path / "redis"))
+        tpm = round(tokens_per_second * 60)
+        proxy_config = _config(redis.url, upstream, tpm=tpm)
+        proxies = [
+            stack.enter_context(ProxyProcess(proxy_config, tmp_path, name=f"replica-{i}"))
+            for i in range(2)
+        ]
+        upstream.reset()
+        rate = 2 * tokens_per_second / ADMITTED
+        urls = [p.base_url for p in proxies]
+        result = asyncio.run(drive(urls, rate, TOKEN_DURATION, body=TOKEN_BODY))
+        stats = upstream.stats()
+    # Over the span the upstream admitted requests (the queue drains past the load's end).
+    pace = stats["admitted_tokens"] / (tokens_per_second * stats["admitted_span"])
+    print(
+        f"\ntokens, {upstream_limits}: {pace:.1%} of the steady pace over"
+        f" {stats['admitted_span']:.1f} s; upstream 429s {stats['rejected']};"
+        f" clients: {dict(result.statuses)} {dict(result.codes)}"
+    )
+    assert len(result.outcomes) == result.sent, "a request was lost"
+    assert stats["rejected"] == 0, stats
+    assert pace >= 0.9, stats
