@@ -64,7 +64,7 @@ def select(
     plans = [plan(c.buckets, now) for c in candidates]
     waits: list[float] = []
     reservable: list[bool] = []
-    held_back: list[bool] = []  # reservable, but its hold is what makes it wait
+    held_back: list[bool] = []  # reservable, but held after a 429 for a while
     cooling = False
     cooling_retry = math.inf
     for c, p in zip(candidates, plans, strict=True):
@@ -77,7 +77,7 @@ def select(
         if wait_for(c.health, now) == 0.0:
             waits.append(max(hold, p.wait))
             reservable.append(True)
-            held_back.append(hold > p.wait)
+            held_back.append(hold > 0.0)
         else:
             out = unusable_for(c.health, now)
             waits.append(max(out, p.wait))

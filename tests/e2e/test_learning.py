@@ -148,3 +148,45 @@ def test_tokens_are_paced_as_the_upstream_enforces_them(
     assert len(result.outcomes) == result.sent, "a request was lost"
     assert stats["rejected"] == 0, stats
     assert pace >= 0.9, stats
+
+
+# -- waiting out a hold ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("max_wait", "waited_out"), [("10s", True), ("1s", False)])
+def test_requests_wait_out_a_held_deployment_within_their_max_wait(
+    max_wait: str, waited_out: bool
+) -> None:
+    """The only deployment answers 429 "retry in ~4 s": requests arriving meanwhile wait
+    for it when that is within their max_wait, else get 503 with a retry-after."""
+    from support.proxy_server import ProxyInThread, settings_from
+
+    config = FakeUpstreamConfig(port=0, rpm=3, window=4.0, ratelimit_headers=False)
+    with run_in_thread(config) as upstream:
+        settings = settings_from(
+            {
+                "models": [
+                    {
+                        "name": "gpt-4o-mini",
+                        "deployments": [{"id": "held", "base_url": upstream.base_url}],
+                    }
+                ],
+                "routing": {"max_wait": max_wait, "retries": 0},
+            }
+        )
+        with ProxyInThread(settings) as proxy:
+            url = proxy.base_url
+
+            async def scenario() -> tuple[LoadResult, LoadResult]:
+                first = await drive([url], 20.0, 0.2)  # 4 at once: the 4th gets the 429
+                during = await drive([url], 10.0, 0.3)  # 3 more during the hold
+                return first, during
+
+            first, during = asyncio.run(scenario())
+    print(f"\nhold, max_wait {max_wait}: {dict(first.statuses)} then {dict(during.statuses)}")
+    assert first.count(200) == 3 and first.codes["upstream_rate_limited"] == 1
+    if waited_out:
+        assert set(during.statuses) == {200}, (during.statuses, during.codes)
+    else:
+        assert set(during.codes) == {"model_unavailable"}, during.codes
+        assert all(o.status == 503 and int(o.retry_after or 0) >= 1 for o in during.outcomes)

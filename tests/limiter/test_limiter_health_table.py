@@ -235,7 +235,8 @@ CASES: list[tuple[str, list[Step]]] = [
             Health(1, {"a": 1.0}),
             Reserve(1, "a", Go("a", 1.0), max_wait=5),
             Reserve(1, "a", Go("a", 2.0), max_wait=5),
-            Reserve(1, "a", Refused(1.5), max_wait=1.5),  # its budget, not the hold, binds
+            # Refused while held: unavailable (503), though here its budget binds
+            Reserve(1, "a", Refused(1.5, cooling=True), max_wait=1.5),
             Settle(1, "b", cool(10, rate_limited=True), cooled(10)),
             Reserve(1, "b", Refused(5.0, cooling=True), max_wait=5),  # the hold binds
             Reserve(1, "ab", Go("a", 3.0), max_wait=5),
