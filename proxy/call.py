@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["Call", "Reply", "Settlement", "StreamSource"]
+__all__ = ["Call", "ClientLeft", "Reply", "Settlement", "StreamSource"]
+
+# Returns once the client has gone away (its connection closed).
+ClientLeft = Callable[[], Coroutine[Any, Any, None]]
 
 
 class StreamSource(Protocol):
@@ -43,6 +46,7 @@ class Call:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     error_code: str | None = None
+    client_left: ClientLeft | None = None  # watched while the request waits for a turn
 
     def real_tokens(self) -> int | None:
         """Tokens the upstream reported (prompt + completion), if it did."""

@@ -8,6 +8,7 @@
     ├── ModelNotAllowed                403   permission_error
     ├── ModelNotFound                  404   invalid_request_error
     ├── RateLimited                    429   rate_limit_error        (code names whose limit)
+    ├── ClientClosedRequest            499   client_closed           (nobody hears it: logged)
     └── UpstreamError                        api_error
         ├── UpstreamUnavailable        502   (refused, reset, invalid response)
         ├── ServiceUnavailable         503   (nothing usable, limiter storage down)
@@ -28,6 +29,7 @@ import orjson
 __all__ = [
     "AuthenticationFailed",
     "BodyTooLarge",
+    "ClientClosedRequest",
     "InvalidRequest",
     "ModelNotAllowed",
     "ModelNotFound",
@@ -109,6 +111,14 @@ class RateLimited(ProxyError):
     status = 429
     type = "rate_limit_error"
     default_code = "rate_limited"
+
+
+class ClientClosedRequest(ProxyError):
+    """The client went away while its request waited for a turn (nginx's 499)."""
+
+    status = 499
+    type = "client_closed"
+    default_code = "client_closed_request"
 
 
 class UpstreamError(ProxyError):

@@ -25,7 +25,7 @@ import orjson
 from proxy import tokens
 from proxy.auth import KeyStore
 from proxy.background import Background
-from proxy.call import Call, Reply, Settlement
+from proxy.call import Call, ClientLeft, Reply, Settlement
 from proxy.catalog import Catalog, GroupRoute
 from proxy.config import Settings
 from proxy.errors import (
@@ -100,9 +100,17 @@ class Pipeline:
         return self.dispatcher.waiting
 
     async def handle(
-        self, endpoint: str, raw: bytes, headers: list[tuple[str, str]], authorization: str | None
+        self,
+        endpoint: str,
+        raw: bytes,
+        headers: list[tuple[str, str]],
+        authorization: str | None,
+        client_left: ClientLeft | None = None,
     ) -> Reply:
+        """The answer to one request. ``client_left`` returns once the client has gone:
+        a request waiting for its turn stops then (nothing goes upstream)."""
         call = _new_call(endpoint, headers)
+        call.client_left = client_left
         key_check: asyncio.Future[KeyVerdict] | None = None
         settlement: Settlement | None = None
         reply: Reply | None = None

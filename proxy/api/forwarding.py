@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from functools import partial
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -53,7 +54,13 @@ class ForwardingEndpoint:
         except ProxyError as error:
             reply = pipeline.reject(self.endpoint, error)
         else:
-            reply = await pipeline.handle(self.endpoint, raw, headers, lookup.get("authorization"))
+            reply = await pipeline.handle(
+                self.endpoint,
+                raw,
+                headers,
+                lookup.get("authorization"),
+                client_left=partial(_disconnected, receive),
+            )
         await send_reply(reply, receive, send)
 
 
@@ -105,6 +112,13 @@ async def _read_body(receive: Receive, declared: str | None, limit: int) -> byte
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+async def _disconnected(receive: Receive) -> None:
+    """Return once the client has closed its connection (its body was read already)."""
+    message: Message = {"type": ""}
+    while message["type"] != "http.disconnect":
+        message = await receive()
+
+
 def _raw_headers(reply: Reply) -> list[tuple[bytes, bytes]]:
     return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in reply.headers.items()]
 
@@ -131,13 +145,8 @@ async def _send_stream(reply: Reply, body: StreamSource, receive: Receive, send:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
 
-    async def client_left() -> None:
-        message: Message = {"type": ""}
-        while message["type"] != "http.disconnect":
-            message = await receive()
-
     streaming = asyncio.ensure_future(pump())
-    watching = asyncio.ensure_future(client_left())
+    watching = asyncio.ensure_future(_disconnected(receive))
     try:
         await asyncio.wait({streaming, watching}, return_when=asyncio.FIRST_COMPLETED)
     finally:

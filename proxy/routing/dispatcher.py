@@ -20,10 +20,17 @@ from dataclasses import replace
 
 import httpx
 
-from proxy.call import Call, Reply
+from proxy.call import Call, ClientLeft, Reply
 from proxy.catalog import Catalog, DeploymentRoute, GroupRoute
 from proxy.config import Settings
-from proxy.errors import InvalidRequest, ProxyError, RateLimited, ServiceUnavailable, UpstreamError
+from proxy.errors import (
+    ClientClosedRequest,
+    InvalidRequest,
+    ProxyError,
+    RateLimited,
+    ServiceUnavailable,
+    UpstreamError,
+)
 from proxy.limiter.base import NEUTRAL, SUCCESS, GroupAsk, Limiter, Outcome
 from proxy.routing.events import Attempt, Events
 from proxy.routing.outcomes import classify_status, is_failure, status_error
@@ -237,20 +244,24 @@ class Dispatcher:
         give_back: Turn | None,
         queued: bool = False,
     ) -> None:
-        """Sleep ``seconds`` as one of the waiting requests (``queued``: already counted)."""
+        """Sleep ``seconds`` as one of the waiting requests (``queued``: already counted).
+        A client that leaves meanwhile is noticed at once: its turn goes back and
+        ``ClientClosedRequest`` ends the request (nothing goes upstream)."""
         if not queued:
             self.waiting += 1
         self.events.queued(call.model, 1)
+        started = time.perf_counter()
         try:
-            await asyncio.sleep(seconds)
-        except asyncio.CancelledError:
+            if not await _slept(seconds, call.client_left):
+                raise ClientClosedRequest("The client closed the request while it waited.")
+        except BaseException:
             if give_back is not None:
                 self.settler.give_back(give_back, call.estimate)
             raise
         finally:
             self.waiting -= 1
             self.events.queued(call.model, -1)
-        call.queue_wait += seconds
+            call.queue_wait += time.perf_counter() - started
         self.events.waited(call.model, seconds)
 
     # --- one upstream call ------------------------------------------------------------
@@ -386,3 +397,19 @@ class Dispatcher:
         remaining = remaining_report(budget)
         if remaining is not None:
             self.settler.report(deployment, remaining)
+
+
+async def _slept(seconds: float, client_left: ClientLeft | None) -> bool:
+    """Sleep ``seconds``; False if the client left first (watched only while sleeping,
+    so a request that never waits costs no watcher)."""
+    if client_left is None:
+        await asyncio.sleep(seconds)
+        return True
+    sleeping = asyncio.ensure_future(asyncio.sleep(seconds))
+    watching = asyncio.ensure_future(client_left())
+    try:
+        await asyncio.wait((sleeping, watching), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (sleeping, watching):
+            task.cancel()
+    return not watching.done() or watching.cancelled()

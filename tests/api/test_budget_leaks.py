@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from support.proxy_server import ProxyInThread, settings_from
+from support.waiting import wait_until
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 
@@ -80,3 +81,49 @@ def test_errors_timeouts_and_disconnects_leak_no_budget(upstream: FakeUpstreamHa
     # 5 successes and this one, each about 10 real tokens, plus this one's estimate; the
     # failed, timed-out and abandoned calls (500 tokens reserved each) were refunded.
     assert used < 200, used
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_a_client_that_leaves_while_waiting_is_noticed_at_once(
+    upstream: FakeUpstreamHandle, stream: bool
+) -> None:
+    """Six clients at once, one turn about every 0.5 s: the first goes now, the five
+    others give up after 0.3 s on turns 0.5-2.5 s ahead. Nothing of theirs goes upstream, their
+    turns go back (a later request gets a turn within max_wait, which their turns would
+    have pushed past it), and their key's parallel slots and token estimates come back
+    (or the later request would get key_parallel)."""
+    config = {
+        "keys": [{"name": "k", "key": KEY, "tpm": TPM, "max_parallel": 6}],
+        "models": [
+            {"name": "m", "deployments": [{"id": "d", "base_url": upstream.base_url, "rpm": 120}]}
+        ],
+        "routing": {"retries": 0, "max_wait": "3s"},
+    }
+    body = {**BODY, "stream": stream}
+    headers = {"authorization": f"Bearer {KEY}"}
+
+    async def scenario(url: str) -> tuple[list[BaseException | httpx.Response], httpx.Response]:
+        async with httpx.AsyncClient(headers=headers, timeout=0.3) as impatient:
+            left = await asyncio.gather(
+                *(impatient.post(f"{url}/chat/completions", json=body) for _ in range(6)),
+                return_exceptions=True,
+            )
+        async with httpx.AsyncClient(headers=headers, timeout=10) as patient:
+            later = await patient.post(f"{url}/chat/completions", json={**body, "max_tokens": 5})
+        return left, later
+
+    with ProxyInThread(settings_from(config)) as proxy:
+        pipeline = proxy.app.state.pipeline
+        left, later = asyncio.run(scenario(proxy.base_url))
+        # Their turns were up to 2.5 s away: had they waited on, they would hold their
+        # slots still (the later request's own is released once its answer is out).
+        wait_until(lambda: not pipeline.background._tasks, what="bookkeeping done")
+        leases = pipeline.limiter.leases_held("k")
+        waiting = pipeline.dispatcher.waiting
+    gave_up = [o for o in left if isinstance(o, httpx.TimeoutException)]
+    assert len(gave_up) == 5, left  # the sixth went at once
+    assert later.status_code == 200, later.text
+    assert upstream.stats()["requests"] == 2  # the one that went at once and the later one
+    assert waiting == 0 and leases == 0
+    # The five estimates (500 tokens each) came back: two requests' worth is counted.
+    assert TPM - int(later.headers["x-ratelimit-remaining-tokens"]) < 600
