@@ -247,6 +247,9 @@ class Sent:
     epoch: int = 0
     sequence: int = 0
     at: float = 0.0  # the turn, in the limiter's time
+    # Granted by the local fallback (policy.py): its epoch, sequence and time are the
+    # fallback's, so only the fallback may learn from it, and vice versa.
+    fallback: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,7 +257,9 @@ class DeploymentSettlement:
     """After the upstream answered (or the request was abandoned): free ``lease`` from
     the in-flight set; add ``requests`` (-1: a reserved turn nobody used) and ``tokens``
     to the windows; record ``outcome`` in the health (a 429 learns from ``sent``); lower
-    the per-minute windows to ``remaining`` (never raise them). One step."""
+    the per-minute windows to ``remaining`` (never raise them); with ``hold``, give the
+    windows of a minute or less no turn before ``hold`` seconds from now (a share of the
+    budget carried between the shared and the local limiter, policy.py). One step."""
 
     group: str
     deployment: DeploymentLimits
@@ -265,6 +270,7 @@ class DeploymentSettlement:
     tokens: float = 0.0
     remaining: Remaining | None = None
     sent: Sent | None = None
+    hold: float = 0.0
 
 
 Settlement = KeySettlement | DeploymentSettlement

@@ -212,6 +212,12 @@ def held(rate: Rate, hold: float, now: float) -> BucketState:
     return BucketState(max(0.0, rate.capacity - 1.0) + hold / rate.interval, now)
 
 
+def held_at_least(state: BucketState, rate: Rate, hold: float, now: float) -> BucketState | None:
+    """``held`` unless the bucket already gives no turn sooner (None: nothing to write)."""
+    target = held(rate, hold, now)
+    return target if target.debt > debt_at(state, rate.interval, now) else None
+
+
 def usage(state: BucketState, rate: Rate, now: float) -> Usage:
     """The bucket as x-ratelimit-* headers describe it: ``remaining`` now, and ``reset``,
     the seconds until the bucket is full again."""

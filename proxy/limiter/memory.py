@@ -51,6 +51,7 @@ from proxy.limiter.verdicts import (
     in_flight_deadline,
     key_verdict,
     learning_windows,
+    pacing_windows,
     probe_timeout,
     spends,
     with_learned,
@@ -254,6 +255,12 @@ class MemoryLimiter:
             lowered = bucket.lower(self._state(bucket_id), rate, f.available, now, f.wait)
             if lowered is not None:
                 self._buckets[bucket_id] = (lowered, rate.interval)
+        if s.hold > 0.0:
+            for w in pacing_windows(deployment):
+                bucket_id = _deployment_bucket(group, deployment.id, w)
+                kept = bucket.held_at_least(self._state(bucket_id), w.rate, s.hold, now)
+                if kept is not None:
+                    self._buckets[bucket_id] = (kept, w.rate.interval)
         settled, change = health.settle(
             h, s.outcome, s.rule, now, s.lease, evidence(deployment, s.sent)
         )

@@ -17,6 +17,17 @@ Replicas count themselves with heartbeats in Redis (one sorted set, server time)
 ``replica_ttl`` seconds. The last count seen sizes the local share. ``replica_id`` must be
 unique per process (each uvicorn worker is a replica with its own local share).
 
+Turns cross the switch both ways without being handed out twice. Turns already granted
+keep their time whichever side granted them, so each side starts after the other's: the
+first local reservation of a deployment holds its local windows (those of a minute or
+less, which pace) until the latest shared turn this replica saw, plus ``OUTAGE_MARGIN``
+for the turns other replicas took meanwhile; and the call that probes a recovered storage
+first carries this replica's latest local turns over as holds on the shared windows (plus
+``reset_after``: replicas still in the fallback until their own probe keep handing out
+local turns). A restarted, empty Redis then starts after them too. Longer windows (a
+day's) start from this replica's share, full: an outage may spend up to one more share
+of them.
+
 Deployment health and in-flight counts follow the budgets: shared while Redis answers,
 this replica's own in the fallback (a cooldown decided locally is not shared, and is not
 carried over when Redis is back).
@@ -34,6 +45,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
@@ -41,7 +53,9 @@ from typing import Literal, TypeVar
 
 from proxy.limiter.base import (
     NO_CHANGE,
+    CooldownRule,
     DeploymentLimits,
+    DeploymentSettlement,
     DeploymentState,
     DeploymentVerdict,
     GroupAsk,
@@ -66,6 +80,13 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Clock = Callable[[], float]
 OnError = Literal["local", "reject"]
+TailKey = tuple[str, str]  # (group, deployment id)
+
+OUTAGE_MARGIN = 0.5
+"""Seconds between the last turn one side handed out and the first the other hands out:
+other replicas keep reserving turns this one did not see until their calls fail too."""
+
+_CARRY = CooldownRule(allowed_fails=1, window=0.0, time=0.0)  # a neutral settlement's rule
 
 
 class CircuitState(enum.Enum):
@@ -202,7 +223,14 @@ class ResilientLimiter:
         self._replica_ttl = replica_ttl
         self._replicas = max(1, initial_replicas)
         self._breaker = CircuitBreaker(failure_threshold, reset_after, clock, self._circuit_changed)
+        self._clock = clock
+        self._reset_after = reset_after
         self._local = MemoryLimiter(clock)
+        # The latest turn each side handed out here, per deployment (this clock's time);
+        # the local side's with the deployment's limits, to carry them over.
+        self._shared_tails: dict[TailKey, float] = {}
+        self._local_tails: dict[TailKey, tuple[DeploymentLimits, float]] = {}
+        self._seeded: set[TailKey] = set()  # deployments started locally this outage
         self._listeners: list[Callable[[LimiterMode], None]] = []
         self._error_listeners: list[Callable[[str], None]] = []
         self._last_mode = self.mode
@@ -289,24 +317,46 @@ class ResilientLimiter:
         return await self._route("acquire_key", lambda: self._shared.acquire_key(ask), local)
 
     async def reserve(self, ask: GroupAsk) -> DeploymentVerdict:
+        async def shared() -> DeploymentVerdict:
+            verdict = await self._shared.reserve(ask)
+            # Every candidate's wait (granted or refused) says how far its turns go.
+            now = self._clock()
+            for deployment_id, wait in verdict.waits.items():
+                if math.isfinite(wait):
+                    key = (ask.group, deployment_id)
+                    self._shared_tails[key] = max(now + wait, self._shared_tails.get(key, 0.0))
+            return verdict
+
         def local() -> DeploymentVerdict:
             self._require_fallback()
             n = self._replicas
             candidates = [share_deployment(c, n, ask.tokens) for c in ask.candidates]
-            return self._local.reserve_now(replace(ask, candidates=candidates))
+            self._start_locally(ask.group, candidates)
+            verdict = self._local.reserve_now(replace(ask, candidates=candidates))
+            chosen = next((c for c in ask.candidates if c.id == verdict.deployment_id), None)
+            if chosen is None or verdict.sent is None:
+                return verdict
+            key = (ask.group, chosen.id)
+            tail = self._clock() + verdict.wait
+            _, latest = self._local_tails.get(key, (chosen, tail))
+            self._local_tails[key] = (chosen, max(tail, latest))
+            return replace(verdict, sent=replace(verdict.sent, fallback=True))
 
-        return await self._route("reserve", lambda: self._shared.reserve(ask), local)
+        return await self._route("reserve", shared, local)
 
     async def settle(self, settlement: Settlement) -> HealthChange:
         def local() -> HealthChange:
             if self._on_error != "local":
                 log.warning("limiter storage unavailable: a settlement was dropped")
                 return NO_CHANGE
-            return self._local.settle_now(self._local_share(settlement))
+            return self._local.settle_now(self._local_share(_told(settlement, local=True)))
+
+        def shared() -> Awaitable[HealthChange]:
+            return self._shared.settle(_told(settlement, local=False))
 
         if self._held_locally(settlement):
             return local()  # the request's budget was taken here: give it back here
-        return await self._route("settle", lambda: self._shared.settle(settlement), local)
+        return await self._route("settle", shared, local)
 
     async def snapshot(
         self, group: str, deployments: Sequence[DeploymentLimits]
@@ -336,6 +386,8 @@ class ResilientLimiter:
         if not self._breaker.try_acquire():
             return SKIPPED
         try:
+            if self._local_tails:
+                await self._carry_over()  # it must land before any shared reservation
             result = await call()
         except StorageError as exc:
             if _being_cancelled():
@@ -353,6 +405,39 @@ class ResilientLimiter:
             raise
         self._breaker.record_success()
         return result
+
+    def _start_locally(self, group: str, shares: Sequence[DeploymentLimits]) -> None:
+        """Hold each deployment's local share, on its first local reservation of this
+        outage, until after the latest shared turn seen (plus the margin)."""
+        now = self._clock()
+        for d in shares:
+            key = (group, d.id)
+            if key in self._seeded:
+                continue
+            self._seeded.add(key)
+            # Nothing seen of it: light traffic, whose last turns are past (or none).
+            hold = self._shared_tails.get(key, -math.inf) + OUTAGE_MARGIN - now
+            if hold > 0.0:
+                self._local.settle_now(DeploymentSettlement(group, d, _CARRY, hold=hold))
+
+    async def _carry_over(self) -> None:
+        """Before the first shared call after local turns (the probe, after an outage):
+        the shared windows give no turn before this replica's latest local ones (plus the
+        margins). Kept for the next call if the storage fails again."""
+        tails, self._local_tails = self._local_tails, {}
+        self._seeded.clear()
+        now = self._clock()
+        try:
+            for (group, _), (limits, tail) in tails.items():
+                hold = tail + self._reset_after + OUTAGE_MARGIN - now
+                if hold > 0.0:
+                    carry = DeploymentSettlement(group, limits, _CARRY, hold=hold)
+                    await self._shared.settle(carry)
+        except BaseException:
+            for key, (limits, tail) in tails.items():
+                _, latest = self._local_tails.get(key, (limits, tail))
+                self._local_tails[key] = (limits, max(tail, latest))
+            raise
 
     def _require_fallback(self) -> None:
         if self._on_error == "reject":
@@ -379,6 +464,8 @@ class ResilientLimiter:
         return replace(s, deployment=share_deployment(s.deployment, n, 0.0), remaining=remaining)
 
     def _circuit_changed(self, state: CircuitState) -> None:
+        if state is CircuitState.CLOSED:
+            self._seeded.clear()  # the next outage starts from the shared turns again
         mode = self.mode
         if mode is self._last_mode:
             return  # e.g. open -> half-open -> open: still the fallback
@@ -402,12 +489,21 @@ class ResilientLimiter:
                 await asyncio.wait_for(self._stopping.wait(), self._heartbeat_interval)
 
 
+def _told(s: Settlement, *, local: bool) -> Settlement:
+    """``s`` as one side may hear it: a turn the other side granted teaches it nothing
+    (its epoch and sequence count another side's turns); a 429 on it only holds."""
+    if isinstance(s, DeploymentSettlement) and s.sent is not None and s.sent.fallback != local:
+        return replace(s, sent=None)
+    return s
+
+
 def _being_cancelled() -> bool:
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
 
 
 __all__ = [
+    "OUTAGE_MARGIN",
     "SKIPPED",
     "CircuitBreaker",
     "CircuitState",

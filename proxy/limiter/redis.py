@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from typing import Unpack
 
 from proxy.limiter.base import (
-    MINUTE,
     NO_CHANGE,
     DeploymentLimits,
     DeploymentState,
@@ -51,6 +50,7 @@ from proxy.limiter.verdicts import (
     evidence,
     floors,
     key_verdict,
+    pacing_windows,
     spends,
 )
 
@@ -140,7 +140,7 @@ class RedisLimiter:
         d = s.deployment
         corrected = corrections(d.windows, s.requests, s.tokens)
         lowered = floors(d, s.remaining)
-        pacing = [w for w in d.windows if w.rate.period <= MINUTE]
+        pacing = pacing_windows(d)
         keys = [
             self._deployment(s.group, d.id, "health"),
             self._deployment(s.group, d.id, "inflight"),
@@ -166,6 +166,7 @@ class RedisLimiter:
             ),
             str(len(corrected)),
             str(len(lowered)),
+            _num(s.hold),
         ]
         for c in corrected:
             args += [_num(c.rate.interval), _num(c.amount)]
@@ -176,7 +177,7 @@ class RedisLimiter:
         for w in pacing:
             args += [_num(w.rate.interval), _num(w.rate.capacity)]
         # A cooldown must start at once; other settlements ride along with the next call.
-        urgent = s.outcome.kind == "failure" or bool(lowered)
+        urgent = s.outcome.kind == "failure" or bool(lowered) or s.hold > 0.0
         cooled, recovered, left, epoch = await self.runner.run(
             "settle_deployment", keys, args, urgent=urgent
         )

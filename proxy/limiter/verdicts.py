@@ -75,10 +75,15 @@ def with_learned(spent: list[Spend], h: Health, now: float) -> list[Spend]:
     return [*spent, Spend(Window(LEARNED, "requests", rate), 1.0)]
 
 
+def pacing_windows(deployment: DeploymentLimits) -> list[Window]:
+    """The windows of a minute or less: they pace, so a hold means something to them."""
+    return [w for w in deployment.windows if w.rate.period <= MINUTE]
+
+
 def learning_windows(deployment: DeploymentLimits, h: Health, now: float) -> list[Window]:
     """The windows a learning event holds (dropping the turns reserved past the hold):
     those of a minute or less, which pace, and the learned one."""
-    windows = [w for w in deployment.windows if w.rate.period <= MINUTE]
+    windows = pacing_windows(deployment)
     rate = health.learned_window_rate(h, now)
     return windows if rate is None else [*windows, Window(LEARNED, "requests", rate)]
 

@@ -56,13 +56,15 @@ class Settler:
         self.events = events
         # Only least-busy routing keeps in-flight leases, which every answer must free.
         self.least_busy = least_busy
-        # The latest learning epoch seen of each deployment (health.py): a turn of an
-        # older epoch was reserved at a pace since found too fast.
+        # The learning epoch (health.py) each deployment was last seen at: a turn of an
+        # older epoch was reserved at a pace since found too fast. The latest, not the
+        # largest: an epoch starts again from 0 when the limiter forgets an idle
+        # deployment's health, a restarted Redis knows none, and the local fallback
+        # counts its own; a turn is only dropped for a newer epoch of the same story.
         self.epochs: dict[str, int] = {}
 
     def saw(self, deployment_id: str, epoch: int) -> None:
-        if epoch > self.epochs.get(deployment_id, 0):
-            self.epochs[deployment_id] = epoch
+        self.epochs[deployment_id] = epoch
 
     def stale(self, turn: Turn) -> bool:
         """Whether the deployment learned since ``turn`` was reserved: take it again."""
@@ -113,7 +115,8 @@ class Settler:
 
         async def run() -> None:
             change = await self.limiter.settle(settlement)
-            self.saw(deployment.id, change.epoch)
+            if change.cooled:  # a learning event comes with a hold (others tell nothing)
+                self.saw(deployment.id, change.epoch)
             if change.cooled or change.recovered:
                 self.events.health_changed(
                     deployment.group, deployment.id, settlement.outcome, change

@@ -190,3 +190,52 @@ def test_requests_wait_out_a_held_deployment_within_their_max_wait(
     else:
         assert set(during.codes) == {"model_unavailable"}, during.codes
         assert all(o.status == 503 and int(o.retry_after or 0) >= 1 for o in during.outcomes)
+
+
+# -- Redis outages under overload -------------------------------------------------------
+
+
+def _outage_config(redis_url: str, upstream: FakeUpstreamHandle) -> dict[str, Any]:
+    config = _config(redis_url, upstream, rpm=int(TRUE_RATE * 60))
+    config["redis"]["on_error"] = "local"
+    return config
+
+
+@pytest.mark.parametrize("outage", ["killed", "frozen"])
+def test_a_redis_outage_under_overload_overshoots_nothing(
+    tmp_path: Path, strict_upstream: FakeUpstreamHandle, outage: str
+) -> None:
+    """Two replicas at twice a strict upstream's limit; Redis dies (or hangs) 8 s in
+    and comes back 10 s later. Zero upstream 429s; clients get only 200 or 429 with a
+    retry-after; at least 90% of the limit is used over the whole run."""
+    duration = 30.0
+    with ExitStack() as stack:
+        redis = stack.enter_context(RedisServer(tmp_path / "redis"))
+        config = _outage_config(redis.url, strict_upstream)
+        proxies = [
+            stack.enter_context(ProxyProcess(config, tmp_path, name=f"replica-{i}"))
+            for i in range(2)
+        ]
+        strict_upstream.reset()
+        urls = [p.base_url for p in proxies]
+
+        async def scenario() -> LoadResult:
+            load = asyncio.create_task(drive(urls, 2 * TRUE_RATE, duration))
+            await asyncio.sleep(8.0)  # the outage's start: part of the scenario
+            await asyncio.to_thread(redis.kill if outage == "killed" else redis.freeze)
+            await asyncio.sleep(10.0)  # its length
+            await asyncio.to_thread(redis.start if outage == "killed" else redis.thaw)
+            return await load
+
+        result = asyncio.run(scenario())
+        stats = strict_upstream.stats()
+        logs = [p.logs() for p in proxies]
+    _report(f"redis {outage}", result, stats)
+    assert len(result.outcomes) == result.sent, "a request was lost"
+    assert stats["rejected"] == 0, stats
+    assert set(result.statuses) <= {200, 429}, (result.statuses, result.codes)
+    assert all(o.retry_after for o in result.outcomes if o.status == 429)
+    assert stats["served"] >= 0.9 * TRUE_RATE * stats["admitted_span"], stats
+    for log in logs:  # one outage, one fallback: the breaker stayed open throughout
+        assert log.count("rate limiter mode: fallback") == 1, log
+        assert log.count("rate limiter mode: shared") == 1, log

@@ -133,11 +133,13 @@ class Reserve:
 
 @dataclass(frozen=True)
 class Correct:
-    """A settlement that only corrects (a turn given back, a token estimate)."""
+    """A settlement that only corrects (a turn given back, a token estimate) or holds
+    the pacing windows (a share carried over after a storage outage)."""
 
     deployment: int
     requests: float
     tokens: float
+    hold: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,11 @@ class Query:
 
 Op = Advance | Acquire | Release | Reserve | Correct | Book | Settle | Sync | Query
 
+holds = st.one_of(
+    st.just(0.0),
+    st.sampled_from([0.5, 3.0]),
+    st.floats(min_value=0.0, max_value=10.0, allow_nan=False, allow_infinity=False),
+)
 corrections = st.one_of(
     st.sampled_from([0.0, -1.0, 1.0, -10.0, 5.5]),
     st.floats(min_value=-60.0, max_value=60.0, allow_nan=False, allow_infinity=False),
@@ -203,7 +210,7 @@ ops = st.one_of(
     reserves,
     reserves,
     reserves,
-    st.builds(Correct, st.integers(0, 2), st.sampled_from([0.0, -1.0, 1.0]), corrections),
+    st.builds(Correct, st.integers(0, 2), st.sampled_from([0.0, -1.0, 1.0]), corrections, holds),
 )
 start_times = st.sampled_from([0.0, 12345.678, 1_700_000_000.123456])
 
@@ -273,7 +280,7 @@ async def run_health_op(
         target = candidates[op.deployment % len(candidates)]
         if isinstance(op, Correct):
             settlement = DeploymentSettlement(
-                "g", target, rule, requests=op.requests, tokens=op.tokens
+                "g", target, rule, requests=op.requests, tokens=op.tokens, hold=op.hold
             )
         elif isinstance(op, Sync):
             settlement = DeploymentSettlement("g", target, rule, remaining=op.remaining)
@@ -341,7 +348,7 @@ queueing_ops = st.one_of(
     reserves,
     small_reserves,
     small_reserves,
-    st.builds(Correct, st.just(0), st.sampled_from([0.0, -1.0]), corrections),
+    st.builds(Correct, st.just(0), st.sampled_from([0.0, -1.0]), corrections, holds),
     st.just(Query()),
 )
 
@@ -443,7 +450,7 @@ health_ops = st.one_of(
             st.one_of(st.none(), st.sampled_from([0.0, 10.0]), st.floats(0.0, 100.0)),
         ),
     ),
-    st.builds(Correct, st.integers(0, 2), st.sampled_from([0.0, -1.0]), corrections),
+    st.builds(Correct, st.integers(0, 2), st.sampled_from([0.0, -1.0]), corrections, holds),
     st.just(Query()),
 )
 # Busy deployments: turns a second or so apart, so waits and learned rates show; per

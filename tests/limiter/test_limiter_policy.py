@@ -29,6 +29,7 @@ from proxy.limiter.base import (
 from proxy.limiter.factory import create_limiter
 from proxy.limiter.memory import MemoryLimiter
 from proxy.limiter.policy import (
+    OUTAGE_MARGIN,
     CircuitBreaker,
     CircuitState,
     OnError,
@@ -430,3 +431,65 @@ async def test_storage_errors_are_reported_by_operation(
     await a.reserve(GroupAsk("g", [DEP], 0, max_wait=0))
     # Each call that reached the storage and failed is named; an open circuit asks none.
     assert failed[:2] == ["acquire_key", "reserve"]
+
+
+# -- turns across an outage --------------------------------------------------------------
+
+PACED = DeploymentLimits("p", windows=(rpm(60, 1),))  # one request a second
+
+
+async def test_a_local_share_starts_after_the_turns_redis_handed_out(
+    make: Callable[[OnError, str], ResilientLimiter],
+    disposable_redis: RedisServer,
+    clock: Clock,
+) -> None:
+    """Turns already granted in Redis still go out during the outage: the local share
+    hands out none before the last of them (plus the margin for other replicas')."""
+    a = make("local", "a")
+    shared = [await a.reserve(GroupAsk("g", [PACED], 0, max_wait=10)) for _ in range(5)]
+    assert [v.wait for v in shared] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    disposable_redis.kill()
+    first_local = await a.reserve(GroupAsk("g", [PACED], 0, max_wait=10))
+    assert first_local.wait == pytest.approx(4.0 + OUTAGE_MARGIN)
+    assert first_local.sent is not None and first_local.sent.fallback
+    second = await a.reserve(GroupAsk("g", [PACED], 0, max_wait=10))
+    assert second.wait == pytest.approx(5.0 + OUTAGE_MARGIN)  # then at the share's pace
+
+
+async def test_back_from_an_outage_redis_hands_out_no_turn_before_the_local_ones(
+    make: Callable[[OnError, str], ResilientLimiter],
+    disposable_redis: RedisServer,
+    clock: Clock,
+) -> None:
+    """A restarted Redis is empty: the first call after the outage carries this replica's
+    local turns over, so shared turns start after them (plus reset_after, the longest
+    another replica may still hand out local turns, and the margin)."""
+    a = make("local", "a")
+    disposable_redis.kill()
+    local = [await a.reserve(GroupAsk("g", [PACED], 0, max_wait=10)) for _ in range(4)]
+    assert [v.wait for v in local] == [0.0, 1.0, 2.0, 3.0]
+    disposable_redis.start()
+    clock.now += 1.0  # reset_after: the next call probes
+    back = await a.reserve(GroupAsk("g", [PACED], 0, max_wait=10))
+    assert a.mode is LimiterMode.SHARED
+    assert back.sent is not None and not back.sent.fallback
+    # The last local turn is 2 s from now; then reset_after (1 s) and the margin.
+    assert back.wait == pytest.approx(2.0 + 1.0 + OUTAGE_MARGIN)
+
+
+async def test_a_429_on_a_turn_the_other_side_granted_only_holds(
+    make: Callable[[OnError, str], ResilientLimiter],
+    disposable_redis: RedisServer,
+    clock: Clock,
+) -> None:
+    """Its epoch and sequence count Redis's turns: the local health must not learn a
+    rate from them (it would pace from a count it never kept)."""
+    a = make("local", "a")
+    turns = [await a.reserve(GroupAsk("g", [PACED], 0, max_wait=10)) for _ in range(5)]
+    disposable_redis.kill()
+    rate_limited = Outcome("failure", "rate_limited", cool_for=2.0, rate_limited=True)
+    change = await a.settle(
+        DeploymentSettlement("g", PACED, RULE, rate_limited, sent=turns[-1].sent)
+    )
+    assert change.cooled and change.epoch == 0  # held, nothing learned
+    assert a.local.health_of("g", "p").learned == 0.0

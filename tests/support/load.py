@@ -32,6 +32,8 @@ class Outcome:
     status: int  # 0 = transport error
     code: str | None = None
     retry_after: str | None = None
+    sent_at: float = 0.0  # seconds since the load started
+    done_at: float = 0.0
 
 
 @dataclass
@@ -88,15 +90,17 @@ async def _drive(
     result = LoadResult()
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
+    start = time.monotonic()
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
 
         async def one(url: str) -> None:
+            sent_at = time.monotonic() - start
             try:
                 response = await client.post(
                     f"{url}/chat/completions", json=body or CHAT, headers=headers
                 )
             except httpx.HTTPError:
-                result.outcomes.append(Outcome(0))
+                result.outcomes.append(Outcome(0, sent_at=sent_at, done_at=sent_at))
                 return
             code = None
             if response.status_code != 200:
@@ -104,12 +108,13 @@ async def _drive(
                     code = response.json()["error"]["code"]
                 except (ValueError, KeyError, TypeError):
                     code = "unparseable"
+            done_at = time.monotonic() - start
+            retry_after = response.headers.get("retry-after")
             result.outcomes.append(
-                Outcome(response.status_code, code, response.headers.get("retry-after"))
+                Outcome(response.status_code, code, retry_after, sent_at, done_at)
             )
 
         tasks: list[asyncio.Task[None]] = []
-        start = time.monotonic()
         interval = 1.0 / rate
         n = 0
         while (next_at := start + n * interval) < start + duration:

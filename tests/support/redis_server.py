@@ -74,6 +74,16 @@ class RedisServer:
         """A crash (SIGKILL), waited for."""
         self._end(signal.SIGKILL)
 
+    def freeze(self) -> None:
+        """A hung server (SIGSTOP): connections stay open, nothing answers."""
+        assert self._process is not None
+        self._process.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """Undo ``freeze`` (SIGCONT)."""
+        assert self._process is not None
+        self._process.send_signal(signal.SIGCONT)
+
     def client(self) -> redis.Redis:
         return redis.Redis(host=HOST, port=self.port, socket_timeout=2.0)
 

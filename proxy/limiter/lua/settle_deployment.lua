@@ -1,13 +1,15 @@
 -- After the upstream answered: free the in-flight lease, correct the buckets, lower the
--- per-minute ones to what the upstream has left (bucket.lower), record the outcome in the
--- health (health.settle, a 429 learning from its turn), and after a learning event hold
--- the pacing buckets (bucket.held). One step (memory.MemoryLimiter.settle_now).
+-- per-minute ones to what the upstream has left (bucket.lower), hold the pacing ones for a
+-- carried-over share (bucket.held_at_least), record the outcome in the health
+-- (health.settle, a 429 learning from its turn), and after a learning event hold the
+-- pacing buckets (bucket.held). One step (memory.MemoryLimiter.settle_now).
 -- KEYS: health, in-flight set, learned window's bucket, then the buckets to correct, then
 --       the buckets to lower, then the pacing buckets (windows of a minute or less)
 -- ARGV: now ('' = server time), lease id ('' = none), kind (success/failure/neutral),
 --       cool_for ('' = none), rate_limited (1/0), allowed_fails, window, cooldown time,
 --       the turn's epoch, sequence, time and the pace in force ('' = turn unknown),
---       the numbers of buckets to correct and to lower, then per bucket to correct:
+--       the numbers of buckets to correct and to lower, the hold (0 = none), then per
+--       bucket to correct:
 --       interval, units; per bucket to lower: interval, capacity, available,
 --       wait for one unit ('' = none); per pacing bucket: interval, capacity
 -- Reply: cooled (1/0), recovered (1/0), seconds until it may take a request, epoch
@@ -19,7 +21,8 @@ end
 local h = load_health(KEYS[1], now)
 local epoch = h.epoch
 local corrected, lowered = tonumber(ARGV[13]), tonumber(ARGV[14])
-local a, k = 15, 4
+local hold_share = tonumber(ARGV[15])
+local a, k = 16, 4
 for _ = 1, corrected do
   adjust(KEYS[k], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), now)
   a = a + 2
@@ -39,6 +42,19 @@ for _ = 1, lowered do
   end
   a = a + 4
   k = k + 1
+end
+if hold_share > 0.0 then
+  -- bucket.held_at_least for each pacing window (their arguments are read again below)
+  local b = a
+  for i = k, #KEYS do
+    local interval = tonumber(ARGV[b])
+    local target = math.max(0.0, tonumber(ARGV[b + 1]) - 1.0) + hold_share / interval
+    local d, t = load_state(KEYS[i])
+    if target > debt_at(d, t, interval, now) then
+      store_state(KEYS[i], target, now, interval)
+    end
+    b = b + 2
+  end
 end
 local cool_for = nil
 if ARGV[4] ~= '' then
