@@ -13,7 +13,6 @@ import httpx
 
 from proxy.config import ClientKey, Deployment, LimitRule, ModelGroup, Settings
 from proxy.limiter.base import MINUTE, DeploymentLimits, KeyLimits, Rate, Window, window_name
-from proxy.upstream.client import timeout_extension
 
 __all__ = ["Catalog", "DeploymentRoute", "GroupRoute", "key_limits"]
 
@@ -78,6 +77,13 @@ def window(
         ceiling=limit if paced else None,
     )
     return Window(window_name(rule.kind, rule.per), rule.kind, rate)
+
+
+def timeout_extension(seconds: float) -> dict[str, float]:
+    """The per-request timeout extension (httpx's shape, which the upstream client reads):
+    connect (at most 10 s) and each read."""
+    connect = min(seconds, 10.0)
+    return {"connect": connect, "read": seconds, "write": seconds, "pool": connect}
 
 
 def deployment_limits(deployment: Deployment, share: float = 1.0) -> DeploymentLimits:

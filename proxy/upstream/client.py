@@ -29,7 +29,6 @@ __all__ = [
     "UpstreamStream",
     "UpstreamTransport",
     "create_transport",
-    "timeout_extension",
 ]
 
 _HTTP11 = {"http_version": b"HTTP/1.1"}
@@ -138,9 +137,3 @@ def create_transport(max_connections: int = 1000, keepalive: float = 30.0) -> Up
         cookie_jar=aiohttp.DummyCookieJar(),
     )
     return UpstreamTransport(session)
-
-
-def timeout_extension(seconds: float) -> dict[str, float]:
-    """httpx's per-request timeout extension: connect (at most 10 s) and each read."""
-    connect = min(seconds, 10.0)
-    return {"connect": connect, "read": seconds, "write": seconds, "pool": connect}

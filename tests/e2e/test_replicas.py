@@ -6,7 +6,6 @@ request must end in a success or a proxy 429 with retry-after."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 from support.load import LoadResult, drive
 from support.proxy_server import ProxyProcess
 from support.redis_server import RedisClusterServers, RedisServer, redis_available
+from support.waiting import wait_until
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 
@@ -123,10 +123,7 @@ def test_redis_killed_mid_run_falls_back_to_local_shares(tmp_path: Path) -> None
 
         result = asyncio.run(scenario())
         # Shared limiting resumes: every replica reports it has left fallback mode.
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not all(_shared(p) for p in proxies):
-            time.sleep(0.2)
-        assert all(_shared(p) for p in proxies)
+        wait_until(lambda: all(_shared(p) for p in proxies), 10.0, "shared limiting")
     stats = upstream.stats()
     assert set(result.statuses) <= {200, 429}, (result.statuses, result.codes, stats)
     assert len(result.outcomes) == result.sent
@@ -148,7 +145,8 @@ def test_redis_killed_mid_run_with_reject_answers_503_then_recovers(tmp_path: Pa
             await asyncio.to_thread(redis.kill)
             during = await drive(urls, 10, 2.0)
             await asyncio.to_thread(redis.start)
-            await asyncio.sleep(3.0)
+            for p in proxies:  # each probes Redis and shares budgets again
+                await asyncio.to_thread(wait_until, lambda p=p: _shared(p), 10.0, "shared")
             after = await drive(urls, 10, 2.0)
             return before, during, after
 

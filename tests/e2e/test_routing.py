@@ -20,6 +20,7 @@ import pytest
 from support.load import drive
 from support.proxy_server import ProxyInThread, ProxyProcess, settings_from
 from support.redis_server import RedisServer, redis_available
+from support.waiting import wait_until
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 
@@ -37,6 +38,11 @@ def upstreams() -> Iterator[tuple[FakeUpstreamHandle, FakeUpstreamHandle]]:
 
 def _config(*deployments: dict[str, Any], **routing: Any) -> dict[str, Any]:
     return {"models": [{"name": "m", "deployments": list(deployments)}], "routing": routing}
+
+
+def _usable(proxy: ProxyProcess) -> int:
+    ready = httpx.get(f"{proxy.url}/health/ready", timeout=2).json()
+    return int(ready["deployments_usable"])
 
 
 def _deployment(name: str, upstream: FakeUpstreamHandle, **extra: Any) -> dict[str, Any]:
@@ -78,7 +84,10 @@ def test_a_failing_deployment_is_cooled_on_every_replica_probed_and_restored(
                 result = await drive(urls, 20, 4.0, body=CHAT)
                 phases.append((name, bad.stats()["requests"] - before, dict(result.statuses)))
             bad.control(drop_rate=0.0)
-            await asyncio.sleep(2.5)  # the last cooldown ends
+            for p in proxies:  # the last cooldown ends: both deployments usable again
+                await asyncio.to_thread(
+                    wait_until, lambda p=p: _usable(p) == 2, 10.0, "cooldown over"
+                )
             before = bad.stats()["served"]
             result = await drive(urls, 20, 3.0, body=CHAT)
             phases.append(("healed", bad.stats()["served"] - before, dict(result.statuses)))
@@ -191,3 +200,111 @@ async def _concurrently(url: str, total: int, concurrency: int) -> dict[int, int
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return statuses
+
+
+# -- what an upstream's refusal does, and fallback groups -------------------------------
+
+
+def _sdk(proxy: ProxyInThread) -> openai.OpenAI:
+    return openai.OpenAI(base_url=proxy.base_url, api_key="x", max_retries=0)
+
+
+def test_an_upstream_401_cools_its_deployment_and_the_request_is_served_elsewhere(
+    upstreams: tuple[FakeUpstreamHandle, FakeUpstreamHandle],
+) -> None:
+    """A rejected upstream key is the deployment's fault, not the client's: the request is
+    retried on another deployment, and the bad one is cooled (nothing more is sent to it
+    for cooldown.time). With no other deployment, 502 upstream_auth_error, and the key
+    the upstream rejected is named nowhere."""
+    rejecting, good = upstreams
+    rejecting.control(api_key="sk-the-right-one")
+    wrong = {"api_key": "sk-the-wrong-one"}
+    config = _config(
+        _deployment("rejecting", rejecting, **wrong), _deployment("good", good), retries=1
+    )
+    with ProxyInThread(settings_from(config)) as proxy:
+        client = _sdk(proxy)
+        answers = [client.chat.completions.create(**CHAT) for _ in range(5)]  # type: ignore[call-overload]
+    assert all(a.choices[0].message.content for a in answers)
+    assert rejecting.stats()["by_status"] == {"401": 1}  # tried once, then cooled
+    assert good.stats()["served"] == 5
+
+    alone = _config(_deployment("rejecting", rejecting, **wrong), retries=0)
+    with (
+        ProxyInThread(settings_from(alone)) as proxy,
+        pytest.raises(openai.APIStatusError) as refused,
+    ):
+        _sdk(proxy).chat.completions.create(**CHAT)  # type: ignore[call-overload]
+    assert refused.value.status_code == 502
+    assert isinstance(refused.value.body, dict)
+    assert refused.value.body["code"] == "upstream_auth_error"
+    assert "sk-the-wrong-one" not in refused.value.response.text
+
+
+def test_an_upstream_429_holds_its_deployment_and_the_request_is_served_elsewhere(
+    upstreams: tuple[FakeUpstreamHandle, FakeUpstreamHandle],
+) -> None:
+    """A 429 from an upstream whose limit we did not know: the request goes to another
+    deployment at once, and the refusing one is held until its retry-after (no further
+    request reaches it meanwhile). With nothing else to try: 503 upstream_rate_limited."""
+    limited, good = upstreams
+    limited.control(rpm=1, window=60.0)  # one request a minute; the next gets 429
+    config = _config(_deployment("limited", limited), _deployment("good", good), retries=1)
+    with ProxyInThread(settings_from(config)) as proxy:
+        client = _sdk(proxy)
+        answers = [client.chat.completions.create(**CHAT) for _ in range(6)]  # type: ignore[call-overload]
+    assert all(a.choices[0].message.content for a in answers)
+    assert limited.stats()["by_status"] == {"200": 1, "429": 1}
+    assert good.stats()["served"] == 5
+
+    limited.reset()
+    alone = _config(_deployment("limited", limited), retries=0, max_wait=0)
+    with ProxyInThread(settings_from(alone)) as proxy:
+        client = _sdk(proxy)
+        client.chat.completions.create(**CHAT)  # type: ignore[call-overload]
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.chat.completions.create(**CHAT)  # type: ignore[call-overload]
+    assert refused.value.status_code == 503
+    assert isinstance(refused.value.body, dict)
+    assert refused.value.body["code"] == "upstream_rate_limited"
+
+
+def test_fallback_groups_serve_a_request_its_own_group_cannot(
+    upstreams: tuple[FakeUpstreamHandle, FakeUpstreamHandle],
+) -> None:
+    """routing.fallbacks: when every deployment of the requested group failed, or none has
+    a turn within max_wait, the next group in the list answers, plain and streamed; the
+    client sees a normal answer. routing.retries bounds the attempts after the first in
+    all, fallback groups included."""
+    failing, spare = upstreams
+    failing.control(fail_rate=1.0, fail_status=500)
+    models = [
+        {"name": "big", "deployments": [_deployment("failing", failing)]},
+        {"name": "small", "deployments": [_deployment("spare", spare)]},
+    ]
+    config = {"models": models, "routing": {"retries": 1, "fallbacks": {"big": ["small"]}}}
+    with ProxyInThread(settings_from(config)) as proxy:
+        client = _sdk(proxy)
+        plain = client.chat.completions.create(**{**CHAT, "model": "big"})  # type: ignore[call-overload]
+        streamed = "".join(
+            chunk.choices[0].delta.content or ""
+            for chunk in client.chat.completions.create(**{**CHAT, "model": "big"}, stream=True)  # type: ignore[call-overload]
+            if chunk.choices
+        )
+    assert plain.choices[0].message.content and streamed
+    assert failing.stats()["by_status"] == {"500": 2}
+    assert spare.stats()["served"] == 2
+
+    # Out of budget: one request a minute on "big", no waiting; no retry needed to fall back.
+    failing.control(fail_rate=0.0)
+    models[0]["deployments"] = [_deployment("failing", failing, rpm=1)]
+    config = {
+        "models": models,
+        "routing": {"retries": 0, "max_wait": 0, "fallbacks": {"big": ["small"]}},
+    }
+    with ProxyInThread(settings_from(config)) as proxy:
+        client = _sdk(proxy)
+        answers = [client.chat.completions.create(**{**CHAT, "model": "big"}) for _ in range(3)]  # type: ignore[call-overload]
+    assert all(a.choices[0].message.content for a in answers)
+    assert failing.stats()["served"] == 1
+    assert spare.stats()["served"] == 2 + 2
