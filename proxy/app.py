@@ -103,6 +103,7 @@ def create_app(settings: Settings, *, workers: int = 1, tune_gc: bool = False) -
         [
             *(Route(path, endpoint, methods=["POST"]) for path, endpoint in forwarding.items()),
             Route("/v1/models", routes.list_models, methods=["GET"]),
+            Route("/v1/models/{model:path}", routes.retrieve_model, methods=["GET"]),
             Route("/health/live", routes.live, methods=["GET"]),
             Route("/health/ready", routes.ready, methods=["GET"]),
             Route("/metrics", routes.metrics, methods=["GET"]),

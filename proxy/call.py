@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from proxy.limiter.base import KeyVerdict
 
 __all__ = ["Call", "ClientLeft", "Reply", "Settlement", "StreamSource"]
 
@@ -47,6 +50,7 @@ class Call:
     completion_tokens: int | None = None
     error_code: str | None = None
     client_left: ClientLeft | None = None  # watched while the request waits for a turn
+    key_verdict: KeyVerdict | None = None  # the client key's check, granted or refused
 
     def real_tokens(self) -> int | None:
         """Tokens the upstream reported (prompt + completion), if it did."""

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy import tokens
+from proxy import request_fields, tokens
 from proxy.auth import KeyStore
 from proxy.background import Background
 from proxy.call import Call, ClientLeft, Reply, Settlement
@@ -121,6 +121,7 @@ class Pipeline:
             group = self._group(call.body)
             call.model = group.name
             self.keys.authorize(key, group.name)
+            request_fields.check(call.body)
             call.stream = call.body.get("stream") is True
             call.estimate = tokens.estimate(
                 call.body, endpoint, self.settings.server.default_max_tokens
@@ -154,9 +155,8 @@ class Pipeline:
             if settlement is not None and (reply is None or reply.stream is None):
                 self.background.run(settlement.settle())
         reply.headers["x-request-id"] = call.request_id
-        key_verdict = _granted(key_check)
-        if key_verdict is not None:
-            reply.headers.update(_key_headers(key_verdict))
+        if call.key_verdict is not None:
+            reply.headers.update(_key_headers(call.key_verdict))
         if reply.stream is None:
             # Metrics and the log line once the answer is on its way (the next loop turn).
             asyncio.get_running_loop().call_soon(
@@ -193,6 +193,7 @@ class Pipeline:
         verdict = await self.limiter.acquire_key(
             KeyAsk(limits, call.request_id, float(call.estimate))
         )
+        call.key_verdict = verdict  # its x-ratelimit-* go on the answer, 429s included
         if verdict.allowed:
             return verdict
         code = verdict.code or "rate_limited"

@@ -15,18 +15,26 @@ _PER_REQUEST = 3
 
 
 def _text_tokens(value: Any) -> int:
-    if isinstance(value, str):
-        return len(value) // _CHARS_PER_TOKEN + 1
-    if isinstance(value, list):
-        if value and all(isinstance(v, int) for v in value):
-            return len(value)  # already token ids
-        return sum(_text_tokens(v) for v in value)
-    if isinstance(value, dict):
-        # Content parts: {"type": "text", "text": ...}; images etc. count a flat amount.
-        if "text" in value:
-            return _text_tokens(value["text"])
-        return 85
-    return 0
+    """Walked with an explicit stack: content nested thousands of levels deep (an
+    attack, not a prompt) costs time in proportion to its size, never a RecursionError."""
+    total = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item) // _CHARS_PER_TOKEN + 1
+        elif isinstance(item, list):
+            if item and all(type(v) is int for v in item):
+                total += len(item)  # already token ids
+            else:
+                stack.extend(item)
+        elif isinstance(item, dict):
+            # Content parts: {"type": "text", "text": ...}; images etc. count a flat amount.
+            if "text" in item:
+                stack.append(item["text"])
+            else:
+                total += 85
+    return total
 
 
 def prompt_tokens(body: dict[str, Any]) -> int:

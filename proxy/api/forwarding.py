@@ -72,6 +72,10 @@ class HotPathRouter:
         self.endpoints = endpoints
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if path.endswith("/") and len(path) > 1:
+            # Served as its canonical path: a redirect would lose a POST's body.
+            scope = {**scope, "path": path.rstrip("/") or "/"}
         if scope["type"] == "http" and scope["method"] == "POST":
             endpoint = self.endpoints.get(scope["path"])
             if endpoint is not None:

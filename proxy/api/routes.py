@@ -7,7 +7,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.api.responses import error_response
-from proxy.errors import ProxyError
+from proxy.errors import ModelNotFound, ProxyError
 from proxy.pipeline import Pipeline
 
 
@@ -16,22 +16,38 @@ def _pipeline(request: Request) -> Pipeline:
     return pipeline
 
 
-async def list_models(request: Request) -> Response:
+def _visible_models(request: Request) -> list[str]:
+    """The model groups the request's key may use (raises for a bad key)."""
     pipeline = _pipeline(request)
-    try:
-        key = pipeline.keys.authenticate(request.headers.get("authorization"))
-    except ProxyError as error:
-        return error_response(error)
+    key = pipeline.keys.authenticate(request.headers.get("authorization"))
     names = [g.name for g in pipeline.settings.models]
     if key is not None and key.models is not None:
         names = [n for n in names if n in key.models]
-    body = {
-        "object": "list",
-        "data": [
-            {"id": n, "object": "model", "created": 0, "owned_by": "llm-proxy"} for n in names
-        ],
-    }
+    return names
+
+
+def _model(name: str) -> dict[str, object]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "llm-proxy"}
+
+
+async def list_models(request: Request) -> Response:
+    try:
+        names = _visible_models(request)
+    except ProxyError as error:
+        return error_response(error)
+    body = {"object": "list", "data": [_model(n) for n in names]}
     return Response(orjson.dumps(body), media_type="application/json")
+
+
+async def retrieve_model(request: Request) -> Response:
+    """One model as OpenAI describes it; 404 for a model the key may not see either."""
+    name = request.path_params["model"]
+    try:
+        if name not in _visible_models(request):
+            raise ModelNotFound(f"The model '{name[:200]}' does not exist.", param="model")
+    except ProxyError as error:
+        return error_response(error)
+    return Response(orjson.dumps(_model(name)), media_type="application/json")
 
 
 async def live(request: Request) -> Response:

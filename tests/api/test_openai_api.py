@@ -146,6 +146,26 @@ def test_completions_embeddings_and_models(client: openai.OpenAI) -> None:
     assert models == {"gpt-4o-mini", "text-embedding-3-small", "refused"}
 
 
+def test_a_model_is_retrieved_by_name(proxy: ProxyInThread, client: openai.OpenAI) -> None:
+    model = client.models.retrieve("gpt-4o-mini")
+    assert model.id == "gpt-4o-mini" and model.object == "model"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-99")
+    team_b = openai.OpenAI(base_url=proxy.base_url, api_key=TEAM_B, max_retries=0)
+    with pytest.raises(openai.NotFoundError):  # not on its allow-list: not its to see
+        team_b.models.retrieve("refused")
+
+
+def test_a_trailing_slash_is_served_as_the_canonical_path(proxy: ProxyInThread) -> None:
+    """Never a redirect with an empty body (which would lose a POST)."""
+    body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
+    answer = _post(proxy, "/chat/completions/", json=body)
+    assert answer.status_code == 200 and answer.json()["object"] == "chat.completion"
+    headers = {"authorization": f"Bearer {TEAM_A}"}
+    models = httpx.get(f"{proxy.base_url}/models/", headers=headers, timeout=10)
+    assert models.status_code == 200 and models.json()["object"] == "list"
+
+
 def test_models_are_filtered_by_the_keys_allow_list(proxy: ProxyInThread) -> None:
     client = openai.OpenAI(base_url=proxy.base_url, api_key=TEAM_B, max_retries=0)
     assert [m.id for m in client.models.list()] == ["gpt-4o-mini"]

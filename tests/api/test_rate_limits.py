@@ -95,6 +95,22 @@ def test_responses_carry_the_keys_rate_limit_headers(upstream: FakeUpstreamHandl
     assert int(second.headers["x-ratelimit-remaining-tokens"]) < 10_000
 
 
+def test_a_keys_own_429_carries_its_rate_limit_headers(upstream: FakeUpstreamHandle) -> None:
+    """What OpenAI does: the refusal says the limit, that nothing remains, and when."""
+    with _proxy(upstream, {"rpm": 1}) as proxy:
+        client = openai.OpenAI(base_url=proxy.base_url, api_key=KEY, max_retries=0)
+        client.chat.completions.create(**CHAT)
+        refused = httpx.post(
+            f"{proxy.base_url}/chat/completions",
+            json=CHAT,
+            headers={"authorization": f"Bearer {KEY}"},
+        )
+    assert refused.status_code == 429
+    assert refused.headers["x-ratelimit-limit-requests"] == "1"
+    assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+    assert refused.headers["x-ratelimit-reset-requests"].endswith("s")
+
+
 def test_token_limit_answers_429_key_tpm(upstream: FakeUpstreamHandle) -> None:
     with _proxy(upstream, {"tpm": 100}) as proxy:
         body = {**CHAT, "max_tokens": 60}
