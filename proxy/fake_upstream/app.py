@@ -175,6 +175,8 @@ class FakeUpstream:
         job = parse(await self._read_body(request, arrival), self.config)
         if isinstance(job, str):
             raise _Answered(self._bad_request(job))
+        if self.config.echo_status is not None:
+            raise _Answered(await self._echo(request, job, self.config.echo_status))
         headers = self._take_budget(job)
         await self._sleep_latency()
         fault = self._draw_fault()
@@ -275,6 +277,38 @@ class FakeUpstream:
             self.stats.client_disconnects += 1
             return response
         self.stats.count_served(job.prompt_tokens, job.completion_tokens)
+        return response
+
+    async def _echo(self, request: web.Request, job: Job, status: int) -> web.StreamResponse:
+        """The credentials received, quoted back (``echo_status``)."""
+        received = request.headers.get("Authorization", "")
+        # openai-model is one of the headers a proxy passes on
+        headers = {"x-echo-authorization": received, "openai-model": f"echo {received}"}
+        if status != 200 or not job.stream:
+            message = f"Incorrect API key provided: {received}."
+            body = bodies.error_body(message, "invalid_request_error", "echo")
+            return self._json(status, body, {**JSON_HEADERS, **headers})
+        event = bodies.sse(
+            {
+                "object": "chat.completion.chunk",
+                "model": job.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"content": f"you sent {received}"},
+                        "finish_reason": None,
+                    }
+                ],
+            }
+        )
+        middle = event.index(received.encode()) + len(received) // 2
+        response = web.StreamResponse(headers={**SSE_HEADERS, **headers})
+        await response.prepare(request)
+        self.stats.count_status(200)
+        await response.write(event[:middle])  # the key split across two writes
+        await asyncio.sleep(max(self.config.chunk_delay, 0.01))
+        await response.write(event[middle:] + bodies.SSE_DONE)
+        await response.write_eof()
         return response
 
     # ------------------------------------------------------------ answers

@@ -30,6 +30,7 @@ RUNTIME_FIELDS: frozenset[str] = frozenset(
         "ratelimit_headers",
         "fail_rate",
         "fail_status",
+        "echo_status",
         "hang_rate",
         "drop_rate",
         "fail_after_chunks",
@@ -66,6 +67,10 @@ class FakeUpstreamConfig:
     ratelimit_headers: bool = True  # send x-ratelimit-* headers (429s keep retry-after)
     fail_rate: float = 0.0
     fail_status: int = 500
+    # Answer every inference request with this status, quoting the Authorization it got
+    # (as some servers' error answers do): in the body, in a header and, for a streamed
+    # 200, split across two writes. None: off. For redaction tests.
+    echo_status: int | None = None
     hang_rate: float = 0.0
     drop_rate: float = 0.0
     fail_after_chunks: int = 0
@@ -187,6 +192,11 @@ def _validate(config: FakeUpstreamConfig) -> None:
     _require(
         _is_int(config.fail_status) and 400 <= config.fail_status <= 599,
         "fail_status must be an HTTP error status (400..599)",
+    )
+    _require(
+        config.echo_status is None
+        or (_is_int(config.echo_status) and 200 <= config.echo_status <= 599),
+        "echo_status must be an HTTP status (200..599) or null",
     )
     _require(config.seed is None or _is_int(config.seed), "seed must be an integer or null")
     _require(config.api_key is None or isinstance(config.api_key, str), "api_key must be a string")

@@ -40,6 +40,7 @@ from proxy.upstream.client import HEADER_MAP
 from proxy.upstream.forward import TransportFailure, build_request, discard, read_body, send
 from proxy.upstream.headers import response_headers
 from proxy.upstream.ratelimits import parse_budget, remaining_report
+from proxy.upstream.redact import StreamRedactor, redact, redact_headers
 from proxy.upstream.sse import UsageTap, usage_of_body
 from proxy.upstream.stream import StreamBody, StreamEnd
 
@@ -292,13 +293,15 @@ class Dispatcher:
             error = status_error(status, deployment.id)
             error.retry_after = outcome.cool_for if status == 429 else None
             raise Retryable(error)
-        headers = response_headers(upstream_headers.items())
+        secret = deployment.config.api_key.get_secret_value()
+        headers = redact_headers(response_headers(upstream_headers.items()), secret)
         content_type = upstream_headers.get("content-type", "")
         if call.stream and status == 200 and "event-stream" in content_type:
             tap = UsageTap(strip_usage_event=added_usage)
-            return self._stream(call, turn, attempt, response, tap, headers, stream_done)
+            redactor = StreamRedactor(secret.encode())
+            return self._stream(call, turn, attempt, response, tap, redactor, headers, stream_done)
         try:
-            content = await read_body(response, deployment.id)
+            content = redact(await read_body(response, deployment.id), secret.encode())
         except TransportFailure as failure:
             self._failed(call, turn, attempt, failure)
             raise Retryable(failure.error) from None
@@ -326,6 +329,7 @@ class Dispatcher:
         attempt: Attempt,
         response: httpx.Response,
         tap: UsageTap,
+        redactor: StreamRedactor,
         headers: dict[str, str],
         stream_done: StreamDone,
     ) -> Reply:
@@ -342,7 +346,7 @@ class Dispatcher:
             await stream_done(200 if end != "abandoned" else 499)
 
         headers.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
-        body = StreamBody(response, tap, on_first_chunk, on_close)
+        body = StreamBody(response, tap, redactor, on_first_chunk, on_close)
         return Reply(status=200, headers=headers, stream=body)
 
     # --- bookkeeping ------------------------------------------------------------------

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import httpx
 import orjson
 
+from proxy.upstream.redact import StreamRedactor
 from proxy.upstream.sse import UsageTap
 
 __all__ = ["StreamBody", "StreamEnd"]
@@ -18,7 +19,8 @@ StreamEnd = str  # "completed" | "interrupted" (upstream broke off) | "abandoned
 
 
 class StreamBody:
-    """Chunks as they arrive; usage is read on the way (``tap``).
+    """Chunks as they arrive; usage is read on the way (``tap``), the upstream key
+    redacted (``redactor``).
 
     ``aclose`` closes the upstream response and calls ``on_close`` exactly once, even when
     iteration never started (the client left before the first byte).
@@ -28,11 +30,13 @@ class StreamBody:
         self,
         response: httpx.Response,
         tap: UsageTap,
+        redactor: StreamRedactor,
         on_first_chunk: Callable[[], None],
         on_close: Callable[[StreamEnd], Awaitable[None]],
     ) -> None:
         self._response = response
         self.tap = tap
+        self._redactor = redactor
         self._on_first_chunk = on_first_chunk
         self._on_close = on_close
         self._closed = False
@@ -45,10 +49,10 @@ class StreamBody:
                 if first:
                     first = False
                     self._on_first_chunk()
-                out = self.tap.feed(chunk)
+                out = self._redactor.feed(self.tap.feed(chunk))
                 if out:
                     yield out
-            rest = self.tap.flush()
+            rest = self._redactor.feed(self.tap.flush()) + self._redactor.flush()
             if rest:
                 yield rest
             self._end = "completed"
