@@ -51,6 +51,7 @@ class Call:
     error_code: str | None = None
     client_left: ClientLeft | None = None  # watched while the request waits for a turn
     key_verdict: KeyVerdict | None = None  # the client key's check, granted or refused
+    upstream_time: float = 0.0  # seconds spent on upstream calls until the answer's headers
 
     def real_tokens(self) -> int | None:
         """Tokens the upstream reported (prompt + completion), if it did."""

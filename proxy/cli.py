@@ -125,6 +125,10 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"{args.config}: {problem}", file=sys.stderr)
         return 1
     configure_logging(settings.server.log_level)
+    from proxy.api.protocol import HEADER_TIMEOUT_ENV
+
+    # Read by the HTTP protocol of this process and of spawned workers.
+    os.environ[HEADER_TIMEOUT_ENV] = str(settings.server.header_timeout)
     if args.workers > 1:
         return _serve_workers(args, settings)
     from proxy.app import create_app
@@ -186,13 +190,14 @@ def _run(app: Any, host: str, port: int, log_level: str) -> None:
 
 
 def _uvicorn_options(host: str, port: int, log_level: str) -> dict[str, Any]:
+    from proxy.api.protocol import HeaderTimeoutProtocol
     from proxy.logs import logging_config
 
     return {
         "host": host,
         "port": port,
         "loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-        "http": "httptools" if importlib.util.find_spec("httptools") else "h11",
+        "http": HeaderTimeoutProtocol,
         "access_log": False,  # the proxy writes its own structured line per request
         # Workers are spawned: they get the logging set-up through uvicorn, not from us.
         "log_config": logging_config(log_level),

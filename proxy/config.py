@@ -257,6 +257,10 @@ class ServerConfig(_Strict):
     # Completion tokens assumed for budgeting when a request sets no max_tokens.
     default_max_tokens: PositiveInt = 256
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # A connection must send complete request headers within this (slow-header attacks).
+    header_timeout: Annotated[Duration, Field(gt=0)] = 10.0
+    # Non-empty: GET /metrics needs "Authorization: Bearer <token>".
+    metrics_token: SecretStr = SecretStr("")
 
 
 class Settings(_Strict):

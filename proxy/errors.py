@@ -89,6 +89,11 @@ class BodyTooLarge(InvalidRequest):
     default_code = "request_too_large"
 
 
+class HeadersTooLarge(InvalidRequest):
+    status = 431
+    default_code = "request_headers_too_large"
+
+
 class AuthenticationFailed(ProxyError):
     status = 401
     type = "authentication_error"

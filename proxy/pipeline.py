@@ -155,6 +155,7 @@ class Pipeline:
             if settlement is not None and (reply is None or reply.stream is None):
                 self.background.run(settlement.settle())
         reply.headers["x-request-id"] = call.request_id
+        reply.headers.update(_timing_headers(call))
         if call.key_verdict is not None:
             reply.headers.update(_key_headers(call.key_verdict))
         if reply.stream is None:
@@ -169,6 +170,7 @@ class Pipeline:
         call = _new_call(endpoint, [])
         reply = self._error_reply(call, error)
         reply.headers["x-request-id"] = call.request_id
+        reply.headers.update(_timing_headers(call))
         self._finish(call, reply.status)
         return reply
 
@@ -291,6 +293,16 @@ def _parse_body(raw: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_body")
     return body
+
+
+def _timing_headers(call: Call) -> dict[str, str]:
+    """The proxy's own time so far (without the upstream and the wait for a turn), and
+    the wait when there was one (design.md)."""
+    spent = time.perf_counter() - call.started - call.queue_wait - call.upstream_time
+    headers = {"x-llm-proxy-overhead-ms": f"{max(spent, 0.0) * 1000:.2f}"}
+    if call.queue_wait > 0:
+        headers["x-llm-proxy-queue-ms"] = f"{call.queue_wait * 1000:.2f}"
+    return headers
 
 
 def _refusal_message(verdict: KeyVerdict) -> str:

@@ -16,8 +16,9 @@ from functools import partial
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from proxy.api.responses import error_response
 from proxy.call import Reply, StreamSource
-from proxy.errors import BodyTooLarge, ProxyError, UnsupportedMediaType
+from proxy.errors import BodyTooLarge, HeadersTooLarge, ProxyError, UnsupportedMediaType
 from proxy.pipeline import Pipeline
 
 __all__ = ["ENDPOINTS", "ForwardingEndpoint", "HotPathRouter"]
@@ -72,6 +73,13 @@ class HotPathRouter:
         self.endpoints = endpoints
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and _oversized(scope["headers"]):
+            error = HeadersTooLarge(
+                f"Request headers may be at most {MAX_HEADER} bytes each and"
+                f" {MAX_HEADERS} bytes in all."
+            )
+            await error_response(error)(scope, receive, send)  # never forwarded
+            return
         path = scope.get("path", "")
         if path.endswith("/") and len(path) > 1:
             # Served as its canonical path: a redirect would lose a POST's body.
@@ -87,6 +95,20 @@ class HotPathRouter:
     def state(self) -> object:
         """The wrapped app's state (``pipeline``, ``metrics``...), for tests and probes."""
         return getattr(self.app, "state")  # noqa: B009
+
+
+MAX_HEADER = 8 * 1024  # bytes in one header (name and value), as the contract says
+MAX_HEADERS = 32 * 1024  # in all
+
+
+def _oversized(headers: list[tuple[bytes, bytes]]) -> bool:
+    total = 0
+    for name, value in headers:
+        size = len(name) + len(value)
+        if size > MAX_HEADER:
+            return True
+        total += size
+    return total > MAX_HEADERS
 
 
 def _check_content_type(content_type: str | None) -> None:

@@ -278,8 +278,10 @@ class Dispatcher:
         try:
             response = await send(self.transport, request, deployment.id)
         except TransportFailure as failure:
+            call.upstream_time += time.perf_counter() - attempt.started
             self._failed(call, turn, attempt, failure)
             raise Retryable(failure.error) from None
+        call.upstream_time += time.perf_counter() - attempt.started  # to its headers
         status = response.status_code
         # One plain dict: httpx's Headers scan and decode their list at every lookup.
         upstream_headers = response.extensions.get(HEADER_MAP) or dict(
@@ -300,6 +302,7 @@ class Dispatcher:
             tap = UsageTap(strip_usage_event=added_usage)
             redactor = StreamRedactor(secret.encode())
             return self._stream(call, turn, attempt, response, tap, redactor, headers, stream_done)
+        headers_at = time.perf_counter()
         try:
             content = redact(await read_body(response, deployment.id), secret.encode())
         except TransportFailure as failure:
@@ -307,6 +310,7 @@ class Dispatcher:
             raise Retryable(failure.error) from None
         # Its bookkeeping waits until the answer is on its way to the client.
         attempt.ended = time.perf_counter()
+        call.upstream_time += attempt.ended - headers_at  # and its body
         asyncio.get_running_loop().call_soon(self._answered, call, turn, attempt, status, content)
         headers.setdefault("content-type", "application/json")
         return Reply(status=status, headers=headers, body=content)
