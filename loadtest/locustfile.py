@@ -8,7 +8,7 @@ as a mounted file (docker-compose.yml does). Everything is tuned by environment 
 
 | variable | default | meaning |
 |---|---|---|
-| `LOCUST_API_KEYS` | (none) | comma-separated client keys; users take them round-robin |
+| `LOCUST_API_KEYS` | the stack's | client keys, comma-separated, round-robin (keyless: any) |
 | `LOCUST_MODEL` | `gpt-4o-mini` | the `model` every request asks for |
 | `LOCUST_STREAM_SHARE` | `0.2` | share of requests sent with `"stream": true` (0..1) |
 | `LOCUST_MAX_TOKENS` | `16` | `max_tokens` of every request |
@@ -17,9 +17,11 @@ as a mounted file (docker-compose.yml does). Everything is tuned by environment 
 | `LOCUST_USER_RATE` | (none) | req/s per user (`constant_throughput`); wins over `LOCUST_WAIT` |
 | `LOCUST_TIMEOUT` | `60` | seconds before a request counts as failed |
 
-Locust entries: `chat` (plain), `chat stream` (the whole stream, first byte to `[DONE]`)
-and `chat stream TTFT` (time to the first content token, its own entry so its
-percentiles can be read alone). A 429 counts as a failure with its `error.code`
+Locust entries: `chat` (plain) and `chat stream` (the whole stream, first byte to
+`[DONE]`). The time to the first content token of streams is not a Locust entry (it would
+count as extra requests in `Aggregated`): it is collected from every worker and printed
+when the run ends (`TTFT ms: n=.. p50=.. p90=.. p99=..`), and with `--csv PREFIX` written
+to `PREFIX_ttft.csv`. A 429 counts as a failure with its `error.code`
 (`model_capacity`, `queue_full`, `key_rpm`, ...), so the failures table shows whose
 limit refused it.
 """
@@ -93,8 +95,14 @@ def _env_int(name: str, default: int) -> int:
     return int(raw) if raw else default
 
 
+# config/stack/proxy.yaml's client keys: the README's Locust command works against
+# `make stack` as pasted, and a proxy with no keys configured accepts any.
+STACK_KEYS = "sk-stack-team-a,sk-stack-team-b,sk-stack-team-c,sk-stack-team-d"
+
+
 def _keys() -> list[str]:
-    return [k.strip() for k in os.environ.get("LOCUST_API_KEYS", "").split(",") if k.strip()]
+    raw = os.environ.get("LOCUST_API_KEYS") or STACK_KEYS
+    return [k.strip() for k in raw.split(",") if k.strip()]
 
 
 def wait_time_from_env() -> Callable[..., float]:
@@ -178,6 +186,55 @@ TIMEOUT = _env_float("LOCUST_TIMEOUT", 60.0)
 _key_cycle = itertools.cycle(_keys() or [""])
 
 
+# Times to the first token of this process's streams; workers send theirs to the master
+# with each report, so the master (or a local run) holds them all at the end.
+TTFT_MS: list[float] = []
+
+
+def ttft_summary(samples: list[float]) -> dict[str, float]:
+    """Count and nearest-rank percentiles (ms) of the times to first token."""
+    if not samples:
+        return {"count": 0}
+    ordered = sorted(samples)
+
+    def rank(p: float) -> float:
+        return ordered[min(len(ordered) - 1, max(0, round(p * len(ordered)) - 1))]
+
+    return {"count": len(ordered), "p50": rank(0.5), "p90": rank(0.9), "p99": rank(0.99)}
+
+
+@events.report_to_master.add_listener
+def _send_ttft(client_id: str, data: dict[str, Any], **kwargs: Any) -> None:
+    data["ttft_ms"] = TTFT_MS[:]
+    TTFT_MS.clear()
+
+
+@events.worker_report.add_listener
+def _receive_ttft(client_id: str, data: dict[str, Any], **kwargs: Any) -> None:
+    TTFT_MS.extend(data.get("ttft_ms", []))
+
+
+@events.quitting.add_listener
+def _report_ttft(environment: Any, **kwargs: Any) -> None:
+    if type(environment.runner).__name__ == "WorkerRunner":
+        return  # its samples went to the master
+    summary = ttft_summary(TTFT_MS)
+    if summary["count"]:
+        print(
+            f"TTFT ms: n={summary['count']:.0f} p50={summary['p50']:.0f}"
+            f" p90={summary['p90']:.0f} p99={summary['p99']:.0f}",
+            flush=True,
+        )
+    prefix = getattr(environment.parsed_options, "csv_prefix", None)
+    if prefix and summary["count"]:
+        with open(f"{prefix}_ttft.csv", "w") as f:
+            f.write("count,p50_ms,p90_ms,p99_ms\n")
+            f.write(
+                f"{summary['count']:.0f},{summary['p50']:.1f},{summary['p90']:.1f},"
+                f"{summary['p99']:.1f}\n"
+            )
+
+
 class ChatUser(FastHttpUser):
     """One client of the proxy with its own key; plain and streamed chat completions."""
 
@@ -243,11 +300,4 @@ class ChatUser(FastHttpUser):
                 return
             response.success()
         if ttft is not None:
-            events.request.fire(  # type: ignore[no-untyped-call]
-                request_type="SSE",
-                name="chat stream TTFT",
-                response_time=ttft,
-                response_length=0,
-                exception=None,
-                context={},
-            )
+            TTFT_MS.append(ttft)

@@ -347,10 +347,7 @@ class LocustReport:
         if sent:
             rate = sum(float(r["Requests/s"]) for r in sent)
             failed = sum(int(r["Failure Count"]) for r in sent)
-            lines.append(
-                f"  requests answered: {rate:.1f}/s ({failed} failed); the TTFT rows time"
-                " the streams above, they are not extra requests"
-            )
+            lines.append(f"  requests answered: {rate:.1f}/s ({failed} failed)")
         if self.demand_per_s is not None:
             lines.append(
                 f"  offered demand: {self.run.users} users x {self.run.user_rate:g} req/s ="

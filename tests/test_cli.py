@@ -71,6 +71,17 @@ def test_readme_sdk_example_works_against_the_demo(tmp_path: Path) -> None:
         assert result.returncode == 0, result.stderr
         lines = [line for line in result.stdout.splitlines() if line.strip()]
         assert len(lines) == 2  # a completion, then a streamed completion
+        # The README's `.venv/bin/python example.py`: the same example, as a file.
+        env = {**os.environ, "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1"}
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "example.py")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        assert result.returncode == 0, result.stderr
+        assert len([line for line in result.stdout.splitlines() if line.strip()]) == 2
     finally:
         os.killpg(demo.pid, signal.SIGTERM)
         demo.wait(timeout=15)
