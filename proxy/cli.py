@@ -19,12 +19,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from proxy.config import ConfigError, Settings, load_settings, parse_settings
+from proxy.ports import busy_port_message
 
 __all__ = ["main"]
 
 logger = logging.getLogger("proxy")
 
 DEMO_UPSTREAM_PORT = 8001
+DEMO_UPSTREAM_PORT_ENV = "LLM_PROXY_DEMO_UPSTREAM_PORT"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -51,11 +53,35 @@ def _parser() -> argparse.ArgumentParser:
         prog="llm-proxy", description="A rate-limiting reverse proxy for LLM APIs."
     )
     commands = parser.add_subparsers(dest="command")
-    serve = commands.add_parser("serve", help="serve the proxy")
+    serve = commands.add_parser(
+        "serve",
+        help="serve the proxy",
+        description="Serve the proxy. Without --config: the embedded demo (the built-in fake"
+        " upstream on 127.0.0.1:8001, the in-memory limiter).",
+        epilog="environment: LLM_PROXY_HOST, LLM_PROXY_PORT, LLM_PROXY_WORKERS (defaults of"
+        f" the options above); {DEMO_UPSTREAM_PORT_ENV} (the demo's fake upstream port,"
+        f" {DEMO_UPSTREAM_PORT}); LLM_PROXY_LOG_LEVEL (log level before the config is read);"
+        " any ${VAR} the config file names.",
+    )
     serve.add_argument("--config", help="YAML config file (default: the embedded demo)")
-    serve.add_argument("--host", default=os.environ.get("LLM_PROXY_HOST", "127.0.0.1"))
-    serve.add_argument("--port", type=int, default=int(os.environ.get("LLM_PROXY_PORT", "8000")))
-    serve.add_argument("--workers", type=int, default=int(os.environ.get("LLM_PROXY_WORKERS", "1")))
+    serve.add_argument(
+        "--host",
+        default=os.environ.get("LLM_PROXY_HOST", "127.0.0.1"),
+        help="address to listen on (env LLM_PROXY_HOST; default %(default)s)",
+    )
+    serve.add_argument(
+        "--port",
+        type=int,
+        default=int(os.environ.get("LLM_PROXY_PORT", "8000")),
+        help="port to listen on (env LLM_PROXY_PORT; default %(default)s)",
+    )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=int(os.environ.get("LLM_PROXY_WORKERS", "1")),
+        help="worker processes (env LLM_PROXY_WORKERS; default %(default)s); with Redis"
+        " they share budgets, without it each holds 1/N of every budget",
+    )
     check = commands.add_parser("check-config", help="validate a config file")
     check.add_argument("path")
     commands.add_parser(
@@ -115,6 +141,13 @@ def demo_settings(upstream_url: str) -> Settings:
 def _serve(args: argparse.Namespace) -> int:
     from proxy.logs import configure_logging
 
+    busy = busy_port_message(
+        args.host, args.port, "the proxy", "pass --port N or set LLM_PROXY_PORT=N"
+    )
+    if busy is not None:
+        print(f"llm-proxy: {busy}", file=sys.stderr)
+        return 1
+
     configure_logging(os.environ.get("LLM_PROXY_LOG_LEVEL", "info"))
     if args.config is None:
         return _serve_demo(args)
@@ -144,7 +177,13 @@ def _serve_demo(args: argparse.Namespace) -> int:
     if args.workers > 1:
         print("the embedded demo runs one worker; pass --config for more", file=sys.stderr)
         return 2
-    port = int(os.environ.get("LLM_PROXY_DEMO_UPSTREAM_PORT", DEMO_UPSTREAM_PORT))
+    port = int(os.environ.get(DEMO_UPSTREAM_PORT_ENV, DEMO_UPSTREAM_PORT))
+    busy = busy_port_message(
+        "127.0.0.1", port, "the demo's fake upstream", f"set {DEMO_UPSTREAM_PORT_ENV}=N"
+    )
+    if busy is not None:
+        print(f"llm-proxy: {busy}", file=sys.stderr)
+        return 1
     upstream = run_in_thread(FakeUpstreamConfig(port=port))
     logger.info("Demo: built-in fake upstream at %s", upstream.url)
     try:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 from support.proxy_server import free_port
 
 from proxy.cli import main
@@ -98,3 +100,46 @@ def _wait_ready(url: str, process: subprocess.Popen[bytes]) -> None:
             pass
         time.sleep(0.1)
     raise AssertionError("the demo did not become ready")
+
+
+def _listening() -> socket.socket:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s
+
+
+@pytest.mark.parametrize("what", ["proxy", "demo-upstream", "fake-upstream"])
+def test_a_busy_port_is_one_line_saying_how_to_move_it(what: str) -> None:
+    with _listening() as taken:
+        port = taken.getsockname()[1]
+        env = dict(os.environ)
+        if what == "proxy":
+            argv, fix = ["serve", "--port", str(port)], "LLM_PROXY_PORT"
+        elif what == "demo-upstream":
+            argv, fix = ["serve", "--port", str(free_port())], "LLM_PROXY_DEMO_UPSTREAM_PORT"
+            env["LLM_PROXY_DEMO_UPSTREAM_PORT"] = str(port)
+        else:
+            argv, fix = ["fake-upstream", "--port", str(port)], "--port"
+        result = subprocess.run(
+            [sys.executable, "-m", "proxy", *argv],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=env,
+        )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "already in use" in lines[0] and fix in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_serve_help_describes_every_option_and_variable() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve", "--help"], capture_output=True, text=True
+    )
+    for word in ("--config", "--host", "--port", "--workers", "LLM_PROXY_HOST"):
+        assert word in result.stdout
+    for variable in ("LLM_PROXY_PORT", "LLM_PROXY_WORKERS", "LLM_PROXY_DEMO_UPSTREAM_PORT"):
+        assert variable in result.stdout

@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 from collections.abc import Callable
+
+from proxy.ports import busy_port_message
 
 from .config import FakeUpstreamConfig, parse_latency
 from .runner import serve
@@ -102,6 +105,10 @@ def main(argv: list[str] | None = None) -> None:
         config = config_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
+    busy = busy_port_message(config.host, config.port, "the fake upstream", "pass --port N")
+    if busy is not None:
+        print(f"fake-upstream: {busy}", file=sys.stderr)
+        raise SystemExit(1)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(message)s")
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(serve(config))
