@@ -25,7 +25,7 @@ from starlette.routing import Route
 from proxy.api import routes
 from proxy.api.forwarding import ENDPOINTS, ForwardingEndpoint, HotPathRouter
 from proxy.api.responses import error_response
-from proxy.config import Settings, load_settings
+from proxy.config import Settings, config_warnings, load_settings
 from proxy.errors import InvalidRequest, ModelNotFound, ProxyError
 from proxy.limiter.base import LimiterMode, ManagedLimiter
 from proxy.limiter.factory import create_limiter
@@ -166,6 +166,8 @@ def _publish_configured_state(settings: Settings, metrics: Metrics, share: float
 
 
 def _warn_about(settings: Settings, workers: int, shared: bool) -> None:
+    for warning in config_warnings(settings):
+        logger.warning("config: %s", warning)
     if not settings.keys:
         logger.warning(
             "No client keys configured: the proxy accepts requests from anyone (dev only)."

@@ -18,7 +18,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.config import ConfigError, Settings, load_settings, parse_settings
+from proxy.config import (
+    ConfigError,
+    Settings,
+    config_warnings,
+    load_settings,
+    parse_settings,
+)
 from proxy.ports import busy_port_message
 
 __all__ = ["main"]
@@ -98,6 +104,8 @@ def _check_config(path: str) -> int:
         for problem in exc.problems:
             print(f"  - {problem}", file=sys.stderr)
         return 1
+    for warning in config_warnings(settings):
+        print(f"{path}: warning: {warning}", file=sys.stderr)
     print(_summary(path, settings))
     return 0
 

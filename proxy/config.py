@@ -7,9 +7,11 @@ errors. Every problem is reported at once, each naming the file and the field pa
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 import re
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +29,14 @@ from pydantic import (
     model_validator,
 )
 
-__all__ = ["ConfigError", "LimitRule", "Settings", "load_settings", "parse_settings"]
+__all__ = [
+    "ConfigError",
+    "LimitRule",
+    "Settings",
+    "config_warnings",
+    "load_settings",
+    "parse_settings",
+]
 
 
 class ConfigError(Exception):
@@ -90,6 +99,11 @@ def parse_size(value: object) -> int:
     raise ValueError(f"invalid size {value!r}: use bytes or e.g. 512KiB, 10MiB")
 
 
+def _lower(value: object) -> object:
+    """Choices are case-insensitive: ``INFO`` is ``info``."""
+    return value.lower() if isinstance(value, str) else value
+
+
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 ByteSize = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -104,7 +118,7 @@ class _Strict(BaseModel):
 
 class RedisConfig(_Strict):
     url: str = ""
-    on_error: Literal["local", "reject"] = "local"
+    on_error: Annotated[Literal["local", "reject"], BeforeValidator(_lower)] = "local"
     # Per Redis call: an ailing Redis must not stall traffic, but on a saturated machine
     # 50 ms timed out healthy calls and made replicas flap into their fallback shares.
     timeout: Duration = 0.1
@@ -233,6 +247,7 @@ class ModelGroup(_Strict):
 
 # The routing strategies (proxy/routing/strategies.py orders for each of them).
 Strategy = Literal["least-wait", "weighted-random", "least-busy", "lowest-latency"]
+AnyCaseStrategy = Annotated[Strategy, BeforeValidator(_lower)]
 
 
 class CooldownConfig(_Strict):
@@ -242,7 +257,7 @@ class CooldownConfig(_Strict):
 
 
 class RoutingConfig(_Strict):
-    strategy: Strategy = "least-wait"
+    strategy: AnyCaseStrategy = "least-wait"
     max_wait: Duration = 30.0
     max_queue: Annotated[int, Field(ge=0)] = 1000
     retries: Annotated[int, Field(ge=0)] = 2
@@ -256,7 +271,9 @@ class ServerConfig(_Strict):
     max_body_size: ByteSize = 10 * 2**20
     # Completion tokens assumed for budgeting when a request sets no max_tokens.
     default_max_tokens: PositiveInt = 256
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(_lower)] = (
+        "info"
+    )
     # A connection must send complete request headers within this (slow-header attacks).
     header_timeout: Annotated[Duration, Field(gt=0)] = 10.0
     # Non-empty: GET /metrics needs "Authorization: Bearer <token>".
@@ -274,27 +291,51 @@ class Settings(_Strict):
         return next((m for m in self.models if m.name == name), None)
 
 
-def _reference_problems(settings: Settings) -> list[str]:
-    """Checks that span sections: unique names and ids, known model references."""
-    problems = _duplicates("models", [m.name for m in settings.models], "name")
-    problems += _duplicates("keys", [k.name for k in settings.keys], "name")
-    ids = [d.id for m in settings.models for d in m.deployments]
+def _reference_problems(data: Mapping[str, Any]) -> list[str]:
+    """Checks that span sections (unique names and ids, known model references), on the
+    raw document: reported in the same pass as the field errors, whatever else is wrong."""
+    models = [m for m in _items(data.get("models")) if isinstance(m, dict)]
+    keys = [k for k in _items(data.get("keys")) if isinstance(k, dict)]
+    names: list[str] = [m["name"] for m in models if isinstance(m.get("name"), str)]
+    problems = _duplicates("models", names, "name")
+    key_names = [k.get("name") for k in keys if isinstance(k.get("name"), str)]
+    problems += _duplicates("keys", key_names, "name")
+    ids = [
+        d.get("id")
+        for m in models
+        for d in _items(m.get("deployments"))
+        if isinstance(d, dict) and isinstance(d.get("id"), str)
+    ]
     problems += _duplicates("models[].deployments", ids, "id")
-    names = {m.name for m in settings.models}
-    for i, key in enumerate(settings.keys):
+    known: set[str] = set(names)
+    for i, key in enumerate(_items(data.get("keys"))):
+        allowed = key.get("models") if isinstance(key, dict) else None
         problems += [
-            f"keys[{i}].models: unknown model {m!r}" for m in key.models or [] if m not in names
+            f"keys[{i}].models: unknown model {m!r}{_suggest(m, known)}"
+            for m in _items(allowed)
+            if isinstance(m, str) and m not in known
         ]
-    for source, targets in settings.routing.fallbacks.items():
+    routing = data.get("routing")
+    fallbacks = routing.get("fallbacks") if isinstance(routing, dict) else None
+    for source, targets in fallbacks.items() if isinstance(fallbacks, dict) else []:
         problems += [
-            f"routing.fallbacks.{source}: unknown model {m!r}"
-            for m in [source, *targets]
-            if m not in names
+            f"routing.fallbacks.{source}: unknown model {m!r}{_suggest(m, known)}"
+            for m in [source, *_items(targets)]
+            if isinstance(m, str) and m not in known
         ]
     return problems
 
 
-def _duplicates(where: str, values: list[str], field: str) -> list[str]:
+def _items(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _suggest(name: str, choices: set[str] | list[str]) -> str:
+    close = difflib.get_close_matches(name, sorted(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _duplicates(where: str, values: list[Any], field: str) -> list[str]:
     seen: set[str] = set()
     dupes = sorted({v for v in values if v in seen or seen.add(v)})  # type: ignore[func-returns-value]
     return [f"{where}: duplicate {field} {v!r}" for v in dupes]
@@ -306,6 +347,8 @@ _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 def _interpolate(node: Any, path: str, env: Mapping[str, str], problems: list[str]) -> Any:
+    # A value naming an unset variable gets one problem (this one), not a second one
+    # from its empty stand-in: parse_settings drops field errors at the same path.
     """Replace ``${VAR}``/``${VAR:-default}`` in every string of the YAML tree."""
     if isinstance(node, dict):
         return {k: _interpolate(v, _join(path, str(k)), env, problems) for k, v in node.items()}
@@ -340,26 +383,108 @@ def _loc_to_path(loc: tuple[int | str, ...]) -> str:
 def parse_settings(
     data: object, source: str = "<config>", env: Mapping[str, str] | None = None
 ) -> Settings:
-    """Validate an already-parsed YAML document."""
+    """Validate an already-parsed YAML document: every problem at once, in plain words."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(source, ["(top level): expected a mapping of sections"])
-    problems: list[str] = []
-    data = _interpolate(data, "", os.environ if env is None else env, problems)
+    unset: list[str] = []
+    data = _interpolate(data, "", os.environ if env is None else env, unset)
+    problems = list(unset)
+    unset_paths = {p.split(": ", 1)[0] for p in unset}
+    settings: Settings | None = None
     try:
         settings = Settings.model_validate(data)
     except ValidationError as exc:
         for err in exc.errors():
-            message = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                message = "unknown key"
-            problems.append(f"{_loc_to_path(tuple(err['loc']))}: {message}")
-        raise ConfigError(source, problems) from None
-    problems += _reference_problems(settings)
-    if problems:
+            path = _loc_to_path(tuple(err["loc"]))
+            if path not in unset_paths:
+                problems.append(f"{path}: {_plain(err)}")
+    problems += _reference_problems(typing.cast(dict[str, Any], data))
+    if problems or settings is None:
         raise ConfigError(source, problems)
     return settings
+
+
+def config_warnings(settings: Settings) -> list[str]:
+    """What is valid but probably not meant (logged at start-up, shown by check-config)."""
+    warnings = []
+    for i, group in enumerate(settings.models):
+        for j, d in enumerate(group.deployments):
+            url = d.base_url.lower()
+            if "api.openai.com" in url and not url.endswith("/v1"):
+                warnings.append(
+                    f"models[{i}].deployments[{j}].base_url: OpenAI's API is under /v1"
+                    f" ({d.base_url}/v1); requests would go to {d.base_url}/chat/completions"
+                )
+    return warnings
+
+
+# Pydantic's phrases, in the words of this file's reader.
+_PLAIN = {
+    "missing": "is required",
+    "int_type": "must be a whole number",
+    "int_parsing": "must be a whole number",
+    "int_from_float": "must be a whole number",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "string_type": "must be a string",
+    "list_type": "must be a list",
+    "dict_type": "must be a mapping",
+    "model_type": "must be a mapping of settings",
+}
+
+
+def _plain(err: Any) -> str:
+    kind, ctx = err["type"], err.get("ctx") or {}
+    if kind == "extra_forbidden":
+        return f"unknown key{_suggest(str(err['loc'][-1]), _fields_at(err['loc'][:-1]))}"
+    if kind in _PLAIN:
+        return _PLAIN[kind]
+    if kind == "too_short":
+        return "needs at least one item" if isinstance(err["input"], list) else "must not be empty"
+    if kind == "string_too_short":
+        return "must not be empty"
+    if kind == "greater_than":
+        return f"must be greater than {ctx.get('gt')}"
+    if kind == "greater_than_equal":
+        return f"must be at least {ctx.get('ge')}"
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected')} (got {err['input']!r})"
+    if kind == "string_pattern_mismatch":
+        field = err["loc"][-1]
+        if field == "base_url":
+            return f"must be a URL starting with http:// or https:// (got {err['input']!r})"
+        if field == "id":
+            return "may contain only letters, digits and _ . : -"
+    message = str(err["msg"]).removeprefix("Value error, ")
+    return message.replace("Input should be", "must be")
+
+
+def _fields_at(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys the model at ``loc`` (a pydantic error location) accepts."""
+    model: Any = Settings
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) if hasattr(model, "model_fields") else None
+        if field is None:
+            return []
+        model = _model_in(field.annotation)
+    return list(model.model_fields) if hasattr(model, "model_fields") else []
+
+
+def _model_in(annotation: Any) -> Any:
+    """The pydantic model inside ``list[X]``, ``X | None``, ``dict[str, X]``..."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def load_settings(path: str | Path, env: Mapping[str, str] | None = None) -> Settings:
@@ -372,5 +497,16 @@ def load_settings(path: str | Path, env: Mapping[str, str] | None = None) -> Set
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(source, [f"invalid YAML: {exc}"]) from None
+        raise ConfigError(source, [_yaml_problem(exc)]) from None
     return parse_settings(data, source, env)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """Line and column of a YAML syntax error (not PyYAML's ``in "<unicode string>"``)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    if mark is None:
+        return f"invalid YAML: {problem}"
+    context = getattr(exc, "context", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}"
+    return f"invalid YAML at {where}: {problem}" + (f" ({context})" if context else "")

@@ -4,7 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import ConfigError, load_settings, parse_duration, parse_settings, parse_size
+from proxy.config import (
+    ConfigError,
+    config_warnings,
+    load_settings,
+    parse_duration,
+    parse_settings,
+    parse_size,
+)
 
 MINIMAL = {
     "models": [{"name": "m", "deployments": [{"id": "d", "base_url": "http://127.0.0.1:1/v1"}]}]
@@ -190,3 +197,69 @@ def test_bad_limits_name_the_field(limits: list[dict[str, object]], message: str
     data = {"keys": [{"name": "a", "key": "k", "rpm": 10, "limits": limits}], **MINIMAL}
     problems = _problems(data)
     assert any(p.startswith("keys[0]") and message in p for p in problems), problems
+
+
+# -- errors in plain words, all in one pass ----------------------------------------------
+
+
+def test_problems_are_in_plain_words() -> None:
+    data = {"models": [{"name": "m", "deployments": []}], "keys": [{"key": "k"}]}
+    problems = _problems(data)
+    assert "models[0].deployments: needs at least one item" in problems
+    assert "keys[0].name: is required" in problems
+    assert not any("Field required" in p or "validation" in p for p in problems)
+
+
+def test_an_unknown_key_suggests_the_one_meant() -> None:
+    data = {**MINIMAL, "routing": {"stratgy": "least-wait"}}
+    assert "routing.stratgy: unknown key; did you mean 'strategy'?" in _problems(data)
+    keyed = {"keys": [{"name": "a", "key": "k", "rmp": 5}], **MINIMAL}
+    assert "keys[0].rmp: unknown key; did you mean 'rpm'?" in _problems(keyed)
+
+
+def test_a_yaml_syntax_error_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("models:\n  - name: m\n    deployments: [\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    (problem,) = info.value.problems
+    assert problem.startswith("invalid YAML at line ") and "unicode string" not in problem
+    assert str(path) in str(info.value)
+
+
+def test_an_unset_variable_is_one_clear_problem() -> None:
+    deployment = {"id": "d", "base_url": "${UPSTREAM_URL}/v1"}
+    data = {"models": [{"name": "m", "deployments": [deployment]}]}
+    assert _problems(data) == [
+        "models[0].deployments[0].base_url: environment variable UPSTREAM_URL is not set"
+    ]
+
+
+def test_cross_section_checks_come_with_the_field_errors() -> None:
+    data = {
+        "keys": [{"name": "a", "key": "k", "models": ["gpt-4o-mni"]}],
+        "models": [{"name": "gpt-4o-mini", "deployments": [{"id": "d", "base_url": "ftp://x"}]}],
+    }
+    problems = _problems(data)
+    assert any(p.startswith("models[0].deployments[0].base_url: must be a URL") for p in problems)
+    assert "keys[0].models: unknown model 'gpt-4o-mni'; did you mean 'gpt-4o-mini'?" in problems
+
+
+def test_choices_are_case_insensitive() -> None:
+    data = {
+        **MINIMAL,
+        "server": {"log_level": "INFO"},
+        "routing": {"strategy": "Least-Wait"},
+        "redis": {"on_error": "Local"},
+    }
+    settings = parse_settings(data, "cfg.yaml", {})
+    assert settings.server.log_level == "info" and settings.routing.strategy == "least-wait"
+    assert settings.redis.on_error == "local"
+
+
+def test_an_openai_base_url_without_v1_is_a_warning_not_an_error() -> None:
+    deployment = {"id": "d", "base_url": "https://api.openai.com"}
+    settings = parse_settings({"models": [{"name": "m", "deployments": [deployment]}]})
+    (warning,) = config_warnings(settings)
+    assert warning.startswith("models[0].deployments[0].base_url") and "/v1" in warning
+    assert config_warnings(parse_settings(MINIMAL)) == []
