@@ -66,7 +66,8 @@ def _parser() -> argparse.ArgumentParser:
         " upstream on 127.0.0.1:8001, the in-memory limiter).",
         epilog="environment: LLM_PROXY_HOST, LLM_PROXY_PORT, LLM_PROXY_WORKERS (defaults of"
         f" the options above); {DEMO_UPSTREAM_PORT_ENV} (the demo's fake upstream port,"
-        f" {DEMO_UPSTREAM_PORT}); LLM_PROXY_LOG_LEVEL (log level before the config is read);"
+        f" {DEMO_UPSTREAM_PORT}); LLM_PROXY_SSL_CERTFILE, LLM_PROXY_SSL_KEYFILE;"
+        " LLM_PROXY_LOG_LEVEL (log level before the config is read);"
         " any ${VAR} the config file names.",
     )
     serve.add_argument("--config", help="YAML config file (default: the embedded demo)")
@@ -87,6 +88,16 @@ def _parser() -> argparse.ArgumentParser:
         default=int(os.environ.get("LLM_PROXY_WORKERS", "1")),
         help="worker processes (env LLM_PROXY_WORKERS; default %(default)s); with Redis"
         " they share budgets, without it each holds 1/N of every budget",
+    )
+    serve.add_argument(
+        "--ssl-certfile",
+        default=os.environ.get("LLM_PROXY_SSL_CERTFILE"),
+        help="serve HTTPS with this PEM certificate (chain) (env LLM_PROXY_SSL_CERTFILE)",
+    )
+    serve.add_argument(
+        "--ssl-keyfile",
+        default=os.environ.get("LLM_PROXY_SSL_KEYFILE"),
+        help="the certificate's private key (env LLM_PROXY_SSL_KEYFILE)",
     )
     check = commands.add_parser("check-config", help="validate a config file")
     check.add_argument("path")
@@ -174,7 +185,7 @@ def _serve(args: argparse.Namespace) -> int:
         return _serve_workers(args, settings)
     from proxy.app import create_app
 
-    _run(create_app(settings, tune_gc=True), args.host, args.port, settings.server.log_level)
+    _run(create_app(settings, tune_gc=True), args, settings.server.log_level)
     return 0
 
 
@@ -195,7 +206,7 @@ def _serve_demo(args: argparse.Namespace) -> int:
     upstream = run_in_thread(FakeUpstreamConfig(port=port))
     logger.info("Demo: built-in fake upstream at %s", upstream.url)
     try:
-        _run(create_app(demo_settings(upstream.url), tune_gc=True), args.host, args.port, "info")
+        _run(create_app(demo_settings(upstream.url), tune_gc=True), args, "info")
     finally:
         upstream.stop()
     return 0
@@ -222,7 +233,7 @@ def _serve_workers(args: argparse.Namespace, settings: Settings) -> int:
             "proxy.app:create_app_from_env",
             factory=True,
             workers=args.workers,
-            **_uvicorn_options(args.host, args.port, settings.server.log_level),
+            **_uvicorn_options(args, settings.server.log_level),
         )
     finally:
         if metrics_dir is not None:
@@ -230,19 +241,21 @@ def _serve_workers(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _run(app: Any, host: str, port: int, log_level: str) -> None:
+def _run(app: Any, args: argparse.Namespace, log_level: str) -> None:
     import uvicorn
 
-    uvicorn.run(app, **_uvicorn_options(host, port, log_level))
+    uvicorn.run(app, **_uvicorn_options(args, log_level))
 
 
-def _uvicorn_options(host: str, port: int, log_level: str) -> dict[str, Any]:
+def _uvicorn_options(args: argparse.Namespace, log_level: str) -> dict[str, Any]:
     from proxy.api.protocol import HeaderTimeoutProtocol
     from proxy.logs import logging_config
 
     return {
-        "host": host,
-        "port": port,
+        "host": args.host,
+        "port": args.port,
+        "ssl_certfile": args.ssl_certfile,
+        "ssl_keyfile": args.ssl_keyfile,
         "loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
         "http": HeaderTimeoutProtocol,
         "access_log": False,  # the proxy writes its own structured line per request

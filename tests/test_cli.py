@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -14,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from support.proxy_server import free_port
+from support.waiting import wait_until
 
 from proxy.cli import main
 
@@ -143,3 +146,36 @@ def test_serve_help_describes_every_option_and_variable() -> None:
         assert word in result.stdout
     for variable in ("LLM_PROXY_PORT", "LLM_PROXY_WORKERS", "LLM_PROXY_DEMO_UPSTREAM_PORT"):
         assert variable in result.stdout
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
+def test_serve_speaks_tls_with_the_given_certificate(tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    port = free_port()
+    env = {**os.environ, "LLM_PROXY_DEMO_UPSTREAM_PORT": str(free_port())}
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", "--port", str(port),
+         "--ssl-certfile", str(cert), "--ssl-keyfile", str(key)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        url = f"https://127.0.0.1:{port}/health/live"
+        trusted = ssl.create_default_context(cafile=str(cert))
+        wait_until(lambda: _answers(url, trusted), timeout=30, what="TLS proxy up")
+        assert httpx.get(url, verify=trusted, timeout=5).status_code == 200
+    finally:
+        os.killpg(demo.pid, signal.SIGTERM)
+        demo.wait(timeout=15)
+
+
+def _answers(url: str, trusted: ssl.SSLContext) -> bool:
+    try:
+        return httpx.get(url, verify=trusted, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
