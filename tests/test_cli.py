@@ -179,3 +179,28 @@ def _answers(url: str, trusted: ssl.SSLContext) -> bool:
         return httpx.get(url, verify=trusted, timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_the_readmes_demo_config_command_serves(tmp_path: Path) -> None:
+    """`llm-proxy fake-upstream --port 8001 &` then `serve --config config/demo.yaml ...`
+    (ports moved to free ones through the config's own variable)."""
+    upstream_port, port = free_port(), free_port()
+    env = {**os.environ, "FAKE_UPSTREAM_URL": f"http://127.0.0.1:{upstream_port}"}
+    upstream = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "fake-upstream", "--port", str(upstream_port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    proxy = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", "--config", str(ROOT / "config/demo.yaml"),
+         "--port", str(port), "--workers", "2"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        _wait_ready(f"http://127.0.0.1:{port}/health/ready", proxy)
+        body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=10)
+        assert answer.status_code == 200, answer.text
+    finally:
+        for process in (proxy, upstream):
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=15)

@@ -34,6 +34,9 @@ assert lf.error_code('{"error": {"code": "model_capacity"}}') == "model_capacity
 assert lf.error_code("nope") == "unparseable error body"
 assert lf._keys() == ["k1", "k2"]
 assert lf.STREAM_SHARE == 0.5
+assert lf.ttft_summary([]) == {"count": 0}
+summary = lf.ttft_summary([float(ms) for ms in range(1, 101)])
+assert summary == {"count": 100, "p50": 50.0, "p90": 90.0, "p99": 99.0}, summary
 print("ok")
 """
 
@@ -51,3 +54,19 @@ def test_locustfile_helpers() -> None:
         [sys.executable, "-c", CHECKS], capture_output=True, text=True, env=env, timeout=60
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_without_keys_given_locust_uses_the_stacks_client_keys() -> None:
+    """The README's standalone Locust command against `make stack` works as pasted."""
+    import yaml
+
+    stack = yaml.safe_load((ROOT / "config/stack/proxy.yaml").read_text())
+    defaults = [k["key"].split(":-", 1)[1].rstrip("}") for k in stack["keys"]]
+    env = {k: v for k, v in os.environ.items() if k != "LOCUST_API_KEYS"}
+    env["PYTHONPATH"] = str(ROOT)
+    code = "from loadtest import locustfile as lf; print(','.join(lf._keys()))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().split(",") == defaults
