@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint format install install-dev bench stack clean
+.PHONY: demo test lint format install install-dev bench bench-compare stack clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -56,3 +56,9 @@ $(VENV)/.bench: $(VENV)/.dev
 
 bench: $(VENV)/.bench
 	BENCH_COMMAND="make bench" $(BIN)/python -m loadtest.bench
+
+# The proxy as of BASELINE and as of the work tree, side by side in one run.
+BASELINE ?= HEAD~1
+bench-compare: $(VENV)/.bench
+	BENCH_COMMAND="make bench-compare BASELINE=$(BASELINE)" \
+		$(BIN)/python -m loadtest.bench --baseline $(BASELINE)

@@ -1,4 +1,4 @@
--- wrk script of loadtest/bench.py: POST one chat completion per request, and print the
+-- wrk script of loadtest/bench/: POST one chat completion per request, and print the
 -- run's figures as one JSON line (parsed by bench.py) when wrk is done.
 --   BENCH_API_KEY=sk-... wrk -t1 -c64 -d10s -s loadtest/bench_chat.lua http://HOST/v1/chat/completions
 local key = os.getenv("BENCH_API_KEY")

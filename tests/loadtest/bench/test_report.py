@@ -1,35 +1,16 @@
-"""loadtest.bench's pure parts: parsing wrk's figures, the table, the Markdown report, the
-targets' verdicts and the fallback PNG writer. No wrk and no servers."""
+"""The benchmark's report: overhead against the direct run, the targets' verdicts, the
+table and the Markdown page, and the before-and-after comparison. No wrk, no servers."""
 
 from __future__ import annotations
 
-import struct
-import zlib
-from pathlib import Path
-
-from loadtest.bench import (
-    LUA_SCRIPT,
-    TARGETS,
-    BenchReport,
-    Environment,
-    Run,
-    TargetResult,
+from loadtest.bench.model import TARGETS, BenchReport, Environment, Run, TargetResult
+from loadtest.bench.report import (
+    comparisons,
     overhead,
-    parse_wrk,
     render_markdown,
     render_table,
     verdicts,
-    write_png,
-    wrk_command,
 )
-
-WRK_OUTPUT = """Running 10s test @ http://127.0.0.1:1/v1/chat/completions
-  1 threads and 64 connections
-Requests/sec:  12593.19
-{"requests":125931,"duration_us":10000000,"bytes":1,"connect_errors":0,"read_errors":2,\
-"write_errors":0,"timeouts":1,"non_2xx":5,"p50_us":4900,"p90_us":7290,"p99_us":38660,\
-"mean_us":5.0,"max_us":90000}
-"""
 
 
 def _run(connections: int, rps: float, p50: float) -> Run:
@@ -61,21 +42,6 @@ def _report() -> BenchReport:
         foreign_cores=0.05,
     )
     return BenchReport(results, env, "make bench", 10.0, chart="benchmarks.png")
-
-
-def test_parse_wrk_reads_the_json_line() -> None:
-    run = parse_wrk(WRK_OUTPUT, 64)
-    assert run.requests == 125931 and run.seconds == 10.0
-    assert run.rps == 12593.1
-    assert (run.p50_ms, run.p90_ms, run.p99_ms) == (4.9, 7.29, 38.66)
-    assert run.errors == 3 and run.non_2xx == 5
-
-
-def test_wrk_command_uses_the_lua_script() -> None:
-    argv = wrk_command("http://127.0.0.1:9", 64, 10)
-    assert argv[0] == "wrk" and "-c64" in argv and "-d10s" in argv
-    assert str(LUA_SCRIPT) in argv and argv[-1] == "http://127.0.0.1:9/v1/chat/completions"
-    assert LUA_SCRIPT.is_file()
 
 
 def test_overhead_is_relative_to_the_direct_run() -> None:
@@ -121,22 +87,23 @@ def test_table_lists_every_run() -> None:
     assert "proxy, Redis, 2 workers" in table and "2100" in table
 
 
-def test_fallback_png_is_a_valid_image(tmp_path: Path) -> None:
-    path = tmp_path / "chart.png"
-    write_png(path, [[12000, 1800, 3000], [0.25, 0.9, 1.6]], height=120)
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    chunks = {}
-    offset = 8
-    while offset < len(data):
-        (length,) = struct.unpack(">I", data[offset : offset + 4])
-        kind = data[offset + 4 : offset + 8]
-        body = data[offset + 8 : offset + 8 + length]
-        (crc,) = struct.unpack(">I", data[offset + 8 + length : offset + 12 + length])
-        assert crc == zlib.crc32(kind + body)
-        chunks[kind] = body
-        offset += 12 + length
-    width, height, depth, color = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
-    assert (height, depth, color) == (120, 8, 2)
-    assert len(zlib.decompress(chunks[b"IDAT"])) == height * (1 + 3 * width)
-    assert b"IEND" in chunks
+def test_before_and_after_compares_each_proxy_target_with_its_baseline() -> None:
+    report = _report()
+    memory1 = report.results[1]
+    baseline = memory1.target.at("70e910d")
+    assert baseline.slug == "memory-1w-baseline" and baseline.label.endswith("@ 70e910d")
+    report.results.append(
+        TargetResult(baseline, {1: _run(1, 1400, 0.8), 64: _run(64, 2000, 25)}, 0.8, [70.0])
+    )
+    (only,) = comparisons(report)
+    assert only.label == "proxy, memory, 1 worker"
+    assert only.rps_ratio == 1800 / 2000 and only.p50_change is not None
+    assert abs(only.p50_change - 0.1) < 1e-9
+    text = render_markdown(report)
+    assert "## Before and after: 70e910d vs this commit" in text
+    assert (
+        "| proxy, memory, 1 worker | 2,000 | 1,800 | 0.90x | 0.80 ms | 0.90 ms | +0.10 ms |" in text
+    )
+    # The verdicts judge the work tree, never the baseline.
+    assert report.find("memory", 1) is memory1
+    assert "Before and after" not in render_markdown(_report())

@@ -1,0 +1,117 @@
+"""What the benchmark measures and what it found: targets, runs, results, the report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# The targets of the issue, checked against the figures (never adjusted to them).
+TARGET_RPS = 2000.0  # req/s: Redis, 2 workers, 64 connections, auth + metrics
+TARGET_ADDED_MS = 1.0  # added median latency at 1 connection
+TARGET_RSS_MB = 100.0  # idle RSS per worker
+TARGET_READY_S = 2.0  # start to ready
+CONNECTIONS = (1, 64)
+PAIRS = 3  # 1-connection slices through the proxy, each paired with a direct one
+
+
+@dataclass(frozen=True)
+class Target:
+    """What wrk is pointed at: the fake upstream itself, or a proxy in front of it (the
+    work tree's, or with ``baseline`` set, the proxy as of that git revision)."""
+
+    label: str
+    backend: str | None  # None: direct; "nolimit" (auth, no limits), "memory" or "redis"
+    workers: int = 1
+    baseline: str | None = None
+
+    @property
+    def slug(self) -> str:
+        name = "direct" if self.backend is None else f"{self.backend}-{self.workers}w"
+        return name if self.baseline is None else f"{name}-baseline"
+
+    def at(self, revision: str) -> Target:
+        """The same target measured on the proxy as of ``revision``."""
+        return Target(f"{self.label} @ {revision}", self.backend, self.workers, revision)
+
+
+TARGETS = (
+    Target("direct to the fake upstream", None),
+    Target("proxy, no limits, 1 worker", "nolimit", 1),
+    Target("proxy, memory, 1 worker", "memory", 1),
+    Target("proxy, memory, 2 workers", "memory", 2),
+    Target("proxy, Redis, 1 worker", "redis", 1),
+    Target("proxy, Redis, 2 workers", "redis", 2),
+)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One wrk run's figures."""
+
+    connections: int
+    requests: int
+    seconds: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    errors: int  # socket errors and timeouts
+    non_2xx: int
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+
+@dataclass
+class TargetResult:
+    target: Target
+    runs: dict[int, Run] = field(default_factory=dict)  # by connections
+    ready_s: float | None = None  # proxy only
+    worker_rss_mb: list[float] = field(default_factory=list)  # proxy only, idle
+    supervisor_rss_mb: float | None = None  # with --workers > 1: uvicorn's parent
+    # Added median latency at 1 connection, from slices alternating with the direct run
+    # (PAIRS): the median of each pair's difference, so the machine's drift cancels out.
+    added_ms: float | None = None
+
+
+@dataclass
+class Environment:
+    cpu: str
+    cores: int
+    memory_gb: float
+    system: str
+    python: str
+    packages: dict[str, str]
+    tools: dict[str, str]
+    commit: str
+    # CPU used by processes the bench did not start, in cores, averaged over the run: the
+    # machine may be shared, and other work running alongside lowers every figure.
+    foreign_cores: float | None = None
+
+
+@dataclass
+class BenchReport:
+    results: list[TargetResult]
+    environment: Environment
+    command: str
+    duration: float
+    chart: str | None = None  # file name of the PNG, next to the Markdown
+
+    def direct(self) -> TargetResult | None:
+        return next((r for r in self.results if r.target.backend is None), None)
+
+    def find(self, backend: str, workers: int, baseline: str | None = None) -> TargetResult | None:
+        return next(
+            (
+                r
+                for r in self.results
+                if r.target.backend == backend
+                and r.target.workers == workers
+                and r.target.baseline == baseline
+            ),
+            None,
+        )
+
+    @property
+    def baseline(self) -> str | None:
+        """The git revision measured beside the work tree, if any."""
+        return next((r.target.baseline for r in self.results if r.target.baseline), None)

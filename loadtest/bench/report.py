@@ -1,0 +1,291 @@
+"""The benchmark's findings as a table, the targets' verdicts and docs/benchmarks.md."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from loadtest.bench.model import (
+    PAIRS,
+    TARGET_ADDED_MS,
+    TARGET_READY_S,
+    TARGET_RPS,
+    TARGET_RSS_MB,
+    BenchReport,
+    TargetResult,
+)
+
+
+def fmt(value: float | None, spec: str, unit: str = "") -> str:
+    return "n/a" if value is None else f"{value:{spec}}{unit}"
+
+
+def overhead(report: BenchReport, result: TargetResult) -> tuple[float | None, float | None]:
+    """(throughput ratio to direct at 64 connections, added median ms at 1 connection)."""
+    direct = report.direct()
+    if direct is None or result.target.backend is None:
+        return None, None
+    ratio = added = None
+    if 64 in direct.runs and 64 in result.runs and direct.runs[64].rps:
+        ratio = result.runs[64].rps / direct.runs[64].rps
+    if result.added_ms is not None:
+        added = result.added_ms
+    elif 1 in direct.runs and 1 in result.runs:
+        added = result.runs[1].p50_ms - direct.runs[1].p50_ms
+    return ratio, added
+
+
+def render_table(report: BenchReport) -> str:
+    """The plain-text table printed at the end of a run."""
+    header = (
+        f"{'target':<30}{'conn':>5}{'req/s':>9}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}"
+        f"{'errors':>8}{'non-2xx':>9}"
+    )
+    lines = [header, "-" * len(header)]
+    for result in report.results:
+        for connections, run in sorted(result.runs.items()):
+            lines.append(
+                f"{result.target.label:<30}{connections:>5}{run.rps:>9.0f}{run.p50_ms:>9.2f}"
+                f"{run.p90_ms:>9.2f}{run.p99_ms:>9.2f}{run.errors:>8}{run.non_2xx:>9}"
+            )
+    lines.append("")
+    lines.append(
+        f"{'target':<30}{'rps ratio':>10}{'+p50 ms':>9}{'ready s':>9}{'RSS/worker MB':>15}"
+    )
+    for result in report.results:
+        if result.target.backend is None:
+            continue
+        ratio, added = overhead(report, result)
+        rss = max(result.worker_rss_mb) if result.worker_rss_mb else None
+        lines.append(
+            f"{result.target.label:<30}{fmt(ratio, '.2f'):>10}{fmt(added, '+.2f'):>9}"
+            f"{fmt(result.ready_s, '.2f'):>9}{fmt(rss, '.0f'):>15}"
+        )
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    name: str
+    target: str
+    measured: str
+    met: bool | None  # None: not measured
+
+
+def verdicts(report: BenchReport) -> list[Verdict]:
+    """The issue's targets against the measured figures."""
+    out = []
+    redis2 = report.find("redis", 2)
+    run = redis2.runs.get(64) if redis2 else None
+    out.append(
+        Verdict(
+            "throughput (Redis, 2 workers, 64 connections, auth + metrics)",
+            f">= {TARGET_RPS:,.0f} req/s",
+            fmt(run.rps if run else None, ",.0f", " req/s"),
+            None if run is None else run.rps >= TARGET_RPS,
+        )
+    )
+    for backend, label in (("memory", "memory"), ("redis", "Redis")):
+        result = report.find(backend, 1)
+        added = overhead(report, result)[1] if result else None
+        out.append(
+            Verdict(
+                f"added median latency at 1 connection ({label}, 1 worker)",
+                f"<= +{TARGET_ADDED_MS:g} ms",
+                fmt(added, "+.2f", " ms"),
+                None if added is None else added <= TARGET_ADDED_MS,
+            )
+        )
+    rss = [mb for r in report.results for mb in r.worker_rss_mb]
+    out.append(
+        Verdict(
+            "idle memory per worker (largest)",
+            f"< {TARGET_RSS_MB:g} MB",
+            fmt(max(rss) if rss else None, ".0f", " MB"),
+            None if not rss else max(rss) < TARGET_RSS_MB,
+        )
+    )
+    ready = [r.ready_s for r in report.results if r.ready_s is not None]
+    out.append(
+        Verdict(
+            "start to ready (slowest)",
+            f"<= {TARGET_READY_S:g} s",
+            fmt(max(ready) if ready else None, ".2f", " s"),
+            None if not ready else max(ready) <= TARGET_READY_S,
+        )
+    )
+    return out
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One proxy target as of the baseline revision and now, measured in the same run."""
+
+    label: str
+    rps_before: float | None  # 64 connections
+    rps_now: float | None
+    p50_before: float | None  # 1 connection, ms
+    p50_now: float | None
+
+    @property
+    def rps_ratio(self) -> float | None:
+        if self.rps_before and self.rps_now is not None:
+            return self.rps_now / self.rps_before
+        return None
+
+    @property
+    def p50_change(self) -> float | None:
+        if self.p50_before is None or self.p50_now is None:
+            return None
+        return self.p50_now - self.p50_before
+
+
+def comparisons(report: BenchReport) -> list[Comparison]:
+    """Every proxy target measured both as of the baseline and now."""
+    revision = report.baseline
+    out = []
+    for now in report.results:
+        target = now.target
+        if revision is None or target.backend is None or target.baseline is not None:
+            continue
+        before = report.find(target.backend, target.workers, revision)
+        if before is None:
+            continue
+        out.append(
+            Comparison(
+                target.label,
+                _rps(before, 64),
+                _rps(now, 64),
+                _p50(before, 1),
+                _p50(now, 1),
+            )
+        )
+    return out
+
+
+def _rps(result: TargetResult, connections: int) -> float | None:
+    run = result.runs.get(connections)
+    return run.rps if run else None
+
+
+def _p50(result: TargetResult, connections: int) -> float | None:
+    run = result.runs.get(connections)
+    return run.p50_ms if run else None
+
+
+def render_comparison(report: BenchReport) -> list[str]:
+    """The "before and after" section of the Markdown (empty without a baseline)."""
+    rows = comparisons(report)
+    if not rows:
+        return []
+    md = [
+        "",
+        f"## Before and after: {report.baseline} vs this commit",
+        "",
+        f"Each proxy target measured as of `{report.baseline}` right before the work tree's,"
+        " in the same run (same fake upstream, Redis and machine state).",
+        "",
+        "| target | req/s @64 before | req/s @64 now | ratio | p50 @1 before | p50 @1 now"
+        " | change |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in rows:
+        md.append(
+            f"| {c.label} | {fmt(c.rps_before, ',.0f')} | {fmt(c.rps_now, ',.0f')}"
+            f" | {fmt(c.rps_ratio, '.2f', 'x')} | {fmt(c.p50_before, '.2f', ' ms')}"
+            f" | {fmt(c.p50_now, '.2f', ' ms')} | {fmt(c.p50_change, '+.2f', ' ms')} |"
+        )
+    return md
+
+
+def render_markdown(report: BenchReport) -> str:
+    """docs/benchmarks.md."""
+    env = report.environment
+    md = [
+        "# Benchmarks",
+        "",
+        "Measured by `make bench` (`loadtest/bench/`); regenerate this page with it"
+        " (`make bench-compare BASELINE=<rev>` adds the proxy as of another revision, side by"
+        " side in the same run). The figures are one run on the machine below: they are only"
+        " comparable with runs on the same machine.",
+        "",
+        "Non-streamed chat completions (`max_tokens` 16) sent by [wrk](https://github.com/wg/wrk)"
+        " (one thread, `loadtest/bench_chat.lua`) for"
+        f" {report.duration:g} s per row after a warm-up, at 1 and at 64 connections:"
+        " directly to the built-in fake upstream (no latency, no limits), and through the"
+        " proxy with the in-memory limiter and with the Redis limiter (a private"
+        " redis-server), 1 and 2 workers. Every proxy request carries a client key (auth),"
+        " metrics are on, and the key's and the deployment's limits are set so high that no"
+        " request ever waits: what is measured is the proxy's own cost. Everything —"
+        " wrk, the fake upstream, Redis and the proxy — shares the same machine.",
+        "",
+        "## Targets",
+        "",
+        "| target | goal | measured | met |",
+        "|---|---|---|---|",
+    ]
+    for v in verdicts(report):
+        met = "n/a" if v.met is None else ("yes" if v.met else "**no**")
+        md.append(f"| {v.name} | {v.target} | {v.measured} | {met} |")
+    md += [
+        "",
+        "## Throughput and latency",
+        "",
+        "| target | connections | req/s | p50 ms | p90 ms | p99 ms | errors | non-2xx |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for result in report.results:
+        for connections, run in sorted(result.runs.items()):
+            md.append(
+                f"| {result.target.label} | {connections} | {run.rps:,.0f} | {run.p50_ms:.2f}"
+                f" | {run.p90_ms:.2f} | {run.p99_ms:.2f} | {run.errors} | {run.non_2xx} |"
+            )
+    md += [
+        "",
+        "## The proxy's overhead, memory and start-up",
+        "",
+        "Throughput ratio: the proxy's req/s at 64 connections over the direct run's. Added"
+        " median: the proxy's p50 minus the direct run's p50, at 1 connection, measured in"
+        f" {PAIRS} pairs of slices (a direct slice, then one through the proxy) and taken as"
+        " the median of the pairs' differences, so the machine's drift during the run"
+        " cancels out (the proxy's 1-connection row shows its median slice). RSS: resident"
+        " memory of each worker process when idle, after start-up (with 2 workers, uvicorn's"
+        " supervising parent is listed apart). Ready: from starting `llm-proxy serve` to the"
+        " first 200 from `/health/ready`.",
+        "",
+        "| target | throughput ratio | added median | RSS per worker | supervisor RSS | ready |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for result in report.results:
+        if result.target.backend is None:
+            continue
+        ratio, added = overhead(report, result)
+        rss = ", ".join(f"{mb:.0f} MB" for mb in result.worker_rss_mb) or "n/a"
+        md.append(
+            f"| {result.target.label} | {fmt(ratio, '.2f', 'x')} | {fmt(added, '+.2f', ' ms')}"
+            f" | {rss} | {fmt(result.supervisor_rss_mb, '.0f', ' MB')}"
+            f" | {fmt(result.ready_s, '.2f', ' s')} |"
+        )
+    md += render_comparison(report)
+    if report.chart:
+        md += ["", f"![req/s at 64 connections and p50 at 1 connection]({report.chart})"]
+    md += [
+        "",
+        "## Machine and versions",
+        "",
+        f"- CPU: {env.cpu}, {env.cores} cores; memory {env.memory_gb:.1f} GiB; {env.system}",
+        f"- Python {env.python}; "
+        + ", ".join(f"{name} {version}" for name, version in env.packages.items()),
+        "- " + "; ".join(f"{tool}: {version}" for tool, version in env.tools.items()),
+        f"- code: commit {env.commit}",
+        f"- other processes on the machine (not the bench's) used"
+        f" {fmt(env.foreign_cores, '.2f')} cores on average during the run; above about 0.1,"
+        " they took CPU from the measured servers and every figure is lower for it",
+        "",
+        "## Command",
+        "",
+        "```sh",
+        report.command,
+        "```",
+        "",
+    ]
+    return "\n".join(md)

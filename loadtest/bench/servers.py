@@ -1,0 +1,291 @@
+"""The processes a benchmark starts: the fake upstream, Redis and proxies (the work
+tree's, or a baseline revision's), all in their own process groups, all stopped at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import yaml
+
+from loadtest.bench.model import CONNECTIONS, Target, TargetResult
+from loadtest.bench.wrk import API_KEY, paired_run, run_wrk
+from loadtest.topology import LOOPBACK, REPO, free_port
+
+CHILD_SESSIONS: set[int] = set()  # filled by Processes.start (machine.ForeignLoad reads it)
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:  # noqa: S310 (loopback)
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+class Processes:
+    """Children started by the bench, each in its own process group; all stopped on exit."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, argv: list[str], source: Path = REPO) -> subprocess.Popen[bytes]:
+        """Start ``argv`` in ``source`` (a checkout whose ``proxy`` package it imports)."""
+        with (self.workdir / f"{name}.log").open("wb") as log:
+            process = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=source,
+                env=source_env(source),
+                start_new_session=True,
+            )
+        self.started.append(process)
+        CHILD_SESSIONS.add(process.pid)
+        return process
+
+    def stop(self, process: subprocess.Popen[bytes]) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=5)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # stragglers of the group
+        if process in self.started:
+            self.started.remove(process)
+
+    def stop_all(self) -> None:
+        for process in reversed(list(self.started)):
+            self.stop(process)
+
+    def log(self, name: str) -> str:
+        path = self.workdir / f"{name}.log"
+        return path.read_text(errors="replace")[-3000:] if path.exists() else ""
+
+
+def source_env(source: Path) -> dict[str, str]:
+    """The environment of a process that must import ``proxy`` from ``source``: first on
+    the path, before the work tree the venv installed in editable mode."""
+    env = dict(os.environ)
+    if source != REPO:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(source), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def wait_until(check: str, process: subprocess.Popen[bytes], timeout: float) -> float:
+    """Seconds until GET ``check`` answers 200 (polled every 10 ms)."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < timeout:
+        if process.poll() is not None:
+            raise RuntimeError(f"process exited with {process.returncode}")
+        if http_ok(check):
+            return time.perf_counter() - start
+        time.sleep(0.01)
+    raise RuntimeError(f"{check} not ready within {timeout} s")
+
+
+def proxy_config(
+    upstream_url: str, redis_url: str | None, limits: bool = True
+) -> dict[str, object]:
+    """Auth on, limits that never bind: what is measured is the proxy's own cost. Without
+    ``limits``, no key or deployment limit at all: the proxy's cost without its limiter."""
+    if not limits:
+        config = proxy_config(upstream_url, None)
+        config["keys"] = [{"name": "bench", "key": API_KEY}]
+        deployment = config["models"][0]["deployments"][0]  # type: ignore[index]
+        del deployment["rpm"], deployment["burst"]
+        return config
+    return {
+        "redis": {"url": redis_url or ""},
+        "keys": [{"name": "bench", "key": API_KEY, "rpm": 100_000_000, "tpm": 10_000_000_000}],
+        "models": [
+            {
+                "name": "gpt-4o-mini",
+                "deployments": [
+                    {
+                        "id": "fake",
+                        "base_url": f"{upstream_url}/v1",
+                        "api_key": "sk-bench-upstream",
+                        "rpm": 100_000_000,
+                        "burst": 100_000,
+                        "timeout": "30s",
+                    }
+                ],
+            }
+        ],
+        "server": {"log_level": "warning"},
+    }
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # The command name may hold spaces; the ppid is the second field after ")".
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def worker_pids(pid: int) -> list[int]:
+    """uvicorn's worker processes under ``pid`` (not multiprocessing's resource tracker)."""
+    workers = []
+    for child in children(pid):
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "resource_tracker" not in cmdline:
+            workers.append(child)
+    return workers
+
+
+def bench_target(
+    target: Target,
+    procs: Processes,
+    upstream_url: str,
+    redis_url: str,
+    duration: float,
+    warmup: float,
+    log: Callable[[str], None],
+    sources: dict[str, Path] | None = None,
+) -> TargetResult:
+    """``sources``: the checkout of each baseline revision."""
+    result = TargetResult(target)
+    if target.backend is None:
+        url = upstream_url
+        process = None
+    else:
+        port = free_port()
+        config = procs.workdir / f"{target.slug}.yaml"
+        backend_url = redis_url if target.backend == "redis" else None
+        config.write_text(
+            yaml.safe_dump(proxy_config(upstream_url, backend_url, target.backend != "nolimit"))
+        )
+        if backend_url:  # every run starts from empty buckets
+            flush_redis(redis_url)
+        process = procs.start(
+            target.slug,
+            [
+                sys.executable, "-m", "proxy", "serve", "--config", str(config),
+                "--host", LOOPBACK, "--port", str(port), "--workers", str(target.workers),
+            ],
+            source=(sources or {}).get(target.baseline or "", REPO),
+        )  # fmt: skip
+        url = f"http://{LOOPBACK}:{port}"
+        try:
+            result.ready_s = wait_until(f"{url}/health/ready", process, timeout=30)
+            # Every worker up and settled: the supervisor answers through any of them.
+            deadline = time.monotonic() + 10
+            while len(worker_pids(process.pid)) < target.workers and target.workers > 1:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("workers did not start")
+                time.sleep(0.05)
+            time.sleep(1.0)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{target.label}: {exc}\n{procs.log(target.slug)}") from exc
+        if target.workers > 1:
+            result.worker_rss_mb = [rss_mb(pid) for pid in worker_pids(process.pid)]
+            result.supervisor_rss_mb = rss_mb(process.pid)
+        else:
+            result.worker_rss_mb = [rss_mb(process.pid)]
+    try:
+        log(f"{target.label}: warming up {warmup:g} s")
+        run_wrk(url, 64, warmup)
+        for connections in CONNECTIONS:
+            if connections == 1 and process is not None:
+                run, result.added_ms = paired_run(url, upstream_url, duration)
+            else:
+                run = run_wrk(url, connections, duration)
+            result.runs[connections] = run
+            log(
+                f"  {connections:>2} conn: {run.rps:8.0f} req/s  p50 {run.p50_ms:.2f} ms"
+                f"  p90 {run.p90_ms:.2f} ms  p99 {run.p99_ms:.2f} ms"
+                f"  errors {run.errors}  non-2xx {run.non_2xx}"
+            )
+    finally:
+        if process is not None:
+            procs.stop(process)
+    return result
+
+
+def flush_redis(url: str) -> None:
+    import redis
+
+    with redis.Redis.from_url(url) as client:
+        client.flushall()
+
+
+@contextlib.contextmanager
+def servers(workdir: Path) -> Iterator[tuple[Processes, str, str]]:
+    """The fake upstream (no limits, no latency) and a private redis-server."""
+    procs = Processes(workdir)
+    try:
+        upstream_port, redis_port = free_port(), free_port()
+        upstream = procs.start(
+            "fake-upstream",
+            [sys.executable, "-m", "proxy.fake_upstream", "--host", LOOPBACK,
+             "--port", str(upstream_port), "--log-level", "WARNING"],
+        )  # fmt: skip
+        redis_server = procs.start(
+            "redis",
+            ["redis-server", "--port", str(redis_port), "--bind", LOOPBACK, "--save", "",
+             "--appendonly", "no", "--dir", str(workdir)],
+        )  # fmt: skip
+        upstream_url = f"http://{LOOPBACK}:{upstream_port}"
+        wait_until(f"{upstream_url}/stats", upstream, timeout=20)
+        redis_url = f"redis://{LOOPBACK}:{redis_port}/0"
+        deadline = time.monotonic() + 20
+        while True:
+            if redis_server.poll() is not None:
+                raise RuntimeError(f"redis-server exited:\n{procs.log('redis')}")
+            try:
+                flush_redis(redis_url)
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        yield procs, upstream_url, redis_url
+    finally:
+        procs.stop_all()
+
+
+@contextlib.contextmanager
+def checkout(revision: str) -> Iterator[Path]:
+    """``revision`` of this repository in a temporary directory (removed afterwards)."""
+    with tempfile.TemporaryDirectory(prefix="llmproxy-baseline-") as tmp:
+        archive = subprocess.run(
+            ["git", "archive", "--format=tar", revision],
+            cwd=REPO, capture_output=True, check=True, timeout=60,
+        ).stdout  # fmt: skip
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True, timeout=60)
+        yield Path(tmp)
