@@ -7,6 +7,7 @@ every budget when budgets are not shared (the in-memory backend under N workers)
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 
 import httpx
@@ -28,15 +29,45 @@ DEPLOYMENT_HEADROOM = 0.01
 _ENDPOINTS = ("chat/completions", "completions", "embeddings")
 
 
+EGRESS = "proxy.egress"  # the request extension the upstream transport reads
+
+
+@dataclass(frozen=True, slots=True)
+class Egress:
+    """How the transport reaches a deployment beyond its URL. ``ssl`` None: the system's
+    trust store, verified (the common case, untouched); ``proxy`` None: the environment's
+    HTTPS_PROXY / HTTP_PROXY / NO_PROXY decide."""
+
+    ssl: ssl.SSLContext | None = None
+    proxy: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+def egress(d: Deployment) -> Egress:
+    """Built once per deployment: TLS context, egress proxy, extra headers."""
+    tls = d.tls
+    context = None
+    if tls.ca_file or tls.cert_file or not tls.verify:
+        context = ssl.create_default_context(cafile=tls.ca_file or None)
+        if tls.cert_file:
+            context.load_cert_chain(tls.cert_file, tls.key_file or None)
+        if not tls.verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+    headers = tuple((name, value.get_secret_value()) for name, value in d.headers.items())
+    return Egress(context, d.proxy_url.get_secret_value() or None, headers)
+
+
 @dataclass(frozen=True, slots=True)
 class DeploymentRoute:
     config: Deployment
     group: str
     limits: DeploymentLimits
     upstream_model: str
-    # Built once: parsed upstream URLs per endpoint and httpx's timeout extension.
+    # Built once: parsed upstream URLs per endpoint and the request's extensions (the
+    # timeout, as httpx spells it, and how to reach the deployment).
     urls: dict[str, httpx.URL]
-    timeouts: dict[str, float]
+    extensions: dict[str, object]
 
     @property
     def id(self) -> str:
@@ -131,7 +162,7 @@ def _group(group: ModelGroup, share: float) -> GroupRoute:
                 limits=deployment_limits(d, share),
                 upstream_model=d.model or group.name,
                 urls={e: httpx.URL(f"{d.base_url}/{e}") for e in _ENDPOINTS},
-                timeouts=timeout_extension(d.timeout),
+                extensions={"timeout": timeout_extension(d.timeout), EGRESS: egress(d)},
             )
             for d in group.deployments
         ),

@@ -225,6 +225,46 @@ class ClientKey(_Limited):
         return hashlib.sha256(self.key.get_secret_value().encode()).digest()
 
 
+class TlsConfig(_Strict):
+    """How a deployment's HTTPS is checked: the system's trust store and verification on,
+    unless a CA bundle, a client certificate (mTLS) or ``verify: false`` says otherwise."""
+
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    verify: bool = True
+
+    @model_validator(mode="after")
+    def _files(self) -> TlsConfig:
+        if self.key_file and not self.cert_file:
+            raise ValueError("key_file needs cert_file (the client certificate)")
+        for name in ("ca_file", "cert_file", "key_file"):
+            path = getattr(self, name)
+            if path and not Path(path).is_file():
+                raise ValueError(f"{name}: no such file {path!r}")
+        return self
+
+
+# Headers a deployment's `headers` may not set: the proxy's own credential and framing.
+RESERVED_HEADERS = frozenset(
+    {
+        "authorization",
+        "api-key",
+        "x-api-key",
+        "host",
+        "content-length",
+        "content-type",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "upgrade",
+    }
+)
+
+
 class Deployment(_Limited):
     id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")
     base_url: str = Field(pattern=r"^https?://[^\s/]+")
@@ -233,11 +273,34 @@ class Deployment(_Limited):
     burst: PositiveInt | None = None
     weight: float = Field(default=1.0, gt=0)
     timeout: Duration = 60.0
+    # Sent with every upstream request (OpenAI-Organization, a gateway's own header).
+    headers: dict[str, SecretStr] = Field(default_factory=dict)
+    tls: TlsConfig = TlsConfig()
+    # An egress proxy for this deployment; wins over HTTPS_PROXY / HTTP_PROXY / NO_PROXY.
+    proxy_url: SecretStr = SecretStr("")
 
     @field_validator("base_url")
     @classmethod
     def _strip_slash(cls, value: str) -> str:
         return value.rstrip("/")
+
+    @field_validator("headers")
+    @classmethod
+    def _not_reserved(cls, value: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        reserved = sorted(name for name in value if name.lower() in RESERVED_HEADERS)
+        if reserved:
+            raise ValueError(
+                f"may not set {', '.join(reserved)}: the proxy sets the credential and framing"
+            )
+        return value
+
+    @field_validator("proxy_url")
+    @classmethod
+    def _proxy_scheme(cls, value: SecretStr) -> SecretStr:
+        url = value.get_secret_value()
+        if url and not re.match(r"^https?://[^\s/]+", url):
+            raise ValueError("must be an http:// or https:// URL of the egress proxy")
+        return value
 
 
 class ModelGroup(_Strict):
@@ -411,6 +474,11 @@ def config_warnings(settings: Settings) -> list[str]:
     warnings = []
     for i, group in enumerate(settings.models):
         for j, d in enumerate(group.deployments):
+            if not d.tls.verify:
+                warnings.append(
+                    f"models[{i}].deployments[{j}].tls.verify: false: the upstream's"
+                    " certificate is not checked (a lab upstream only)"
+                )
             url = d.base_url.lower()
             if "api.openai.com" in url and not url.endswith("/v1"):
                 warnings.append(

@@ -23,35 +23,52 @@ DEFAULT_HEADER_TIMEOUT = 10.0
 
 
 class HeaderTimeoutProtocol(HttpToolsProtocol):
+    # One timer per connection, re-armed only when it fires: a request on a busy
+    # keep-alive connection costs an attribute write, not a timer.
     _header_timer: asyncio.TimerHandle | None = None
+    _headers_since: float | None = None  # when the request now awaiting headers began
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._start_header_timer()
+        self._awaiting_headers()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        if self._header_timer is None:
-            self._start_header_timer()
+        self._awaiting_headers()
 
     def on_headers_complete(self) -> None:
-        self._stop_header_timer()
+        self._headers_since = None
         super().on_headers_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._stop_header_timer()
-        super().connection_lost(exc)
-
-    def _start_header_timer(self) -> None:
-        timeout = float(os.environ.get(HEADER_TIMEOUT_ENV) or DEFAULT_HEADER_TIMEOUT)
-        self._header_timer = self.loop.call_later(timeout, self._headers_too_slow)
-
-    def _stop_header_timer(self) -> None:
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
+        super().connection_lost(exc)
 
-    def _headers_too_slow(self) -> None:
+    def _awaiting_headers(self) -> None:
+        if self._headers_since is None:
+            self._headers_since = self.loop.time()
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(_timeout(), self._check_headers)
+
+    def _check_headers(self) -> None:
         self._header_timer = None
-        if self.cycle is None or self.cycle.response_complete:  # no request being served
+        since = self._headers_since
+        if since is None:
+            return  # no request awaiting headers: the next one arms the timer again
+        left = since + _timeout() - self.loop.time()
+        if left > 0:
+            self._header_timer = self.loop.call_later(left, self._check_headers)
+        elif self.cycle is None or self.cycle.response_complete:  # none being served
             self.transport.close()
+
+
+_cached_timeout: float | None = None
+
+
+def _timeout() -> float:
+    global _cached_timeout
+    if _cached_timeout is None:
+        _cached_timeout = float(os.environ.get(HEADER_TIMEOUT_ENV) or DEFAULT_HEADER_TIMEOUT)
+    return _cached_timeout

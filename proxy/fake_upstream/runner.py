@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import logging
 import signal
+import ssl
 import threading
 from collections.abc import Callable
 from types import TracebackType
@@ -39,10 +40,15 @@ def make_runner(
     )
 
 
-async def start_site(runner: web.AppRunner, config: FakeUpstreamConfig) -> int:
-    """Set up `runner`, listen on the configured address; returns the bound port."""
+async def start_site(
+    runner: web.AppRunner, config: FakeUpstreamConfig, ssl_context: ssl.SSLContext | None = None
+) -> int:
+    """Set up `runner`, listen on the configured address (HTTPS with `ssl_context`);
+    returns the bound port."""
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
+    site = web.TCPSite(
+        runner, config.host, config.port, reuse_address=True, ssl_context=ssl_context
+    )
     await site.start()
     return int(runner.addresses[0][1])
 
@@ -50,8 +56,14 @@ async def start_site(runner: web.AppRunner, config: FakeUpstreamConfig) -> int:
 class FakeUpstreamHandle:
     """A fake upstream serving from a background thread with its own event loop."""
 
-    def __init__(self, config: FakeUpstreamConfig, shutdown_timeout: float) -> None:
+    def __init__(
+        self,
+        config: FakeUpstreamConfig,
+        shutdown_timeout: float,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self._config = config
+        self._ssl = ssl_context
         self._shutdown_timeout = shutdown_timeout
         self.app = build_app(config)
         self.upstream: FakeUpstream = self.app[UPSTREAM_KEY]
@@ -66,7 +78,8 @@ class FakeUpstreamHandle:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        scheme = "https" if self._ssl is not None else "http"
+        return f"{scheme}://{self.host}:{self.port}"
 
     @property
     def base_url(self) -> str:
@@ -131,7 +144,7 @@ class FakeUpstreamHandle:
         asyncio.set_event_loop(loop)
         runner = make_runner(self.app, self._config, self._shutdown_timeout)
         try:
-            self.port = loop.run_until_complete(start_site(runner, self._config))
+            self.port = loop.run_until_complete(start_site(runner, self._config, self._ssl))
         except BaseException as exc:
             self._error = exc
             loop.run_until_complete(runner.cleanup())
@@ -151,13 +164,16 @@ def run_in_thread(
     config: FakeUpstreamConfig | None = None,
     *,
     shutdown_timeout: float = THREAD_SHUTDOWN_TIMEOUT,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> FakeUpstreamHandle:
     """Start a fake upstream in a background thread; returns once it accepts connections.
 
-    `config.port` 0 picks a free port (see `handle.port`). Use the handle as a context
-    manager, or call `handle.stop()`.
+    `config.port` 0 picks a free port (see `handle.port`); `ssl_context` serves HTTPS
+    (with a client-certificate check if the context requires one). Use the handle as a
+    context manager, or call `handle.stop()`.
     """
-    return FakeUpstreamHandle(config or FakeUpstreamConfig(port=0), shutdown_timeout).start()
+    handle = FakeUpstreamHandle(config or FakeUpstreamConfig(port=0), shutdown_timeout, ssl_context)
+    return handle.start()
 
 
 async def serve(config: FakeUpstreamConfig, shutdown_timeout: float = 5.0) -> None:

@@ -151,7 +151,8 @@ class Outcome:
     ``kind``: ``"success"`` (a probing deployment is healthy again), ``"failure"``
     (counts toward ``allowed_fails``, or cools at once with ``cool_for``), ``"neutral"``
     (no health change: the client's own error, a cancelled request). ``reason`` labels
-    metrics and logs ("timeout", "connection", "server_error", "rate_limited", "auth").
+    metrics and logs ("timeout", "server_error", "rate_limited", "auth", or what kept the
+    connection from being made: "dns", "refused", "tls_certificate"... upstream/errors.py).
     ``cool_for``: cool at once for this long (a 429's retry-after or reset, a bad key).
     ``rate_limited``: an upstream 429, which also lowers the effective rate (AIMD)."""
 

@@ -2,27 +2,43 @@
 
 httpx-aiohttp maps aiohttp's exceptions onto httpx's loosely (a dropped connection
 surfaces as ``ConnectTimeout``), so the original aiohttp exception, kept as the cause,
-decides when present.
+decides when present. Each failure gets a *cause* that says what broke (DNS, a refused
+port, the certificate, the TLS handshake, the egress proxy, a timeout connecting or
+reading, a reset): the failure reason of metrics and logs, and words in the client's
+message, which never names an address or a credential.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import ssl
 
 import aiohttp
 import httpx
 
 from proxy.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
 
-__all__ = ["map_transport_error"]
+__all__ = ["CAUSES", "map_transport_error"]
+
+# cause -> what the client reads after "Could not reach the upstream deployment 'x': "
+CAUSES = {
+    "dns": "its host name could not be resolved",
+    "refused": "the connection was refused",
+    "tls_certificate": "its TLS certificate could not be verified",
+    "tls_handshake": "the TLS handshake failed",
+    "proxy": "the egress proxy could not be used",
+    "connect_timeout": "connecting timed out",
+    "reset": "the connection was reset",
+    "connection": "the connection failed",
+}
 
 
 def map_transport_error(exc: BaseException, deployment: str) -> tuple[UpstreamError, str]:
-    """The client-facing error and a failure reason (metric label) for a transport error.
-
-    Messages name the deployment id (from config), never its URL or key.
-    """
+    """The client-facing error and the failure's cause (the metric's reason label)."""
     cause = exc.__cause__ or exc
+    if isinstance(cause, aiohttp.ConnectionTimeoutError):
+        return _unreachable(deployment, "connect_timeout", UpstreamTimeout)
     if isinstance(cause, aiohttp.ServerTimeoutError | asyncio.TimeoutError | TimeoutError) or (
         cause is exc and isinstance(exc, httpx.TimeoutException)
     ):
@@ -30,16 +46,13 @@ def map_transport_error(exc: BaseException, deployment: str) -> tuple[UpstreamEr
             UpstreamTimeout(f"The upstream deployment '{deployment}' timed out."),
             "timeout",
         )
-    if isinstance(cause, aiohttp.ClientConnectorError) or (
-        cause is exc and isinstance(exc, httpx.ConnectError)
-    ):
-        return (
-            UpstreamUnavailable(
-                f"Could not connect to the upstream deployment '{deployment}'.",
-                code="upstream_connection_error",
-            ),
-            "connection",
-        )
+    connect = _connect_cause(cause)
+    if connect is not None:
+        return _unreachable(deployment, connect, UpstreamUnavailable)
+    if cause is exc and isinstance(exc, httpx.ConnectError):
+        return _unreachable(deployment, "connection", UpstreamUnavailable)
+    if isinstance(cause, aiohttp.ClientOSError) and cause.errno == errno.ECONNRESET:
+        return _unreachable(deployment, "reset", UpstreamUnavailable)
     return (
         UpstreamUnavailable(
             f"The upstream deployment '{deployment}' closed the connection or sent an"
@@ -48,3 +61,28 @@ def map_transport_error(exc: BaseException, deployment: str) -> tuple[UpstreamEr
         ),
         "protocol",
     )
+
+
+def _connect_cause(cause: BaseException) -> str | None:
+    """What kept the connection from being made (None: it was made)."""
+    if isinstance(cause, aiohttp.ClientConnectorCertificateError):
+        return "tls_certificate"
+    if isinstance(cause, aiohttp.ClientConnectorSSLError | ssl.SSLError):
+        return "tls_handshake"
+    if isinstance(cause, aiohttp.ClientProxyConnectionError | aiohttp.ClientHttpProxyError):
+        return "proxy"
+    if isinstance(cause, aiohttp.ClientConnectorDNSError):
+        return "dns"
+    if isinstance(cause, aiohttp.ClientConnectorError):
+        if isinstance(cause.os_error, ConnectionRefusedError):
+            return "refused"
+        return "connection"
+    return None
+
+
+def _unreachable(
+    deployment: str, cause: str, kind: type[UpstreamError]
+) -> tuple[UpstreamError, str]:
+    message = f"Could not reach the upstream deployment '{deployment}': {CAUSES[cause]}."
+    code = "upstream_timeout" if kind is UpstreamTimeout else "upstream_connection_error"
+    return kind(message, code=code), cause

@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.catalog import DeploymentRoute
+from proxy.catalog import EGRESS, DeploymentRoute, Egress
 from proxy.errors import UpstreamError
 from proxy.upstream.client import UpstreamStream
 from proxy.upstream.errors import map_transport_error
@@ -45,7 +45,11 @@ def build_request(
         if add_usage:
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         payload = orjson.dumps(body)
-    headers = request_headers(client_headers, deployment.config.api_key.get_secret_value())
+    egress = deployment.extensions[EGRESS]
+    assert isinstance(egress, Egress)
+    headers = request_headers(
+        client_headers, deployment.config.api_key.get_secret_value(), egress.headers
+    )
     headers["content-length"] = str(len(payload))
     # A ready stream skips httpx's header defaults (each a scan of its header list): the
     # transport (aiohttp) sets Host itself. Read at once, so ``request.content`` is there.
@@ -54,7 +58,7 @@ def build_request(
         deployment.url(endpoint),
         stream=httpx.ByteStream(payload),
         headers=headers,
-        extensions={"timeout": deployment.timeouts},
+        extensions=deployment.extensions,
     )
     request.read()
     return request, add_usage

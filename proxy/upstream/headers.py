@@ -47,9 +47,16 @@ _PASS_RESPONSE = frozenset(
 )
 
 
-def request_headers(client_headers: Iterable[tuple[str, str]], api_key: str) -> dict[str, str]:
-    """Headers for the upstream request: the client's, minus the dropped ones."""
+def request_headers(
+    client_headers: Iterable[tuple[str, str]],
+    api_key: str,
+    extra: Iterable[tuple[str, str]] = (),
+) -> dict[str, str]:
+    """Headers for the upstream request: the client's, minus the dropped ones; then the
+    deployment's own ``extra`` ones (config: never the credential or framing)."""
     headers = {name: value for name, value in client_headers if name.lower() not in _DROP_REQUEST}
+    for name, value in extra:
+        headers[name.lower()] = value
     headers["accept-encoding"] = "identity"
     if api_key:
         headers["authorization"] = f"Bearer {api_key}"
