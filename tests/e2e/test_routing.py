@@ -219,8 +219,10 @@ def test_an_upstream_401_cools_its_deployment_and_the_request_is_served_elsewher
     rejecting, good = upstreams
     rejecting.control(api_key="sk-the-right-one")
     wrong = {"api_key": "sk-the-wrong-one"}
-    config = _config(
-        _deployment("rejecting", rejecting, **wrong), _deployment("good", good), retries=1
+    config = _config(  # the weight makes "rejecting" the first choice while it is usable
+        _deployment("rejecting", rejecting, weight=1e9, **wrong),
+        _deployment("good", good),
+        retries=1,
     )
     with ProxyInThread(settings_from(config)) as proxy:
         client = _sdk(proxy)
@@ -249,7 +251,9 @@ def test_an_upstream_429_holds_its_deployment_and_the_request_is_served_elsewher
     request reaches it meanwhile). With nothing else to try: 503 upstream_rate_limited."""
     limited, good = upstreams
     limited.control(rpm=1, window=60.0)  # one request a minute; the next gets 429
-    config = _config(_deployment("limited", limited), _deployment("good", good), retries=1)
+    config = _config(  # the weight makes "limited" the first choice while it is usable
+        _deployment("limited", limited, weight=1e9), _deployment("good", good), retries=1
+    )
     with ProxyInThread(settings_from(config)) as proxy:
         client = _sdk(proxy)
         answers = [client.chat.completions.create(**CHAT) for _ in range(6)]  # type: ignore[call-overload]
