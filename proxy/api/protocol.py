@@ -12,6 +12,7 @@ is read from the environment (``HEADER_TIMEOUT_ENV``, set by the CLI from
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -64,11 +65,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             self.transport.close()
 
 
-_cached_timeout: float | None = None
-
-
+@functools.cache
 def _timeout() -> float:
-    global _cached_timeout
-    if _cached_timeout is None:
-        _cached_timeout = float(os.environ.get(HEADER_TIMEOUT_ENV) or DEFAULT_HEADER_TIMEOUT)
-    return _cached_timeout
+    """Read once per process (the CLI sets it before the server starts)."""
+    return float(os.environ.get(HEADER_TIMEOUT_ENV) or DEFAULT_HEADER_TIMEOUT)
