@@ -138,13 +138,62 @@ def test_a_busy_port_is_one_line_saying_how_to_move_it(what: str) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("argv", "env", "says"),
+    [
+        (["serve"], {"LLM_PROXY_PORT": "eighty"}, "LLM_PROXY_PORT='eighty' is not a whole number"),
+        (["serve"], {"LLM_PROXY_WORKERS": "two"}, "LLM_PROXY_WORKERS='two' is not a whole number"),
+        (["serve"], {"LLM_PROXY_DEMO_UPSTREAM_PORT": "x"}, "LLM_PROXY_DEMO_UPSTREAM_PORT='x'"),
+        (["serve", "--port", "99999"], {}, "(a port is 0-65535); pass --port N or set"),
+        (["serve", "--host", "no-such-host.invalid"], {}, "pass --host ADDRESS or set"),
+        (["serve", "--workers", "0"], {}, "pass --workers N or set LLM_PROXY_WORKERS=N"),
+        (["serve", "--workers", "2"], {}, "the embedded demo runs one worker"),
+        (["serve", "--ssl-certfile", "/no/such/cert.pem"], {}, "cannot read --ssl-certfile"),
+        (["serve", "--ssl-keyfile", str(ROOT / "LICENSE")], {}, "needs --ssl-certfile"),
+        (["serve", "--ssl-certfile", str(ROOT / "LICENSE")], {}, "not a PEM certificate"),
+        (["serve"], {"LLM_PROXY_LOG_LEVEL": "loud"}, "unknown log level 'loud'"),
+        (["fake-upstream", "--port", "70000"], {}, "port must be in 0..65535"),
+        (["fake-upstream", "--host", "no-such-host.invalid"], {}, "pass --host ADDRESS"),
+    ],
+)
+def test_a_start_up_mistake_is_one_line_saying_what_to_change(
+    argv: list[str], env: dict[str, str], says: str
+) -> None:
+    """Whatever stops the start (a variable that is not a number, a port out of range, an
+    address that is not this machine's, unusable TLS files...): one line, exit 1."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("LLM_PROXY_")}
+    environment["LLM_PROXY_DEMO_UPSTREAM_PORT"] = str(free_port())
+    environment.update(env)
+    if argv[0] == "serve" and "--port" not in argv and "LLM_PROXY_PORT" not in env:
+        argv = [*argv, "--port", str(free_port())]  # should a check let it start
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", *argv],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=environment,
+    )
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert says in lines[0]
+
+
 def test_serve_help_describes_every_option_and_variable() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "proxy", "serve", "--help"], capture_output=True, text=True
     )
-    for word in ("--config", "--host", "--port", "--workers", "LLM_PROXY_HOST"):
-        assert word in result.stdout
-    for variable in ("LLM_PROXY_PORT", "LLM_PROXY_WORKERS", "LLM_PROXY_DEMO_UPSTREAM_PORT"):
+    for option in ("--config", "--host", "--port", "--workers", "--ssl-certfile", "--ssl-keyfile"):
+        assert option in result.stdout
+    for variable in (
+        "LLM_PROXY_HOST",
+        "LLM_PROXY_PORT",
+        "LLM_PROXY_WORKERS",
+        "LLM_PROXY_SSL_CERTFILE",
+        "LLM_PROXY_SSL_KEYFILE",
+        "LLM_PROXY_DEMO_UPSTREAM_PORT",
+        "LLM_PROXY_LOG_LEVEL",
+    ):
         assert variable in result.stdout
 
 
