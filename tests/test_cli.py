@@ -43,6 +43,21 @@ def test_check_config_lists_every_problem_and_exits_1(tmp_path: Path, capsys: ob
     assert "routing.speed: unknown key" in err
 
 
+def test_check_config_warns_about_what_is_valid_but_probably_not_meant(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An OpenAI base_url without /v1 passes (exit 0) with a warning naming the field."""
+    path = tmp_path / "openai.yaml"
+    path.write_text(
+        "models:\n  - name: m\n    deployments:\n"
+        "      - {id: d, base_url: 'https://api.openai.com', api_key: '${OPENAI_KEY:-x}'}\n"
+    )
+    assert main(["check-config", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert f"{path}: warning: models[0].deployments[0].base_url" in captured.err
+    assert "https://api.openai.com/v1" in captured.err and "OK" in captured.out
+
+
 def test_python_dash_m_proxy_is_the_cli() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "proxy", "check-config", str(ROOT / "config" / "demo.yaml")],
