@@ -107,6 +107,20 @@ def test_readme_sdk_example_works_against_the_demo(tmp_path: Path) -> None:
         demo.wait(timeout=15)
 
 
+def test_example_py_is_the_readmes_example() -> None:
+    """Line for line, but for where the client points (OPENAI_BASE_URL, for the test)."""
+    readme = (ROOT / "README.md").read_text()
+    example = re.search(r"```python\n(.*?)```", readme, re.S)
+    assert example is not None
+    documented = [
+        line for line in example.group(1).splitlines() if not line.startswith("client = OpenAI(")
+    ]
+    in_file = (ROOT / "example.py").read_text().splitlines()
+    lines = iter(in_file)
+    missing = [line for line in documented if line not in lines]  # in order
+    assert missing == [], missing
+
+
 def _wait_ready(url: str, process: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
