@@ -1,11 +1,13 @@
 """``llm-proxy``: serve, check-config, and the built-in fake upstream.
 
     llm-proxy serve [--config PATH] [--host H] [--port P] [--workers N]
+                    [--ssl-certfile PEM --ssl-keyfile PEM]
     llm-proxy check-config PATH
     llm-proxy fake-upstream [options]      (see docs/fake_upstream.md)
 
 ``serve`` without ``--config`` runs the embedded demo: the built-in fake upstream in the
-same process and an in-memory limiter, so nothing else is needed.
+same process and an in-memory limiter, so nothing else is needed. Whatever stops a start
+(proxy/ports.py, proxy/startup.py) is one line on stderr naming what to change, exit 1.
 """
 
 from __future__ import annotations
