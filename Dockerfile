@@ -16,7 +16,7 @@ FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
 # Only what the wheel needs, so editing tests or docs does not invalidate this layer.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY proxy ./proxy
 RUN pip wheel --wheel-dir /wheels .
 

@@ -214,6 +214,21 @@ class Stack:
                 lines.append(f"  {name:<14} {where}{count}   log: {self._log_name(name)}")
         return "\n".join(lines)
 
+    def usage(self) -> str:
+        """How to use the running stack: its client keys and a headless Locust command
+        (the README's), pointing at this balancer."""
+        keys = self.plan["locust-master"].env.get("LOCUST_API_KEYS", "")
+        csv = os.path.relpath(self.workdir / "locust", Path.cwd())
+        return "\n".join(
+            [
+                f"proxy (through the balancer): {self.lb_url}/v1",
+                f"client keys (config/stack/proxy.yaml): {keys.replace(',', ', ')}",
+                "headless Locust (the keys are its defaults): .venv/bin/locust -f"
+                " loadtest/locustfile.py --headless -u 250 -r 60 -t 60s"
+                f" --host {self.lb_url} --processes 2 --csv {csv}",
+            ]
+        )
+
     def _log_name(self, name: str) -> str:
         service = self.plan[name]
         label = name if service.replicas == 1 else f"{name}-N"
@@ -525,7 +540,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     print(f"starting the stack of {COMPOSE_FILE.name} as local processes ...", flush=True)
     with stack:
         print(stack.describe())
-        print(f"proxy (through the balancer): {stack.lb_url}/v1   Ctrl-C stops", flush=True)
+        print(f"{stack.usage()}\nCtrl-C stops", flush=True)
         deadline = time.monotonic() + args.duration if args.duration else None
         while not stop.wait(0.5):
             dead = stack.dead()

@@ -1,11 +1,13 @@
 """``llm-proxy``: serve, check-config, and the built-in fake upstream.
 
     llm-proxy serve [--config PATH] [--host H] [--port P] [--workers N]
+                    [--ssl-certfile PEM --ssl-keyfile PEM]
     llm-proxy check-config PATH
     llm-proxy fake-upstream [options]      (see docs/fake_upstream.md)
 
 ``serve`` without ``--config`` runs the embedded demo: the built-in fake upstream in the
-same process and an in-memory limiter, so nothing else is needed.
+same process and an in-memory limiter, so nothing else is needed. Whatever stops a start
+(proxy/ports.py, proxy/startup.py) is one line on stderr naming what to change, exit 1.
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ from proxy.config import (
     load_settings,
     parse_settings,
 )
-from proxy.ports import busy_port_message
+from proxy.ports import listen_problem
+from proxy.startup import (
+    StartupError,
+    env_int,
+    tls_problem,
+    warn_about_unreachable_upstreams,
+)
 
 __all__ = ["main"]
 
@@ -33,6 +41,21 @@ logger = logging.getLogger("proxy")
 
 DEMO_UPSTREAM_PORT = 8001
 DEMO_UPSTREAM_PORT_ENV = "LLM_PROXY_DEMO_UPSTREAM_PORT"
+LOG_LEVEL_ENV = "LLM_PROXY_LOG_LEVEL"
+
+SERVE_ENVIRONMENT = f"""\
+environment variables (a flag wins over its variable):
+  LLM_PROXY_HOST          default of --host (127.0.0.1)
+  LLM_PROXY_PORT          default of --port (8000)
+  LLM_PROXY_WORKERS       default of --workers (1)
+  LLM_PROXY_SSL_CERTFILE  default of --ssl-certfile
+  LLM_PROXY_SSL_KEYFILE   default of --ssl-keyfile
+  {DEMO_UPSTREAM_PORT_ENV}
+                          the embedded demo's fake upstream port ({DEMO_UPSTREAM_PORT})
+  {LOG_LEVEL_ENV}     log level of the embedded demo, and of a config's start-up
+                          until its server.log_level applies (info)
+  ${{VAR}}                  any variable the config file names (see config/example.yaml)
+"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -42,12 +65,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         # would stop at the first --option).
         from proxy.fake_upstream import main as fake_main
 
-        fake_main(argv[1:])
+        fake_main(argv[1:], prog="llm-proxy fake-upstream")
         return 0
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "serve":
-        return _serve(args)
+        try:
+            return _serve(args)
+        except StartupError as exc:
+            print(f"llm-proxy: {exc}", file=sys.stderr)
+            return 1
     if args.command == "check-config":
         return _check_config(args.path)
     parser.print_help()
@@ -62,44 +89,47 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser(
         "serve",
         help="serve the proxy",
-        description="Serve the proxy. Without --config: the embedded demo (the built-in fake"
-        " upstream on 127.0.0.1:8001, the in-memory limiter).",
-        epilog="environment: LLM_PROXY_HOST, LLM_PROXY_PORT, LLM_PROXY_WORKERS (defaults of"
-        f" the options above); {DEMO_UPSTREAM_PORT_ENV} (the demo's fake upstream port,"
-        f" {DEMO_UPSTREAM_PORT}); LLM_PROXY_SSL_CERTFILE, LLM_PROXY_SSL_KEYFILE;"
-        " LLM_PROXY_LOG_LEVEL (log level before the config is read);"
-        " any ${VAR} the config file names.",
+        description="Serve the proxy. Without --config: the embedded demo (the built-in fake\n"
+        "upstream on 127.0.0.1:8001, the in-memory limiter, no client keys).",
+        epilog=SERVE_ENVIRONMENT,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    serve.add_argument("--config", help="YAML config file (default: the embedded demo)")
+    serve.add_argument(
+        "--config", metavar="PATH", help="YAML config file (default: the embedded demo)"
+    )
+    # Defaults come from the environment after parsing (_resolve_options), so a bad
+    # variable is one line, not a traceback.
     serve.add_argument(
         "--host",
-        default=os.environ.get("LLM_PROXY_HOST", "127.0.0.1"),
-        help="address to listen on (env LLM_PROXY_HOST; default %(default)s)",
+        metavar="ADDRESS",
+        help="address to listen on (env LLM_PROXY_HOST; default 127.0.0.1)",
     )
     serve.add_argument(
-        "--port",
-        type=int,
-        default=int(os.environ.get("LLM_PROXY_PORT", "8000")),
-        help="port to listen on (env LLM_PROXY_PORT; default %(default)s)",
+        "--port", metavar="N", type=int, help="port to listen on (env LLM_PROXY_PORT; default 8000)"
     )
     serve.add_argument(
         "--workers",
+        metavar="N",
         type=int,
-        default=int(os.environ.get("LLM_PROXY_WORKERS", "1")),
-        help="worker processes (env LLM_PROXY_WORKERS; default %(default)s); with Redis"
-        " they share budgets, without it each holds 1/N of every budget",
+        help="worker processes (env LLM_PROXY_WORKERS; default 1); with Redis they share"
+        " budgets, without it each holds 1/N of every budget",
     )
     serve.add_argument(
         "--ssl-certfile",
-        default=os.environ.get("LLM_PROXY_SSL_CERTFILE"),
+        metavar="PEM",
         help="serve HTTPS with this PEM certificate (chain) (env LLM_PROXY_SSL_CERTFILE)",
     )
     serve.add_argument(
         "--ssl-keyfile",
-        default=os.environ.get("LLM_PROXY_SSL_KEYFILE"),
-        help="the certificate's private key (env LLM_PROXY_SSL_KEYFILE)",
+        metavar="PEM",
+        help="the certificate's private key, PEM (env LLM_PROXY_SSL_KEYFILE)",
     )
-    check = commands.add_parser("check-config", help="validate a config file")
+    check = commands.add_parser(
+        "check-config",
+        help="validate a config file",
+        description="Validate a config file: every problem at once (exit 1), or a summary"
+        " (exit 0); warnings for what is valid but probably not meant.",
+    )
     check.add_argument("path")
     commands.add_parser(
         "fake-upstream", help="run the built-in fake OpenAI upstream (see its --help)"
@@ -157,26 +187,56 @@ def demo_settings(upstream_url: str) -> Settings:
     )
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _resolve_options(args: argparse.Namespace) -> None:
+    """Fill what the command line left out from the environment, then check it all."""
+    if args.host is None:
+        args.host = os.environ.get("LLM_PROXY_HOST", "").strip() or "127.0.0.1"
+    if args.port is None:
+        args.port = env_int("LLM_PROXY_PORT", 8000)
+    if args.workers is None:
+        args.workers = env_int("LLM_PROXY_WORKERS", 1)
+    if args.workers < 1:
+        raise StartupError(
+            f"{args.workers} workers: pass --workers N or set LLM_PROXY_WORKERS=N (N >= 1)"
+        )
+    args.ssl_certfile = args.ssl_certfile or os.environ.get("LLM_PROXY_SSL_CERTFILE") or None
+    args.ssl_keyfile = args.ssl_keyfile or os.environ.get("LLM_PROXY_SSL_KEYFILE") or None
+    problem = tls_problem(args.ssl_certfile, args.ssl_keyfile) or listen_problem(
+        args.host,
+        args.port,
+        "the proxy",
+        port_fix="pass --port N or set LLM_PROXY_PORT=N",
+        host_fix="pass --host ADDRESS or set LLM_PROXY_HOST=ADDRESS",
+    )
+    if problem is not None:
+        raise StartupError(problem)
+
+
+def _configure_logging(level: str, where: str) -> None:
     from proxy.logs import configure_logging
 
-    busy = busy_port_message(
-        args.host, args.port, "the proxy", "pass --port N or set LLM_PROXY_PORT=N"
-    )
-    if busy is not None:
-        print(f"llm-proxy: {busy}", file=sys.stderr)
-        return 1
+    try:
+        configure_logging(level)
+    except ValueError:
+        raise StartupError(
+            f"{where}: unknown log level {level!r}; use debug, info, warning or error"
+        ) from None
 
-    configure_logging(os.environ.get("LLM_PROXY_LOG_LEVEL", "info"))
+
+def _serve(args: argparse.Namespace) -> int:
+    _resolve_options(args)
+    log_level = os.environ.get(LOG_LEVEL_ENV, "").strip().lower() or "info"
+    _configure_logging(log_level, LOG_LEVEL_ENV)
     if args.config is None:
-        return _serve_demo(args)
+        return _serve_demo(args, log_level)
     try:
         settings = load_settings(args.config)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"{args.config}: {problem}", file=sys.stderr)
         return 1
-    configure_logging(settings.server.log_level)
+    _configure_logging(settings.server.log_level, f"{args.config}: server.log_level")
+    warn_about_unreachable_upstreams(settings)
     from proxy.api.protocol import HEADER_TIMEOUT_ENV
 
     # Read by the HTTP protocol of this process and of spawned workers.
@@ -189,24 +249,22 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_demo(args: argparse.Namespace) -> int:
+def _serve_demo(args: argparse.Namespace, log_level: str) -> int:
     from proxy.app import create_app
     from proxy.fake_upstream import FakeUpstreamConfig, run_in_thread
 
     if args.workers > 1:
-        print("the embedded demo runs one worker; pass --config for more", file=sys.stderr)
-        return 2
-    port = int(os.environ.get(DEMO_UPSTREAM_PORT_ENV, DEMO_UPSTREAM_PORT))
-    busy = busy_port_message(
-        "127.0.0.1", port, "the demo's fake upstream", f"set {DEMO_UPSTREAM_PORT_ENV}=N"
+        raise StartupError("the embedded demo runs one worker; pass --config for more")
+    port = env_int(DEMO_UPSTREAM_PORT_ENV, DEMO_UPSTREAM_PORT)
+    problem = listen_problem(
+        "127.0.0.1", port, "the demo's fake upstream", port_fix=f"set {DEMO_UPSTREAM_PORT_ENV}=N"
     )
-    if busy is not None:
-        print(f"llm-proxy: {busy}", file=sys.stderr)
-        return 1
+    if problem is not None:
+        raise StartupError(problem)
     upstream = run_in_thread(FakeUpstreamConfig(port=port))
     logger.info("Demo: built-in fake upstream at %s", upstream.url)
     try:
-        _run(create_app(demo_settings(upstream.url), tune_gc=True), args, "info")
+        _run(create_app(demo_settings(upstream.url), tune_gc=True), args, log_level)
     finally:
         upstream.stop()
     return 0

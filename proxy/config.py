@@ -116,12 +116,28 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# What the limiter connects to (proxy/limiter/runner.py): a single Redis, TLS, a unix
+# socket, or a Redis Cluster.
+_REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
+
+
 class RedisConfig(_Strict):
     url: str = ""
     on_error: Annotated[Literal["local", "reject"], BeforeValidator(_lower)] = "local"
     # Per Redis call: an ailing Redis must not stall traffic, but on a saturated machine
     # 50 ms timed out healthy calls and made replicas flap into their fallback shares.
     timeout: Duration = 0.1
+
+    @field_validator("url")
+    @classmethod
+    def _known_scheme(cls, value: str) -> str:
+        scheme = value.partition("://")[0].lower() if "://" in value else ""
+        if value and scheme not in _REDIS_SCHEMES:
+            raise ValueError(
+                "must be a redis://, rediss://, unix:// or redis+cluster:// URL, or empty"
+                f" for the in-memory limiter (got {value!r})"
+            )
+        return value
 
 
 LimitKind = Literal["requests", "tokens"]
@@ -410,9 +426,9 @@ _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 def _interpolate(node: Any, path: str, env: Mapping[str, str], problems: list[str]) -> Any:
+    """Replace ``${VAR}``/``${VAR:-default}`` in every string of the YAML tree."""
     # A value naming an unset variable gets one problem (this one), not a second one
     # from its empty stand-in: parse_settings drops field errors at the same path.
-    """Replace ``${VAR}``/``${VAR:-default}`` in every string of the YAML tree."""
     if isinstance(node, dict):
         return {k: _interpolate(v, _join(path, str(k)), env, problems) for k, v in node.items()}
     if isinstance(node, list):
@@ -461,12 +477,18 @@ def parse_settings(
     except ValidationError as exc:
         for err in exc.errors():
             path = _loc_to_path(tuple(err["loc"]))
-            if path not in unset_paths:
+            if not any(_within(unset, path) for unset in unset_paths):
                 problems.append(f"{path}: {_plain(err)}")
     problems += _reference_problems(typing.cast(dict[str, Any], data))
     if problems or settings is None:
         raise ConfigError(source, problems)
     return settings
+
+
+def _within(path: str, scope: str) -> bool:
+    """True if ``path`` is ``scope`` or inside it: the empty stand-in of an unset variable
+    at ``path`` may fail a check of the whole ``scope`` (``keys[0]`` without its key)."""
+    return path == scope or path.startswith((f"{scope}.", f"{scope}["))
 
 
 def config_warnings(settings: Settings) -> list[str]:
@@ -575,6 +597,21 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     problem = getattr(exc, "problem", None) or str(exc)
     if mark is None:
         return f"invalid YAML: {problem}"
-    context = getattr(exc, "context", None)
     where = f"line {mark.line + 1}, column {mark.column + 1}"
+    hint = next((h for start, h in _YAML_HINTS if problem.startswith(start)), None)
+    if hint is not None:
+        return f"invalid YAML at {where}: {hint} (YAML says: {problem})"
+    context = getattr(exc, "context", None)
     return f"invalid YAML at {where}: {problem}" + (f" ({context})" if context else "")
+
+
+# PyYAML's commonest complaints, in words that point at the usual cause.
+_YAML_HINTS = (
+    ("found character '\\t'", "a tab; YAML indents with spaces"),
+    ("expected <block end>", "the indentation does not line up with the lines above"),
+    (
+        "mapping values are not allowed here",
+        "an unexpected ':' (check the indentation, or quote a value containing ': ')",
+    ),
+    ("could not find expected ':'", "a line that is not 'key: value' (a missing ':'?)"),
+)

@@ -43,6 +43,21 @@ def test_check_config_lists_every_problem_and_exits_1(tmp_path: Path, capsys: ob
     assert "routing.speed: unknown key" in err
 
 
+def test_check_config_warns_about_what_is_valid_but_probably_not_meant(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An OpenAI base_url without /v1 passes (exit 0) with a warning naming the field."""
+    path = tmp_path / "openai.yaml"
+    path.write_text(
+        "models:\n  - name: m\n    deployments:\n"
+        "      - {id: d, base_url: 'https://api.openai.com', api_key: '${OPENAI_KEY:-x}'}\n"
+    )
+    assert main(["check-config", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert f"{path}: warning: models[0].deployments[0].base_url" in captured.err
+    assert "https://api.openai.com/v1" in captured.err and "OK" in captured.out
+
+
 def test_python_dash_m_proxy_is_the_cli() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "proxy", "check-config", str(ROOT / "config" / "demo.yaml")],
@@ -92,6 +107,20 @@ def test_readme_sdk_example_works_against_the_demo(tmp_path: Path) -> None:
         demo.wait(timeout=15)
 
 
+def test_example_py_is_the_readmes_example() -> None:
+    """Line for line, but for where the client points (OPENAI_BASE_URL, for the test)."""
+    readme = (ROOT / "README.md").read_text()
+    example = re.search(r"```python\n(.*?)```", readme, re.S)
+    assert example is not None
+    documented = [
+        line for line in example.group(1).splitlines() if not line.startswith("client = OpenAI(")
+    ]
+    in_file = (ROOT / "example.py").read_text().splitlines()
+    lines = iter(in_file)
+    missing = [line for line in documented if line not in lines]  # in order
+    assert missing == [], missing
+
+
 def _wait_ready(url: str, process: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -138,13 +167,62 @@ def test_a_busy_port_is_one_line_saying_how_to_move_it(what: str) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("argv", "env", "says"),
+    [
+        (["serve"], {"LLM_PROXY_PORT": "eighty"}, "LLM_PROXY_PORT='eighty' is not a whole number"),
+        (["serve"], {"LLM_PROXY_WORKERS": "two"}, "LLM_PROXY_WORKERS='two' is not a whole number"),
+        (["serve"], {"LLM_PROXY_DEMO_UPSTREAM_PORT": "x"}, "LLM_PROXY_DEMO_UPSTREAM_PORT='x'"),
+        (["serve", "--port", "99999"], {}, "(a port is 0-65535); pass --port N or set"),
+        (["serve", "--host", "no-such-host.invalid"], {}, "pass --host ADDRESS or set"),
+        (["serve", "--workers", "0"], {}, "pass --workers N or set LLM_PROXY_WORKERS=N"),
+        (["serve", "--workers", "2"], {}, "the embedded demo runs one worker"),
+        (["serve", "--ssl-certfile", "/no/such/cert.pem"], {}, "cannot read --ssl-certfile"),
+        (["serve", "--ssl-keyfile", str(ROOT / "LICENSE")], {}, "needs --ssl-certfile"),
+        (["serve", "--ssl-certfile", str(ROOT / "LICENSE")], {}, "not a PEM certificate"),
+        (["serve"], {"LLM_PROXY_LOG_LEVEL": "loud"}, "unknown log level 'loud'"),
+        (["fake-upstream", "--port", "70000"], {}, "port must be in 0..65535"),
+        (["fake-upstream", "--host", "no-such-host.invalid"], {}, "pass --host ADDRESS"),
+    ],
+)
+def test_a_start_up_mistake_is_one_line_saying_what_to_change(
+    argv: list[str], env: dict[str, str], says: str
+) -> None:
+    """Whatever stops the start (a variable that is not a number, a port out of range, an
+    address that is not this machine's, unusable TLS files...): one line, exit 1."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("LLM_PROXY_")}
+    environment["LLM_PROXY_DEMO_UPSTREAM_PORT"] = str(free_port())
+    environment.update(env)
+    if argv[0] == "serve" and "--port" not in argv and "LLM_PROXY_PORT" not in env:
+        argv = [*argv, "--port", str(free_port())]  # should a check let it start
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", *argv],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=environment,
+    )
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert says in lines[0]
+
+
 def test_serve_help_describes_every_option_and_variable() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "proxy", "serve", "--help"], capture_output=True, text=True
     )
-    for word in ("--config", "--host", "--port", "--workers", "LLM_PROXY_HOST"):
-        assert word in result.stdout
-    for variable in ("LLM_PROXY_PORT", "LLM_PROXY_WORKERS", "LLM_PROXY_DEMO_UPSTREAM_PORT"):
+    for option in ("--config", "--host", "--port", "--workers", "--ssl-certfile", "--ssl-keyfile"):
+        assert option in result.stdout
+    for variable in (
+        "LLM_PROXY_HOST",
+        "LLM_PROXY_PORT",
+        "LLM_PROXY_WORKERS",
+        "LLM_PROXY_SSL_CERTFILE",
+        "LLM_PROXY_SSL_KEYFILE",
+        "LLM_PROXY_DEMO_UPSTREAM_PORT",
+        "LLM_PROXY_LOG_LEVEL",
+    ):
         assert variable in result.stdout
 
 

@@ -227,12 +227,64 @@ def test_a_yaml_syntax_error_names_file_and_line(tmp_path: Path) -> None:
     assert str(path) in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("models:\n\t- name: m\n", "invalid YAML at line 2, column 1: a tab; YAML indents"),
+        (
+            "models:\n  - name: m\n   deployments: []\n",
+            "invalid YAML at line 3, column 4: the indentation does not line up",
+        ),
+        ("models:\n  - name: a: b\n", "invalid YAML at line 2, column 12: an unexpected ':'"),
+    ],
+)
+def test_common_yaml_mistakes_are_named_at_their_line(tmp_path: Path, text: str, says: str) -> None:
+    """The usual causes in plain words, PyYAML's own phrase kept after them."""
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    (problem,) = info.value.problems
+    assert problem.startswith(says) and "YAML says:" in problem
+
+
 def test_an_unset_variable_is_one_clear_problem() -> None:
-    deployment = {"id": "d", "base_url": "${UPSTREAM_URL}/v1"}
-    data = {"models": [{"name": "m", "deployments": [deployment]}]}
-    assert _problems(data) == [
-        "models[0].deployments[0].base_url: environment variable UPSTREAM_URL is not set"
+    """Its empty stand-in fails no second check: not the URL pattern of its own field, not
+    a number, not a check of the entry that holds it (a key without its secret)."""
+    deployment = {"id": "d", "base_url": "${UPSTREAM_URL}/v1", "rpm": "${RPM}"}
+    data = {
+        "keys": [{"name": "a", "key": "${TEAM_A_KEY}"}],
+        "models": [{"name": "m", "deployments": [deployment]}],
+    }
+    assert sorted(_problems(data)) == [
+        "keys[0].key: environment variable TEAM_A_KEY is not set",
+        "models[0].deployments[0].base_url: environment variable UPSTREAM_URL is not set",
+        "models[0].deployments[0].rpm: environment variable RPM is not set",
     ]
+
+
+def test_an_unset_variable_hides_no_problem_of_another_entry() -> None:
+    data = {
+        "keys": [{"name": "a", "key": "${TEAM_A_KEY}"}, {"name": "b"}],
+        **MINIMAL,
+    }
+    assert sorted(_problems(data)) == [
+        "keys[0].key: environment variable TEAM_A_KEY is not set",
+        "keys[1]: give exactly one of 'key' (non-empty) or 'key_sha256'",
+    ]
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["", "redis://r:6379/0", "rediss://r:6380", "unix:///run/redis.sock", "redis+cluster://r:7000"],
+)
+def test_redis_urls_the_limiter_can_use(url: str) -> None:
+    assert parse_settings({**MINIMAL, "redis": {"url": url}}).redis.url == url
+
+
+def test_a_redis_url_of_another_scheme_is_an_error_not_a_runtime_surprise() -> None:
+    (problem,) = _problems({**MINIMAL, "redis": {"url": "http://redis:6379"}})
+    assert problem.startswith("redis.url: must be a redis://, rediss://, unix:// or")
 
 
 def test_cross_section_checks_come_with_the_field_errors() -> None:
@@ -240,9 +292,12 @@ def test_cross_section_checks_come_with_the_field_errors() -> None:
         "keys": [{"name": "a", "key": "k", "models": ["gpt-4o-mni"]}],
         "models": [{"name": "gpt-4o-mini", "deployments": [{"id": "d", "base_url": "ftp://x"}]}],
     }
+    data["routing"] = {"fallbacks": {"gpt-4o-mini": ["gpt-4o"]}, "retries": -1}
     problems = _problems(data)
     assert any(p.startswith("models[0].deployments[0].base_url: must be a URL") for p in problems)
+    assert "routing.retries: must be at least 0" in problems
     assert "keys[0].models: unknown model 'gpt-4o-mni'; did you mean 'gpt-4o-mini'?" in problems
+    assert "routing.fallbacks.gpt-4o-mini: unknown model 'gpt-4o'" in " ".join(problems)
 
 
 def test_choices_are_case_insensitive() -> None:

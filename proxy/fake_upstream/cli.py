@@ -6,18 +6,19 @@ import argparse
 import asyncio
 import logging
 import sys
+import typing
 from collections.abc import Callable
 
-from proxy.ports import busy_port_message
+from proxy.ports import listen_problem
 
 from .config import FakeUpstreamConfig, parse_latency
 from .runner import serve
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m proxy.fake_upstream") -> argparse.ArgumentParser:
     defaults = FakeUpstreamConfig()
     parser = argparse.ArgumentParser(
-        prog="python -m proxy.fake_upstream",
+        prog=prog,
         description="A fast fake OpenAI-compatible upstream with a strict rate limit, "
         "latency and failure injection. Options can be changed at runtime with POST /control.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -98,17 +99,28 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = build_parser()
+def main(argv: list[str] | None = None, prog: str = "python -m proxy.fake_upstream") -> None:
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     try:
         config = config_from_args(args)
     except ValueError as exc:
-        parser.error(str(exc))
-    busy = busy_port_message(config.host, config.port, "the fake upstream", "pass --port N")
-    if busy is not None:
-        print(f"fake-upstream: {busy}", file=sys.stderr)
-        raise SystemExit(1)
+        _fail(prog, str(exc))
+    problem = listen_problem(
+        config.host,
+        config.port,
+        "the fake upstream",
+        port_fix="pass --port N",
+        host_fix="pass --host ADDRESS",
+    )
+    if problem is not None:
+        _fail(prog, problem)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(message)s")
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(serve(config))
+
+
+def _fail(prog: str, message: str) -> typing.NoReturn:
+    """One line on stderr, exit 1: what is wrong and which option changes it."""
+    print(f"{prog}: {message}", file=sys.stderr)
+    raise SystemExit(1)

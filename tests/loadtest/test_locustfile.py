@@ -3,13 +3,18 @@ gevent, so this runs them in a child interpreter, never in the test process."""
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
+from support.ports import free_port
+from support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,3 +75,45 @@ def test_without_keys_given_locust_uses_the_stacks_client_keys() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().split(",") == defaults
+
+
+def test_time_to_first_token_is_reported_outside_locusts_totals(tmp_path: Path) -> None:
+    """A short headless run with two worker processes against the demo: Locust's rows are
+    the requests themselves (`Aggregated` = `chat` + `chat stream`, no TTFT row), and the
+    time to first token of every stream reaches the master and its own CSV."""
+    port = free_port()
+    env = {**os.environ, "LLM_PROXY_DEMO_UPSTREAM_PORT": str(free_port())}
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", "--port", str(port)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: _ready(port), timeout=30, what="the demo proxy ready")
+        load_env = {**os.environ, "LOCUST_STREAM_SHARE": "0.5", "LOCUST_USER_RATE": "5"}
+        done = subprocess.run(
+            [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtest/locustfile.py"),
+             "--headless", "-u", "2", "-r", "2", "-t", "3s", "--processes", "2",
+             "--host", f"http://127.0.0.1:{port}", "--csv", str(tmp_path / "run"),
+             "--only-summary"],
+            capture_output=True, text=True, env=load_env, timeout=120, cwd=tmp_path,
+        )  # fmt: skip
+    finally:
+        os.killpg(demo.pid, signal.SIGTERM)
+        demo.wait(timeout=15)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with (tmp_path / "run_stats.csv").open() as f:
+        rows = {row["Name"]: int(row["Request Count"]) for row in csv.DictReader(f)}
+    assert set(rows) == {"chat", "chat stream", "Aggregated"}, rows
+    assert rows["Aggregated"] == rows["chat"] + rows["chat stream"]
+    with (tmp_path / "run_ttft.csv").open() as f:
+        (ttft,) = list(csv.DictReader(f))
+    assert int(ttft["count"]) == rows["chat stream"] > 0
+    assert float(ttft["p50_ms"]) <= float(ttft["p99_ms"])
+    assert f"TTFT ms: n={rows['chat stream']} " in done.stdout + done.stderr
+
+
+def _ready(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -1,0 +1,69 @@
+"""What `serve` checks before it starts (the CLI's one-line failures are in test_cli.py)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Iterator
+
+import pytest
+from support.ports import free_port
+from support.waiting import wait_until
+
+from proxy.config import parse_settings
+from proxy.startup import StartupError, env_int, warn_about_unreachable_upstreams
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def warnings() -> Iterator[_Records]:
+    handler = _Records()
+    logger = logging.getLogger("proxy")
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+
+
+def test_an_upstream_nothing_answers_at_is_named_in_a_warning(warnings: _Records) -> None:
+    """Its requests would all get 502 while /health/ready says ready (a deployment is
+    usable until it fails): the log says so at start-up, naming its deployments, never
+    its key; an upstream that answers gets no warning."""
+    dead = free_port()
+    with socket.create_server(("127.0.0.1", 0)) as alive:
+        up = alive.getsockname()[1]
+        deployments = [
+            {"id": "a", "base_url": f"http://127.0.0.1:{dead}/v1", "api_key": "sk-a-secret"},
+            {"id": "b", "base_url": f"http://127.0.0.1:{dead}/v1"},
+            {"id": "c", "base_url": f"http://127.0.0.1:{up}/v1"},
+        ]
+        settings = parse_settings({"models": [{"name": "m", "deployments": deployments}]})
+        warn_about_unreachable_upstreams(settings, timeout=5)
+        alive.settimeout(10)
+        alive.accept()[0].close()  # c's probe got through
+        wait_until(lambda: warnings.messages, timeout=10, what="a warning")
+    (message,) = warnings.messages
+    assert f"127.0.0.1:{dead}" in message and "deployment(s) a, b" in message
+    assert "is it running?" in message and "502" in message
+    assert "sk-a-secret" not in message
+
+
+def test_a_variable_that_must_be_a_number_says_so_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LLM_PROXY_PORT", " 8100 ")
+    assert env_int("LLM_PROXY_PORT", 8000) == 8100
+    monkeypatch.setenv("LLM_PROXY_PORT", "")
+    assert env_int("LLM_PROXY_PORT", 8000) == 8000
+    monkeypatch.setenv("LLM_PROXY_PORT", "80a")
+    with pytest.raises(StartupError, match=r"LLM_PROXY_PORT='80a' is not a whole number"):
+        env_int("LLM_PROXY_PORT", 8000)
