@@ -69,9 +69,12 @@ _TLS_REASONS = {
 }
 
 
+_LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
 def warn_about_unreachable_upstreams(settings: Settings, timeout: float = 3.0) -> None:
-    """In the background, try one TCP connection to each upstream address and log a
-    warning for each that nothing answers at: its requests would all fail with 502 while
+    """In the background, try one TCP connection to each upstream address on this machine
+    and log a warning for each that nothing answers at: its requests would all fail with 502 while
     /health/ready still says ready (a deployment is usable until it fails)."""
     by_address: dict[tuple[str, int], list[str]] = defaultdict(list)
     for group in settings.models:
@@ -81,7 +84,9 @@ def warn_about_unreachable_upstreams(settings: Settings, timeout: float = 3.0) -
                 port = parts.port or (443 if parts.scheme == "https" else 80)
             except ValueError:
                 continue  # not a port: the request itself will say so
-            if parts.hostname:
+            # Only this machine's: a remote upstream may be reachable only through an
+            # egress proxy (HTTPS_PROXY, proxy_url), which a bare TCP probe would not use.
+            if parts.hostname in _LOCAL_HOSTS:
                 by_address[(parts.hostname, port)].append(deployment.id)
     for address, ids in by_address.items():
         threading.Thread(
@@ -96,8 +101,7 @@ def _probe(address: tuple[str, int], ids: list[str], timeout: float) -> None:
     except OSError as exc:
         reason = exc.strerror or str(exc) or type(exc).__name__
     host, port = address
-    if host in ("127.0.0.1", "localhost", "::1"):
-        reason += "; is it running?"
+    reason += "; is it running?"
     logger.warning(
         "upstream %s:%d of deployment(s) %s does not answer (%s): their requests fail"
         " with 502 until it does",
