@@ -10,24 +10,18 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from loadtest.bench import __doc__ as DESCRIPTION
+from loadtest.bench.alternate import alternate
 from loadtest.bench.chart import write_chart
 from loadtest.bench.machine import ForeignLoad, environment
-from loadtest.bench.model import TARGETS, BenchReport, Target
+from loadtest.bench.model import TARGETS, Alternation, BenchReport
 from loadtest.bench.report import fmt, render_markdown, render_table, verdicts
 from loadtest.bench.servers import bench_target, checkout, servers
 from loadtest.topology import REPO
 
 DEFAULT_OUTPUT = REPO / "docs" / "benchmarks.md"
-
-
-def _with_baseline(target: Target, baseline: str | None) -> Iterator[Target]:
-    if baseline and target.backend is not None:
-        yield target.at(baseline)
-    yield target
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--baseline",
         metavar="REV",
-        help="also measure every proxy target as of this git revision, side by side",
+        help="also compare every proxy target with itself as of this git revision",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=6,
+        help="with --baseline: rounds of the alternated comparison (each version in turn)",
     )
     args = parser.parse_args(argv)
     for tool in ("wrk", "redis-server"):
@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     machine = environment()  # before the runs: the commit is the code that was measured
     results = []
+    alternations: list[Alternation] = []
     with contextlib.ExitStack() as stack:
         foreign = stack.enter_context(ForeignLoad())
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="llmproxy-bench-"))
@@ -64,21 +65,31 @@ def main(argv: list[str] | None = None) -> int:
         if args.baseline:
             sources[args.baseline] = stack.enter_context(checkout(args.baseline))
         for target in targets:
-            # The baseline right before the work tree: both see the same machine state.
-            for measured in _with_baseline(target, args.baseline):
-                result = bench_target(
-                    measured,
-                    procs,
-                    upstream_url,
-                    redis_url,
-                    args.duration,
-                    args.warmup,
-                    print,
-                    sources,
+            results.append(
+                bench_target(
+                    target, procs, upstream_url, redis_url, args.duration, args.warmup, print
                 )
-                results.append(result)
+            )
+        if args.baseline:
+            for target in targets:
+                if target.backend is None:
+                    continue
+                print(f"{target.label}: {args.baseline} and now, in turns")
+                alternations.append(
+                    alternate(
+                        target,
+                        args.baseline,
+                        procs,
+                        upstream_url,
+                        redis_url,
+                        sources,
+                        args.rounds,
+                        args.duration / 2,
+                        print,
+                    )
+                )
     machine.foreign_cores = foreign.cores
-    report = BenchReport(results, machine, command, args.duration)
+    report = BenchReport(results, machine, command, args.duration, alternations=alternations)
     if not args.no_chart:
         chart = args.output.with_name(args.output.stem + ".png")
         write_chart(report, chart)

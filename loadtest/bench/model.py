@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 # The targets of the issue, checked against the figures (never adjusted to them).
@@ -73,6 +74,46 @@ class TargetResult:
     added_ms: float | None = None
 
 
+@dataclass(frozen=True)
+class Turn:
+    """One version's share of a round of an alternated comparison (alternate.py)."""
+
+    rps: float  # 64 connections
+    cpu_us: float  # proxy CPU per request at 64 connections, microseconds
+    p50_ms: float  # 1 connection
+
+
+@dataclass(frozen=True)
+class Round:
+    before: Turn
+    now: Turn
+
+
+@dataclass
+class Alternation:
+    """One proxy target, the baseline revision's and the work tree's, over several rounds."""
+
+    target: Target  # the work tree's
+    baseline: str
+    rounds: list[Round] = field(default_factory=list)
+
+    def ratios(self, figure: str) -> list[float]:
+        """Per round, now over before (``figure``: a field of ``Turn``)."""
+        return [
+            getattr(r.now, figure) / getattr(r.before, figure)
+            for r in self.rounds
+            if getattr(r.before, figure)
+        ]
+
+    def differences(self, figure: str) -> list[float]:
+        """Per round, now minus before."""
+        return [getattr(r.now, figure) - getattr(r.before, figure) for r in self.rounds]
+
+    def median(self, figure: str, side: str) -> float:
+        """The median over the rounds of one side's (``before`` or ``now``) figure."""
+        return statistics.median(getattr(getattr(r, side), figure) for r in self.rounds)
+
+
 @dataclass
 class Environment:
     cpu: str
@@ -95,23 +136,19 @@ class BenchReport:
     command: str
     duration: float
     chart: str | None = None  # file name of the PNG, next to the Markdown
+    # With a baseline revision: each proxy target, before and after, alternated.
+    alternations: list[Alternation] = field(default_factory=list)
 
     def direct(self) -> TargetResult | None:
         return next((r for r in self.results if r.target.backend is None), None)
 
-    def find(self, backend: str, workers: int, baseline: str | None = None) -> TargetResult | None:
+    def find(self, backend: str, workers: int) -> TargetResult | None:
         return next(
-            (
-                r
-                for r in self.results
-                if r.target.backend == backend
-                and r.target.workers == workers
-                and r.target.baseline == baseline
-            ),
+            (r for r in self.results if (r.target.backend, r.target.workers) == (backend, workers)),
             None,
         )
 
     @property
     def baseline(self) -> str | None:
         """The git revision measured beside the work tree, if any."""
-        return next((r.target.baseline for r in self.results if r.target.baseline), None)
+        return self.alternations[0].baseline if self.alternations else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 from loadtest.bench.model import (
@@ -116,83 +117,41 @@ def verdicts(report: BenchReport) -> list[Verdict]:
     return out
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """One proxy target as of the baseline revision and now, measured in the same run."""
-
-    label: str
-    rps_before: float | None  # 64 connections
-    rps_now: float | None
-    p50_before: float | None  # 1 connection, ms
-    p50_now: float | None
-
-    @property
-    def rps_ratio(self) -> float | None:
-        if self.rps_before and self.rps_now is not None:
-            return self.rps_now / self.rps_before
-        return None
-
-    @property
-    def p50_change(self) -> float | None:
-        if self.p50_before is None or self.p50_now is None:
-            return None
-        return self.p50_now - self.p50_before
+def _spread(values: list[float], spec: str, unit: str = "") -> str:
+    """``median (min to max)`` of per-round values."""
+    if not values:
+        return "n/a"
+    med = statistics.median(values)
+    return f"{med:{spec}}{unit} ({min(values):{spec}} to {max(values):{spec}})"
 
 
-def comparisons(report: BenchReport) -> list[Comparison]:
-    """Every proxy target measured both as of the baseline and now."""
-    revision = report.baseline
-    out = []
-    for now in report.results:
-        target = now.target
-        if revision is None or target.backend is None or target.baseline is not None:
-            continue
-        before = report.find(target.backend, target.workers, revision)
-        if before is None:
-            continue
-        out.append(
-            Comparison(
-                target.label,
-                _rps(before, 64),
-                _rps(now, 64),
-                _p50(before, 1),
-                _p50(now, 1),
-            )
-        )
-    return out
-
-
-def _rps(result: TargetResult, connections: int) -> float | None:
-    run = result.runs.get(connections)
-    return run.rps if run else None
-
-
-def _p50(result: TargetResult, connections: int) -> float | None:
-    run = result.runs.get(connections)
-    return run.p50_ms if run else None
-
-
-def render_comparison(report: BenchReport) -> list[str]:
+def render_alternations(report: BenchReport) -> list[str]:
     """The "before and after" section of the Markdown (empty without a baseline)."""
-    rows = comparisons(report)
-    if not rows:
+    if not report.alternations:
         return []
+    rounds = len(report.alternations[0].rounds)
     md = [
         "",
         f"## Before and after: {report.baseline} vs this commit",
         "",
-        f"Each proxy target measured as of `{report.baseline}` right before the work tree's,"
-        " in the same run (same fake upstream, Redis and machine state).",
+        f"Each proxy target as of `{report.baseline}` and as of this commit, both running at"
+        f" once and measured in turns for {rounds} rounds (A B, B A, ...; `alternate.py`):"
+        " req/s and the proxy's CPU time per request at 64 connections, then the median"
+        " latency at 1 connection. Each column is the median of the per-round ratios (now"
+        " over before) or differences, with their range across rounds: the range is this"
+        " machine's noise, which a change must exceed to count.",
         "",
-        "| target | req/s @64 before | req/s @64 now | ratio | p50 @1 before | p50 @1 now"
-        " | change |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| target | req/s before | req/s now | req/s ratio | CPU/request before"
+        " | CPU/request now | CPU/request ratio | p50 @1 change |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for c in rows:
+    for a in report.alternations:
         md.append(
-            f"| {c.label} | {fmt(c.rps_before, ',.0f')} | {fmt(c.rps_now, ',.0f')}"
-            f" | {fmt(c.rps_ratio, '.2f', 'x')} | {fmt(c.p50_before, '.2f', ' ms')}"
-            f" | {fmt(c.p50_now, '.2f', ' ms')} | {fmt(c.p50_change, '+.2f', ' ms')} |"
+            f"| {a.target.label} | {a.median('rps', 'before'):,.0f}"
+            f" | {a.median('rps', 'now'):,.0f} | {_spread(a.ratios('rps'), '.2f', 'x')}"
+            f" | {a.median('cpu_us', 'before'):,.0f} us | {a.median('cpu_us', 'now'):,.0f} us"
+            f" | {_spread(a.ratios('cpu_us'), '.2f', 'x')}"
+            f" | {_spread(a.differences('p50_ms'), '+.2f', ' ms')} |"
         )
     return md
 
@@ -265,7 +224,7 @@ def render_markdown(report: BenchReport) -> str:
             f" | {rss} | {fmt(result.supervisor_rss_mb, '.0f', ' MB')}"
             f" | {fmt(result.ready_s, '.2f', ' s')} |"
         )
-    md += render_comparison(report)
+    md += render_alternations(report)
     if report.chart:
         md += ["", f"![req/s at 64 connections and p50 at 1 connection]({report.chart})"]
     md += [

@@ -184,34 +184,7 @@ def bench_target(
         url = upstream_url
         process = None
     else:
-        port = free_port()
-        config = procs.workdir / f"{target.slug}.yaml"
-        backend_url = redis_url if target.backend == "redis" else None
-        config.write_text(
-            yaml.safe_dump(proxy_config(upstream_url, backend_url, target.backend != "nolimit"))
-        )
-        if backend_url:  # every run starts from empty buckets
-            flush_redis(redis_url)
-        process = procs.start(
-            target.slug,
-            [
-                sys.executable, "-m", "proxy", "serve", "--config", str(config),
-                "--host", LOOPBACK, "--port", str(port), "--workers", str(target.workers),
-            ],
-            source=(sources or {}).get(target.baseline or "", REPO),
-        )  # fmt: skip
-        url = f"http://{LOOPBACK}:{port}"
-        try:
-            result.ready_s = wait_until(f"{url}/health/ready", process, timeout=30)
-            # Every worker up and settled: the supervisor answers through any of them.
-            deadline = time.monotonic() + 10
-            while len(worker_pids(process.pid)) < target.workers and target.workers > 1:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("workers did not start")
-                time.sleep(0.05)
-            time.sleep(1.0)
-        except RuntimeError as exc:
-            raise RuntimeError(f"{target.label}: {exc}\n{procs.log(target.slug)}") from exc
+        process, url, result.ready_s = start_proxy(target, procs, upstream_url, redis_url, sources)
         if target.workers > 1:
             result.worker_rss_mb = [rss_mb(pid) for pid in worker_pids(process.pid)]
             result.supervisor_rss_mb = rss_mb(process.pid)
@@ -235,6 +208,64 @@ def bench_target(
         if process is not None:
             procs.stop(process)
     return result
+
+
+def start_proxy(
+    target: Target,
+    procs: Processes,
+    upstream_url: str,
+    redis_url: str,
+    sources: dict[str, Path] | None = None,
+    name: str | None = None,
+) -> tuple[subprocess.Popen[bytes], str, float]:
+    """A proxy for ``target`` (from its baseline's checkout in ``sources``), every worker
+    up and settled: (its process, its URL, seconds from start to ready)."""
+    assert target.backend is not None
+    name = name or target.slug
+    port = free_port()
+    config = procs.workdir / f"{name}.yaml"
+    backend_url = redis_url if target.backend == "redis" else None
+    config.write_text(
+        yaml.safe_dump(proxy_config(upstream_url, backend_url, target.backend != "nolimit"))
+    )
+    if backend_url:  # every run starts from empty buckets
+        flush_redis(redis_url)
+    process = procs.start(
+        name,
+        [
+            sys.executable, "-m", "proxy", "serve", "--config", str(config),
+            "--host", LOOPBACK, "--port", str(port), "--workers", str(target.workers),
+        ],
+        source=(sources or {}).get(target.baseline or "", REPO),
+    )  # fmt: skip
+    url = f"http://{LOOPBACK}:{port}"
+    try:
+        ready_s = wait_until(f"{url}/health/ready", process, timeout=30)
+        # Every worker up and settled: the supervisor answers through any of them.
+        deadline = time.monotonic() + 10
+        while len(worker_pids(process.pid)) < target.workers and target.workers > 1:
+            if time.monotonic() > deadline:
+                raise RuntimeError("workers did not start")
+            time.sleep(0.05)
+        time.sleep(1.0)
+    except RuntimeError as exc:
+        raise RuntimeError(f"{target.label}: {exc}\n{procs.log(name)}") from exc
+    return process, url, ready_s
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of ``pid`` and of its live worker processes."""
+    total = 0.0
+    for each in (pid, *worker_pids(pid)):
+        try:
+            fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return total
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def flush_redis(url: str) -> None:

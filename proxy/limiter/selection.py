@@ -28,9 +28,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from proxy.limiter.bucket import Bucket, BucketState, Decision, Outcome, charge, decide, plan
+from proxy.limiter.bucket import (
+    Bucket,
+    BucketState,
+    Decision,
+    Outcome,
+    Plan,
+    charge,
+    decide,
+    plan,
+)
 from proxy.limiter.health import HEALTHY, Health, hold_for, unusable_for, wait_for
 
 __all__ = ["Candidate", "Selection", "select"]
@@ -104,7 +113,8 @@ def select(
         return Selection(
             -1, [], Decision(Outcome.REFUSED, retry_after=cooling_retry), waits, cooling=True
         )
-    turn = replace(plans[best], wait=waits[best])
+    best_plan = plans[best]
+    turn = Plan(best_plan.debts, waits[best], best_plan.binding, best_plan.too_large)
     decision = decide(turn, max_wait)
     if not decision.allowed:
         retry = min(decision.retry_after, cooling_retry)

@@ -3,9 +3,17 @@ table and the Markdown page, and the before-and-after comparison. No wrk, no ser
 
 from __future__ import annotations
 
-from loadtest.bench.model import TARGETS, BenchReport, Environment, Run, TargetResult
+from loadtest.bench.model import (
+    TARGETS,
+    Alternation,
+    BenchReport,
+    Environment,
+    Round,
+    Run,
+    TargetResult,
+    Turn,
+)
 from loadtest.bench.report import (
-    comparisons,
     overhead,
     render_markdown,
     render_table,
@@ -87,23 +95,22 @@ def test_table_lists_every_run() -> None:
     assert "proxy, Redis, 2 workers" in table and "2100" in table
 
 
-def test_before_and_after_compares_each_proxy_target_with_its_baseline() -> None:
+def test_before_and_after_gives_each_figure_as_the_median_of_alternated_rounds() -> None:
     report = _report()
-    memory1 = report.results[1]
-    baseline = memory1.target.at("70e910d")
-    assert baseline.slug == "memory-1w-baseline" and baseline.label.endswith("@ 70e910d")
-    report.results.append(
-        TargetResult(baseline, {1: _run(1, 1400, 0.8), 64: _run(64, 2000, 25)}, 0.8, [70.0])
-    )
-    (only,) = comparisons(report)
-    assert only.label == "proxy, memory, 1 worker"
-    assert only.rps_ratio == 1800 / 2000 and only.p50_change is not None
-    assert abs(only.p50_change - 0.1) < 1e-9
+    memory1 = report.results[1].target
+    assert memory1.at("70e910d").slug == "memory-1w-baseline"
+    rounds = [
+        Round(Turn(2000, 500, 0.80), Turn(1800, 550, 0.90)),  # 0.90x, 1.10x, +0.10
+        Round(Turn(1000, 600, 0.90), Turn(1100, 540, 0.85)),  # 1.10x, 0.90x, -0.05
+        Round(Turn(1500, 500, 1.00), Turn(1500, 500, 1.02)),  # 1.00x, 1.00x, +0.02
+    ]
+    report.alternations.append(Alternation(memory1, "70e910d", rounds))
+    assert report.baseline == "70e910d"
     text = render_markdown(report)
     assert "## Before and after: 70e910d vs this commit" in text
+    assert "for 3 rounds" in text
     assert (
-        "| proxy, memory, 1 worker | 2,000 | 1,800 | 0.90x | 0.80 ms | 0.90 ms | +0.10 ms |" in text
-    )
-    # The verdicts judge the work tree, never the baseline.
-    assert report.find("memory", 1) is memory1
+        "| proxy, memory, 1 worker | 1,500 | 1,500 | 1.00x (0.90 to 1.10)"
+        " | 500 us | 540 us | 1.00x (0.90 to 1.10) | +0.02 ms (-0.05 to +0.10) |"
+    ) in text
     assert "Before and after" not in render_markdown(_report())
