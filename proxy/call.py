@@ -6,6 +6,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from proxy.limiter.fairness import Claimant
+
 if TYPE_CHECKING:
     from proxy.limiter.base import KeyVerdict
 
@@ -38,6 +40,8 @@ class Call:
     started: float
     headers: list[tuple[str, str]] = field(default_factory=list)
     key_name: str | None = None
+    claimant: Claimant = field(default_factory=Claimant)  # fair share: tier and weight
+    max_wait: float = 0.0  # the longest this request may wait for a turn, in all
     model: str = "unknown"  # a configured name once known: safe as a metric label
     body: dict[str, Any] = field(default_factory=dict)
     raw: bytes = b""

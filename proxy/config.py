@@ -218,6 +218,11 @@ class ClientKey(_Limited):
     key_sha256: str | None = None
     max_parallel: PositiveInt | None = None
     models: list[str] | None = None
+    # Fair share of a saturated model (docs/limiter.md): a higher priority's waiting
+    # requests go first; within a priority, turns in proportion to weight.
+    priority: int = 0
+    weight: float = Field(default=1.0, gt=0)
+    max_wait: Duration | None = None  # this key's bound on waiting (default routing.max_wait)
 
     @field_validator("key_sha256")
     @classmethod
@@ -339,6 +344,10 @@ class RoutingConfig(_Strict):
     strategy: AnyCaseStrategy = "least-wait"
     max_wait: Duration = 30.0
     max_queue: Annotated[int, Field(ge=0)] = 1000
+    # Fair share (docs/limiter.md): turns that must wait are committed at most this far
+    # ahead, split between the waiting keys by priority and weight. 0 (the default for
+    # now): off, turns are committed up to max_wait ahead, first come first served.
+    lookahead: Annotated[Duration, Field(ge=0)] = 0.0
     retries: Annotated[int, Field(ge=0)] = 2
     cooldown: CooldownConfig = CooldownConfig()
     fallbacks: dict[str, list[str]] = Field(default_factory=dict)

@@ -48,6 +48,7 @@ from proxy.limiter.base import (
     Usage,
     describe,
 )
+from proxy.limiter.fairness import Claimant
 from proxy.logs import RequestLog
 from proxy.metrics import Metrics
 from proxy.ratelimit_headers import format_reset
@@ -116,7 +117,12 @@ class Pipeline:
         reply: Reply | None = None
         try:
             key = self.keys.authenticate(authorization)
-            call.key_name = key.name if key is not None else None
+            call.max_wait = self.settings.routing.max_wait
+            if key is not None:
+                call.key_name = key.name
+                call.claimant = Claimant(key.name, key.priority, key.weight)
+                if key.max_wait is not None:
+                    call.max_wait = key.max_wait
             call.body, call.raw = _parse_body(raw), raw
             group = self._group(call.body)
             call.model = group.name

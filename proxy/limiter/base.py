@@ -32,6 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from proxy.limiter.fairness import Claimant
+
 Kind = Literal["requests", "tokens"]
 
 MINUTE = 60.0
@@ -218,6 +220,11 @@ class GroupAsk:
     max_wait: float
     lease: str = ""
     least_busy: bool = False
+    # With both: fair share between client keys (fairness.py). A turn that must wait is
+    # committed only within ``lookahead`` seconds and the claimant's share; otherwise the
+    # verdict is ``deferred`` (nothing charged; ask again after ``retry_after``).
+    claimant: Claimant | None = None
+    lookahead: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +323,9 @@ class DeploymentVerdict:
     # (cooling down, its probe out, or a 429's hold): unavailable, not out of budget.
     cooling: bool = False
     sent: Sent | None = None  # the reserved turn (None when refused)
+    # Refused for fair share (GroupAsk.claimant): not out of budget; ask again after
+    # ``retry_after`` (a turn will be committed then, within the request's max_wait).
+    deferred: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from bisect import insort
 from collections.abc import Callable, Sequence
 
 from proxy.limiter import bucket, health
@@ -39,8 +40,9 @@ from proxy.limiter.bucket import (
     remaining_now,
     take_all,
 )
+from proxy.limiter.fairness import Claimant, FairView, Waiter, waiting_until
 from proxy.limiter.health import HEALTHY, Health
-from proxy.limiter.selection import Candidate, select
+from proxy.limiter.selection import Candidate, Selection, select
 from proxy.limiter.verdicts import (
     LEASE_TTL,
     Spend,
@@ -130,6 +132,10 @@ class MemoryLimiter:
         # Per (group, deployment): its health and when it may be forgotten.
         self._health: dict[tuple[str, str], tuple[Health, float]] = {}
         self._in_flight = Leases(0.0)  # per deployment: lease id -> deadline
+        # Fair share (fairness.py), per group: each key's committed turns ahead, and the
+        # keys waiting without a turn.
+        self._held: dict[tuple[str, str], list[float]] = {}
+        self._waiting: dict[str, dict[str, Waiter]] = {}
         self._sweep_every = sweep_every
         self._last_sweep = clock()
 
@@ -220,7 +226,10 @@ class MemoryLimiter:
             )
             for c, i, ss, h in zip(candidates, ids, spent, healths, strict=True)
         ]
-        selection = select(offered, now, ask.max_wait, ask.least_busy)
+        fair = self._fair_view(ask, now)
+        selection = select(offered, now, ask.max_wait, ask.least_busy, fair)
+        if fair is not None:
+            self._record_fairness(group, fair.claimant, selection, now)
         sent = None
         if selection.index >= 0:
             chosen = candidates[selection.index]
@@ -236,6 +245,35 @@ class MemoryLimiter:
                 deadline = in_flight_deadline(chosen, wait, now)
                 self._in_flight.put(_deployment(group, chosen.id), ask.lease, deadline)
         return deployment_verdict(candidates, selection, sent)
+
+    def _fair_view(self, ask: GroupAsk, now: float) -> FairView | None:
+        if ask.claimant is None or ask.lookahead <= 0.0:
+            return None
+        held = self._held.get((ask.group, ask.claimant.key), [])
+        while held and held[0] <= now:
+            held.pop(0)
+        waiting = self._waiting.get(ask.group, {})
+        for key in [k for k, w in waiting.items() if w.until <= now]:
+            del waiting[key]
+        return FairView(ask.claimant, tuple(held), dict(waiting), ask.lookahead)
+
+    def _record_fairness(
+        self, group: str, claimant: Claimant, selection: Selection, now: float
+    ) -> None:
+        """A deferred key waits; a key that got a turn ahead holds it and stops waiting."""
+        if selection.deferral is not None:
+            until = waiting_until(selection.deferral, now)
+            waiter = Waiter(claimant.tier, claimant.weight, until)
+            self._waiting.setdefault(group, {})[claimant.key] = waiter
+        elif selection.index >= 0:
+            waiting = self._waiting.get(group)
+            if waiting is not None:
+                waiting.pop(claimant.key, None)
+                if not waiting:
+                    del self._waiting[group]
+            if selection.decision.wait > 0.0:
+                turn = now + selection.decision.wait
+                insort(self._held.setdefault((group, claimant.key), []), turn)
 
     def settle_now(self, settlement: Settlement) -> HealthChange:
         now = self._now()
@@ -334,6 +372,12 @@ class MemoryLimiter:
                 del self._health[deployment]
         self._leases.sweep(now)
         self._in_flight.sweep(now)
+        for held_id, held in list(self._held.items()):
+            if not held or held[-1] <= now:
+                del self._held[held_id]
+        for group, waiting in list(self._waiting.items()):
+            if all(w.until <= now for w in waiting.values()):
+                del self._waiting[group]
         self._last_sweep = now
 
     def _buckets_for(self, ids: Sequence[BucketId], spent: Sequence[Spend]) -> list[Bucket]:

@@ -40,6 +40,7 @@ from proxy.limiter.base import (
 )
 from proxy.limiter.bucket import BucketState, Decision
 from proxy.limiter.bucket import Outcome as Result
+from proxy.limiter.fairness import Claimant, Deferral
 from proxy.limiter.runner import RunnerOptions, ScriptRunner
 from proxy.limiter.selection import Selection
 from proxy.limiter.verdicts import (
@@ -110,8 +111,22 @@ class RedisLimiter:
         if not ask.candidates:
             raise ValueError("reserve needs at least one candidate")
         group = ask.group
-        keys: list[str] = []
-        args = [self._now(), _num(ask.max_wait), ask.lease, "1" if ask.least_busy else "0"]
+        claimant = ask.claimant or Claimant()
+        lookahead = ask.lookahead if ask.claimant is not None else 0.0
+        keys = [
+            self._fairness(group, f"held:{claimant.key}"),
+            self._fairness(group, "waiting"),
+        ]
+        args = [
+            self._now(),
+            _num(ask.max_wait),
+            ask.lease,
+            "1" if ask.least_busy else "0",
+            claimant.key,
+            str(claimant.tier),
+            _num(claimant.weight),
+            _num(lookahead),
+        ]
         for c in ask.candidates:
             spent = spends(c.windows, 1.0, ask.tokens)
             keys += [
@@ -124,10 +139,17 @@ class RedisLimiter:
             for s in spent:
                 args += [_num(s.rate.interval), _num(s.capacity), _num(s.amount)]
         reply = await self.runner.run("reserve_deployment", keys, args)
-        outcome, index, wait, retry_after, binding, probe, cooling, epoch, seq, at, *waits = reply
+        outcome, index, wait, retry_after, binding, probe, cooling, epoch, seq, at, *rest = reply
+        deferred, *waits = rest
         decision = Decision(Result(outcome), float(wait), float(retry_after), int(binding))
         selection = Selection(
-            int(index), [], decision, [float(w) for w in waits], probe == "1", cooling == "1"
+            int(index),
+            [],
+            decision,
+            [float(w) for w in waits],
+            probe == "1",
+            cooling == "1",
+            Deferral(float(retry_after), "") if deferred == "1" else None,
         )
         sent = Sent(int(epoch), int(seq), float(at)) if int(index) >= 0 else None
         return deployment_verdict(ask.candidates, selection, sent)
@@ -246,6 +268,9 @@ class RedisLimiter:
 
     def _deployment(self, group: str, deployment_id: str, kind: str) -> str:
         return f"{{{self._prefix}:g:{group}}}:d:{deployment_id}:{kind}"
+
+    def _fairness(self, group: str, kind: str) -> str:
+        return f"{{{self._prefix}:g:{group}}}:fair:{kind}"
 
     def _replicas(self) -> str:
         return f"{self._prefix}:replicas"

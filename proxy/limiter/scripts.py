@@ -18,11 +18,12 @@ import hashlib
 from functools import cache
 from importlib import resources
 
-from proxy.limiter import health
+from proxy.limiter import fairness, health
 from proxy.limiter.verdicts import IN_FLIGHT_MARGIN
 
 LIBRARY = "bucket"
 HEALTH_LIBRARY = "health"
+FAIRNESS_LIBRARY = "fairness"
 KEY_SCRIPTS = ("acquire_key", "settle_key")
 DEPLOYMENT_SCRIPTS = ("reserve_deployment", "settle_deployment", "snapshot")
 BUCKET_SCRIPTS = KEY_SCRIPTS + DEPLOYMENT_SCRIPTS
@@ -39,6 +40,9 @@ CONSTANTS = {
     "FORGET_AFTER": health.FORGET_AFTER,
     "FORGET_SLACK": health.FORGET_SLACK,
     "IN_FLIGHT_MARGIN": IN_FLIGHT_MARGIN,
+    "FAIR_MIN_RETRY": fairness.MIN_RETRY,
+    "FAIR_WAITING_MARGIN": fairness.WAITING_MARGIN,
+    "FAIR_SLACK": fairness.SLACK,
 }
 
 
@@ -49,7 +53,8 @@ def source(name: str) -> str:
         raise ValueError(f"no such limiter script: {name!r}")
     body = _read(name)
     if name in DEPLOYMENT_SCRIPTS:
-        return f"{_read(LIBRARY)}\n{_constants()}\n{_read(HEALTH_LIBRARY)}\n{body}"
+        shared = [_read(LIBRARY), _constants(), _read(HEALTH_LIBRARY), _read(FAIRNESS_LIBRARY)]
+        return "\n".join([*shared, body])
     return f"{_read(LIBRARY)}\n{body}" if name in BUCKET_SCRIPTS else body
 
 
@@ -65,7 +70,7 @@ def _read(name: str) -> str:
 @cache
 def library() -> tuple[str, str]:
     """The function library: its name and its code (for FUNCTION LOAD)."""
-    parts = [_read(LIBRARY), _constants(), _read(HEALTH_LIBRARY)]
+    parts = [_read(LIBRARY), _constants(), _read(HEALTH_LIBRARY), _read(FAIRNESS_LIBRARY)]
     for name in BUCKET_SCRIPTS:
         # The script's body as a function of (KEYS, ARGV), the names it uses as a script.
         parts.append(

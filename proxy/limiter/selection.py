@@ -40,9 +40,10 @@ from proxy.limiter.bucket import (
     decide,
     plan,
 )
+from proxy.limiter.fairness import Deferral, FairView, defer, depth
 from proxy.limiter.health import HEALTHY, Health, hold_for, unusable_for, wait_for
 
-__all__ = ["Candidate", "Selection", "select"]
+__all__ = ["Candidate", "Selection", "pace", "select"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,10 +64,15 @@ class Selection:
     waits: list[float]  # per candidate: seconds until it could take it (inf: too large)
     probe: bool = False  # the chosen candidate was cooled: this request is its probe
     cooling: bool = False  # refused while a candidate that could take it was held
+    deferral: Deferral | None = None  # refused for fairness: ask again (fairness.py)
 
 
 def select(
-    candidates: Sequence[Candidate], now: float, max_wait: float, least_busy: bool = False
+    candidates: Sequence[Candidate],
+    now: float,
+    max_wait: float,
+    least_busy: bool = False,
+    fair: FairView | None = None,
 ) -> Selection:
     if not candidates:
         raise ValueError("select needs at least one candidate")
@@ -120,6 +126,22 @@ def select(
         retry = min(decision.retry_after, cooling_retry)
         refused = Decision(Outcome.REFUSED, retry_after=retry, binding=decision.binding)
         return Selection(-1, [], refused, waits, cooling=cooling or held_back[best])
+    if fair is not None and decision.wait > 0.0:
+        paces = [pace(c.buckets) for c, ok in zip(candidates, reservable, strict=True) if ok]
+        turns = depth(paces, fair.lookahead)
+        deferral = defer(
+            fair.claimant, decision.wait, fair.held, fair.waiting, turns, fair.lookahead, now
+        )
+        if deferral is not None:
+            refused = Decision(
+                Outcome.REFUSED, retry_after=deferral.retry_after, binding=decision.binding
+            )
+            return Selection(-1, [], refused, waits, deferral=deferral)
     chosen = candidates[best]
     states = charge(chosen.buckets, turn, now)
     return Selection(best, states, decision, waits, probe=chosen.health.cooling)
+
+
+def pace(buckets: Sequence[Bucket]) -> float:
+    """Seconds one request like this one occupies a deployment at its steady rate."""
+    return max((b.cost * b.interval for b in buckets), default=0.0)

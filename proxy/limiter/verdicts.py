@@ -179,6 +179,7 @@ def deployment_verdict(
         retry_after=decision.retry_after,
         waits=waits,
         cooling=selection.cooling,
+        deferred=selection.deferral is not None,
     )
 
 

@@ -156,7 +156,7 @@ class Dispatcher:
             ordered = order_candidates(self.routing.strategy, candidates, self.rng, self.state)
             # A full queue still lets through a request that needs no waiting.
             queue_full = self.waiting >= self.routing.max_queue
-            budget = 0.0 if queue_full else max(self.routing.max_wait - call.queue_wait, 0.0)
+            budget = 0.0 if queue_full else max(call.max_wait - call.queue_wait, 0.0)
             lease = f"{call.request_id}.{call.retries}"
             verdict = await self.limiter.reserve(
                 GroupAsk(
@@ -166,6 +166,8 @@ class Dispatcher:
                     budget,
                     lease,
                     self.settler.least_busy,
+                    call.claimant,
+                    self.routing.lookahead,
                 )
             )
             deployment = next((d for d in ordered if d.id == verdict.deployment_id), None)
@@ -202,6 +204,10 @@ class Dispatcher:
                     f" deployment of '{group.name}' accepts per minute.",
                     code="request_too_large",
                 )
+            if verdict.deferred and verdict.retry_after <= budget:
+                # Fair share: others are owed the next turns; ask again when ours is due.
+                await self._wait(call, verdict.retry_after, None)
+                continue
             if verdict.cooling and 0.0 < verdict.retry_after <= budget:
                 # Every usable deployment is cooling down: wait for the first to return.
                 await self._wait(call, verdict.retry_after, None)
@@ -229,7 +235,7 @@ class Dispatcher:
                 code="model_unavailable",
                 retry_after=retry_after,
             )
-        scope = "queue_full" if queue_full and self.routing.max_wait > 0 else "model_capacity"
+        scope = "queue_full" if queue_full and call.max_wait > 0 else "model_capacity"
         self.events.refused(scope, call.model)
         message = (
             f"The model '{group.name}' is at capacity; retry after the indicated time."

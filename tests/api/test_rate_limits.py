@@ -209,3 +209,26 @@ def test_a_day_window_and_a_30_day_token_budget_name_themselves(
         assert isinstance(error, dict) and error["code"] == "key_rpd"
         assert "requests per day" in error["message"]
         assert int(too_many_requests.value.response.headers["retry-after"]) > 3600
+
+
+def test_a_keys_own_max_wait_bounds_its_waits(upstream: FakeUpstreamHandle) -> None:
+    # The model could make requests wait two minutes; this key waits for nothing.
+    with _proxy(upstream, {"max_wait": "0s"}, {"rpm": 60}, {"max_wait": "120s"}) as proxy:
+        responses = asyncio.run(_burst(proxy.base_url, 3))
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses == [200, 429, 429]
+    _assert_429(next(r for r in responses if r.status_code == 429), "model_capacity")
+
+
+def test_with_fair_share_on_a_burst_is_deferred_then_served_without_an_upstream_429(
+    upstream: FakeUpstreamHandle,
+) -> None:
+    # 12 requests, 10 a second, a lookahead of 0.3 s: most are deferred (nothing
+    # committed), ask again when told, and are all served at the upstream's pace.
+    upstream.control(rpm=11, window=1.0)  # 10 a second, and one at the window edge
+    routing = {"max_wait": "10s", "lookahead": "300ms"}
+    with _proxy(upstream, {}, {"rpm": 600}, routing) as proxy:
+        responses = asyncio.run(_burst(proxy.base_url, 12))
+    assert [r.status_code for r in responses] == [200] * 12
+    stats = upstream.stats()
+    assert (stats["served"], stats["rejected"]) == (12, 0)

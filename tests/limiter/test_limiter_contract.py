@@ -23,6 +23,7 @@ from proxy.limiter.base import (
     KeySettlement,
     Limiter,
 )
+from proxy.limiter.fairness import Claimant
 from proxy.limiter.memory import MemoryLimiter
 from proxy.limiter.verdicts import LEASE_TTL, PARALLEL_RETRY_AFTER
 
@@ -338,3 +339,70 @@ async def test_a_day_window_caps_a_deployment(s: Subject) -> None:
     state = (await s.limiter.snapshot("g", [daily]))["d"]
     assert state.remaining == {"rpm": 0.0, "rpd": pytest.approx(0.0, abs=1e-3)}
     assert state.unusable_for == 0.0
+
+
+# -- fair share between client keys (fairness.py) -----------------------------------------
+
+TEN_A_SECOND = DeploymentLimits("ten", windows=(rpm(600, 1),))  # one turn every 0.1 s
+LOOKAHEAD = 0.5
+
+
+def _fair(key: str, tier: int = 0, weight: float = 1.0, lease: str = "") -> GroupAsk:
+    return GroupAsk(
+        "g",
+        [TEN_A_SECOND],
+        1,
+        max_wait=30,
+        lease=lease or key,
+        claimant=Claimant(key, tier, weight),
+        lookahead=LOOKAHEAD,
+    )
+
+
+async def test_turns_are_committed_only_within_the_lookahead(s: Subject) -> None:
+    waits = [(await s.limiter.reserve(_fair("heavy"))).wait for _ in range(6)]
+    assert waits == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4, 0.5], abs=1e-6)
+    deferred = await s.limiter.reserve(_fair("heavy"))
+    assert deferred.deployment_id is None and deferred.deferred
+    # Asked again when the schedule has drained to the lookahead: not before.
+    assert deferred.retry_after == pytest.approx(0.1, abs=1e-6)
+    s.clock.now += 0.1
+    assert (await s.limiter.reserve(_fair("heavy"))).wait == pytest.approx(0.5, abs=1e-6)
+
+
+async def test_a_light_key_gets_the_next_turn_while_a_heavy_key_is_held_to_its_share(
+    s: Subject,
+) -> None:
+    for _ in range(6):
+        await s.limiter.reserve(_fair("heavy"))  # turns 0 to 0.5: the lookahead is full
+    light = await s.limiter.reserve(_fair("light"))
+    assert light.deferred and light.retry_after == pytest.approx(0.1, abs=1e-6)
+    s.clock.now += 0.1
+    # light waits: heavy (holding 4 turns ahead, its share is 2.5) is deferred until its
+    # earliest turn has passed, and light takes the turn at the end of the lookahead.
+    heavy = await s.limiter.reserve(_fair("heavy"))
+    assert heavy.deferred and heavy.retry_after == pytest.approx(0.1, abs=1e-6)
+    light = await s.limiter.reserve(_fair("light"))
+    assert light.deployment_id == "ten" and light.wait == pytest.approx(0.5, abs=1e-6)
+
+
+async def test_a_waiting_higher_tier_stops_lower_tiers_from_taking_turns_ahead(
+    s: Subject,
+) -> None:
+    for _ in range(6):
+        await s.limiter.reserve(_fair("batch"))
+    urgent = await s.limiter.reserve(_fair("urgent", tier=1))
+    assert urgent.deferred  # the lookahead is full
+    s.clock.now += 0.1
+    batch = await s.limiter.reserve(_fair("batch", lease="b2"))
+    assert batch.deferred
+    urgent = await s.limiter.reserve(_fair("urgent", tier=1, lease="u2"))
+    assert urgent.deployment_id == "ten" and urgent.wait == pytest.approx(0.5, abs=1e-6)
+
+
+async def test_a_turn_that_can_go_now_is_never_deferred(s: Subject) -> None:
+    for _ in range(6):
+        await s.limiter.reserve(_fair("heavy"))
+    await s.limiter.reserve(_fair("light"))  # deferred: light now waits
+    s.clock.now += 10.0  # the schedule has drained: no turn must wait
+    assert (await s.limiter.reserve(_fair("heavy"))).wait == 0.0

@@ -37,6 +37,7 @@ from proxy.limiter.base import (
     Window,
     window_name,
 )
+from proxy.limiter.fairness import Claimant
 from proxy.limiter.memory import MemoryLimiter
 from proxy.limiter.redis import RedisLimiter
 
@@ -132,6 +133,17 @@ class Reserve:
 
 
 @dataclass(frozen=True)
+class FairReserve:
+    """A reservation for a client key, with fair share on (fairness.py)."""
+
+    order: tuple[int, ...]
+    tokens: float
+    max_wait: float
+    claimant: Claimant
+    lookahead: float
+
+
+@dataclass(frozen=True)
 class Correct:
     """A settlement that only corrects (a turn given back, a token estimate) or holds
     the pacing windows (a share carried over after a storage outage)."""
@@ -177,7 +189,7 @@ class Query:
     """A snapshot of every deployment: health and what is left in each window."""
 
 
-Op = Advance | Acquire | Release | Reserve | Correct | Book | Settle | Sync | Query
+Op = Advance | Acquire | Release | Reserve | FairReserve | Correct | Book | Settle | Sync | Query
 
 holds = st.one_of(
     st.just(0.0),
@@ -201,8 +213,23 @@ reserves = st.builds(
     amounts,
     st.one_of(st.sampled_from([0.0, 1.0, 30.0]), st.floats(0.0, 20.0, allow_nan=False)),
 )
+claimants = st.builds(
+    Claimant,
+    st.sampled_from(["a", "b", "c", ""]),
+    st.sampled_from([0, 0, 1]),
+    st.sampled_from([1.0, 1.0, 3.0, 0.5]),
+)
+fair_reserves = st.builds(
+    FairReserve,
+    st.permutations([0, 1, 2]).map(tuple),
+    amounts,
+    st.one_of(st.sampled_from([0.0, 1.0, 30.0]), st.floats(0.0, 20.0, allow_nan=False)),
+    claimants,
+    st.sampled_from([0.5, 1.0, 3.0]),
+)
 # Reservations weigh most: they exercise multi-bucket charging and the choice.
 ops = st.one_of(
+    fair_reserves,
     advances,
     advances,
     st.builds(Acquire, amounts, st.integers(0, 4)),
@@ -242,9 +269,13 @@ async def run_both(
                 settlement = KeySettlement(key, f"lease{op.lease}", op.correction)
                 await shared.settle(settlement)
                 memory.settle_now(settlement)
-            elif isinstance(op, Reserve):
+            elif isinstance(op, Reserve | FairReserve):
                 chosen = [candidates[i] for i in op.order if i < len(candidates)]
                 group_ask = GroupAsk("g", chosen, op.tokens, op.max_wait)
+                if isinstance(op, FairReserve):
+                    group_ask = replace(
+                        group_ask, lease=f"r{step}", claimant=op.claimant, lookahead=op.lookahead
+                    )
                 got = await shared.reserve(group_ask)
                 want = memory.reserve_now(group_ask)
                 assert got == want, (step, op)
@@ -343,9 +374,19 @@ small_reserves = st.builds(
     st.one_of(st.sampled_from([0.0, 0.5, 1.0, 2.0]), st.floats(0.0, 5.0, allow_nan=False)),
     st.one_of(st.sampled_from([0.0, 30.0]), st.floats(0.0, 20.0, allow_nan=False)),
 )
+fair_small_reserves = st.builds(
+    FairReserve,
+    st.just((0,)),
+    st.one_of(st.sampled_from([0.0, 0.5, 1.0, 2.0]), st.floats(0.0, 5.0, allow_nan=False)),
+    st.one_of(st.sampled_from([0.0, 30.0]), st.floats(0.0, 20.0, allow_nan=False)),
+    claimants,
+    st.sampled_from([0.5, 1.0, 3.0]),
+)
 queueing_ops = st.one_of(
     advances,
     reserves,
+    fair_small_reserves,
+    fair_small_reserves,
     small_reserves,
     small_reserves,
     st.builds(Correct, st.just(0), st.sampled_from([0.0, -1.0]), corrections, holds),
