@@ -255,7 +255,8 @@ class MemoryLimiter:
         waiting = self._waiting.get(ask.group, {})
         for key in [k for k, w in waiting.items() if w.until <= now]:
             del waiting[key]
-        return FairView(ask.claimant, tuple(held), dict(waiting), ask.lookahead)
+        # No copies: select reads them before anything here changes them.
+        return FairView(ask.claimant, held, waiting, ask.lookahead)
 
     def _record_fairness(
         self, group: str, claimant: Claimant, selection: Selection, now: float
