@@ -89,7 +89,12 @@ async def _drive(
 ) -> LoadResult:
     result = LoadResult()
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
+    # Idle connections are dropped well before uvicorn's 5 s keep-alive closes them: with
+    # the same 5 s on both sides, a request sent on a connection the server is closing
+    # fails in transit (a race of the test client, not an answer of the proxy).
+    limits = httpx.Limits(
+        max_connections=1000, max_keepalive_connections=1000, keepalive_expiry=2.0
+    )
     start = time.monotonic()
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
 
@@ -99,8 +104,10 @@ async def _drive(
                 response = await client.post(
                     f"{url}/chat/completions", json=body or CHAT, headers=headers
                 )
-            except httpx.HTTPError:
-                result.outcomes.append(Outcome(0, sent_at=sent_at, done_at=sent_at))
+            except httpx.HTTPError as exc:  # its class is the code: a failure says what
+                result.outcomes.append(
+                    Outcome(0, type(exc).__name__, sent_at=sent_at, done_at=sent_at)
+                )
                 return
             code = None
             if response.status_code != 200:
