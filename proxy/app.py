@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from proxy.api import routes
+from proxy.api import admin, routes
 from proxy.api.forwarding import ENDPOINTS, ForwardingEndpoint, HotPathRouter
 from proxy.api.responses import error_response
 from proxy.config import Settings, config_warnings, load_settings
@@ -107,6 +107,7 @@ def create_app(settings: Settings, *, workers: int = 1, tune_gc: bool = False) -
             Route("/health/live", routes.live, methods=["GET"]),
             Route("/health/ready", routes.ready, methods=["GET"]),
             Route("/metrics", routes.metrics, methods=["GET"]),
+            *admin.routes(),
         ]
     )
     app.add_exception_handler(StarletteHTTPException, _http_exception)

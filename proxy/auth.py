@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from proxy.config import ClientKey
 from proxy.errors import AuthenticationFailed, ModelNotAllowed
 
-__all__ = ["KeyStore"]
+__all__ = ["KeyStore", "bearer_matches"]
 
 
 class KeyStore:
@@ -58,3 +58,14 @@ def _bearer(authorization: str | None) -> str | None:
     if scheme.lower() != "bearer" or not secret:
         return None
     return secret
+
+
+def bearer_matches(authorization: str | None, secrets: Sequence[str]) -> bool:
+    """Whether ``Authorization: Bearer X`` presents one of ``secrets`` (an operator's token:
+    /metrics, /admin). Digests are compared, every one of them, in constant time."""
+    presented = _bearer(authorization)
+    given = hashlib.sha256((presented or "").encode()).digest()
+    found = False
+    for secret in secrets:
+        found |= hmac.compare_digest(given, hashlib.sha256(secret.encode()).digest())
+    return found and presented is not None

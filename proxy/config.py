@@ -30,6 +30,7 @@ from pydantic import (
 )
 
 __all__ = [
+    "AdminConfig",
     "ConfigError",
     "LimitRule",
     "Settings",
@@ -368,12 +369,23 @@ class ServerConfig(_Strict):
     metrics_token: SecretStr = SecretStr("")
 
 
+class AdminConfig(_Strict):
+    """Bearer keys for ``/admin/*``; none (or only empty ones): the endpoints are off."""
+
+    keys: list[SecretStr] = Field(default_factory=list)
+
+    def secrets(self) -> list[str]:
+        """The configured keys, without the empty ones an unset ``${VAR:-}`` leaves."""
+        return [k.get_secret_value() for k in self.keys if k.get_secret_value()]
+
+
 class Settings(_Strict):
     redis: RedisConfig = RedisConfig()
     keys: list[ClientKey] = Field(default_factory=list)
     models: list[ModelGroup] = Field(min_length=1)
     routing: RoutingConfig = RoutingConfig()
     server: ServerConfig = ServerConfig()
+    admin: AdminConfig = AdminConfig()
 
     def group(self, name: str) -> ModelGroup | None:
         return next((m for m in self.models if m.name == name), None)

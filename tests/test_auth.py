@@ -48,3 +48,15 @@ def test_model_allow_list() -> None:
         store.authorize(limited, "b")
     assert info.value.status == 403
     store.authorize(store.authenticate("Bearer sk-plain"), "b")
+
+
+def test_an_operator_token_matches_only_one_of_the_configured_secrets() -> None:
+    from proxy.auth import bearer_matches
+
+    assert bearer_matches("Bearer adm-1", ["adm-0", "adm-1"])
+    assert bearer_matches("bearer  adm-1 ", ["adm-1"])
+    assert not bearer_matches("Bearer adm-2", ["adm-0", "adm-1"])
+    assert not bearer_matches(None, ["adm-1"])
+    assert not bearer_matches("Basic adm-1", ["adm-1"])
+    assert not bearer_matches("Bearer ", [""])  # an empty secret never opens the door
+    assert not bearer_matches("Bearer x", [])

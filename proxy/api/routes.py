@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import hmac
-
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.api.responses import error_response
+from proxy.auth import bearer_matches
 from proxy.errors import AuthenticationFailed, ModelNotFound, ProxyError
 from proxy.pipeline import Pipeline
 
@@ -64,15 +63,9 @@ async def ready(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     token = request.app.state.settings.server.metrics_token.get_secret_value()
-    if token and not _bearer_matches(request.headers.get("authorization"), token):
+    if token and not bearer_matches(request.headers.get("authorization"), [token]):
         return error_response(
             AuthenticationFailed("GET /metrics needs the metrics token as a bearer token.")
         )
     body, content_type = request.app.state.metrics.render()
     return Response(body, media_type=content_type)
-
-
-def _bearer_matches(authorization: str | None, token: str) -> bool:
-    scheme, _, secret = (authorization or "").strip().partition(" ")
-    given = secret.strip() if scheme.lower() == "bearer" else ""
-    return hmac.compare_digest(given.encode(), token.encode())  # constant time
