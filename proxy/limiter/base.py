@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Literal, Protocol
 
 from proxy.limiter.fairness import Claimant
+from proxy.values import value
 
 Kind = Literal["requests", "tokens"]
 
@@ -40,7 +41,7 @@ MINUTE = 60.0
 DAY = 86400.0
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Rate:
     """``limit`` units per ``period`` seconds, at most ``capacity`` units at once.
 
@@ -76,7 +77,7 @@ class Rate:
         return cost
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Window:
     """One limit: ``kind`` units at ``rate``. ``name`` (see :func:`window_name`) is unique
     among one owner's windows: it names the window's storage, so its state survives a
@@ -114,7 +115,7 @@ def window_name(kind: Kind, per: float) -> str:
     return f"{kind}_{round(per * 1000)}ms"
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class KeyLimits:
     """A client key's own limits; no windows and no ``max_parallel``: unlimited."""
 
@@ -123,7 +124,7 @@ class KeyLimits:
     max_parallel: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class DeploymentLimits:
     """One upstream deployment's budget; no windows: unlimited.
 
@@ -136,7 +137,7 @@ class DeploymentLimits:
     probe_timeout: float = 60.0
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class CooldownRule:
     """``allowed_fails`` counted failures within ``window`` seconds cool a deployment
     for ``time`` seconds (the config's ``routing.cooldown``)."""
@@ -146,7 +147,7 @@ class CooldownRule:
     time: float
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Outcome:
     """What an upstream answer means for the deployment's health.
 
@@ -168,7 +169,7 @@ SUCCESS = Outcome(kind="success")
 NEUTRAL = Outcome(kind="neutral")
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class HealthChange:
     """What a settlement did to the deployment's health."""
 
@@ -181,7 +182,7 @@ class HealthChange:
 NO_CHANGE = HealthChange()
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Usage:
     """What a window looks like after a decision, for x-ratelimit-* headers."""
 
@@ -193,7 +194,7 @@ class Usage:
 # -- the questions --------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class KeyAsk:
     """May the key send one request of ``tokens``? ``lease`` names its parallel slot."""
 
@@ -202,7 +203,7 @@ class KeyAsk:
     tokens: float
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class GroupAsk:
     """Reserve 1 request and ``tokens`` on the candidate whose turn comes soonest (the
     first in ``candidates`` order among equals; one that can go now always beats one
@@ -227,7 +228,7 @@ class GroupAsk:
     lookahead: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Remaining:
     """What an upstream says it has left of its per-minute limits (None: unknown).
     ``requests_wait``: with no request left, seconds until the next one frees up."""
@@ -237,7 +238,7 @@ class Remaining:
     tokens: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class KeySettlement:
     """Free the key's parallel slot ``lease``; add ``tokens`` (real minus estimated;
     negative refunds) to its token windows."""
@@ -247,7 +248,7 @@ class KeySettlement:
     tokens: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Sent:
     """The turn a request was sent on, as ``reserve`` granted it (``DeploymentVerdict``):
     what a 429 on it teaches (health.py)."""
@@ -260,7 +261,7 @@ class Sent:
     fallback: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class DeploymentSettlement:
     """After the upstream answered (or the request was abandoned): free ``lease`` from
     the in-flight set; add ``requests`` (-1: a reserved turn nobody used) and ``tokens``
@@ -287,7 +288,7 @@ Settlement = KeySettlement | DeploymentSettlement
 # -- the answers ----------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class KeyVerdict:
     allowed: bool
     # None when allowed; else "key_<window name>" | "key_parallel" | "request_too_large"
@@ -305,7 +306,7 @@ class KeyVerdict:
         return best
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class DeploymentVerdict:
     # The deployment reserved, or None when none can take the request within max_wait.
     deployment_id: str | None
@@ -328,7 +329,7 @@ class DeploymentVerdict:
     deferred: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class DeploymentState:
     """One deployment as the limiter sees it now."""
 

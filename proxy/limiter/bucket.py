@@ -30,12 +30,12 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from proxy.limiter.base import Rate, Usage
+from proxy.values import value
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class BucketState:
     """``debt`` units spent and not yet refilled, as of time ``at`` (seconds)."""
 
@@ -57,7 +57,7 @@ class Outcome(enum.Enum):
     TOO_LARGE = "too_large"  # cost > capacity: can never pass, do not retry
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Decision:
     outcome: Outcome
     wait: float = 0.0  # ALLOWED: seconds until the reserved turn
@@ -71,7 +71,7 @@ class Decision:
         return self.outcome is Outcome.ALLOWED
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Bucket:
     """One bucket taking part in a decision: its state, its rate, what this request costs."""
 
@@ -90,7 +90,7 @@ class Bucket:
         return self.rate.capacity_for(self.cost)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Plan:
     """What taking from a set of buckets at ``now`` would mean, before deciding."""
 

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+
+from proxy.values import value
 
 __all__ = [
     "WAITING_MARGIN",
@@ -52,7 +53,7 @@ MIN_RETRY = 0.005  # never ask again sooner than this (a clock tick, not a poll)
 SLACK = 1e-6  # a turn this close to the lookahead's end is within it (float rounding)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Claimant:
     """The client key a reservation is for ("" for requests without a key)."""
 
@@ -61,7 +62,7 @@ class Claimant:
     weight: float = 1.0
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Waiter:
     """A key that was deferred: waiting without a turn until at least ``until``."""
 
@@ -70,7 +71,7 @@ class Waiter:
     until: float
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Deferral:
     """Do not commit the turn; ask again after ``retry_after`` seconds. ``reason``:
     ``"lookahead"``, ``"share"`` or ``"tier"`` (for logs and tests)."""
@@ -79,7 +80,7 @@ class Deferral:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class FairView:
     """What a reservation reads for fairness: the claimant, its committed turns still
     ahead (ascending), the keys waiting without a turn (unexpired), the lookahead."""

@@ -42,9 +42,10 @@ its floats are identical. Change both together.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from proxy.limiter.base import CooldownRule, HealthChange, Outcome, Rate
+from proxy.values import value
 
 __all__ = [
     "DECREASE",
@@ -86,7 +87,7 @@ FORGET_AFTER = 3600.0  # a cooled deployment idle this long after its cooldown: 
 FORGET_SLACK = 1.0  # seconds past the moment a state becomes equivalent to HEALTHY
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Health:
     failures: tuple[float, ...] = ()  # times of counted failures, oldest first
     cool_until: float = 0.0
@@ -190,7 +191,7 @@ def on_success(h: Health, now: float) -> Health:
     return h
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Evidence:
     """What a 429 says, with what the limiter told the request that got it: its turn's
     ``epoch`` and ``sequence`` in its period, when it was sent (limiter time), the pace

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from proxy.limiter.bucket import (
     Bucket,
@@ -42,11 +41,12 @@ from proxy.limiter.bucket import (
 )
 from proxy.limiter.fairness import Deferral, FairView, defer, depth
 from proxy.limiter.health import HEALTHY, Health, hold_for, unusable_for, wait_for
+from proxy.values import value
 
 __all__ = ["Candidate", "Selection", "pace", "select"]
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Candidate:
     """One deployment offered the request: its buckets (its windows, then its learned
     window if any), its health, and its requests in flight (only read for ``least_busy``)."""
@@ -56,7 +56,7 @@ class Candidate:
     in_flight: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Selection:
     index: int  # the chosen candidate, -1 when none was charged
     states: list[BucketState]  # the chosen candidate's new bucket states (empty when none)

@@ -8,7 +8,6 @@ their verdicts agree by construction; only where the bucket states live differs.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from proxy.limiter import health
 from proxy.limiter.base import (
@@ -24,6 +23,7 @@ from proxy.limiter.base import (
 from proxy.limiter.bucket import BucketState, Decision, Outcome, usage
 from proxy.limiter.health import Health
 from proxy.limiter.selection import Selection
+from proxy.values import value
 
 PARALLEL_RETRY_AFTER = 1.0
 """Seconds a client refused for max_parallel is told to wait. Slots free up when other
@@ -41,7 +41,7 @@ never releases, so leases expire; 15 minutes outlasts any sane LLM call (a reque
 running after that silently stops counting against max_parallel)."""
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Spend:
     """One window a request (or a correction) touches, and what it adds there."""
 
@@ -110,7 +110,7 @@ def corrections(windows: Sequence[Window], requests: float, tokens: float) -> li
     return [s for s in spends(windows, requests, tokens) if s.amount != 0]
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Floor:
     """A window a settlement lowers: at most ``available`` units at once, and with
     ``wait``, one unit no sooner than ``wait`` seconds from now (``bucket.lower``)."""

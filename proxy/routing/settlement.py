@@ -10,8 +10,6 @@ case, a success that would change nothing, costs no storage call at all.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from proxy.background import Background
 from proxy.catalog import Catalog, DeploymentRoute
 from proxy.limiter.base import (
@@ -24,11 +22,12 @@ from proxy.limiter.base import (
     Sent,
 )
 from proxy.routing.events import Events
+from proxy.values import value
 
 __all__ = ["Settler", "Turn"]
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Turn:
     """A reserved turn on a deployment, named by its lease."""
 

@@ -9,12 +9,12 @@ durations such as ``6m0s``), Anthropic's ``anthropic-ratelimit-{requests,tokens}
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 from proxy.limiter.base import Remaining
 from proxy.ratelimit_headers import parse_reset
+from proxy.values import value
 
 # Tell the limiter what the upstream has left only when it is getting low: most answers
 # then cost no extra storage call.
@@ -23,7 +23,7 @@ SYNC_BELOW = 0.1
 __all__ = ["SYNC_BELOW", "UpstreamBudget", "parse_budget", "remaining_report", "retry_after"]
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class UpstreamBudget:
     limit_requests: float | None = None
     remaining_requests: float | None = None
