@@ -25,10 +25,12 @@ from starlette.routing import Route
 from proxy.api import admin, routes
 from proxy.api.forwarding import ENDPOINTS, ForwardingEndpoint, HotPathRouter
 from proxy.api.responses import error_response
+from proxy.catalog import key_limits
 from proxy.config import Settings, config_warnings, load_settings
 from proxy.errors import InvalidRequest, ModelNotFound, ProxyError
 from proxy.limiter.base import LimiterMode, ManagedLimiter
 from proxy.limiter.factory import create_limiter
+from proxy.limiter.verdicts import key_codes
 from proxy.logs import configure_logging
 from proxy.metrics import Metrics
 from proxy.observer import StateObserver
@@ -154,7 +156,8 @@ def _readiness(app: FastAPI) -> dict[str, Any]:
 
 
 def _publish_configured_state(settings: Settings, metrics: Metrics, share: float) -> None:
-    """Series visible before any traffic: every deployment healthy, its limits."""
+    """Series visible before any traffic: every deployment healthy, its limits; each
+    shadow key's would-be refusals."""
     for group in settings.models:
         for d in group.deployments:
             metrics.init_deployment(
@@ -163,6 +166,9 @@ def _publish_configured_state(settings: Settings, metrics: Metrics, share: float
                 rpm=d.rpm * share if d.rpm is not None else None,
                 tpm=d.tpm * share if d.tpm is not None else None,
             )
+    for key in settings.keys:
+        if key.shadow:  # its would-be refusals read 0, not "no data", before the first
+            metrics.init_shadow_key(key.name, key_codes(key_limits(key)))
     metrics.set_fallback_active(False)
 
 

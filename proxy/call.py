@@ -53,6 +53,7 @@ class Call:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     error_code: str | None = None
+    shadow_rejection: str | None = None  # the limit a shadow key's request went past
     client_left: ClientLeft | None = None  # watched while the request waits for a turn
     key_verdict: KeyVerdict | None = None  # the client key's check, granted or refused
     upstream_time: float = 0.0  # seconds spent on upstream calls until the answer's headers

@@ -32,6 +32,26 @@ _ENDPOINTS = ("chat/completions", "completions", "embeddings")
 EGRESS = "proxy.egress"  # the request extension the upstream transport reads
 
 
+def endpoint_urls(d: Deployment) -> dict[str, httpx.URL]:
+    """Where each endpoint of a deployment is: ``{base_url}/{endpoint}`` (OpenAI and
+    compatible servers), or Azure OpenAI's
+    ``{base_url}/openai/deployments/{deployment}/{endpoint}?api-version={api_version}``."""
+    if d.provider == "azure":
+        base = f"{d.base_url}/openai/deployments/{d.deployment}"
+        query = f"?api-version={d.api_version}"
+        return {e: httpx.URL(f"{base}/{e}{query}") for e in _ENDPOINTS}
+    return {e: httpx.URL(f"{d.base_url}/{e}") for e in _ENDPOINTS}
+
+
+def credential(d: Deployment) -> tuple[str, str] | None:
+    """The header carrying the deployment's key: ``Authorization: Bearer`` (OpenAI), or
+    ``api-key`` (Azure); None without a key."""
+    key = d.api_key.get_secret_value()
+    if not key:
+        return None
+    return ("api-key", key) if d.provider == "azure" else ("authorization", f"Bearer {key}")
+
+
 @dataclass(frozen=True, slots=True)
 class Egress:
     """How the transport reaches a deployment beyond its URL. ``ssl`` None: the system's
@@ -41,10 +61,11 @@ class Egress:
     ssl: ssl.SSLContext | None = None
     proxy: str | None = None
     headers: tuple[tuple[str, str], ...] = ()
+    credential: tuple[str, str] | None = None  # the key's header (``credential``)
 
 
 def egress(d: Deployment) -> Egress:
-    """Built once per deployment: TLS context, egress proxy, extra headers."""
+    """Built once per deployment: TLS context, egress proxy, extra headers, credential."""
     tls = d.tls
     context = None
     if tls.ca_file or tls.cert_file or not tls.verify:
@@ -55,7 +76,7 @@ def egress(d: Deployment) -> Egress:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
     headers = tuple((name, value.get_secret_value()) for name, value in d.headers.items())
-    return Egress(context, d.proxy_url.get_secret_value() or None, headers)
+    return Egress(context, d.proxy_url.get_secret_value() or None, headers, credential(d))
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +182,7 @@ def _group(group: ModelGroup, share: float) -> GroupRoute:
                 group=group.name,
                 limits=deployment_limits(d, share),
                 upstream_model=d.model or group.name,
-                urls={e: httpx.URL(f"{d.base_url}/{e}") for e in _ENDPOINTS},
+                urls=endpoint_urls(d),
                 extensions={"timeout": timeout_extension(d.timeout), EGRESS: egress(d)},
             )
             for d in group.deployments

@@ -25,6 +25,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -224,6 +225,9 @@ class ClientKey(_Limited):
     priority: int = 0
     weight: float = Field(default=1.0, gt=0)
     max_wait: Duration | None = None  # this key's bound on waiting (default routing.max_wait)
+    # Shadow mode: the key's own limits are counted and would-be refusals reported, but
+    # its requests go on (to try limits out before enforcing them).
+    shadow: bool = False
 
     @field_validator("key_sha256")
     @classmethod
@@ -287,10 +291,22 @@ RESERVED_HEADERS = frozenset(
 )
 
 
+# How a deployment is reached (catalog.py): OpenAI's paths and bearer key, or Azure
+# OpenAI's /openai/deployments/{deployment}/... with ?api-version= and an api-key header.
+Provider = Literal["openai", "azure"]
+_AZURE_FIELDS = ("deployment", "api_version")
+# What may appear in an Azure URL's path segment or query value without escaping.
+_URL_SAFE = r"^[A-Za-z0-9_.-]+$"
+
+
 class Deployment(_Limited):
     id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")
+    provider: Annotated[Provider, BeforeValidator(_lower)] = "openai"
     base_url: str = Field(pattern=r"^https?://[^\s/]+")
     api_key: SecretStr = SecretStr("")
+    # Azure only: the deployment's name in the URL and the api-version query parameter.
+    deployment: str = Field(default="", validate_default=True)
+    api_version: str = Field(default="", validate_default=True)
     model: str | None = None
     burst: PositiveInt | None = None
     weight: float = Field(default=1.0, gt=0)
@@ -305,6 +321,20 @@ class Deployment(_Limited):
     @classmethod
     def _strip_slash(cls, value: str) -> str:
         return value.rstrip("/")
+
+    @field_validator(*_AZURE_FIELDS)
+    @classmethod
+    def _azure_only(cls, value: str, info: ValidationInfo) -> str:
+        provider = info.data.get("provider")
+        if provider is None:
+            return value  # the provider itself is wrong: that is the error to report
+        if provider == "azure" and not value:
+            raise ValueError("is required with provider: azure")
+        if provider != "azure" and value:
+            raise ValueError(f"is only for provider: azure (this deployment is {provider})")
+        if value and not re.match(_URL_SAFE, value):
+            raise ValueError("may contain only letters, digits and _ . -")
+        return value
 
     @field_validator("headers")
     @classmethod
@@ -523,7 +553,12 @@ def config_warnings(settings: Settings) -> list[str]:
                     " certificate is not checked (a lab upstream only)"
                 )
             url = d.base_url.lower()
-            if "api.openai.com" in url and not url.endswith("/v1"):
+            if d.provider == "azure" and url.endswith("/openai"):
+                warnings.append(
+                    f"models[{i}].deployments[{j}].base_url: give the resource's URL without"
+                    f" /openai; requests would go to {d.base_url}/openai/deployments/..."
+                )
+            if d.provider == "openai" and "api.openai.com" in url and not url.endswith("/v1"):
                 warnings.append(
                     f"models[{i}].deployments[{j}].base_url: OpenAI's API is under /v1"
                     f" ({d.base_url}/v1); requests would go to {d.base_url}/chat/completions"

@@ -250,6 +250,7 @@ class RequestLog:
     completion_tokens: int | None = None
     retries: int = 0
     error_code: str | None = None
+    shadow_rejection: str | None = None  # a shadow key's limit that would have refused it
 
 
 _access_log = logging.getLogger(ACCESS_LOGGER)
@@ -274,5 +275,6 @@ def log_request(entry: RequestLog) -> None:
         completion_tokens=entry.completion_tokens,
         retries=entry.retries,
         error_code=entry.error_code,
+        shadow_rejection=entry.shadow_rejection,
     )
     _access_log.handle(record)

@@ -33,6 +33,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterable
 from typing import Final, Generic, Literal, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -252,6 +253,14 @@ class Metrics:
             multiprocess_mode=_BUDGET_MODES[budget_shared],
             registry=reg,
         )
+        self._shadow_rejections_total = Counter(
+            "llmproxy_shadow_rejections_total",
+            "Requests of a key in shadow mode that its own limit would have refused (they "
+            "went on), by key and limit (the 429's code: key_rpm, key_tokens_30d, "
+            "key_parallel...).",
+            ["key", "limit"],
+            registry=reg,
+        )
         self._upstream_remaining = Gauge(
             "llmproxy_upstream_ratelimit_remaining",
             "Remaining budget the upstream last reported in its x-ratelimit-remaining-* "
@@ -279,6 +288,7 @@ class Metrics:
         self._c_limit = _Children(self._deployment_limit)
         self._c_budget = _Children(self._budget_remaining)
         self._c_upstream_remaining = _Children(self._upstream_remaining)
+        self._c_shadow = _Children(self._shadow_rejections_total)
         # Zero series from the start: "errors by operation" reads 0, not "no data".
         for operation in LIMITER_OPERATIONS:
             self._c_limiter_error(operation)
@@ -315,6 +325,15 @@ class Metrics:
     def rate_limited(self, scope: str, model: str) -> None:
         """The proxy answered 429 because of ``scope``'s limit (see RATE_LIMIT_SCOPES)."""
         self._c_rate_limited(scope, model).inc()
+
+    def shadow_rejection(self, key: str, limit: str) -> None:
+        """A shadow-mode key's request that ``limit`` would have refused went on."""
+        self._c_shadow(key, limit).inc()
+
+    def init_shadow_key(self, key: str, limits: Iterable[str]) -> None:
+        """Start-up: a shadow key's series at 0 for each of its limits."""
+        for limit in limits:
+            self._c_shadow(key, limit)
 
     def queue_wait(self, model: str, seconds: float) -> None:
         self._c_queue_wait(model).observe(seconds)

@@ -135,7 +135,8 @@ class Pipeline:
             limits = self.catalog.key_limits.get(key.name) if key is not None else None
             if limits is not None:
                 # Asked together with the first reservation: one Redis round trip for both.
-                key_check = asyncio.ensure_future(self._acquire_key(call, limits))
+                check = self._acquire_key(call, limits, shadow=key is not None and key.shadow)
+                key_check = asyncio.ensure_future(check)
                 settlement = self._key_settlement(call, limits, key_check)
 
             async def stream_done(status: int) -> None:
@@ -197,7 +198,10 @@ class Pipeline:
             raise ModelNotFound(f"The model '{model[:200]}' does not exist.", param="model")
         return group
 
-    async def _acquire_key(self, call: Call, limits: KeyLimits) -> KeyVerdict:
+    async def _acquire_key(self, call: Call, limits: KeyLimits, shadow: bool) -> KeyVerdict:
+        """The key's verdict; a refusal raises, except in ``shadow`` mode: then it is
+        counted and the request goes on, charged nothing (as a refused one would be), so
+        the key's windows keep counting exactly what enforcing them would let through."""
         verdict = await self.limiter.acquire_key(
             KeyAsk(limits, call.request_id, float(call.estimate))
         )
@@ -205,6 +209,10 @@ class Pipeline:
         if verdict.allowed:
             return verdict
         code = verdict.code or "rate_limited"
+        if shadow:
+            call.shadow_rejection = code
+            self.telemetry.shadow_refused(limits.name, code)
+            return verdict
         self.telemetry.refused(code, call.model)
         if code == "request_too_large":
             raise InvalidRequest(
@@ -247,18 +255,21 @@ class Pipeline:
                 completion_tokens=call.completion_tokens,
                 retries=call.retries,
                 error_code=call.error_code,
+                shadow_rejection=call.shadow_rejection,
             ),
             duration,
         )
 
 
 def _granted(key_check: asyncio.Future[KeyVerdict] | None) -> KeyVerdict | None:
-    """The key's verdict if the key check is over and let the request through."""
+    """The key's verdict if the key check is over and took the request's share (a shadow
+    key's request its limits refused went on having taken nothing)."""
     if key_check is None or not key_check.done() or key_check.cancelled():
         return None
     if key_check.exception() is not None:
         return None
-    return key_check.result()
+    verdict = key_check.result()
+    return verdict if verdict.allowed else None
 
 
 # Request ids: this process's random prefix and a counter, 32 hex digits like a uuid4

@@ -109,3 +109,8 @@ class Telemetry:
 
     def refused(self, scope: str, model: str) -> None:
         self.metrics.rate_limited(scope, model)
+
+    def shadow_refused(self, key: str, limit: str) -> None:
+        """A shadow key's own ``limit`` would have refused a request; it went on (its
+        request log line says so too)."""
+        self.metrics.shadow_rejection(key, limit)

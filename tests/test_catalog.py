@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from support.proxy_server import settings_from
 
-from proxy.catalog import Catalog
+from proxy.catalog import Catalog, credential
 from proxy.limiter.base import DAY, Rate, Window, describe, window_name
 
 
@@ -67,3 +67,25 @@ def test_an_announced_lower_limit_replaces_the_configured_one_everywhere() -> No
     rates = {w.name: w.rate.limit for w in catalog.limits(route).windows}
     assert rates == {"rpm": 297.0, "tpm": 59_400.0, "rpd": 9_900.0}
     assert catalog.announce(route, requests=300, tokens=90_000) == {}  # nothing lower
+
+
+def test_azure_deployments_are_reached_by_deployment_name_api_version_and_api_key() -> None:
+    azure = {
+        "id": "az",
+        "provider": "azure",
+        "base_url": "https://r.openai.azure.com/",
+        "deployment": "gpt-4o-prod",
+        "api_version": "2024-10-21",
+        "api_key": "azure-secret",
+    }
+    plain = {"id": "oa", "base_url": "https://api.openai.com/v1", "api_key": "sk-1"}
+    settings = settings_from({"models": [{"name": "m", "deployments": [azure, plain]}]})
+    az, oa = Catalog(settings).groups["m"].deployments
+    assert str(az.url("chat/completions")) == (
+        "https://r.openai.azure.com/openai/deployments/gpt-4o-prod/chat/completions"
+        "?api-version=2024-10-21"
+    )
+    assert str(az.url("embeddings")).endswith("/gpt-4o-prod/embeddings?api-version=2024-10-21")
+    assert credential(az.config) == ("api-key", "azure-secret")
+    assert str(oa.url("completions")) == "https://api.openai.com/v1/completions"
+    assert credential(oa.config) == ("authorization", "Bearer sk-1")

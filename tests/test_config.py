@@ -318,3 +318,51 @@ def test_an_openai_base_url_without_v1_is_a_warning_not_an_error() -> None:
     (warning,) = config_warnings(settings)
     assert warning.startswith("models[0].deployments[0].base_url") and "/v1" in warning
     assert config_warnings(parse_settings(MINIMAL)) == []
+
+
+def _azure(**fields: object) -> dict[str, object]:
+    deployment = {"id": "az", "base_url": "https://r.openai.azure.com", **fields}
+    return {"models": [{"name": "m", "deployments": [deployment]}]}
+
+
+def test_an_azure_deployment_needs_its_deployment_name_and_api_version() -> None:
+    problems = _problems(_azure(provider="azure"))
+    assert "models[0].deployments[0].deployment: is required with provider: azure" in problems
+    assert "models[0].deployments[0].api_version: is required with provider: azure" in problems
+
+
+def test_azure_fields_on_an_openai_deployment_are_an_error_not_ignored() -> None:
+    problems = _problems(_azure(deployment="gpt-4o-prod"))
+    assert problems == [
+        "models[0].deployments[0].deployment: is only for provider: azure"
+        " (this deployment is openai)"
+    ]
+
+
+def test_azure_fields_must_be_safe_in_a_url_and_the_provider_known() -> None:
+    bad = _azure(provider="azure", deployment="a/b", api_version="2024-10-21&x=1")
+    assert _problems(bad) == [
+        "models[0].deployments[0].deployment: may contain only letters, digits and _ . -",
+        "models[0].deployments[0].api_version: may contain only letters, digits and _ . -",
+    ]
+    problems = _problems(_azure(provider="bedrock"))
+    assert problems == [
+        "models[0].deployments[0].provider: must be one of 'openai' or 'azure' (got 'bedrock')"
+    ]
+
+
+def test_a_complete_azure_deployment_and_a_shadow_key() -> None:
+    data = _azure(provider="Azure", deployment="gpt-4o-prod", api_version="2024-10-21")
+    data["keys"] = [{"name": "k", "key": "s", "rpm": 5, "shadow": True}]
+    settings = parse_settings(data, env={})
+    d = settings.models[0].deployments[0]
+    assert (d.provider, d.deployment, d.api_version) == ("azure", "gpt-4o-prod", "2024-10-21")
+    assert settings.keys[0].shadow is True
+    assert parse_settings(MINIMAL, env={}).models[0].deployments[0].provider == "openai"
+
+
+def test_an_azure_base_url_ending_in_openai_is_warned_about() -> None:
+    data = _azure(provider="azure", deployment="x", api_version="2024-10-21")
+    data["models"][0]["deployments"][0]["base_url"] += "/openai"  # type: ignore[index]
+    (warning,) = config_warnings(parse_settings(data, env={}))
+    assert "without /openai" in warning

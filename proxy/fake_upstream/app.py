@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from . import bodies
+from . import azure, bodies
 from .bodies import Job
 from .config import FakeUpstreamConfig
 from .ratelimit import Rejection, SlidingWindowLog, ceil_millis, ceil_seconds, format_duration
@@ -109,6 +109,8 @@ class FakeUpstream:
 
     async def not_found(self, request: web.Request) -> web.StreamResponse:
         self._note_arrival(request)
+        if self.config.azure:
+            return self._json(404, azure.not_found())
         message = f"Invalid URL ({request.method} {request.path})"
         return self._json(404, bodies.error_body(message, "invalid_request_error"))
 
@@ -172,12 +174,26 @@ class FakeUpstream:
         """Auth, body, rate limit, latency and faults; raises _Answered to answer early."""
         if not self._authorized(request):
             raise _Answered(self._unauthorized())
-        job = parse(await self._read_body(request, arrival), self.config)
+        body = await self._read_body(request, arrival)
+        if self.config.azure:
+            # The deployment in the path decides; Azure ignores the body's model.
+            deployment = request.match_info["deployment"]
+            config = self.config
+            problem = azure.path_problem(
+                request.query.get("api-version"),
+                deployment,
+                config.azure_api_versions,
+                config.models,
+            )
+            if problem is not None:
+                raise _Answered(self._json(*problem))
+            body = {**body, "model": deployment}
+        job = parse(body, self.config)
         if isinstance(job, str):
             raise _Answered(self._bad_request(job))
         if self.config.echo_status is not None:
             raise _Answered(await self._echo(request, job, self.config.echo_status))
-        headers = self._take_budget(job)
+        headers = self._take_budget(job, request)
         await self._sleep_latency()
         fault = self._draw_fault()
         if fault is not None:
@@ -195,11 +211,11 @@ class FakeUpstream:
             raise _Answered(self._bad_request("The request body must be a JSON object."))
         arrival.body = body  # shown in /stats while this is still the latest request
         model = body.get("model")
-        if not isinstance(model, str) or not model:
+        if not self.config.azure and (not isinstance(model, str) or not model):
             raise _Answered(self._bad_request("you must provide a model parameter", "model"))
         return body
 
-    def _take_budget(self, job: Job) -> dict[str, str]:
+    def _take_budget(self, job: Job, request: web.Request) -> dict[str, str]:
         """Record the request in the sliding window, or answer 429 if it does not fit."""
         config = self.config
         now = time.monotonic()
@@ -213,7 +229,7 @@ class FakeUpstream:
                 now, job.cost, _pro_rata(config.rpm, config), _pro_rata(config.tpm, config)
             )
         if rejection is not None:
-            raise _Answered(self._rate_limited(rejection, job, now))
+            raise _Answered(self._rate_limited(rejection, job, now, request))
         self.window_log.add(now, job.cost)
         if config.quantum:
             self.quantum_log.add(now, job.cost)
@@ -281,7 +297,7 @@ class FakeUpstream:
 
     async def _echo(self, request: web.Request, job: Job, status: int) -> web.StreamResponse:
         """The credentials received, quoted back (``echo_status``)."""
-        received = request.headers.get("Authorization", "")
+        received = request.headers.get("api-key" if self.config.azure else "Authorization", "")
         # openai-model is one of the headers a proxy passes on
         headers = {"x-echo-authorization": received, "openai-model": f"echo {received}"}
         if status != 200 or not job.stream:
@@ -322,6 +338,8 @@ class FakeUpstream:
 
     def _authorized(self, request: web.Request) -> bool:
         key = self.config.api_key
+        if self.config.azure:
+            return azure.authorized(request.headers.get("api-key"), key)
         return key is None or request.headers.get("Authorization") == f"Bearer {key}"
 
     def _json(
@@ -331,6 +349,8 @@ class FakeUpstream:
         return web.Response(status=status, body=body, headers=headers or JSON_HEADERS)
 
     def _unauthorized(self) -> web.Response:
+        if self.config.azure:
+            return self._json(401, azure.error_body("401", azure.ACCESS_DENIED))
         message = "Incorrect API key provided. You can find your API key in your account."
         body = bodies.error_body(message, "invalid_request_error", "invalid_api_key")
         return self._json(401, body)
@@ -342,12 +362,20 @@ class FakeUpstream:
         message = "The server had an error while processing your request. Sorry about that!"
         return self._json(status, bodies.error_body(message, "server_error"), headers)
 
-    def _rate_limited(self, rejection: Rejection, job: Job, now: float) -> web.Response:
+    def _rate_limited(
+        self, rejection: Rejection, job: Job, now: float, request: web.Request
+    ) -> web.Response:
         self.stats.rejected += 1
         headers = self._limit_headers(now)
         headers.update(JSON_HEADERS)
-        headers["retry-after"] = str(ceil_seconds(rejection.retry_after))
+        seconds = ceil_seconds(rejection.retry_after)
+        headers["retry-after"] = str(seconds)
         headers["retry-after-ms"] = str(ceil_millis(rejection.retry_after))
+        if self.config.azure:
+            endpoint = request.path.split("/", 4)[-1]  # /openai/deployments/{d}/{endpoint}
+            version = request.query.get("api-version", "")
+            text = azure.rate_limit_message(endpoint, version, rejection.kind, seconds)
+            return self._json(429, azure.error_body("429", text), headers)
         message = _rate_limit_message(rejection, job.model, self.config.window)
         body = bodies.error_body(message, rejection.kind, "rate_limit_exceeded")
         return self._json(429, body, headers)
@@ -359,6 +387,12 @@ class FakeUpstream:
         if not config.ratelimit_headers:
             return headers
         state = self.window_log.state(now)
+        if config.azure:  # Azure says only what is left, per minute as OpenAI does
+            if config.rpm is not None:
+                headers["x-ratelimit-remaining-requests"] = str(max(0, config.rpm - state.requests))
+            if config.tpm is not None:
+                headers["x-ratelimit-remaining-tokens"] = str(max(0, config.tpm - state.tokens))
+            return headers
         # OpenAI announces its limits per minute; so does the fake, whatever its window.
         per_minute = 60.0 / config.window
         if config.rpm is not None:
@@ -428,6 +462,9 @@ def _render_embeddings(job: Job, rid: str, created: int) -> bytes:
     return bodies.embeddings(job)
 
 
+# Azure OpenAI's paths (azure mode): the deployment is named in the path.
+_AZURE_PATH = "/openai/deployments/{deployment}"
+
 UPSTREAM_KEY: web.AppKey[FakeUpstream] = web.AppKey("fake_upstream", FakeUpstream)
 
 
@@ -440,11 +477,23 @@ def build_app(config: FakeUpstreamConfig | None = None) -> web.Application:
     upstream = FakeUpstream(dataclasses.replace(config or FakeUpstreamConfig()))
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[UPSTREAM_KEY] = upstream
+    api = (
+        [
+            ("POST", f"{_AZURE_PATH}/chat/completions", upstream.chat_completions),
+            ("POST", f"{_AZURE_PATH}/completions", upstream.completions),
+            ("POST", f"{_AZURE_PATH}/embeddings", upstream.embeddings),
+            ("*", "/openai/{tail:.*}", upstream.not_found),
+        ]
+        if upstream.config.azure
+        else [
+            ("POST", "/v1/chat/completions", upstream.chat_completions),
+            ("POST", "/v1/completions", upstream.completions),
+            ("POST", "/v1/embeddings", upstream.embeddings),
+            ("GET", "/v1/models", upstream.models),
+        ]
+    )
     routes: list[tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]] = [
-        ("POST", "/v1/chat/completions", upstream.chat_completions),
-        ("POST", "/v1/completions", upstream.completions),
-        ("POST", "/v1/embeddings", upstream.embeddings),
-        ("GET", "/v1/models", upstream.models),
+        *api,
         ("GET", "/stats", upstream.get_stats),
         ("POST", "/stats/reset", upstream.reset_stats),
         ("GET", "/control", upstream.get_control),

@@ -58,6 +58,17 @@ def build_parser(prog: str = "python -m proxy.fake_upstream") -> argparse.Argume
     add("--seed", type=int, default=None, help="seed of the random draws")
     add("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
     add("--models", default=",".join(defaults.models), help="what GET /v1/models lists")
+    add(
+        "--azure",
+        action="store_true",
+        help="act as Azure OpenAI: /openai/deployments/{model}/..., the api-key header,"
+        " the api-version query parameter; --models names the deployments",
+    )
+    add(
+        "--azure-api-versions",
+        default=",".join(defaults.azure_api_versions),
+        help="the api-version values accepted in Azure mode",
+    )
     add("--embedding-dims", type=int, default=defaults.embedding_dims, help="vector size")
     add("--access-log", action="store_true", help="log every request (slower)")
     add("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="")
@@ -86,6 +97,10 @@ def config_from_args(args: argparse.Namespace) -> FakeUpstreamConfig:
         seed=args.seed,
         api_key=args.api_key,
         models=models,
+        azure=args.azure,
+        azure_api_versions=tuple(
+            v.strip() for v in args.azure_api_versions.split(",") if v.strip()
+        ),
         embedding_dims=args.embedding_dims,
         access_log=args.access_log,
     )

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .azure import DEFAULT_API_VERSIONS
+
 Latency = float | tuple[float, float]
 LatencySpec = Latency | str | list[float]  # what callers may pass; normalised to Latency
 
@@ -77,6 +79,10 @@ class FakeUpstreamConfig:
     seed: int | None = None
     api_key: str | None = None
     models: tuple[str, ...] = field(default=DEFAULT_MODELS)
+    # Azure OpenAI mode (azure.py): its paths, api-key and api-version; `models` are then
+    # the deployments it has.
+    azure: bool = False
+    azure_api_versions: tuple[str, ...] = field(default=DEFAULT_API_VERSIONS)
     embedding_dims: int = 8
     access_log: bool = False
     _latency_range: tuple[float, float] = field(init=False, repr=False, compare=False)
@@ -88,6 +94,7 @@ class FakeUpstreamConfig:
         self.rpm = _optional_limit("rpm", self.rpm)
         self.tpm = _optional_limit("tpm", self.tpm)
         self.models = tuple(self.models)
+        self.azure_api_versions = tuple(self.azure_api_versions)
         _validate(self)
 
     @property
@@ -133,6 +140,8 @@ class FakeUpstreamConfig:
         parts.extend(f"{name}={value:g}" for name, value in faults.items() if value)
         if self.api_key is not None:
             parts.append("api_key=set")
+        if self.azure:
+            parts.append(f"azure (deployments: {', '.join(self.models)})")
         return ", ".join(parts)
 
 
@@ -202,6 +211,12 @@ def _validate(config: FakeUpstreamConfig) -> None:
     _require(config.api_key is None or isinstance(config.api_key, str), "api_key must be a string")
     _require(_is_int(config.embedding_dims) and config.embedding_dims >= 1, "embedding_dims >= 1")
     _require(all(isinstance(m, str) for m in config.models), "models must be strings")
+    _require(isinstance(config.azure, bool), "azure must be true/false")
+    _require(
+        bool(config.azure_api_versions)
+        and all(isinstance(v, str) and v for v in config.azure_api_versions),
+        "azure_api_versions must be non-empty strings",
+    )
 
 
 def _check_json_type(name: str, value: object) -> None:

@@ -14,6 +14,7 @@ from proxy.limiter.base import (
     MINUTE,
     DeploymentLimits,
     DeploymentVerdict,
+    KeyLimits,
     KeyVerdict,
     Rate,
     Remaining,
@@ -137,6 +138,17 @@ def floors(deployment: DeploymentLimits, remaining: Remaining | None) -> list[Fl
     return out
 
 
+def key_code(window: Window) -> str:
+    """The code of a key's 429 from ``window``: ``key_rpm``, ``key_tokens_30d``..."""
+    return f"key_{window.name}"
+
+
+def key_codes(limits: KeyLimits) -> list[str]:
+    """Every code a key's own limits can refuse with (``key_parallel`` included)."""
+    codes = [key_code(w) for w in limits.windows]
+    return codes + (["key_parallel"] if limits.max_parallel is not None else [])
+
+
 def key_verdict(
     spent: Sequence[Spend],
     decision: Decision,
@@ -154,7 +166,7 @@ def key_verdict(
         )
     if decision.outcome is Outcome.REFUSED:
         window = spent[decision.binding].window
-        return KeyVerdict(False, f"key_{window.name}", decision.retry_after, used, window)
+        return KeyVerdict(False, key_code(window), decision.retry_after, used, window)
     if parallel_full:
         return KeyVerdict(False, "key_parallel", PARALLEL_RETRY_AFTER, used)
     return KeyVerdict(True, usage=used)

@@ -33,7 +33,13 @@ from proxy.errors import (
 )
 from proxy.limiter.base import NEUTRAL, SUCCESS, GroupAsk, Limiter, Outcome
 from proxy.routing.events import Attempt, Events
-from proxy.routing.outcomes import classify_status, is_failure, status_error
+from proxy.routing.outcomes import (
+    classify_status,
+    is_failure,
+    misconfigured,
+    misconfigured_error,
+    status_error,
+)
 from proxy.routing.settlement import Settler, Turn
 from proxy.routing.strategies import RoutingState, order_candidates
 from proxy.upstream.client import HEADER_MAP
@@ -317,6 +323,10 @@ class Dispatcher:
         # Its bookkeeping waits until the answer is on its way to the client.
         attempt.ended = time.perf_counter()
         call.upstream_time += attempt.ended - headers_at  # and its body
+        wrong = misconfigured(deployment.config.provider, status, content, self.settler.rule.time)
+        if wrong is not None:  # not the client's fault: cool it as a bad key is cooled
+            self._ended(call, turn, attempt, str(status), wrong, real_tokens=0)
+            raise Retryable(misconfigured_error(status, deployment.id))
         asyncio.get_running_loop().call_soon(self._answered, call, turn, attempt, status, content)
         headers.setdefault("content-type", "application/json")
         return Reply(status=status, headers=headers, body=content)
@@ -408,7 +418,9 @@ class Dispatcher:
         if lowered:
             self.events.limits_announced(deployment.id, lowered)
         self.events.upstream_budget(deployment.group, deployment.id, budget)
-        remaining = remaining_report(budget)
+        # Azure announces no limits: what is left is judged against the configured ones.
+        config = deployment.config
+        remaining = remaining_report(budget.assuming(config.rpm, config.tpm))
         if remaining is not None:
             self.settler.report(deployment, remaining)
 

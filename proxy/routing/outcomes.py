@@ -4,6 +4,9 @@
     429                   failure "rate_limited": cool until the upstream's retry-after /
                           reset, lower the effective rate; retry elsewhere
     401, 403              failure "auth": a bad upstream key; cool for cooldown.time
+    Azure 404, Azure 400  failure "misconfigured": the deployment name, base_url or
+      of an api-version   api_version is wrong (the proxy builds the path, not the client);
+                          cool for cooldown.time
     5xx                   failure "server_error": counts toward allowed_fails
     timeout, connection,  failure of that name: counts toward allowed_fails
     protocol
@@ -19,7 +22,14 @@ from proxy.errors import ServiceUnavailable, UpstreamError, UpstreamUnavailable
 from proxy.limiter.base import Outcome
 from proxy.upstream.ratelimits import parse_budget, retry_after
 
-__all__ = ["SUCCESS", "classify_status", "is_failure", "status_error"]
+__all__ = [
+    "SUCCESS",
+    "classify_status",
+    "is_failure",
+    "misconfigured",
+    "misconfigured_error",
+    "status_error",
+]
 
 SUCCESS = Outcome(kind="success")
 
@@ -44,6 +54,30 @@ def classify_status(
     if status in (401, 403):
         return Outcome(kind="failure", reason="auth", cool_for=cooldown_time)
     return Outcome(kind="failure", reason="server_error")
+
+
+# What Azure says of an api-version it does not serve (a 400 otherwise like the client's).
+_AZURE_VERSION_REFUSED = b"API version not supported"
+
+
+def misconfigured(provider: str, status: int, body: bytes, cooldown_time: float) -> Outcome | None:
+    """An answer that says the deployment's own config is wrong, read from its body;
+    None: an ordinary answer. Only for Azure, whose path (deployment name, api-version)
+    comes from the config: its 404 (no such deployment, no api-version) and its 400 of an
+    unsupported api-version are never the client's fault."""
+    if provider != "azure" or status not in (400, 404):
+        return None
+    if status == 400 and _AZURE_VERSION_REFUSED not in body[:1024]:
+        return None
+    return Outcome(kind="failure", reason="misconfigured", cool_for=cooldown_time)
+
+
+def misconfigured_error(status: int, deployment: str) -> UpstreamError:
+    return UpstreamUnavailable(
+        f"The upstream deployment '{deployment}' answered with status {status}: its"
+        " deployment name, base_url or api_version in the proxy's config is wrong.",
+        code="upstream_error",
+    )
 
 
 def status_error(status: int, deployment: str) -> UpstreamError:

@@ -47,9 +47,7 @@ def build_request(
         payload = orjson.dumps(body)
     egress = deployment.extensions[EGRESS]
     assert isinstance(egress, Egress)
-    headers = request_headers(
-        client_headers, deployment.config.api_key.get_secret_value(), egress.headers
-    )
+    headers = request_headers(client_headers, egress.credential, egress.headers)
     headers["content-length"] = str(len(payload))
     # A ready stream skips httpx's header defaults (each a scan of its header list): the
     # transport (aiohttp) sets Host itself. Read at once, so ``request.content`` is there.

@@ -7,7 +7,8 @@ from collections.abc import Iterable
 __all__ = ["request_headers", "response_headers"]
 
 # RFC 9110 hop-by-hop headers, plus what the proxy sets itself or must never forward:
-# the client's credentials (the upstream gets the deployment's key instead).
+# the client's credentials in any scheme, OpenAI's or Azure's (the upstream gets the
+# deployment's key instead).
 _DROP_REQUEST = frozenset(
     {
         "connection",
@@ -49,17 +50,19 @@ _PASS_RESPONSE = frozenset(
 
 def request_headers(
     client_headers: Iterable[tuple[str, str]],
-    api_key: str,
+    credential: tuple[str, str] | None,
     extra: Iterable[tuple[str, str]] = (),
 ) -> dict[str, str]:
     """Headers for the upstream request: the client's, minus the dropped ones; then the
-    deployment's own ``extra`` ones (config: never the credential or framing)."""
+    deployment's own ``extra`` ones (config: never the credential or framing); then its
+    ``credential`` (``("authorization", "Bearer sk-...")`` or Azure's ``("api-key", ...)``;
+    None: no key)."""
     headers = {name: value for name, value in client_headers if name.lower() not in _DROP_REQUEST}
     for name, value in extra:
         headers[name.lower()] = value
     headers["accept-encoding"] = "identity"
-    if api_key:
-        headers["authorization"] = f"Bearer {api_key}"
+    if credential is not None:
+        headers[credential[0]] = credential[1]
     return headers
 
 

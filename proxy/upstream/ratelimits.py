@@ -1,14 +1,17 @@
 """What an upstream's answer says about its budget (pure).
 
 Reads OpenAI's ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` (resets as Go
-durations such as ``6m0s``), Anthropic's ``anthropic-ratelimit-{requests,tokens}-
-{limit,remaining,reset}`` (resets as RFC 3339 times), and ``retry-after-ms`` /
-``retry-after`` (seconds or an HTTP date).
+durations such as ``6m0s``), Azure OpenAI's part of them (only ``x-ratelimit-remaining-*``
+on its answers, ``-1`` for "unknown" on some APIs; on a 429, ``retry-after-ms`` and
+``retry-after``, or instead a ``x-rate-limit-reset-tokens`` of seconds), Anthropic's
+``anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}`` (resets as RFC 3339
+times), and ``retry-after-ms`` / ``retry-after`` (seconds or an HTTP date).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
@@ -36,6 +39,16 @@ class UpstreamBudget:
     def empty(self) -> bool:
         return self.remaining_requests is None and self.remaining_tokens is None
 
+    def assuming(self, requests: float | None, tokens: float | None) -> UpstreamBudget:
+        """With the per-minute limits ``requests`` and ``tokens`` (the configured ones)
+        where the upstream did not announce its own (Azure announces none): what is left
+        can then be judged low before it is gone."""
+        return replace(
+            self,
+            limit_requests=self.limit_requests or requests,
+            limit_tokens=self.limit_tokens or tokens,
+        )
+
 
 def _number(value: str | None) -> float | None:
     if value is None:
@@ -44,6 +57,12 @@ def _number(value: str | None) -> float | None:
         return float(value)
     except ValueError:
         return None
+
+
+def _count(value: str | None) -> float | None:
+    """A limit or what is left of it; negative (Azure's -1): not known."""
+    number = _number(value)
+    return number if number is not None and number >= 0 else None
 
 
 def _until(value: str | None, now: float) -> float | None:
@@ -65,17 +84,20 @@ def _until(value: str | None, now: float) -> float | None:
 def parse_budget(headers: Mapping[str, str], now: float) -> UpstreamBudget:
     """The upstream's view of its budget; ``now`` is the wall clock (epoch seconds)."""
     get = headers.get
+    # Azure has answered 429s with this spelling (seconds) instead of retry-after.
+    reset_tokens = get("x-ratelimit-reset-tokens") or get("x-rate-limit-reset-tokens")
     if (
         get("x-ratelimit-remaining-requests") is not None
         or get("x-ratelimit-remaining-tokens") is not None
+        or reset_tokens is not None
     ):
         return UpstreamBudget(
-            limit_requests=_number(get("x-ratelimit-limit-requests")),
-            remaining_requests=_number(get("x-ratelimit-remaining-requests")),
+            limit_requests=_count(get("x-ratelimit-limit-requests")),
+            remaining_requests=_count(get("x-ratelimit-remaining-requests")),
             reset_requests=parse_reset(get("x-ratelimit-reset-requests")),
-            limit_tokens=_number(get("x-ratelimit-limit-tokens")),
-            remaining_tokens=_number(get("x-ratelimit-remaining-tokens")),
-            reset_tokens=parse_reset(get("x-ratelimit-reset-tokens")),
+            limit_tokens=_count(get("x-ratelimit-limit-tokens")),
+            remaining_tokens=_count(get("x-ratelimit-remaining-tokens")),
+            reset_tokens=parse_reset(reset_tokens),
         )
     prefix = "anthropic-ratelimit-"
     if get(prefix + "requests-remaining") is not None or get(prefix + "tokens-remaining"):

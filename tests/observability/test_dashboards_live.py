@@ -20,6 +20,7 @@ from support.proxy_server import ProxyProcess
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 
 KEY = "sk-dashboards"
+SHADOW_KEY = "sk-shadow"  # 2 a day, in shadow mode: its 3rd to 5th requests are counted
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
 
 
@@ -34,7 +35,10 @@ def upstreams() -> Iterator[tuple[FakeUpstreamHandle, FakeUpstreamHandle]]:
 
 def _config(good: FakeUpstreamHandle, bad: FakeUpstreamHandle) -> dict[str, Any]:
     return {
-        "keys": [{"name": "team", "key": KEY, "rpm": 30, "tpm": 100_000}],
+        "keys": [
+            {"name": "team", "key": KEY, "rpm": 30, "tpm": 100_000},
+            {"name": "batch", "key": SHADOW_KEY, "rpd": 2, "shadow": True},
+        ],
         "models": [
             {
                 "name": "m",
@@ -75,6 +79,10 @@ async def _traffic(url: str) -> Counter[int]:
         # ...then bursts that wait for their turn, streams, and more than the key allows.
         await asyncio.gather(*(plain() for _ in range(10)), *(streamed() for _ in range(6)))
         await asyncio.gather(*(plain() for _ in range(16)))
+        shadowed = {"authorization": f"Bearer {SHADOW_KEY}"}
+        for _ in range(5):
+            response = await client.post(f"{url}/chat/completions", json=CHAT, headers=shadowed)
+            statuses[response.status_code] += 1
     return statuses
 
 
@@ -107,6 +115,9 @@ def test_every_dashboard_query_returns_a_series_and_the_numbers_agree(
             ]
             rate_limited = _value(prometheus, 'sum(llmproxy_requests_total{status="429"})')
             key_429s = _value(prometheus, 'sum(llmproxy_rate_limited_total{scope="key_rpm"})')
+            shadowed = _value(
+                prometheus, 'sum(llmproxy_shadow_rejections_total{key="batch",limit="key_rpd"})'
+            )
             cooldowns = _value(prometheus, "sum(llmproxy_deployment_cooldowns_total)")
             bad_cooling = _value(prometheus, 'max(llmproxy_deployment_state{deployment="bad"})')
         logs = proxy.logs()
@@ -115,6 +126,7 @@ def test_every_dashboard_query_returns_a_series_and_the_numbers_agree(
     assert statuses[200] + statuses[429] == sent
     assert cooldowns == len(re.findall(r'"message":"deployment cooling down', logs)) == 1
     assert bad_cooling == 1
+    assert shadowed == 3
 
 
 def _value(prometheus: PrometheusServer, promql: str) -> float:

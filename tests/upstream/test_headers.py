@@ -14,7 +14,7 @@ def test_client_credentials_and_hop_by_hop_headers_are_stripped() -> None:
         ("openai-beta", "assistants=v2"),
         ("x-stainless-lang", "python"),
     ]
-    headers = request_headers(client, "upstream-key")
+    headers = request_headers(client, ("authorization", "Bearer upstream-key"))
     assert headers["authorization"] == "Bearer upstream-key"
     assert "client-key" not in str(headers)
     for gone in ("connection", "transfer-encoding", "host", "cookie"):
@@ -24,7 +24,25 @@ def test_client_credentials_and_hop_by_hop_headers_are_stripped() -> None:
 
 
 def test_no_upstream_key_means_no_authorization() -> None:
-    assert "authorization" not in request_headers([("authorization", "Bearer c")], "")
+    assert "authorization" not in request_headers([("authorization", "Bearer c")], None)
+
+
+def test_azure_gets_its_key_as_api_key_and_never_the_clients() -> None:
+    client = [
+        ("authorization", "Bearer client-key"),
+        ("api-key", "client-azure-key"),
+        ("API-Key", "client-azure-key-2"),
+        ("content-type", "application/json"),
+    ]
+    headers = request_headers(client, ("api-key", "azure-key"))
+    assert headers["api-key"] == "azure-key"
+    assert "authorization" not in headers
+    assert "client" not in str(headers)
+
+
+def test_an_openai_deployment_never_passes_a_client_api_key_on() -> None:
+    headers = request_headers([("api-key", "client-azure-key")], ("authorization", "Bearer k"))
+    assert "api-key" not in headers
 
 
 def test_upstream_rate_limit_headers_do_not_reach_the_client() -> None:

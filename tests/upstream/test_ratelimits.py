@@ -1,6 +1,7 @@
 """Reading an upstream's budget and retry hints from its headers."""
 
-from proxy.upstream.ratelimits import parse_budget, retry_after
+from proxy.routing.outcomes import classify_status
+from proxy.upstream.ratelimits import parse_budget, remaining_report, retry_after
 
 NOW = 1_800_000_000.0
 
@@ -45,3 +46,45 @@ def test_retry_after_prefers_milliseconds() -> None:
     assert retry_after({"retry-after": "Thu, 01 Jan 2027 00:00:00 GMT"}, NOW) is not None
     assert retry_after({"retry-after": "soon"}, NOW) is None
     assert retry_after({}, NOW) is None
+
+
+def test_azure_sends_only_what_is_left_and_the_configured_limits_judge_it() -> None:
+    budget = parse_budget(
+        {"x-ratelimit-remaining-requests": "4", "x-ratelimit-remaining-tokens": "61353"}, NOW
+    )
+    assert (budget.remaining_requests, budget.remaining_tokens) == (4, 61353)
+    assert budget.limit_requests is None and budget.reset_requests is None
+    assert remaining_report(budget) is None  # no limit known: 4 left is not "low"
+    report = remaining_report(budget.assuming(100, 80_000))
+    assert report is not None and report.requests == 4  # 4 of 100 is low
+    # An announced limit wins over the configured one.
+    announced = parse_budget(
+        {"x-ratelimit-limit-requests": "1000", "x-ratelimit-remaining-requests": "4"}, NOW
+    )
+    assert announced.assuming(100, None).limit_requests == 1000
+
+
+def test_azure_minus_one_means_unknown_not_exhausted() -> None:
+    budget = parse_budget(
+        {
+            "x-ratelimit-limit-tokens": "-1",
+            "x-ratelimit-remaining-tokens": "-1",
+            "x-ratelimit-reset-tokens": "0",
+        },
+        NOW,
+    )
+    assert budget.remaining_tokens is None and budget.limit_tokens is None
+    assert remaining_report(budget.assuming(None, 1000)) is None
+
+
+def test_an_azure_429_without_retry_after_says_when_in_x_rate_limit_reset_tokens() -> None:
+    headers = {"x-rate-limit-reset-tokens": "55", "x-ratelimit-remaining-requests": "79"}
+    assert retry_after(headers, NOW) is None
+    assert parse_budget(headers, NOW).reset_tokens == 55.0
+    outcome = classify_status(429, headers, NOW, cooldown_time=30.0)
+    assert outcome.cool_for == 55.0 and outcome.rate_limited
+
+
+def test_an_azure_429_with_retry_after_ms_and_retry_after() -> None:
+    headers = {"retry-after-ms": "2500", "retry-after": "3"}
+    assert classify_status(429, headers, NOW, cooldown_time=30.0).cool_for == 2.5
