@@ -1,0 +1,153 @@
+"""The proxy's own cost per request in instructions: noise-free, unlike req/s.
+
+    python -m loadtest.cost                       # this tree: memory, Redis-less
+    python -m loadtest.cost --baseline 70e910d    # and as of a revision, side by side
+
+One process runs the request pipeline in-process (``Pipeline.handle``: auth, parsing,
+the key check, the limiter, routing, the reply, metrics and the log line) over an
+in-process upstream that answers at once, so what is counted is the proxy's Python and
+nothing else. Under ``valgrind --tool=callgrind`` the instruction count of a run is
+repeatable whatever else the machine does (the 2-core machines here are shared and
+wall-clock figures move by 10-20% between runs); two runs of different lengths are
+subtracted so start-up cancels out. Without valgrind it prints CPU time per request,
+which is noisy. This is a microscope for changes to the Python path; ``make bench`` is
+still the measure of what a client sees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MODES = ("memory", "nolimits")
+_SHORT, _LONG = 100, 400  # requests (per repetition) of the two subtracted runs
+_REPEAT = 5
+
+_REQUEST = (
+    b'{"model":"gpt-4o-mini","max_tokens":16,'
+    b'"messages":[{"role":"user","content":"Say hello in one short sentence please."}]}'
+)
+_ANSWER = (
+    b'{"id":"x","object":"chat.completion","created":0,"model":"m","choices":[{"index":0,'
+    b'"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],'
+    b'"usage":{"prompt_tokens":10,"completion_tokens":16,"total_tokens":26}}'
+)
+
+
+def _config(mode: str) -> dict[str, object]:
+    """As in the benchmark (loadtest/bench/servers.proxy_config): auth on, limits that
+    never bind; ``nolimits``: no limit at all."""
+    deployment: dict[str, object] = {
+        "id": "fake", "base_url": "http://127.0.0.1:9/v1", "api_key": "sk-up", "timeout": "30s",
+    }  # fmt: skip
+    key: dict[str, object] = {"name": "bench", "key": "sk-bench-client"}
+    if mode == "memory":
+        deployment.update(rpm=100_000_000, burst=100_000)
+        key.update(rpm=100_000_000, tpm=10_000_000_000)
+    return {
+        "keys": [key],
+        "models": [{"name": "gpt-4o-mini", "deployments": [deployment]}],
+        "server": {"log_level": "warning"},
+    }
+
+
+async def _requests(mode: str, count: int, warmup: int) -> float:
+    """Run ``warmup`` then ``_REPEAT`` x ``count`` requests; the best CPU us per request."""
+    import httpx
+
+    from proxy.config import parse_settings
+    from proxy.limiter.memory import MemoryLimiter
+    from proxy.metrics import Metrics
+    from proxy.pipeline import Pipeline
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=_ANSWER, headers={"content-type": "application/json"})
+
+    pipeline = Pipeline(
+        parse_settings(_config(mode)),
+        MemoryLimiter(),
+        httpx.MockTransport(answer),
+        Metrics(budget_shared=False),
+    )
+    headers = [("content-type", "application/json")]
+    auth = "Bearer sk-bench-client"
+    for _ in range(warmup):
+        await pipeline.handle("chat/completions", _REQUEST, headers, auth)
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 50, 100)  # as the CLI's processes run (app.GC_THRESHOLDS)
+    best = float("inf")
+    for _ in range(_REPEAT):
+        started = time.process_time()
+        for _ in range(count):
+            reply = await pipeline.handle("chat/completions", _REQUEST, headers, auth)
+            await asyncio.sleep(0)  # the bookkeeping scheduled after the answer runs
+            if reply.status != 200:
+                raise SystemExit(f"unexpected answer {reply.status}: {reply.body!r}")
+        best = min(best, (time.process_time() - started) / count * 1e6)
+    return best
+
+
+def _instructions(source: Path, mode: str) -> int:
+    """Instructions per request of the tree at ``source`` (callgrind, two run lengths)."""
+    counts = []
+    for count in (_SHORT, _LONG):
+        with tempfile.TemporaryDirectory() as tmp:
+            run = subprocess.run(
+                [
+                    "valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out",
+                    sys.executable, __file__, "--child", mode, str(count),
+                ],
+                env={**os.environ, "PYTHONPATH": str(source)},  # its `proxy` package
+                cwd=tmp, capture_output=True, text=True, timeout=900, check=True,
+            )  # fmt: skip
+        found = re.search(r"Collected : (\d+)", run.stderr)
+        if found is None:
+            raise SystemExit(f"callgrind printed no count:\n{run.stderr[-2000:]}")
+        counts.append(int(found.group(1)))
+    return round((counts[1] - counts[0]) / (_REPEAT * (_LONG - _SHORT)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.cost", description=__doc__)
+    parser.add_argument("--baseline", metavar="REV", help="also measure this git revision")
+    parser.add_argument("--mode", choices=MODES, action="append", help="default: both")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:  # one measured run, in the process callgrind watches
+        mode, count = args.child
+        import uvloop
+
+        print(uvloop.run(_requests(mode, int(count), warmup=200)))
+        return 0
+    if shutil.which("valgrind") is None:
+        print("valgrind is needed (apt-get install -y valgrind)", file=sys.stderr)
+        return 2
+    from loadtest.bench.servers import checkout
+    from loadtest.topology import REPO
+
+    trees: dict[str, Path] = {"now": REPO}
+    with tempfile.TemporaryDirectory() as keep:
+        if args.baseline:
+            with checkout(args.baseline) as tree:
+                trees[args.baseline] = Path(shutil.copytree(tree, f"{keep}/baseline"))
+        for mode in args.mode or MODES:
+            figures = {name: _instructions(tree, mode) for name, tree in trees.items()}
+            line = ", ".join(f"{name} {n:,}" for name, n in figures.items())
+            if args.baseline:
+                line += f" (now / {args.baseline}: {figures['now'] / figures[args.baseline]:.3f}x)"
+            print(f"{mode}: instructions per request: {line}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
