@@ -32,7 +32,7 @@ h1{font-size:1.3em;margin:0 0 .2em}h2{font-size:1.1em;margin:1.4em 0 .4em}
 table{border-collapse:collapse;background:#fff;width:100%;margin-bottom:.5em}
 th,td{border:1px solid #dde2e8;padding:.3em .5em;text-align:left;vertical-align:top}
 th{background:#eef1f5;font-weight:600}
-.num{text-align:right;font-variant-numeric:tabular-nums}
+.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .state{font-weight:600;border-radius:3px;padding:0 .4em}
 .healthy{background:#d7f5dd;color:#17642a}.held{background:#fff1c2;color:#7a5800}
 .cooling,.probing,.probe_next{background:#ffd9d6;color:#8f1d14}
@@ -86,9 +86,9 @@ def _deployments(deployments: Iterable[Json]) -> str:
         state = health["state"]
         detail = []
         for label, field in (
-            ("cooldown until", "cooldown_until"),
-            ("probe until", "probe_until"),
-            ("hold until", "hold_until"),
+            ("cooldown ends", "cooldown_until"),
+            ("probe due back", "probe_until"),
+            ("429 hold ends", "hold_until"),
         ):
             if health[field] is not None:
                 detail.append(f"{label} {_when(health[field])}")
