@@ -72,6 +72,8 @@ def create_app(settings: Settings, *, workers: int = 1, tune_gc: bool = False) -
         pipeline = Pipeline(settings, limiter, transport, metrics, share=share)
         app.state.pipeline = pipeline
         app.state.limiter = limiter
+        # What this replica is doing, with every heartbeat: the pipeline in force's.
+        limiter.publish(lambda: app.state.pipeline.activity())
         _publish_configured_state(settings, metrics, share)
         observer = StateObserver(pipeline.catalog, limiter, metrics)
         observer.start()

@@ -37,6 +37,7 @@ from proxy.errors import (
     render,
 )
 from proxy.limiter.base import (
+    Activity,
     CooldownRule,
     KeyAsk,
     KeyLimits,
@@ -99,6 +100,10 @@ class Pipeline:
     def waiting(self) -> int:
         """Requests of this replica sleeping for their turn."""
         return self.dispatcher.waiting
+
+    def activity(self) -> Activity:
+        """What this replica is doing now: waiting and in flight (the admin state)."""
+        return self.dispatcher.activity()
 
     async def handle(
         self,

@@ -13,6 +13,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from proxy.api.admin_page import admin_page
+from proxy.api.admin_state import admin_state
 from proxy.api.responses import error_response
 from proxy.auth import bearer_matches
 from proxy.config import Settings
@@ -46,7 +48,10 @@ def admin_only(handler: Handler) -> Handler:
 
 
 # (path, handler, methods): each admin endpoint, registered by create_app.
-ROUTES: list[tuple[str, Handler, list[str]]] = []
+ROUTES: list[tuple[str, Handler, list[str]]] = [
+    ("/admin", admin_page, ["GET"]),
+    ("/admin/state", admin_state, ["GET"]),
+]
 
 
 def routes() -> list[Route]:

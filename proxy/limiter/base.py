@@ -3,7 +3,7 @@
 A limit is a :class:`Window`: at most ``rate.limit`` units of one kind (requests or
 tokens) per ``rate.period`` seconds, at most ``rate.capacity`` at once. A client key and a
 deployment each carry any number of windows (a minute, a day, thirty days...); a new
-window is data, not code. Every backend answers four questions, each in one step (one
+window is data, not code. Every backend answers these questions, each in one step (one
 Redis round trip):
 
 * ``acquire_key(KeyAsk)``: may this client key send one more request costing ``tokens``?
@@ -18,7 +18,12 @@ Redis round trip):
   its health (cooldowns, half-open probes, the rate learned from 429s), and what the
   upstream says it has left lowers its per-minute windows (``Remaining``).
 * ``snapshot(group, deployments)``: what is left in each deployment's windows and how
-  long until each can take a request (dashboards, readiness).
+  long until each can take a request, its health and learned rate (dashboards,
+  readiness, the admin state); ``key_snapshot(limits)`` the same of a client key.
+
+A managed limiter also carries each replica's ``Activity`` (requests waiting and in
+flight, which only the replica knows) with its heartbeat, so ``activity()`` is the view
+across replicas without a round trip on any request's path.
 
 The effective limits of a deployment are computed in one place, inside each backend's
 step: the windows passed in (configured, already scaled to this process's share when
@@ -331,11 +336,44 @@ class DeploymentVerdict:
 
 @value
 class DeploymentState:
-    """One deployment as the limiter sees it now."""
+    """One deployment as the limiter sees it now (times: seconds from now)."""
 
     unusable_for: float  # seconds until it may take a request (0: now)
     remaining: dict[str, float]  # per window name: units that could be taken at once
     learned: float = 0.0  # requests a second learned from upstream 429s (0: none)
+    # When the smallest request (1 request, 1 token) could go: health, every window and
+    # the learned one, as a reservation would compute it.
+    next_turn: float = 0.0
+    reset: dict[str, float] = field(default_factory=dict)  # per window: until full again
+    cooling: bool = False  # cooled after failures, not yet proven healthy by a probe
+    cool_for: float = 0.0  # seconds left of the cooldown (0: over or none)
+    probe_for: float = 0.0  # a half-open probe is out for at most this long (0: none)
+    hold_for: float = 0.0  # seconds left of an upstream 429's hold (0: none)
+
+
+@value
+class KeyState:
+    """One client key's windows now: units left, seconds until full again, and the
+    parallel slots held (its max_parallel leases)."""
+
+    remaining: dict[str, float] = field(default_factory=dict)
+    reset: dict[str, float] = field(default_factory=dict)
+    slots_held: int = 0
+
+
+@value
+class Activity:
+    """What one replica is doing now, which only it knows (published with its
+    heartbeat): requests sleeping for a turn, per model group, per deployment their turn
+    is on and per client key, and upstream calls under way per deployment and per key.
+    Deployment ids are unique across the config; ``""`` is a request without a key."""
+
+    replica: str = ""
+    waiting: dict[str, int] = field(default_factory=dict)
+    waiting_on: dict[str, int] = field(default_factory=dict)
+    waiting_keys: dict[str, int] = field(default_factory=dict)
+    in_flight: dict[str, int] = field(default_factory=dict)
+    in_flight_keys: dict[str, int] = field(default_factory=dict)
 
 
 class StorageError(Exception):
@@ -378,6 +416,10 @@ class Limiter(Protocol):
         """Each deployment's windows and health now, by id."""
         ...
 
+    async def key_snapshot(self, limits: KeyLimits) -> KeyState:
+        """The key's windows and parallel slots now."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -408,8 +450,17 @@ class ManagedLimiter(Limiter, Protocol):
 
     def on_storage_error(self, callback: Callable[[str], None]) -> None:
         """Call ``callback(operation)`` each time the shared storage fails an operation
-        (``"acquire_key"``, ``"reserve"``, ``"settle"``, ``"snapshot"``, ``"heartbeat"``;
-        for metrics)."""
+        (``"acquire_key"``, ``"reserve"``, ``"settle"``, ``"snapshot"``, ``"key_snapshot"``,
+        ``"heartbeat"``, ``"activity"``; for metrics)."""
+        ...
+
+    def publish(self, source: Callable[[], Activity]) -> None:
+        """Carry ``source()`` (this replica's activity) with every heartbeat."""
+        ...
+
+    async def activity(self) -> list[Activity]:
+        """Every live replica's activity: their last heartbeat's, and this one's now
+        (only this one's when nothing is shared)."""
         ...
 
     async def start(self) -> None:

@@ -18,13 +18,16 @@ from collections.abc import Callable, Sequence
 from proxy.limiter import bucket, health
 from proxy.limiter.base import (
     NO_CHANGE,
+    Activity,
     DeploymentLimits,
     DeploymentState,
     DeploymentVerdict,
     GroupAsk,
     HealthChange,
     KeyAsk,
+    KeyLimits,
     KeySettlement,
+    KeyState,
     KeyVerdict,
     LimiterMode,
     Sent,
@@ -37,20 +40,22 @@ from proxy.limiter.bucket import (
     BucketState,
     adjust,
     debt_at,
-    remaining_now,
     take_all,
 )
 from proxy.limiter.fairness import Claimant, FairView, Waiter, waiting_until
 from proxy.limiter.health import HEALTHY, Health
 from proxy.limiter.selection import Candidate, Selection, select
 from proxy.limiter.verdicts import (
+    LEARNED,
     LEASE_TTL,
     Spend,
     corrections,
+    deployment_state,
     deployment_verdict,
     evidence,
     floors,
     in_flight_deadline,
+    key_state,
     key_verdict,
     learning_windows,
     pacing_windows,
@@ -138,6 +143,7 @@ class MemoryLimiter:
         self._waiting: dict[str, dict[str, Waiter]] = {}
         self._sweep_every = sweep_every
         self._last_sweep = clock()
+        self._activity: Callable[[], Activity] | None = None
 
     # -- Limiter ---------------------------------------------------------------------
 
@@ -154,6 +160,9 @@ class MemoryLimiter:
         self, group: str, deployments: Sequence[DeploymentLimits]
     ) -> dict[str, DeploymentState]:
         return self.snapshot_now(group, deployments)
+
+    async def key_snapshot(self, limits: KeyLimits) -> KeyState:
+        return self.key_snapshot_now(limits)
 
     async def aclose(self) -> None:
         self._buckets.clear()
@@ -185,6 +194,13 @@ class MemoryLimiter:
 
     async def start(self) -> None:
         """Nothing runs in the background."""
+
+    def publish(self, source: Callable[[], Activity]) -> None:
+        self._activity = source
+
+    async def activity(self) -> list[Activity]:
+        """Only this process's: nothing is shared."""
+        return [] if self._activity is None else [self._activity()]
 
     # -- synchronous core (no await between reading and writing state) ----------------
 
@@ -316,17 +332,21 @@ class MemoryLimiter:
         self, group: str, deployments: Sequence[DeploymentLimits]
     ) -> dict[str, DeploymentState]:
         now = self._now()
-        states = {}
-        for d in deployments:
-            h = self._health_of(group, d.id, now)
-            remaining = {
-                w.name: remaining_now(self._state(_deployment_bucket(group, d.id, w)), w.rate, now)
-                for w in d.windows
-            }
-            states[d.id] = DeploymentState(
-                health.unusable_for(h, now), remaining, health.learned_rate(h, now)
+        return {
+            d.id: deployment_state(
+                d,
+                self._health_of(group, d.id, now),
+                [self._state(_deployment_bucket(group, d.id, w)) for w in d.windows],
+                self._state(("deployment", group, d.id, LEARNED)),
+                now,
             )
-        return states
+            for d in deployments
+        }
+
+    def key_snapshot_now(self, limits: KeyLimits) -> KeyState:
+        now = self._now()
+        states = [self._state(_key_bucket(limits.name, w)) for w in limits.windows]
+        return key_state(limits, states, self._leases.live(limits.name, now), now)
 
     def holds_in_flight(self, group: str, deployment_id: str, lease_id: str) -> bool:
         """Whether ``lease_id`` is in flight here (the fallback policy routes settlements)."""

@@ -53,6 +53,7 @@ from typing import Literal, TypeVar
 
 from proxy.limiter.base import (
     NO_CHANGE,
+    Activity,
     CooldownRule,
     DeploymentLimits,
     DeploymentSettlement,
@@ -63,6 +64,7 @@ from proxy.limiter.base import (
     KeyAsk,
     KeyLimits,
     KeySettlement,
+    KeyState,
     KeyVerdict,
     LimiterMode,
     LimiterUnavailable,
@@ -236,6 +238,7 @@ class ResilientLimiter:
         self._last_mode = self.mode
         self._heartbeats: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        self._activity: Callable[[], Activity] | None = None
 
     # -- health ----------------------------------------------------------------------
 
@@ -300,8 +303,10 @@ class ResilientLimiter:
 
     async def heartbeat(self) -> None:
         """One heartbeat now (the background task calls this every interval)."""
+        activity = self._own_activity()
         count = await self._via_shared(
-            "heartbeat", lambda: self._shared.heartbeat(self._replica_id, self._replica_ttl)
+            "heartbeat",
+            lambda: self._shared.heartbeat(self._replica_id, self._replica_ttl, activity),
         )
         if not isinstance(count, _Skipped):
             self._replicas = max(1, count)
@@ -369,6 +374,36 @@ class ResilientLimiter:
         return await self._route(
             "snapshot", lambda: self._shared.snapshot(group, deployments), local
         )
+
+    async def key_snapshot(self, limits: KeyLimits) -> KeyState:
+        def local() -> KeyState:
+            if self._on_error == "local":
+                return self._local.key_snapshot_now(share_key(limits, self._replicas, 0.0))
+            return KeyState()
+
+        return await self._route("key_snapshot", lambda: self._shared.key_snapshot(limits), local)
+
+    # -- activity (what each replica is doing, carried by its heartbeat) -------------
+
+    def publish(self, source: Callable[[], Activity]) -> None:
+        self._activity = source
+
+    async def activity(self) -> list[Activity]:
+        """The other live replicas' last heartbeat's, and this one's now; only this
+        one's while the storage is down."""
+        own = self._own_activity()
+
+        async def shared() -> list[Activity]:
+            others = await self._shared.activity(self._replica_ttl)
+            others.pop(self._replica_id, None)
+            return [*others.values(), *([own] if own else [])]
+
+        return await self._route("activity", shared, lambda: [own] if own else [])
+
+    def _own_activity(self) -> Activity | None:
+        if self._activity is None:
+            return None
+        return replace(self._activity(), replica=self._replica_id)
 
     # -- plumbing --------------------------------------------------------------------
 

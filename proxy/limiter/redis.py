@@ -11,6 +11,7 @@ hash-tagged so each script touches one cluster slot::
     {llmproxy:g:<group>}:d:<deployment id>:health            ...their health (a hash)...
     {llmproxy:g:<group>}:d:<deployment id>:inflight          ...and requests in flight
     llmproxy:replicas                                        replica heartbeats (policy.py)
+    {llmproxy:replicas}:activity                             what each replica reports doing
 
 ``<window>`` is the window's name (``rpm``, ``tpd``, ``tokens_30d``...), so a window's
 state outlives a change of its rate. Idle bucket keys expire a little (10 s) after they
@@ -22,17 +23,22 @@ missing key reads as healthy), in-flight sets after their latest deadline.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Unpack
+from typing import Any, Unpack
+
+import orjson
 
 from proxy.limiter.base import (
     NO_CHANGE,
+    Activity,
     DeploymentLimits,
     DeploymentState,
     DeploymentVerdict,
     GroupAsk,
     HealthChange,
     KeyAsk,
+    KeyLimits,
     KeySettlement,
+    KeyState,
     KeyVerdict,
     Sent,
     Settlement,
@@ -41,15 +47,18 @@ from proxy.limiter.base import (
 from proxy.limiter.bucket import BucketState, Decision
 from proxy.limiter.bucket import Outcome as Result
 from proxy.limiter.fairness import Claimant, Deferral
+from proxy.limiter.health import Health
 from proxy.limiter.runner import RunnerOptions, ScriptRunner
 from proxy.limiter.selection import Selection
 from proxy.limiter.verdicts import (
     LEARNED,
     LEASE_TTL,
     corrections,
+    deployment_state,
     deployment_verdict,
     evidence,
     floors,
+    key_state,
     key_verdict,
     pacing_windows,
     spends,
@@ -213,31 +222,70 @@ class RedisLimiter:
         keys: list[str] = []
         args = [self._now()]
         for d in deployments:
-            keys.append(self._deployment(group, d.id, "health"))
-            keys += [self._deployment(group, d.id, w.name) for w in d.windows]
+            keys += [
+                self._deployment(group, d.id, "health"),
+                self._deployment(group, d.id, LEARNED),
+                *(self._deployment(group, d.id, w.name) for w in d.windows),
+            ]
             args.append(str(len(d.windows)))
-            for w in d.windows:
-                args += [_num(w.rate.interval), _num(w.rate.largest)]
         reply = iter(await self.runner.run("snapshot", keys, args))
+        now = float(next(reply))
         states = {}
         for d in deployments:
-            unusable_for, learned = float(next(reply)), float(next(reply))
-            remaining = {w.name: float(next(reply)) for w in d.windows}
-            states[d.id] = DeploymentState(unusable_for, remaining, learned)
+            cooling = next(reply) == "1"
+            cool_until, probe_until, hold_until, learned, learned_at = (
+                float(next(reply)) for _ in range(5)
+            )
+            h = Health(
+                cool_until=cool_until,
+                cooling=cooling,
+                probe_until=probe_until,
+                hold_until=hold_until,
+                learned=learned,
+                learned_at=learned_at,
+            )
+            learned_state, *buckets = (_state(reply) for _ in range(len(d.windows) + 1))
+            states[d.id] = deployment_state(d, h, buckets, learned_state, now)
         return states
+
+    async def key_snapshot(self, limits: KeyLimits) -> KeyState:
+        if not limits.windows and limits.max_parallel is None:
+            return KeyState()
+        keys = [
+            self._key(limits.name, "leases"),
+            *(self._window(limits.name, w) for w in limits.windows),
+        ]
+        reply = iter(await self.runner.run("key_snapshot", keys, [self._now()]))
+        now, held = float(next(reply)), int(next(reply))
+        return key_state(limits, [_state(reply) for _ in limits.windows], held, now)
 
     async def aclose(self) -> None:
         await self.runner.aclose()
 
     # -- replica heartbeats (used by policy.py) -----------------------------------------
 
-    async def heartbeat(self, replica_id: str, alive_for: float) -> int:
-        """Mark ``replica_id`` alive; return how many replicas were seen within
-        ``alive_for`` seconds (this one included)."""
+    async def heartbeat(
+        self, replica_id: str, alive_for: float, activity: Activity | None = None
+    ) -> int:
+        """Mark ``replica_id`` alive, with what it is doing (``activity``); return how
+        many replicas were seen within ``alive_for`` seconds (this one included)."""
+        report = "" if activity is None else orjson.dumps(activity).decode()
         count = await self.runner.run(
-            "heartbeat", [self._replicas()], [replica_id, str(round(alive_for * 1000))]
+            "heartbeat",
+            [self._replicas(), self._activity()],
+            [replica_id, str(round(alive_for * 1000)), report],
         )
         return int(count)
+
+    async def activity(self, alive_for: float) -> dict[str, Activity]:
+        """What each replica seen within ``alive_for`` seconds last reported, by id."""
+        reply = await self.runner.run(
+            "activity", [self._replicas(), self._activity()], [str(round(alive_for * 1000))]
+        )
+        return {
+            replica: _activity_from(orjson.loads(report))
+            for replica, report in zip(reply[::2], reply[1::2], strict=True)
+        }
 
     async def leave(self, replica_id: str) -> None:
         """Stop counting ``replica_id`` as alive (a clean shutdown)."""
@@ -275,8 +323,22 @@ class RedisLimiter:
     def _replicas(self) -> str:
         return f"{self._prefix}:replicas"
 
+    def _activity(self) -> str:
+        # Hash-tagged with the replicas set's whole name: the same cluster slot.
+        return f"{{{self._replicas()}}}:activity"
+
     def _now(self) -> str:
         return "" if self._clock is None else _num(self._clock())
+
+
+def _state(reply: Any) -> BucketState:
+    """The next debt and time of a script's reply as a bucket state."""
+    return BucketState(float(next(reply)), float(next(reply)))
+
+
+def _activity_from(data: dict[str, Any]) -> Activity:
+    """An Activity read back (fields unknown to this version are ignored)."""
+    return Activity(**{k: v for k, v in data.items() if k in Activity.__dataclass_fields__})
 
 
 def _num(x: float) -> str:

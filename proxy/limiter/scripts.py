@@ -24,10 +24,10 @@ from proxy.limiter.verdicts import IN_FLIGHT_MARGIN
 LIBRARY = "bucket"
 HEALTH_LIBRARY = "health"
 FAIRNESS_LIBRARY = "fairness"
-KEY_SCRIPTS = ("acquire_key", "settle_key")
+KEY_SCRIPTS = ("acquire_key", "settle_key", "key_snapshot")
 DEPLOYMENT_SCRIPTS = ("reserve_deployment", "settle_deployment", "snapshot")
 BUCKET_SCRIPTS = KEY_SCRIPTS + DEPLOYMENT_SCRIPTS
-PLAIN_SCRIPTS = ("heartbeat",)
+PLAIN_SCRIPTS = ("heartbeat", "activity")
 
 CONSTANTS = {
     "MARGIN": health.MARGIN,

@@ -13,15 +13,18 @@ from proxy.limiter import health
 from proxy.limiter.base import (
     MINUTE,
     DeploymentLimits,
+    DeploymentState,
     DeploymentVerdict,
     KeyLimits,
+    KeyState,
     KeyVerdict,
     Rate,
     Remaining,
     Sent,
+    Usage,
     Window,
 )
-from proxy.limiter.bucket import BucketState, Decision, Outcome, usage
+from proxy.limiter.bucket import Bucket, BucketState, Decision, Outcome, plan, usage
 from proxy.limiter.health import Health
 from proxy.limiter.selection import Selection
 from proxy.values import value
@@ -204,3 +207,55 @@ def in_flight_deadline(deployment: DeploymentLimits, wait: float, now: float) ->
 def probe_timeout(deployment: DeploymentLimits, wait: float) -> float:
     """How long a probe reserved for a turn ``wait`` seconds away may stay out."""
     return wait + deployment.probe_timeout
+
+
+def deployment_state(
+    deployment: DeploymentLimits,
+    h: Health,
+    states: Sequence[BucketState],
+    learned: BucketState,
+    now: float,
+) -> DeploymentState:
+    """A deployment as ``snapshot`` reports it, from its health, its windows' states (in
+    ``deployment.windows`` order) and its learned window's: both backends read the raw
+    state and call this, so they agree by construction."""
+    windows = deployment.windows
+    used = _usages(windows, states, now)
+    buckets = [
+        Bucket(state, s.rate, s.amount)
+        for state, s in zip(states, spends(windows, 1.0, 1.0), strict=True)
+    ]
+    rate = health.learned_window_rate(h, now)
+    if rate is not None:
+        buckets.append(Bucket(learned, rate, 1.0))
+    unusable = health.unusable_for(h, now)
+    wait = health.wait_for(h, now)
+    return DeploymentState(
+        unusable_for=unusable,
+        remaining={name: u.remaining for name, u in used.items()},
+        learned=health.learned_rate(h, now),
+        next_turn=max(unusable, plan(buckets, now).wait),
+        reset={name: u.reset for name, u in used.items()},
+        cooling=h.cooling,
+        cool_for=0.0 if wait is None else wait,
+        probe_for=max(0.0, h.probe_until - now) if wait is None else 0.0,
+        hold_for=health.hold_for(h, now),
+    )
+
+
+def key_state(
+    limits: KeyLimits, states: Sequence[BucketState], slots_held: int, now: float
+) -> KeyState:
+    """A key as ``key_snapshot`` reports it (states in ``limits.windows`` order)."""
+    used = _usages(limits.windows, states, now)
+    return KeyState(
+        remaining={name: u.remaining for name, u in used.items()},
+        reset={name: u.reset for name, u in used.items()},
+        slots_held=slots_held,
+    )
+
+
+def _usages(
+    windows: Sequence[Window], states: Sequence[BucketState], now: float
+) -> dict[str, Usage]:
+    return {w.name: usage(st, w.rate, now) for w, st in zip(windows, states, strict=True)}

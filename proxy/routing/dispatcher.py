@@ -31,7 +31,8 @@ from proxy.errors import (
     ServiceUnavailable,
     UpstreamError,
 )
-from proxy.limiter.base import NEUTRAL, SUCCESS, GroupAsk, Limiter, Outcome
+from proxy.limiter.base import NEUTRAL, SUCCESS, Activity, GroupAsk, Limiter, Outcome
+from proxy.routing.activity import Tally
 from proxy.routing.events import Attempt, Events
 from proxy.routing.outcomes import (
     classify_status,
@@ -93,10 +94,15 @@ class Dispatcher:
         self.events = events
         self.rng = rng or random.Random()
         self.waiting = 0  # requests of this replica sleeping for a turn
+        self.tally = Tally()  # the same by model, deployment and key (the admin state)
         # What the strategies order by: requests in flight and a latency average.
         self.in_flight: dict[str, int] = {}
         self.latency: dict[str, float] = {}
         self.state = RoutingState(self.in_flight, self.latency)
+
+    def activity(self) -> Activity:
+        """What this replica is doing now (published with the limiter's heartbeat)."""
+        return self.tally.report(self.in_flight)
 
     # --- the attempts ---------------------------------------------------------------
 
@@ -212,11 +218,11 @@ class Dispatcher:
                 )
             if verdict.deferred and verdict.retry_after <= budget:
                 # Fair share: others are owed the next turns; ask again when ours is due.
-                await self._wait(call, verdict.retry_after, None)
+                await self._wait(call, verdict.retry_after, None, group=group.name)
                 continue
             if verdict.cooling and 0.0 < verdict.retry_after <= budget:
                 # Every usable deployment is cooling down: wait for the first to return.
-                await self._wait(call, verdict.retry_after, None)
+                await self._wait(call, verdict.retry_after, None, group=group.name)
                 continue
             raise self._refusal(call, group, verdict.cooling, queue_full, verdict.retry_after)
 
@@ -256,12 +262,17 @@ class Dispatcher:
         seconds: float,
         give_back: Turn | None,
         queued: bool = False,
+        group: str = "",
     ) -> None:
-        """Sleep ``seconds`` as one of the waiting requests (``queued``: already counted).
-        A client that leaves meanwhile is noticed at once: its turn goes back and
+        """Sleep ``seconds`` as one of the waiting requests (``queued``: already counted),
+        for the turn ``give_back`` or for a model ``group`` with no turn yet. A client that
+        leaves meanwhile is noticed at once: its turn goes back and
         ``ClientClosedRequest`` ends the request (nothing goes upstream)."""
         if not queued:
             self.waiting += 1
+        on = give_back.deployment if give_back is not None else None
+        model, deployment = (on.group, on.id) if on is not None else (group or call.model, None)
+        self.tally.wait_started(model, deployment, call.key_name)
         self.events.queued(call.model, 1)
         started = time.perf_counter()
         try:
@@ -273,6 +284,7 @@ class Dispatcher:
             raise
         finally:
             self.waiting -= 1
+            self.tally.wait_ended(model, deployment, call.key_name)
             self.events.queued(call.model, -1)
             call.queue_wait += time.perf_counter() - started
         self.events.waited(call.model, seconds)
@@ -287,6 +299,7 @@ class Dispatcher:
         )
         attempt = Attempt(call.request_id, deployment.group, deployment.id, time.perf_counter())
         self._started(attempt)
+        self.tally.call_started(call.key_name)
         try:
             response = await send(self.transport, request, deployment.id)
         except TransportFailure as failure:
@@ -400,6 +413,7 @@ class Dispatcher:
             call.completion_tokens,
         )
         self.in_flight[attempt.deployment] -= 1
+        self.tally.call_ended(call.key_name)
         if outcome.kind == "success":
             previous = self.latency.get(attempt.deployment, attempt.duration)
             self.latency[attempt.deployment] = previous + LATENCY_SMOOTHING * (

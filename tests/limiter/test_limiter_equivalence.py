@@ -4,10 +4,10 @@ Random sequences of every limiter operation (key acquire and settlement with sev
 windows of requests and tokens, from under a second to thirty days, and max_parallel;
 multi-candidate deployment reservations over several windows each, with leases and
 least_busy; corrections; settlements with every kind of outcome and what the upstream
-says it has left; snapshots, the budget read) at nondecreasing times are applied in
-lockstep to the memory backend (the pure core and pure health model over dicts) and to
-the Redis backend (the Lua scripts), both on the same explicit clock. Every answer must be
-identical: exact float equality, no tolerance.
+says it has left; snapshots of deployments and keys, the reads) at nondecreasing times
+are applied in lockstep to the memory backend (the pure core and pure health model over
+dicts) and to the Redis backend (the Lua scripts), both on the same explicit clock. Every
+answer must be identical: exact float equality, no tolerance.
 """
 
 from __future__ import annotations
@@ -186,10 +186,27 @@ class Sync:
 
 @dataclass(frozen=True)
 class Query:
-    """A snapshot of every deployment: health and what is left in each window."""
+    """A snapshot of every deployment: health, what is left in each window, next turn."""
 
 
-Op = Advance | Acquire | Release | Reserve | FairReserve | Correct | Book | Settle | Sync | Query
+@dataclass(frozen=True)
+class KeyQuery:
+    """A snapshot of the key: what is left in each window, slots held."""
+
+
+Op = (
+    Advance
+    | Acquire
+    | Release
+    | Reserve
+    | FairReserve
+    | Correct
+    | Book
+    | Settle
+    | Sync
+    | Query
+    | KeyQuery
+)
 
 holds = st.one_of(
     st.just(0.0),
@@ -234,6 +251,7 @@ ops = st.one_of(
     advances,
     st.builds(Acquire, amounts, st.integers(0, 4)),
     st.builds(Release, st.integers(0, 4), corrections),
+    st.just(KeyQuery()),
     reserves,
     reserves,
     reserves,
@@ -269,6 +287,8 @@ async def run_both(
                 settlement = KeySettlement(key, f"lease{op.lease}", op.correction)
                 await shared.settle(settlement)
                 memory.settle_now(settlement)
+            elif isinstance(op, KeyQuery):
+                assert await shared.key_snapshot(key) == memory.key_snapshot_now(key), (step, op)
             elif isinstance(op, Reserve | FairReserve):
                 chosen = [candidates[i] for i in op.order if i < len(candidates)]
                 group_ask = GroupAsk("g", chosen, op.tokens, op.max_wait)

@@ -1,0 +1,191 @@
+"""The admin state as JSON-ready data (pure): what the limiter reports of every deployment
+and client key, what the replicas report doing, and the configured limits beside them.
+
+Times the limiter gives as "seconds from now" are shown both ways, ``{"in": seconds,
+"at": ISO 8601 UTC}``, from the wall clock ``now`` of the moment the state was read.
+Rates are shown as configured, and as in force in this process (``limit``: after this
+worker's share when budgets are not shared, the pacing headroom, and what the upstream
+announced); ``remaining`` and ``full_in`` are the limiter's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from proxy.limiter.base import (
+    Activity,
+    DeploymentState,
+    KeyState,
+    LimiterMode,
+    Window,
+    window_name,
+)
+
+if TYPE_CHECKING:  # types only: this module stays free of I/O imports
+    from proxy.catalog import Catalog, DeploymentRoute
+    from proxy.config import ClientKey, LimitRule, Settings
+
+__all__ = ["Reading", "health_state", "moment", "state"]
+
+Json = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """Everything read for one view, at wall-clock time ``now`` (seconds since the epoch)."""
+
+    now: float
+    mode: LimiterMode
+    deployments: Mapping[str, Mapping[str, DeploymentState]]  # group -> id -> state
+    keys: Mapping[str, KeyState]  # key name -> state
+    activity: Sequence[Activity]  # one per live replica
+
+
+def moment(seconds: float, now: float) -> Json:
+    """``seconds`` from ``now``, relative and absolute."""
+    at = datetime.fromtimestamp(now + seconds, UTC).isoformat(timespec="milliseconds")
+    return {"in": round(seconds, 3), "at": at.replace("+00:00", "Z")}
+
+
+def health_state(s: DeploymentState) -> str:
+    """``cooling`` (after failures, for ``cool_for``), ``probing`` (one request is out
+    to prove it healthy), ``probe_next`` (cooldown over: the next request probes),
+    ``held`` (an upstream 429 said when to send again) or ``healthy``."""
+    if s.cooling:
+        if s.cool_for > 0:
+            return "cooling"
+        return "probing" if s.probe_for > 0 else "probe_next"
+    return "held" if s.hold_for > 0 else "healthy"
+
+
+def state(settings: Settings, catalog: Catalog, reading: Reading) -> Json:
+    """The whole view: ``limiter``, ``models`` (their deployments) and ``keys``."""
+    now = reading.now
+    totals = _sum(reading.activity)
+    models = [
+        {
+            "name": group.name,
+            "waiting": totals["waiting"].get(group.name, 0),
+            "deployments": [
+                _deployment(
+                    d, catalog, reading.deployments.get(group.name, {}).get(d.id), totals, now
+                )
+                for d in group.deployments
+            ],
+        }
+        for group in catalog.groups.values()
+    ]
+    keys = [
+        _key(key, catalog, reading.keys.get(key.name, KeyState()), totals, now)
+        for key in settings.keys
+    ]
+    anonymous = totals["waiting_keys"].get("", 0), totals["in_flight_keys"].get("", 0)
+    shared = reading.mode is LimiterMode.SHARED
+    return {
+        "time": moment(0.0, now)["at"],
+        "limiter": {
+            "mode": reading.mode.value,
+            # Shared: every replica's view (budgets, health, and each live replica's last
+            # heartbeat, at most a second or so old). Otherwise: this process's own.
+            "scope": "all replicas" if shared else "this process",
+            "replicas_reporting": len(reading.activity),
+        },
+        "waiting": sum(totals["waiting"].values()),
+        "models": models,
+        "keys": keys,
+        "without_key": {"waiting": anonymous[0], "in_flight": anonymous[1]},
+    }
+
+
+def _deployment(
+    d: DeploymentRoute,
+    catalog: Catalog,
+    s: DeploymentState | None,
+    totals: Mapping[str, Mapping[str, int]],
+    now: float,
+) -> Json:
+    s = s or DeploymentState(0.0, {})
+    learned = None
+    if s.learned > 0:
+        learned = {
+            "requests_per_second": round(s.learned, 6),
+            "requests_per_minute": round(s.learned * 60, 3),
+        }
+    return {
+        "id": d.id,
+        "upstream_model": d.upstream_model,
+        "health": {
+            "state": health_state(s),
+            "usable_in": moment(s.unusable_for, now),
+            "cooldown_until": moment(s.cool_for, now) if s.cool_for > 0 else None,
+            "probe_in_progress": s.probe_for > 0,
+            "probe_until": moment(s.probe_for, now) if s.probe_for > 0 else None,
+            "hold_until": moment(s.hold_for, now) if s.hold_for > 0 else None,
+        },
+        "windows": _windows(catalog.limits(d).windows, d.config.limit_rules(), s, now),
+        "learned": learned,
+        "next_turn": moment(s.next_turn, now),
+        "in_flight": totals["in_flight"].get(d.id, 0),
+        "waiting": totals["waiting_on"].get(d.id, 0),
+    }
+
+
+def _key(
+    key: ClientKey,
+    catalog: Catalog,
+    s: KeyState,
+    totals: Mapping[str, Mapping[str, int]],
+    now: float,
+) -> Json:
+    name = key.name
+    limits = catalog.key_limits.get(name)
+    windows = limits.windows if limits is not None else ()
+    parallel = limits.max_parallel if limits is not None else None
+    return {
+        "name": name,
+        "windows": _windows(windows, key.limit_rules(), s, now),
+        "max_parallel": parallel,
+        "slots_held": s.slots_held if parallel is not None else None,
+        "in_flight": totals["in_flight_keys"].get(name, 0),
+        "waiting": totals["waiting_keys"].get(name, 0),
+        "priority": key.priority,
+        "weight": key.weight,
+    }
+
+
+def _windows(
+    windows: Iterable[Window],
+    rules: Iterable[LimitRule],
+    s: DeploymentState | KeyState,
+    now: float,
+) -> list[Json]:
+    configured = {window_name(r.kind, r.per): r.amount for r in rules}
+    return [
+        {
+            "name": w.name,
+            "kind": w.kind,
+            "per_seconds": w.rate.period,
+            "configured": configured.get(w.name),
+            "limit": round(w.rate.limit, 3),
+            "remaining": round(s.remaining.get(w.name, w.rate.largest), 3),
+            "full_in": moment(s.reset.get(w.name, 0.0), now),
+        }
+        for w in windows
+    ]
+
+
+_FIELDS = ("waiting", "waiting_on", "waiting_keys", "in_flight", "in_flight_keys")
+
+
+def _sum(activity: Iterable[Activity]) -> dict[str, dict[str, int]]:
+    """Every replica's counts added up, per field."""
+    totals: dict[str, dict[str, int]] = {f: {} for f in _FIELDS}
+    for a in activity:
+        for f in _FIELDS:
+            counts = totals[f]
+            for name, n in getattr(a, f).items():
+                counts[name] = counts.get(name, 0) + n
+    return totals

@@ -1,0 +1,62 @@
+"""The admin state's shape (pure): health words, times both ways, replicas added up."""
+
+from __future__ import annotations
+
+from support.proxy_server import settings_from
+
+from proxy.catalog import Catalog
+from proxy.limiter.base import Activity, DeploymentState, KeyState, LimiterMode
+from proxy.state_view import Reading, health_state, moment, state
+
+NOW = 1_700_000_000.0
+
+
+def test_moments_are_relative_and_absolute() -> None:
+    assert moment(2.5, NOW) == {"in": 2.5, "at": "2023-11-14T22:13:22.500Z"}
+
+
+def test_health_states() -> None:
+    def s(**kw: float | bool) -> DeploymentState:
+        return DeploymentState(0.0, {}, **kw)  # type: ignore[arg-type]
+
+    assert health_state(s()) == "healthy"
+    assert health_state(s(hold_for=1.0)) == "held"
+    assert health_state(s(cooling=True, cool_for=3.0)) == "cooling"
+    assert health_state(s(cooling=True, probe_for=60.0)) == "probing"
+    assert health_state(s(cooling=True)) == "probe_next"
+
+
+SETTINGS = settings_from(
+    {
+        "keys": [{"name": "a", "key": "sk-a", "rpm": 10, "max_parallel": 2}],
+        "models": [
+            {"name": "m", "deployments": [{"id": "d1", "base_url": "http://127.0.0.1:1/v1"}]}
+        ],
+    }
+)
+
+
+def test_every_replicas_counts_are_added_up() -> None:
+    replica = Activity(
+        waiting={"m": 2}, waiting_on={"d1": 2}, waiting_keys={"a": 1, "": 1}, in_flight={"d1": 1}
+    )
+    reading = Reading(
+        NOW,
+        LimiterMode.SHARED,
+        {"m": {"d1": DeploymentState(0.0, {}, next_turn=1.0)}},
+        {"a": KeyState({"rpm": 7.0}, {"rpm": 18.0}, 1)},
+        [replica, replica],
+    )
+    view = state(SETTINGS, Catalog(SETTINGS), reading)
+    assert view["limiter"] == {"mode": "shared", "scope": "all replicas", "replicas_reporting": 2}
+    assert view["waiting"] == 4
+    [model] = view["models"]
+    [d1] = model["deployments"]
+    assert (model["waiting"], d1["waiting"], d1["in_flight"]) == (4, 4, 2)
+    assert d1["next_turn"]["in"] == 1.0 and d1["learned"] is None
+    [key] = view["keys"]
+    assert (key["waiting"], key["slots_held"], key["max_parallel"]) == (2, 1, 2)
+    [rpm] = key["windows"]
+    assert (rpm["configured"], rpm["limit"], rpm["remaining"]) == (10, 10, 7.0)
+    assert rpm["full_in"]["in"] == 18.0
+    assert view["without_key"] == {"waiting": 2, "in_flight": 0}
