@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from proxy.api.reload import reload_config
 from proxy.api.responses import error_response
 from proxy.auth import bearer_matches
 from proxy.config import Settings
@@ -46,7 +47,9 @@ def admin_only(handler: Handler) -> Handler:
 
 
 # (path, handler, methods): each admin endpoint, registered by create_app.
-ROUTES: list[tuple[str, Handler, list[str]]] = []
+ROUTES: list[tuple[str, Handler, list[str]]] = [
+    ("/admin/reload", reload_config, ["POST"]),
+]
 
 
 def routes() -> list[Route]:

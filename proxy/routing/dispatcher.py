@@ -92,6 +92,13 @@ class Dispatcher:
         self.latency: dict[str, float] = {}
         self.state = RoutingState(self.in_flight, self.latency)
 
+    def carry_over(self, previous: Dispatcher) -> None:
+        """After a reload: share the routing counts and averages with the dispatcher
+        replaced, whose requests still running count in them."""
+        self.in_flight = previous.in_flight
+        self.latency = previous.latency
+        self.state = previous.state
+
     # --- the attempts ---------------------------------------------------------------
 
     async def run(
