@@ -107,6 +107,11 @@ class Reloader:
         self.last: ReloadResult | None = None
         self._signal_installed = False
 
+    @property
+    def retiring(self) -> int:
+        """Replaced pipelines whose requests or bookkeeping are not done yet."""
+        return len(self._retired)
+
     # -- triggers ----------------------------------------------------------------------
 
     def install_signal(self) -> None:
