@@ -139,7 +139,10 @@ class Reloader:
             return await self.reload()
         async with self._reloaded:
             seen = self.generation
-            os.kill(self.supervisor, signal.SIGHUP)
+            try:
+                os.kill(self.supervisor, signal.SIGHUP)
+            except ProcessLookupError:  # the supervisor is gone: this worker alone
+                return await self.reload()
             await asyncio.wait_for(
                 self._reloaded.wait_for(lambda: self.generation > seen), FAN_OUT_TIMEOUT
             )

@@ -161,7 +161,7 @@ def test_a_reload_under_load_rotates_a_key_changes_a_limit_and_adds_a_deployment
     assert set(result.statuses) == {200}, (result.statuses, result.codes)
 
 
-def test_sighup_to_a_serve_with_two_workers_reloads_both_in_place(
+def test_sighup_or_post_to_a_serve_with_two_workers_reloads_both_in_place(
     tmp_path: Path, upstreams: list[FakeUpstreamHandle]
 ) -> None:
     config = _config("", upstreams[:1], OLD, limited_rpm=600)
@@ -189,3 +189,11 @@ def test_sighup_to_a_serve_with_two_workers_reloads_both_in_place(
         for _ in range(10):
             assert _status(proxy, OLD).status_code == 401
         assert _reloads(proxy, "success") == pytest.approx(1.0)  # 1/2 from each worker
+        # POST /admin/reload to one worker reaches both (through the supervisor).
+        proxy.config_path.write_text(yaml.safe_dump(_config("", upstreams[:1], OLD, 600)))
+        response = _admin_reload(proxy)
+        assert response.status_code == 200 and response.json()["keys"]["changed"] == ["rotating"]
+        seen = set()
+        wait_until(lambda: answered_by_both(OLD, 200), 20.0, "both workers on the old key again")
+        assert seen == pids_before
+        assert _reloads(proxy, "success") == pytest.approx(2.0)
