@@ -52,9 +52,12 @@ class StateObserver:
                 await self._task
 
     async def refresh(self) -> None:
-        for group in self.catalog.groups.values():
-            limits = {d.id: self.catalog.limits(d) for d in group.deployments}
+        catalog = self.catalog
+        for group in catalog.groups.values():
+            limits = {d.id: catalog.limits(d) for d in group.deployments}
             states = await self.limiter.snapshot(group.name, list(limits.values()))
+            if self.catalog is not catalog:
+                return  # reloaded meanwhile: no series for what it removed
             for deployment_id, state in states.items():
                 # The per-minute windows: what llmproxy_deployment_budget_remaining shows.
                 for window in limits[deployment_id].windows:
