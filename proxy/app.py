@@ -25,16 +25,15 @@ from starlette.routing import Route
 from proxy.api import admin, routes
 from proxy.api.forwarding import ENDPOINTS, ForwardingEndpoint, HotPathRouter
 from proxy.api.responses import error_response
-from proxy.catalog import key_limits
 from proxy.config import Settings, config_warnings, load_settings
 from proxy.errors import InvalidRequest, ModelNotFound, ProxyError
 from proxy.limiter.base import LimiterMode, ManagedLimiter
 from proxy.limiter.factory import create_limiter
-from proxy.limiter.verdicts import key_codes
 from proxy.logs import configure_logging
 from proxy.metrics import Metrics
-from proxy.observer import StateObserver
+from proxy.observer import StateObserver, publish_configured_state
 from proxy.pipeline import Pipeline
+from proxy.reloading import SUPERVISOR_ENV, Reloader, hold_sighup
 from proxy.upstream.client import create_transport
 
 __all__ = ["create_app", "create_app_from_env"]
@@ -45,11 +44,21 @@ CONFIG_ENV = "LLM_PROXY_CONFIG"
 WORKERS_ENV = "LLM_PROXY_WORKERS"
 
 
-def create_app(settings: Settings, *, workers: int = 1, tune_gc: bool = False) -> HotPathRouter:
+def create_app(
+    settings: Settings,
+    *,
+    workers: int = 1,
+    tune_gc: bool = False,
+    config_path: str | None = None,
+    supervisor: int | None = None,
+) -> HotPathRouter:
     """The proxy as an ASGI app. ``workers`` is how many processes serve this config:
     with the in-memory limiter each holds ``1/workers`` of every budget. ``tune_gc``
     (for a process of its own, as the CLI runs it) tunes the garbage collector once
-    started (``tune_garbage_collector``)."""
+    started (``tune_garbage_collector``). ``config_path``: the file ``settings`` came
+    from, re-read by a reload (SIGHUP, when this is the main thread, or
+    ``POST /admin/reload``); ``supervisor``: the pid of the process that passes SIGHUP on
+    to every worker (``supervisor.py``)."""
     shared = bool(settings.redis.url)
     share = 1.0 if shared else 1.0 / max(workers, 1)
     metrics = Metrics(budget_shared=shared)
@@ -74,17 +83,32 @@ def create_app(settings: Settings, *, workers: int = 1, tune_gc: bool = False) -
         app.state.limiter = limiter
         # What this replica is doing, with every heartbeat: the pipeline in force's.
         limiter.publish(lambda: app.state.pipeline.activity())
-        _publish_configured_state(settings, metrics, share)
+        publish_configured_state(settings, metrics, share)
         observer = StateObserver(pipeline.catalog, limiter, metrics)
         observer.start()
         app.state.observer = observer
+        reloader = Reloader(
+            app.state,
+            config_path,
+            limiter=limiter,
+            transport=transport,
+            metrics=metrics,
+            observer=observer,
+            share=share,
+            workers=workers,
+            supervisor=supervisor,
+        )
+        app.state.reloader = reloader
+        if config_path is not None:
+            reloader.install_signal()
         if tune_gc:
             tune_garbage_collector()
         try:
             yield
         finally:
+            await reloader.aclose()
             await observer.aclose()
-            await pipeline.drain()
+            await app.state.pipeline.drain()
             await transport.aclose()
             await limiter.aclose()
 
@@ -124,9 +148,18 @@ def create_app(settings: Settings, *, workers: int = 1, tune_gc: bool = False) -
 
 def create_app_from_env() -> HotPathRouter:
     """Factory for ``uvicorn --factory`` (used by ``--workers N``): config from the env."""
-    settings = load_settings(os.environ[CONFIG_ENV])
+    hold_sighup()  # the supervisor may pass one on before the app has started
+    path = os.environ[CONFIG_ENV]
+    settings = load_settings(path)
     configure_logging(settings.server.log_level)
-    return create_app(settings, workers=int(os.environ.get(WORKERS_ENV, "1")), tune_gc=True)
+    supervisor = os.environ.get(SUPERVISOR_ENV)
+    return create_app(
+        settings,
+        workers=int(os.environ.get(WORKERS_ENV, "1")),
+        tune_gc=True,
+        config_path=path,
+        supervisor=int(supervisor) if supervisor else None,
+    )
 
 
 # A request allocates thousands of short-lived objects, nearly all freed by reference
@@ -155,23 +188,6 @@ def _readiness(app: FastAPI) -> dict[str, Any]:
         "limiter": limiter.mode.value,
         "deployments_usable": usable,
     }
-
-
-def _publish_configured_state(settings: Settings, metrics: Metrics, share: float) -> None:
-    """Series visible before any traffic: every deployment healthy, its limits; each
-    shadow key's would-be refusals."""
-    for group in settings.models:
-        for d in group.deployments:
-            metrics.init_deployment(
-                group.name,
-                d.id,
-                rpm=d.rpm * share if d.rpm is not None else None,
-                tpm=d.tpm * share if d.tpm is not None else None,
-            )
-    for key in settings.keys:
-        if key.shadow:  # its would-be refusals read 0, not "no data", before the first
-            metrics.init_shadow_key(key.name, key_codes(key_limits(key)))
-    metrics.set_fallback_active(False)
 
 
 def _warn_about(settings: Settings, workers: int, shared: bool) -> None:

@@ -199,6 +199,15 @@ class Catalog:
         # Deployments whose upstream announced lower per-minute limits than configured.
         self._announced: dict[str, DeploymentLimits] = {}
 
+    def carry_over(self, previous: Catalog) -> None:
+        """After a reload: what upstreams announced still holds for deployments whose
+        config did not change."""
+        configs = {d.id: d.config for g in self.groups.values() for d in g.deployments}
+        old = {d.id: d.config for g in previous.groups.values() for d in g.deployments}
+        for deployment_id, limits in previous._announced.items():
+            if deployment_id in configs and configs[deployment_id] == old.get(deployment_id):
+                self._announced[deployment_id] = limits
+
     def limits(self, deployment: DeploymentRoute) -> DeploymentLimits:
         """The one place a deployment's limits come from, for every limiter operation:
         configured, this process's share of them, lowered to what its upstream

@@ -235,6 +235,15 @@ def _serve(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(f"{args.config}: {problem}", file=sys.stderr)
         return 1
+    # A SIGHUP reloads the config: from here on it waits for the app (no default exit).
+    if args.workers > 1:
+        from proxy.supervisor import block_sighup
+
+        block_sighup()
+    else:
+        from proxy.reloading import hold_sighup
+
+        hold_sighup()
     _configure_logging(settings.server.log_level, f"{args.config}: server.log_level")
     warn_about_unreachable_upstreams(settings)
     from proxy.api.protocol import HEADER_TIMEOUT_ENV
@@ -245,7 +254,8 @@ def _serve(args: argparse.Namespace) -> int:
         return _serve_workers(args, settings)
     from proxy.app import create_app
 
-    _run(create_app(settings, tune_gc=True), args, settings.server.log_level)
+    app = create_app(settings, tune_gc=True, config_path=os.path.abspath(args.config))
+    _run(app, args, settings.server.log_level)
     return 0
 
 
@@ -275,6 +285,8 @@ def _serve_workers(args: argparse.Namespace, settings: Settings) -> int:
 
     from proxy.app import CONFIG_ENV, WORKERS_ENV
     from proxy.metrics import cleanup_multiprocess_dir, prepare_multiprocess_dir
+    from proxy.reloading import SUPERVISOR_ENV
+    from proxy.supervisor import run_supervised
 
     # Set before the workers start, so each imports prometheus-client in multiprocess mode.
     metrics_dir = prepare_multiprocess_dir(args.workers)
@@ -286,12 +298,16 @@ def _serve_workers(args: argparse.Namespace, settings: Settings) -> int:
             args.workers,
             args.workers,
         )
+    # Workers pass POST /admin/reload to this process, which passes SIGHUP to them all.
+    os.environ[SUPERVISOR_ENV] = str(os.getpid())
     try:
-        uvicorn.run(
-            "proxy.app:create_app_from_env",
-            factory=True,
-            workers=args.workers,
-            **_uvicorn_options(args, settings.server.log_level),
+        run_supervised(
+            uvicorn.Config(
+                "proxy.app:create_app_from_env",
+                factory=True,
+                workers=args.workers,
+                **_uvicorn_options(args, settings.server.log_level),
+            )
         )
     finally:
         if metrics_dir is not None:

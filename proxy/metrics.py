@@ -33,7 +33,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Final, Generic, Literal, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -46,6 +46,7 @@ __all__ = [
     "LIMIT_KINDS",
     "MULTIPROC_ENV",
     "RATE_LIMIT_SCOPES",
+    "RELOAD_RESULTS",
     "Metrics",
     "cleanup_multiprocess_dir",
     "mark_worker_dead",
@@ -76,6 +77,9 @@ RATE_LIMIT_SCOPES: Final = (
 
 # What the limiter asks its shared storage (labels of llmproxy_limiter_errors_total).
 LIMITER_OPERATIONS: Final = ("acquire_key", "reserve", "settle", "snapshot", "heartbeat")
+
+# Outcomes of a config reload (labels of llmproxy_config_reloads_total).
+RELOAD_RESULTS: Final = ("success", "failure")
 
 # LLM calls last from milliseconds (cached, tiny embeddings) to many minutes (long generations).
 DURATION_BUCKETS: Final = (
@@ -270,6 +274,14 @@ class Metrics:
             registry=reg,
         )
 
+        self._config_reloads_total = Counter(
+            "llmproxy_config_reloads_total",
+            "Config reloads (SIGHUP or POST /admin/reload), by result: success (in force)"
+            " or failure (invalid file, nothing changed).",
+            ["result"],
+            registry=reg,
+        )
+
         # Children by label values (see the module docstring).
         self._c_requests = _Children(self._requests_total)
         self._c_request_duration = _Children(self._request_duration)
@@ -292,6 +304,8 @@ class Metrics:
         # Zero series from the start: "errors by operation" reads 0, not "no data".
         for operation in LIMITER_OPERATIONS:
             self._c_limiter_error(operation)
+        for result in RELOAD_RESULTS:
+            self._config_reloads_total.labels(result)
 
         # Visible from the first scrape, before any Redis trouble.
         self._fallback_active.set(0)
@@ -390,6 +404,27 @@ class Metrics:
         for kind in ("prompt", "completion"):
             self._c_tokens(model, deployment, kind)
 
+    def forget_deployment(self, model: str, deployment: str) -> None:
+        """A reload removed the deployment: drop its state series (its counters are
+        history). In multiprocess mode a worker's file keeps the last values until the
+        worker restarts; prometheus-client cannot delete them there."""
+        for children in (self._c_state, self._c_in_flight, self._c_limit, self._c_budget):
+            children.forget(lambda values: values[:2] == (model, deployment))
+
+    def forget_deployment_limit(self, model: str, deployment: str, kind: str) -> None:
+        """A reload removed the deployment's per-minute limit of ``kind``."""
+        self._c_limit.forget(lambda values: values == (model, deployment, _kind(kind)))
+
+    # -- config -----------------------------------------------------------------------------
+
+    def config_reloaded(self, result: str, share: float = 1.0) -> None:
+        """A reload ended with ``result`` (RELOAD_RESULTS) in this process. ``share``: this
+        worker's part of one reload (1/N with N workers, which all reload together), so
+        the merged counter counts reloads of the replica, not of its workers."""
+        if result not in RELOAD_RESULTS:
+            raise ValueError(f"result must be one of {RELOAD_RESULTS}, not {result!r}")
+        self._config_reloads_total.labels(result).inc(share)
+
     # -- exposition -------------------------------------------------------------------------
 
     def render(self) -> tuple[bytes, str]:
@@ -420,6 +455,12 @@ class _Children(Generic[_M]):
         if child is None:
             child = self._children[values] = self._metric.labels(*(str(v) for v in values))
         return child
+
+    def forget(self, which: Callable[[tuple[object, ...]], bool]) -> None:
+        """Remove the children whose label values ``which`` selects."""
+        for values in [v for v in self._children if which(v)]:
+            del self._children[values]
+            self._metric.remove(*(str(v) for v in values))
 
 
 def _kind(kind: str) -> str:

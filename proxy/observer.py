@@ -8,11 +8,13 @@ import asyncio
 import contextlib
 import logging
 
-from proxy.catalog import Catalog
+from proxy.catalog import Catalog, key_limits
+from proxy.config import Settings
 from proxy.limiter.base import MINUTE, ManagedLimiter
+from proxy.limiter.verdicts import key_codes
 from proxy.metrics import Metrics
 
-__all__ = ["StateObserver"]
+__all__ = ["StateObserver", "publish_configured_state"]
 
 logger = logging.getLogger("proxy.observer")
 
@@ -35,6 +37,12 @@ class StateObserver:
         # Seconds until each deployment is usable, as last seen (empty until then).
         self.unusable_for: dict[str, float] = {}
 
+    def follow(self, catalog: Catalog) -> None:
+        """After a reload: observe the new config's deployments (and only them)."""
+        ids = {d.id for g in catalog.groups.values() for d in g.deployments}
+        self.unusable_for = {i: wait for i, wait in self.unusable_for.items() if i in ids}
+        self.catalog = catalog
+
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
 
@@ -45,9 +53,12 @@ class StateObserver:
                 await self._task
 
     async def refresh(self) -> None:
-        for group in self.catalog.groups.values():
-            limits = {d.id: self.catalog.limits(d) for d in group.deployments}
+        catalog = self.catalog
+        for group in catalog.groups.values():
+            limits = {d.id: catalog.limits(d) for d in group.deployments}
             states = await self.limiter.snapshot(group.name, list(limits.values()))
+            if self.catalog is not catalog:
+                return  # reloaded meanwhile: no series for what it removed
             for deployment_id, state in states.items():
                 # The per-minute windows: what llmproxy_deployment_budget_remaining shows.
                 for window in limits[deployment_id].windows:
@@ -72,3 +83,35 @@ class StateObserver:
             except Exception:  # a dashboard gauge is never worth a crash
                 logger.debug("refreshing state gauges failed", exc_info=True)
             await asyncio.sleep(self.interval)
+
+
+def publish_configured_state(
+    settings: Settings, metrics: Metrics, share: float, previous: Settings | None = None
+) -> None:
+    """Series visible before any traffic: every deployment healthy, its limits, each
+    shadow key's would-be refusals. After a
+    reload (``previous``): new deployments appear, removed ones and removed limits go."""
+    old = {(g.name, d.id): d for g in (previous.models if previous else []) for d in g.deployments}
+    for group in settings.models:
+        for d in group.deployments:
+            was = old.pop((group.name, d.id), None)
+            if was is None:
+                metrics.init_deployment(
+                    group.name,
+                    d.id,
+                    rpm=d.rpm * share if d.rpm is not None else None,
+                    tpm=d.tpm * share if d.tpm is not None else None,
+                )
+                continue
+            for kind, now, before in (("requests", d.rpm, was.rpm), ("tokens", d.tpm, was.tpm)):
+                if now is not None:
+                    metrics.set_deployment_limit(group.name, d.id, kind, now * share)
+                elif before is not None:
+                    metrics.forget_deployment_limit(group.name, d.id, kind)
+    for model, deployment_id in old:
+        metrics.forget_deployment(model, deployment_id)
+    for key in settings.keys:
+        if key.shadow:  # its would-be refusals read 0, not "no data", before the first
+            metrics.init_shadow_key(key.name, key_codes(key_limits(key)))
+    if previous is None:
+        metrics.set_fallback_active(False)

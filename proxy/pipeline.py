@@ -73,7 +73,10 @@ class Pipeline:
         metrics: Metrics,
         share: float = 1.0,
         rng: random.Random | None = None,
+        previous: Pipeline | None = None,
     ) -> None:
+        """``previous``: the pipeline a reload replaces; what this process learned while
+        it ran (routing averages, limits its upstreams announced) carries over."""
         self.settings = settings
         self.catalog = Catalog(settings, share)
         self.keys = KeyStore(settings.keys)
@@ -95,6 +98,23 @@ class Pipeline:
         self.dispatcher = Dispatcher(
             settings, self.catalog, limiter, transport, settler, self.telemetry, rng
         )
+        if previous is not None:
+            self.catalog.carry_over(previous.catalog)
+            self.dispatcher.carry_over(previous.dispatcher)
+        # Requests being served through this pipeline (ForwardingEndpoint counts them):
+        # after a reload, the old pipeline is retired once they are all done.
+        self.users = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def enter(self) -> None:
+        self.users += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.users -= 1
+        if self.users == 0:
+            self._idle.set()
 
     @property
     def waiting(self) -> int:
@@ -188,6 +208,12 @@ class Pipeline:
 
     async def drain(self) -> None:
         """Wait for pending bookkeeping (at shutdown)."""
+        await self.background.drain()
+
+    async def retire(self) -> None:
+        """Replaced by a reload: let the requests it is serving (running or waiting for
+        their turn) finish under it, then its bookkeeping."""
+        await self._idle.wait()
         await self.background.drain()
 
     # --- steps ------------------------------------------------------------------------

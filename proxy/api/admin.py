@@ -15,6 +15,7 @@ from starlette.routing import Route
 
 from proxy.api.admin_page import admin_page
 from proxy.api.admin_state import admin_state
+from proxy.api.reload import reload_config
 from proxy.api.responses import error_response
 from proxy.auth import bearer_matches
 from proxy.config import Settings
@@ -51,6 +52,7 @@ def admin_only(handler: Handler) -> Handler:
 ROUTES: list[tuple[str, Handler, list[str]]] = [
     ("/admin", admin_page, ["GET"]),
     ("/admin/state", admin_state, ["GET"]),
+    ("/admin/reload", reload_config, ["POST"]),
 ]
 
 

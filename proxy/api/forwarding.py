@@ -42,7 +42,16 @@ class ForwardingEndpoint:
         self._pipeline = pipeline
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The pipeline in force when the request arrived serves it to the end, even if a
+        # reload replaces it meanwhile (it is retired once its requests are done).
         pipeline = self._pipeline()
+        pipeline.enter()
+        try:
+            await self._serve(pipeline, scope, receive, send)
+        finally:
+            pipeline.leave()
+
+    async def _serve(self, pipeline: Pipeline, scope: Scope, receive: Receive, send: Send) -> None:
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
         lookup = dict(headers)
         try:

@@ -384,7 +384,8 @@ class MemoryLimiter:
 
     def _sweep(self, now: float) -> None:
         # A bucket whose debt has drained to exactly 0 behaves like FULL from now on (a
-        # learned rate only grows; a configured one changes by reload, which forgets).
+        # learned rate only grows; one a reload lowered drains slower from its next use,
+        # so until then it may be forgotten early: in the client's favour, never against).
         for bucket_id, (state, slowest) in list(self._buckets.items()):
             if debt_at(state, slowest, now) == 0:
                 del self._buckets[bucket_id]

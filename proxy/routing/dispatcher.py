@@ -104,6 +104,14 @@ class Dispatcher:
         """What this replica is doing now (published with the limiter's heartbeat)."""
         return self.tally.report(self.in_flight)
 
+    def carry_over(self, previous: Dispatcher) -> None:
+        """After a reload: share the routing counts and averages with the dispatcher
+        replaced, whose requests still running count in them."""
+        self.in_flight = previous.in_flight
+        self.latency = previous.latency
+        self.state = previous.state
+        self.tally = previous.tally  # its waiting and in-flight requests still count
+
     # --- the attempts ---------------------------------------------------------------
 
     async def run(

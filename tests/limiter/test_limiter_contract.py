@@ -406,3 +406,52 @@ async def test_a_turn_that_can_go_now_is_never_deferred(s: Subject) -> None:
     await s.limiter.reserve(_fair("light"))  # deferred: light now waits
     s.clock.now += 10.0  # the schedule has drained: no turn must wait
     assert (await s.limiter.reserve(_fair("heavy"))).wait == 0.0
+
+
+# -- a config reload: the same windows, some with new limits ------------------------------
+# Buckets are named by owner and window (kind and period), not by rate: a reload that
+# leaves a window alone keeps its state, and a changed limit meets what was spent.
+
+
+async def test_a_reload_keeps_the_state_of_a_window_it_did_not_change(s: Subject) -> None:
+    before = KeyLimits("team", windows=(rpm(10), tpm(1000)))
+    for i in range(10):
+        assert (await s.limiter.acquire_key(KeyAsk(before, f"r{i}", 1))).allowed
+    after = KeyLimits("team", windows=(rpm(10), tpm(5000)))  # only tpm changed
+    verdict = await s.limiter.acquire_key(KeyAsk(after, "r10", 1))
+    assert not verdict.allowed and verdict.code == "key_rpm"
+
+
+async def test_a_reload_that_lowers_a_limit_counts_what_was_spent_against_it(
+    s: Subject,
+) -> None:
+    before = KeyLimits("team", windows=(rpm(10),))
+    for i in range(5):
+        await s.limiter.acquire_key(KeyAsk(before, f"r{i}", 1))
+    after = KeyLimits("team", windows=(rpm(6),))
+    assert (await s.limiter.acquire_key(KeyAsk(after, "r5", 1))).allowed
+    refused = await s.limiter.acquire_key(KeyAsk(after, "r6", 1))
+    assert not refused.allowed and refused.code == "key_rpm"
+    assert refused.window is not None and refused.window.rate.limit == 6
+
+
+async def test_a_reload_that_raises_a_limit_lets_the_difference_through(s: Subject) -> None:
+    before = KeyLimits("team", windows=(rpm(5),))
+    for i in range(5):
+        await s.limiter.acquire_key(KeyAsk(before, f"r{i}", 1))
+    assert not (await s.limiter.acquire_key(KeyAsk(before, "r5", 1))).allowed
+    after = KeyLimits("team", windows=(rpm(8),))
+    verdicts = [await s.limiter.acquire_key(KeyAsk(after, f"n{i}", 1)) for i in range(4)]
+    assert [v.allowed for v in verdicts] == [True, True, True, False]
+
+
+async def test_a_reload_keeps_a_deployments_turns_and_paces_at_its_new_rate(
+    s: Subject,
+) -> None:
+    paced = DeploymentLimits("a", windows=(rpm(60, 1),))  # one turn a second
+    assert (await s.limiter.reserve(GroupAsk("g", [paced], 1, max_wait=30))).wait == 0.0
+    same = await s.limiter.reserve(GroupAsk("g", [paced], 1, max_wait=30))
+    assert same.wait == pytest.approx(1.0)  # unchanged: the turn taken still counts
+    faster = DeploymentLimits("a", windows=(rpm(120, 1),))  # a turn every 0.5 s
+    verdict = await s.limiter.reserve(GroupAsk("g", [faster], 1, max_wait=30))
+    assert verdict.wait == pytest.approx(1.0)  # two units of debt at 0.5 s each

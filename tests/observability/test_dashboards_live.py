@@ -1,12 +1,14 @@
 """Every dashboard panel shows data: a real Prometheus scrapes a real proxy under a short,
 bounded load with two deployments, one failing and cooling down; then every PromQL
 expression of every panel returns a series, and the key numbers agree with what this
-test sent."""
+test sent (and one reload, SIGHUP, on the reloads panel)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,6 +99,13 @@ def test_every_dashboard_query_returns_a_series_and_the_numbers_agree(
             prometheus.wait_for_targets_up()
             statuses = asyncio.run(_traffic(proxy.base_url))
             sent = sum(statuses.values())
+            # One reload (the same file) for the reloads panel.
+            assert proxy.process is not None
+            os.kill(proxy.process.pid, signal.SIGHUP)
+            prometheus.wait_for(
+                'sum(llmproxy_config_reloads_total{result="success"})',
+                lambda r: bool(r) and value(r[0]) == 1,
+            )
             prometheus.wait_for(
                 "sum(llmproxy_requests_total)", lambda r: bool(r) and value(r[0]) == sent
             )
@@ -106,6 +115,7 @@ def test_every_dashboard_query_returns_a_series_and_the_numbers_agree(
                 "llmproxy_rate_limited_total",
                 "llmproxy_time_to_first_token_seconds_count",
                 "llmproxy_deployment_failures_total",
+                "llmproxy_config_reloads_total",
             ):
                 prometheus.wait_for(f"sum(rate({born_late}[1m]))")
             empty = [

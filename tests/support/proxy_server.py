@@ -32,9 +32,11 @@ def settings_from(data: dict[str, Any]) -> Settings:
 
 
 class ProxyInThread:
-    def __init__(self, settings: Settings) -> None:
+    """``config_path``: the file ``settings`` came from, re-read by ``POST /admin/reload``."""
+
+    def __init__(self, settings: Settings, config_path: Path | None = None) -> None:
         self.settings = settings
-        self.app = create_app(settings)
+        self.app = create_app(settings, config_path=str(config_path) if config_path else None)
         self._sock = socket.socket()
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", 0))

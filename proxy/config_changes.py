@@ -1,0 +1,124 @@
+"""What a reload changes: the difference between the config in force and a new one.
+
+Names only (keys, models, deployments; never a secret), for the reload's log line and
+``POST /admin/reload``'s answer, and the settings a running process cannot take without a
+restart (``RESTART_ONLY``): the reload applies everything else and says these need one.
+*Pure*: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.config import Settings
+
+__all__ = ["RESTART_ONLY", "ConfigChanges", "config_changes", "in_force"]
+
+# Read once by what the process built at start: the limiter's connection and policy
+# (redis.*), uvicorn's protocol (header_timeout) and the logging set-up (log_level).
+RESTART_ONLY = (
+    "redis.url",
+    "redis.on_error",
+    "redis.timeout",
+    "server.header_timeout",
+    "server.log_level",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Changed:
+    """Names added, removed and changed among one kind of entry."""
+
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed or self.changed)
+
+    def as_dict(self) -> dict[str, list[str]]:
+        return {
+            "added": list(self.added),
+            "removed": list(self.removed),
+            "changed": list(self.changed),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigChanges:
+    keys: Changed
+    models: Changed
+    deployments: Changed  # "model/deployment"
+    other: tuple[str, ...]  # top-level sections that changed: routing, admin, server...
+    restart_needed: tuple[str, ...]  # of RESTART_ONLY, what differs (kept as it was)
+
+    @property
+    def any(self) -> bool:
+        return bool(self.keys or self.models or self.deployments or self.other)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "keys": self.keys.as_dict(),
+            "models": self.models.as_dict(),
+            "deployments": self.deployments.as_dict(),
+            "other": list(self.other),
+            "restart_needed": list(self.restart_needed),
+        }
+
+
+def config_changes(old: Settings, new: Settings) -> ConfigChanges:
+    deployments_old = {f"{m.name}/{d.id}": d for m in old.models for d in m.deployments}
+    deployments_new = {f"{m.name}/{d.id}": d for m in new.models for d in m.deployments}
+    restart = tuple(path for path in RESTART_ONLY if _at(old, path) != _at(new, path))
+    other = tuple(
+        section
+        for section in ("routing", "admin", "server")
+        if getattr(old, section) != getattr(new, section)
+        and not _only_restart_fields(section, old, new, restart)
+    )
+    return ConfigChanges(
+        keys=_changed({k.name: k for k in old.keys}, {k.name: k for k in new.keys}),
+        # A group "changes" when its own fields do; its deployments are listed apart.
+        models=_changed(
+            {m.name: m.model_copy(update={"deployments": []}) for m in old.models},
+            {m.name: m.model_copy(update={"deployments": []}) for m in new.models},
+        ),
+        deployments=_changed(deployments_old, deployments_new),
+        other=other,
+        restart_needed=restart,
+    )
+
+
+def in_force(old: Settings, new: Settings) -> Settings:
+    """``new`` as a running process applies it: the ``RESTART_ONLY`` fields stay ``old``'s."""
+    server = new.server.model_copy(
+        update={"header_timeout": old.server.header_timeout, "log_level": old.server.log_level}
+    )
+    return new.model_copy(update={"redis": old.redis, "server": server})
+
+
+def _changed(old: Mapping[str, object], new: Mapping[str, object]) -> Changed:
+    return Changed(
+        added=tuple(n for n in new if n not in old),
+        removed=tuple(n for n in old if n not in new),
+        changed=tuple(n for n in new if n in old and old[n] != new[n]),
+    )
+
+
+def _at(settings: Settings, path: str) -> object:
+    section, field = path.split(".")
+    return getattr(getattr(settings, section), field)
+
+
+def _only_restart_fields(
+    section: str, old: Settings, new: Settings, restart: tuple[str, ...]
+) -> bool:
+    """Whether ``section`` differs only in fields a reload does not apply."""
+    keep = {path.split(".")[1] for path in restart if path.startswith(f"{section}.")}
+    if not keep:
+        return False
+    left = getattr(old, section).model_dump(exclude=keep)
+    right = getattr(new, section).model_dump(exclude=keep)
+    return bool(left == right)

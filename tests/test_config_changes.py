@@ -1,0 +1,82 @@
+"""What a reload changes, by name, and what it cannot change without a restart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.config import Settings, parse_settings
+from proxy.config_changes import config_changes, in_force
+
+
+def _settings(**overrides: Any) -> Settings:
+    data: dict[str, Any] = {
+        "keys": [{"name": "a", "key": "sk-a", "rpm": 10}, {"name": "b", "key": "sk-b"}],
+        "models": [
+            {
+                "name": "m",
+                "deployments": [
+                    {"id": "d1", "base_url": "http://127.0.0.1:1/v1", "rpm": 60},
+                    {"id": "d2", "base_url": "http://127.0.0.1:2/v1"},
+                ],
+            }
+        ],
+    }
+    data.update(overrides)
+    return parse_settings(data, "<test>", env={})
+
+
+def test_the_same_file_changes_nothing() -> None:
+    changes = config_changes(_settings(), _settings())
+    assert not changes.any and changes.restart_needed == ()
+
+
+def test_keys_are_listed_by_name_added_removed_and_changed_never_by_secret() -> None:
+    new = _settings(
+        keys=[{"name": "a", "key": "sk-rotated", "rpm": 10}, {"name": "c", "key": "sk-c"}]
+    )
+    changes = config_changes(_settings(), new)
+    assert changes.keys.as_dict() == {"added": ["c"], "removed": ["b"], "changed": ["a"]}
+    assert "sk-" not in repr(changes.as_dict())
+
+
+def test_deployments_are_named_with_their_model() -> None:
+    old = _settings()
+    new = _settings(
+        models=[
+            {
+                "name": "m",
+                "deployments": [
+                    {"id": "d1", "base_url": "http://127.0.0.1:1/v1", "rpm": 120},
+                    {"id": "d3", "base_url": "http://127.0.0.1:3/v1"},
+                ],
+            }
+        ]
+    )
+    changes = config_changes(old, new)
+    assert changes.deployments.as_dict() == {
+        "added": ["m/d3"],
+        "removed": ["m/d2"],
+        "changed": ["m/d1"],
+    }
+    assert not changes.models  # the group's own fields did not change
+
+
+def test_process_level_settings_need_a_restart_and_stay_in_force() -> None:
+    old = _settings()
+    new = _settings(
+        redis={"url": "redis://127.0.0.1:7000"},
+        server={"header_timeout": "3s", "log_level": "debug", "max_body_size": "1MB"},
+    )
+    changes = config_changes(old, new)
+    assert changes.restart_needed == ("redis.url", "server.header_timeout", "server.log_level")
+    assert changes.other == ("server",)  # max_body_size is applied
+    applied = in_force(old, new)
+    assert applied.redis == old.redis
+    assert applied.server.header_timeout == old.server.header_timeout
+    assert applied.server.log_level == old.server.log_level
+    assert applied.server.max_body_size == new.server.max_body_size
+
+
+def test_a_section_that_differs_only_in_restart_fields_is_not_listed_as_applied() -> None:
+    changes = config_changes(_settings(), _settings(server={"log_level": "error"}))
+    assert changes.other == () and changes.restart_needed == ("server.log_level",)
