@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import os
 import re
 import shutil
@@ -60,8 +59,9 @@ def _config(mode: str) -> dict[str, object]:
     }
 
 
-async def _requests(mode: str, count: int, warmup: int) -> float:
-    """Run ``warmup`` then ``_REPEAT`` x ``count`` requests; the best CPU us per request."""
+async def _requests(mode: str, count: int, warmup: int, tune_gc: bool = False) -> float:
+    """Run ``warmup`` then ``_REPEAT`` x ``count`` requests; the best CPU us per request.
+    ``tune_gc``: as the CLI's processes run (``app.tune_garbage_collector``)."""
     import httpx
 
     from proxy.config import parse_settings
@@ -82,9 +82,10 @@ async def _requests(mode: str, count: int, warmup: int) -> float:
     auth = "Bearer sk-bench-client"
     for _ in range(warmup):
         await pipeline.handle("chat/completions", _REQUEST, headers, auth)
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(20_000, 50, 100)  # as the CLI's processes run (app.GC_THRESHOLDS)
+    if tune_gc:
+        from proxy.app import tune_garbage_collector
+
+        tune_garbage_collector()
     best = float("inf")
     for _ in range(_REPEAT):
         started = time.process_time()
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         mode, count = args.child
         import uvloop
 
-        print(uvloop.run(_requests(mode, int(count), warmup=200)))
+        print(uvloop.run(_requests(mode, int(count), warmup=200, tune_gc=True)))
         return 0
     if shutil.which("valgrind") is None:
         print("valgrind is needed (apt-get install -y valgrind)", file=sys.stderr)
