@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 from collections.abc import Sequence
@@ -60,12 +61,30 @@ def _bearer(authorization: str | None) -> str | None:
     return secret
 
 
-def bearer_matches(authorization: str | None, secrets: Sequence[str]) -> bool:
+def bearer_matches(
+    authorization: str | None, secrets: Sequence[str], *, basic: bool = False
+) -> bool:
     """Whether ``Authorization: Bearer X`` presents one of ``secrets`` (an operator's token:
-    /metrics, /admin). Digests are compared, every one of them, in constant time."""
+    /metrics, /admin); with ``basic``, ``Basic`` credentials whose password is one of them
+    count too (what a browser sends after its login prompt). Digests are compared, every
+    one of them, in constant time."""
     presented = _bearer(authorization)
+    if presented is None and basic:
+        presented = _basic_password(authorization)
     given = hashlib.sha256((presented or "").encode()).digest()
     found = False
     for secret in secrets:
         found |= hmac.compare_digest(given, hashlib.sha256(secret.encode()).digest())
     return found and presented is not None
+
+
+def _basic_password(authorization: str | None) -> str | None:
+    scheme, _, encoded = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        decoded = base64.b64decode(encoded.strip(), validate=True).decode()
+    except (ValueError, UnicodeDecodeError):
+        return None
+    password = decoded.partition(":")[2]
+    return password or None

@@ -60,3 +60,17 @@ def test_an_operator_token_matches_only_one_of_the_configured_secrets() -> None:
     assert not bearer_matches("Basic adm-1", ["adm-1"])
     assert not bearer_matches("Bearer ", [""])  # an empty secret never opens the door
     assert not bearer_matches("Bearer x", [])
+
+
+def test_basic_credentials_count_only_where_asked_for() -> None:
+    import base64
+
+    from proxy.auth import bearer_matches
+
+    def basic(user_password: str) -> str:
+        return "Basic " + base64.b64encode(user_password.encode()).decode()
+
+    assert bearer_matches(basic("anyone:adm-1"), ["adm-1"], basic=True)
+    assert not bearer_matches(basic("anyone:adm-1"), ["adm-1"])
+    assert not bearer_matches(basic("adm-1:"), ["adm-1"], basic=True)
+    assert not bearer_matches("Basic !!not-base64", ["adm-1"], basic=True)

@@ -1,7 +1,9 @@
 """The operator's endpoints under ``/admin``: who may call them, and their routes.
 
 They exist only while ``admin.keys`` names at least one key (otherwise 404, as for any
-unknown path), and need one of those keys as a bearer token (otherwise 401). The config is
+unknown path), and need one of those keys as a bearer token (otherwise 401). The HTML page
+also takes it as the password of HTTP Basic credentials, and its 401 asks for them: a
+plain browser shows its login prompt, then sends them with every refresh of the page. The config is
 read per request, so a reload that adds, rotates or removes admin keys takes effect at once.
 """
 
@@ -26,8 +28,9 @@ __all__ = ["ROUTES", "admin_only"]
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def admin_only(handler: Handler) -> Handler:
-    """``handler`` behind the admin keys of the config in force."""
+def admin_only(handler: Handler, *, browser: bool = False) -> Handler:
+    """``handler`` behind the admin keys of the config in force; ``browser``: a page,
+    which also takes them as a Basic password and asks a browser for one."""
 
     async def guarded(request: Request) -> Response:
         settings: Settings = request.app.state.settings
@@ -36,19 +39,30 @@ def admin_only(handler: Handler) -> Handler:
             return error_response(
                 ModelNotFound(f"Unknown path {request.url.path[:200]}.", code="unknown_url")
             )
-        if not bearer_matches(request.headers.get("authorization"), secrets):
-            return error_response(
+        if not bearer_matches(request.headers.get("authorization"), secrets, basic=browser):
+            refused = error_response(
                 AuthenticationFailed(
-                    "The admin endpoints need an admin key: 'Authorization: Bearer ADMIN_KEY'.",
+                    "The admin endpoints need an admin key: 'Authorization: Bearer ADMIN_KEY'"
+                    + (
+                        " (or, in a browser, as the password of its login prompt)."
+                        if browser
+                        else "."
+                    ),
                     code="invalid_admin_key",
                 )
             )
+            if browser:
+                refused.headers["www-authenticate"] = (
+                    'Basic realm="llm-proxy admin", charset="UTF-8"'
+                )
+            return refused
         return await handler(request)
 
     return guarded
 
 
-# (path, handler, methods): each admin endpoint, registered by create_app.
+# (path, handler, methods): each admin endpoint, registered by create_app. The page is
+# the one a browser opens.
 ROUTES: list[tuple[str, Handler, list[str]]] = [
     ("/admin", admin_page, ["GET"]),
     ("/admin/state", admin_state, ["GET"]),
@@ -57,4 +71,7 @@ ROUTES: list[tuple[str, Handler, list[str]]] = [
 
 
 def routes() -> list[Route]:
-    return [Route(path, admin_only(handler), methods=methods) for path, handler, methods in ROUTES]
+    return [
+        Route(path, admin_only(handler, browser=path == "/admin"), methods=methods)
+        for path, handler, methods in ROUTES
+    ]

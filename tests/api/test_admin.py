@@ -133,3 +133,21 @@ def test_the_admin_endpoints_are_off_without_an_admin_key(
         reply = httpx.get(f"{proxy.url}{path}", headers=ADMIN)
     assert reply.status_code == 404
     assert reply.json()["error"]["code"] == "unknown_url"
+
+
+def test_a_browser_is_asked_for_the_admin_key_and_may_give_it_as_a_password(
+    upstream: FakeUpstreamHandle,
+) -> None:
+    """A plain browser cannot send a bearer token: the page's 401 asks for Basic
+    credentials (its login prompt), whose password is the admin key. The JSON API and
+    the reload keep to bearer tokens."""
+    with ProxyInThread(settings_from(config(upstream.base_url))) as proxy:
+        refused = httpx.get(f"{proxy.url}/admin")
+        assert refused.status_code == 401
+        assert refused.headers["www-authenticate"].startswith('Basic realm="llm-proxy admin"')
+        secret = ADMIN["authorization"].removeprefix("Bearer ")
+        assert httpx.get(f"{proxy.url}/admin", auth=("admin", secret)).status_code == 200
+        assert httpx.get(f"{proxy.url}/admin", auth=("admin", "wrong")).status_code == 401
+        state = httpx.get(f"{proxy.url}/admin/state", auth=("admin", secret))
+        assert state.status_code == 401
+        assert "www-authenticate" not in state.headers
