@@ -316,7 +316,7 @@ class Dispatcher:
         ``ClientClosedRequest`` ends the request (nothing goes upstream)."""
         if not queued:
             self.waiting += 1
-        self.events.queued(call.model, 1)
+        self.events.queued(call.model, 1, call.tier)
         started = time.perf_counter()
         try:
             if not await _slept(seconds, call.client_left):
@@ -327,9 +327,9 @@ class Dispatcher:
             raise
         finally:
             self.waiting -= 1
-            self.events.queued(call.model, -1)
+            self.events.queued(call.model, -1, call.tier)
             call.queue_wait += time.perf_counter() - started
-        self.events.waited(call.model, seconds)
+        self.events.waited(call.model, seconds, call.tier)
 
     async def _wait_in_line(self, call: Call, ticket: Ticket, budget: float) -> float | None:
         """Wait as one of the waiting requests for ``ticket`` (at most ``budget`` seconds):
@@ -338,16 +338,16 @@ class Dispatcher:
         if ticket.done():
             return ticket.result()
         self.waiting += 1
-        self.events.queued(call.model, 1)
+        self.events.queued(call.model, 1, call.tier)
         started = time.perf_counter()
         try:
             if not await _watched(asyncio.wait((ticket,), timeout=budget), call.client_left):
                 raise ClientClosedRequest("The client closed the request while it waited.")
         finally:
             self.waiting -= 1
-            self.events.queued(call.model, -1)
+            self.events.queued(call.model, -1, call.tier)
             call.queue_wait += time.perf_counter() - started
-        self.events.waited(call.model, time.perf_counter() - started)
+        self.events.waited(call.model, time.perf_counter() - started, call.tier)
         if not ticket.done():  # its max_wait ran out in line
             return time.monotonic() + max(budget - (time.perf_counter() - started), 0.0)
         return ticket.result()
