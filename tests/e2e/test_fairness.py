@@ -47,7 +47,8 @@ def _config(
                 ],
             }
         ],
-        "routing": {"max_wait": "60s", "retries": 0, "max_queue": 1000, "lookahead": "500ms"},
+        # lookahead: the default (500ms)
+        "routing": {"max_wait": "60s", "retries": 0, "max_queue": 1000},
     }
     if redis_url is not None:
         config["redis"] = {"url": redis_url}
