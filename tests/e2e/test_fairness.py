@@ -89,12 +89,6 @@ async def _together(*loads: Any) -> tuple[list[LoadResult], float]:
     return list(results), loop.time() - started
 
 
-def _used(upstream: FakeUpstreamHandle, seconds: float) -> float:
-    """The share of the limit the upstream served over ``seconds`` (its first window's
-    burst of one aside, at most 1)."""
-    return float(upstream.stats()["served"]) / (RATE * seconds)
-
-
 def _served_while_saturated(result: LoadResult) -> int:
     return sum(1 for o in result.outcomes if o.status == 200 and SETTLED <= o.done_at <= DURATION)
 
@@ -103,10 +97,16 @@ def _waits(result: LoadResult) -> list[float]:
     return [o.queue_ms / 1000 for o in result.outcomes if o.status == 200]
 
 
-def _assert_upstream_clean(upstream: FakeUpstreamHandle, seconds: float) -> None:
+def _assert_upstream_clean(upstream: FakeUpstreamHandle, *loads: LoadResult) -> None:
+    """No upstream 429, and the limit used >= 95% while every key saturates the model
+    (answers completed from SETTLED to DURATION: not the ramp-up nor the last drain)."""
     stats = upstream.stats()
-    used = _used(upstream, seconds)
-    print(f"upstream: served {stats['served']}, rejected {stats['rejected']}, used {used:.1%}")
+    served = sum(_served_while_saturated(load) for load in loads)
+    used = served / (RATE * (DURATION - SETTLED))
+    print(
+        f"upstream: served {stats['served']}, rejected {stats['rejected']};"
+        f" {served} answered from {SETTLED:.0f} s to {DURATION:.0f} s: {used:.1%} of the limit"
+    )
     assert stats["rejected"] == 0, stats
     assert stats["peak_window_requests"] <= LIMIT
     assert used >= 0.95, stats
@@ -144,7 +144,7 @@ def test_a_light_key_beside_a_heavy_one_is_served_promptly_and_the_heavy_key_get
     assert light.statuses == {200: light.sent}, light.codes
     assert light_p90 < 1.0
     assert set(heavy.statuses) == {200}, heavy.codes  # the rest: it waits, nothing refused
-    _assert_upstream_clean(upstream, seconds)
+    _assert_upstream_clean(upstream, heavy, light)
 
 
 def test_two_saturating_keys_share_the_model_by_weight(
@@ -163,10 +163,13 @@ def test_two_saturating_keys_share_the_model_by_weight(
         )
     served = (_served_while_saturated(three), _served_while_saturated(one))
     share = served[0] / sum(served)
-    print(f"\nweights 3:1: served {served} from {SETTLED} s to {DURATION} s, shares {share:.3f}")
+    print(
+        f"\nweights 3:1: served {served} from {SETTLED} s to {DURATION} s, share {share:.3f};"
+        f" run {seconds:.1f} s"
+    )
     assert abs(share - 0.75) <= 0.05
     assert set(three.statuses) == set(one.statuses) == {200}
-    _assert_upstream_clean(upstream, seconds)
+    _assert_upstream_clean(upstream, three, one)
 
 
 def test_a_higher_tier_is_served_promptly_while_a_lower_one_saturates_the_model(
@@ -187,9 +190,9 @@ def test_a_higher_tier_is_served_promptly_while_a_lower_one_saturates_the_model(
     print(
         f"\ntiers: interactive {interactive.count(200)}/{interactive.sent} served, queue p90"
         f" {high_p90:.3f} s; batch {batch.count(200)} served, queue p90"
-        f" {p90(_waits(batch)):.3f} s"
+        f" {p90(_waits(batch)):.3f} s; run {seconds:.1f} s"
     )
     assert interactive.statuses == {200: interactive.sent}, interactive.codes
     assert high_p90 < 1.0
     assert set(batch.statuses) == {200}, batch.codes
-    _assert_upstream_clean(upstream, seconds)
+    _assert_upstream_clean(upstream, batch, interactive)
