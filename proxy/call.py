@@ -58,6 +58,11 @@ class Call:
     key_verdict: KeyVerdict | None = None  # the client key's check, granted or refused
     upstream_time: float = 0.0  # seconds spent on upstream calls until the answer's headers
 
+    @property
+    def tier(self) -> str:
+        """Its key's priority tier, a metric label (a configured number)."""
+        return str(self.claimant.tier)
+
     def real_tokens(self) -> int | None:
         """Tokens the upstream reported (prompt + completion), if it did."""
         if self.prompt_tokens is None and self.completion_tokens is None:

@@ -376,9 +376,10 @@ class RoutingConfig(_Strict):
     max_wait: Duration = 30.0
     max_queue: Annotated[int, Field(ge=0)] = 1000
     # Fair share (docs/limiter.md): turns that must wait are committed at most this far
-    # ahead, split between the waiting keys by priority and weight. 0 (the default for
-    # now): off, turns are committed up to max_wait ahead, first come first served.
-    lookahead: Annotated[Duration, Field(ge=0)] = 0.0
+    # ahead, split between the waiting keys by priority and weight. Half a second: a key
+    # arriving at a saturated model waits about that, and 5 turns at 10 req/s split
+    # finely enough. 0: off, turns are committed up to max_wait ahead, first come first served.
+    lookahead: Annotated[Duration, Field(ge=0)] = 0.5
     retries: Annotated[int, Field(ge=0)] = 2
     cooldown: CooldownConfig = CooldownConfig()
     fallbacks: dict[str, list[str]] = Field(default_factory=dict)

@@ -101,6 +101,7 @@ _GaugeMode = Literal["livesum", "livemax", "livemostrecent"]
 _GAUGE_MODES: Final[dict[str, _GaugeMode]] = {
     # Each worker counts its own requests: the replica's number is the sum.
     "queue_depth": "livesum",
+    "tier_queue_depth": "livesum",
     "in_flight": "livesum",
     # Cooling down or in fallback in any worker is what an operator must see.
     "deployment_state": "livemax",
@@ -204,6 +205,22 @@ class Metrics:
             multiprocess_mode=_GAUGE_MODES["queue_depth"],
             registry=reg,
         )
+        # The same by priority tier (keys[].priority, from the config): fair share at work.
+        self._tier_queue_wait = Histogram(
+            "llmproxy_tier_queue_wait_seconds",
+            "Time a request waited for a budget, by its key's priority tier.",
+            ["model", "tier"],
+            unit="seconds",
+            buckets=QUEUE_WAIT_BUCKETS,
+            registry=reg,
+        )
+        self._tier_queue_depth = Gauge(
+            "llmproxy_tier_queue_depth",
+            "Requests currently waiting for a budget, by their key's priority tier.",
+            ["model", "tier"],
+            multiprocess_mode=_GAUGE_MODES["tier_queue_depth"],
+            registry=reg,
+        )
         self._in_flight = Gauge(
             "llmproxy_in_flight_requests",
             "Requests currently being forwarded to a deployment.",
@@ -292,6 +309,8 @@ class Metrics:
         self._c_rate_limited = _Children(self._rate_limited_total)
         self._c_queue_wait = _Children(self._queue_wait)
         self._c_queue_depth = _Children(self._queue_depth)
+        self._c_tier_queue_wait = _Children(self._tier_queue_wait)
+        self._c_tier_queue_depth = _Children(self._tier_queue_depth)
         self._c_in_flight = _Children(self._in_flight)
         self._c_state = _Children(self._deployment_state)
         self._c_cooldown = _Children(self._cooldowns_total)
@@ -349,11 +368,13 @@ class Metrics:
         for limit in limits:
             self._c_shadow(key, limit)
 
-    def queue_wait(self, model: str, seconds: float) -> None:
+    def queue_wait(self, model: str, seconds: float, tier: str = "0") -> None:
         self._c_queue_wait(model).observe(seconds)
+        self._c_tier_queue_wait(model, tier).observe(seconds)
 
-    def queue_depth_add(self, model: str, delta: int) -> None:
+    def queue_depth_add(self, model: str, delta: int, tier: str = "0") -> None:
         self._c_queue_depth(model).inc(delta)
+        self._c_tier_queue_depth(model, tier).inc(delta)
 
     def in_flight_add(self, model: str, deployment: str, delta: int) -> None:
         self._c_in_flight(model, deployment).inc(delta)

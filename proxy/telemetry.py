@@ -101,11 +101,11 @@ class Telemetry:
             extra={"deployment": deployment, **lowered},
         )
 
-    def queued(self, model: str, delta: int) -> None:
-        self.metrics.queue_depth_add(model, delta)
+    def queued(self, model: str, delta: int, tier: str) -> None:
+        self.metrics.queue_depth_add(model, delta, tier)
 
-    def waited(self, model: str, seconds: float) -> None:
-        self.metrics.queue_wait(model, seconds)
+    def waited(self, model: str, seconds: float, tier: str) -> None:
+        self.metrics.queue_wait(model, seconds, tier)
 
     def refused(self, scope: str, model: str) -> None:
         self.metrics.rate_limited(scope, model)

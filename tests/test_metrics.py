@@ -41,6 +41,8 @@ CONTRACT = {
     "llmproxy_rate_limited": ("counter", {"scope", "model"}),
     "llmproxy_queue_wait_seconds": ("histogram", {"model"}),
     "llmproxy_queue_depth": ("gauge", {"model"}),
+    "llmproxy_tier_queue_wait_seconds": ("histogram", {"model", "tier"}),
+    "llmproxy_tier_queue_depth": ("gauge", {"model", "tier"}),
     "llmproxy_in_flight_requests": ("gauge", {"model", "deployment"}),
     "llmproxy_deployment_state": ("gauge", {"model", "deployment"}),
     "llmproxy_deployment_cooldowns": ("counter", {"model", "deployment", "reason"}),
@@ -216,6 +218,18 @@ def test_queue_depth_and_in_flight_go_up_and_down(metrics: Metrics) -> None:
     assert sample(s, "llmproxy_queue_depth", model="m") == 1
     assert sample(s, "llmproxy_in_flight_requests", model="m", deployment="d") == 0
     assert sample(s, "llmproxy_queue_wait_seconds_count", model="m") == 1
+
+
+def test_waits_are_also_counted_by_the_keys_priority_tier(metrics: Metrics) -> None:
+    metrics.queue_depth_add("m", 1, tier="1")
+    metrics.queue_depth_add("m", 1, tier="0")
+    metrics.queue_depth_add("m", -1, tier="0")
+    metrics.queue_wait("m", 0.02, tier="1")
+    s = scrape(metrics)
+    assert sample(s, "llmproxy_tier_queue_depth", model="m", tier="1") == 1
+    assert sample(s, "llmproxy_tier_queue_depth", model="m", tier="0") == 0
+    assert sample(s, "llmproxy_queue_depth", model="m") == 1  # the model's total, as before
+    assert sample(s, "llmproxy_tier_queue_wait_seconds_count", model="m", tier="1") == 1
 
 
 def test_deployment_state_is_0_healthy_and_1_cooling_down(metrics: Metrics) -> None:

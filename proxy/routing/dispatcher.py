@@ -34,6 +34,7 @@ from proxy.errors import (
 from proxy.limiter.base import NEUTRAL, SUCCESS, Activity, GroupAsk, Limiter, Outcome
 from proxy.routing.activity import Tally
 from proxy.routing.events import Attempt, Events
+from proxy.routing.lines import Line, Lines, Ticket, turn_spacing
 from proxy.routing.outcomes import (
     classify_status,
     is_failure,
@@ -95,6 +96,7 @@ class Dispatcher:
         self.rng = rng or random.Random()
         self.waiting = 0  # requests of this replica sleeping for a turn
         self.tally = Tally()  # the same by model, deployment and key (the admin state)
+        self.lines = Lines()  # deferred requests, one line per (group, key): lines.py
         # What the strategies order by: requests in flight and a latency average.
         self.in_flight: dict[str, int] = {}
         self.latency: dict[str, float] = {}
@@ -111,6 +113,7 @@ class Dispatcher:
         self.latency = previous.latency
         self.state = previous.state
         self.tally = previous.tally  # its waiting and in-flight requests still count
+        self.lines = previous.lines  # one line per key, whichever config it came under
 
     # --- the attempts ---------------------------------------------------------------
 
@@ -172,67 +175,125 @@ class Dispatcher:
         gate: Awaitable[object] | None = None,
     ) -> Turn:
         """Reserve a turn on a deployment and sleep until it (bounded by max_wait)."""
-        while True:
-            ordered = order_candidates(self.routing.strategy, candidates, self.rng, self.state)
-            # A full queue still lets through a request that needs no waiting.
-            queue_full = self.waiting >= self.routing.max_queue
-            budget = 0.0 if queue_full else max(call.max_wait - call.queue_wait, 0.0)
-            lease = f"{call.request_id}.{call.retries}"
-            verdict = await self.limiter.reserve(
-                GroupAsk(
-                    group.name,
-                    [self.catalog.limits(d) for d in ordered],
-                    float(call.estimate),
-                    budget,
-                    lease,
-                    self.settler.least_busy,
-                    call.claimant,
-                    self.routing.lookahead,
+        line: Line | None = None  # the key's line of deferred requests (lines.py), once in it
+        try:
+            while True:
+                ordered = order_candidates(self.routing.strategy, candidates, self.rng, self.state)
+                # A full queue still lets through a request that needs no waiting.
+                queue_full = self.waiting >= self.routing.max_queue
+                budget = 0.0 if queue_full else max(call.max_wait - call.queue_wait, 0.0)
+                if line is None and budget > 0.0 and self.lines.busy(group.name, call.claimant.key):
+                    # Others of this key wait here for their share: join them, do not ask.
+                    if gate is not None:
+                        await self._pass_gate(call, None, gate)
+                        gate = None
+                    line = await self._queue(call, group, budget, None)
+                    continue
+                lease = f"{call.request_id}.{call.retries}"
+                verdict = await self.limiter.reserve(
+                    GroupAsk(
+                        group.name,
+                        [self.catalog.limits(d) for d in ordered],
+                        float(call.estimate),
+                        budget,
+                        lease,
+                        self.settler.least_busy,
+                        call.claimant,
+                        self.routing.lookahead,
+                    )
                 )
-            )
-            deployment = next((d for d in ordered if d.id == verdict.deployment_id), None)
-            turn = None
-            if deployment is not None and verdict.sent is not None:
-                self.settler.saw(deployment.id, verdict.sent.epoch)
-                turn = Turn(deployment, lease, verdict.probe, verdict.sent)
-            queued = turn is not None and verdict.wait > 0
-            if queued and self.waiting >= self.routing.max_queue:
-                # The queue filled up while we asked: give the turn back.
-                assert turn is not None
-                self.settler.give_back(turn, call.estimate)
-                turn, queued, queue_full = None, False, True
-                verdict = replace(verdict, deployment_id=None, retry_after=verdict.wait)
-            if queued:
-                self.waiting += 1  # counted at once: no await between check and count
-            try:
-                if gate is not None:
-                    await self._pass_gate(call, turn, gate)
-                    gate = None
-            except BaseException:
+                deferred = verdict.deferred and verdict.retry_after <= budget
+                if line is not None and not deferred:
+                    if verdict.wait > 0.0:  # the next in line asks when its turn would fit
+                        spacing = turn_spacing(
+                            [self.catalog.limits(d) for d in ordered], call.estimate
+                        )
+                        line.not_before = time.monotonic() + max(
+                            verdict.wait + spacing - self.routing.lookahead, 0.0
+                        )
+                    line.leave()
+                    line = None
+                deployment = next((d for d in ordered if d.id == verdict.deployment_id), None)
+                turn = None
+                if deployment is not None and verdict.sent is not None:
+                    self.settler.saw(deployment.id, verdict.sent.epoch)
+                    turn = Turn(deployment, lease, verdict.probe, verdict.sent)
+                queued = turn is not None and verdict.wait > 0
+                if queued and self.waiting >= self.routing.max_queue:
+                    # The queue filled up while we asked: give the turn back.
+                    assert turn is not None
+                    self.settler.give_back(turn, call.estimate)
+                    turn, queued, queue_full = None, False, True
+                    verdict = replace(verdict, deployment_id=None, retry_after=verdict.wait)
                 if queued:
-                    self.waiting -= 1
-                raise
-            if turn is not None:
-                if queued:
-                    await self._wait(call, verdict.wait, turn, queued=True)
-                    if self.settler.stale(turn):
-                        continue  # learned meanwhile: its turn was dropped, take a new one
-                return turn
-            if verdict.code == "request_too_large":
-                raise InvalidRequest(
-                    f"This request needs about {call.estimate} tokens, more than any"
-                    f" deployment of '{group.name}' accepts per minute.",
-                    code="request_too_large",
-                )
-            if verdict.deferred and verdict.retry_after <= budget:
-                # Fair share: others are owed the next turns; ask again when ours is due.
-                await self._wait(call, verdict.retry_after, None, group=group.name)
-                continue
-            if verdict.cooling and 0.0 < verdict.retry_after <= budget:
-                # Every usable deployment is cooling down: wait for the first to return.
-                await self._wait(call, verdict.retry_after, None, group=group.name)
-                continue
-            raise self._refusal(call, group, verdict.cooling, queue_full, verdict.retry_after)
+                    self.waiting += 1  # counted at once: no await between check and count
+                try:
+                    if gate is not None:
+                        await self._pass_gate(call, turn, gate)
+                        gate = None
+                except BaseException:
+                    if queued:
+                        self.waiting -= 1
+                    raise
+                if turn is not None:
+                    if queued:
+                        await self._wait(call, verdict.wait, turn, queued=True)
+                        if self.settler.stale(turn):
+                            continue  # learned meanwhile: its turn was dropped, take a new one
+                    return turn
+                if verdict.code == "request_too_large":
+                    raise InvalidRequest(
+                        f"This request needs about {call.estimate} tokens, more than any"
+                        f" deployment of '{group.name}' accepts per minute.",
+                        code="request_too_large",
+                    )
+                if deferred:
+                    # Fair share: others are owed the next turns; ask again when told, as
+                    # the head of this key's line (the others of the key wait behind).
+                    if line is None:
+                        line = await self._queue(call, group, budget, verdict.retry_after)
+                    else:
+                        line.defer(time.monotonic() + verdict.retry_after)
+                        await self._wait(call, verdict.retry_after, None, group=group.name)
+                    continue
+                if verdict.cooling and 0.0 < verdict.retry_after <= budget:
+                    # Every usable deployment is cooling down: wait for the first to return.
+                    await self._wait(call, verdict.retry_after, None, group=group.name)
+                    continue
+                raise self._refusal(call, group, verdict.cooling, queue_full, verdict.retry_after)
+        finally:
+            if line is not None:
+                line.leave()
+
+    async def _queue(
+        self, call: Call, group: GroupRoute, budget: float, retry_after: float | None
+    ) -> Line:
+        """Take a place in the key's line and wait to head it, then until the moment its
+        head is to ask the limiter (``retry_after``: this request was just deferred for
+        that long). Ends the request if its client leaves or its ``budget`` (what is left
+        of its max_wait) cannot cover the wait."""
+        line = self.lines.line(group.name, call.claimant.key)
+        now = time.monotonic()
+        if retry_after is not None and not line.busy:
+            line.not_before = now + retry_after
+        ticket = line.join(now + budget, now)
+        try:
+            refused_until = await self._wait_in_line(call, ticket, budget, group.name)
+        except BaseException:
+            line.abandon(ticket)
+            raise
+        if refused_until is not None:
+            line.abandon(ticket)
+            retry = max(refused_until - time.monotonic(), 0.0)
+            raise self._refusal(call, group, False, False, retry)
+        try:
+            delay = line.not_before - time.monotonic()
+            if delay > 0.0:
+                await self._wait(call, delay, None, group=group.name)
+        except BaseException:
+            line.leave()
+            raise
+        return line
 
     async def _pass_gate(self, call: Call, reserved: Turn | None, gate: Awaitable[object]) -> None:
         try:
@@ -281,7 +342,7 @@ class Dispatcher:
         on = give_back.deployment if give_back is not None else None
         model, deployment = (on.group, on.id) if on is not None else (group or call.model, None)
         self.tally.wait_started(model, deployment, call.key_name)
-        self.events.queued(call.model, 1)
+        self.events.queued(call.model, 1, call.tier)
         started = time.perf_counter()
         try:
             if not await _slept(seconds, call.client_left):
@@ -293,9 +354,34 @@ class Dispatcher:
         finally:
             self.waiting -= 1
             self.tally.wait_ended(model, deployment, call.key_name)
-            self.events.queued(call.model, -1)
+            self.events.queued(call.model, -1, call.tier)
             call.queue_wait += time.perf_counter() - started
-        self.events.waited(call.model, seconds)
+        self.events.waited(call.model, seconds, call.tier)
+
+    async def _wait_in_line(
+        self, call: Call, ticket: Ticket, budget: float, group: str
+    ) -> float | None:
+        """Wait as one of the waiting requests for ``ticket`` (at most ``budget`` seconds):
+        None once this request heads its line, else when it could be served at the
+        earliest (its budget cannot cover the wait). Raises if the client leaves first."""
+        if ticket.done():
+            return ticket.result()
+        self.waiting += 1
+        self.tally.wait_started(group, None, call.key_name)
+        self.events.queued(call.model, 1, call.tier)
+        started = time.perf_counter()
+        try:
+            if not await _watched(asyncio.wait((ticket,), timeout=budget), call.client_left):
+                raise ClientClosedRequest("The client closed the request while it waited.")
+        finally:
+            self.waiting -= 1
+            self.tally.wait_ended(group, None, call.key_name)
+            self.events.queued(call.model, -1, call.tier)
+            call.queue_wait += time.perf_counter() - started
+        self.events.waited(call.model, time.perf_counter() - started, call.tier)
+        if not ticket.done():  # its max_wait ran out in line
+            return time.monotonic() + max(budget - (time.perf_counter() - started), 0.0)
+        return ticket.result()
 
     # --- one upstream call ------------------------------------------------------------
 
@@ -453,11 +539,19 @@ async def _slept(seconds: float, client_left: ClientLeft | None) -> bool:
     if client_left is None:
         await asyncio.sleep(seconds)
         return True
-    sleeping = asyncio.ensure_future(asyncio.sleep(seconds))
+    return await _watched(asyncio.sleep(seconds), client_left)
+
+
+async def _watched(waited: Awaitable[object], client_left: ClientLeft | None) -> bool:
+    """Await ``waited``; False if the client left first."""
+    if client_left is None:
+        await waited
+        return True
+    waiting = asyncio.ensure_future(waited)
     watching = asyncio.ensure_future(client_left())
     try:
-        await asyncio.wait((sleeping, watching), return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait((waiting, watching), return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in (sleeping, watching):
+        for task in (waiting, watching):
             task.cancel()
     return not watching.done() or watching.cancelled()

@@ -57,11 +57,12 @@ class Events(Protocol):
         """Configured limits were lowered to what the upstream announces."""
         ...
 
-    def queued(self, model: str, delta: int) -> None:
-        """A request started (+1) or stopped (-1) waiting for its turn."""
+    def queued(self, model: str, delta: int, tier: str) -> None:
+        """A request started (+1) or stopped (-1) waiting for its turn (``tier``: its
+        key's priority, as configured)."""
         ...
 
-    def waited(self, model: str, seconds: float) -> None: ...
+    def waited(self, model: str, seconds: float, tier: str) -> None: ...
 
     def refused(self, scope: str, model: str) -> None:
         """The proxy refused a request because of ``scope``'s limit (a 429 or 503)."""

@@ -232,3 +232,19 @@ def test_with_fair_share_on_a_burst_is_deferred_then_served_without_an_upstream_
     assert [r.status_code for r in responses] == [200] * 12
     stats = upstream.stats()
     assert (stats["served"], stats["rejected"]) == (12, 0)
+
+
+def test_requests_waiting_in_their_keys_line_keep_their_own_max_wait(
+    upstream: FakeUpstreamHandle,
+) -> None:
+    # One a second, turns committed half a second ahead (the default lookahead): the
+    # burst's later requests are deferred and wait in the key's line; the one whose turn
+    # (at 1 s) fits its 1.5 s max_wait is served, those whose turns come later get 429
+    # model_capacity with a retry-after, nothing reaching the upstream for them.
+    with _proxy(upstream, {"max_wait": "1500ms"}, {"rpm": 60}) as proxy:
+        responses = asyncio.run(_burst(proxy.base_url, 5))
+    assert sorted(r.status_code for r in responses) == [200, 200, 429, 429, 429]
+    for response in responses:
+        if response.status_code == 429:
+            _assert_429(response, "model_capacity")
+    assert upstream.stats()["served"] == 2

@@ -4,6 +4,7 @@ nothing for the deployment, whose state a success does not change."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import threading
 import time
@@ -93,3 +94,40 @@ def _wait_for_settlements(proxy: ProxyInThread) -> None:
     deadline = time.monotonic() + 5
     while proxy.app.state.pipeline.background._tasks and time.monotonic() < deadline:
         time.sleep(0.01)
+
+
+def test_deferred_requests_of_a_key_queue_locally_so_asks_do_not_grow_with_waiters(
+    upstream: FakeUpstreamHandle, redis_url: str
+) -> None:
+    # A saturated model (10 a second) shared by a heavy key (30 requests at once) and a
+    # light one (5): most requests are deferred for the fair share. Only the head of each
+    # key's line asks again: a request asks on arrival, about once more for its share and
+    # once for its turn, a few reservations in all, not one per deferral of every waiter
+    # at the same moment (591 reservations for these 35 requests without the lines).
+    config = {
+        "redis": {"url": redis_url},
+        "keys": [{"name": "heavy", "key": "sk-heavy"}, {"name": "light", "key": "sk-light"}],
+        "models": [
+            {"name": "m", "deployments": [{"id": "d", "base_url": upstream.base_url, "rpm": 600}]}
+        ],
+        "routing": {"max_wait": "30s", "lookahead": "500ms", "max_queue": 100},
+    }
+
+    async def burst(url: str) -> list[int]:
+        async with httpx.AsyncClient(timeout=30) as client:
+
+            async def one(key: str) -> int:
+                headers = {"authorization": f"Bearer {key}"}
+                reply = await client.post(f"{url}/chat/completions", json=CHAT, headers=headers)
+                return reply.status_code
+
+            keys = ["sk-heavy"] * 30 + ["sk-light"] * 5
+            return list(await asyncio.gather(*(one(key) for key in keys)))
+
+    with ProxyInThread(settings_from(config)) as proxy, ScriptMonitor(redis_url) as monitor:
+        statuses = asyncio.run(burst(proxy.base_url))
+        _wait_for_settlements(proxy)
+    reservations = monitor.ran.count("reserve_deployment")
+    print(f"\n35 requests, {reservations} reservations")
+    assert statuses == [200] * 35
+    assert reservations <= 4 * 35

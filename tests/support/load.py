@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import math
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -34,6 +35,7 @@ class Outcome:
     retry_after: str | None = None
     sent_at: float = 0.0  # seconds since the load started
     done_at: float = 0.0
+    queue_ms: float = 0.0  # what the proxy says it waited (x-llm-proxy-queue-ms)
 
 
 @dataclass
@@ -51,6 +53,12 @@ class LoadResult:
     @property
     def codes(self) -> Counter[str | None]:
         return Counter(o.code for o in self.outcomes if o.status != 200)
+
+
+# Idle connections are dropped well before uvicorn's 5 s keep-alive closes them: with the
+# same 5 s on both sides, a request sent on a connection the server is closing fails in
+# transit (a race of the test client, not an answer of the proxy).
+_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=1000, keepalive_expiry=2.0)
 
 
 async def drive(
@@ -89,37 +97,11 @@ async def _drive(
 ) -> LoadResult:
     result = LoadResult()
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-    # Idle connections are dropped well before uvicorn's 5 s keep-alive closes them: with
-    # the same 5 s on both sides, a request sent on a connection the server is closing
-    # fails in transit (a race of the test client, not an answer of the proxy).
-    limits = httpx.Limits(
-        max_connections=1000, max_keepalive_connections=1000, keepalive_expiry=2.0
-    )
     start = time.monotonic()
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=timeout, limits=_LIMITS) as client:
 
         async def one(url: str) -> None:
-            sent_at = time.monotonic() - start
-            try:
-                response = await client.post(
-                    f"{url}/chat/completions", json=body or CHAT, headers=headers
-                )
-            except httpx.HTTPError as exc:  # its class is the code: a failure says what
-                result.outcomes.append(
-                    Outcome(0, type(exc).__name__, sent_at=sent_at, done_at=sent_at)
-                )
-                return
-            code = None
-            if response.status_code != 200:
-                try:
-                    code = response.json()["error"]["code"]
-                except (ValueError, KeyError, TypeError):
-                    code = "unparseable"
-            done_at = time.monotonic() - start
-            retry_after = response.headers.get("retry-after")
-            result.outcomes.append(
-                Outcome(response.status_code, code, retry_after, sent_at, done_at)
-            )
+            result.outcomes.append(await _post(client, url, headers, body, start))
 
         tasks: list[asyncio.Task[None]] = []
         interval = 1.0 / rate
@@ -133,3 +115,59 @@ async def _drive(
         result.sent = n
         await asyncio.gather(*tasks)
     return result
+
+
+async def closed_loop(
+    urls: list[str],
+    connections: int,
+    duration: float,
+    *,
+    api_key: str | None = None,
+    body: dict[str, Any] | None = None,
+    timeout: float = 60.0,
+) -> LoadResult:
+    """``connections`` clients, each sending its next request when the last is answered,
+    until ``duration`` seconds have passed (client i uses ``urls[i % len(urls)]``)."""
+    with _collector_paused():
+        result = LoadResult()
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        start = time.monotonic()
+        async with httpx.AsyncClient(timeout=timeout, limits=_LIMITS) as client:
+
+            async def client_loop(url: str) -> None:
+                while time.monotonic() - start < duration:
+                    result.outcomes.append(await _post(client, url, headers, body, start))
+                    result.sent += 1
+
+            await asyncio.gather(*(client_loop(urls[i % len(urls)]) for i in range(connections)))
+        return result
+
+
+async def _post(
+    client: httpx.AsyncClient,
+    url: str,
+    headers: dict[str, str],
+    body: dict[str, Any] | None,
+    start: float,
+) -> Outcome:
+    sent_at = time.monotonic() - start
+    try:
+        response = await client.post(f"{url}/chat/completions", json=body or CHAT, headers=headers)
+    except httpx.HTTPError as exc:  # its class is the code: a failure says what
+        return Outcome(0, type(exc).__name__, sent_at=sent_at, done_at=sent_at)
+    code = None
+    if response.status_code != 200:
+        try:
+            code = response.json()["error"]["code"]
+        except (ValueError, KeyError, TypeError):
+            code = "unparseable"
+    done_at = time.monotonic() - start
+    retry_after = response.headers.get("retry-after")
+    queue_ms = float(response.headers.get("x-llm-proxy-queue-ms", "0"))
+    return Outcome(response.status_code, code, retry_after, sent_at, done_at, queue_ms)
+
+
+def p90(values: list[float]) -> float:
+    """The 90th percentile (nearest rank) of ``values``."""
+    ordered = sorted(values)
+    return ordered[max(math.ceil(0.9 * len(ordered)) - 1, 0)] if ordered else 0.0
