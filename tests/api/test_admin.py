@@ -151,3 +151,25 @@ def test_a_browser_is_asked_for_the_admin_key_and_may_give_it_as_a_password(
         state = httpx.get(f"{proxy.url}/admin/state", auth=("admin", secret))
         assert state.status_code == 401
         assert "www-authenticate" not in state.headers
+
+
+def test_a_request_deferred_by_fair_share_waits_on_its_model_without_a_turn(
+    upstream: FakeUpstreamHandle,
+) -> None:
+    """With fair share's lookahead (the default), a turn a minute ahead is not taken: the
+    request waits on its model and key, and the deployment has no turn promised."""
+
+    def deferred(view: dict[str, Any]) -> bool:
+        slow = next(m for m in view["models"] if m["name"] == "slow")
+        return slow["waiting"] == 1 and key(view, "team-a")["waiting"] == 1
+
+    async def scenario(url: str) -> dict[str, Any]:
+        async with cooling_and_waiting(url):
+            return await poll_state(url, deferred)
+
+    with ProxyInThread(settings_from(config(upstream.base_url, lookahead="500ms"))) as proxy:
+        view = asyncio.run(scenario(proxy.url))
+    paced = deployment(view, "slow", "paced")
+    assert paced["waiting"] == 0
+    [rpm] = paced["windows"]
+    assert rpm["remaining"] < 1  # only the first request's turn is spent

@@ -19,10 +19,13 @@ KEY = "sk-team-a"
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 
 
-def config(upstream_url: str, redis_url: str | None = None) -> dict[str, Any]:
+def config(
+    upstream_url: str, redis_url: str | None = None, lookahead: str = "0s"
+) -> dict[str, Any]:
     """Model ``flaky``: one deployment nothing answers at (it cools after one failure,
     for a minute). Model ``slow``: one deployment at 1 request a minute (the second
-    request waits about a minute for its turn)."""
+    request waits about a minute for its turn: with ``lookahead`` 0, holding that turn;
+    with fair share's lookahead, deferred without one, waiting on the model)."""
     return {
         "redis": {"url": redis_url or ""},
         "admin": {"keys": [ADMIN_KEY]},
@@ -42,6 +45,7 @@ def config(upstream_url: str, redis_url: str | None = None) -> dict[str, Any]:
         "routing": {
             "retries": 0,
             "max_wait": "120s",
+            "lookahead": lookahead,
             "cooldown": {"allowed_fails": 1, "window": "60s", "time": "60s"},
         },
     }
