@@ -1,13 +1,14 @@
 """The proxy's own cost per request in instructions: noise-free, unlike req/s.
 
-    python -m loadtest.cost                       # this tree: memory, Redis-less
+    python -m loadtest.cost                       # this tree: memory, Redis, no limits
     python -m loadtest.cost --baseline 70e910d    # and as of a revision, side by side
 
 One process runs the request pipeline in-process (``Pipeline.handle``: auth, parsing,
 the key check, the limiter, routing, the reply, metrics and the log line) over an
 in-process upstream that answers at once, so what is counted is the proxy's Python and
-nothing else. Under ``valgrind --tool=callgrind`` the instruction count of a run is
-repeatable whatever else the machine does (the 2-core machines here are shared and
+nothing else (with Redis, a private redis-server's own work is not counted: the
+proxy's side of the limiter is). Under ``valgrind --tool=callgrind`` the instruction
+count of a run is repeatable whatever else the machine does (the 2-core machines here are shared and
 wall-clock figures move by 10-20% between runs); two runs of different lengths are
 subtracted so start-up cancels out. Without valgrind it prints CPU time per request,
 which is noisy. This is a microscope for changes to the Python path; ``make bench`` is
@@ -21,13 +22,14 @@ import asyncio
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-MODES = ("memory", "nolimits")
+MODES = ("memory", "redis", "nolimits")
 _SHORT, _LONG = 100, 400  # requests (per repetition) of the two subtracted runs
 _REPEAT = 5
 
@@ -49,7 +51,7 @@ def _config(mode: str) -> dict[str, object]:
         "id": "fake", "base_url": "http://127.0.0.1:9/v1", "api_key": "sk-up", "timeout": "30s",
     }  # fmt: skip
     key: dict[str, object] = {"name": "bench", "key": "sk-bench-client"}
-    if mode == "memory":
+    if mode != "nolimits":
         deployment.update(rpm=100_000_000, burst=100_000)
         key.update(rpm=100_000_000, tpm=10_000_000_000)
     return {
@@ -59,24 +61,34 @@ def _config(mode: str) -> dict[str, object]:
     }
 
 
-async def _requests(mode: str, count: int, warmup: int, tune_gc: bool = False) -> float:
+async def _requests(
+    mode: str, count: int, warmup: int, tune_gc: bool = False, redis_url: str = ""
+) -> float:
     """Run ``warmup`` then ``_REPEAT`` x ``count`` requests; the best CPU us per request.
     ``tune_gc``: as the CLI's processes run (``app.tune_garbage_collector``)."""
     import httpx
 
     from proxy.config import parse_settings
-    from proxy.limiter.memory import MemoryLimiter
+
+    try:
+        from proxy.limiter.factory import create_limiter
+    except ImportError:  # a revision from before the factory module (70e910d)
+        from proxy.limiter import create_limiter  # type: ignore[attr-defined,no-redef]
     from proxy.metrics import Metrics
     from proxy.pipeline import Pipeline
+
+    # Under valgrind the loop runs some 50x slower: a Redis reply must not time out.
+    limiter = create_limiter(redis_url or None, replica_id="cost", timeout=30.0)
+    await limiter.start()
 
     def answer(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, content=_ANSWER, headers={"content-type": "application/json"})
 
     pipeline = Pipeline(
         parse_settings(_config(mode)),
-        MemoryLimiter(),
+        limiter,
         httpx.MockTransport(answer),
-        Metrics(budget_shared=False),
+        Metrics(budget_shared=bool(redis_url)),
     )
     headers = [("content-type", "application/json")]
     auth = "Bearer sk-bench-client"
@@ -95,7 +107,42 @@ async def _requests(mode: str, count: int, warmup: int, tune_gc: bool = False) -
             if reply.status != 200:
                 raise SystemExit(f"unexpected answer {reply.status}: {reply.body!r}")
         best = min(best, (time.process_time() - started) / count * 1e6)
+    await limiter.aclose()
     return best
+
+
+def _child(mode: str, count: int) -> float:
+    """One measured run, in the process callgrind watches (with its own redis-server)."""
+    import uvloop
+
+    if mode != "redis":
+        return uvloop.run(_requests(mode, count, warmup=200, tune_gc=True))
+    with tempfile.TemporaryDirectory() as workdir, socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+        probe.close()
+        redis = subprocess.Popen(
+            [
+                "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--dir", workdir,
+            ],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+            url = f"redis://127.0.0.1:{port}"
+            return uvloop.run(_requests(mode, count, 200, tune_gc=True, redis_url=url))
+        finally:
+            redis.terminate()
+            redis.wait(timeout=10)
 
 
 def _instructions(source: Path, mode: str) -> int:
@@ -124,11 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=MODES, action="append", help="default: both")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.child:  # one measured run, in the process callgrind watches
-        mode, count = args.child
-        import uvloop
-
-        print(uvloop.run(_requests(mode, int(count), warmup=200, tune_gc=True)))
+    if args.child:
+        print(_child(args.child[0], int(args.child[1])))
         return 0
     if shutil.which("valgrind") is None:
         print("valgrind is needed (apt-get install -y valgrind)", file=sys.stderr)
