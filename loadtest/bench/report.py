@@ -234,8 +234,9 @@ def render_peer_summary(report: BenchReport) -> list[str]:
         f"peer: {_peer_version(report)} vs {peer.target.label}, {len(peer.rounds)} rounds in"
         " turns (median, range):",
         f"  req/s at 64 connections, ours / peer: {_spread(peer.ratios('rps'), '.2f', 'x')}",
-        f"  added p50 at 1 connection: peer {_spread(peer.values('added_ms', 'before'), '+.2f')}"
-        f" ms, ours {_spread(peer.values('added_ms', 'now'), '+.2f')} ms",
+        "  added p50 at 1 connection:"
+        f" peer {_spread(peer.values('added_ms', 'before'), '+.2f', ' ms')},"
+        f" ours {_spread(peer.values('added_ms', 'now'), '+.2f', ' ms')}",
     ]
 
 

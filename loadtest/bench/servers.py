@@ -5,6 +5,7 @@ at the end."""
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import signal
 import subprocess
@@ -216,6 +217,10 @@ def bench_target(
                 f"  p90 {run.p90_ms:.2f} ms  p99 {run.p99_ms:.2f} ms"
                 f"  errors {run.errors}  non-2xx {run.non_2xx}"
             )
+        # The peer must have talked to 127.0.0.1 only (its config and environment see to
+        # it: loadtest/bench/peer.py); what it holds open after its runs is checked.
+        if target.peer and process is not None and (foreign := foreign_remotes(process.pid)):
+            raise PeerUnavailable(f"it connected beyond 127.0.0.1: {', '.join(foreign)}")
     finally:
         if process is not None:
             procs.stop(process)
@@ -277,8 +282,9 @@ def _announced_url(
             if line.startswith(peer_gateway.READY + " "):
                 return line.split(maxsplit=1)[1].strip()
         if process.poll() is not None:
-            unavailable = process.returncode == peer_gateway.UNAVAILABLE
-            raise RuntimeError("not installed" if unavailable else "the gateway exited")
+            if process.returncode == peer_gateway.UNAVAILABLE:
+                raise RuntimeError("tensorzero is not installed (`make bench` installs it)")
+            raise RuntimeError(f"the gateway exited with {process.returncode}")
         time.sleep(0.05)
     raise RuntimeError(f"the gateway did not start within {timeout:g} s")
 
@@ -347,6 +353,45 @@ def start_proxy(
     except RuntimeError as exc:
         raise RuntimeError(f"{target.label}: {exc}\n{procs.log(name)}") from exc
     return process, url, ready_s
+
+
+def remote_addresses(table: str) -> dict[int, str]:
+    """Socket inode -> remote IP, from a /proc/net/{tcp,udp}[6] table (sockets without a
+    remote, such as listening ones, left out). Addresses are hex, in host (little-endian)
+    byte order by 32-bit word."""
+    found = {}
+    for line in table.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 10:
+            continue
+        address = fields[2].split(":")[0]
+        words = [bytes.fromhex(address[i : i + 8])[::-1] for i in range(0, len(address), 8)]
+        ip = ipaddress.ip_address(b"".join(words))
+        if not ip.is_unspecified:
+            found[int(fields[9])] = str(ip)
+    return found
+
+
+def is_loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip)
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return address.is_loopback or bool(mapped and mapped.is_loopback)
+
+
+def foreign_remotes(pid: int) -> list[str]:
+    """The remote IPs, other than loopback, of the sockets ``pid`` has open now."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(int(target[8:-1]))
+    remotes: dict[int, str] = {}
+    for table in ("tcp", "tcp6", "udp", "udp6"):
+        with contextlib.suppress(OSError):
+            remotes.update(remote_addresses(Path(f"/proc/{pid}/net/{table}").read_text()))
+    return sorted({ip for inode, ip in remotes.items() if inode in inodes and not is_loopback(ip)})
 
 
 def cpu_seconds(pid: int) -> float:
