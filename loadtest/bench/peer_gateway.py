@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from typing import Any
 
 UNAVAILABLE = 3
 READY = "READY"
@@ -22,7 +23,8 @@ def main(argv: list[str]) -> int:
     # Block the signals before the gateway's threads start, so that they inherit the mask
     # and the main thread alone receives them, in sigwait.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-    gateway = tensorzero._start_http_gateway(
+    # Blocking (async_setup=False): the gateway itself, never an awaitable.
+    gateway: Any = tensorzero._start_http_gateway(
         config_file=config_file,
         clickhouse_url=None,
         postgres_url=None,
