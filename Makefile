@@ -49,9 +49,13 @@ stack: install-dev
 stack-locust: install-dev
 	$(BIN)/python -m loadtest.stack locust
 
-# matplotlib draws the chart; only the benchmark needs it.
+# matplotlib draws the chart; tensorzero is the peer gateway (its wheel embeds the Rust
+# gateway). Only the benchmark needs them; without tensorzero it runs, the peer row says why.
+TENSORZERO ?= tensorzero==2026.6.0
 $(VENV)/.bench: $(VENV)/.dev
 	$(BIN)/pip install -q matplotlib
+	$(BIN)/pip install -q '$(TENSORZERO)' \
+		|| echo "could not install $(TENSORZERO): the bench will run without its peer" >&2
 	touch $@
 
 bench: $(VENV)/.bench

@@ -1,14 +1,19 @@
 -- wrk script of loadtest/bench/: POST one chat completion per request, and print the
--- run's figures as one JSON line (parsed by bench.py) when wrk is done.
+-- run's figures as one JSON line (parsed by loadtest/bench/wrk.py) when wrk is done.
 --   BENCH_API_KEY=sk-... wrk -t1 -c64 -d10s -s loadtest/bench_chat.lua http://HOST/v1/chat/completions
+-- BENCH_MODEL names the model (default gpt-4o-mini; the peer gateway's name differs).
 local key = os.getenv("BENCH_API_KEY")
+local model = os.getenv("BENCH_MODEL")
+if not model or model == "" then
+  model = "gpt-4o-mini"
+end
 
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 if key and key ~= "" then
   wrk.headers["Authorization"] = "Bearer " .. key
 end
-wrk.body = '{"model":"gpt-4o-mini","max_tokens":16,'
+wrk.body = '{"model":"' .. model .. '","max_tokens":16,'
   .. '"messages":[{"role":"user","content":"Benchmark: say something short."}]}'
 
 done = function(summary, latency, requests)

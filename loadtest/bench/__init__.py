@@ -1,6 +1,6 @@
 """`make bench`: the proxy's throughput, latency and overhead on this machine, with wrk.
 
-    python -m loadtest.bench                         # ~3 minutes; writes docs/benchmarks.md
+    python -m loadtest.bench                         # ~5 minutes; writes docs/benchmarks.md
     python -m loadtest.bench --duration 5 --output /tmp/bench.md
     python -m loadtest.bench --baseline 70e910d      # before and after, in one run
 
@@ -9,6 +9,8 @@ One run measures, at 1 and at 64 connections, non-streamed chat completions:
 * directly against the fake upstream (the baseline: no proxy);
 * through the proxy with the in-memory limiter, 1 and 2 workers;
 * through the proxy with the Redis limiter (its own redis-server), 1 and 2 workers;
+* through the peer, TensorZero's Rust gateway (``pip install tensorzero``, done by `make
+  bench`), with a Redis rate-limit rule that never trips (``peer``; ``--no-peer`` skips it);
 
 always with a client key (auth) and metrics on, and with limits so high they never make a
 request wait, so what is measured is the proxy's own cost. At 1 connection the proxy is
@@ -20,8 +22,16 @@ with a PNG chart (matplotlib). With ``--baseline REV`` every proxy target is als
 measured as of that git revision, right before the work tree's, and the report compares
 them ("before and after" in one run, on the same machine state).
 
+The peer and "proxy, Redis, 2 workers" are then measured in turns, both running
+(``alternate.compare_with_peer``, ``--rounds`` rounds): the ratio of their req/s at 64
+connections and the added latency of each at 1 connection, with their range over the
+rounds (the "Peer" section). If the peer cannot be installed or started, the report says
+why and the rest of the bench runs.
+
 The package, by job: ``model`` (targets, runs, results), ``wrk`` (running wrk),
-``servers`` (the processes: fake upstream, Redis, proxies, baseline checkouts),
+``servers`` (the processes: fake upstream, Redis, proxies, the peer, baseline checkouts),
+``peer`` (the peer's config and environment), ``peer_gateway`` (the peer's process),
+``alternate`` (two servers measured in turns),
 ``machine`` (hardware, versions, foreign load), ``report`` (table, verdicts, Markdown),
 ``chart`` (matplotlib), ``__main__`` (the command).
 

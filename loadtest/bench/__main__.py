@@ -13,12 +13,12 @@ import time
 from pathlib import Path
 
 from loadtest.bench import __doc__ as DESCRIPTION
-from loadtest.bench.alternate import alternate
+from loadtest.bench.alternate import alternate, compare_with_peer
 from loadtest.bench.chart import write_chart
 from loadtest.bench.machine import ForeignLoad, environment
-from loadtest.bench.model import TARGETS, Alternation, BenchReport
-from loadtest.bench.report import fmt, render_markdown, render_table, verdicts
-from loadtest.bench.servers import bench_target, checkout, servers
+from loadtest.bench.model import PEER, TARGETS, Alternation, BenchReport
+from loadtest.bench.report import fmt, render_markdown, render_peer_summary, render_table, verdicts
+from loadtest.bench.servers import PeerUnavailable, bench_target, checkout, servers
 from loadtest.topology import REPO
 
 DEFAULT_OUTPUT = REPO / "docs" / "benchmarks.md"
@@ -31,7 +31,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="Markdown report")
     parser.add_argument("--no-chart", action="store_true", help="no PNG")
     parser.add_argument(
-        "--only", action="append", default=[], help="target slugs (direct, memory-1w, ...)"
+        "--only",
+        action="append",
+        default=[],
+        help="target slugs (direct, memory-1w, ..., tensorzero: the peer)",
+    )
+    parser.add_argument(
+        "--no-peer",
+        action="store_true",
+        help="skip the peer gateway (TensorZero) and its alternated comparison",
     )
     parser.add_argument(
         "--baseline",
@@ -42,14 +50,15 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds",
         type=int,
         default=6,
-        help="with --baseline: rounds of the alternated comparison (each version in turn)",
+        help="rounds of the alternated comparisons (with --baseline, and with the peer)",
     )
     args = parser.parse_args(argv)
     for tool in ("wrk", "redis-server"):
         if shutil.which(tool) is None:
             print(f"{tool} is needed (apt-get install -y {tool})", file=sys.stderr)
             return 2
-    targets = [t for t in TARGETS if not args.only or t.slug in args.only]
+    candidates = TARGETS if args.no_peer else (*TARGETS, PEER)
+    targets = [t for t in candidates if not args.only or t.slug in args.only]
     command = shlex.join(["python", "-m", "loadtest.bench", *sys.argv[1:]])
     if os.environ.get("BENCH_COMMAND"):  # `make bench` names itself
         command = os.environ["BENCH_COMMAND"]
@@ -57,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     machine = environment()  # before the runs: the commit is the code that was measured
     results = []
     alternations: list[Alternation] = []
+    peer: Alternation | None = None
+    peer_error: str | None = None
     with contextlib.ExitStack() as stack:
         foreign = stack.enter_context(ForeignLoad())
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="llmproxy-bench-"))
@@ -65,14 +76,27 @@ def main(argv: list[str] | None = None) -> int:
         if args.baseline:
             sources[args.baseline] = stack.enter_context(checkout(args.baseline))
         for target in targets:
-            results.append(
-                bench_target(
-                    target, procs, upstream_url, redis_url, args.duration, args.warmup, print
+            try:
+                results.append(
+                    bench_target(
+                        target, procs, upstream_url, redis_url, args.duration, args.warmup, print
+                    )
                 )
-            )
+            except PeerUnavailable as exc:  # the rest of the bench goes on without it
+                peer_error = str(exc).splitlines()[0]
+                print(f"{target.label}: not measured, {exc}", file=sys.stderr)
+        if PEER in targets and peer_error is None:
+            print(f"{PEER.label} and the proxy, in turns")
+            try:
+                peer = compare_with_peer(
+                    procs, upstream_url, redis_url, args.rounds, args.duration / 2, print
+                )
+            except PeerUnavailable as exc:
+                peer_error = str(exc).splitlines()[0]
+                print(f"{PEER.label}: not compared, {exc}", file=sys.stderr)
         if args.baseline:
             for target in targets:
-                if target.backend is None:
+                if not target.proxy:
                     continue
                 print(f"{target.label}: {args.baseline} and now, in turns")
                 alternations.append(
@@ -89,7 +113,15 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 )
     machine.foreign_cores = foreign.cores
-    report = BenchReport(results, machine, command, args.duration, alternations=alternations)
+    report = BenchReport(
+        results,
+        machine,
+        command,
+        args.duration,
+        alternations=alternations,
+        peer=peer,
+        peer_error=peer_error,
+    )
     if not args.no_chart:
         chart = args.output.with_name(args.output.stem + ".png")
         write_chart(report, chart)
@@ -100,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     for v in verdicts(report):
         met = "n/a" if v.met is None else ("met" if v.met else "NOT met")
         print(f"{v.name}: {v.measured} (target {v.target}): {met}")
+    for line in render_peer_summary(report):
+        print(line)
     print(f"CPU used by other processes during the run: {fmt(foreign.cores, '.2f')} cores")
     args.output.write_text(render_markdown(report))
     print(f"\nwrote {args.output} in {time.monotonic() - started:.0f} s")

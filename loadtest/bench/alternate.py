@@ -7,16 +7,23 @@ seconds; the rounds give the spread, which is the noise a difference must exceed
 count. Besides req/s at 64 connections and the median latency at 1 connection, each round
 reads the proxy's CPU time per request from ``/proc`` (its own work, whatever the
 scheduler did to wrk or the fake upstream): the steadiest of the three.
+
+The peer comparison (``compare_with_peer``) runs the same turns between the peer gateway
+and our "proxy, Redis, 2 workers": its ratio of req/s is ours over the peer's, and each
+turn's 1-connection slice comes right after a direct one, for the added latency of each.
 """
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from loadtest.bench.model import Alternation, Round, Target, Turn
-from loadtest.bench.servers import Processes, cpu_seconds, start_proxy
+from loadtest.bench.model import COMPARED, PEER, Alternation, Round, Target, Turn
+from loadtest.bench.servers import Processes, cpu_seconds, start_proxy, start_server
 from loadtest.bench.wrk import run_wrk
+
+Started = tuple[Target, subprocess.Popen[bytes], str]  # a running server and its URL
 
 
 def alternate(
@@ -35,32 +42,79 @@ def alternate(
     assert target.backend is not None
     before_target = target.at(baseline)
     before_redis = redis_url.rsplit("/", 1)[0] + "/1"
-    started = [
-        start_proxy(before_target, procs, upstream_url, before_redis, sources, "ab-before"),
-        start_proxy(target, procs, upstream_url, redis_url, sources, "ab-now"),
-    ]
-    result = Alternation(target, baseline)
+    before = start_proxy(before_target, procs, upstream_url, before_redis, sources, "ab-before")
     try:
-        for _, url, _ in started:
-            run_wrk(url, 64, 2.0)  # warm-up
-        for i in range(rounds):
-            order = (0, 1) if i % 2 == 0 else (1, 0)
-            turns: dict[int, Turn] = {}
-            for side in order:
-                process, url, _ = started[side]
-                cpu = cpu_seconds(process.pid)
-                loaded = run_wrk(url, 64, duration)
-                cpu = cpu_seconds(process.pid) - cpu
-                single = run_wrk(url, 1, duration / 2)
-                per_request = cpu / loaded.requests * 1e6 if loaded.requests else 0.0
-                turns[side] = Turn(loaded.rps, per_request, single.p50_ms)
-            result.rounds.append(Round(turns[0], turns[1]))
-            log(
-                f"  {target.label} round {i + 1}: req/s {turns[0].rps:.0f} -> {turns[1].rps:.0f},"
-                f" CPU/request {turns[0].cpu_us:.0f} -> {turns[1].cpu_us:.0f} us,"
-                f" p50@1 {turns[0].p50_ms:.2f} -> {turns[1].p50_ms:.2f} ms"
-            )
+        now = start_proxy(target, procs, upstream_url, redis_url, sources, "ab-now")
+    except BaseException:
+        procs.stop(before[0])
+        raise
+    started = [(before_target, before[0], before[1]), (target, now[0], now[1])]
+    try:
+        turns = in_turns(started, rounds, duration, log, f"  {target.label}")
     finally:
-        for process, _, _ in started:
+        for _, process, _ in started:
             procs.stop(process)
+    return Alternation(target, baseline, turns)
+
+
+def compare_with_peer(
+    procs: Processes,
+    upstream_url: str,
+    redis_url: str,
+    rounds: int,
+    duration: float,
+    log: Callable[[str], None],
+) -> Alternation:
+    """The peer (``before``) and our COMPARED target (``now``), in turns as above, each
+    turn's 1-connection slice right after a direct one (its added latency). Raises
+    servers.PeerUnavailable if the peer does not start."""
+    ours = start_server(COMPARED, procs, upstream_url, redis_url, name="peer-ours")
+    try:
+        theirs = start_server(PEER, procs, upstream_url, redis_url, name="peer-theirs")
+    except BaseException:
+        procs.stop(ours[0])
+        raise
+    started = [(PEER, theirs[0], theirs[1]), (COMPARED, ours[0], ours[1])]
+    try:
+        turns = in_turns(started, rounds, duration, log, "  peer", direct_url=upstream_url)
+    finally:
+        for _, process, _ in started:
+            procs.stop(process)
+    return Alternation(COMPARED, PEER.label, turns)
+
+
+def in_turns(
+    started: list[Started],
+    rounds: int,
+    duration: float,
+    log: Callable[[str], None],
+    name: str,
+    direct_url: str | None = None,
+) -> list[Round]:
+    """Two running servers (before, now) measured in turns: A B, B A, ... With
+    ``direct_url``, each 1-connection slice follows a direct one (``Turn.added_ms``)."""
+    for target, _, url in started:
+        run_wrk(url, 64, 2.0, target.path, target.model)  # warm-up
+    result = []
+    for i in range(rounds):
+        order = (0, 1) if i % 2 == 0 else (1, 0)
+        turns: dict[int, Turn] = {}
+        for side in order:
+            target, process, url = started[side]
+            cpu = cpu_seconds(process.pid)
+            loaded = run_wrk(url, 64, duration, target.path, target.model)
+            cpu = cpu_seconds(process.pid) - cpu
+            direct = run_wrk(direct_url, 1, duration / 2) if direct_url else None
+            single = run_wrk(url, 1, duration / 2, target.path, target.model)
+            per_request = cpu / loaded.requests * 1e6 if loaded.requests else 0.0
+            added = single.p50_ms - direct.p50_ms if direct else None
+            turns[side] = Turn(loaded.rps, per_request, single.p50_ms, added)
+        result.append(Round(turns[0], turns[1]))
+        a, b = turns[0], turns[1]
+        log(
+            f"{name} round {i + 1}: req/s {a.rps:.0f} -> {b.rps:.0f},"
+            f" CPU/request {a.cpu_us:.0f} -> {b.cpu_us:.0f} us,"
+            f" p50@1 {a.p50_ms:.2f} -> {b.p50_ms:.2f} ms"
+            + (f" (added {a.added_ms:+.2f} -> {b.added_ms:+.2f})" if direct_url else "")
+        )
     return result

@@ -19,8 +19,15 @@ def write_chart(report: BenchReport, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    short = [label.replace("proxy, ", "").replace(", ", "\n") for label in labels]
-    colors = ["#888888"] + ["#3b75af"] * (len(labels) - 1)
+    short = [
+        label.replace("proxy, ", "").replace(" gateway (Rust)", "").replace(", ", "\n")
+        for label in labels
+    ]
+    # Grey: direct; orange: the peer gateway; blue: this proxy.
+    colors = [
+        "#888888" if r.target.backend is None else "#dd8452" if r.target.peer else "#3b75af"
+        for r in results
+    ]
     left.bar(short, rps, color=colors)
     left.set_title("requests/s at 64 connections")
     left.axhline(TARGET_RPS, color="#c44e52", linestyle="--", linewidth=1)

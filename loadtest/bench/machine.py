@@ -30,6 +30,7 @@ PACKAGES = (
     "prometheus-client",
     "pydantic",
     "orjson",
+    "tensorzero",  # the peer gateway
 )
 
 

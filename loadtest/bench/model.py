@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass, field
 
@@ -10,28 +11,51 @@ TARGET_RPS = 2000.0  # req/s: Redis, 2 workers, 64 connections, auth + metrics
 TARGET_ADDED_MS = 1.0  # added median latency at 1 connection
 TARGET_RSS_MB = 100.0  # idle RSS per worker
 TARGET_READY_S = 2.0  # start to ready
+# Issue #15: against the peer (TensorZero), ours over theirs at 64 connections, and our added
+# median at 1 connection, both from the alternated rounds.
+TARGET_PEER_RATIO = 0.9
+TARGET_PEER_ADDED_MS = 0.25
 CONNECTIONS = (1, 64)
 PAIRS = 3  # 1-connection slices through the proxy, each paired with a direct one
 
 
+CHAT_PATH = "/v1/chat/completions"
+MODEL = "gpt-4o-mini"
+PEER_BACKEND = "tensorzero"
+
+
 @dataclass(frozen=True)
 class Target:
-    """What wrk is pointed at: the fake upstream itself, or a proxy in front of it (the
-    work tree's, or with ``baseline`` set, the proxy as of that git revision)."""
+    """What wrk is pointed at: the fake upstream itself, a proxy in front of it (the work
+    tree's, or with ``baseline`` set, the proxy as of that git revision), or the peer
+    gateway (TensorZero), each with its own chat route and model name."""
 
     label: str
-    backend: str | None  # None: direct; "nolimit" (auth, no limits), "memory" or "redis"
+    backend: str | None  # None: direct; "nolimit" (auth, no limits), "memory", "redis", PEER
     workers: int = 1
     baseline: str | None = None
+    path: str = CHAT_PATH
+    model: str = MODEL
+
+    @property
+    def peer(self) -> bool:
+        """Another gateway, not this proxy: measured alike, but no goal applies to it."""
+        return self.backend == PEER_BACKEND
+
+    @property
+    def proxy(self) -> bool:
+        return self.backend is not None and not self.peer
 
     @property
     def slug(self) -> str:
+        if self.peer:
+            return PEER_BACKEND
         name = "direct" if self.backend is None else f"{self.backend}-{self.workers}w"
         return name if self.baseline is None else f"{name}-baseline"
 
     def at(self, revision: str) -> Target:
         """The same target measured on the proxy as of ``revision``."""
-        return Target(f"{self.label} @ {revision}", self.backend, self.workers, revision)
+        return dataclasses.replace(self, label=f"{self.label} @ {revision}", baseline=revision)
 
 
 TARGETS = (
@@ -42,6 +66,15 @@ TARGETS = (
     Target("proxy, Redis, 1 worker", "redis", 1),
     Target("proxy, Redis, 2 workers", "redis", 2),
 )
+# The peer: TensorZero's Rust gateway (from PyPI) with a Redis rate-limit rule that never
+# trips (loadtest/bench/peer.py), compared in turns with COMPARED (`--no-peer` skips it).
+PEER = Target(
+    "TensorZero gateway (Rust), Redis rate limit",
+    PEER_BACKEND,
+    path="/openai/v1/chat/completions",
+    model=f"tensorzero::model_name::{MODEL}",
+)
+COMPARED = TARGETS[-1]  # proxy, Redis, 2 workers
 
 
 @dataclass(frozen=True)
@@ -81,6 +114,9 @@ class Turn:
     rps: float  # 64 connections
     cpu_us: float  # proxy CPU per request at 64 connections, microseconds
     p50_ms: float  # 1 connection
+    # p50 at 1 connection minus a direct slice's right before it (measured in the peer
+    # comparison only: the baseline comparison compares the two p50s directly).
+    added_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -91,10 +127,11 @@ class Round:
 
 @dataclass
 class Alternation:
-    """One proxy target, the baseline revision's and the work tree's, over several rounds."""
+    """One proxy target, the baseline revision's and the work tree's, over several rounds;
+    or (the peer comparison) the peer as ``before`` and our proxy as ``now``."""
 
     target: Target  # the work tree's
-    baseline: str
+    baseline: str  # the git revision, or the peer's label
     rounds: list[Round] = field(default_factory=list)
 
     def ratios(self, figure: str) -> list[float]:
@@ -112,6 +149,11 @@ class Alternation:
     def median(self, figure: str, side: str) -> float:
         """The median over the rounds of one side's (``before`` or ``now``) figure."""
         return statistics.median(getattr(getattr(r, side), figure) for r in self.rounds)
+
+    def values(self, figure: str, side: str) -> list[float]:
+        """Per round, one side's figure (rounds that did not measure it left out)."""
+        found = (getattr(getattr(r, side), figure) for r in self.rounds)
+        return [v for v in found if v is not None]
 
 
 @dataclass
@@ -138,6 +180,13 @@ class BenchReport:
     chart: str | None = None  # file name of the PNG, next to the Markdown
     # With a baseline revision: each proxy target, before and after, alternated.
     alternations: list[Alternation] = field(default_factory=list)
+    # The peer (before) and COMPARED (now), alternated; or why the peer was not measured.
+    peer: Alternation | None = None
+    peer_error: str | None = None
+
+    def proxies(self) -> list[TargetResult]:
+        """This proxy's results (not direct, not the peer): what the goals apply to."""
+        return [r for r in self.results if r.target.proxy]
 
     def direct(self) -> TargetResult | None:
         return next((r for r in self.results if r.target.backend is None), None)

@@ -6,8 +6,12 @@ import statistics
 from dataclasses import dataclass
 
 from loadtest.bench.model import (
+    COMPARED,
     PAIRS,
+    PEER,
     TARGET_ADDED_MS,
+    TARGET_PEER_ADDED_MS,
+    TARGET_PEER_RATIO,
     TARGET_READY_S,
     TARGET_RPS,
     TARGET_RSS_MB,
@@ -37,20 +41,21 @@ def overhead(report: BenchReport, result: TargetResult) -> tuple[float | None, f
 
 def render_table(report: BenchReport) -> str:
     """The plain-text table printed at the end of a run."""
+    w = max([30, *(len(r.target.label) + 2 for r in report.results)])
     header = (
-        f"{'target':<30}{'conn':>5}{'req/s':>9}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}"
+        f"{'target':<{w}}{'conn':>5}{'req/s':>9}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}"
         f"{'errors':>8}{'non-2xx':>9}"
     )
     lines = [header, "-" * len(header)]
     for result in report.results:
         for connections, run in sorted(result.runs.items()):
             lines.append(
-                f"{result.target.label:<30}{connections:>5}{run.rps:>9.0f}{run.p50_ms:>9.2f}"
+                f"{result.target.label:<{w}}{connections:>5}{run.rps:>9.0f}{run.p50_ms:>9.2f}"
                 f"{run.p90_ms:>9.2f}{run.p99_ms:>9.2f}{run.errors:>8}{run.non_2xx:>9}"
             )
     lines.append("")
     lines.append(
-        f"{'target':<30}{'rps ratio':>10}{'+p50 ms':>9}{'ready s':>9}{'RSS/worker MB':>15}"
+        f"{'target':<{w}}{'rps ratio':>10}{'+p50 ms':>9}{'ready s':>9}{'RSS/worker MB':>15}"
     )
     for result in report.results:
         if result.target.backend is None:
@@ -58,7 +63,7 @@ def render_table(report: BenchReport) -> str:
         ratio, added = overhead(report, result)
         rss = max(result.worker_rss_mb) if result.worker_rss_mb else None
         lines.append(
-            f"{result.target.label:<30}{fmt(ratio, '.2f'):>10}{fmt(added, '+.2f'):>9}"
+            f"{result.target.label:<{w}}{fmt(ratio, '.2f'):>10}{fmt(added, '+.2f'):>9}"
             f"{fmt(result.ready_s, '.2f'):>9}{fmt(rss, '.0f'):>15}"
         )
     return "\n".join(lines)
@@ -96,7 +101,7 @@ def verdicts(report: BenchReport) -> list[Verdict]:
                 None if added is None else added <= TARGET_ADDED_MS,
             )
         )
-    rss = [mb for r in report.results for mb in r.worker_rss_mb]
+    rss = [mb for r in report.proxies() for mb in r.worker_rss_mb]
     out.append(
         Verdict(
             "idle memory per worker (largest)",
@@ -105,13 +110,33 @@ def verdicts(report: BenchReport) -> list[Verdict]:
             None if not rss else max(rss) < TARGET_RSS_MB,
         )
     )
-    ready = [r.ready_s for r in report.results if r.ready_s is not None]
+    ready = [r.ready_s for r in report.proxies() if r.ready_s is not None]
     out.append(
         Verdict(
             "start to ready (slowest)",
             f"<= {TARGET_READY_S:g} s",
             fmt(max(ready) if ready else None, ".2f", " s"),
             None if not ready else max(ready) <= TARGET_READY_S,
+        )
+    )
+    ratios = report.peer.ratios("rps") if report.peer else []
+    ratio = statistics.median(ratios) if ratios else None
+    out.append(
+        Verdict(
+            f"throughput over the peer's ({COMPARED.label}, 64 connections, in turns)",
+            f">= {TARGET_PEER_RATIO:.2f}x",
+            fmt(ratio, ".2f", "x"),
+            None if ratio is None else ratio >= TARGET_PEER_RATIO,
+        )
+    )
+    ours = report.peer.values("added_ms", "now") if report.peer else []
+    added = statistics.median(ours) if ours else None
+    out.append(
+        Verdict(
+            f"latency added beside the peer's ({COMPARED.label}, 1 connection, in turns)",
+            f"<= +{TARGET_PEER_ADDED_MS:g} ms",
+            fmt(added, "+.2f", " ms"),
+            None if added is None else added <= TARGET_PEER_ADDED_MS,
         )
     )
     return out
@@ -156,6 +181,65 @@ def render_alternations(report: BenchReport) -> list[str]:
     return md
 
 
+def _peer_version(report: BenchReport) -> str:
+    version = report.environment.packages.get("tensorzero", "-")
+    return "TensorZero" if version == "-" else f"TensorZero {version}"
+
+
+def render_peer(report: BenchReport) -> list[str]:
+    """The "Peer" section of the Markdown (empty with ``--no-peer``)."""
+    if report.peer is None and report.peer_error is None:
+        return []
+    md = ["", "## Peer: TensorZero's gateway", ""]
+    if report.peer is None:
+        return [*md, f"Not measured in this run: {report.peer_error}"]
+    peer = report.peer
+    md += [
+        f"{_peer_version(report)} from PyPI (its wheel embeds the Rust gateway), started by"
+        " `loadtest/bench/peer.py` on 127.0.0.1 with its OpenAI-compatible route"
+        f" `{PEER.path}` (model `{PEER.model}`) in front of the same fake upstream, and one"
+        " rate-limit rule that applies to every request and never trips, so that its Redis"
+        " limiter is on the path (the same redis-server, its own database); no ClickHouse,"
+        " no Postgres, its usage analytics off. It and the proxy (Redis, 2 workers, auth and"
+        " metrics on) run at once and are measured in turns for"
+        f" {len(peer.rounds)} rounds (A B, B A, ...; `alternate.py`): req/s and CPU time per"
+        " request at 64 connections, then at 1 connection a direct slice and one through the"
+        " gateway, whose difference is the added median. Each figure is the median over the"
+        " rounds with its range; the machine and the command are below.",
+        "",
+        "| gateway | req/s at 64 connections | CPU/request | added median at 1 connection |",
+        "|---|---:|---:|---:|",
+    ]
+    for label, side in ((PEER.label, "before"), (peer.target.label, "now")):
+        md.append(
+            f"| {label} | {_spread(peer.values('rps', side), ',.0f')}"
+            f" | {_spread(peer.values('cpu_us', side), ',.0f', ' us')}"
+            f" | {_spread(peer.values('added_ms', side), '+.2f', ' ms')} |"
+        )
+    md += [
+        "",
+        f"**The proxy's req/s over the peer's at 64 connections:"
+        f" {_spread(peer.ratios('rps'), '.2f', 'x')}** per round (goal:"
+        f" {TARGET_PEER_RATIO:.2f}x or more, and +{TARGET_PEER_ADDED_MS:g} ms or less added).",
+    ]
+    return md
+
+
+def render_peer_summary(report: BenchReport) -> list[str]:
+    """The peer comparison in a few printed lines."""
+    if report.peer is None:
+        return [] if report.peer_error is None else [f"peer: not measured ({report.peer_error})"]
+    peer = report.peer
+    return [
+        f"peer: {_peer_version(report)} vs {peer.target.label}, {len(peer.rounds)} rounds in"
+        " turns (median, range):",
+        f"  req/s at 64 connections, ours / peer: {_spread(peer.ratios('rps'), '.2f', 'x')}",
+        "  added p50 at 1 connection:"
+        f" peer {_spread(peer.values('added_ms', 'before'), '+.2f', ' ms')},"
+        f" ours {_spread(peer.values('added_ms', 'now'), '+.2f', ' ms')}",
+    ]
+
+
 def render_markdown(report: BenchReport) -> str:
     """docs/benchmarks.md."""
     env = report.environment
@@ -172,7 +256,8 @@ def render_markdown(report: BenchReport) -> str:
         f" {report.duration:g} s per row after a warm-up, at 1 and at 64 connections:"
         " directly to the built-in fake upstream (no latency, no limits), and through the"
         " proxy with the in-memory limiter and with the Redis limiter (a private"
-        " redis-server), 1 and 2 workers. Every proxy request carries a client key (auth),"
+        " redis-server), 1 and 2 workers; and through a peer gateway, TensorZero's (see"
+        ' "Peer"). Every proxy request carries a client key (auth),'
         " metrics are on, and the key's and the deployment's limits are set so high that no"
         " request ever waits: what is measured is the proxy's own cost. Everything —"
         " wrk, the fake upstream, Redis and the proxy — shares the same machine.",
@@ -209,7 +294,8 @@ def render_markdown(report: BenchReport) -> str:
         " cancels out (the proxy's 1-connection row shows its median slice). RSS: resident"
         " memory of each worker process when idle, after start-up (with 2 workers, uvicorn's"
         " supervising parent is listed apart). Ready: from starting `llm-proxy serve` to the"
-        " first 200 from `/health/ready`.",
+        " first 200 from `/health/ready` (for the peer: from starting the Python process that"
+        " embeds it to its first chat completion; its RSS is that process's).",
         "",
         "| target | throughput ratio | added median | RSS per worker | supervisor RSS | ready |",
         "|---|---:|---:|---:|---:|---:|",
@@ -225,6 +311,7 @@ def render_markdown(report: BenchReport) -> str:
             f" | {fmt(result.ready_s, '.2f', ' s')} |"
         )
     md += render_alternations(report)
+    md += render_peer(report)
     if report.chart:
         md += ["", f"![req/s at 64 connections and p50 at 1 connection]({report.chart})"]
     md += [

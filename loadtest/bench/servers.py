@@ -1,9 +1,11 @@
-"""The processes a benchmark starts: the fake upstream, Redis and proxies (the work
-tree's, or a baseline revision's), all in their own process groups, all stopped at the end."""
+"""The processes a benchmark starts: the fake upstream, Redis, proxies (the work tree's, or
+a baseline revision's) and the peer gateway, all in their own process groups, all stopped
+at the end."""
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import signal
 import subprocess
@@ -11,13 +13,15 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import yaml
 
-from loadtest.bench.model import CONNECTIONS, Target, TargetResult
+from loadtest.bench import peer, peer_gateway
+from loadtest.bench.model import CONNECTIONS, PEER, Target, TargetResult
 from loadtest.bench.wrk import API_KEY, paired_run, run_wrk
 from loadtest.topology import LOOPBACK, REPO, free_port
 
@@ -39,8 +43,15 @@ class Processes:
         self.workdir = workdir
         self.started: list[subprocess.Popen[bytes]] = []
 
-    def start(self, name: str, argv: list[str], source: Path = REPO) -> subprocess.Popen[bytes]:
-        """Start ``argv`` in ``source`` (a checkout whose ``proxy`` package it imports)."""
+    def start(
+        self,
+        name: str,
+        argv: list[str],
+        source: Path = REPO,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """Start ``argv`` in ``source`` (a checkout whose ``proxy`` package it imports),
+        with ``env`` if given (else ``source_env(source)``)."""
         with (self.workdir / f"{name}.log").open("wb") as log:
             process = subprocess.Popen(
                 argv,
@@ -48,7 +59,7 @@ class Processes:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 cwd=source,
-                env=source_env(source),
+                env=source_env(source) if env is None else env,
                 start_new_session=True,
             )
         self.started.append(process)
@@ -184,7 +195,7 @@ def bench_target(
         url = upstream_url
         process = None
     else:
-        process, url, result.ready_s = start_proxy(target, procs, upstream_url, redis_url, sources)
+        process, url, result.ready_s = start_server(target, procs, upstream_url, redis_url, sources)
         if target.workers > 1:
             result.worker_rss_mb = [rss_mb(pid) for pid in worker_pids(process.pid)]
             result.supervisor_rss_mb = rss_mb(process.pid)
@@ -192,22 +203,113 @@ def bench_target(
             result.worker_rss_mb = [rss_mb(process.pid)]
     try:
         log(f"{target.label}: warming up {warmup:g} s")
-        run_wrk(url, 64, warmup)
+        run_wrk(url, 64, warmup, target.path, target.model)
         for connections in CONNECTIONS:
             if connections == 1 and process is not None:
-                run, result.added_ms = paired_run(url, upstream_url, duration)
+                run, result.added_ms = paired_run(
+                    url, upstream_url, duration, target.path, target.model
+                )
             else:
-                run = run_wrk(url, connections, duration)
+                run = run_wrk(url, connections, duration, target.path, target.model)
             result.runs[connections] = run
             log(
                 f"  {connections:>2} conn: {run.rps:8.0f} req/s  p50 {run.p50_ms:.2f} ms"
                 f"  p90 {run.p90_ms:.2f} ms  p99 {run.p99_ms:.2f} ms"
                 f"  errors {run.errors}  non-2xx {run.non_2xx}"
             )
+        # The peer must have talked to 127.0.0.1 only (its config and environment see to
+        # it: loadtest/bench/peer.py); what it holds open after its runs is checked.
+        if target.peer and process is not None and (foreign := foreign_remotes(process.pid)):
+            raise PeerUnavailable(f"it connected beyond 127.0.0.1: {', '.join(foreign)}")
     finally:
         if process is not None:
             procs.stop(process)
     return result
+
+
+def start_server(
+    target: Target,
+    procs: Processes,
+    upstream_url: str,
+    redis_url: str,
+    sources: dict[str, Path] | None = None,
+    name: str | None = None,
+) -> tuple[subprocess.Popen[bytes], str, float]:
+    """The server of ``target``, a proxy or the peer, ready: (process, URL, seconds)."""
+    if target.peer:
+        return start_peer(procs, upstream_url, redis_url, name or target.slug)
+    return start_proxy(target, procs, upstream_url, redis_url, sources, name)
+
+
+class PeerUnavailable(RuntimeError):
+    """The peer gateway could not be started (not installed, or it failed): the bench
+    goes on without it and says why."""
+
+
+def start_peer(
+    procs: Processes, upstream_url: str, redis_url: str, name: str = "tensorzero"
+) -> tuple[subprocess.Popen[bytes], str, float]:
+    """TensorZero's gateway (loadtest/bench/peer.py), its first chat completion answered:
+    (its process, its URL, seconds from start to that answer)."""
+    config = procs.workdir / f"{name}.toml"
+    config.write_text(peer.tensorzero_config(upstream_url))
+    started = time.perf_counter()
+    process = procs.start(
+        name,
+        [sys.executable, "-m", "loadtest.bench.peer_gateway", str(config),
+         peer.valkey_url(redis_url)],
+        env=peer.gateway_env(os.environ),
+    )  # fmt: skip
+    try:
+        base_url = _announced_url(procs, name, process, timeout=60)
+        # Its origin: the target's path is the whole route (/openai/v1/chat/completions).
+        parts = urllib.parse.urlsplit(base_url)
+        url = f"{parts.scheme}://{parts.netloc}"
+        _first_completion(url, timeout=30)
+    except (RuntimeError, OSError) as exc:
+        procs.stop(process)
+        raise PeerUnavailable(f"{exc}\n{procs.log(name)}") from exc
+    return process, url, time.perf_counter() - started
+
+
+def _announced_url(
+    procs: Processes, name: str, process: subprocess.Popen[bytes], timeout: float
+) -> str:
+    """The URL peer_gateway prints once its gateway serves."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in procs.log(name).splitlines():
+            if line.startswith(peer_gateway.READY + " "):
+                return line.split(maxsplit=1)[1].strip()
+        if process.poll() is not None:
+            if process.returncode == peer_gateway.UNAVAILABLE:
+                raise RuntimeError("tensorzero is not installed (`make bench` installs it)")
+            raise RuntimeError(f"the gateway exited with {process.returncode}")
+        time.sleep(0.05)
+    raise RuntimeError(f"the gateway did not start within {timeout:g} s")
+
+
+def _first_completion(url: str, timeout: float) -> None:
+    """Poll the peer's chat route with the bench's body until it answers 200."""
+    body = (
+        f'{{"model":"{PEER.model}","max_tokens":16,'
+        '"messages":[{"role":"user","content":"ready?"}]}'
+    ).encode()
+    deadline = time.monotonic() + timeout
+    while True:
+        request = urllib.request.Request(  # noqa: S310 (loopback)
+            url + PEER.path, body, {"Content-Type": "application/json"}, method="POST"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310 (loopback)
+                if response.status == 200:
+                    return
+                failure = f"status {response.status}"
+        except (urllib.error.URLError, OSError) as exc:
+            failure = str(exc)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no completion from the gateway: {failure}")
+        time.sleep(0.05)
 
 
 def start_proxy(
@@ -251,6 +353,45 @@ def start_proxy(
     except RuntimeError as exc:
         raise RuntimeError(f"{target.label}: {exc}\n{procs.log(name)}") from exc
     return process, url, ready_s
+
+
+def remote_addresses(table: str) -> dict[int, str]:
+    """Socket inode -> remote IP, from a /proc/net/{tcp,udp}[6] table (sockets without a
+    remote, such as listening ones, left out). Addresses are hex, in host (little-endian)
+    byte order by 32-bit word."""
+    found = {}
+    for line in table.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 10:
+            continue
+        address = fields[2].split(":")[0]
+        words = [bytes.fromhex(address[i : i + 8])[::-1] for i in range(0, len(address), 8)]
+        ip = ipaddress.ip_address(b"".join(words))
+        if not ip.is_unspecified:
+            found[int(fields[9])] = str(ip)
+    return found
+
+
+def is_loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip)
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return address.is_loopback or bool(mapped and mapped.is_loopback)
+
+
+def foreign_remotes(pid: int) -> list[str]:
+    """The remote IPs, other than loopback, of the sockets ``pid`` has open now."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(int(target[8:-1]))
+    remotes: dict[int, str] = {}
+    for table in ("tcp", "tcp6", "udp", "udp6"):
+        with contextlib.suppress(OSError):
+            remotes.update(remote_addresses(Path(f"/proc/{pid}/net/{table}").read_text()))
+    return sorted({ip for inode, ip in remotes.items() if inode in inodes and not is_loopback(ip)})
 
 
 def cpu_seconds(pid: int) -> float:

@@ -8,10 +8,9 @@ import statistics
 import subprocess
 from pathlib import Path
 
-from loadtest.bench.model import PAIRS, Run
+from loadtest.bench.model import CHAT_PATH, MODEL, PAIRS, Run
 
 LUA_SCRIPT = Path(__file__).resolve().parent.parent / "bench_chat.lua"
-CHAT_PATH = "/v1/chat/completions"
 API_KEY = "sk-bench-client"
 
 
@@ -35,7 +34,7 @@ def parse_wrk(output: str, connections: int) -> Run:
     )
 
 
-def wrk_command(url: str, connections: int, duration: float) -> list[str]:
+def wrk_command(url: str, connections: int, duration: float, path: str = CHAT_PATH) -> list[str]:
     return [
         "wrk",
         "-t1",  # one thread: the 2-core machine needs the other cycles for the servers
@@ -43,14 +42,18 @@ def wrk_command(url: str, connections: int, duration: float) -> list[str]:
         f"-d{max(1, round(duration))}s",
         "--timeout", "10s",
         "-s", str(LUA_SCRIPT),
-        url + CHAT_PATH,
+        url + path,
     ]  # fmt: skip
 
 
-def run_wrk(url: str, connections: int, duration: float) -> Run:
-    env = {**os.environ, "BENCH_API_KEY": API_KEY}
+def run_wrk(
+    url: str, connections: int, duration: float, path: str = CHAT_PATH, model: str = MODEL
+) -> Run:
+    """``path`` and ``model``: the chat route and model name of the server at ``url`` (the
+    peer's differ from ours); the body is otherwise the same for every target."""
+    env = {**os.environ, "BENCH_API_KEY": API_KEY, "BENCH_MODEL": model}
     done = subprocess.run(
-        wrk_command(url, connections, duration),
+        wrk_command(url, connections, duration, path),
         capture_output=True,
         text=True,
         env=env,
@@ -60,14 +63,16 @@ def run_wrk(url: str, connections: int, duration: float) -> Run:
     return parse_wrk(done.stdout, connections)
 
 
-def paired_run(url: str, direct_url: str, duration: float) -> tuple[Run, float]:
+def paired_run(
+    url: str, direct_url: str, duration: float, path: str = CHAT_PATH, model: str = MODEL
+) -> tuple[Run, float]:
     """One connection through the proxy in PAIRS slices, each right after a direct slice:
     the proxy's figures are the median slice's, the added latency the median difference."""
     direct: list[Run] = []
     proxied: list[Run] = []
     for _ in range(PAIRS):
         direct.append(run_wrk(direct_url, 1, duration / PAIRS))
-        proxied.append(run_wrk(url, 1, duration / PAIRS))
+        proxied.append(run_wrk(url, 1, duration / PAIRS, path, model))
     added = statistics.median(p.p50_ms - d.p50_ms for p, d in zip(proxied, direct, strict=True))
     run = Run(
         connections=1,

@@ -4,6 +4,8 @@ table and the Markdown page, and the before-and-after comparison. No wrk, no ser
 from __future__ import annotations
 
 from loadtest.bench.model import (
+    COMPARED,
+    PEER,
     TARGETS,
     Alternation,
     BenchReport,
@@ -16,6 +18,7 @@ from loadtest.bench.model import (
 from loadtest.bench.report import (
     overhead,
     render_markdown,
+    render_peer_summary,
     render_table,
     verdicts,
 )
@@ -114,3 +117,69 @@ def test_before_and_after_gives_each_figure_as_the_median_of_alternated_rounds()
         " | 500 us | 540 us | 1.00x (0.90 to 1.10) | +0.02 ms (-0.05 to +0.10) |"
     ) in text
     assert "Before and after" not in render_markdown(_report())
+
+
+def _with_peer() -> BenchReport:
+    """The peer measured (its own rows too) and compared in three rounds."""
+    report = _report()
+    report.environment.packages["tensorzero"] = "2026.6.0"
+    report.results.append(
+        TargetResult(PEER, {1: _run(1, 3000, 0.45), 64: _run(64, 9000, 7)}, 9.0, [150.0])
+    )
+    report.peer = Alternation(
+        COMPARED,
+        PEER.label,
+        [  # before: the peer; now: ours.  ratio, added (peer, ours)
+            Round(Turn(9000, 150, 0.45, 0.20), Turn(6000, 400, 0.60, 0.35)),  # 0.67x
+            Round(Turn(10000, 140, 0.42, 0.16), Turn(6100, 390, 0.58, 0.32)),  # 0.61x
+            Round(Turn(9500, 145, 0.47, 0.22), Turn(5700, 410, 0.62, 0.38)),  # 0.60x
+        ],
+    )
+    return report
+
+
+def test_the_peer_section_gives_the_ratio_of_alternated_rounds_and_each_ones_added_latency() -> (
+    None
+):
+    text = render_markdown(_with_peer())
+    assert "## Peer: TensorZero's gateway" in text
+    assert "TensorZero 2026.6.0 from PyPI" in text and "for 3 rounds" in text
+    assert "`/openai/v1/chat/completions` (model `tensorzero::model_name::gpt-4o-mini`)" in text
+    assert (
+        "| TensorZero gateway (Rust), Redis rate limit | 9,500 (9,000 to 10,000)"
+        " | 145 us (140 to 150) | +0.20 ms (+0.16 to +0.22) |"
+    ) in text
+    assert (
+        "| proxy, Redis, 2 workers | 6,000 (5,700 to 6,100) | 400 us (390 to 410)"
+        " | +0.35 ms (+0.32 to +0.38) |"
+    ) in text
+    assert "req/s over the peer's at 64 connections: 0.61x (0.60 to 0.67)**" in text
+    # The page's machine and command still close it.
+    assert text.index("## Peer") < text.index("## Machine and versions") < text.index("## Command")
+    assert "| TensorZero gateway (Rust), Redis rate limit | 64 | 9,000 |" in text
+
+
+def test_the_peer_comparison_is_printed_and_checked_against_the_issues_goals() -> None:
+    report = _with_peer()
+    summary = "\n".join(render_peer_summary(report))
+    assert "ours / peer: 0.61x (0.60 to 0.67)" in summary
+    assert "peer +0.20 ms (+0.16 to +0.22), ours +0.35 ms (+0.32 to +0.38)" in summary
+    by_name = {v.name.split(" (")[0]: v for v in verdicts(report)}
+    assert by_name["throughput over the peer's"].measured == "0.61x"
+    assert by_name["throughput over the peer's"].met is False  # goal 0.90x
+    assert by_name["latency added beside the peer's"].measured == "+0.35 ms"
+    assert by_name["latency added beside the peer's"].met is False  # goal +0.25 ms
+    # The peer's own memory and start-up are not the proxy's goals.
+    assert by_name["idle memory per worker"].measured == "73 MB"
+    assert by_name["start to ready"].measured == "2.50 s"
+    assert "TensorZero gateway (Rust), Redis rate limit" in render_table(report)
+
+
+def test_a_peer_that_could_not_run_is_said_so_and_skipping_it_leaves_no_section() -> None:
+    report = _report()
+    assert "## Peer" not in render_markdown(report) and render_peer_summary(report) == []
+    report.peer_error = "tensorzero is not installed (`make bench` installs it)"
+    text = render_markdown(report)
+    assert "## Peer: TensorZero's gateway\n\nNot measured in this run: tensorzero is not" in text
+    assert render_peer_summary(report) == [f"peer: not measured ({report.peer_error})"]
+    assert all(v.met is None for v in verdicts(report) if "peer" in v.name)

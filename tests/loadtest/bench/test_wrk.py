@@ -26,3 +26,9 @@ def test_wrk_command_uses_the_lua_script() -> None:
     assert argv[0] == "wrk" and "-c64" in argv and "-d10s" in argv
     assert str(LUA_SCRIPT) in argv and argv[-1] == "http://127.0.0.1:9/v1/chat/completions"
     assert LUA_SCRIPT.is_file()
+
+
+def test_a_target_with_its_own_route_is_asked_there() -> None:
+    argv = wrk_command("http://127.0.0.1:9", 1, 3, "/openai/v1/chat/completions")
+    assert argv[-1] == "http://127.0.0.1:9/openai/v1/chat/completions" and "-c1" in argv
+    assert 'os.getenv("BENCH_MODEL")' in LUA_SCRIPT.read_text()  # the model, likewise
