@@ -26,7 +26,7 @@ import ipaddress
 import socket
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import httptools
 import httpx
@@ -92,8 +92,7 @@ class _Connection(asyncio.Protocol):
     # --- asyncio.Protocol -----------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
     def data_received(self, data: bytes) -> None:
         if self.exchange is None:  # nothing asked: an upstream talking out of turn
