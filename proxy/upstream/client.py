@@ -108,7 +108,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         if target.lean and self._lean is not None and request.method != "HEAD":
             egress = request.extensions.get(EGRESS)
             if not isinstance(egress, Egress) or egress.proxy is None:
-                return await self._lean.handle_async_request(request)
+                return await self._lean.forward(request, url)
         return await self._general(request, target)
 
     async def _general(self, request: httpx.Request, target: _Target) -> httpx.Response:

@@ -107,9 +107,11 @@ class _Connection(asyncio.Protocol):
             self._fail(httpx.RemoteProtocolError(f"Invalid HTTP answer: {exc}"))
 
     def eof_received(self) -> bool | None:
+        self.keep = False
         exchange = self.exchange
         if exchange is not None and exchange.body_until_close and self.headers_at:
             self.on_message_complete()  # the body was "until close": it is complete
+        self.closed = self.exchange is None  # idle: never handed out again
         return None  # close our side too
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -273,7 +275,10 @@ class _Pool:
         idle = self.idle
         while idle:
             connection = idle.pop()
-            if connection.closed:
+            if connection.closed or connection.transport is None:
+                continue
+            if connection.transport.is_closing():
+                connection.close()
                 continue
             if self.loop.time() - connection.idle_since < IDLE_EXPIRY:
                 return connection
@@ -447,7 +452,11 @@ class LeanTransport(httpx.AsyncBaseTransport):
         self._targets: dict[tuple[str, str], _Target] = {}
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        target = self._target(request)
+        return await self.forward(request, str(request.url))
+
+    async def forward(self, request: httpx.Request, url: str) -> httpx.Response:
+        """``request`` to ``url`` (its URL as text, which the caller has at hand)."""
+        target = self._targets.get((request.method, url)) or self._target(request, url)
         head = [target.prefix]
         for name, value in request.headers.raw:
             head.append(name + b": " + value + _CRLF)
@@ -478,16 +487,13 @@ class LeanTransport(httpx.AsyncBaseTransport):
             extensions={**_HTTP11, HEADER_MAP: header_map},
         )
 
-    def _target(self, request: httpx.Request) -> _Target:
-        key = (request.method, str(request.url))
-        target = self._targets.get(key)
-        if target is None:
-            url = request.url
-            origin = (url.host, url.port or 80)
-            pool = self._pools.get(origin)
-            if pool is None:
-                pool = self._pools[origin] = _Pool(origin[0], origin[1], self._limit)
-            target = self._targets[key] = _Target(request.method, url, pool)
+    def _target(self, request: httpx.Request, url: str) -> _Target:
+        parsed = request.url
+        origin = (parsed.host, parsed.port or 80)
+        pool = self._pools.get(origin)
+        if pool is None:
+            pool = self._pools[origin] = _Pool(origin[0], origin[1], self._limit)
+        target = self._targets[(request.method, url)] = _Target(request.method, parsed, pool)
         return target
 
     async def aclose(self) -> None:
