@@ -20,6 +20,7 @@ import uvloop
 from support.ports import free_port
 from support.raw_upstream import Conversation, RawUpstream, answer, chunked
 
+from proxy.catalog import EGRESS, Egress
 from proxy.upstream import lean
 from proxy.upstream.client import HEADER_MAP, UpstreamTransport, create_transport
 from proxy.upstream.forward import TransportFailure, read_body, send
@@ -70,7 +71,13 @@ def _request(url: str, body: bytes = b'{"model":"m"}') -> httpx.Request:
 
 
 async def _fetch(transport: UpstreamTransport, url: str) -> tuple[httpx.Response, bytes]:
-    response = await send(transport, _request(url), "d")
+    return await _fetch_request(transport, _request(url))
+
+
+async def _fetch_request(
+    transport: UpstreamTransport, request: httpx.Request
+) -> tuple[httpx.Response, bytes]:
+    response = await send(transport, request, "d")
     return response, await read_body(response, "d")
 
 
@@ -389,3 +396,51 @@ def test_a_connection_that_cannot_be_made_in_time_is_a_connect_timeout(run: Run)
         finally:
             for filler in fillers:
                 filler.close()
+
+
+# --- which transport ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["environment", "deployment"])
+def test_a_plain_http_upstream_behind_an_egress_proxy_is_reached_through_it(
+    loop_factory: Callable[[], asyncio.AbstractEventLoop],
+    monkeypatch: pytest.MonkeyPatch,
+    how: str,
+) -> None:
+    # The "egress proxy" is a raw server that answers itself; the upstream is nowhere.
+    for name in ("NO_PROXY", "no_proxy", "HTTP_PROXY", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    upstream = f"http://127.0.0.1:{free_port()}"
+
+    async def main() -> None:
+        transport = create_transport()  # the lean one on: the choice is what is tested
+        async with RawUpstream(_replying(answer(b"{}"))) as egress:
+            request = _request(upstream)
+            if how == "environment":
+                monkeypatch.setenv("HTTP_PROXY", egress.url)
+            else:
+                request.extensions[EGRESS] = Egress(proxy=egress.url)
+            assert (await _fetch_request(transport, request))[1] == b"{}"
+        await transport.aclose()
+        # A proxy gets the absolute form of the target: the request went through it.
+        assert egress.requests[0].request_line.startswith(f"POST {upstream}/v1/")
+
+    with asyncio.Runner(loop_factory=loop_factory) as loop:
+        loop.run(main())
+
+
+def test_no_proxy_lets_a_plain_http_upstream_be_reached_directly(
+    loop_factory: Callable[[], asyncio.AbstractEventLoop], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{free_port()}")  # nothing there
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+
+    async def main() -> None:
+        transport = create_transport()
+        async with RawUpstream(_replying(answer(b"{}"))) as upstream:
+            assert (await _fetch(transport, upstream.url))[1] == b"{}"
+        await transport.aclose()
+        assert upstream.requests[0].request_line == "POST /v1/chat/completions HTTP/1.1"
+
+    with asyncio.Runner(loop_factory=loop_factory) as loop:
+        loop.run(main())
