@@ -257,7 +257,8 @@ class Pipeline:
         self, call: Call, limits: KeyLimits, key_check: asyncio.Future[KeyVerdict]
     ) -> Settlement:
         async def release() -> None:
-            await asyncio.wait([key_check])
+            if not key_check.done():  # it is, once an answer came: spares asyncio.wait
+                await asyncio.wait([key_check])
             if _granted(key_check) is None:
                 return  # refused (or never answered): nothing was taken
             # Unknown usage (an error, no usage in the answer) refunds the whole estimate.

@@ -14,6 +14,8 @@ any, is left alone): every server listens on a free 127.0.0.1 port, in a temp di
 * ``redis_cluster`` (session): that cluster as ``support.redis_server.RedisClusterServers``.
 * ``disposable_redis`` (function): a private, running ``RedisServer`` for a test that
   stops, kills or restarts it (``.stop()``, ``.kill()``, ``.start()`` keeps the port).
+* ``upstream_client`` (module, parametrized): the proxies a module starts use the lean
+  upstream transport, then the general one: its tests run against both.
 
 Tests using these are skipped when ``redis-server``/``redis-cli`` are not installed.
 """
@@ -21,10 +23,13 @@ Tests using these are skipped when ``redis-server``/``redis-cli`` are not instal
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 from support.redis_server import RedisClusterServers, RedisServer, redis_available
+
+from proxy.upstream.client import create_transport
 
 
 def _require_redis() -> None:
@@ -74,3 +79,14 @@ def disposable_redis(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.kill()
+
+
+@pytest.fixture(scope="module", params=["lean", "general"])
+def upstream_client(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every proxy this module starts uses this upstream client: the lean transport for
+    plain-HTTP upstreams (the default) or the general one for all (``create_transport``);
+    a module that asks for it runs its tests against both."""
+    lean = request.param == "lean"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("proxy.app.create_transport", partial(create_transport, lean=lean))
+        yield request.param

@@ -14,6 +14,11 @@ as the cause (upstream/errors.py reads it).
 The proxy calls the transport directly rather than through ``httpx.AsyncClient``: it
 needs no cookies, redirects, auth flows or URL merging, and skipping them was a quarter
 of the forwarding cost.
+
+Plain ``http://`` upstreams reached without an egress proxy go to the lean transport
+(``lean.py``: asyncio's protocol API and httptools, about a third of this one's cost);
+TLS and egress proxies stay here. The choice is made per URL once, and per request by
+the deployment's ``Egress`` (its own ``proxy_url``).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from httpx_aiohttp.transport import map_aiohttp_exceptions
 from yarl import URL
 
 from proxy.catalog import EGRESS, Egress
+from proxy.upstream.interface import HEADER_MAP, UpstreamStream
+from proxy.upstream.lean import LeanTransport
 
 __all__ = [
     "HEADER_MAP",
@@ -38,12 +45,10 @@ __all__ = [
 ]
 
 _HTTP11 = {"http_version": b"HTTP/1.1"}
-# A response extension: its headers as a dict, names lowercase (the last of repeats).
-HEADER_MAP = "proxy.header_map"
 
 
-class UpstreamStream(httpx.AsyncByteStream):
-    """An upstream answer's body: streamed chunk by chunk as it arrives, or read whole."""
+class _AiohttpStream(UpstreamStream):
+    """An aiohttp answer's body: streamed chunk by chunk as it arrives, or read whole."""
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._response = response
@@ -72,7 +77,7 @@ class UpstreamStream(httpx.AsyncByteStream):
 class _Target:
     """A parsed upstream URL and the egress proxy the environment names for it."""
 
-    __slots__ = ("env_proxy", "env_proxy_auth", "url")
+    __slots__ = ("env_proxy", "env_proxy_auth", "lean", "url")
 
     def __init__(self, url: str) -> None:
         self.url = URL(url)
@@ -81,11 +86,17 @@ class _Target:
         # HTTPS_PROXY / HTTP_PROXY / NO_PROXY, as every HTTP tool reads them (none: raises)
         with contextlib.suppress(LookupError):
             self.env_proxy, self.env_proxy_auth = get_env_proxy_for_url(self.url)
+        # Plain HTTP straight to the upstream: the lean transport can take it.
+        self.lean = self.url.scheme == "http" and self.env_proxy is None
 
 
 class UpstreamTransport(httpx.AsyncBaseTransport):
-    def __init__(self, session: aiohttp.ClientSession) -> None:
+    """``lean``: the transport for plain-HTTP upstreams without an egress proxy (None:
+    this one takes every request)."""
+
+    def __init__(self, session: aiohttp.ClientSession, lean: LeanTransport | None = None) -> None:
         self._session = session
+        self._lean = lean
         self._targets: dict[str, _Target] = {}
         self._timeouts: dict[tuple[float | None, ...], aiohttp.ClientTimeout] = {}
 
@@ -94,6 +105,13 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         target = self._targets.get(url)
         if target is None:
             target = self._targets[url] = _Target(url)
+        if target.lean and self._lean is not None and request.method != "HEAD":
+            egress = request.extensions.get(EGRESS)
+            if not isinstance(egress, Egress) or egress.proxy is None:
+                return await self._lean.forward(request, url)
+        return await self._general(request, target)
+
+    async def _general(self, request: httpx.Request, target: _Target) -> httpx.Response:
         try:
             content: bytes | httpx.AsyncByteStream | None = request.content or None
         except httpx.RequestNotRead:
@@ -127,7 +145,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         return httpx.Response(
             status_code=response.status,
             headers=response.raw_headers,
-            stream=UpstreamStream(response),
+            stream=_AiohttpStream(response),
             request=request,
             extensions={**_HTTP11, HEADER_MAP: header_map},
         )
@@ -143,18 +161,26 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         return timeout
 
     async def aclose(self) -> None:
+        if self._lean is not None:
+            await self._lean.aclose()
         await self._session.close()
 
 
 def _raise_mapped(exc: Exception) -> NoReturn:
     """Raise ``exc`` as httpx-aiohttp would: its httpx counterpart, ``exc`` the cause."""
+    if isinstance(exc, aiohttp.ClientResponseError):
+        # An answer aiohttp could not parse (httpx-aiohttp leaves it unmapped).
+        raise httpx.RemoteProtocolError(str(exc)) from exc
     with map_aiohttp_exceptions():
         raise exc
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def create_transport(max_connections: int = 1000, keepalive: float = 30.0) -> UpstreamTransport:
-    """The transport for all upstream calls; create it inside the running event loop."""
+def create_transport(
+    max_connections: int = 1000, keepalive: float = 30.0, lean: bool = True
+) -> UpstreamTransport:
+    """The transport for all upstream calls; create it inside the running event loop.
+    ``lean`` False: the general client for every upstream (tests compare the two)."""
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(
             limit=max_connections,
@@ -167,4 +193,4 @@ def create_transport(max_connections: int = 1000, keepalive: float = 30.0) -> Up
         skip_auto_headers=("User-Agent",),
         cookie_jar=aiohttp.DummyCookieJar(),
     )
-    return UpstreamTransport(session)
+    return UpstreamTransport(session, LeanTransport(max_connections) if lean else None)

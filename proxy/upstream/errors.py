@@ -2,16 +2,19 @@
 
 httpx-aiohttp maps aiohttp's exceptions onto httpx's loosely (a dropped connection
 surfaces as ``ConnectTimeout``), so the original aiohttp exception, kept as the cause,
-decides when present. Each failure gets a *cause* that says what broke (DNS, a refused
-port, the certificate, the TLS handshake, the egress proxy, a timeout connecting or
-reading, a reset): the failure reason of metrics and logs, and words in the client's
-message, which never names an address or a credential.
+decides when present. The lean transport (lean.py) raises httpx's exception for what
+happened, with the socket's own error as the cause (``_socket_cause``). Each failure
+gets a *cause* that says what broke (DNS, a refused port, the certificate, the TLS
+handshake, the egress proxy, a timeout connecting or reading, a reset): the failure
+reason of metrics and logs, and words in the client's message, which never names an
+address or a credential.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import socket
 import ssl
 
 import aiohttp
@@ -37,6 +40,10 @@ CAUSES = {
 def map_transport_error(exc: BaseException, deployment: str) -> tuple[UpstreamError, str]:
     """The client-facing error and the failure's cause (the metric's reason label)."""
     cause = exc.__cause__ or exc
+    plain = _socket_cause(exc)
+    if plain is not None:
+        kind = UpstreamTimeout if plain == "connect_timeout" else UpstreamUnavailable
+        return _unreachable(deployment, plain, kind)
     if isinstance(cause, aiohttp.ConnectionTimeoutError):
         return _unreachable(deployment, "connect_timeout", UpstreamTimeout)
     if isinstance(cause, aiohttp.ServerTimeoutError | asyncio.TimeoutError | TimeoutError) or (
@@ -61,6 +68,25 @@ def map_transport_error(exc: BaseException, deployment: str) -> tuple[UpstreamEr
         ),
         "protocol",
     )
+
+
+def _socket_cause(exc: BaseException) -> str | None:
+    """The lean transport's failures to connect, and resets before an answer (None: a
+    timeout reading or a broken answer, which the general rules read alike)."""
+    cause = exc.__cause__
+    if cause is None or isinstance(cause, aiohttp.ClientError):
+        return None
+    if isinstance(exc, httpx.ConnectTimeout):
+        return "connect_timeout"
+    if isinstance(exc, httpx.ConnectError):
+        if isinstance(cause, socket.gaierror):
+            return "dns"
+        if isinstance(cause, ConnectionRefusedError):
+            return "refused"
+        return "connection"
+    if isinstance(cause, ConnectionResetError):
+        return "reset"
+    return None
 
 
 def _connect_cause(cause: BaseException) -> str | None:

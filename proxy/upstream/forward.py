@@ -9,9 +9,9 @@ import orjson
 
 from proxy.catalog import EGRESS, DeploymentRoute, Egress
 from proxy.errors import UpstreamError
-from proxy.upstream.client import UpstreamStream
 from proxy.upstream.errors import map_transport_error
 from proxy.upstream.headers import request_headers
+from proxy.upstream.interface import UpstreamStream
 
 __all__ = ["TransportFailure", "build_request", "discard", "read_body", "send"]
 

@@ -17,6 +17,8 @@ KEY = "sk-leaks"
 TPM = 1_000_000
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 500}
 
+pytestmark = pytest.mark.usefixtures("upstream_client")  # the lean and the general client
+
 
 @pytest.fixture
 def upstream() -> Iterator[FakeUpstreamHandle]:
