@@ -461,6 +461,44 @@ def test_workers_sharing_a_dir_are_rendered_as_one_replica(
     assert not any("pid" in dict(labels) for _, labels in s)
 
 
+# A worker that forks after recording: the child's writes must go to its own file.
+FORKER = textwrap.dedent(
+    """
+    import os, sys
+    from proxy.metrics import Metrics
+    m = Metrics()
+    value_class = type(m._requests_total.labels("m", "200")._value).__name__
+    m.request_finished("m", 200, 0.5)
+    pid = os.fork()
+    if pid == 0:
+        m.request_finished("m", 200, 0.25)
+        m.in_flight_add("m", "d", 1)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    m.request_finished("m", 200, 0.5)
+    print(value_class, len(os.listdir(os.environ["PROMETHEUS_MULTIPROC_DIR"])))
+    """
+)
+
+
+def test_multiprocess_values_skip_the_per_write_pid_check_yet_a_fork_writes_its_own_file(
+    multiproc_env: dict[str, str],
+) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", FORKER], env=multiproc_env, capture_output=True, text=True,
+        check=True, timeout=60,
+    )  # fmt: skip
+    value_class, files = out.stdout.split()
+    assert value_class == "LeanMmapedValue"
+    assert int(files) >= 2  # the parent's files and the child's (other pid)
+
+    s = render_in_another_worker(multiproc_env)
+    assert sample(s, "llmproxy_requests_total", model="m", status="200") == 3
+    assert sample(s, "llmproxy_request_duration_seconds_sum", model="m") == 1.25
+    # The child is gone: its in-flight request is not counted.
+    assert sample(s, "llmproxy_in_flight_requests", model="m", deployment="d") in (None, 0)
+
+
 def test_a_dead_worker_keeps_its_counts_but_not_its_in_flight_requests(
     multiproc_env: dict[str, str], workers: list[subprocess.Popen[str]]
 ) -> None:
