@@ -76,7 +76,11 @@ def compare_with_peer(
         raise
     started = [(PEER, theirs[0], theirs[1]), (COMPARED, ours[0], ours[1])]
     try:
-        turns = in_turns(started, rounds, duration, log, "  peer", direct_url=upstream_url)
+        redis = procs.named.get("redis")
+        turns = in_turns(
+            started, rounds, duration, log, "  peer", direct_url=upstream_url,
+            redis_pid=None if redis is None else redis.pid,
+        )  # fmt: skip
     finally:
         for _, process, _ in started:
             procs.stop(process)
@@ -90,9 +94,11 @@ def in_turns(
     log: Callable[[str], None],
     name: str,
     direct_url: str | None = None,
+    redis_pid: int | None = None,
 ) -> list[Round]:
     """Two running servers (before, now) measured in turns: A B, B A, ... With
-    ``direct_url``, each 1-connection slice follows a direct one (``Turn.added_ms``)."""
+    ``direct_url``, each 1-connection slice follows a direct one (``Turn.added_ms``);
+    with ``redis_pid``, the redis-server's CPU per request is read too (``Turn.redis_us``)."""
     for target, _, url in started:
         run_wrk(url, 64, 2.0, target.path, target.model)  # warm-up
     result = []
@@ -102,13 +108,16 @@ def in_turns(
         for side in order:
             target, process, url = started[side]
             cpu = cpu_seconds(process.pid)
+            redis_cpu = cpu_seconds(redis_pid) if redis_pid else 0.0
             loaded = run_wrk(url, 64, duration, target.path, target.model)
             cpu = cpu_seconds(process.pid) - cpu
+            redis_cpu = cpu_seconds(redis_pid) - redis_cpu if redis_pid else 0.0
             direct = run_wrk(direct_url, 1, duration / 2) if direct_url else None
             single = run_wrk(url, 1, duration / 2, target.path, target.model)
             per_request = cpu / loaded.requests * 1e6 if loaded.requests else 0.0
             added = single.p50_ms - direct.p50_ms if direct else None
-            turns[side] = Turn(loaded.rps, per_request, single.p50_ms, added)
+            redis_us = redis_cpu / loaded.requests * 1e6 if redis_pid and loaded.requests else None
+            turns[side] = Turn(loaded.rps, per_request, single.p50_ms, added, redis_us)
         result.append(Round(turns[0], turns[1]))
         a, b = turns[0], turns[1]
         log(
@@ -116,5 +125,10 @@ def in_turns(
             f" CPU/request {a.cpu_us:.0f} -> {b.cpu_us:.0f} us,"
             f" p50@1 {a.p50_ms:.2f} -> {b.p50_ms:.2f} ms"
             + (f" (added {a.added_ms:+.2f} -> {b.added_ms:+.2f})" if direct_url else "")
+            + (
+                f", Redis CPU/request {a.redis_us:.0f} -> {b.redis_us:.0f} us"
+                if a.redis_us is not None and b.redis_us is not None
+                else ""
+            )
         )
     return result

@@ -117,6 +117,9 @@ class Turn:
     # p50 at 1 connection minus a direct slice's right before it (measured in the peer
     # comparison only: the baseline comparison compares the two p50s directly).
     added_ms: float | None = None
+    # The shared redis-server's CPU per request during the 64-connection run (the two
+    # sides take turns, so it is this side's limiter work); None when not measured.
+    redis_us: float | None = None
 
 
 @dataclass(frozen=True)

@@ -207,13 +207,15 @@ def render_peer(report: BenchReport) -> list[str]:
         " gateway, whose difference is the added median. Each figure is the median over the"
         " rounds with its range; the machine and the command are below.",
         "",
-        "| gateway | req/s at 64 connections | CPU/request | added median at 1 connection |",
-        "|---|---:|---:|---:|",
+        "| gateway | req/s at 64 connections | CPU/request | Redis CPU/request"
+        " | added median at 1 connection |",
+        "|---|---:|---:|---:|---:|",
     ]
     for label, side in ((PEER.label, "before"), (peer.target.label, "now")):
         md.append(
             f"| {label} | {_spread(peer.values('rps', side), ',.0f')}"
             f" | {_spread(peer.values('cpu_us', side), ',.0f', ' us')}"
+            f" | {_spread(peer.values('redis_us', side), ',.0f', ' us')}"
             f" | {_spread(peer.values('added_ms', side), '+.2f', ' ms')} |"
         )
     md += [

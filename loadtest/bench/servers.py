@@ -42,6 +42,7 @@ class Processes:
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.started: list[subprocess.Popen[bytes]] = []
+        self.named: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(
         self,
@@ -63,6 +64,7 @@ class Processes:
                 start_new_session=True,
             )
         self.started.append(process)
+        self.named[name] = process
         CHILD_SESSIONS.add(process.pid)
         return process
 

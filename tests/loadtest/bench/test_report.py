@@ -130,9 +130,9 @@ def _with_peer() -> BenchReport:
         COMPARED,
         PEER.label,
         [  # before: the peer; now: ours.  ratio, added (peer, ours)
-            Round(Turn(9000, 150, 0.45, 0.20), Turn(6000, 400, 0.60, 0.35)),  # 0.67x
-            Round(Turn(10000, 140, 0.42, 0.16), Turn(6100, 390, 0.58, 0.32)),  # 0.61x
-            Round(Turn(9500, 145, 0.47, 0.22), Turn(5700, 410, 0.62, 0.38)),  # 0.60x
+            Round(Turn(9000, 150, 0.45, 0.20, 20), Turn(6000, 400, 0.60, 0.35, 50)),  # 0.67x
+            Round(Turn(10000, 140, 0.42, 0.16, 18), Turn(6100, 390, 0.58, 0.32, 48)),  # 0.61x
+            Round(Turn(9500, 145, 0.47, 0.22, 22), Turn(5700, 410, 0.62, 0.38, 52)),  # 0.60x
         ],
     )
     return report
@@ -147,11 +147,11 @@ def test_the_peer_section_gives_the_ratio_of_alternated_rounds_and_each_ones_add
     assert "`/openai/v1/chat/completions` (model `tensorzero::model_name::gpt-4o-mini`)" in text
     assert (
         "| TensorZero gateway (Rust), Redis rate limit | 9,500 (9,000 to 10,000)"
-        " | 145 us (140 to 150) | +0.20 ms (+0.16 to +0.22) |"
+        " | 145 us (140 to 150) | 20 us (18 to 22) | +0.20 ms (+0.16 to +0.22) |"
     ) in text
     assert (
         "| proxy, Redis, 2 workers | 6,000 (5,700 to 6,100) | 400 us (390 to 410)"
-        " | +0.35 ms (+0.32 to +0.38) |"
+        " | 50 us (48 to 52) | +0.35 ms (+0.32 to +0.38) |"
     ) in text
     assert "req/s over the peer's at 64 connections: 0.61x (0.60 to 0.67)**" in text
     # The page's machine and command still close it.
