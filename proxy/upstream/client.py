@@ -15,10 +15,11 @@ The proxy calls the transport directly rather than through ``httpx.AsyncClient``
 needs no cookies, redirects, auth flows or URL merging, and skipping them was a quarter
 of the forwarding cost.
 
-Plain ``http://`` upstreams reached without an egress proxy go to the lean transport
-(``lean.py``: asyncio's protocol API and httptools, about a third of this one's cost);
-TLS and egress proxies stay here. The choice is made per URL once, and per request by
-the deployment's ``Egress`` (its own ``proxy_url``).
+Upstreams reached without an egress proxy (``http://`` and ``https://``, the latter with
+the deployment's TLS context) go to the lean transport (``lean.py``: asyncio's protocol
+API and httptools, about a third of this one's cost); egress proxies and ``HEAD`` stay
+here. The choice is made per URL once, and per request by the deployment's ``Egress``
+(its own ``proxy_url``).
 """
 
 from __future__ import annotations
@@ -86,13 +87,13 @@ class _Target:
         # HTTPS_PROXY / HTTP_PROXY / NO_PROXY, as every HTTP tool reads them (none: raises)
         with contextlib.suppress(LookupError):
             self.env_proxy, self.env_proxy_auth = get_env_proxy_for_url(self.url)
-        # Plain HTTP straight to the upstream: the lean transport can take it.
-        self.lean = self.url.scheme == "http" and self.env_proxy is None
+        # Straight to the upstream, TLS or not: the lean transport can take it.
+        self.lean = self.url.scheme in ("http", "https") and self.env_proxy is None
 
 
 class UpstreamTransport(httpx.AsyncBaseTransport):
-    """``lean``: the transport for plain-HTTP upstreams without an egress proxy (None:
-    this one takes every request)."""
+    """``lean``: the transport for upstreams without an egress proxy (None: this one takes
+    every request)."""
 
     def __init__(self, session: aiohttp.ClientSession, lean: LeanTransport | None = None) -> None:
         self._session = session
@@ -107,8 +108,10 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             target = self._targets[url] = _Target(url)
         if target.lean and self._lean is not None and request.method != "HEAD":
             egress = request.extensions.get(EGRESS)
-            if not isinstance(egress, Egress) or egress.proxy is None:
+            if not isinstance(egress, Egress):
                 return await self._lean.forward(request, url)
+            if egress.proxy is None:
+                return await self._lean.forward(request, url, egress.ssl)
         return await self._general(request, target)
 
     async def _general(self, request: httpx.Request, target: _Target) -> httpx.Response:

@@ -3,7 +3,8 @@
 httpx-aiohttp maps aiohttp's exceptions onto httpx's loosely (a dropped connection
 surfaces as ``ConnectTimeout``), so the original aiohttp exception, kept as the cause,
 decides when present. The lean transport (lean.py) raises httpx's exception for what
-happened, with the socket's own error as the cause (``_socket_cause``). Each failure
+happened, with the socket's own error as the cause (``_socket_cause``): for TLS the same
+``ssl`` errors aiohttp wraps (a certificate not verified, any other failed handshake). Each failure
 gets a *cause* that says what broke (DNS, a refused port, the certificate, the TLS
 handshake, the egress proxy, a timeout connecting or reading, a reset): the failure
 reason of metrics and logs, and words in the client's message, which never names an
@@ -79,6 +80,10 @@ def _socket_cause(exc: BaseException) -> str | None:
     if isinstance(exc, httpx.ConnectTimeout):
         return "connect_timeout"
     if isinstance(exc, httpx.ConnectError):
+        if isinstance(cause, ssl.CertificateError):  # as aiohttp's cert_errors
+            return "tls_certificate"
+        if isinstance(cause, ssl.SSLError):  # as aiohttp's ssl_errors
+            return "tls_handshake"
         if isinstance(cause, socket.gaierror):
             return "dns"
         if isinstance(cause, ConnectionRefusedError):

@@ -1,4 +1,4 @@
-"""The lean upstream transport: plain ``http://`` upstreams, no egress proxy.
+"""The lean upstream transport: ``http://`` and ``https://`` upstreams, no egress proxy.
 
 asyncio's protocol API and httptools' parser (the C parser uvicorn uses) with a
 keep-alive pool per origin, behind the same interface as the general client
@@ -8,22 +8,36 @@ chunk as it arrives. It does what a proxy's upstream call needs and nothing else
 ``transport.write`` per request, no cookies, redirects, decompression or per-request
 options, no task per request.
 
+TLS is asyncio's (``create_connection(ssl=...)``) with the deployment's context
+(``catalog.Egress.ssl``) or, without one, a default context made once (system trust,
+ALPN ``http/1.1``, as aiohttp's default); the handshake counts within the connect timeout.
+
 Failures raise httpx's exceptions with a plain cause that ``errors.py`` reads as it reads
-aiohttp's: a refused port, DNS, a reset, a timeout connecting (``ConnectError`` /
-``ConnectTimeout`` from the ``OSError`` / ``TimeoutError``), a timeout reading
-(``ReadTimeout``), a broken or short answer (``RemoteProtocolError`` / ``ReadError``).
+aiohttp's: a refused port, DNS, a certificate not verified or another failed handshake, a
+reset, a timeout connecting (``ConnectError`` / ``ConnectTimeout`` from the ``OSError`` /
+``ssl.SSLError`` / ``TimeoutError``), a timeout reading (``ReadTimeout``), a broken or
+short answer (``RemoteProtocolError`` / ``ReadError``).
 
 A connection goes back to the pool only after a complete answer the upstream lets it
-keep, and idle connections expire (``IDLE_EXPIRY``) before an upstream's keep-alive
-timeout can close them under a request (uvicorn's default is 5 s). TLS and egress proxies
-keep the general client (``client.UpstreamTransport`` chooses per request).
+keep, and idle connections expire before an upstream's keep-alive timeout can close them
+under a request: plain ones after ``IDLE_EXPIRY`` (under every usual keep-alive timeout),
+TLS ones, whose handshake costs far more than a connect, after ``TLS_IDLE_EXPIRY`` (under
+uvicorn's 5 s), or a second before the timeout the upstream announces (``Keep-Alive:
+timeout=N``, at most ``TLS_MAX_EXPIRY``); an upstream seen closing an idle TLS connection
+sooner brings its origin's expiry down below that, to ``IDLE_EXPIRY`` at least. A
+connection the upstream closed while idle is never handed out (``eof_received``).
+Each pool is per (scheme, host, port, TLS context): deployments with different TLS
+settings never share a connection. Egress proxies keep the general client
+(``client.UpstreamTransport`` chooses per request).
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import math
 import socket
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, cast
@@ -33,9 +47,12 @@ import httpx
 
 from proxy.upstream.interface import HEADER_MAP, UpstreamStream
 
-__all__ = ["IDLE_EXPIRY", "LeanTransport"]
+__all__ = ["IDLE_EXPIRY", "TLS_IDLE_EXPIRY", "LeanTransport"]
 
 IDLE_EXPIRY = 1.5  # seconds an idle connection is kept: under every usual keep-alive timeout
+TLS_IDLE_EXPIRY = 4.0  # the same for TLS, unless the upstream says more (or shows less)
+TLS_MAX_EXPIRY = 60.0  # at most, whatever the upstream announces
+EXPIRY_MARGIN = 1.0  # seconds kept clear of an upstream's keep-alive timeout
 MAX_IDLE = 256  # idle connections kept per origin
 DNS_TTL = 300.0  # seconds a host name's addresses are reused (as the general client does)
 # A stream's unread bytes above this pause reading from the upstream (backpressure);
@@ -88,6 +105,7 @@ class _Connection(asyncio.Protocol):
         self.last_data = 0.0
         self.timer: asyncio.TimerHandle | None = None
         self.headers_at = False  # the current answer's head is in
+        self.announce = pool.tls  # the first answer's Keep-Alive header is still to be read
 
     # --- asyncio.Protocol -----------------------------------------------------------
 
@@ -109,12 +127,16 @@ class _Connection(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         self.keep = False
         exchange = self.exchange
+        if exchange is None:
+            self.pool.dropped(self)  # the upstream closed it while it was idle
         if exchange is not None and exchange.body_until_close and self.headers_at:
             self.on_message_complete()  # the body was "until close": it is complete
         self.closed = self.exchange is None  # idle: never handed out again
         return None  # close our side too
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed and self.exchange is None:
+            self.pool.dropped(self)  # closed or reset by the upstream while idle
         self.closed = True
         self._cancel_timer()
         exchange = self.exchange
@@ -155,6 +177,9 @@ class _Connection(asyncio.Protocol):
         exchange.body_until_close = not framed
         if exchange.body_until_close:
             self.keep = False
+        if self.announce:
+            self.announce = False
+            self.pool.announced(exchange.headers)
         self._wake(exchange)
 
     def on_body(self, body: bytes) -> None:
@@ -254,13 +279,28 @@ class _Connection(asyncio.Protocol):
 
 
 class _Pool:
-    """The connections to one origin: idle ones (newest last) and a bound on open ones."""
+    """The connections to one origin: idle ones (newest last) and a bound on open ones.
+    ``context``: TLS with it (``server_hostname`` the name the certificate must bear)."""
 
-    def __init__(self, host: str, port: int, limit: int) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        limit: int,
+        context: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
+    ) -> None:
         self.loop = asyncio.get_running_loop()
         self.host = host
         self.port = port
         self.limit = limit
+        self.context = context
+        self.server_hostname = server_hostname if context is not None else None
+        self.tls = context is not None
+        # Seconds an idle connection is kept; the ceiling comes down when the upstream
+        # is seen closing idle connections sooner.
+        self.expiry = TLS_IDLE_EXPIRY if self.tls else IDLE_EXPIRY
+        self.ceiling = math.inf
         self.open = 0
         self.idle: list[_Connection] = []
         self.waiters: deque[asyncio.Future[None]] = deque()
@@ -280,7 +320,7 @@ class _Pool:
             if connection.transport.is_closing():
                 connection.close()
                 continue
-            if self.loop.time() - connection.idle_since < IDLE_EXPIRY:
+            if self.loop.time() - connection.idle_since < self.expiry:
                 return connection
             connection.close()  # too old to trust: the upstream may be closing it
         while self.open >= self.limit:
@@ -306,7 +346,7 @@ class _Pool:
         connection.idle_since = self.loop.time()
         self.idle.append(connection)
         if self.sweeper is None:
-            self.sweeper = self.loop.call_later(IDLE_EXPIRY, self._sweep)
+            self.sweeper = self.loop.call_later(self.expiry, self._sweep)
         self._hand_on()
 
     def forget(self, connection: _Connection) -> None:
@@ -315,6 +355,28 @@ class _Pool:
         if connection in self.idle:
             self.idle.remove(connection)
         self._hand_on()
+
+    def announced(self, headers: list[tuple[bytes, bytes]]) -> None:
+        """A TLS connection's first answer: the upstream's ``Keep-Alive: timeout=N``, if
+        any, sets how long idle connections are kept (a margin under it)."""
+        for name, value in headers:
+            if name.lower() == b"keep-alive":
+                timeout = _keep_alive_timeout(value)
+                if timeout is not None:
+                    keep = max(timeout - EXPIRY_MARGIN, timeout / 2)
+                    self.expiry = min(keep, TLS_MAX_EXPIRY, self.ceiling)
+                return
+
+    def dropped(self, connection: _Connection) -> None:
+        """The upstream closed ``connection`` while it was idle: if sooner than the
+        expiry, the upstream keeps idle connections for less (TLS pools: down to the
+        plain expiry at least, so one restart does not cost every later handshake)."""
+        if connection not in self.idle:
+            return
+        age = self.loop.time() - connection.idle_since
+        if age < self.expiry:
+            self.ceiling = min(self.ceiling, max(age - EXPIRY_MARGIN, IDLE_EXPIRY))
+            self.expiry = min(self.expiry, self.ceiling)
 
     def close(self) -> None:
         for connection in self.idle:
@@ -344,11 +406,11 @@ class _Pool:
 
     def _sweep(self) -> None:
         self.sweeper = None
-        cutoff = self.loop.time() - IDLE_EXPIRY
+        cutoff = self.loop.time() - self.expiry
         for connection in [c for c in self.idle if c.idle_since <= cutoff]:
             connection.close()  # forget() takes it off the list
         if self.idle:
-            self.sweeper = self.loop.call_later(IDLE_EXPIRY, self._sweep)
+            self.sweeper = self.loop.call_later(self.expiry, self._sweep)
 
     async def _connect(self, within: float | None) -> _Connection:
         try:
@@ -358,6 +420,8 @@ class _Pool:
                 for family, _, proto, _, address in addresses:
                     try:
                         return await self._open(family, proto, address)
+                    except ssl.SSLError:
+                        raise  # connected, the handshake failed: another address would too
                     except OSError as exc:
                         error = exc  # the next address, if any
                 assert error is not None
@@ -370,7 +434,13 @@ class _Pool:
     async def _open(self, family: int, proto: int, address: tuple[Any, ...]) -> _Connection:
         connection = _Connection(self)
         await self.loop.create_connection(
-            lambda: connection, address[0], address[1], family=family, proto=proto
+            lambda: connection,
+            address[0],
+            address[1],
+            family=family,
+            proto=proto,
+            ssl=self.context,
+            server_hostname=self.server_hostname,
         )
         return connection
 
@@ -444,19 +514,26 @@ class _Target:
 
 
 class LeanTransport(httpx.AsyncBaseTransport):
-    """Plain-HTTP upstream calls (``client.UpstreamTransport`` hands them over)."""
+    """Upstream calls without an egress proxy (``client.UpstreamTransport`` hands them
+    over)."""
 
     def __init__(self, max_connections: int = 1000) -> None:
         self._limit = max_connections
-        self._pools: dict[tuple[str, int], _Pool] = {}
-        self._targets: dict[tuple[str, str], _Target] = {}
+        self._pools: dict[tuple[str, str, int, ssl.SSLContext | None], _Pool] = {}
+        self._targets: dict[tuple[str, str, ssl.SSLContext | None], _Target] = {}
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         return await self.forward(request, str(request.url))
 
-    async def forward(self, request: httpx.Request, url: str) -> httpx.Response:
-        """``request`` to ``url`` (its URL as text, which the caller has at hand)."""
-        target = self._targets.get((request.method, url)) or self._target(request, url)
+    async def forward(
+        self, request: httpx.Request, url: str, context: ssl.SSLContext | None = None
+    ) -> httpx.Response:
+        """``request`` to ``url`` (its URL as text, which the caller has at hand);
+        ``context``: the deployment's TLS settings for an ``https://`` URL (None: the
+        system's trust store, verified)."""
+        target = self._targets.get((request.method, url, context)) or self._target(
+            request, url, context
+        )
         head = [target.prefix]
         for name, value in request.headers.raw:
             head.append(name + b": " + value + _CRLF)
@@ -487,13 +564,22 @@ class LeanTransport(httpx.AsyncBaseTransport):
             extensions={**_HTTP11, HEADER_MAP: header_map},
         )
 
-    def _target(self, request: httpx.Request, url: str) -> _Target:
+    def _target(self, request: httpx.Request, url: str, context: ssl.SSLContext | None) -> _Target:
         parsed = request.url
-        origin = (parsed.host, parsed.port or 80)
+        if parsed.scheme == "https":
+            tls: ssl.SSLContext | None = context or default_context()
+            port = parsed.port or 443
+        elif parsed.scheme == "http":
+            tls, port = None, parsed.port or 80
+        else:
+            raise httpx.UnsupportedProtocol(f"The lean transport does not speak {parsed.scheme}.")
+        origin = (parsed.scheme, parsed.host, port, tls)
         pool = self._pools.get(origin)
         if pool is None:
-            pool = self._pools[origin] = _Pool(origin[0], origin[1], self._limit)
-        target = self._targets[(request.method, url)] = _Target(request.method, parsed, pool)
+            hostname = parsed.raw_host.decode("ascii")
+            pool = self._pools[origin] = _Pool(parsed.host, port, self._limit, tls, hostname)
+        key = (request.method, url, context)
+        target = self._targets[key] = _Target(request.method, parsed, pool)
         return target
 
     async def aclose(self) -> None:
@@ -501,6 +587,32 @@ class LeanTransport(httpx.AsyncBaseTransport):
             pool.close()
         self._pools.clear()
         self._targets.clear()
+
+
+_default_context: list[ssl.SSLContext] = []
+
+
+def default_context() -> ssl.SSLContext:
+    """The TLS context of upstreams whose deployment brings none, made once: the system's
+    trust store, verified, ALPN ``http/1.1`` (as aiohttp's default context)."""
+    if not _default_context:
+        context = ssl.create_default_context()
+        context.set_alpn_protocols(["http/1.1"])
+        _default_context.append(context)
+    return _default_context[0]
+
+
+def _keep_alive_timeout(value: bytes) -> float | None:
+    """``timeout=5, max=100`` -> 5.0 (None: no usable timeout)."""
+    for part in value.split(b","):
+        name, _, number = part.partition(b"=")
+        if name.strip().lower() == b"timeout":
+            try:
+                timeout = float(number.strip())
+            except ValueError:
+                return None
+            return timeout if timeout >= 0 else None
+    return None
 
 
 def _is_ip(host: str) -> bool:

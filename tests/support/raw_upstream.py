@@ -3,18 +3,24 @@ server sends (well-formed or broken) as a coroutine over the connection.
 
 ``RawUpstream(answer)`` serves every request on every connection by calling
 ``answer(conversation)`` after reading the request's head and body; the conversation
-writes bytes, resets, closes or stalls. It counts connections and keeps the requests.
+writes bytes, resets, closes (or hangs up and waits for the client to see it) or stalls.
+It counts connections and keeps the requests. ``RawUpstream(answer, tls=context)``
+serves HTTPS with that server context (support/tls.py); ``Greeter(data)`` sends ``data``
+to every connection as soon as it is made and closes it (a TLS client's handshake meets
+garbage), ``Greeter(None)`` never answers (a handshake that never completes).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+import ssl
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-__all__ = ["Conversation", "RawUpstream", "SeenRequest"]
+__all__ = ["Answer", "Conversation", "Greeter", "RawUpstream", "SeenRequest"]
 
 
 @dataclass
@@ -55,6 +61,18 @@ class Conversation:
         self.writer.close()
         self.stop = True
 
+    async def hang_up(self) -> None:
+        """Close, and return once the client has seen it: it closed its side too (TLS: it
+        answered the close_notify)."""
+        if self.writer.can_write_eof():  # plain TCP: a FIN, then the client's
+            self.writer.write_eof()
+            with contextlib.suppress(ConnectionError):
+                await self.reader.read()
+        self.writer.close()
+        with contextlib.suppress(ConnectionError, ssl.SSLError):
+            await self.writer.wait_closed()
+        self.stop = True
+
     async def stall(self) -> None:
         """Send nothing more until the client goes away."""
         await self.reader.read()
@@ -65,8 +83,9 @@ Answer = Callable[[Conversation], Awaitable[None]]
 
 
 class RawUpstream:
-    def __init__(self, answer: Answer) -> None:
+    def __init__(self, answer: Answer, tls: ssl.SSLContext | None = None) -> None:
         self.answer = answer
+        self.tls = tls
         self.connections = 0
         self.requests: list[SeenRequest] = []
         self.closed_by_client = 0  # connections the client closed (EOF or reset)
@@ -76,8 +95,9 @@ class RawUpstream:
         self._writers: set[asyncio.StreamWriter] = set()
 
     async def __aenter__(self) -> RawUpstream:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.tls)
+        scheme = "https" if self.tls is not None else "http"
+        self.url = f"{scheme}://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -118,6 +138,35 @@ class RawUpstream:
             writer.close()
             self._writers.discard(writer)
             self._tasks.discard(task)
+
+
+class Greeter:
+    """Sends ``data`` to every connection once it is made, then closes it (whatever the
+    client says): a TLS client meets it instead of a server's handshake. ``data`` None:
+    says nothing until the client goes away."""
+
+    def __init__(self, data: bytes | None) -> None:
+        self.data = data
+        self.url = ""  # https://, as the client will try it
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> Greeter:
+        self._server = await asyncio.start_server(self._greet, "127.0.0.1", 0)
+        self.url = f"https://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+
+    async def _greet(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            if self.data is None:
+                await reader.read()
+            else:
+                writer.write(self.data)
+                await writer.drain()
+        writer.close()
 
 
 def answer(body: bytes, *headers: str, status: str = "200 OK") -> bytes:

@@ -1,6 +1,8 @@
 """Real upstreams in real networks, on loopback: HTTPS with a private CA (per deployment),
 mTLS, a lab upstream without verification, an egress proxy (from the environment or the
-deployment's own), extra headers, and failure causes that say what broke."""
+deployment's own), extra headers, and failure causes that say what broke. HTTPS straight
+to the upstream takes the lean transport, through an egress proxy the general one
+(``served`` records which)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from support.tls import CertificateAuthority, openssl_available
 
 from proxy.config import config_warnings
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
+from proxy.upstream.client import UpstreamTransport
+from proxy.upstream.lean import LeanTransport
 
 pytestmark = pytest.mark.skipif(not openssl_available(), reason="openssl is not installed")
 
@@ -35,6 +39,25 @@ def tls_upstream(ca: CertificateAuthority) -> Iterator[FakeUpstreamHandle]:
         yield handle
 
 
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Which transport sent each upstream request ("lean" or "general"), in order."""
+    calls: list[str] = []
+    forward, general = LeanTransport.forward, UpstreamTransport._general
+
+    async def via_lean(self: LeanTransport, *args: Any) -> httpx.Response:
+        calls.append("lean")
+        return await forward(self, *args)
+
+    async def via_general(self: UpstreamTransport, *args: Any) -> httpx.Response:
+        calls.append("general")
+        return await general(self, *args)
+
+    monkeypatch.setattr(LeanTransport, "forward", via_lean)
+    monkeypatch.setattr(UpstreamTransport, "_general", via_general)
+    return calls
+
+
 def _config(upstream_url: str, **deployment: Any) -> dict[str, Any]:
     d = {"id": "d", "base_url": f"{upstream_url}/v1", "timeout": "5s", **deployment}
     return {"models": [{"name": "m", "deployments": [d]}], "routing": {"retries": 0}}
@@ -47,19 +70,21 @@ def _chat(proxy: ProxyInThread, stream: bool = False) -> httpx.Response:
 
 
 def test_a_private_ca_is_trusted_per_deployment(
-    ca: CertificateAuthority, tls_upstream: FakeUpstreamHandle
+    ca: CertificateAuthority, tls_upstream: FakeUpstreamHandle, served: list[str]
 ) -> None:
     trusted = _config(tls_upstream.url, tls={"ca_file": str(ca.ca)})
     with ProxyInThread(settings_from(trusted)) as proxy:
         client = openai.OpenAI(base_url=proxy.base_url, api_key="x", max_retries=0)
         assert client.chat.completions.create(**CHAT).choices[0].message.content  # type: ignore[call-overload]
+        assert _chat(proxy, stream=True).status_code == 200
     with ProxyInThread(settings_from(_config(tls_upstream.url))) as proxy:
         refused = _chat(proxy)
     assert refused.status_code == 502
     assert "certificate" in refused.json()["error"]["message"]
+    assert served == ["lean"] * 3
 
 
-def test_mtls_sends_the_client_certificate(ca: CertificateAuthority) -> None:
+def test_mtls_sends_the_client_certificate(ca: CertificateAuthority, served: list[str]) -> None:
     context = ca.server_context(require_client_cert=True)
     with run_in_thread(FakeUpstreamConfig(port=0), ssl_context=context) as upstream:
         tls = {
@@ -72,13 +97,17 @@ def test_mtls_sends_the_client_certificate(ca: CertificateAuthority) -> None:
         without = {"ca_file": str(ca.ca)}
         with ProxyInThread(settings_from(_config(upstream.url, tls=without))) as proxy:
             assert _chat(proxy).status_code == 502
+    assert served == ["lean"] * 2
 
 
-def test_verify_false_reaches_a_lab_upstream_and_warns(tls_upstream: FakeUpstreamHandle) -> None:
+def test_verify_false_reaches_a_lab_upstream_and_warns(
+    tls_upstream: FakeUpstreamHandle, served: list[str]
+) -> None:
     settings = settings_from(_config(tls_upstream.url, tls={"verify": False}))
     assert any("tls.verify" in w for w in config_warnings(settings))
     with ProxyInThread(settings) as proxy:
         assert _chat(proxy).status_code == 200
+    assert served == ["lean"]
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
@@ -87,6 +116,7 @@ def test_https_proxy_from_the_environment_tunnels_and_no_proxy_bypasses_it(
     tls_upstream: FakeUpstreamHandle,
     monkeypatch: pytest.MonkeyPatch,
     stream: bool,
+    served: list[str],
 ) -> None:
     config = _config(tls_upstream.url, tls={"ca_file": str(ca.ca)})
     with ForwardProxy() as egress:
@@ -100,10 +130,14 @@ def test_https_proxy_from_the_environment_tunnels_and_no_proxy_bypasses_it(
         with ProxyInThread(settings_from(config)) as proxy:
             assert _chat(proxy, stream).status_code == 200
         assert len(egress.tunnels) == 1  # bypassed
+    assert served == ["general", "lean"]
 
 
 def test_a_deployments_proxy_url_wins_and_a_wrong_one_says_so(
-    ca: CertificateAuthority, tls_upstream: FakeUpstreamHandle, monkeypatch: pytest.MonkeyPatch
+    ca: CertificateAuthority,
+    tls_upstream: FakeUpstreamHandle,
+    monkeypatch: pytest.MonkeyPatch,
+    served: list[str],
 ) -> None:
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")  # the environment says: no proxy
     tls = {"ca_file": str(ca.ca)}
@@ -116,6 +150,7 @@ def test_a_deployments_proxy_url_wins_and_a_wrong_one_says_so(
     with ProxyInThread(settings_from(wrong)) as proxy:
         refused = _chat(proxy)
     assert refused.status_code == 502 and "proxy" in refused.json()["error"]["message"]
+    assert served == ["general"] * 2
 
 
 @pytest.mark.usefixtures("upstream_client")
