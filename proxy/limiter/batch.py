@@ -13,9 +13,10 @@ call (a reservation) and goes out in front of it, in the same round trip, so a r
 costs one round trip, not two. A linger timer sends it on its own when no urgent call
 comes; either way it runs before anything submitted after it.
 
-A batch may be *merged* before it goes out (``merge``, given by the backend that knows
-its scripts): several calls become one, and each of them gets that call's result (or the
-batch's failure). The Redis backend merges the key settlements of one key this way.
+A batch with several calls that are not urgent may be *merged* before it goes out
+(``merge``, given by the backend that knows its scripts): several calls become one, and
+each of them gets that call's result (or the batch's failure). The Redis backend merges
+the key settlements of one key this way.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class Batcher:
         self._linger = linger
         self._calls: list[Call] = []
         self._futures: list[asyncio.Future[Any]] = []
+        self._lingering = 0  # calls of this batch that are not urgent
         self._tasks: set[asyncio.Task[None]] = set()
         self._flush_soon = False  # a flush at the end of this turn is scheduled
         self._timer: asyncio.TimerHandle | None = None  # the lingering calls' flush
@@ -72,8 +74,10 @@ class Batcher:
         if urgent and not self._flush_soon:
             self._flush_soon = True
             loop.call_soon(self._flush)
-        elif not urgent and not self._flush_soon and self._timer is None:
-            self._timer = loop.call_later(self._linger, self._flush)
+        elif not urgent:
+            self._lingering += 1
+            if not self._flush_soon and self._timer is None:
+                self._timer = loop.call_later(self._linger, self._flush)
         return future
 
     def _flush(self) -> None:
@@ -86,7 +90,9 @@ class Batcher:
             return
         self._calls, self._futures = [], []
         deliver: Deliver
-        merged = self._merge(calls) if self._merge is not None and len(calls) > 1 else None
+        # Only bookkeeping merges (settlements): not worth a look with fewer than two.
+        merged = self._merge(calls) if self._lingering > 1 and self._merge is not None else None
+        self._lingering = 0
         if merged is None:
             deliver = partial(_deliver, futures)
         else:

@@ -150,8 +150,26 @@ async def test_merged_calls_through_a_sender_that_sends_at_once() -> None:
         return True
 
     batcher = Batcher(Recorder(), send_now=send_now, merge=merge_bs)
-    calls = [batcher.submit("b", [], []), batcher.submit("a", [], []), batcher.submit("b", [], [])]
-    assert await asyncio.gather(*calls) == ["B!", "a!", "B!"]
+    b1, b2 = (batcher.submit("b", [], [], urgent=False) for _ in range(2))
+    assert await asyncio.gather(b1, batcher.submit("a", [], []), b2) == ["B!", "a!", "B!"]
+
+
+async def test_a_batch_without_two_calls_that_are_not_urgent_is_not_offered_to_merge() -> None:
+    offered: list[list[str]] = []
+
+    def merge(calls: list[Call]) -> tuple[list[Call], list[int]] | None:
+        offered.append([name for name, _, _ in calls])
+        return merge_bs(calls)
+
+    run = Recorder()
+    batcher = Batcher(run, linger=3600, merge=merge)
+    assert await asyncio.gather(batcher.submit("b", [], []), batcher.submit("b", [], [])) == [
+        "b",
+        "b",
+    ]
+    lingering = batcher.submit("b", [], [], urgent=False)
+    assert await asyncio.gather(lingering, batcher.submit("b", [], [])) == ["b", "b"]
+    assert offered == [] and run.batches == [["b", "b"], ["b", "b"]]
 
 
 async def test_a_failed_merged_batch_fails_every_merged_call_as_a_storage_error() -> None:
