@@ -12,6 +12,11 @@ estimate) is submitted as *not urgent*: it lingers a few milliseconds for the ne
 call (a reservation) and goes out in front of it, in the same round trip, so a request
 costs one round trip, not two. A linger timer sends it on its own when no urgent call
 comes; either way it runs before anything submitted after it.
+
+A batch with several calls that are not urgent may be *merged* before it goes out
+(``merge``, given by the backend that knows its scripts): several calls become one, and
+each of them gets that call's result (or the batch's failure). The Redis backend merges
+the key settlements of one key this way.
 """
 
 from __future__ import annotations
@@ -31,19 +36,28 @@ Runner = Callable[[list[Call]], Awaitable[list[Any]]]
 Deliver = Callable[[list[Any] | BaseException], None]
 # Sends a batch at once, without a task, when it can (connected): True if it did.
 SendNow = Callable[[list[Call], Deliver], bool]
+# The calls to send instead of a batch, and for each call of the batch the index of the
+# call whose result is its own; None: send the batch as it is.
+Merge = Callable[[list[Call]], tuple[list[Call], list[int]] | None]
 
 LINGER = 0.005  # seconds a call that is not urgent may wait for company
 
 
 class Batcher:
     def __init__(
-        self, run: Runner, linger: float = LINGER, send_now: SendNow | None = None
+        self,
+        run: Runner,
+        linger: float = LINGER,
+        send_now: SendNow | None = None,
+        merge: Merge | None = None,
     ) -> None:
         self._run = run
         self._send_now = send_now
+        self._merge = merge
         self._linger = linger
         self._calls: list[Call] = []
         self._futures: list[asyncio.Future[Any]] = []
+        self._lingering = 0  # calls of this batch that are not urgent
         self._tasks: set[asyncio.Task[None]] = set()
         self._flush_soon = False  # a flush at the end of this turn is scheduled
         self._timer: asyncio.TimerHandle | None = None  # the lingering calls' flush
@@ -60,8 +74,10 @@ class Batcher:
         if urgent and not self._flush_soon:
             self._flush_soon = True
             loop.call_soon(self._flush)
-        elif not urgent and not self._flush_soon and self._timer is None:
-            self._timer = loop.call_later(self._linger, self._flush)
+        elif not urgent:
+            self._lingering += 1
+            if not self._flush_soon and self._timer is None:
+                self._timer = loop.call_later(self._linger, self._flush)
         return future
 
     def _flush(self) -> None:
@@ -73,21 +89,40 @@ class Batcher:
         if not calls:
             return
         self._calls, self._futures = [], []
-        if self._send_now is not None and self._send_now(calls, partial(_deliver, futures)):
+        deliver: Deliver
+        # Only bookkeeping merges (settlements): not worth a look with fewer than two.
+        merged = self._merge(calls) if self._lingering > 1 and self._merge is not None else None
+        self._lingering = 0
+        if merged is None:
+            deliver = partial(_deliver, futures)
+        else:
+            calls, owners = merged
+            deliver = partial(_deliver_merged, futures, owners)
+        if self._send_now is not None and self._send_now(calls, deliver):
             return  # the results go straight to the futures: no task, no extra turn
-        task = asyncio.ensure_future(self._send(calls, futures))
+        task = asyncio.ensure_future(self._send(calls, deliver))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _send(self, calls: list[Call], futures: list[asyncio.Future[Any]]) -> None:
+    async def _send(self, calls: list[Call], deliver: Deliver) -> None:
         try:
             results = await self._run(calls)
         except BaseException as exc:
-            _deliver(futures, exc)
+            deliver(exc)
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
-        _deliver(futures, results)
+        deliver(results)
+
+
+def _deliver_merged(
+    futures: list[asyncio.Future[Any]], owners: list[int], outcome: list[Any] | BaseException
+) -> None:
+    """A merged batch's results (or failure), each call getting its merged call's."""
+    if isinstance(outcome, BaseException):
+        _deliver(futures, outcome)
+    else:
+        _deliver(futures, [outcome[i] for i in owners])
 
 
 def _deliver(futures: list[asyncio.Future[Any]], outcome: list[Any] | BaseException) -> None:

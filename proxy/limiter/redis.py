@@ -18,6 +18,9 @@ state outlives a change of its rate. Idle bucket keys expire a little (10 s) aft
 have refilled (a deployment's at the slowest rate 429s may lower it to): a missing key
 reads as a full bucket. Health keys expire a little after ``health.expires_at`` (a
 missing key reads as healthy), in-flight sets after their latest deadline.
+
+The key settlements of one key that go out in the same batch are merged into one
+``settle_key`` call (``merge_key_settlements``): under load a batch carries several.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from proxy.limiter.base import (
     Settlement,
     Window,
 )
+from proxy.limiter.batch import Call
 from proxy.limiter.bucket import BucketState, Decision
 from proxy.limiter.bucket import Outcome as Result
 from proxy.limiter.fairness import Claimant, Deferral
@@ -79,7 +83,7 @@ class RedisLimiter:
         clock: Clock | None = None,
         **options: Unpack[RunnerOptions],
     ) -> None:
-        self.runner = ScriptRunner(url, **options)
+        self.runner = ScriptRunner(url, merge=merge_key_settlements, **options)
         self._lease_ttl = lease_ttl
         self._prefix = prefix
         self._clock = clock
@@ -331,6 +335,92 @@ class RedisLimiter:
         return "" if self._clock is None else _num(self._clock())
 
 
+class _Settlements:
+    """Key settlements of one key merged into one ``settle_key`` call: per window (and
+    interval), the sum of its refunds and the sum of its charges."""
+
+    __slots__ = ("call", "count", "index", "keys", "sums")
+
+    def __init__(self, index: int, call: Call) -> None:
+        self.index = index  # the merged call's place in the batch
+        self.call = call  # the first settlement, sent as it is when it stays alone
+        self.count = 0
+        self.keys: set[str] = set()
+        self.sums: dict[tuple[str, str], list[float]] = {}  # [refunds, charges]
+
+    def add(self, keys: list[str], args: list[str]) -> None:
+        self.count += 1
+        self.keys.update(keys)
+        for i in range(1, len(keys)):
+            sums = self.sums.setdefault((keys[i], args[2 * i]), [0.0, 0.0])
+            units = float(args[2 * i + 1])
+            sums[1 if units > 0.0 else 0] += units
+
+    def merged(self) -> Call:
+        name, keys, args = self.call
+        if self.count == 1:
+            return self.call
+        out_keys, out_args = [keys[0]], [args[0], ""]
+        for (window, interval), (refunds, charges) in self.sums.items():
+            # Refunds first: the debt each bucket is left with is the highest any order
+            # of the settlements would leave (a refund may be clipped at zero, a charge
+            # is not), the same as applying them one by one in that order.
+            for units in (refunds, charges):
+                if units != 0.0:
+                    out_keys.append(window)
+                    out_args += [interval, _num(units)]
+        return name, out_keys, out_args
+
+
+def merge_key_settlements(calls: list[Call]) -> tuple[list[Call], list[int]] | None:
+    """A batch (batch.py ``Merge``) with the key settlements of one key that follow each
+    other (no other call of the batch touches the key between them: its check, its
+    snapshot, a settlement releasing one of its slots) as one ``settle_key`` call, in the
+    place of the first. ``bucket.adjust`` clips a debt at zero, so corrections do not
+    commute: each window is corrected by the sum of its refunds, then by the sum of its
+    charges, the most conservative order, which leaves the debt that applying them one by
+    one in that order, at one time, would (tests/limiter/test_limiter_merge.py).
+    Settlements that release a parallel slot (a lease) go alone; settlements with
+    different explicit clocks (tests) too. None when nothing merges."""
+    if sum(1 for name, _, args in calls if name == "settle_key" and not args[1]) < 2:
+        return None
+    out: list[Call] = []
+    owners: list[int] = []
+    merging: list[_Settlements] = []
+    open_: dict[str, _Settlements] = {}  # every key of a merge that may still grow
+
+    def close(m: _Settlements) -> None:
+        for key in m.keys:
+            if open_.get(key) is m:
+                del open_[key]
+
+    for call in calls:
+        name, keys, args = call
+        if name == "settle_key" and not args[1]:
+            m = open_.get(keys[0])
+            if m is None or m.call[2][0] != args[0]:
+                if m is not None:
+                    close(m)
+                m = _Settlements(len(out), call)
+                merging.append(m)
+                out.append(call)
+            m.add(keys, args)
+            for key in keys:
+                open_[key] = m
+            owners.append(m.index)
+            continue
+        for key in keys:
+            if (m := open_.get(key)) is not None:
+                close(m)
+        owners.append(len(out))
+        out.append(call)
+    if len(out) == len(calls):
+        return None
+    for m in merging:
+        out[m.index] = m.merged()
+    return out, owners
+
+
 def _state(reply: Any) -> BucketState:
     """The next debt and time of a script's reply as a bucket state."""
     return BucketState(float(next(reply)), float(next(reply)))
@@ -346,4 +436,4 @@ def _num(x: float) -> str:
     return repr(float(x))
 
 
-__all__ = ["RedisLimiter"]
+__all__ = ["RedisLimiter", "merge_key_settlements"]

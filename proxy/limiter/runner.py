@@ -11,7 +11,8 @@ module decides how they get there, and hides the Redis client from them (the mod
 * On a single Redis, the scripts called within one turn of the event loop go out in one
   pipelined round trip (batch.py), over one multiplexed connection of their own
   (resp.py; redis-py's pipeline for TLS or when ``pipelined`` is False). A call that is
-  not urgent (a settlement nobody waits for) rides along with the next urgent one.
+  not urgent (a settlement nobody waits for) rides along with the next urgent one; the
+  backend may merge a batch's calls first (``merge``: redis.py merges key settlements).
 * On Redis 7+ the bucket scripts run as the functions of one library (FCALL, loaded when
   Redis says it is missing); otherwise, and on clusters, as scripts with EVALSHA,
   reloaded on NOSCRIPT. A call that did not run for want of its script runs again.
@@ -40,7 +41,7 @@ from redis.retry import Retry
 
 from proxy.limiter import resp, scripts
 from proxy.limiter.base import StorageError
-from proxy.limiter.batch import LINGER, Batcher, Call, Deliver
+from proxy.limiter.batch import LINGER, Batcher, Call, Deliver, Merge
 
 __all__ = ["Client", "RunnerOptions", "ScriptRunner"]
 
@@ -73,7 +74,9 @@ class ScriptRunner:
         max_connections: int = 64,
         pipelined: bool = True,
         linger: float = LINGER,
+        merge: Merge | None = None,
     ) -> None:
+        """``merge``: how the backend merges a batch's calls (batch.py), if it does."""
         scheme, sep, rest = url.partition("://")
         if scheme in CLUSTER_SCHEMES:
             url, cluster = f"{CLUSTER_SCHEMES[scheme]}{sep}{rest}", True
@@ -94,7 +97,7 @@ class ScriptRunner:
         # Never more operations in flight than connections: the pool never overflows
         # (the cluster client would raise), callers queue here within op_timeout.
         self._slots = asyncio.Semaphore(max_connections)
-        self._batch = Batcher(self._run_batch, linger=linger, send_now=self._send_now)
+        self._batch = Batcher(self._run_batch, linger=linger, send_now=self._send_now, merge=merge)
         self._loading: set[asyncio.Task[list[Any]]] = set()
         self._functions = True  # until the server shows it has none (scripts.library)
         # The batches' own connection (single Redis over TCP or a unix socket).

@@ -17,6 +17,8 @@ from support.proxy_server import ProxyInThread, settings_from
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 from proxy.limiter import scripts
+from proxy.limiter.base import KeyAsk, KeyLimits, KeySettlement, Rate, Window, window_name
+from proxy.limiter.redis import RedisLimiter
 
 KEY = "sk-calls"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
@@ -87,6 +89,48 @@ def test_a_plain_success_runs_no_deployment_settlement(
             _wait_for_settlements(proxy)
     ran = [name for name in monitor.ran if name not in PERIODIC]
     assert sorted(ran) == sorted(["acquire_key", "reserve_deployment", "settle_key"] * 5)
+
+
+def test_concurrent_settlements_of_one_key_run_as_one_settle_key_call(redis_url: str) -> None:
+    # Under load a batch carries several requests' settlements: those of one key are one
+    # call. Another key's, and those releasing a parallel slot, stay calls of their own.
+    key = KeyLimits("k", windows=(tpm_window(1000),))
+    other = KeyLimits("o", windows=(tpm_window(1000),))
+    slotted = KeyLimits("p", windows=(tpm_window(1000),), max_parallel=4)
+
+    async def settle_together() -> tuple[list[str], list[object]]:
+        limiter = RedisLimiter(redis_url, op_timeout=5.0, socket_timeout=2.0, linger=3600)
+        try:
+            # Connects and loads the functions; leases "a" and "b" of p.
+            for limits in (key, other, slotted):
+                await limiter.acquire_key(KeyAsk(limits, "a", 100))
+            await limiter.acquire_key(KeyAsk(slotted, "b", 100))
+            settlements = [
+                KeySettlement(key, "", -40.0),
+                KeySettlement(other, "", 5.0),
+                KeySettlement(key, "", 12.0),
+                KeySettlement(slotted, "a", -10.0),
+                KeySettlement(key, "", -3.0),
+                KeySettlement(slotted, "b", -10.0),
+            ]
+            with ScriptMonitor(redis_url) as monitor:
+                settling = [asyncio.ensure_future(limiter.settle(s)) for s in settlements]
+                await asyncio.sleep(0)  # all of them wait in the batch...
+                await limiter.key_snapshot(other)  # ...for this urgent call
+                outcomes = await asyncio.gather(*settling, return_exceptions=True)
+            return monitor.ran, outcomes
+        finally:
+            await limiter.aclose()
+
+    ran, outcomes = asyncio.run(settle_together())
+    assert not any(isinstance(outcome, BaseException) for outcome in outcomes)
+    # k's three settlements as one call, o's, p's two (slot releases stay calls of their
+    # own), the snapshot.
+    assert sorted(ran) == sorted(["settle_key"] * 4 + ["key_snapshot"])
+
+
+def tpm_window(limit: float) -> Window:
+    return Window(window_name("tokens", 60.0), "tokens", Rate(limit, 60.0, limit))
 
 
 def _wait_for_settlements(proxy: ProxyInThread) -> None:

@@ -108,3 +108,81 @@ async def test_a_failure_handed_over_by_the_sender_fails_every_call() -> None:
     calls = [batcher.submit("a", [], []), batcher.submit("b", [], [])]
     for outcome in await asyncio.gather(*calls, return_exceptions=True):
         assert isinstance(outcome, StorageError)
+
+
+def merge_bs(calls: list[Call]) -> tuple[list[Call], list[int]] | None:
+    """Every "b" of a batch as one "B" in place of the first."""
+    out: list[Call] = []
+    owners: list[int] = []
+    first_b = -1
+    for name, keys, args in calls:
+        if name == "b" and first_b >= 0:
+            owners.append(first_b)
+            continue
+        if name == "b":
+            first_b = len(out)
+            name = "B"
+        owners.append(len(out))
+        out.append((name, keys, args))
+    return (out, owners) if len(out) < len(calls) else None
+
+
+async def test_merged_calls_each_get_their_merged_calls_result() -> None:
+    run = Recorder()
+    batcher = Batcher(run, linger=3600, merge=merge_bs)
+    lingering = [batcher.submit("b", [], [], urgent=False) for _ in range(3)]
+    results = await asyncio.gather(
+        *lingering, batcher.submit("a", [], []), batcher.submit("b", [], [])
+    )
+    assert results == ["B", "B", "B", "a", "B"]
+    assert run.batches == [["B", "a"]]
+    # Nothing to merge: the batch goes as it is.
+    assert await asyncio.gather(batcher.submit("a", [], []), batcher.submit("c", [], [])) == [
+        "a",
+        "c",
+    ]
+    assert run.batches[-1] == ["a", "c"]
+
+
+async def test_merged_calls_through_a_sender_that_sends_at_once() -> None:
+    def send_now(calls: list[Call], deliver: Deliver) -> bool:
+        asyncio.get_running_loop().call_soon(deliver, [f"{name}!" for name, _, _ in calls])
+        return True
+
+    batcher = Batcher(Recorder(), send_now=send_now, merge=merge_bs)
+    b1, b2 = (batcher.submit("b", [], [], urgent=False) for _ in range(2))
+    assert await asyncio.gather(b1, batcher.submit("a", [], []), b2) == ["B!", "a!", "B!"]
+
+
+async def test_a_batch_without_two_calls_that_are_not_urgent_is_not_offered_to_merge() -> None:
+    offered: list[list[str]] = []
+
+    def merge(calls: list[Call]) -> tuple[list[Call], list[int]] | None:
+        offered.append([name for name, _, _ in calls])
+        return merge_bs(calls)
+
+    run = Recorder()
+    batcher = Batcher(run, linger=3600, merge=merge)
+    assert await asyncio.gather(batcher.submit("b", [], []), batcher.submit("b", [], [])) == [
+        "b",
+        "b",
+    ]
+    lingering = batcher.submit("b", [], [], urgent=False)
+    assert await asyncio.gather(lingering, batcher.submit("b", [], [])) == ["b", "b"]
+    assert offered == [] and run.batches == [["b", "b"], ["b", "b"]]
+
+
+async def test_a_failed_merged_batch_fails_every_merged_call_as_a_storage_error() -> None:
+    batcher = Batcher(Recorder(fail=ConnectionError("gone")), linger=3600, merge=merge_bs)
+    calls = [batcher.submit("b", [], [], urgent=False) for _ in range(3)]
+    calls.append(batcher.submit("a", [], []))
+    outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    assert all(isinstance(outcome, StorageError) for outcome in outcomes)
+
+
+async def test_merged_lingering_calls_still_go_out_after_their_linger() -> None:
+    run = Recorder()
+    batcher = Batcher(run, linger=0.001, merge=merge_bs)
+    lingering = [batcher.submit("b", [], [], urgent=False) for _ in range(2)]
+    assert await asyncio.gather(*lingering) == ["B", "B"]
+    assert run.batches == [["B"]]
