@@ -86,6 +86,8 @@ class RedisLimiter:
         self.runner = ScriptRunner(url, merge=merge_key_settlements, **options)
         self._lease_ttl = lease_ttl
         self._prefix = prefix
+        self._key_prefixes: dict[str, str] = {}
+        self._deployment_prefixes: dict[tuple[str, str], str] = {}
         self._clock = clock
 
     @property
@@ -312,14 +314,23 @@ class RedisLimiter:
         ]
         await self.runner.run("settle_key", keys, args, urgent=False)
 
+    # Key names are built per request; their prefixes (one per key or deployment of the
+    # config) are made once.
     def _key(self, name: str, kind: str) -> str:
-        return f"{{{self._prefix}:k:{name}}}:{kind}"
+        prefix = self._key_prefixes.get(name)
+        if prefix is None:
+            prefix = self._key_prefixes[name] = f"{{{self._prefix}:k:{name}}}:"
+        return prefix + kind
 
     def _window(self, name: str, window: Window) -> str:
         return self._key(name, window.name)
 
     def _deployment(self, group: str, deployment_id: str, kind: str) -> str:
-        return f"{{{self._prefix}:g:{group}}}:d:{deployment_id}:{kind}"
+        prefix = self._deployment_prefixes.get((group, deployment_id))
+        if prefix is None:
+            prefix = f"{{{self._prefix}:g:{group}}}:d:{deployment_id}:"
+            self._deployment_prefixes[(group, deployment_id)] = prefix
+        return prefix + kind
 
     def _fairness(self, group: str, kind: str) -> str:
         return f"{{{self._prefix}:g:{group}}}:fair:{kind}"
@@ -433,7 +444,18 @@ def _activity_from(data: dict[str, Any]) -> Activity:
 
 def _num(x: float) -> str:
     """A float as text that Lua's tonumber reads back as the very same double."""
-    return repr(float(x))
+    text = _NUMBERS.get(x)
+    if text is None or x == 0.0:  # 0.0 and -0.0 are one key, not one text
+        if len(_NUMBERS) >= _NUMBERS_KEPT:
+            _NUMBERS.clear()
+        text = _NUMBERS[x] = repr(float(x))
+    return text
+
+
+# A request's numbers (intervals, capacities, costs, timeouts) are nearly all the
+# config's or repeat from request to request: their text is kept, not rebuilt.
+_NUMBERS: dict[float, str] = {}
+_NUMBERS_KEPT = 4096
 
 
 __all__ = ["RedisLimiter", "merge_key_settlements"]
