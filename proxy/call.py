@@ -71,10 +71,14 @@ class Call:
 
 
 class Settlement:
-    """Gives back what a request took from a budget, exactly once."""
+    """Gives back what a request took from a budget, exactly once. ``soon``, if given,
+    tries to do it at once without a task (True: done or on its way)."""
 
-    def __init__(self, run: Callable[[], Awaitable[None]]) -> None:
+    def __init__(
+        self, run: Callable[[], Awaitable[None]], soon: Callable[[], bool] | None = None
+    ) -> None:
         self._run = run
+        self._soon = soon
         self._done = False
 
     async def settle(self) -> None:
@@ -82,3 +86,12 @@ class Settlement:
             return
         self._done = True
         await self._run()
+
+    def settle_soon(self) -> bool:
+        """Settle now without a task if that can be done; False: await ``settle``."""
+        if self._done:
+            return True
+        if self._soon is not None and self._soon():
+            self._done = True
+            return True
+        return False

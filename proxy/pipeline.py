@@ -184,8 +184,10 @@ class Pipeline:
             reply = self._error_reply(call, ProxyError("Internal proxy error."))
         finally:
             # Also when cancelled: a buffered answer (or none) settles the key now.
+            # After the answer's usage is read (a callback the dispatcher scheduled
+            # first), and without a task when the limiter can take it at once.
             if settlement is not None and (reply is None or reply.stream is None):
-                self.background.run(settlement.settle())
+                asyncio.get_running_loop().call_soon(self._settle_soon, settlement)
         reply.headers["x-request-id"] = call.request_id
         reply.headers.update(_timing_headers(call))
         if call.key_verdict is not None:
@@ -256,16 +258,33 @@ class Pipeline:
     def _key_settlement(
         self, call: Call, limits: KeyLimits, key_check: asyncio.Future[KeyVerdict]
     ) -> Settlement:
+        def settlement() -> KeySettlement | None:
+            """What to give back once the key check is over (None: nothing was taken,
+            it was refused or never answered)."""
+            if _granted(key_check) is None:
+                return None
+            # Unknown usage (an error, no usage in the answer) refunds the whole estimate.
+            correction = (call.real_tokens() or 0) - call.estimate
+            return KeySettlement(limits, call.request_id, float(correction))
+
         async def release() -> None:
             if not key_check.done():  # it is, once an answer came: spares asyncio.wait
                 await asyncio.wait([key_check])
-            if _granted(key_check) is None:
-                return  # refused (or never answered): nothing was taken
-            # Unknown usage (an error, no usage in the answer) refunds the whole estimate.
-            correction = (call.real_tokens() or 0) - call.estimate
-            await self.limiter.settle(KeySettlement(limits, call.request_id, float(correction)))
+            s = settlement()
+            if s is not None:
+                await self.limiter.settle(s)
 
-        return Settlement(release)
+        def release_soon() -> bool:  # no task: the usual case, after an answer
+            if not key_check.done():
+                return False
+            s = settlement()
+            return s is None or self.limiter.settle_soon(s)
+
+        return Settlement(release, release_soon)
+
+    def _settle_soon(self, settlement: Settlement) -> None:
+        if not settlement.settle_soon():
+            self.background.run(settlement.settle())
 
     def _error_reply(self, call: Call, error: ProxyError) -> Reply:
         status, body, headers = render(error)

@@ -410,6 +410,12 @@ class Limiter(Protocol):
         settlement changes no health (``NO_CHANGE``)."""
         ...
 
+    def settle_soon(self, settlement: KeySettlement) -> bool:
+        """A key's settlement nobody awaits, handed over now without a task when that is
+        possible (True: done or on its way, its failure handled as ``settle``'s would
+        be); False: nothing was done, await ``settle`` instead."""
+        ...
+
     async def snapshot(
         self, group: str, deployments: Sequence[DeploymentLimits]
     ) -> dict[str, DeploymentState]:

@@ -62,6 +62,11 @@ class Batcher:
         self._flush_soon = False  # a flush at the end of this turn is scheduled
         self._timer: asyncio.TimerHandle | None = None  # the lingering calls' flush
 
+    @property
+    def pending(self) -> int:
+        """Calls waiting for the batch that takes them (lingering ones included)."""
+        return len(self._calls)
+
     def submit(
         self, script: str, keys: list[str], args: list[str], *, urgent: bool = True
     ) -> asyncio.Future[Any]:

@@ -156,6 +156,10 @@ class MemoryLimiter:
     async def settle(self, settlement: Settlement) -> HealthChange:
         return self.settle_now(settlement)
 
+    def settle_soon(self, settlement: KeySettlement) -> bool:
+        self.settle_now(settlement)
+        return True
+
     async def snapshot(
         self, group: str, deployments: Sequence[DeploymentLimits]
     ) -> dict[str, DeploymentState]:

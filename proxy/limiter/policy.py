@@ -351,10 +351,7 @@ class ResilientLimiter:
 
     async def settle(self, settlement: Settlement) -> HealthChange:
         def local() -> HealthChange:
-            if self._on_error != "local":
-                log.warning("limiter storage unavailable: a settlement was dropped")
-                return NO_CHANGE
-            return self._local.settle_now(self._local_share(_told(settlement, local=True)))
+            return self._settle_locally(settlement)
 
         def shared() -> Awaitable[HealthChange]:
             return self._shared.settle(_told(settlement, local=False))
@@ -362,6 +359,32 @@ class ResilientLimiter:
         if self._held_locally(settlement):
             return local()  # the request's budget was taken here: give it back here
         return await self._route("settle", shared, local)
+
+    def settle_soon(self, settlement: KeySettlement) -> bool:
+        """``settle`` without a task while the storage's calls are batched: the
+        settlement rides with the next batch, and its outcome reaches the breaker (and,
+        failed, the local fallback) from the batch's callback, as ``_via_shared`` would
+        have it. False (nothing done) while an outage's turns must be carried over
+        first, or calls are not batched: then await ``settle``."""
+        if self._held_locally(settlement):
+            self._settle_locally(settlement)
+            return True
+        if self._local_tails or not self._shared.batching:
+            return False
+        if not self._breaker.try_acquire():
+            self._settle_locally(settlement)
+            return True
+
+        def done(error: BaseException | None) -> None:
+            if error is None:
+                self._breaker.record_success()
+            elif isinstance(error, StorageError):
+                self._storage_failed("settle", error)
+                self._settle_locally(settlement)
+            else:
+                self._breaker.record_abandoned()
+
+        return self._shared.settle_soon(settlement, done)
 
     async def snapshot(
         self, group: str, deployments: Sequence[DeploymentLimits]
@@ -430,16 +453,26 @@ class ResilientLimiter:
                 # cancellation, and do not blame the storage for it.
                 self._breaker.record_abandoned()
                 raise asyncio.CancelledError from exc
-            log.warning("limiter storage failed: %s", exc)
-            for listener in self._error_listeners:
-                listener(operation)
-            self._breaker.record_failure()
+            self._storage_failed(operation, exc)
             return SKIPPED
         except BaseException:
             self._breaker.record_abandoned()
             raise
         self._breaker.record_success()
         return result
+
+    def _storage_failed(self, operation: str, exc: StorageError) -> None:
+        log.warning("limiter storage failed: %s", exc)
+        for listener in self._error_listeners:
+            listener(operation)
+        self._breaker.record_failure()
+
+    def _settle_locally(self, settlement: Settlement) -> HealthChange:
+        """A settlement against the local share (held here, or the storage is down)."""
+        if self._on_error != "local":
+            log.warning("limiter storage unavailable: a settlement was dropped")
+            return NO_CHANGE
+        return self._local.settle_now(self._local_share(_told(settlement, local=True)))
 
     def _start_locally(self, group: str, shares: Sequence[DeploymentLimits]) -> None:
         """Hold each deployment's local share, on its first local reservation of this

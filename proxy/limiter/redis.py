@@ -25,7 +25,10 @@ The key settlements of one key that go out in the same batch are merged into one
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, Unpack
 
 import orjson
@@ -69,6 +72,7 @@ from proxy.limiter.verdicts import (
 )
 
 Clock = Callable[[], float]
+log = logging.getLogger(__name__)
 
 
 class RedisLimiter:
@@ -220,6 +224,27 @@ class RedisLimiter:
         )
         return HealthChange(cooled == "1", recovered == "1", float(left), int(epoch))
 
+    @property
+    def batching(self) -> bool:
+        """Whether calls go out in batches now, so ``settle_soon`` needs no task."""
+        return self.runner.submit_ready
+
+    def settle_soon(self, settlement: KeySettlement, on_done: Done | None = None) -> bool:
+        """``settle`` of a key's settlement with the next batch, without a task (False,
+        and nothing sent, when calls are not batched now). ``on_done`` gets None once it
+        ran, or its StorageError; without it, a failure is logged."""
+        if not self.runner.submit_ready:
+            return False
+        call = self._key_settlement(settlement)
+        if call is None:
+            if on_done is not None:
+                on_done(None)
+            return True
+        future = self.runner.submit("settle_key", *call, urgent=False)
+        assert future is not None  # submit_ready
+        future.add_done_callback(partial(_report, on_done or _log_failure))
+        return True
+
     async def snapshot(
         self, group: str, deployments: Sequence[DeploymentLimits]
     ) -> dict[str, DeploymentState]:
@@ -300,11 +325,17 @@ class RedisLimiter:
     # -- plumbing --------------------------------------------------------------------
 
     async def _settle_key(self, s: KeySettlement) -> None:
+        call = self._key_settlement(s)
+        if call is not None:
+            await self.runner.run("settle_key", *call, urgent=False)
+
+    def _key_settlement(self, s: KeySettlement) -> tuple[list[str], list[str]] | None:
+        """The keys and arguments of ``settle_key`` for ``s`` (None: nothing to do)."""
         limits = s.limits
         lease = s.lease if limits.max_parallel is not None else ""
         corrected = corrections(limits.windows, 0.0, s.tokens)
         if not lease and not corrected:
-            return
+            return None
         args = [self._now(), lease]
         for c in corrected:
             args += [_num(c.rate.interval), _num(c.amount)]
@@ -312,7 +343,7 @@ class RedisLimiter:
             self._key(limits.name, "leases"),
             *(self._window(limits.name, c.window) for c in corrected),
         ]
-        await self.runner.run("settle_key", keys, args, urgent=False)
+        return keys, args
 
     # Key names are built per request; their prefixes (one per key or deployment of the
     # config) are made once.
@@ -435,6 +466,21 @@ def merge_key_settlements(calls: list[Call]) -> tuple[list[Call], list[int]] | N
 def _state(reply: Any) -> BucketState:
     """The next debt and time of a script's reply as a bucket state."""
     return BucketState(float(next(reply)), float(next(reply)))
+
+
+Done = Callable[[BaseException | None], None]
+
+
+def _report(on_done: Done, future: asyncio.Future[Any]) -> None:
+    if future.cancelled():
+        on_done(asyncio.CancelledError())
+    else:
+        on_done(future.exception())
+
+
+def _log_failure(error: BaseException | None) -> None:
+    if error is not None:
+        log.warning("a key settlement failed: %s", error)
 
 
 def _activity_from(data: dict[str, Any]) -> Activity:

@@ -112,12 +112,27 @@ class ScriptRunner:
         """True/False once known (after the first operation), None before."""
         return self._cluster
 
+    @property
+    def submit_ready(self) -> bool:
+        """Whether calls are batched now (single Redis, connected): ``submit`` works."""
+        return self._cluster is False and self._client is not None
+
+    def submit(
+        self, script: str, keys: list[str], args: list[str], *, urgent: bool = True
+    ) -> asyncio.Future[Any] | None:
+        """``run`` without a coroutine: the batch's future for ``script``'s result (a
+        failure as StorageError), or None when calls are not batched now (a cluster, or
+        not connected yet): then ``run`` must be awaited instead."""
+        if self.submit_ready:
+            return self._batch.submit(script, keys, args, urgent=urgent)
+        return None
+
     async def run(
         self, script: str, keys: list[str], args: list[str], *, urgent: bool = True
     ) -> Any:
         """Run ``script``; a call that is not ``urgent`` (bookkeeping nobody waits for)
         may ride along with the next urgent one (batch.py)."""
-        if self._cluster is False and self._client is not None:
+        if self.submit_ready:
             return await self._batch.submit(script, keys, args, urgent=urgent)
         return await self.call(lambda _: self._scripts[script](keys=keys, args=args))
 

@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import pytest
-from support.limits import Clock, rpm, unusable
+from support.limits import Clock, rpm, tpm, unusable
 from support.redis_server import RedisServer
 
 from proxy.limiter.base import (
@@ -207,6 +207,53 @@ async def test_reject_raises_limiter_unavailable(
     clock.now += 1.0
     assert (await a.acquire_key(KeyAsk(KEY, "r2", 0))).allowed
     assert a.mode.value == "shared" and a.ready
+
+
+TOKENS_KEY = KeyLimits("tokens", windows=(tpm(1000, 1000),))
+
+
+async def test_a_key_settlement_without_a_task_lands_as_an_awaited_one(
+    make: Callable[[OnError, str], ResilientLimiter],
+) -> None:
+    a = make("local", "a")
+    sooner, awaited = (
+        KeyLimits("soon", TOKENS_KEY.windows),
+        KeyLimits("awaited", TOKENS_KEY.windows),
+    )
+    for key in (sooner, awaited):
+        assert (await a.acquire_key(KeyAsk(key, "r", 600))).allowed  # estimated 600
+    # Used 100 of them: 500 back, one way without a task (it lingers for the next batch).
+    assert a.settle_soon(KeySettlement(sooner, "r", -500))
+    await a.settle(KeySettlement(awaited, "r", -500))
+    soon_state, awaited_state = await a.key_snapshot(sooner), await a.key_snapshot(awaited)
+    assert soon_state == awaited_state
+    assert list(soon_state.remaining.values()) == [900]
+    assert a.circuit is CircuitState.CLOSED
+
+
+async def test_a_key_settlement_without_a_task_that_fails_counts_and_falls_back(
+    make: Callable[[OnError, str], ResilientLimiter], disposable_redis: RedisServer
+) -> None:
+    a = make("local", "a")
+    failed: list[str] = []
+    a.on_storage_error(failed.append)
+    assert (await a.acquire_key(KeyAsk(TOKENS_KEY, "r", 600))).allowed
+    disposable_redis.kill()
+    assert a.settle_soon(KeySettlement(TOKENS_KEY, "r", -500))  # handed over: no raise
+    await a.acquire_key(KeyAsk(KEY, "next", 0))  # its batch carries the settlement: fails
+    assert failed[:2] == ["settle", "acquire_key"]
+
+
+async def test_no_key_settlement_goes_without_a_task_while_an_outage_is_carried_over(
+    make: Callable[[OnError, str], ResilientLimiter], disposable_redis: RedisServer
+) -> None:
+    a = make("local", "a")
+    disposable_redis.kill()
+    for _ in range(3):  # open the circuit: reservations are local now
+        await a.reserve(GroupAsk("g", [DEP], 0, max_wait=0))
+    disposable_redis.start()
+    # The local turns must reach the shared windows first: that needs the awaited path.
+    assert not a.settle_soon(KeySettlement(TOKENS_KEY, "r", -1))
 
 
 async def test_leases_taken_locally_are_released_locally(
