@@ -27,25 +27,24 @@ __all__ = ["install"]
 
 _pack_value = struct.Struct("dd").pack_into
 _PID_CHECK = "_MmapedValue__check_for_pid_change"  # prometheus-client's private name
-_installed = False
 
 
 def install() -> None:
     """Make the metrics created from now on lean, if prometheus-client is in multiprocess
     mode (its value class is mmap-backed); in single-process mode do nothing."""
-    global _installed
     base: Any = _prom_values.ValueClass
-    if _installed or not getattr(base, "_multiprocess", False):
-        return
+    if getattr(base, "_lean", False) or not getattr(base, "_multiprocess", False):
+        return  # installed already, or single-process
     if not hasattr(base, _PID_CHECK):  # another prometheus-client than we know: keep its
         return
     _prom_values.ValueClass = _lean_class(base)
-    _installed = True
 
 
 def _lean_class(base: Any) -> type:
     class LeanMmapedValue(base):  # type: ignore[misc]
         """prometheus-client's MmapedValue without the lock and the pid check per write."""
+
+        _lean = True  # what install() checks
 
         # Set by the base class (per value, on creation and after a fork).
         _value: float

@@ -376,13 +376,8 @@ class ResilientLimiter:
             return True
 
         def done(error: BaseException | None) -> None:
-            if error is None:
-                self._breaker.record_success()
-            elif isinstance(error, StorageError):
-                self._storage_failed("settle", error)
+            if self._ended("settle", error):
                 self._settle_locally(settlement)
-            else:
-                self._breaker.record_abandoned()
 
         return self._shared.settle_soon(settlement, done)
 
@@ -453,19 +448,28 @@ class ResilientLimiter:
                 # cancellation, and do not blame the storage for it.
                 self._breaker.record_abandoned()
                 raise asyncio.CancelledError from exc
-            self._storage_failed(operation, exc)
+            self._ended(operation, exc)
             return SKIPPED
-        except BaseException:
-            self._breaker.record_abandoned()
+        except BaseException as exc:
+            self._ended(operation, exc)
             raise
-        self._breaker.record_success()
+        self._ended(operation, None)
         return result
 
-    def _storage_failed(self, operation: str, exc: StorageError) -> None:
-        log.warning("limiter storage failed: %s", exc)
+    def _ended(self, operation: str, error: BaseException | None) -> bool:
+        """A storage call ended (``error`` None: it succeeded): the breaker and, for a
+        storage failure, the error listeners are told. True if the storage failed."""
+        if error is None:
+            self._breaker.record_success()
+            return False
+        if not isinstance(error, StorageError):
+            self._breaker.record_abandoned()  # cancelled, or not the storage's fault
+            return False
+        log.warning("limiter storage failed: %s", error)
         for listener in self._error_listeners:
             listener(operation)
         self._breaker.record_failure()
+        return True
 
     def _settle_locally(self, settlement: Settlement) -> HealthChange:
         """A settlement against the local share (held here, or the storage is down)."""

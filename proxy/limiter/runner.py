@@ -132,8 +132,9 @@ class ScriptRunner:
     ) -> Any:
         """Run ``script``; a call that is not ``urgent`` (bookkeeping nobody waits for)
         may ride along with the next urgent one (batch.py)."""
-        if self.submit_ready:
-            return await self._batch.submit(script, keys, args, urgent=urgent)
+        batched = self.submit(script, keys, args, urgent=urgent)
+        if batched is not None:
+            return await batched
         return await self.call(lambda _: self._scripts[script](keys=keys, args=args))
 
     async def call(self, op: Callable[[Client], Awaitable[Any]]) -> Any:

@@ -34,6 +34,7 @@ settings never share a connection. Egress proxies keep the general client
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import math
 import socket
@@ -589,17 +590,13 @@ class LeanTransport(httpx.AsyncBaseTransport):
         self._targets.clear()
 
 
-_default_context: list[ssl.SSLContext] = []
-
-
+@functools.cache
 def default_context() -> ssl.SSLContext:
     """The TLS context of upstreams whose deployment brings none, made once: the system's
     trust store, verified, ALPN ``http/1.1`` (as aiohttp's default context)."""
-    if not _default_context:
-        context = ssl.create_default_context()
-        context.set_alpn_protocols(["http/1.1"])
-        _default_context.append(context)
-    return _default_context[0]
+    context = ssl.create_default_context()
+    context.set_alpn_protocols(["http/1.1"])
+    return context
 
 
 def _keep_alive_timeout(value: bytes) -> float | None:
