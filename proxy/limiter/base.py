@@ -264,6 +264,9 @@ class Sent:
     # Granted by the local fallback (policy.py): its epoch, sequence and time are the
     # fallback's, so only the fallback may learn from it, and vice versa.
     fallback: bool = False
+    # Granted from this replica's lease (leases.py): the lease's serial (0: not leased).
+    # Its settlements go back to the lease while it is open (the Settler passes it on).
+    lease: int = 0
 
 
 @value

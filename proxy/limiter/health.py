@@ -161,14 +161,15 @@ def start_probe(h: Health, now: float, probe_timeout: float, lease_id: str = "")
     return replace(h, probe_until=now + probe_timeout, probe_lease=lease_id)
 
 
-def counted(h: Health, turn: float) -> Health:
-    """A turn at ``turn`` was granted: count it in the current period (or start one)."""
+def counted(h: Health, turn: float, turns: int = 1) -> Health:
+    """``turns`` turns at ``turn`` were granted (a lease's, leases.py, at once): count
+    them in the current period (or start one)."""
     # Every reservation runs this: the constructor directly, not dataclasses.replace
     # (which looks the fields up each call, a measurable share of a memory reservation).
     if h.sent == 0 or turn - h.sent_last > PERIOD_IDLE:
-        sent, sent_from, sent_last = 1, turn, turn
+        sent, sent_from, sent_last = turns, turn, turn
     else:
-        sent, sent_from, sent_last = h.sent + 1, h.sent_from, max(h.sent_last, turn)
+        sent, sent_from, sent_last = h.sent + turns, h.sent_from, max(h.sent_last, turn)
     return Health(
         h.failures, h.cool_until, h.cooling, h.probe_until, h.probe_lease, h.hold_until,
         h.learned, h.learned_at, h.epoch, sent, sent_from, sent_last,

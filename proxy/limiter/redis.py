@@ -26,6 +26,7 @@ The key settlements of one key that go out in the same batch are merged into one
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -55,6 +56,7 @@ from proxy.limiter.bucket import BucketState, Decision
 from proxy.limiter.bucket import Outcome as Result
 from proxy.limiter.fairness import Claimant, Deferral
 from proxy.limiter.health import Health
+from proxy.limiter.leases import Leases
 from proxy.limiter.runner import RunnerOptions, ScriptRunner
 from proxy.limiter.selection import Selection
 from proxy.limiter.verdicts import (
@@ -74,6 +76,8 @@ from proxy.limiter.verdicts import (
 Clock = Callable[[], float]
 log = logging.getLogger(__name__)
 
+CLOSING_RETURNS = 1.0  # seconds a shutdown waits to give back its open leases
+
 
 class RedisLimiter:
     """A Limiter over Redis or Redis Cluster; ``options`` say how to reach it (runner.py)."""
@@ -85,9 +89,14 @@ class RedisLimiter:
         lease_ttl: float = LEASE_TTL,
         prefix: str = "llmproxy",
         clock: Clock | None = None,
+        leases: bool | None = None,
         **options: Unpack[RunnerOptions],
     ) -> None:
         self.runner = ScriptRunner(url, merge=merge_key_settlements, **options)
+        # Leases (leases.py) unless told otherwise; never under an explicit clock (tests
+        # that compare verdicts with the memory backend's, step by step).
+        leasing = clock is None if leases is None else leases
+        self._leases = Leases(self.runner, _num, self._now) if leasing else None
         self._lease_ttl = lease_ttl
         self._prefix = prefix
         self._key_prefixes: dict[str, str] = {}
@@ -105,6 +114,10 @@ class RedisLimiter:
         limits = ask.limits
         if not limits.windows and limits.max_parallel is None:
             return KeyVerdict(True)
+        if self._leases is not None and limits.max_parallel is None:
+            leased = await self._leases.acquire_key(ask, partial(self._windows, limits))
+            if leased is not None:
+                return leased
         spent = spends(limits.windows, 1.0, ask.tokens)
         args = [
             self._now(),
@@ -130,6 +143,12 @@ class RedisLimiter:
         if not ask.candidates:
             raise ValueError("reserve needs at least one candidate")
         group = ask.group
+        if self._leases is not None and not ask.least_busy:
+            first = ask.candidates[0]
+            names = partial(self._lease_keys, group, first)
+            leased = await self._leases.reserve(group, first, ask.tokens, names)
+            if leased is not None:
+                return leased
         claimant = ask.claimant or Claimant()
         lookahead = ask.lookahead if ask.claimant is not None else 0.0
         keys = [
@@ -178,6 +197,11 @@ class RedisLimiter:
             await self._settle_key(settlement)
             return NO_CHANGE
         s = settlement
+        if self._leases is not None:
+            left = self._leases.settle_deployment(s)
+            if left is None:
+                return NO_CHANGE
+            s = left
         d = s.deployment
         corrected = corrections(d.windows, s.requests, s.tokens)
         lowered = floors(d, s.remaining)
@@ -291,6 +315,9 @@ class RedisLimiter:
         return key_state(limits, [_state(reply) for _ in limits.windows], held, now)
 
     async def aclose(self) -> None:
+        if self._leases is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._leases.aclose(), CLOSING_RETURNS)
         await self.runner.aclose()
 
     # -- replica heartbeats (used by policy.py) -----------------------------------------
@@ -331,6 +358,11 @@ class RedisLimiter:
 
     def _key_settlement(self, s: KeySettlement) -> tuple[list[str], list[str]] | None:
         """The keys and arguments of ``settle_key`` for ``s`` (None: nothing to do)."""
+        if self._leases is not None:
+            left = self._leases.settle_key(s)
+            if left is None:
+                return None
+            s = left
         limits = s.limits
         lease = s.lease if limits.max_parallel is not None else ""
         corrected = corrections(limits.windows, 0.0, s.tokens)
@@ -355,6 +387,14 @@ class RedisLimiter:
 
     def _window(self, name: str, window: Window) -> str:
         return self._key(name, window.name)
+
+    def _windows(self, limits: KeyLimits) -> list[str]:
+        return [self._key(limits.name, w.name) for w in limits.windows]
+
+    def _lease_keys(self, group: str, d: DeploymentLimits) -> list[str]:
+        """lease_deployment's keys: the deployment's health, learned window, windows."""
+        kinds = ["health", LEARNED, *(w.name for w in d.windows)]
+        return [self._deployment(group, d.id, kind) for kind in kinds]
 
     def _deployment(self, group: str, deployment_id: str, kind: str) -> str:
         prefix = self._deployment_prefixes.get((group, deployment_id))

@@ -1,9 +1,10 @@
 """The Lua scripts, read from package files (``proxy/limiter/lua/*.lua``).
 
 Each operation is one script. The bucket scripts are prefixed with ``bucket.lua``, the
-shared math; the deployment scripts also with the health constants (taken from
-``proxy.limiter.health`` and ``verdicts``, so Lua and Python cannot disagree on them) and
-``health.lua``. Every script is thus self-contained for EVALSHA. No redis import here:
+shared math; the deployment and lease scripts also with the constants (taken from
+``proxy.limiter.health``, ``verdicts``, ``fairness`` and ``allowance``, so Lua and Python
+cannot disagree on them), ``health.lua``, ``fairness.lua`` and ``lease.lua``. Every
+script is thus self-contained for EVALSHA. No redis import here:
 tests run the same sources through any client.
 
 The same scripts also come as one Redis 7 function library (``library``): loaded once,
@@ -18,15 +19,17 @@ import hashlib
 from functools import cache
 from importlib import resources
 
-from proxy.limiter import fairness, health
+from proxy.limiter import allowance, fairness, health
 from proxy.limiter.verdicts import IN_FLIGHT_MARGIN
 
 LIBRARY = "bucket"
 HEALTH_LIBRARY = "health"
 FAIRNESS_LIBRARY = "fairness"
+LEASE_LIBRARY = "lease"
 KEY_SCRIPTS = ("acquire_key", "settle_key", "key_snapshot")
 DEPLOYMENT_SCRIPTS = ("reserve_deployment", "settle_deployment", "snapshot")
-BUCKET_SCRIPTS = KEY_SCRIPTS + DEPLOYMENT_SCRIPTS
+LEASE_SCRIPTS = ("lease_key", "lease_deployment", "return_lease")
+BUCKET_SCRIPTS = KEY_SCRIPTS + DEPLOYMENT_SCRIPTS + LEASE_SCRIPTS
 PLAIN_SCRIPTS = ("heartbeat", "activity")
 
 CONSTANTS = {
@@ -43,6 +46,10 @@ CONSTANTS = {
     "FAIR_MIN_RETRY": fairness.MIN_RETRY,
     "FAIR_WAITING_MARGIN": fairness.WAITING_MARGIN,
     "FAIR_SLACK": fairness.SLACK,
+    "LEASE_HOLD": allowance.HOLD,
+    "LEASE_HOLD_MIN": allowance.HOLD_MIN,
+    "LEASE_FULL_AT": allowance.FULL_AT,
+    "LEASE_HOLD_SHARE": allowance.HOLD_SHARE,
 }
 
 
@@ -52,10 +59,15 @@ def source(name: str) -> str:
     if name not in BUCKET_SCRIPTS + PLAIN_SCRIPTS:
         raise ValueError(f"no such limiter script: {name!r}")
     body = _read(name)
-    if name in DEPLOYMENT_SCRIPTS:
-        shared = [_read(LIBRARY), _constants(), _read(HEALTH_LIBRARY), _read(FAIRNESS_LIBRARY)]
-        return "\n".join([*shared, body])
+    if name in DEPLOYMENT_SCRIPTS + LEASE_SCRIPTS:
+        return "\n".join([*_shared(), body])
     return f"{_read(LIBRARY)}\n{body}" if name in BUCKET_SCRIPTS else body
+
+
+def _shared() -> list[str]:
+    """What the deployment and lease scripts (and the library) are prefixed with."""
+    libraries = (HEALTH_LIBRARY, FAIRNESS_LIBRARY, LEASE_LIBRARY)
+    return [_read(LIBRARY), _constants(), *(_read(name) for name in libraries)]
 
 
 def _constants() -> str:
@@ -70,7 +82,7 @@ def _read(name: str) -> str:
 @cache
 def library() -> tuple[str, str]:
     """The function library: its name and its code (for FUNCTION LOAD)."""
-    parts = [_read(LIBRARY), _constants(), _read(HEALTH_LIBRARY), _read(FAIRNESS_LIBRARY)]
+    parts = _shared()
     for name in BUCKET_SCRIPTS:
         # The script's body as a function of (KEYS, ARGV), the names it uses as a script.
         parts.append(

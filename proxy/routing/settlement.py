@@ -84,13 +84,20 @@ class Settler:
             and not corrects_tokens
         ):
             return  # the common case: it would change nothing
-        sent = turn.sent if outcome.rate_limited else None
+        sent = turn.sent if outcome.rate_limited or _leased(turn) else None
         self._send(turn.deployment, turn.lease, outcome, tokens=extra, sent=sent)
 
     def give_back(self, turn: Turn, estimate: int) -> None:
         """A reserved turn goes unused (nothing was sent): return it whole, so the next
         request can take it."""
-        self._send(turn.deployment, turn.lease, NEUTRAL, requests=-1.0, tokens=-float(estimate))
+        self._send(
+            turn.deployment,
+            turn.lease,
+            NEUTRAL,
+            requests=-1.0,
+            tokens=-float(estimate),
+            sent=turn.sent if _leased(turn) else None,
+        )
 
     def report(self, deployment: DeploymentRoute, remaining: Remaining) -> None:
         """The upstream has less left than the windows may say: bring them down to it."""
@@ -122,3 +129,8 @@ class Settler:
                 )
 
         self.background.run(run())
+
+
+def _leased(turn: Turn) -> bool:
+    """Granted from the replica's lease: its settlements must say so (limiter/leases.py)."""
+    return turn.sent is not None and turn.sent.lease != 0

@@ -1,6 +1,7 @@
 """What one request costs the shared limiter, watched with Redis's MONITOR on a real Redis:
 a plain success runs the key check, the reservation and the key's settlement, and
-nothing for the deployment, whose state a success does not change."""
+nothing for the deployment, whose state a success does not change; far from their
+limits, the key and the deployment run nothing per request (leases)."""
 
 from __future__ import annotations
 
@@ -73,7 +74,8 @@ def test_a_plain_success_runs_no_deployment_settlement(
 ) -> None:
     config = {
         "redis": {"url": redis_url},
-        "keys": [{"name": "k", "key": KEY, "rpm": 1000, "tpm": 1_000_000}],
+        # A key too small to lease from (fewer than 64 requests a minute; see below).
+        "keys": [{"name": "k", "key": KEY, "rpm": 60, "tpm": 1_000_000}],
         "models": [
             {"name": "m", "deployments": [{"id": "d", "base_url": upstream.base_url, "rpm": 600}]}
         ],
@@ -89,6 +91,30 @@ def test_a_plain_success_runs_no_deployment_settlement(
             _wait_for_settlements(proxy)
     ran = [name for name in monitor.ran if name not in PERIODIC]
     assert sorted(ran) == sorted(["acquire_key", "reserve_deployment", "settle_key"] * 5)
+
+
+def test_far_from_their_limits_a_key_and_a_deployment_run_nothing_per_request(
+    upstream: FakeUpstreamHandle, redis_url: str
+) -> None:
+    deployment = {"id": "d", "base_url": upstream.base_url, "rpm": 1_000_000, "burst": 100_000}
+    config = {
+        "redis": {"url": redis_url},
+        "keys": [{"name": "k", "key": KEY, "rpm": 100_000, "tpm": 100_000_000}],
+        "models": [{"name": "m", "deployments": [deployment]}],
+    }
+    with ProxyInThread(settings_from(config)) as proxy:
+        headers = {"authorization": f"Bearer {KEY}"}
+        with ScriptMonitor(redis_url) as monitor:
+            for _ in range(5):
+                reply = httpx.post(f"{proxy.base_url}/chat/completions", json=CHAT, headers=headers)
+                assert reply.status_code == 200
+                assert reply.headers["x-ratelimit-limit-requests"] == "100000"
+            _wait_for_settlements(proxy)
+    ran = [name for name in monitor.ran if name not in PERIODIC]
+    # A lease each, taken by the first request (renewed, and the old one given back,
+    # should the machine be so slow that a quarter of a second passes); none per request.
+    assert {"lease_deployment", "lease_key"} <= set(ran)
+    assert set(ran) <= {"lease_deployment", "lease_key", "return_lease"}
 
 
 def test_concurrent_settlements_of_one_key_run_as_one_settle_key_call(redis_url: str) -> None:

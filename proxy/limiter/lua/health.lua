@@ -140,13 +140,14 @@ local function start_probe(h, now, probe_timeout, lease_id)
 end
 
 -- health.counted
-local function counted(h, turn)
+local function counted(h, turn, turns)
+  turns = turns or 1
   if h.sent == 0 or turn - h.sent_last > PERIOD_IDLE then
-    h.sent = 1
+    h.sent = turns
     h.sent_from = turn
     h.sent_last = turn
   else
-    h.sent = h.sent + 1
+    h.sent = h.sent + turns
     h.sent_last = math.max(h.sent_last, turn)
   end
   return h

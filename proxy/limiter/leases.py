@@ -1,0 +1,349 @@
+"""The Redis backend's leases (allowance.py): its requests admitted without a round trip
+while their windows are far from full.
+
+Per client key and per deployment (an *owner*) this replica holds at most one open
+lease. A request it covers is admitted at once: a key's windows (a key with
+``max_parallel`` never leases: its slots are counted one by one), or a turn on the first
+candidate of a reservation when that deployment holds the lease (never under
+``least_busy``, which counts requests in flight across replicas, nor for a deployment
+without limits, which only 429s can teach). A request it does not
+cover renews it: what is left goes back and a new one is taken, both in the round trip
+the request would have made anyway (a key's refused lease answers the request like
+``acquire_key``). Requests arriving while a renewal is on its way wait for it. Near a
+limit leases are refused and requests ask per request again (for ``REFUSED_FOR``).
+
+What the requests admitted from a lease settle (a token estimate corrected, a turn given
+back) stays in the lease while it is open; a failure, a 429 or an upstream running low
+closes a deployment's lease, so its next request asks the shared health. An idle lease
+is given back when its use ends, so the shared buckets read exact again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from proxy.limiter.allowance import FIRST_REQUESTS, REFUSED_FOR, Allowance, lease_size
+from proxy.limiter.base import (
+    DeploymentLimits,
+    DeploymentSettlement,
+    DeploymentVerdict,
+    KeyAsk,
+    KeySettlement,
+    KeyVerdict,
+    Sent,
+    Window,
+)
+from proxy.limiter.bucket import BucketState, Decision
+from proxy.limiter.bucket import Outcome as Result
+from proxy.limiter.runner import ScriptRunner
+from proxy.limiter.verdicts import Spend, key_verdict, spends
+
+Num = Callable[[float], str]
+Names = Callable[[Window], str]  # a window's Redis key
+
+_NOW = Decision(Result.ALLOWED)
+
+
+class Owner:
+    """One key's or deployment's lease state in this replica."""
+
+    __slots__ = (
+        "admitted",
+        "allowance",
+        "keys",
+        "names",
+        "refused_until",
+        "renewing",
+        "size",
+        "timer",
+        "windows",
+    )
+
+    def __init__(self, windows: tuple[Window, ...], keys: list[str]) -> None:
+        self.windows = windows
+        self.keys = keys  # the lease script's Redis keys, ending with the windows'
+        self.names = keys[len(keys) - len(windows) :]  # the windows' Redis keys
+        self.allowance: Allowance | None = None
+        self.admitted: set[str] = set()  # the open lease's requests, by lease id (keys)
+        self.renewing: asyncio.Future[None] | None = None
+        self.refused_until = 0.0
+        self.size = FIRST_REQUESTS
+        self.timer: asyncio.TimerHandle | None = None  # gives the open lease back when idle
+
+
+class Leases:
+    def __init__(self, runner: ScriptRunner, num: Num, now_arg: Callable[[], str]) -> None:
+        self.runner = runner
+        self._num = num
+        self._now_arg = now_arg
+        self._owners: dict[Any, Owner] = {}
+        self._serial = 0
+        self._returning: set[asyncio.Task[Any]] = set()
+
+    # -- client keys ---------------------------------------------------------------------
+
+    async def acquire_key(self, ask: KeyAsk, names: Callable[[], list[str]]) -> KeyVerdict | None:
+        """The key's verdict from its lease, or from the renewal's round trip; None: ask
+        ``acquire_key`` per request."""
+        limits = ask.limits
+        owner = self._owner(("k", limits.name), limits.windows, names)
+        spent = spends(limits.windows, 1.0, ask.tokens)
+        costs = [s.amount for s in spent]
+        now = time.monotonic()
+        a = owner.allowance
+        if a is not None and a.covers(costs, now):
+            owner.admitted.add(ask.lease)
+            return key_verdict(spent, _NOW, False, a.take(costs, now), now)
+        if owner.renewing is not None:
+            await asyncio.shield(owner.renewing)
+            now = time.monotonic()
+            a = owner.allowance
+            if a is not None and a.covers(costs, now):
+                owner.admitted.add(ask.lease)
+                return key_verdict(spent, _NOW, False, a.take(costs, now), now)
+            return None
+        if now < owner.refused_until:
+            return None
+        size = self._size(owner, spent, now)
+        if size is None:
+            return None
+        turns, amounts = size
+        args = [self._now_arg()]
+        for s, amount in zip(spent, amounts, strict=True):
+            rate = s.rate
+            capacity = self._num(rate.capacity)
+            args += [self._num(rate.interval), self._num(s.capacity), capacity]
+            args += [self._num(s.amount), self._num(amount)]
+        reply = await self._renew(owner, "lease_key", owner.keys, args)
+        received = time.monotonic()
+        if reply[0] == "leased":
+            at, hold, *debts = (float(x) for x in reply[1:])
+            a = self._lease(owner, spent, amounts, debts, at, hold, now, received, turns)
+            owner.admitted.add(ask.lease)
+            return key_verdict(spent, _NOW, False, a.take(costs, received), received)
+        owner.refused_until = received + REFUSED_FOR
+        outcome, binding, wait, retry_after, at, *flat = reply[1:]
+        decision = Decision(Result(outcome), float(wait), float(retry_after), int(binding))
+        states = [
+            BucketState(float(d), float(t)) for d, t in zip(flat[::2], flat[1::2], strict=True)
+        ]
+        return key_verdict(spent, decision, False, states, float(at))
+
+    def settle_key(self, s: KeySettlement) -> KeySettlement | None:
+        """What of ``s`` is left for the shared buckets (None: nothing) once the lease
+        that admitted its request, if still open, took its part."""
+        owner = self._owners.get(("k", s.limits.name))
+        if owner is None or s.lease not in owner.admitted:
+            return s
+        owner.admitted.discard(s.lease)
+        a = owner.allowance
+        if a is None or a.closed:
+            return s
+        if s.tokens == 0.0:
+            return None
+        excess = a.correct([w.cost(0.0, s.tokens) for w in owner.windows], time.monotonic())
+        if excess is None:
+            return s
+        extra = max(excess, default=0.0)
+        return None if extra == 0.0 else KeySettlement(s.limits, s.lease, extra)
+
+    # -- deployments ---------------------------------------------------------------------
+
+    async def reserve(
+        self, group: str, d: DeploymentLimits, tokens: float, names: Callable[[], list[str]]
+    ) -> DeploymentVerdict | None:
+        """A turn now on ``d`` from its lease (renewed if need be); None: reserve per
+        request (the lease was refused, or ``d`` is not healthy, or states no limit: then
+        429s are all there is to learn its rate from, and every replica must hear of the
+        first at once)."""
+        if not d.windows:
+            return None
+        owner = self._owner(("d", group, d.id), d.windows, names)
+        spent = spends(d.windows, 1.0, tokens)
+        costs = [s.amount for s in spent]
+        now = time.monotonic()
+        a = owner.allowance
+        if a is None or not a.covers(costs, now):
+            if owner.renewing is not None:
+                await asyncio.shield(owner.renewing)
+                now = time.monotonic()
+                a = owner.allowance
+                if a is None or not a.covers(costs, now):
+                    return None
+            else:
+                a = await self._renew_deployment(owner, spent, now)
+                if a is None:
+                    return None
+                now = time.monotonic()
+        a.take(costs, now)
+        sent = Sent(a.epoch, a.sequence + a.uses - 1, a.at + (now - a.asked), lease=a.serial)
+        return DeploymentVerdict(d.id, 0.0, waits={d.id: 0.0}, sent=sent)
+
+    async def _renew_deployment(
+        self, owner: Owner, spent: list[Spend], now: float
+    ) -> Allowance | None:
+        if now < owner.refused_until:
+            return None
+        size = self._size(owner, spent, now)
+        if size is None:
+            return None
+        turns, amounts = size
+        args = [self._now_arg(), str(turns)]
+        for s, amount in zip(spent, amounts, strict=True):
+            args += [self._num(s.rate.interval), self._num(s.rate.capacity), self._num(amount)]
+        reply = await self._renew(owner, "lease_deployment", owner.keys, args)
+        received = time.monotonic()
+        if reply[0] != "1":
+            owner.refused_until = received + REFUSED_FOR
+            return None
+        at, epoch, sequence, hold, *debts = reply[1:]
+        return self._lease(
+            owner, spent, amounts, [float(x) for x in debts], float(at), float(hold), now,
+            received, turns, int(epoch), int(sequence),
+        )  # fmt: skip
+
+    def settle_deployment(self, s: DeploymentSettlement) -> DeploymentSettlement | None:
+        """What of ``s`` is left for the shared state (None: nothing) once the lease that
+        granted its turn, if still open, took its part. An answer that tells something
+        of the deployment (a failure, a 429, a budget running low) closes the lease."""
+        sent = s.sent
+        if sent is None or not sent.lease:
+            return s
+        owner = self._owners.get(("d", s.group, s.deployment.id))
+        a = None if owner is None else owner.allowance
+        if owner is None or a is None or a.serial != sent.lease or a.closed:
+            return s
+        excess = a.correct([w.cost(s.requests, s.tokens) for w in owner.windows], time.monotonic())
+        assert excess is not None  # open
+        # What the lease could not hold, back in requests and tokens (the largest of each
+        # kind: a window that held its part is charged again, which errs on the safe side).
+        pairs = list(zip(excess, owner.windows, strict=True))
+        requests = max((e for e, w in pairs if w.kind == "requests"), default=0.0)
+        tokens = max((e for e, w in pairs if w.kind == "tokens"), default=0.0)
+        telling = s.outcome.kind == "failure" or s.remaining is not None or s.hold > 0.0
+        if telling:
+            self._give_back(owner, a)
+        elif requests == 0.0 and tokens == 0.0:
+            return None
+        return DeploymentSettlement(
+            s.group, s.deployment, s.rule, s.outcome, s.lease, requests, tokens,
+            s.remaining, s.sent, s.hold,
+        )  # fmt: skip
+
+    # -- both ----------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Give back every open lease (a clean shutdown), and wait for it."""
+        returns = []
+        for owner in self._owners.values():
+            if owner.timer is not None:
+                owner.timer.cancel()
+            a = owner.allowance
+            if a is not None and not a.closed:
+                returns.append(self._give_back(owner, a, urgent=True))
+        await asyncio.gather(*self._returning, *(r for r in returns if r), return_exceptions=True)
+
+    def _owner(
+        self, ident: Any, windows: tuple[Window, ...], names: Callable[[], list[str]]
+    ) -> Owner:
+        owner = self._owners.get(ident)
+        if owner is not None and (owner.windows is windows or owner.windows == windows):
+            return owner
+        if owner is not None and owner.allowance is not None:  # limits changed (a reload)
+            self._give_back(owner, owner.allowance)
+        owner = self._owners[ident] = Owner(windows, names())
+        return owner
+
+    def _size(
+        self, owner: Owner, spent: Sequence[Spend], now: float
+    ) -> tuple[int, list[float]] | None:
+        old = owner.allowance
+        if old is not None:
+            owner.size = old.next_size(owner.size, now)
+        costs = [s.amount for s in spent]
+        size = lease_size(owner.size, costs, [s.rate for s in spent], costs)
+        if size is None:
+            owner.refused_until = now + REFUSED_FOR
+        return size
+
+    async def _renew(self, owner: Owner, script: str, keys: list[str], args: list[str]) -> Any:
+        """Give back the old lease and ask for a new one, in one round trip."""
+        old = owner.allowance
+        if old is not None and not old.closed:
+            self._give_back(owner, old)
+        owner.allowance = None
+        renewing = owner.renewing = asyncio.get_running_loop().create_future()
+        try:
+            return await self.runner.run(script, keys, args)
+        finally:
+            owner.renewing = None
+            renewing.set_result(None)
+
+    def _lease(
+        self,
+        owner: Owner,
+        spent: Sequence[Spend],
+        amounts: Sequence[float],
+        debts: Sequence[float],
+        at: float,
+        hold: float,
+        asked: float,
+        received: float,
+        turns: int,
+        epoch: int = 0,
+        sequence: int = 0,
+    ) -> Allowance:
+        self._serial += 1
+        a = Allowance(
+            self._serial, [s.rate for s in spent], amounts, debts, at, hold, asked, received,
+            turns, epoch, sequence,
+        )  # fmt: skip
+        owner.allowance = a
+        owner.admitted = set()
+        # Idle at the end of its use: give it back while it still can be.
+        delay = max(a.until - time.monotonic(), 0.0)
+        if owner.timer is not None:
+            owner.timer.cancel()
+        owner.timer = asyncio.get_running_loop().call_later(delay, self._expire, owner, a)
+        return a
+
+    def _expire(self, owner: Owner, a: Allowance) -> None:
+        if owner.allowance is a and not a.closed:
+            owner.size = a.next_size(owner.size, time.monotonic())
+            self._give_back(owner, a)
+            owner.allowance = None
+
+    def _give_back(
+        self, owner: Owner, a: Allowance, *, urgent: bool = False
+    ) -> asyncio.Future[Any] | None:
+        """Return what ``a`` did not use (before any later call; nobody need await it)."""
+        a.closed = True
+        args = [self._now_arg(), self._num(a.at), self._num(a.hold)]
+        for rate, amount, used in zip(a.rates, a.amounts, a.used, strict=True):
+            args += [self._num(rate.interval), self._num(amount), self._num(used)]
+        if not owner.names:
+            return None
+        future = self.runner.submit("return_lease", owner.names, args, urgent=urgent)
+        if future is None:
+            task = asyncio.ensure_future(self.runner.run("return_lease", owner.names, args))
+            self._returning.add(task)
+            task.add_done_callback(self._returned)
+            return task
+        future.add_done_callback(_ignore)
+        return future
+
+    def _returned(self, task: asyncio.Task[Any]) -> None:
+        self._returning.discard(task)
+        if not task.cancelled():
+            task.exception()  # a lost return only wastes the lease's units: nothing to do
+
+
+def _ignore(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+__all__ = ["Leases"]

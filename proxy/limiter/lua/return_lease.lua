@@ -1,0 +1,15 @@
+-- Give back what a lease did not use (allowance.lease_refund, then bucket.adjust).
+-- KEYS: the lease's buckets
+-- ARGV: now ('' = server time), the lease's time and hold, then per bucket: interval,
+--       the lease's amount, the units its requests used
+local now = clock(ARGV[1])
+local at, hold = tonumber(ARGV[2]), tonumber(ARGV[3])
+for i = 1, #KEYS do
+  local a = 3 * i + 1
+  local interval = tonumber(ARGV[a])
+  local refund = lease_refund(tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), hold, now - at)
+  if refund > 0.0 then
+    adjust(KEYS[i], interval, -refund, now)
+  end
+end
+return 1
