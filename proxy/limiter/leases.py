@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
+from typing import Any, TypeVar
 
 from proxy.limiter.allowance import FIRST_REQUESTS, REFUSED_FOR, Allowance, lease_size
 from proxy.limiter.base import (
@@ -45,6 +46,8 @@ Num = Callable[[float], str]
 Names = Callable[[Window], str]  # a window's Redis key
 
 _NOW = Decision(Result.ALLOWED)
+RENEWALS = 3  # a request asks for a new lease at most this many times, then per request
+T = TypeVar("T")
 
 
 class Owner:
@@ -91,22 +94,18 @@ class Leases:
         limits = ask.limits
         owner = self._owner(("k", limits.name), limits.windows, names)
         spent = spends(limits.windows, 1.0, ask.tokens)
-        costs = [s.amount for s in spent]
-        now = time.monotonic()
-        a = owner.allowance
-        if a is not None and a.covers(costs, now):
+        got = await self._admit(owner, spent, partial(self._renew_key, owner, spent))
+        if isinstance(got, tuple):
+            a, now = got
             owner.admitted.add(ask.lease)
-            return key_verdict(spent, _NOW, False, a.take(costs, now), now)
-        if owner.renewing is not None:
-            await asyncio.shield(owner.renewing)
-            now = time.monotonic()
-            a = owner.allowance
-            if a is not None and a.covers(costs, now):
-                owner.admitted.add(ask.lease)
-                return key_verdict(spent, _NOW, False, a.take(costs, now), now)
-            return None
-        if now < owner.refused_until:
-            return None
+            return key_verdict(spent, _NOW, False, a.states, now)
+        return got
+
+    async def _renew_key(
+        self, owner: Owner, spent: list[Spend], now: float
+    ) -> Allowance | KeyVerdict | None:
+        """A new lease of the key's windows; refused, the key checked for this request
+        alone in the same call (its verdict)."""
         size = self._size(owner, spent, now)
         if size is None:
             return None
@@ -121,9 +120,7 @@ class Leases:
         received = time.monotonic()
         if reply[0] == "leased":
             at, hold, *debts = (float(x) for x in reply[1:])
-            a = self._lease(owner, spent, amounts, debts, at, hold, now, received, turns)
-            owner.admitted.add(ask.lease)
-            return key_verdict(spent, _NOW, False, a.take(costs, received), received)
+            return self._lease(owner, spent, amounts, debts, at, hold, now, received, turns)
         owner.refused_until = received + REFUSED_FOR
         outcome, binding, wait, retry_after, at, *flat = reply[1:]
         decision = Decision(Result(outcome), float(wait), float(retry_after), int(binding))
@@ -131,6 +128,32 @@ class Leases:
             BucketState(float(d), float(t)) for d, t in zip(flat[::2], flat[1::2], strict=True)
         ]
         return key_verdict(spent, decision, False, states, float(at))
+
+    async def _admit(
+        self,
+        owner: Owner,
+        spent: list[Spend],
+        renew: Callable[[float], Awaitable[Allowance | T | None]],
+    ) -> tuple[Allowance, float] | T | None:
+        """The request admitted from the owner's lease (and the local time), renewed if
+        need be (once more if others took what a renewal brought); else what ``renew``
+        answered instead of a lease (None: ask per request)."""
+        costs = [s.amount for s in spent]
+        for _ in range(RENEWALS):
+            now = time.monotonic()
+            a = owner.allowance
+            if a is not None and a.covers(costs, now):
+                a.take(costs, now)
+                return a, now
+            if owner.renewing is not None:  # another request is renewing it: wait for it
+                await asyncio.shield(owner.renewing)
+                continue
+            if now < owner.refused_until:
+                return None
+            got = await renew(now)
+            if not isinstance(got, Allowance):
+                return got
+        return None
 
     def settle_key(self, s: KeySettlement) -> KeySettlement | None:
         """What of ``s`` is left for the shared buckets (None: nothing) once the lease
@@ -163,30 +186,17 @@ class Leases:
             return None
         owner = self._owner(("d", group, d.id), d.windows, names)
         spent = spends(d.windows, 1.0, tokens)
-        costs = [s.amount for s in spent]
-        now = time.monotonic()
-        a = owner.allowance
-        if a is None or not a.covers(costs, now):
-            if owner.renewing is not None:
-                await asyncio.shield(owner.renewing)
-                now = time.monotonic()
-                a = owner.allowance
-                if a is None or not a.covers(costs, now):
-                    return None
-            else:
-                a = await self._renew_deployment(owner, spent, now)
-                if a is None:
-                    return None
-                now = time.monotonic()
-        a.take(costs, now)
+        got = await self._admit(owner, spent, partial(self._renew_deployment, owner, spent))
+        if got is None:
+            return None
+        a, now = got
         sent = Sent(a.epoch, a.sequence + a.uses - 1, a.at + (now - a.asked), lease=a.serial)
         return DeploymentVerdict(d.id, 0.0, waits={d.id: 0.0}, sent=sent)
 
     async def _renew_deployment(
         self, owner: Owner, spent: list[Spend], now: float
     ) -> Allowance | None:
-        if now < owner.refused_until:
-            return None
+        """A new lease of the deployment's windows (None: refused)."""
         size = self._size(owner, spent, now)
         if size is None:
             return None
