@@ -159,9 +159,7 @@ class Pipeline:
             )
             limits = self.catalog.key_limits.get(key.name) if key is not None else None
             if limits is not None:
-                # Asked together with the first reservation: one Redis round trip for both.
-                check = self._acquire_key(call, limits, shadow=key is not None and key.shadow)
-                key_check = asyncio.ensure_future(check)
+                key_check = self._check_key(call, limits, shadow=key is not None and key.shadow)
                 settlement = self._key_settlement(call, limits, key_check)
 
             async def stream_done(status: int) -> None:
@@ -231,13 +229,29 @@ class Pipeline:
             raise ModelNotFound(f"The model '{model[:200]}' does not exist.", param="model")
         return group
 
-    async def _acquire_key(self, call: Call, limits: KeyLimits, shadow: bool) -> KeyVerdict:
+    def _check_key(self, call: Call, limits: KeyLimits, shadow: bool) -> asyncio.Future[KeyVerdict]:
+        """The key's verdict to come (the dispatcher's gate): given at once when the
+        limiter can (in memory, or a lease's), else asked together with the first
+        reservation, one Redis round trip for both."""
+        ask = KeyAsk(limits, call.request_id, float(call.estimate))
+        verdict = self.limiter.acquire_key_now(ask)
+        if verdict is None:
+            return asyncio.ensure_future(self._acquire_key(call, ask, shadow))
+        done: asyncio.Future[KeyVerdict] = asyncio.get_running_loop().create_future()
+        try:
+            done.set_result(self._judge_key(call, ask, shadow, verdict))
+        except ProxyError as refusal:
+            done.set_exception(refusal)
+        return done
+
+    async def _acquire_key(self, call: Call, ask: KeyAsk, shadow: bool) -> KeyVerdict:
+        return self._judge_key(call, ask, shadow, await self.limiter.acquire_key(ask))
+
+    def _judge_key(self, call: Call, ask: KeyAsk, shadow: bool, verdict: KeyVerdict) -> KeyVerdict:
         """The key's verdict; a refusal raises, except in ``shadow`` mode: then it is
         counted and the request goes on, charged nothing (as a refused one would be), so
         the key's windows keep counting exactly what enforcing them would let through."""
-        verdict = await self.limiter.acquire_key(
-            KeyAsk(limits, call.request_id, float(call.estimate))
-        )
+        limits = ask.limits
         call.key_verdict = verdict  # its x-ratelimit-* go on the answer, 429s included
         if verdict.allowed:
             return verdict

@@ -404,6 +404,11 @@ class Limiter(Protocol):
         ``ask.tokens``) and of its parallel slots. Never waits."""
         ...
 
+    def acquire_key_now(self, ask: KeyAsk) -> KeyVerdict | None:
+        """``acquire_key``'s verdict when it can be given at once, without the storage
+        (in memory, or from a lease of the key's windows); None: await ``acquire_key``."""
+        ...
+
     async def reserve(self, ask: GroupAsk) -> DeploymentVerdict:
         """A turn on one deployment of ``ask.group`` (see :class:`GroupAsk`)."""
         ...

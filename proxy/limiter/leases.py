@@ -101,6 +101,21 @@ class Leases:
             return key_verdict(spent, _NOW, False, a.states, now)
         return got
 
+    def acquire_key_now(self, ask: KeyAsk, names: Callable[[], list[str]]) -> KeyVerdict | None:
+        """The key's verdict from its open lease (None: none covers the request now)."""
+        limits = ask.limits
+        owner = self._owner(("k", limits.name), limits.windows, names)
+        a = owner.allowance
+        if a is None:
+            return None
+        spent = spends(limits.windows, 1.0, ask.tokens)
+        costs = [s.amount for s in spent]
+        now = time.monotonic()
+        if not a.covers(costs, now):
+            return None
+        owner.admitted.add(ask.lease)
+        return key_verdict(spent, _NOW, False, a.take(costs, now), now)
+
     async def _renew_key(
         self, owner: Owner, spent: list[Spend], now: float
     ) -> Allowance | KeyVerdict | None:

@@ -321,6 +321,13 @@ class ResilientLimiter:
 
         return await self._route("acquire_key", lambda: self._shared.acquire_key(ask), local)
 
+    def acquire_key_now(self, ask: KeyAsk) -> KeyVerdict | None:
+        # Only while the shared side is trusted: a lease's verdict tells the breaker
+        # nothing of the storage, and an outage's carry-over must land first.
+        if self._breaker.state is not CircuitState.CLOSED or self._local_tails:
+            return None
+        return self._shared.acquire_key_now(ask)
+
     async def reserve(self, ask: GroupAsk) -> DeploymentVerdict:
         async def shared() -> DeploymentVerdict:
             verdict = await self._shared.reserve(ask)

@@ -139,6 +139,14 @@ class RedisLimiter:
         ]
         return key_verdict(spent, decision, parallel_full == "1", states, float(now))
 
+    def acquire_key_now(self, ask: KeyAsk) -> KeyVerdict | None:
+        limits = ask.limits
+        if not limits.windows and limits.max_parallel is None:
+            return KeyVerdict(True)
+        if self._leases is None or limits.max_parallel is not None:
+            return None
+        return self._leases.acquire_key_now(ask, partial(self._windows, limits))
+
     async def reserve(self, ask: GroupAsk) -> DeploymentVerdict:
         if not ask.candidates:
             raise ValueError("reserve needs at least one candidate")

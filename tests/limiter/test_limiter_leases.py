@@ -12,6 +12,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.limits import patient, window
+from support.redis_server import RedisServer
 
 from proxy.limiter import scripts
 from proxy.limiter.allowance import HOLD, lease_hold, lease_refund
@@ -27,6 +28,7 @@ from proxy.limiter.base import (
     Rate,
 )
 from proxy.limiter.bucket import Bucket, BucketState, Plan, adjust, charge, debt_at
+from proxy.limiter.policy import ResilientLimiter
 from proxy.limiter.redis import RedisLimiter
 
 DAILY = KeyLimits("team-a", windows=(window("requests", 2000, 86400.0),))
@@ -246,3 +248,27 @@ def test_lua_leases_match_the_pure_core(
         refund = lease_refund(amount, used, hold, later - now)
         expected = charged if refund == 0.0 else adjust(charged, rate, -refund, later)
         assert float(c.hget("w", "d")) == expected.debt
+
+
+async def test_a_key_check_its_lease_covers_is_answered_at_once(redis_url: str) -> None:
+    lim = patient(redis_url)
+    assert lim.acquire_key_now(KeyAsk(BIG, "r0", 10.0)) is None  # no lease yet: ask
+    assert (await lim.acquire_key(KeyAsk(BIG, "r0", 10.0))).allowed  # which takes one
+    verdict = lim.acquire_key_now(KeyAsk(BIG, "r1", 10.0))
+    assert verdict is not None and verdict.allowed
+    await lim.aclose()
+
+
+async def test_leases_answer_at_once_only_while_the_storage_is_trusted(
+    disposable_redis: RedisServer,
+) -> None:
+    shared = RedisLimiter(disposable_redis.url, op_timeout=0.5, connect_timeout=0.5)
+    resilient = ResilientLimiter(shared, on_error="local", replica_id="r", failure_threshold=1)
+    assert (await resilient.acquire_key(KeyAsk(BIG, "r0", 10.0))).allowed
+    assert resilient.acquire_key_now(KeyAsk(BIG, "r1", 10.0)) is not None
+    disposable_redis.kill()
+    # A call that needs the storage fails: the breaker opens, and the lease it still
+    # holds answers no more (its verdicts would tell the breaker nothing).
+    await resilient.reserve(GroupAsk("g", [DeploymentLimits("free")], 0.0, max_wait=0.0))
+    assert resilient.acquire_key_now(KeyAsk(BIG, "r2", 10.0)) is None
+    await resilient.aclose()
