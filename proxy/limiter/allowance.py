@@ -96,9 +96,10 @@ def lease_size(
 
 
 class Allowance:
-    """One lease as its replica uses it: what it holds per window, what is used, and a
-    local bucket per window (from the debt before the lease, charged with each request
-    admitted from it: the exact debt as if no other replica took part), in local time.
+    """One lease as its replica uses it: what it holds per window, what is used, and
+    (``track``) a local bucket per window (from the debt before the lease, charged with
+    each request admitted from it: the exact debt as if no other replica took part, what
+    a key's x-ratelimit headers show), in local time.
 
     ``serial`` tells one lease from the next; ``until`` is the last local moment it
     admits (a share of its hold, counted from before the storage granted it); it admits
@@ -135,6 +136,8 @@ class Allowance:
         turns: int,
         epoch: int = 0,
         sequence: int = 0,
+        *,
+        track: bool = True,
     ) -> None:
         self.serial = serial
         self.turns = turns
@@ -148,7 +151,8 @@ class Allowance:
         # buckets from after it (``received``): both err on the safe side.
         self.asked = asked
         self.until = asked + hold * USE_SHARE
-        self.states = [BucketState(d, received) for d in debts]
+        # Only a key's requests show them (x-ratelimit headers): a deployment keeps none.
+        self.states = [BucketState(d, received) for d in debts] if track else None
         self.used = [0.0] * len(self.amounts)
         self.uses = 0
         self.closed = False
@@ -162,14 +166,14 @@ class Allowance:
                 return False
         return True
 
-    def take(self, costs: Sequence[float], now: float) -> list[BucketState]:
-        """Admit a request costing ``costs`` (``covers`` said yes); the local buckets
-        after it (what its x-ratelimit headers show)."""
+    def take(self, costs: Sequence[float], now: float) -> None:
+        """Admit a request costing ``costs`` (``covers`` said yes)."""
         self.uses += 1
+        states = self.states
         for i, cost in enumerate(costs):
             self.used[i] += cost
-            self.states[i] = adjust(self.states[i], self.rates[i], cost, now)
-        return self.states
+            if states is not None:
+                states[i] = adjust(states[i], self.rates[i], cost, now)
 
     def correct(self, units: Sequence[float], now: float) -> list[float] | None:
         """Correct a request admitted from it by ``units`` per window (negative: a
@@ -186,7 +190,8 @@ class Allowance:
                 excess[i] = used - self.amounts[i]
                 used = self.amounts[i]
             self.used[i] = max(0.0, used)
-            self.states[i] = adjust(self.states[i], self.rates[i], u, now)
+            if self.states is not None:
+                self.states[i] = adjust(self.states[i], self.rates[i], u, now)
         return excess
 
     def next_size(self, requests: int, now: float) -> int:

@@ -98,6 +98,7 @@ class Leases:
         if isinstance(got, tuple):
             a, now = got
             owner.admitted.add(ask.lease)
+            assert a.states is not None  # a key's lease tracks its buckets
             return key_verdict(spent, _NOW, False, a.states, now)
         return got
 
@@ -113,8 +114,10 @@ class Leases:
         now = time.monotonic()
         if not a.covers(costs, now):
             return None
+        a.take(costs, now)
         owner.admitted.add(ask.lease)
-        return key_verdict(spent, _NOW, False, a.take(costs, now), now)
+        assert a.states is not None  # a key's lease tracks its buckets
+        return key_verdict(spent, _NOW, False, a.states, now)
 
     async def _renew_key(
         self, owner: Owner, spent: list[Spend], now: float
@@ -227,7 +230,7 @@ class Leases:
         at, epoch, sequence, hold, *debts = reply[1:]
         return self._lease(
             owner, spent, amounts, [float(x) for x in debts], float(at), float(hold), now,
-            received, turns, int(epoch), int(sequence),
+            received, turns, int(epoch), int(sequence), track=False,
         )  # fmt: skip
 
     def settle_deployment(self, s: DeploymentSettlement) -> DeploymentSettlement | None:
@@ -320,11 +323,13 @@ class Leases:
         turns: int,
         epoch: int = 0,
         sequence: int = 0,
+        *,
+        track: bool = True,
     ) -> Allowance:
         self._serial += 1
         a = Allowance(
             self._serial, [s.rate for s in spent], amounts, debts, at, hold, asked, received,
-            turns, epoch, sequence,
+            turns, epoch, sequence, track=track,
         )  # fmt: skip
         owner.allowance = a
         owner.admitted = set()
