@@ -138,7 +138,10 @@ class Leases:
         received = time.monotonic()
         if reply[0] == "leased":
             at, hold, *debts = (float(x) for x in reply[1:])
-            return self._lease(owner, spent, amounts, debts, at, hold, now, received, turns)
+            rates = [s.rate for s in spent]
+            self._serial += 1
+            a = Allowance(self._serial, rates, amounts, debts, at, hold, now, received, turns)
+            return self._open(owner, a)
         owner.refused_until = received + REFUSED_FOR
         outcome, binding, wait, retry_after, at, *flat = reply[1:]
         decision = Decision(Result(outcome), float(wait), float(retry_after), int(binding))
@@ -228,10 +231,13 @@ class Leases:
             owner.refused_until = received + REFUSED_FOR
             return None
         at, epoch, sequence, hold, *debts = reply[1:]
-        return self._lease(
-            owner, spent, amounts, [float(x) for x in debts], float(at), float(hold), now,
-            received, turns, int(epoch), int(sequence), track=False,
+        self._serial += 1
+        a = Allowance(
+            self._serial, [s.rate for s in spent], amounts, [float(x) for x in debts],
+            float(at), float(hold), now, received, turns, int(epoch), int(sequence),
+            track=False,
         )  # fmt: skip
+        return self._open(owner, a)
 
     def settle_deployment(self, s: DeploymentSettlement) -> DeploymentSettlement | None:
         """What of ``s`` is left for the shared state (None: nothing) once the lease that
@@ -310,27 +316,8 @@ class Leases:
             owner.renewing = None
             renewing.set_result(None)
 
-    def _lease(
-        self,
-        owner: Owner,
-        spent: Sequence[Spend],
-        amounts: Sequence[float],
-        debts: Sequence[float],
-        at: float,
-        hold: float,
-        asked: float,
-        received: float,
-        turns: int,
-        epoch: int = 0,
-        sequence: int = 0,
-        *,
-        track: bool = True,
-    ) -> Allowance:
-        self._serial += 1
-        a = Allowance(
-            self._serial, [s.rate for s in spent], amounts, debts, at, hold, asked, received,
-            turns, epoch, sequence, track=track,
-        )  # fmt: skip
+    def _open(self, owner: Owner, a: Allowance) -> Allowance:
+        """``a`` is the owner's lease from now on."""
         owner.allowance = a
         owner.admitted = set()
         # Idle at the end of its use: give it back while it still can be.
