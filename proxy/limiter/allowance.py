@@ -46,8 +46,8 @@ from proxy.limiter.bucket import BucketState, adjust
 HOLD = 0.5  # the longest a lease holds (storage time)
 HOLD_MIN = 0.005  # a lease that could hold less is not taken
 USE_SHARE = 0.75  # a lease is used for at most this share of its hold (returned in time)
-FULL_AT = 0.5  # leased from only while each window stays at most half full after it
-HOLD_SHARE = 0.25  # a hold reserves at most this share of a window's capacity in refill
+FULL_AT = 0.75  # leased from only while each window stays at most 3/4 full after it
+HOLD_SHARE = 0.5  # a hold reserves at most this share of a window's capacity in refill
 SHARE = 1.0 / 32.0  # one lease takes at most this share of a window's capacity
 MIN_REQUESTS = 2  # ... and at least this many requests' worth, or none is taken
 FIRST_REQUESTS = 8  # a first lease's size, in requests; it doubles while used up...

@@ -158,18 +158,18 @@ def test_one_replica_gives_back_all_but_its_holds_refill(
 def test_a_lease_is_taken_only_far_from_the_limit() -> None:
     rate = Rate(6000.0, 60.0, 6000.0)  # 100 a second, all at once
     assert lease_hold([0.0], [100.0], [rate]) == allowance.HOLD
-    # At most half full with the lease: 2,900 + 100 fits, 2,901 + 100 does not.
-    assert lease_hold([2900.0], [100.0], [rate]) > 0.0
-    assert lease_hold([2901.0], [100.0], [rate]) == 0.0
+    # At most 3/4 full with the lease: 4,400 + 100 fits, 4,401 + 100 does not.
+    assert lease_hold([4400.0], [100.0], [rate]) > 0.0
+    assert lease_hold([4401.0], [100.0], [rate]) == 0.0
 
 
 def test_a_lease_holds_only_as_long_as_the_bucket_has_room() -> None:
-    # 1,000 a second but only 100 at once: a hold reserves a quarter of it in refill,
-    # 25 units, 25 ms.
+    # 1,000 a second but only 100 at once: a hold reserves half of it in refill, 50
+    # units, 50 ms.
     rate = Rate(60000.0, 60.0, 100.0)
-    assert math.isclose(lease_hold([0.0], [10.0], [rate]), 0.025)
+    assert math.isclose(lease_hold([0.0], [10.0], [rate]), 0.05)
     # ...so that another replica's lease fits beside it (it reuses that refill).
-    assert lease_hold([25.0 + 10.0], [10.0], [rate]) > 0.0
+    assert lease_hold([50.0 + 10.0], [10.0], [rate]) > 0.0
     # A burst of one (a paced deployment) never holds a lease.
     assert lease_size(8, [1.0], [Rate(60.0, 60.0, 1.0)], [1.0]) is None
 
