@@ -12,14 +12,12 @@ for i = 2, #KEYS do
   table.insert(buckets, bucket(KEYS[i], tonumber(ARGV[a]), tonumber(ARGV[a + 1]),
     tonumber(ARGV[a + 2]), now))
 end
-local wait, binding, too_large = plan(buckets)
-local outcome, w, retry, bind = decide(wait, binding, too_large, 0.0)
-local parallel_full = false
-if outcome == 'allowed' and ARGV[2] ~= '' then
-  parallel_full = not acquire_lease(KEYS[1], ARGV[3], tonumber(ARGV[2]), now, tonumber(ARGV[4]))
+local slots = nil
+if ARGV[2] ~= '' then
+  slots = function()
+    return acquire_lease(KEYS[1], ARGV[3], tonumber(ARGV[2]), now, tonumber(ARGV[4]))
+  end
 end
-if outcome == 'allowed' and not parallel_full then
-  charge(buckets, wait, now)
-end
+local outcome, w, retry, bind, parallel_full = check_now(buckets, now, slots)
 local reply = {outcome, tostring(bind), fmt(w), fmt(retry), parallel_full and '1' or '0', fmt(now)}
 return append_states(reply, buckets)

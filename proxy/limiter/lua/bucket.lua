@@ -88,6 +88,22 @@ local function charge(buckets, wait, now)
   end
 end
 
+-- bucket.take_all with no wait (a client key's check): every bucket or none is charged;
+-- ``admit`` (its parallel slots), when given, may still refuse what the buckets allow.
+-- Returns outcome, wait, retry_after, binding, and whether ``admit`` refused.
+local function check_now(buckets, now, admit)
+  local wait, binding, too_large = plan(buckets)
+  local outcome, w, retry, bind = decide(wait, binding, too_large, 0.0)
+  local refused = false
+  if outcome == 'allowed' and admit ~= nil then
+    refused = not admit()
+  end
+  if outcome == 'allowed' and not refused then
+    charge(buckets, wait, now)
+  end
+  return outcome, w, retry, bind, refused
+end
+
 -- bucket.adjust (and the store); ``interval`` is the effective one
 local function adjust(key, interval, units, now, ttl_interval)
   local d, t = load_state(key)

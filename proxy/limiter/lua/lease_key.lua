@@ -27,10 +27,6 @@ for i = 1, #KEYS do
   table.insert(buckets, bucket(KEYS[i], tonumber(ARGV[a]), tonumber(ARGV[a + 1]),
     tonumber(ARGV[a + 3]), now))
 end
-local wait, binding, too_large = plan(buckets)
-local outcome, w, retry, bind = decide(wait, binding, too_large, 0.0)
-if outcome == 'allowed' then
-  charge(buckets, wait, now)
-end
+local outcome, w, retry, bind = check_now(buckets, now)
 local reply = {'checked', outcome, tostring(bind), fmt(w), fmt(retry), fmt(now)}
 return append_states(reply, buckets)
