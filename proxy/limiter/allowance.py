@@ -32,7 +32,7 @@ at most ``HOLD``, and its refill at most ``HOLD_SHARE`` of the capacity. A windo
 small for ``MIN_REQUESTS`` requests in one share is never leased from, nor are paced
 deployments (a burst of one cannot hold a lease).
 
-``lua/bucket.lua`` mirrors ``lease_hold`` and ``lease_refund`` line by line.
+``lua/lease.lua`` mirrors ``lease_hold`` and ``lease_refund`` line by line.
 """
 
 from __future__ import annotations

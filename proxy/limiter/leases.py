@@ -6,16 +6,17 @@ lease. A request it covers is admitted at once: a key's windows (a key with
 ``max_parallel`` never leases: its slots are counted one by one), or a turn on the first
 candidate of a reservation when that deployment holds the lease (never under
 ``least_busy``, which counts requests in flight across replicas, nor for a deployment
-without limits, which only 429s can teach). A request it does not
-cover renews it: what is left goes back and a new one is taken, both in the round trip
-the request would have made anyway (a key's refused lease answers the request like
-``acquire_key``). Requests arriving while a renewal is on its way wait for it. Near a
-limit leases are refused and requests ask per request again (for ``REFUSED_FOR``).
+without limits, which only 429s can teach). A request it does not cover renews it: what
+is left goes back and a new one is taken, both in the round trip the request would have
+made anyway (a key's refused lease answers the request like ``acquire_key``). Requests
+arriving while a renewal is on its way wait for it. Near a limit leases are refused and
+requests ask per request again (for ``REFUSED_FOR``).
 
 What the requests admitted from a lease settle (a token estimate corrected, a turn given
 back) stays in the lease while it is open; a failure, a 429 or an upstream running low
 closes a deployment's lease, so its next request asks the shared health. An idle lease
-is given back when its use ends, so the shared buckets read exact again.
+is given back when its use ends (its unused units; the refill its hold reserved stays
+until the hold ends, allowance.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any, TypeVar
 
@@ -43,7 +45,6 @@ from proxy.limiter.runner import ScriptRunner
 from proxy.limiter.verdicts import Spend, key_verdict, spends
 
 Num = Callable[[float], str]
-Names = Callable[[Window], str]  # a window's Redis key
 
 _NOW = Decision(Result.ALLOWED)
 RENEWALS = 3  # a request asks for a new lease at most this many times, then per request
@@ -97,9 +98,7 @@ class Leases:
         got = await self._admit(owner, spent, partial(self._renew_key, owner, spent))
         if isinstance(got, tuple):
             a, now = got
-            owner.admitted.add(ask.lease)
-            assert a.states is not None  # a key's lease tracks its buckets
-            return key_verdict(spent, _NOW, False, a.states, now)
+            return _admitted(owner, a, spent, ask.lease, now)
         return got
 
     def acquire_key_now(self, ask: KeyAsk, names: Callable[[], list[str]]) -> KeyVerdict | None:
@@ -115,9 +114,7 @@ class Leases:
         if not a.covers(costs, now):
             return None
         a.take(costs, now)
-        owner.admitted.add(ask.lease)
-        assert a.states is not None  # a key's lease tracks its buckets
-        return key_verdict(spent, _NOW, False, a.states, now)
+        return _admitted(owner, a, spent, ask.lease, now)
 
     async def _renew_key(
         self, owner: Owner, spent: list[Spend], now: float
@@ -192,7 +189,7 @@ class Leases:
         if excess is None:
             return s
         extra = max(excess, default=0.0)
-        return None if extra == 0.0 else KeySettlement(s.limits, s.lease, extra)
+        return None if extra == 0.0 else replace(s, tokens=extra)
 
     # -- deployments ---------------------------------------------------------------------
 
@@ -262,10 +259,7 @@ class Leases:
             self._give_back(owner, a)
         elif requests == 0.0 and tokens == 0.0:
             return None
-        return DeploymentSettlement(
-            s.group, s.deployment, s.rule, s.outcome, s.lease, requests, tokens,
-            s.remaining, s.sent, s.hold,
-        )  # fmt: skip
+        return replace(s, requests=requests, tokens=tokens)
 
     # -- both ----------------------------------------------------------------------------
 
@@ -278,7 +272,7 @@ class Leases:
             a = owner.allowance
             if a is not None and not a.closed:
                 returns.append(self._give_back(owner, a, urgent=True))
-        await asyncio.gather(*self._returning, *(r for r in returns if r), return_exceptions=True)
+        await asyncio.gather(*self._returning, *returns, return_exceptions=True)
 
     def _owner(
         self, ident: Any, windows: tuple[Window, ...], names: Callable[[], list[str]]
@@ -335,14 +329,12 @@ class Leases:
 
     def _give_back(
         self, owner: Owner, a: Allowance, *, urgent: bool = False
-    ) -> asyncio.Future[Any] | None:
+    ) -> asyncio.Future[Any]:
         """Return what ``a`` did not use (before any later call; nobody need await it)."""
         a.closed = True
         args = [self._now_arg(), self._num(a.at), self._num(a.hold)]
         for rate, amount, used in zip(a.rates, a.amounts, a.used, strict=True):
             args += [self._num(rate.interval), self._num(amount), self._num(used)]
-        if not owner.names:
-            return None
         future = self.runner.submit("return_lease", owner.names, args, urgent=urgent)
         if future is None:
             task = asyncio.ensure_future(self.runner.run("return_lease", owner.names, args))
@@ -356,6 +348,14 @@ class Leases:
         self._returning.discard(task)
         if not task.cancelled():
             task.exception()  # a lost return only wastes the lease's units: nothing to do
+
+
+def _admitted(owner: Owner, a: Allowance, spent: list[Spend], lease: str, now: float) -> KeyVerdict:
+    """The verdict of a key's request ``a`` took (``lease`` names it for its settlement):
+    its headers read the lease's own buckets."""
+    owner.admitted.add(lease)
+    assert a.states is not None  # a key's lease tracks its buckets
+    return key_verdict(spent, _NOW, False, a.states, now)
 
 
 def _ignore(future: asyncio.Future[Any]) -> None:
