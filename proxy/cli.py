@@ -322,7 +322,7 @@ def _run(app: Any, args: argparse.Namespace, log_level: str) -> None:
 
 
 def _uvicorn_options(args: argparse.Namespace, log_level: str) -> dict[str, Any]:
-    from proxy.api.protocol import HeaderTimeoutProtocol
+    from proxy.api.direct import DirectReplyProtocol
     from proxy.logs import logging_config
 
     return {
@@ -331,7 +331,7 @@ def _uvicorn_options(args: argparse.Namespace, log_level: str) -> dict[str, Any]
         "ssl_certfile": args.ssl_certfile,
         "ssl_keyfile": args.ssl_keyfile,
         "loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-        "http": HeaderTimeoutProtocol,
+        "http": DirectReplyProtocol,
         "access_log": False,  # the proxy writes its own structured line per request
         # Workers are spawned: they get the logging set-up through uvicorn, not from us.
         "log_config": logging_config(log_level),

@@ -14,8 +14,9 @@ any, is left alone): every server listens on a free 127.0.0.1 port, in a temp di
 * ``redis_cluster`` (session): that cluster as ``support.redis_server.RedisClusterServers``.
 * ``disposable_redis`` (function): a private, running ``RedisServer`` for a test that
   stops, kills or restarts it (``.stop()``, ``.kill()``, ``.start()`` keeps the port).
-* ``upstream_client`` (module, parametrized): the proxies a module starts use the lean
-  upstream transport, then the general one: its tests run against both.
+* ``serving_path`` (module, parametrized): the proxies a module starts run the fast
+  paths (the lean upstream transport, replies written by the proxy's own protocol), then
+  the portable ones (the general transport, the ASGI cycle): its tests run against both.
 
 Tests using these are skipped when ``redis-server``/``redis-cli`` are not installed.
 """
@@ -27,6 +28,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+from support.proxy_server import ProxyInThread
 from support.redis_server import RedisClusterServers, RedisServer, redis_available
 
 from proxy.upstream.client import create_transport
@@ -81,12 +83,17 @@ def disposable_redis(tmp_path: Path) -> Iterator[RedisServer]:
         server.kill()
 
 
-@pytest.fixture(scope="module", params=["lean", "general"])
-def upstream_client(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Every proxy this module starts uses this upstream client: the lean transport for
-    plain-HTTP upstreams (the default) or the general one for all (``create_transport``);
-    a module that asks for it runs its tests against both."""
-    lean = request.param == "lean"
+@pytest.fixture(scope="module", params=["fast", "portable"])
+def serving_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every proxy this module starts (``ProxyInThread``) takes these paths. ``fast``, as
+    the CLI serves: the lean transport for upstreams without an egress proxy, and replies
+    written by the proxy's own HTTP protocol (``api/direct.py``). ``portable``: the
+    general transport for every upstream (``create_transport``) and every reply through
+    the ASGI cycle under uvicorn's stock protocol. A module that asks for it runs its
+    tests against both."""
+    fast = request.param == "fast"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("proxy.app.create_transport", partial(create_transport, lean=lean))
+        patch.setattr("proxy.app.create_transport", partial(create_transport, lean=fast))
+        if not fast:
+            patch.setattr(ProxyInThread, "http", "auto")
         yield request.param

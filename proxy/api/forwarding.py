@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -42,17 +42,33 @@ class ForwardingEndpoint:
         self._pipeline = pipeline
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The ASGI app: the portable path, under any ASGI server."""
+        await self.serve(scope["headers"], receive, partial(send_reply, receive=receive, send=send))
+
+    async def serve(
+        self,
+        raw_headers: list[tuple[bytes, bytes]],
+        receive: Receive,
+        write: Callable[[Reply], Awaitable[None]],
+    ) -> None:
+        """Answer one request whose body ``receive`` gives; ``write`` sends the reply (the
+        ASGI messages, or ``direct.write_reply`` under the proxy's own protocol)."""
         # The pipeline in force when the request arrived serves it to the end, even if a
         # reload replaces it meanwhile (it is retired once its requests are done).
         pipeline = self._pipeline()
         pipeline.enter()
         try:
-            await self._serve(pipeline, scope, receive, send)
+            reply = await self._answer(pipeline, raw_headers, receive)
+            if reply is not None:
+                await write(reply)
         finally:
             pipeline.leave()
 
-    async def _serve(self, pipeline: Pipeline, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+    async def _answer(
+        self, pipeline: Pipeline, raw_headers: list[tuple[bytes, bytes]], receive: Receive
+    ) -> Reply | None:
+        """None: the client left before its body arrived (nobody to answer)."""
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw_headers]
         lookup = dict(headers)
         try:
             _check_content_type(lookup.get("content-type"))
@@ -60,18 +76,16 @@ class ForwardingEndpoint:
                 receive, lookup.get("content-length"), pipeline.settings.server.max_body_size
             )
         except ClientGone:
-            return
+            return None
         except ProxyError as error:
-            reply = pipeline.reject(self.endpoint, error)
-        else:
-            reply = await pipeline.handle(
-                self.endpoint,
-                raw,
-                headers,
-                lookup.get("authorization"),
-                client_left=partial(_disconnected, receive),
-            )
-        await send_reply(reply, receive, send)
+            return pipeline.reject(self.endpoint, error)
+        return await pipeline.handle(
+            self.endpoint,
+            raw,
+            headers,
+            lookup.get("authorization"),
+            client_left=partial(_disconnected, receive),
+        )
 
 
 class HotPathRouter:
@@ -89,21 +103,38 @@ class HotPathRouter:
             )
             await error_response(error)(scope, receive, send)  # never forwarded
             return
-        path = scope.get("path", "")
-        if path.endswith("/") and len(path) > 1:
-            # Served as its canonical path: a redirect would lose a POST's body.
-            scope = {**scope, "path": path.rstrip("/") or "/"}
-        if scope["type"] == "http" and scope["method"] == "POST":
-            endpoint = self.endpoints.get(scope["path"])
-            if endpoint is not None:
-                await endpoint(scope, receive, send)
-                return
+        scope = _canonical(scope)
+        endpoint = self._forwarding(scope)
+        if endpoint is not None:
+            await endpoint(scope, receive, send)
+            return
         await self.app(scope, receive, send)
+
+    def forwarding(self, scope: Scope) -> ForwardingEndpoint | None:
+        """The forwarding endpoint that would serve ``scope`` (None: the app would, or it
+        is refused first): what the proxy's own protocol serves without the ASGI cycle."""
+        if _oversized(scope["headers"]):
+            return None
+        return self._forwarding(_canonical(scope))
+
+    def _forwarding(self, scope: Scope) -> ForwardingEndpoint | None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            return self.endpoints.get(scope["path"])
+        return None
 
     @property
     def state(self) -> object:
         """The wrapped app's state (``pipeline``, ``metrics``...), for tests and probes."""
         return getattr(self.app, "state")  # noqa: B009
+
+
+def _canonical(scope: Scope) -> Scope:
+    """A path with a trailing slash is served as its canonical path: a redirect would lose
+    a POST's body."""
+    path = scope.get("path", "")
+    if path.endswith("/") and len(path) > 1:
+        return {**scope, "path": path.rstrip("/") or "/"}
+    return scope
 
 
 MAX_HEADER = 8 * 1024  # bytes in one header (name and value), as the contract says

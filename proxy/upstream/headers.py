@@ -22,6 +22,7 @@ _DROP_REQUEST = frozenset(
         "upgrade",
         "host",
         "content-length",
+        "expect",  # the proxy has the whole body before it forwards: nothing to wait for
         "accept-encoding",
         "authorization",
         "api-key",

@@ -195,8 +195,8 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         exchange = self.exchange
-        if exchange is None or exchange.done:
-            return
+        if exchange is None or exchange.done or not self.headers_at:
+            return  # (no head yet: the end of an interim answer, 1xx; the real one follows)
         exchange.done = True
         self.exchange = None
         self.headers_at = False

@@ -17,7 +17,7 @@ KEY = "sk-leaks"
 TPM = 1_000_000
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 500}
 
-pytestmark = pytest.mark.usefixtures("upstream_client")  # the lean and the general client
+pytestmark = pytest.mark.usefixtures("serving_path")  # the fast and the portable paths
 
 
 @pytest.fixture

@@ -77,7 +77,7 @@ def _config(upstream_url: str, **overrides: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def proxy(upstream: FakeUpstreamHandle, upstream_client: str) -> Iterator[ProxyInThread]:
+def proxy(upstream: FakeUpstreamHandle, serving_path: str) -> Iterator[ProxyInThread]:
     with ProxyInThread(settings_from(_config(upstream.url))) as server:
         yield server
 

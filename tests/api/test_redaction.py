@@ -26,7 +26,7 @@ def upstream() -> Iterator[FakeUpstreamHandle]:
 
 
 @pytest.fixture(scope="module")
-def proxy(upstream: FakeUpstreamHandle, upstream_client: str) -> Iterator[ProxyInThread]:
+def proxy(upstream: FakeUpstreamHandle, serving_path: str) -> Iterator[ProxyInThread]:
     deployment = {"id": "d", "base_url": upstream.base_url, "api_key": SECRET}
     config = {"models": [{"name": "m", "deployments": [deployment]}], "routing": {"retries": 0}}
     with ProxyInThread(settings_from(config)) as server:

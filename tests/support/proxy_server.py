@@ -22,6 +22,7 @@ import httpx
 import uvicorn
 import yaml
 
+from proxy.api.direct import DirectReplyProtocol
 from proxy.app import create_app
 from proxy.config import Settings, parse_settings
 from support.ports import free_port
@@ -32,7 +33,11 @@ def settings_from(data: dict[str, Any]) -> Settings:
 
 
 class ProxyInThread:
-    """``config_path``: the file ``settings`` came from, re-read by ``POST /admin/reload``."""
+    """``config_path``: the file ``settings`` came from, re-read by ``POST /admin/reload``.
+    Served as the CLI serves it (its HTTP protocol, no proxy-headers middleware); ``http``:
+    another uvicorn protocol (the ``serving_path`` fixture's portable one: ``"auto"``)."""
+
+    http: type[asyncio.Protocol] | str = DirectReplyProtocol
 
     def __init__(self, settings: Settings, config_path: Path | None = None) -> None:
         self.settings = settings
@@ -42,7 +47,13 @@ class ProxyInThread:
         self._sock.bind(("127.0.0.1", 0))
         self.port: int = self._sock.getsockname()[1]
         config = uvicorn.Config(
-            self.app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=5
+            self.app,
+            http=self.http,
+            proxy_headers=False,
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=5,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, daemon=True)

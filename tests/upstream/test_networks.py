@@ -153,7 +153,7 @@ def test_a_deployments_proxy_url_wins_and_a_wrong_one_says_so(
     assert served == ["general"] * 2
 
 
-@pytest.mark.usefixtures("upstream_client")
+@pytest.mark.usefixtures("serving_path")
 def test_extra_headers_reach_the_upstream_and_no_log(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -177,7 +177,7 @@ def test_a_deployment_may_not_set_the_credential_header() -> None:
         parse(_config("http://127.0.0.1:1", headers={"Authorization": "Bearer x"}))
 
 
-@pytest.mark.usefixtures("upstream_client")
+@pytest.mark.usefixtures("serving_path")
 @pytest.mark.parametrize(
     ("base_url", "cause"),
     [

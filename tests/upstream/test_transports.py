@@ -163,6 +163,24 @@ def test_a_buffered_answer_arrives_whole_with_its_headers(run: Run, scheme: Sche
     run(scenario)
 
 
+def test_an_interim_answer_is_skipped_for_the_real_one_that_follows(
+    run: Run, scheme: Scheme
+) -> None:
+    interim = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </x>\r\n\r\n"
+
+    async def scenario(transport: UpstreamTransport) -> None:
+        reply = answer(b'{"ok":true}', JSON, "X-Upstream: yes")
+        async with scheme.serve(_replying(interim + reply)) as upstream:
+            for _ in range(2):  # and the connection carries the next request
+                response, body = await _fetch(transport, upstream.url, scheme)
+                assert (response.status_code, body) == (200, b'{"ok":true}')
+                assert response.extensions[HEADER_MAP]["x-upstream"] == "yes"
+                assert "link" not in response.extensions[HEADER_MAP]
+            assert upstream.connections == 1
+
+    run(scenario)
+
+
 def test_a_chunked_answer_and_one_that_ends_at_close_are_read_whole(
     run: Run, scheme: Scheme
 ) -> None:

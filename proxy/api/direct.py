@@ -1,0 +1,119 @@
+"""The proxy's HTTP/1.1 protocol: forwarding requests served without the ASGI cycle.
+
+uvicorn runs every request as an ASGI app: the reply goes out as two messages, each
+checked header by header, and as two socket writes (the head, then the body). On a
+loopback or LAN hop each write wakes the client, so the second one costs a wake-up
+more per request, and at one connection the added latency is mostly such hops
+(docs/performance.md). Here a POST to a forwarding endpoint runs the endpoint directly
+on uvicorn's request cycle: its body is read through the cycle, and a buffered reply
+goes out as one block in one write. Everything else (the admin API, oversized headers,
+streamed replies, which pass through the cycle's own ``send``) takes the ASGI path as
+before; so does every request under another ASGI server.
+
+What uvicorn's ``send`` does for a reply, this does too: the server's default headers
+(``date``), ``content-length``, ``connection: close`` when the connection ends, header
+names lower-cased and values checked for control characters, the cycle marked complete and its next
+pipelined request started; an error before the reply goes out answers 500, as
+uvicorn's ``run_asgi`` does.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import partial
+from typing import TYPE_CHECKING, cast
+
+from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
+
+from proxy.api.forwarding import ForwardingEndpoint, HotPathRouter, send_reply
+from proxy.api.protocol import HeaderTimeoutProtocol
+from proxy.call import Reply
+
+if TYPE_CHECKING:
+    from uvicorn._types import ASGI3Application
+
+__all__ = ["DirectReplyProtocol", "write_reply"]
+
+# What uvicorn refuses in a header value (and a name), as one pattern over a header block
+# whose line ends are counted apart: a CR or LF inside a name or value would split it.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+class DirectReplyProtocol(HeaderTimeoutProtocol):
+    """uvicorn's HTTP/1.1 protocol (with the header timeout) that serves POSTs to the
+    forwarding endpoints itself (``serve``); all else goes to the ASGI app."""
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+        scope = cast(Scope, cycle.scope)
+        endpoint = app.forwarding(scope) if isinstance(app, HotPathRouter) else None
+        if endpoint is None or self.config.reset_contextvars:
+            super()._start_asgi_task(cycle, app)
+            return
+        task = self.loop.create_task(serve(cycle, endpoint))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+
+
+async def serve(cycle: RequestResponseCycle, endpoint: ForwardingEndpoint) -> None:
+    """``endpoint`` on ``cycle``, with what uvicorn's ``run_asgi`` does around an app."""
+    try:
+        headers = cast(Scope, cycle.scope)["headers"]
+        await endpoint.serve(headers, _receive(cycle), partial(write_reply, cycle))
+    except BaseException as exc:
+        cycle.logger.error("Exception in ASGI application\n", exc_info=exc)
+        if not cycle.response_started:
+            await cycle.send_500_response()
+        else:
+            cycle.transport.close()
+    else:
+        if not cycle.response_started and not cycle.disconnected:
+            cycle.logger.error("ASGI callable returned without starting response.")
+            await cycle.send_500_response()
+        elif not cycle.response_complete and not cycle.disconnected:
+            cycle.logger.error("ASGI callable returned without completing response.")
+            cycle.transport.close()
+    finally:
+        cycle.on_response = lambda: None
+
+
+async def write_reply(cycle: RequestResponseCycle, reply: Reply) -> None:
+    """A buffered reply as one write; a streamed one through the cycle's ASGI ``send``."""
+    if reply.stream is not None:
+        await send_reply(reply, _receive(cycle), cast(Send, cycle.send))
+        return
+    if cycle.flow.write_paused and not cycle.disconnected:
+        await cycle.flow.drain()
+    if cycle.disconnected:
+        return
+    head = _head(cycle, reply)  # raises (an answer 500) before anything is written
+    cycle.response_started = True
+    cycle.waiting_for_100_continue = False
+    cycle.transport.write(head + reply.body)
+    cycle.response_complete = True
+    cycle.message_event.set()
+    if not cycle.keep_alive:
+        cycle.transport.close()
+    cycle.on_response()
+
+
+def _receive(cycle: RequestResponseCycle) -> Receive:
+    return cast(Receive, cycle.receive)  # uvicorn's own ASGI types name the same messages
+
+
+def _head(cycle: RequestResponseCycle, reply: Reply) -> bytes:
+    """The status line and headers. The pipeline's replies never carry framing headers
+    (``connection``, ``content-length``, ``transfer-encoding``: upstream/headers.py)."""
+    lines = [f"{name.lower()}: {value}\r\n" for name, value in reply.headers.items()]
+    if not cycle.keep_alive:
+        lines.append("connection: close\r\n")
+    lines.append(f"content-length: {len(reply.body)}\r\n\r\n")
+    block = "".join(lines)
+    if (
+        _CONTROL.search(block)
+        or block.count("\r") != len(lines) + 1
+        or block.count("\n") != len(lines) + 1
+    ):
+        raise RuntimeError("Invalid HTTP header value.")
+    default = b"".join(name + b": " + value + b"\r\n" for name, value in cycle.default_headers)
+    return STATUS_LINE[reply.status] + default + block.encode("latin-1")

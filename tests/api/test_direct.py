@@ -1,0 +1,148 @@
+"""The proxy's own HTTP/1.1 protocol (api/direct.py) answers forwarding requests as
+uvicorn's ASGI cycle would: whole replies with their length and date, keep-alive,
+pipelined requests in order, HTTP/1.0 closing, ``Expect: 100-continue``; a reply goes
+out in one write, and one whose headers could split the response never goes out."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from support.proxy_server import ProxyInThread, settings_from
+
+from proxy.api import direct
+from proxy.call import Reply
+from proxy.fake_upstream import FakeUpstreamConfig, run_in_thread
+
+BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+@pytest.fixture(scope="module")
+def proxy() -> Iterator[ProxyInThread]:
+    with run_in_thread(FakeUpstreamConfig(port=0)) as upstream:
+        deployment = {"id": "d", "base_url": upstream.base_url, "rpm": 6000}
+        config = {"models": [{"name": "m", "deployments": [deployment]}]}
+        with ProxyInThread(settings_from(config)) as server:
+            yield server
+
+
+def _request(version: str = "1.1", extra: str = "") -> bytes:
+    return (
+        f"POST /v1/chat/completions HTTP/{version}\r\nHost: x\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(BODY)}\r\n{extra}\r\n"
+    ).encode() + BODY
+
+
+def _read_answer(reader: Any) -> tuple[str, dict[str, str], bytes]:
+    status = reader.readline().decode().strip()
+    headers: dict[str, str] = {}
+    while (line := reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode().partition(":")
+        headers[name.lower()] = value.strip()
+    return status, headers, reader.read(int(headers["content-length"]))
+
+
+def _connect(proxy: ProxyInThread) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+
+
+def test_keep_alive_requests_get_whole_answers(proxy: ProxyInThread) -> None:
+    with _connect(proxy) as conn, conn.makefile("rb") as reader:
+        for _ in range(3):
+            conn.sendall(_request())
+            status, headers, body = _read_answer(reader)
+            assert status == "HTTP/1.1 200 OK"
+            assert "date" in headers and headers["x-request-id"].startswith("req_")
+            assert json.loads(body)["object"] == "chat.completion"
+
+
+def test_pipelined_requests_are_answered_in_order(proxy: ProxyInThread) -> None:
+    with _connect(proxy) as conn, conn.makefile("rb") as reader:
+        conn.sendall(_request() + _request() + _request())
+        ids = []
+        for _ in range(3):
+            status, headers, _ = _read_answer(reader)
+            assert status == "HTTP/1.1 200 OK"
+            ids.append(headers["x-request-id"])
+    assert ids == sorted(ids) and len(set(ids)) == 3  # the proxy numbers them as they come
+
+
+def test_an_http_1_0_request_is_answered_then_closed(proxy: ProxyInThread) -> None:
+    with _connect(proxy) as conn, conn.makefile("rb") as reader:
+        conn.sendall(_request("1.0"))
+        status, headers, _ = _read_answer(reader)
+        assert status == "HTTP/1.1 200 OK" and headers["connection"] == "close"
+        assert reader.read() == b""  # closed by the proxy
+
+
+def test_expect_100_continue_is_honoured(proxy: ProxyInThread) -> None:
+    with _connect(proxy) as conn, conn.makefile("rb") as reader:
+        head, body = _request(extra="Expect: 100-continue\r\n").split(b"\r\n\r\n", 1)
+        conn.sendall(head + b"\r\n\r\n")
+        assert reader.readline() == b"HTTP/1.1 100 Continue\r\n"
+        assert reader.readline() == b"\r\n"
+        conn.sendall(body)
+        status, _, _ = _read_answer(reader)
+        assert status == "HTTP/1.1 200 OK"
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _cycle(keep_alive: bool = True) -> SimpleNamespace:
+    done: list[bool] = []
+    return SimpleNamespace(
+        transport=_Transport(),
+        flow=SimpleNamespace(write_paused=False),
+        disconnected=False,
+        keep_alive=keep_alive,
+        default_headers=[(b"date", b"Mon, 23 Nov 2026 10:00:00 GMT")],
+        response_started=False,
+        response_complete=False,
+        waiting_for_100_continue=True,
+        message_event=asyncio.Event(),
+        on_response=lambda: done.append(True),
+        done=done,
+    )
+
+
+def test_a_reply_goes_out_in_one_write_and_completes_the_cycle() -> None:
+    cycle = _cycle()
+    reply = Reply(200, {"Content-Type": "application/json", "x-request-id": "r1"}, b"{}")
+    asyncio.run(direct.write_reply(cycle, reply))  # type: ignore[arg-type]
+    assert cycle.transport.writes == [
+        b"HTTP/1.1 200 OK\r\ndate: Mon, 23 Nov 2026 10:00:00 GMT\r\n"
+        b"content-type: application/json\r\nx-request-id: r1\r\ncontent-length: 2\r\n\r\n{}"
+    ]
+    assert cycle.response_complete and cycle.message_event.is_set() and cycle.done == [True]
+    assert not cycle.waiting_for_100_continue and not cycle.transport.closed
+
+
+def test_a_connection_that_ends_says_so_and_is_closed() -> None:
+    cycle = _cycle(keep_alive=False)
+    asyncio.run(direct.write_reply(cycle, Reply(429, {}, b"x")))  # type: ignore[arg-type]
+    assert b"connection: close\r\n" in cycle.transport.writes[0]
+    assert cycle.transport.writes[0].startswith(b"HTTP/1.1 429 Too Many Requests\r\n")
+    assert cycle.transport.closed
+
+
+@pytest.mark.parametrize("value", ["a\r\nset-cookie: x", "a\nb", "a\rb", "a\x00b", "a\x1fb"])
+def test_a_header_that_could_split_the_answer_never_goes_out(value: str) -> None:
+    cycle = _cycle()
+    with pytest.raises(RuntimeError, match="Invalid HTTP header"):
+        asyncio.run(direct.write_reply(cycle, Reply(200, {"x-bad": value}, b"{}")))  # type: ignore[arg-type]
+    assert cycle.transport.writes == [] and not cycle.response_started
