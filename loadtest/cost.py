@@ -2,6 +2,7 @@
 
     python -m loadtest.cost                       # this tree: memory, Redis, no limits
     python -m loadtest.cost --baseline 70e910d    # and as of a revision, side by side
+    python -m loadtest.cost --server --mode redis # a real worker, HTTP server included
 
 One process runs the request pipeline in-process (``Pipeline.handle``: auth, parsing,
 the key check, the limiter, routing, the reply, metrics and the log line) over an
@@ -13,6 +14,12 @@ wall-clock figures move by 10-20% between runs); two runs of different lengths a
 subtracted so start-up cancels out. Without valgrind it prints CPU time per request,
 which is noisy. This is a microscope for changes to the Python path; ``make bench`` is
 still the measure of what a client sees.
+
+``--server`` counts a real worker instead: ``llm-proxy serve --workers 1`` under callgrind
+(instrumented only while it serves), the fake upstream and a private Redis beside it, and
+one keep-alive client sending requests one at a time. What is counted is then the whole
+user-space path of a request in the proxy: uvicorn and the proxy's HTTP protocol, the
+pipeline, the lean upstream client and the Redis client (the kernel's work is not).
 """
 
 from __future__ import annotations
@@ -165,10 +172,88 @@ def _instructions(source: Path, mode: str) -> int:
     return round((counts[1] - counts[0]) / (_REPEAT * (_LONG - _SHORT)))
 
 
+_SERVED = 400  # requests counted per --server run (after 200 uninstrumented)
+
+
+def _served_instructions(source: Path, mode: str) -> int:
+    """Instructions per request of one real worker of the tree at ``source``."""
+    import yaml
+
+    from loadtest.bench.servers import http_ok, proxy_config, servers
+    from loadtest.topology import LOOPBACK, free_port
+
+    with tempfile.TemporaryDirectory() as tmp, servers(Path(tmp)) as (procs, upstream, redis):
+        config = proxy_config(upstream, redis if mode == "redis" else None, mode != "nolimits")
+        if mode == "redis":  # under valgrind a Redis reply takes far longer than 0.1 s
+            config["redis"] = {"url": redis, "timeout": "30s"}
+        path = Path(tmp) / "proxy.yaml"
+        path.write_text(yaml.safe_dump(config))
+        port = free_port()
+        out = Path(tmp) / "callgrind.out"
+        proxy = procs.start(
+            "proxy",
+            [
+                "valgrind", "--tool=callgrind", "--instr-atstart=no",
+                f"--callgrind-out-file={out}", sys.executable, "-m", "proxy", "serve",
+                "--config", str(path), "--host", LOOPBACK, "--port", str(port),
+                "--workers", "1",
+            ],
+            source,
+        )  # fmt: skip
+        deadline = time.monotonic() + 300
+        while not http_ok(f"http://{LOOPBACK}:{port}/health/live"):
+            if proxy.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the proxy did not start:\n{procs.log('proxy')[-2000:]}")
+            time.sleep(0.5)
+        with _Client(port) as client:
+            client.send(200)
+            _callgrind(proxy.pid, "-i", "on")
+            client.send(_SERVED)
+            _callgrind(proxy.pid, "-i", "off")
+        _callgrind(proxy.pid, "-d")
+        counted = sum(
+            int(m.group(1))
+            for dump in Path(tmp).glob("callgrind.out*")
+            for m in re.finditer(r"^totals: (\d+)", dump.read_text(), re.MULTILINE)
+        )
+        return round(counted / _SERVED)
+
+
+def _callgrind(pid: int, *command: str) -> None:
+    subprocess.run(
+        ["callgrind_control", *command, str(pid)], check=True, capture_output=True, timeout=120
+    )
+
+
+class _Client:
+    """One keep-alive connection posting the benchmark's request, one at a time."""
+
+    def __init__(self, port: int) -> None:
+        import http.client
+
+        self._connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+
+    def send(self, count: int) -> None:
+        headers = {"Content-Type": "application/json", "Authorization": "Bearer sk-bench-client"}
+        for _ in range(count):
+            self._connection.request("POST", "/v1/chat/completions", _REQUEST, headers)
+            response = self._connection.getresponse()
+            body = response.read()
+            if response.status != 200:
+                raise SystemExit(f"unexpected answer {response.status}: {body!r}")
+
+    def __enter__(self) -> _Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._connection.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.cost", description=__doc__)
     parser.add_argument("--baseline", metavar="REV", help="also measure this git revision")
     parser.add_argument("--mode", choices=MODES, action="append", help="default: both")
+    parser.add_argument("--server", action="store_true", help="a real worker over HTTP (see above)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -186,11 +271,13 @@ def main(argv: list[str] | None = None) -> int:
             with checkout(args.baseline) as tree:
                 trees[args.baseline] = Path(shutil.copytree(tree, f"{keep}/baseline"))
         for mode in args.mode or MODES:
-            figures = {name: _instructions(tree, mode) for name, tree in trees.items()}
+            count = _served_instructions if args.server else _instructions
+            figures = {name: count(tree, mode) for name, tree in trees.items()}
             line = ", ".join(f"{name} {n:,}" for name, n in figures.items())
             if args.baseline:
                 line += f" (now / {args.baseline}: {figures['now'] / figures[args.baseline]:.3f}x)"
-            print(f"{mode}: instructions per request: {line}", flush=True)
+            where = "served, " if args.server else ""
+            print(f"{mode}: {where}instructions per request: {line}", flush=True)
     return 0
 
 
