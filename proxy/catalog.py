@@ -32,15 +32,17 @@ _ENDPOINTS = ("chat/completions", "completions", "embeddings")
 EGRESS = "proxy.egress"  # the request extension the upstream transport reads
 
 
-def endpoint_urls(d: Deployment) -> dict[str, httpx.URL]:
-    """Where each endpoint of a deployment is: ``{base_url}/{endpoint}`` (OpenAI and
-    compatible servers), or Azure OpenAI's
+def endpoint_urls(d: Deployment) -> dict[str, tuple[httpx.URL, str]]:
+    """Where each endpoint of a deployment is, parsed and as text: ``{base_url}/{endpoint}``
+    (OpenAI and compatible servers), or Azure OpenAI's
     ``{base_url}/openai/deployments/{deployment}/{endpoint}?api-version={api_version}``."""
     if d.provider == "azure":
         base = f"{d.base_url}/openai/deployments/{d.deployment}"
         query = f"?api-version={d.api_version}"
-        return {e: httpx.URL(f"{base}/{e}{query}") for e in _ENDPOINTS}
-    return {e: httpx.URL(f"{d.base_url}/{e}") for e in _ENDPOINTS}
+        urls = {e: httpx.URL(f"{base}/{e}{query}") for e in _ENDPOINTS}
+    else:
+        urls = {e: httpx.URL(f"{d.base_url}/{e}") for e in _ENDPOINTS}
+    return {e: (url, str(url)) for e, url in urls.items()}
 
 
 def credential(d: Deployment) -> tuple[str, str] | None:
@@ -85,9 +87,9 @@ class DeploymentRoute:
     group: str
     limits: DeploymentLimits
     upstream_model: str
-    # Built once: parsed upstream URLs per endpoint and the request's extensions (the
-    # timeout, as httpx spells it, and how to reach the deployment).
-    urls: dict[str, httpx.URL]
+    # Built once: the upstream URL per endpoint (parsed, and as text) and the request's
+    # extensions (the timeout, as httpx spells it, and how to reach the deployment).
+    urls: dict[str, tuple[httpx.URL, str]]
     extensions: dict[str, object]
 
     @property
@@ -99,6 +101,10 @@ class DeploymentRoute:
         return self.config.weight
 
     def url(self, endpoint: str) -> httpx.URL:
+        return self.urls[endpoint][0]
+
+    def target(self, endpoint: str) -> tuple[httpx.URL, str]:
+        """The endpoint's URL, parsed and as text."""
         return self.urls[endpoint]
 
 

@@ -35,7 +35,7 @@ from httpx_aiohttp.transport import map_aiohttp_exceptions
 from yarl import URL
 
 from proxy.catalog import EGRESS, Egress
-from proxy.upstream.interface import HEADER_MAP, UpstreamStream
+from proxy.upstream.interface import HEADER_MAP, UpstreamRequest, UpstreamStream
 from proxy.upstream.lean import LeanTransport
 
 __all__ = [
@@ -102,7 +102,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         self._timeouts: dict[tuple[float | None, ...], aiohttp.ClientTimeout] = {}
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        url = str(request.url)
+        url = request.target if isinstance(request, UpstreamRequest) else str(request.url)
         target = self._targets.get(url)
         if target is None:
             target = self._targets[url] = _Target(url)

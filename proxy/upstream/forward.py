@@ -11,7 +11,7 @@ from proxy.catalog import EGRESS, DeploymentRoute, Egress
 from proxy.errors import UpstreamError
 from proxy.upstream.errors import map_transport_error
 from proxy.upstream.headers import request_headers
-from proxy.upstream.interface import UpstreamStream
+from proxy.upstream.interface import UpstreamRequest, UpstreamStream
 
 __all__ = ["TransportFailure", "build_request", "discard", "read_body", "send"]
 
@@ -32,7 +32,7 @@ def build_request(
     client_headers: list[tuple[str, str]],
     deployment: DeploymentRoute,
     stream: bool,
-) -> tuple[httpx.Request, bool]:
+) -> tuple[UpstreamRequest, bool]:
     """The upstream request, and whether the proxy added the usage chunk to a stream.
 
     The client's bytes go as they are unless ``model`` must change or the proxy needs the
@@ -49,16 +49,8 @@ def build_request(
     assert isinstance(egress, Egress)
     headers = request_headers(client_headers, egress.credential, egress.headers)
     headers["content-length"] = str(len(payload))
-    # A ready stream skips httpx's header defaults (each a scan of its header list): the
-    # transport (aiohttp) sets Host itself. Read at once, so ``request.content`` is there.
-    request = httpx.Request(
-        "POST",
-        deployment.url(endpoint),
-        stream=httpx.ByteStream(payload),
-        headers=headers,
-        extensions=deployment.extensions,
-    )
-    request.read()
+    url, target = deployment.target(endpoint)
+    request = UpstreamRequest(url, target, headers, payload, deployment.extensions)
     return request, add_usage
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import httpx
 
-__all__ = ["HEADER_MAP", "UpstreamStream"]
+__all__ = ["HEADER_MAP", "UpstreamRequest", "UpstreamResponse", "UpstreamStream"]
 
 # A response extension: its headers as a dict, names lowercase (the last of repeats).
 HEADER_MAP = "proxy.header_map"
@@ -16,3 +19,61 @@ class UpstreamStream(httpx.AsyncByteStream):
     async def read(self) -> bytes:
         """The whole body in one go (a buffered answer)."""
         raise NotImplementedError
+
+
+class UpstreamRequest(httpx.Request):
+    """The proxy's upstream request (``forward.build_request``): a POST whose body is in
+    hand. Its headers stay the plain dict the proxy built (``fields``, sent as they are)
+    and become an ``httpx.Headers`` only if something asks (normalising them is a tenth
+    of the lean transport's own cost); ``target`` is its URL as text."""
+
+    def __init__(
+        self,
+        url: httpx.URL,
+        target: str,
+        fields: dict[str, str],
+        payload: bytes,
+        extensions: Mapping[str, Any],
+    ) -> None:
+        super().__init__("POST", url, stream=httpx.ByteStream(payload), extensions=extensions)
+        self._content = payload  # read already
+        self.fields = fields
+        self.target = target
+        self._headers: httpx.Headers | None = None
+
+    @property
+    def headers(self) -> httpx.Headers:
+        if self._headers is None:
+            self._headers = httpx.Headers(self.fields)
+        return self._headers
+
+    @headers.setter
+    def headers(self, value: httpx.Headers) -> None:
+        self._headers = value
+
+
+class UpstreamResponse(httpx.Response):
+    """An upstream answer whose raw headers become an ``httpx.Headers`` only if something
+    asks: the proxy reads them from the ``HEADER_MAP`` extension."""
+
+    def __init__(
+        self,
+        status_code: int,
+        raw_headers: list[tuple[bytes, bytes]],
+        stream: httpx.AsyncByteStream,
+        request: httpx.Request,
+        extensions: dict[str, Any],
+    ) -> None:
+        super().__init__(status_code, stream=stream, request=request, extensions=extensions)
+        self._raw_headers = raw_headers
+        self._headers: httpx.Headers | None = None
+
+    @property
+    def headers(self) -> httpx.Headers:
+        if self._headers is None:
+            self._headers = httpx.Headers(self._raw_headers)
+        return self._headers
+
+    @headers.setter
+    def headers(self, value: httpx.Headers) -> None:
+        self._headers = value

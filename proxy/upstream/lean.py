@@ -46,7 +46,12 @@ from typing import Any, cast
 import httptools
 import httpx
 
-from proxy.upstream.interface import HEADER_MAP, UpstreamStream
+from proxy.upstream.interface import (
+    HEADER_MAP,
+    UpstreamRequest,
+    UpstreamResponse,
+    UpstreamStream,
+)
 
 __all__ = ["IDLE_EXPIRY", "TLS_IDLE_EXPIRY", "LeanTransport"]
 
@@ -536,8 +541,12 @@ class LeanTransport(httpx.AsyncBaseTransport):
             request, url, context
         )
         head = [target.prefix]
-        for name, value in request.headers.raw:
-            head.append(name + b": " + value + _CRLF)
+        if isinstance(request, UpstreamRequest):  # the proxy's: its header dict as it is
+            fields = [f"{name}: {value}\r\n" for name, value in request.fields.items()]
+            head.append("".join(fields).encode("latin-1"))
+        else:
+            for name, value in request.headers.raw:
+                head.append(name + b": " + value + _CRLF)
         head.append(_CRLF)
         try:
             head.append(request.content)
@@ -557,12 +566,12 @@ class LeanTransport(httpx.AsyncBaseTransport):
             raise
         headers = exchange.headers
         header_map = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in headers}
-        return httpx.Response(
-            status_code=exchange.status,
-            headers=headers,
-            stream=LeanStream(connection, exchange),
-            request=request,
-            extensions={**_HTTP11, HEADER_MAP: header_map},
+        return UpstreamResponse(
+            exchange.status,
+            headers,
+            LeanStream(connection, exchange),
+            request,
+            {**_HTTP11, HEADER_MAP: header_map},
         )
 
     def _target(self, request: httpx.Request, url: str, context: ssl.SSLContext | None) -> _Target:
