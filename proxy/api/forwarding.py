@@ -4,7 +4,10 @@ The hot path skips Starlette's request and response objects (and, through
 ``HotPathRouter``, the middleware stack): it reads the body from ``receive`` under the
 size limit, hands it to the pipeline, and writes the reply with ``send``. A streamed
 reply races the client's ``http.disconnect``, so a client that goes away closes the
-upstream request at once, not at the next chunk.
+upstream request at once, not at the next chunk. Under the CLI the proxy's own HTTP
+protocol (``direct.py``) runs the same endpoint without the ASGI cycle
+(``ForwardingEndpoint.serve`` with its own writer); under any other ASGI server, the
+endpoint is this plain ASGI app.
 """
 
 from __future__ import annotations
