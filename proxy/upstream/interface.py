@@ -21,7 +21,25 @@ class UpstreamStream(httpx.AsyncByteStream):
         raise NotImplementedError
 
 
-class UpstreamRequest(httpx.Request):
+class _HeadersWhenAsked:
+    """``headers`` as an ``httpx.Headers`` built from ``_header_source`` on first use
+    (httpx's constructors set it first, to an empty one, through the setter)."""
+
+    _header_source: Mapping[str, str] | list[tuple[bytes, bytes]]
+    _headers: httpx.Headers | None = None
+
+    @property
+    def headers(self) -> httpx.Headers:
+        if self._headers is None:
+            self._headers = httpx.Headers(self._header_source)
+        return self._headers
+
+    @headers.setter
+    def headers(self, value: httpx.Headers) -> None:
+        self._headers = value
+
+
+class UpstreamRequest(_HeadersWhenAsked, httpx.Request):
     """The proxy's upstream request (``forward.build_request``): a POST whose body is in
     hand. Its headers stay the plain dict the proxy built (``fields``, sent as they are)
     and become an ``httpx.Headers`` only if something asks (normalising them is a tenth
@@ -37,22 +55,12 @@ class UpstreamRequest(httpx.Request):
     ) -> None:
         super().__init__("POST", url, stream=httpx.ByteStream(payload), extensions=extensions)
         self._content = payload  # read already
-        self.fields = fields
+        self.fields = self._header_source = fields
         self.target = target
-        self._headers: httpx.Headers | None = None
-
-    @property
-    def headers(self) -> httpx.Headers:
-        if self._headers is None:
-            self._headers = httpx.Headers(self.fields)
-        return self._headers
-
-    @headers.setter
-    def headers(self, value: httpx.Headers) -> None:
-        self._headers = value
+        self._headers = None
 
 
-class UpstreamResponse(httpx.Response):
+class UpstreamResponse(_HeadersWhenAsked, httpx.Response):
     """An upstream answer whose raw headers become an ``httpx.Headers`` only if something
     asks: the proxy reads them from the ``HEADER_MAP`` extension."""
 
@@ -65,15 +73,5 @@ class UpstreamResponse(httpx.Response):
         extensions: dict[str, Any],
     ) -> None:
         super().__init__(status_code, stream=stream, request=request, extensions=extensions)
-        self._raw_headers = raw_headers
-        self._headers: httpx.Headers | None = None
-
-    @property
-    def headers(self) -> httpx.Headers:
-        if self._headers is None:
-            self._headers = httpx.Headers(self._raw_headers)
-        return self._headers
-
-    @headers.setter
-    def headers(self, value: httpx.Headers) -> None:
-        self._headers = value
+        self._header_source = raw_headers
+        self._headers = None
