@@ -12,9 +12,9 @@ before; so does every request under another ASGI server.
 
 What uvicorn's ``send`` does for a reply, this does too: the server's default headers
 (``date``), ``content-length``, ``connection: close`` when the connection ends, header
-names lower-cased and values checked for control characters, the cycle marked complete and its next
-pipelined request started; an error before the reply goes out answers 500, as
-uvicorn's ``run_asgi`` does.
+names lower-cased and values checked for control characters, the cycle marked complete
+and its next pipelined request started. uvicorn's ``run_asgi`` still runs the endpoint,
+so an error before the reply goes out answers 500 as for any app.
 """
 
 from __future__ import annotations
@@ -40,46 +40,33 @@ _PLAIN = bytes(b for b in range(256) if 32 <= b != 127) + b"\t"
 
 
 class DirectReplyProtocol(HeaderTimeoutProtocol):
-    """uvicorn's HTTP/1.1 protocol (with the header timeout) that serves POSTs to the
-    forwarding endpoints itself (``serve``); all else goes to the ASGI app."""
+    """uvicorn's HTTP/1.1 protocol (with the header timeout) whose request cycle runs a POST
+    to a forwarding endpoint directly (``_serve``); all else goes to the ASGI app."""
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
         scope = cast(Scope, cycle.scope)
         endpoint = app.forwarding(scope) if isinstance(app, HotPathRouter) else None
-        if endpoint is None or self.config.reset_contextvars:
-            super()._start_asgi_task(cycle, app)
-            return
-        task = self.loop.create_task(serve(cycle, endpoint))
-        task.add_done_callback(self.tasks.discard)
-        self.tasks.add(task)
+        if endpoint is not None:
+            # Still run by uvicorn's run_asgi: an error before the reply answers 500.
+            app = cast("ASGI3Application", partial(_serve, endpoint, cycle))
+        super()._start_asgi_task(cycle, app)
 
 
-async def serve(cycle: RequestResponseCycle, endpoint: ForwardingEndpoint) -> None:
-    """``endpoint`` on ``cycle``, with what uvicorn's ``run_asgi`` does around an app."""
-    try:
-        headers = cast(Scope, cycle.scope)["headers"]
-        await endpoint.serve(headers, _receive(cycle), partial(write_reply, cycle))
-    except BaseException as exc:
-        cycle.logger.error("Exception in ASGI application\n", exc_info=exc)
-        if not cycle.response_started:
-            await cycle.send_500_response()
-        else:
-            cycle.transport.close()
-    else:
-        if not cycle.response_started and not cycle.disconnected:
-            cycle.logger.error("ASGI callable returned without starting response.")
-            await cycle.send_500_response()
-        elif not cycle.response_complete and not cycle.disconnected:
-            cycle.logger.error("ASGI callable returned without completing response.")
-            cycle.transport.close()
-    finally:
-        cycle.on_response = lambda: None
+async def _serve(
+    endpoint: ForwardingEndpoint,
+    cycle: RequestResponseCycle,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+) -> None:
+    """``endpoint`` as the app of ``cycle``, its reply written by ``write_reply``."""
+    await endpoint.serve(scope["headers"], receive, partial(write_reply, cycle))
 
 
 async def write_reply(cycle: RequestResponseCycle, reply: Reply) -> None:
     """A buffered reply as one write; a streamed one through the cycle's ASGI ``send``."""
     if reply.stream is not None:
-        await send_reply(reply, _receive(cycle), cast(Send, cycle.send))
+        await send_reply(reply, cast(Receive, cycle.receive), cast(Send, cycle.send))
         return
     if cycle.flow.write_paused and not cycle.disconnected:
         await cycle.flow.drain()
@@ -94,10 +81,6 @@ async def write_reply(cycle: RequestResponseCycle, reply: Reply) -> None:
     if not cycle.keep_alive:
         cycle.transport.close()
     cycle.on_response()
-
-
-def _receive(cycle: RequestResponseCycle) -> Receive:
-    return cast(Receive, cycle.receive)  # uvicorn's own ASGI types name the same messages
 
 
 def _head(cycle: RequestResponseCycle, reply: Reply) -> bytes:
