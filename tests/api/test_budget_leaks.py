@@ -118,7 +118,9 @@ def test_a_client_that_leaves_while_waiting_is_noticed_at_once(
         pipeline = proxy.app.state.pipeline
         left, later = asyncio.run(scenario(proxy.base_url))
         # Their turns were up to 2.5 s away: had they waited on, they would hold their
-        # slots still (the later request's own is released once its answer is out).
+        # slots still (the later request's own is released once its answer is out: by a
+        # loop callback just after it, which may start a background task).
+        proxy.settled()
         wait_until(lambda: not pipeline.background._tasks, what="bookkeeping done")
         leases = pipeline.limiter.leases_held("k")
         waiting = pipeline.dispatcher.waiting

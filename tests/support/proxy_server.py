@@ -67,7 +67,20 @@ class ProxyInThread:
         return f"{self.url}/v1"
 
     def _run(self) -> None:
-        asyncio.run(self._server.serve(sockets=[self._sock]))
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        await self._server.serve(sockets=[self._sock])
+
+    def settled(self, timeout: float = 5.0) -> None:
+        """Return once the callbacks the proxy's loop had scheduled by now have run: the
+        bookkeeping of answers already sent (their settlement and metrics are loop
+        callbacks, run just after the answer is written)."""
+        ran = threading.Event()
+        self._loop.call_soon_threadsafe(ran.set)
+        if not ran.wait(timeout):
+            raise TimeoutError("the proxy's loop did not turn")
 
     def start(self) -> ProxyInThread:
         self._thread.start()
