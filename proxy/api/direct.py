@@ -1,14 +1,15 @@
-"""The proxy's HTTP/1.1 protocol: forwarding requests served without the ASGI cycle.
+"""The proxy's HTTP/1.1 protocol: forwarding replies written without ASGI messages.
 
 uvicorn runs every request as an ASGI app: the reply goes out as two messages, each
 checked header by header, and as two socket writes (the head, then the body). On a
 loopback or LAN hop each write wakes the client, so the second one costs a wake-up
 more per request, and at one connection the added latency is mostly such hops
 (docs/performance.md). Here a POST to a forwarding endpoint runs the endpoint directly
-on uvicorn's request cycle: its body is read through the cycle, and a buffered reply
-goes out as one block in one write. Everything else (the admin API, oversized headers,
-streamed replies, which pass through the cycle's own ``send``) takes the ASGI path as
-before; so does every request under another ASGI server.
+on uvicorn's request cycle (still under its ``run_asgi``): its body is read through
+the cycle, and a buffered reply goes out as one block in one write. Everything else
+(the admin API, oversized headers, streamed replies, which pass through the cycle's own
+``send``) takes the ASGI path as before; so does every request under another ASGI
+server.
 
 What uvicorn's ``send`` does for a reply, this does too: the server's default headers
 (``date``), ``content-length``, ``connection: close`` when the connection ends, header

@@ -5,7 +5,7 @@ The hot path skips Starlette's request and response objects (and, through
 size limit, hands it to the pipeline, and writes the reply with ``send``. A streamed
 reply races the client's ``http.disconnect``, so a client that goes away closes the
 upstream request at once, not at the next chunk. Under the CLI the proxy's own HTTP
-protocol (``direct.py``) runs the same endpoint without the ASGI cycle
+protocol (``direct.py``) runs the same endpoint without ASGI messages
 (``ForwardingEndpoint.serve`` with its own writer); under any other ASGI server, the
 endpoint is this plain ASGI app.
 """
@@ -115,7 +115,7 @@ class HotPathRouter:
 
     def forwarding(self, scope: Scope) -> ForwardingEndpoint | None:
         """The forwarding endpoint that would serve ``scope`` (None: the app would, or it
-        is refused first): what the proxy's own protocol serves without the ASGI cycle."""
+        is refused first): what the proxy's own protocol serves without ASGI messages."""
         if _oversized(scope["headers"]):
             return None
         return self._forwarding(_canonical(scope))
