@@ -13,17 +13,25 @@ reads it unchanged) and prometheus-client's own start-up and reset code; it writ
 value straight into the mmap at its known offset. A fork is still handled, once, by a
 fork hook instead of a check per write: the child reopens its own files (prometheus-
 client's reset) before it writes anything.
+
+:func:`writer` takes the metric wrappers off the request path too: ``Counter.inc``,
+``Gauge.inc`` and ``Histogram.observe`` check on every call what is settled once a
+child exists (its label values, an exemplar, a gauge's mode) and a histogram looks its
+bucket up in a Python loop. The writer calls the child's values directly, and a bisect
+finds the bucket.
 """
 
 from __future__ import annotations
 
 import os
 import struct
+from bisect import bisect_left
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import values as _prom_values
 
-__all__ = ["install"]
+__all__ = ["install", "writer"]
 
 _pack_value = struct.Struct("dd").pack_into
 _PID_CHECK = "_MmapedValue__check_for_pid_change"  # prometheus-client's private name
@@ -82,3 +90,38 @@ def _lean_class(base: Any) -> type:
 
     os.register_at_fork(after_in_child=after_fork_in_child)
     return LeanMmapedValue
+
+
+def writer(child: Any) -> Callable[[float], None]:
+    """``child.inc`` (a counter's or a gauge's labelled child) or ``child.observe`` (a
+    histogram's), writing its values directly; the child's own method where its values
+    are not laid out as this prometheus-client's are. No check of the amount: a counter's
+    caller must not pass a negative one."""
+    buckets = getattr(child, "_buckets", None)
+    if buckets is not None:
+        bounds, total = getattr(child, "_upper_bounds", None), getattr(child, "_sum", None)
+        if bounds is None or total is None or len(bounds) != len(buckets):
+            return child.observe  # type: ignore[no-any-return]
+        return _HistogramWriter(total.inc, tuple(bounds), tuple(b.inc for b in buckets))
+    if getattr(child, "_is_most_recent", False) or getattr(child, "_value", None) is None:
+        return child.inc  # type: ignore[no-any-return]
+    return child._value.inc  # type: ignore[no-any-return]
+
+
+class _HistogramWriter:
+    """``Histogram.observe``: the sum, then the first bucket whose bound is at least the
+    amount (the last bound is +Inf, so there always is one)."""
+
+    __slots__ = ("_bounds", "_buckets", "_sum")
+
+    def __init__(
+        self,
+        add_to_sum: Callable[[float], None],
+        bounds: tuple[float, ...],
+        buckets: tuple[Callable[[float], None], ...],
+    ) -> None:
+        self._sum, self._bounds, self._buckets = add_to_sum, bounds, buckets
+
+    def __call__(self, amount: float) -> None:
+        self._sum(amount)
+        self._buckets[bisect_left(self._bounds, amount)](1.0)

@@ -336,27 +336,27 @@ class Metrics:
 
     def request_finished(self, model: str, status: int, duration: float) -> None:
         """A client request was answered with ``status`` after ``duration`` seconds."""
-        self._c_requests(model, status).inc()
-        self._c_request_duration(model).observe(duration)
+        self._c_requests.writer(model, status)(1.0)
+        self._c_request_duration.writer(model)(duration)
 
     def upstream_finished(self, model: str, deployment: str, status: str, duration: float) -> None:
         """An upstream attempt ended: ``status`` is the HTTP status as a string, or
         the failure's reason (``"timeout"``...) when no response arrived."""
-        self._c_upstream(model, deployment, status).inc()
-        self._c_upstream_duration(model, deployment).observe(duration)
+        self._c_upstream.writer(model, deployment, status)(1.0)
+        self._c_upstream_duration.writer(model, deployment)(duration)
 
     def first_token(self, model: str, deployment: str, seconds: float) -> None:
-        self._c_ttft(model, deployment).observe(seconds)
+        self._c_ttft.writer(model, deployment)(seconds)
 
     def tokens(self, model: str, deployment: str, prompt: int, completion: int) -> None:
         # Both series exist from the first report on. Counters refuse negative
         # increments; a zero one is a needless mmap write.
-        prompt_total = self._c_tokens(model, deployment, "prompt")
-        completion_total = self._c_tokens(model, deployment, "completion")
+        prompt_total = self._c_tokens.writer(model, deployment, "prompt")
+        completion_total = self._c_tokens.writer(model, deployment, "completion")
         if prompt > 0:
-            prompt_total.inc(prompt)
+            prompt_total(prompt)
         if completion > 0:
-            completion_total.inc(completion)
+            completion_total(completion)
 
     def rate_limited(self, scope: str, model: str) -> None:
         """The proxy answered 429 because of ``scope``'s limit (see RATE_LIMIT_SCOPES)."""
@@ -372,15 +372,15 @@ class Metrics:
             self._c_shadow(key, limit)
 
     def queue_wait(self, model: str, seconds: float, tier: str = "0") -> None:
-        self._c_queue_wait(model).observe(seconds)
-        self._c_tier_queue_wait(model, tier).observe(seconds)
+        self._c_queue_wait.writer(model)(seconds)
+        self._c_tier_queue_wait.writer(model, tier)(seconds)
 
     def queue_depth_add(self, model: str, delta: int, tier: str = "0") -> None:
-        self._c_queue_depth(model).inc(delta)
-        self._c_tier_queue_depth(model, tier).inc(delta)
+        self._c_queue_depth.writer(model)(delta)
+        self._c_tier_queue_depth.writer(model, tier)(delta)
 
     def in_flight_add(self, model: str, deployment: str, delta: int) -> None:
-        self._c_in_flight(model, deployment).inc(delta)
+        self._c_in_flight.writer(model, deployment)(delta)
 
     # -- deployment health ------------------------------------------------------------------
 
@@ -464,15 +464,18 @@ _M = TypeVar("_M", Counter, Gauge, Histogram)
 
 class _Children(Generic[_M]):
     """A metric's labelled children, looked up in a dict keyed by the label values:
-    ``.labels()`` validates and locks on every call, too slow for the hot path."""
+    ``.labels()`` validates and locks on every call, too slow for the hot path.
+    :meth:`writer` gives a child's write with prometheus-client's checks already done."""
 
-    __slots__ = ("_children", "_metric")
+    __slots__ = ("_children", "_metric", "_writers")
     _metric: _M
     _children: dict[tuple[object, ...], _M]
+    _writers: dict[tuple[object, ...], Callable[[float], None]]
 
     def __init__(self, metric: _M) -> None:
         self._metric = metric
         self._children = {}
+        self._writers = {}
 
     def __call__(self, *values: object) -> _M:
         child = self._children.get(values)
@@ -480,10 +483,20 @@ class _Children(Generic[_M]):
             child = self._children[values] = self._metric.labels(*(str(v) for v in values))
         return child
 
+    def writer(self, *values: object) -> Callable[[float], None]:
+        """The child's ``inc`` (counter, gauge) or ``observe`` (histogram), straight to
+        its values (``metric_values.writer``). A counter's caller never passes a negative
+        amount."""
+        write = self._writers.get(values)
+        if write is None:
+            write = self._writers[values] = metric_values.writer(self(*values))
+        return write
+
     def forget(self, which: Callable[[tuple[object, ...]], bool]) -> None:
         """Remove the children whose label values ``which`` selects."""
         for values in [v for v in self._children if which(v)]:
             del self._children[values]
+            self._writers.pop(values, None)
             self._metric.remove(*(str(v) for v in values))
 
 

@@ -20,6 +20,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from support.ports import free_port
 
+from proxy import metric_values
 from proxy.metrics import (
     CONTENT_TYPE,
     MULTIPROC_ENV,
@@ -319,6 +320,55 @@ def test_the_hot_path_reuses_labelled_children(
     metrics.in_flight_add("m", "d", -1)
 
     assert sample(scrape(metrics), "llmproxy_requests_total", model="m", status="200") == 2
+
+
+def test_the_hot_path_writes_exactly_what_prometheus_clients_own_methods_write() -> None:
+    # The writers skip Counter.inc and Histogram.observe: the same amounts, through
+    # each, give the same exposition, bucket by bucket (bounds themselves included).
+    amounts = [0.0, 0.001, 0.005, 0.0051, 0.1, 0.25, 1.0, 59.9, 600.0, 600.5, 1e9]
+    ours, theirs = Metrics(), Metrics()
+    for amount in amounts:
+        ours.request_finished("m", 200, amount)
+        ours.upstream_finished("m", "d", "200", amount)
+        ours.first_token("m", "d", amount)
+        ours.queue_wait("m", amount, tier="1")
+        ours.in_flight_add("m", "d", 1)
+        theirs._requests_total.labels("m", "200").inc()
+        theirs._request_duration.labels("m").observe(amount)
+        theirs._upstream_total.labels("m", "d", "200").inc()
+        theirs._upstream_duration.labels("m", "d").observe(amount)
+        theirs._ttft.labels("m", "d").observe(amount)
+        theirs._queue_wait.labels("m").observe(amount)
+        theirs._tier_queue_wait.labels("m", "1").observe(amount)
+        theirs._in_flight.labels("m", "d").inc(1)
+    ours.queue_depth_add("m", 0, tier="1")
+    theirs._queue_depth.labels("m").inc(0)
+    theirs._tier_queue_depth.labels("m", "1").inc(0)
+
+    def values(metrics: Metrics) -> Samples:  # the _created timestamps differ, of course
+        return {k: v for k, v in scrape(metrics).items() if not k[0].endswith("_created")}
+
+    assert values(ours) == values(theirs)
+
+
+def test_a_child_laid_out_unlike_this_prometheus_client_keeps_its_own_methods() -> None:
+    class Foreign:
+        def __init__(self) -> None:
+            self.seen: list[float] = []
+
+        def inc(self, amount: float) -> None:
+            self.seen.append(amount)
+
+        def observe(self, amount: float) -> None:
+            self.seen.append(-amount)
+
+    counter = Foreign()
+    metric_values.writer(counter)(2.0)
+    histogram = Foreign()
+    histogram._buckets = [object()]  # type: ignore[attr-defined]
+    metric_values.writer(histogram)(3.0)
+
+    assert (counter.seen, histogram.seen) == ([2.0], [-3.0])
 
 
 # -- multiprocess mode ----------------------------------------------------------------------
