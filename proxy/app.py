@@ -33,15 +33,13 @@ from proxy.logs import configure_logging
 from proxy.metrics import Metrics
 from proxy.observer import StateObserver, publish_configured_state
 from proxy.pipeline import Pipeline
-from proxy.reloading import SUPERVISOR_ENV, Reloader, hold_sighup
+from proxy.reloading import Reloader, hold_sighup
 from proxy.upstream.client import create_transport
+from proxy.worker_env import CONFIG_ENV, SUPERVISOR_ENV, WORKERS_ENV
 
 __all__ = ["create_app", "create_app_from_env"]
 
 logger = logging.getLogger("proxy")
-
-CONFIG_ENV = "LLM_PROXY_CONFIG"
-WORKERS_ENV = "LLM_PROXY_WORKERS"
 
 
 def create_app(

@@ -283,10 +283,9 @@ def _serve_demo(args: argparse.Namespace, log_level: str) -> int:
 def _serve_workers(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
-    from proxy.app import CONFIG_ENV, WORKERS_ENV
     from proxy.metrics import cleanup_multiprocess_dir, prepare_multiprocess_dir
-    from proxy.reloading import SUPERVISOR_ENV
     from proxy.supervisor import run_supervised
+    from proxy.worker_env import CONFIG_ENV, SUPERVISOR_ENV, WORKERS_ENV
 
     # Set before the workers start, so each imports prometheus-client in multiprocess mode.
     metrics_dir = prepare_multiprocess_dir(args.workers)
@@ -321,8 +320,12 @@ def _run(app: Any, args: argparse.Namespace, log_level: str) -> None:
     uvicorn.run(app, **_uvicorn_options(args, log_level))
 
 
+# By name: uvicorn imports it where it serves, and the parent of several workers, which
+# does not serve, need not import the app's code for it.
+HTTP_PROTOCOL = "proxy.api.direct:DirectReplyProtocol"
+
+
 def _uvicorn_options(args: argparse.Namespace, log_level: str) -> dict[str, Any]:
-    from proxy.api.direct import DirectReplyProtocol
     from proxy.logs import logging_config
 
     return {
@@ -331,7 +334,7 @@ def _uvicorn_options(args: argparse.Namespace, log_level: str) -> dict[str, Any]
         "ssl_certfile": args.ssl_certfile,
         "ssl_keyfile": args.ssl_keyfile,
         "loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-        "http": DirectReplyProtocol,
+        "http": HTTP_PROTOCOL,
         "access_log": False,  # the proxy writes its own structured line per request
         # Workers are spawned: they get the logging set-up through uvicorn, not from us.
         "log_config": logging_config(log_level),

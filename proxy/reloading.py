@@ -36,12 +36,9 @@ from proxy.metrics import Metrics
 from proxy.observer import StateObserver, publish_configured_state
 from proxy.pipeline import Pipeline
 
-__all__ = ["SUPERVISOR_ENV", "ReloadResult", "Reloader", "hold_sighup"]
+__all__ = ["ReloadResult", "Reloader", "hold_sighup"]
 
 logger = logging.getLogger("proxy.reload")
-
-# Set by the CLI for its workers: the pid of the supervisor that passes SIGHUP on.
-SUPERVISOR_ENV = "LLM_PROXY_SUPERVISOR_PID"
 
 # How long POST /admin/reload waits for its worker's own reload once it has asked the
 # supervisor (which looks at its signals twice a second).

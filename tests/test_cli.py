@@ -282,3 +282,43 @@ def test_the_readmes_demo_config_command_serves(tmp_path: Path) -> None:
         for process in (proxy, upstream):
             os.killpg(process.pid, signal.SIGTERM)
             process.wait(timeout=15)
+
+
+# The parent of several workers does not serve: it starts them. What it imports on the
+# way delays every worker (they are spawned after it), so it must not import the app.
+PARENT_IMPORTS = """
+import sys
+import proxy.supervisor
+
+def started(config):
+    loaded = [name for name in ("proxy.app", "proxy.pipeline", "fastapi") if name in sys.modules]
+    print(" ".join(loaded) or "nothing", config.http)
+
+proxy.supervisor.run_supervised = started
+from proxy.cli import main
+sys.exit(main(["serve", "--config", sys.argv[1], "--workers", "2", "--port", "0"]))
+"""
+
+
+def test_the_parent_of_several_workers_starts_them_without_importing_the_app(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "proxy.yaml"
+    config.write_text(
+        "models:\n  - name: m\n    deployments:\n"
+        "      - {id: d, base_url: 'http://127.0.0.1:9/v1', api_key: sk-x}\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", PARENT_IMPORTS, str(config)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    loaded, protocol = done.stdout.split()
+    assert loaded == "nothing"
+    # ...and names the HTTP protocol each worker imports and serves with.
+    from uvicorn.importer import import_from_string
+
+    from proxy.api.direct import DirectReplyProtocol
+
+    assert import_from_string(protocol) is DirectReplyProtocol
