@@ -180,6 +180,7 @@ def _served_instructions(source: Path, mode: str) -> int:
     import yaml
 
     from loadtest.bench.servers import http_ok, proxy_config, servers
+    from loadtest.bench.wrk import API_KEY
     from loadtest.topology import LOOPBACK, free_port
 
     with tempfile.TemporaryDirectory() as tmp, servers(Path(tmp)) as (procs, upstream, redis):
@@ -205,7 +206,7 @@ def _served_instructions(source: Path, mode: str) -> int:
             if proxy.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"the proxy did not start:\n{procs.log('proxy')[-2000:]}")
             time.sleep(0.5)
-        with _Client(port) as client:
+        with _Client(port, API_KEY) as client:
             client.send(200)
             _callgrind(proxy.pid, "-i", "on")
             client.send(_SERVED)
@@ -228,13 +229,14 @@ def _callgrind(pid: int, *command: str) -> None:
 class _Client:
     """One keep-alive connection posting the benchmark's request, one at a time."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, api_key: str) -> None:
         import http.client
 
         self._connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        self._api_key = api_key
 
     def send(self, count: int) -> None:
-        headers = {"Content-Type": "application/json", "Authorization": "Bearer sk-bench-client"}
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self._api_key}"}
         for _ in range(count):
             self._connection.request("POST", "/v1/chat/completions", _REQUEST, headers)
             response = self._connection.getresponse()

@@ -100,9 +100,6 @@ class DeploymentRoute:
     def weight(self) -> float:
         return self.config.weight
 
-    def url(self, endpoint: str) -> httpx.URL:
-        return self.urls[endpoint][0]
-
     def target(self, endpoint: str) -> tuple[httpx.URL, str]:
         """The endpoint's URL, parsed and as text."""
         return self.urls[endpoint]

@@ -81,11 +81,12 @@ def test_azure_deployments_are_reached_by_deployment_name_api_version_and_api_ke
     plain = {"id": "oa", "base_url": "https://api.openai.com/v1", "api_key": "sk-1"}
     settings = settings_from({"models": [{"name": "m", "deployments": [azure, plain]}]})
     az, oa = Catalog(settings).groups["m"].deployments
-    assert str(az.url("chat/completions")) == (
+    assert str(az.target("chat/completions")[0]) == (
         "https://r.openai.azure.com/openai/deployments/gpt-4o-prod/chat/completions"
         "?api-version=2024-10-21"
     )
-    assert str(az.url("embeddings")).endswith("/gpt-4o-prod/embeddings?api-version=2024-10-21")
+    embeddings, _ = az.target("embeddings")
+    assert str(embeddings).endswith("/gpt-4o-prod/embeddings?api-version=2024-10-21")
     assert credential(az.config) == ("api-key", "azure-secret")
-    assert str(oa.url("completions")) == "https://api.openai.com/v1/completions"
+    assert str(oa.target("completions")[0]) == "https://api.openai.com/v1/completions"
     assert credential(oa.config) == ("authorization", "Bearer sk-1")
