@@ -25,7 +25,6 @@ from proxy.config import (
     Settings,
     config_warnings,
     load_settings,
-    parse_settings,
 )
 from proxy.ports import listen_problem
 from proxy.startup import (
@@ -90,7 +89,8 @@ def _parser() -> argparse.ArgumentParser:
         "serve",
         help="serve the proxy",
         description="Serve the proxy. Without --config: the embedded demo (the built-in fake\n"
-        "upstream on 127.0.0.1:8001, the in-memory limiter, no client keys).",
+        "upstream on 127.0.0.1:8001, limited to 2 requests a second; the in-memory limiter;\n"
+        "a demo client key and admin key). It prints what to try.",
         epilog=SERVE_ENVIRONMENT,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -167,26 +167,6 @@ def _summary(path: str, settings: Settings) -> str:
     return "\n".join(lines)
 
 
-def demo_settings(upstream_url: str) -> Settings:
-    """The embedded demo: one model, two deployments on the built-in fake upstream."""
-    deployment: dict[str, Any] = {"base_url": f"{upstream_url}/v1", "rpm": 600, "tpm": 1_000_000}
-    return parse_settings(
-        {
-            "models": [
-                {
-                    "name": "gpt-4o-mini",
-                    "deployments": [
-                        {"id": "fake-a", "api_key": "fake-key-a", **deployment},
-                        {"id": "fake-b", "api_key": "fake-key-b", **deployment},
-                    ],
-                }
-            ],
-            "routing": {"max_wait": "10s"},
-        },
-        source="<embedded demo>",
-    )
-
-
 def _resolve_options(args: argparse.Namespace) -> None:
     """Fill what the command line left out from the environment, then check it all."""
     if args.host is None:
@@ -261,6 +241,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _serve_demo(args: argparse.Namespace, log_level: str) -> int:
     from proxy.app import create_app
+    from proxy.demo import demo_settings, instructions, upstream_options
     from proxy.fake_upstream import FakeUpstreamConfig, run_in_thread
 
     if args.workers > 1:
@@ -271,13 +252,24 @@ def _serve_demo(args: argparse.Namespace, log_level: str) -> int:
     )
     if problem is not None:
         raise StartupError(problem)
-    upstream = run_in_thread(FakeUpstreamConfig(port=port))
+    upstream = run_in_thread(FakeUpstreamConfig(port=port, **upstream_options()))
     logger.info("Demo: built-in fake upstream at %s", upstream.url)
     try:
-        _run(create_app(demo_settings(upstream.url), tune_gc=True), args, log_level)
+        app = create_app(demo_settings(upstream.url), tune_gc=True)
+        print(instructions(_url(args), upstream.url), flush=True)
+        _run(app, args, log_level)
     finally:
         upstream.stop()
     return 0
+
+
+def _url(args: argparse.Namespace) -> str:
+    """Where a client on this machine reaches the server that ``args`` describe."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(args.host, args.host)
+    if ":" in host:
+        host = f"[{host}]"
+    scheme = "https" if args.ssl_certfile else "http"
+    return f"{scheme}://{host}:{args.port}"
 
 
 def _serve_workers(args: argparse.Namespace, settings: Settings) -> int:

@@ -26,7 +26,7 @@ ROOT = Path(__file__).parent.parent
 def test_check_config_prints_a_summary(capsys: object) -> None:
     assert main(["check-config", str(ROOT / "config" / "demo.yaml")]) == 0
     out = capsys.readouterr().out  # type: ignore[attr-defined]
-    assert "OK" in out and "gpt-4o-mini: fake-a, fake-b" in out
+    assert "OK" in out and "gpt-4o-mini: fake-openai" in out
 
 
 def test_check_config_lists_every_problem_and_exits_1(tmp_path: Path, capsys: object) -> None:
@@ -92,7 +92,8 @@ def test_readme_sdk_example_works_against_the_demo(tmp_path: Path) -> None:
         lines = [line for line in result.stdout.splitlines() if line.strip()]
         assert len(lines) == 2  # a completion, then a streamed completion
         # The README's `.venv/bin/python example.py`: the same example, as a file.
-        env = {**os.environ, "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1"}
+        env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+        env["OPENAI_BASE_URL"] = f"http://127.0.0.1:{port}/v1"  # the demo key: its default
         result = subprocess.run(
             [sys.executable, str(ROOT / "example.py")],
             capture_output=True,
@@ -260,8 +261,8 @@ def _answers(url: str, trusted: ssl.SSLContext) -> bool:
 
 
 def test_the_readmes_demo_config_command_serves(tmp_path: Path) -> None:
-    """`llm-proxy fake-upstream --port 8001 &` then `serve --config config/demo.yaml ...`
-    (ports moved to free ones through the config's own variable)."""
+    """`llm-proxy fake-upstream --port 8001 ... &` then `serve --config config/demo.yaml ...`
+    (ports moved to free ones through the config's own variable), with the demo's key."""
     upstream_port, port = free_port(), free_port()
     env = {**os.environ, "FAKE_UPSTREAM_URL": f"http://127.0.0.1:{upstream_port}"}
     upstream = subprocess.Popen(
@@ -276,7 +277,12 @@ def test_the_readmes_demo_config_command_serves(tmp_path: Path) -> None:
     try:
         _wait_ready(f"http://127.0.0.1:{port}/health/ready", proxy)
         body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
-        answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=10)
+        answer = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json=body,
+            headers={"authorization": "Bearer demo-key"},
+            timeout=10,
+        )
         assert answer.status_code == 200, answer.text
     finally:
         for process in (proxy, upstream):
