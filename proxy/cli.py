@@ -18,6 +18,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from proxy.config import (
@@ -76,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
     if args.command == "check-config":
         return _check_config(args.path)
+    if args.command == "showcase":
+        return _showcase(args)
     parser.print_help()
     return 2
 
@@ -134,7 +137,41 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "fake-upstream", help="run the built-in fake OpenAI upstream (see its --help)"
     )
+    show = commands.add_parser(
+        "showcase",
+        help="naive client calls vs the same through the proxy, side by side",
+        description="The same concurrent calls by the OpenAI SDK (its default retries),"
+        " straight at a strict fake upstream and through the proxy: a table, and a"
+        " timeline PNG (needs matplotlib; `make showcase` installs it).",
+    )
+    show.add_argument("--calls", type=int, default=10, help="concurrent calls (10)")
+    show.add_argument("--rps", type=int, default=2, help="the upstream's requests a second (2)")
+    show.add_argument(
+        "--latency", default="2-5", help="the upstream's answer time, seconds: 3 or 2-5 (2-5)"
+    )
+    show.add_argument("--retries", type=int, default=2, help="the client's retries (2)")
+    show.add_argument(
+        "--png", default="showcase.png", help="where to draw the timeline (showcase.png)"
+    )
     return parser
+
+
+def _showcase(args: argparse.Namespace) -> int:
+    from proxy.fake_upstream import parse_latency
+    from proxy.showcase.command import showcase
+    from proxy.showcase.scenario import Scenario
+
+    try:
+        latency = parse_latency(args.latency)
+    except ValueError as exc:
+        print(f"llm-proxy showcase: --latency {args.latency!r}: {exc}", file=sys.stderr)
+        return 2
+    low, high = latency if isinstance(latency, tuple) else (latency, latency)
+    if args.calls < 1 or args.rps < 1 or args.retries < 0:
+        print("llm-proxy showcase: --calls and --rps >= 1, --retries >= 0", file=sys.stderr)
+        return 2
+    scenario = Scenario(args.calls, args.rps, (low, high), args.retries)
+    return showcase(scenario, Path(args.png) if args.png else None)
 
 
 def _check_config(path: str) -> int:
