@@ -29,8 +29,8 @@ from proxy.config import (
 )
 from proxy.ports import listen_problem
 from proxy.startup import (
+    Problems,
     StartupError,
-    env_int,
     tls_problem,
     warn_about_unreachable_upstreams,
 )
@@ -73,7 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return _serve(args)
         except StartupError as exc:
-            print(f"llm-proxy: {exc}", file=sys.stderr)
+            for problem in exc.problems:
+                print(f"llm-proxy: {problem}", file=sys.stderr)
             return 1
     if args.command == "check-config":
         return _check_config(args.path)
@@ -204,29 +205,53 @@ def _summary(path: str, settings: Settings) -> str:
     return "\n".join(lines)
 
 
-def _resolve_options(args: argparse.Namespace) -> None:
-    """Fill what the command line left out from the environment, then check it all."""
+def _resolve_options(args: argparse.Namespace) -> str:
+    """Fill what the command line left out from the environment, then check it all: every
+    problem is reported, one line each. Returns the start-up's log level."""
+    problems = Problems()
     if args.host is None:
         args.host = os.environ.get("LLM_PROXY_HOST", "").strip() or "127.0.0.1"
     if args.port is None:
-        args.port = env_int("LLM_PROXY_PORT", 8000)
+        args.port = problems.env_int("LLM_PROXY_PORT", 8000)
     if args.workers is None:
-        args.workers = env_int("LLM_PROXY_WORKERS", 1)
-    if args.workers < 1:
-        raise StartupError(
+        args.workers = problems.env_int("LLM_PROXY_WORKERS", 1)
+    if args.workers is not None and args.workers < 1:
+        problems.add(
             f"{args.workers} workers: pass --workers N or set LLM_PROXY_WORKERS=N (N >= 1)"
         )
     args.ssl_certfile = args.ssl_certfile or os.environ.get("LLM_PROXY_SSL_CERTFILE") or None
     args.ssl_keyfile = args.ssl_keyfile or os.environ.get("LLM_PROXY_SSL_KEYFILE") or None
-    problem = tls_problem(args.ssl_certfile, args.ssl_keyfile) or listen_problem(
-        args.host,
-        args.port,
-        "the proxy",
-        port_fix="pass --port N or set LLM_PROXY_PORT=N",
-        host_fix="pass --host ADDRESS or set LLM_PROXY_HOST=ADDRESS",
-    )
-    if problem is not None:
-        raise StartupError(problem)
+    problems.add(tls_problem(args.ssl_certfile, args.ssl_keyfile))
+    if args.port is not None:
+        problems.add(
+            listen_problem(
+                args.host,
+                args.port,
+                "the proxy",
+                port_fix="pass --port N or set LLM_PROXY_PORT=N",
+                host_fix="pass --host ADDRESS or set LLM_PROXY_HOST=ADDRESS",
+            )
+        )
+    if args.config is None:
+        if args.workers is not None and args.workers > 1:
+            problems.add("the embedded demo runs one worker; pass --config for more")
+        args.demo_upstream_port = problems.env_int(DEMO_UPSTREAM_PORT_ENV, DEMO_UPSTREAM_PORT)
+        if args.demo_upstream_port is not None:
+            problems.add(
+                listen_problem(
+                    "127.0.0.1",
+                    args.demo_upstream_port,
+                    "the demo's fake upstream",
+                    port_fix=f"set {DEMO_UPSTREAM_PORT_ENV}=N",
+                )
+            )
+    log_level = os.environ.get(LOG_LEVEL_ENV, "").strip().lower() or "info"
+    try:
+        _configure_logging(log_level, LOG_LEVEL_ENV)
+    except StartupError as exc:
+        problems.add(str(exc))
+    problems.raise_any()
+    return log_level
 
 
 def _configure_logging(level: str, where: str) -> None:
@@ -241,9 +266,7 @@ def _configure_logging(level: str, where: str) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    _resolve_options(args)
-    log_level = os.environ.get(LOG_LEVEL_ENV, "").strip().lower() or "info"
-    _configure_logging(log_level, LOG_LEVEL_ENV)
+    log_level = _resolve_options(args)
     if args.config is None:
         return _serve_demo(args, log_level)
     try:
@@ -281,15 +304,9 @@ def _serve_demo(args: argparse.Namespace, log_level: str) -> int:
     from proxy.demo import demo_settings, instructions, upstream_options
     from proxy.fake_upstream import FakeUpstreamConfig, run_in_thread
 
-    if args.workers > 1:
-        raise StartupError("the embedded demo runs one worker; pass --config for more")
-    port = env_int(DEMO_UPSTREAM_PORT_ENV, DEMO_UPSTREAM_PORT)
-    problem = listen_problem(
-        "127.0.0.1", port, "the demo's fake upstream", port_fix=f"set {DEMO_UPSTREAM_PORT_ENV}=N"
-    )
-    if problem is not None:
-        raise StartupError(problem)
-    upstream = run_in_thread(FakeUpstreamConfig(port=port, **upstream_options()))
+    # _resolve_options checked the port (and that the demo runs one worker).
+    config = FakeUpstreamConfig(port=args.demo_upstream_port, **upstream_options())
+    upstream = run_in_thread(config)
     logger.info("Demo: built-in fake upstream at %s", upstream.url)
     try:
         app = create_app(demo_settings(upstream.url), tune_gc=True)

@@ -209,6 +209,46 @@ def test_a_start_up_mistake_is_one_line_saying_what_to_change(
     assert says in lines[0]
 
 
+def test_every_start_up_problem_is_its_own_line() -> None:
+    """Two busy ports and two bad variables: four lines, not only the first."""
+    with _listening() as proxy_port, _listening() as upstream_port:
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("LLM_PROXY_")}
+        environment["LLM_PROXY_DEMO_UPSTREAM_PORT"] = str(upstream_port.getsockname()[1])
+        environment["LLM_PROXY_LOG_LEVEL"] = "loud"
+        environment["LLM_PROXY_WORKERS"] = "two"
+        result = subprocess.run(
+            [sys.executable, "-m", "proxy", "serve", "--port", str(proxy_port.getsockname()[1])],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=environment,
+        )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 4, result.stderr
+    assert all(line.startswith("llm-proxy: ") for line in lines)
+    assert "LLM_PROXY_WORKERS='two' is not a whole number" in lines[0]
+    assert "already in use" in lines[1] and "LLM_PROXY_PORT=N" in lines[1]
+    assert "already in use" in lines[2] and "LLM_PROXY_DEMO_UPSTREAM_PORT=N" in lines[2]
+    assert "unknown log level 'loud'" in lines[3]
+
+
+def test_two_variables_that_are_not_numbers_are_two_lines() -> None:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("LLM_PROXY_")}
+    environment.update(LLM_PROXY_PORT="eighty", LLM_PROXY_DEMO_UPSTREAM_PORT="x")
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=environment,
+    )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 2, result.stderr
+    assert "LLM_PROXY_PORT='eighty'" in lines[0] and "LLM_PROXY_DEMO_UPSTREAM_PORT='x'" in lines[1]
+
+
 def test_serve_help_describes_every_option_and_variable() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "proxy", "serve", "--help"], capture_output=True, text=True
