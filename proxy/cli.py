@@ -1,13 +1,15 @@
-"""``llm-proxy``: serve, check-config, and the built-in fake upstream.
+"""``llm-proxy``: serve, check-config, the built-in fake upstream, and the showcase.
 
     llm-proxy serve [--config PATH] [--host H] [--port P] [--workers N]
                     [--ssl-certfile PEM --ssl-keyfile PEM]
     llm-proxy check-config PATH
     llm-proxy fake-upstream [options]      (see docs/fake_upstream.md)
+    llm-proxy showcase [--calls N] [--rps N] [--latency S] [--retries N] [--png PATH]
 
-``serve`` without ``--config`` runs the embedded demo: the built-in fake upstream in the
-same process and an in-memory limiter, so nothing else is needed. Whatever stops a start
-(proxy/ports.py, proxy/startup.py) is one line on stderr naming what to change, exit 1.
+``serve`` without ``--config`` runs the embedded demo (proxy/demo.py): the built-in fake
+upstream in the same process and an in-memory limiter, so nothing else is needed; it
+prints what to try. Whatever stops a start (proxy/ports.py, proxy/startup.py) is one line
+on stderr per problem, each naming what to change, exit 1.
 """
 
 from __future__ import annotations
