@@ -154,7 +154,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     show.add_argument("--retries", type=int, default=2, help="the client's retries (2)")
     show.add_argument(
-        "--png", default="showcase.png", help="where to draw the timeline (showcase.png)"
+        "--png",
+        default="showcase.png",
+        help="where to draw the timeline (showcase.png; '': no picture)",
     )
     return parser
 
@@ -170,8 +172,12 @@ def _showcase(args: argparse.Namespace) -> int:
         print(f"llm-proxy showcase: --latency {args.latency!r}: {exc}", file=sys.stderr)
         return 2
     low, high = latency if isinstance(latency, tuple) else (latency, latency)
-    if args.calls < 1 or args.rps < 1 or args.retries < 0:
-        print("llm-proxy showcase: --calls and --rps >= 1, --retries >= 0", file=sys.stderr)
+    # Bounded: it is a demonstration on this machine, not a load test.
+    if not (1 <= args.calls <= 1000 and 1 <= args.rps <= 1000 and 0 <= args.retries <= 10):
+        print("llm-proxy showcase: --calls 1-1000, --rps 1-1000, --retries 0-10", file=sys.stderr)
+        return 2
+    if high > 60:
+        print("llm-proxy showcase: --latency at most 60 s", file=sys.stderr)
         return 2
     scenario = Scenario(args.calls, args.rps, (low, high), args.retries)
     return showcase(scenario, Path(args.png) if args.png else None)
