@@ -44,7 +44,9 @@ def _served() -> set[str]:
 def test_every_endpoint_the_router_serves_is_in_the_readmes_list_and_no_other() -> None:
     listed = _section((ROOT / "README.md").read_text(), "### Endpoints")
     documented = set(re.findall(r"^\| `([A-Z]+ /[^`]*)`", listed, re.M))
-    assert documented == _served()
+    served = _served()
+    assert served - documented == set(), "served, missing from the README's ### Endpoints"
+    assert documented - served == set(), "in the README's ### Endpoints, not served"
 
 
 # --- observability.md: the metrics -------------------------------------------------------
