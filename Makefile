@@ -59,11 +59,11 @@ stack: install-dev
 stack-locust: install-dev
 	$(BIN)/python -m loadtest.stack locust
 
-# matplotlib draws the chart; tensorzero is the peer gateway (its wheel embeds the Rust
-# gateway). Only the benchmark needs them; without tensorzero it runs, the peer row says why.
+# tensorzero is the peer gateway (its wheel embeds the Rust gateway); only the benchmark
+# needs it; without it the bench runs, the peer row says why. (matplotlib, which draws the
+# chart, comes with the dev extra: the showcase's tests draw too.)
 TENSORZERO ?= tensorzero==2026.6.0
 $(VENV)/.bench: $(VENV)/.dev
-	$(BIN)/pip install -q matplotlib
 	$(BIN)/pip install -q '$(TENSORZERO)' \
 		|| echo "could not install $(TENSORZERO): the bench will run without its peer" >&2
 	touch $@
