@@ -29,7 +29,11 @@ def showcase(scenario: Scenario, png: Path | None) -> int:
         f" {low:g}-{high:g} s: straight, and through the proxy ...",
         flush=True,
     )
-    sides = asyncio.run(run(scenario))
+    try:
+        sides = asyncio.run(run(scenario))
+    except RuntimeError as exc:  # a child that did not start: what it said
+        print(f"llm-proxy showcase: {exc}", file=sys.stderr)
+        return 1
     print(table([summarize(side) for side in sides]))
     if png is None:
         return 0

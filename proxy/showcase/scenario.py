@@ -76,7 +76,7 @@ async def run(scenario: Scenario) -> list[Side]:
     proxy = f"http://127.0.0.1:{proxy_port}"
     with (
         tempfile.TemporaryDirectory(prefix="llm-proxy-showcase-") as workdir,
-        _Children() as children,
+        _Children(Path(workdir)) as children,
     ):
         config = Path(workdir) / "proxy.yaml"
         config.write_text(yaml.safe_dump(proxy_config(proxied_upstream, scenario)))
@@ -119,27 +119,30 @@ def _rejected(upstream_url: str) -> int:
 
 
 class _Children:
-    """``llm-proxy`` child processes, ended when the block ends."""
+    """``llm-proxy`` child processes, ended when the block ends; their stderr in
+    ``log_dir`` (a file: a pipe nobody reads could fill and stall them)."""
 
-    def __init__(self) -> None:
-        self._started: list[tuple[subprocess.Popen[bytes], str, list[str]]] = []
+    def __init__(self, log_dir: Path) -> None:
+        self._log_dir = log_dir
+        self._started: list[tuple[subprocess.Popen[bytes], str, list[str], Path]] = []
 
     def start(self, argv: list[str], ready_url: str) -> None:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "proxy", *argv],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env={**os.environ, "LLM_PROXY_LOG_LEVEL": "warning"},
-        )
-        self._started.append((process, ready_url, argv))
+        log = self._log_dir / f"child-{len(self._started)}.log"
+        with log.open("wb") as stderr:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "proxy", *argv],
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                env={**os.environ, "LLM_PROXY_LOG_LEVEL": "warning"},
+            )
+        self._started.append((process, ready_url, argv, log))
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT
-        for process, url, argv in self._started:
+        for process, url, argv, log in self._started:
             while not _answers(url):
                 if process.poll() is not None:
-                    assert process.stderr is not None
-                    error = process.stderr.read().decode(errors="replace").strip()
+                    error = log.read_text(errors="replace").strip()
                     raise RuntimeError(f"llm-proxy {shlex.join(argv)} stopped: {error}")
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"nothing answered at {url} within {START_TIMEOUT:g} s")
@@ -149,16 +152,14 @@ class _Children:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for process, _, _ in self._started:
+        for process, *_ in self._started:
             process.terminate()
-        for process, _, _ in self._started:
+        for process, *_ in self._started:
             try:
                 process.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-            if process.stderr is not None:
-                process.stderr.close()
 
 
 def _answers(url: str) -> bool:
