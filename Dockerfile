@@ -2,12 +2,13 @@
 # The proxy image (also runs the fake upstream: `llm-proxy fake-upstream`).
 #
 #   docker build -t llm-proxy .
+#   docker run -p 8000:8000 llm-proxy       # the embedded demo, as `make demo` (it prints what to try)
 #   docker run -p 8000:8000 -v $PWD/my.yaml:/etc/llm-proxy/config.yaml:ro \
-#       -e LLM_PROXY_WORKERS=2 llm-proxy
+#       -e LLM_PROXY_WORKERS=2 llm-proxy llm-proxy serve --config /etc/llm-proxy/config.yaml
 #
-# The default config is config/demo.yaml (fake upstream at FAKE_UPSTREAM_URL); mount yours
-# at /etc/llm-proxy/config.yaml. LLM_PROXY_PORT (8000) and LLM_PROXY_WORKERS (1) are read
-# by `llm-proxy serve`.
+# The default command serves the embedded demo (its fake upstream inside the container);
+# pass `llm-proxy serve --config PATH` to serve your config. LLM_PROXY_PORT (8000) and
+# LLM_PROXY_WORKERS (1) are read by `llm-proxy serve`.
 
 ARG PYTHON_IMAGE=python:3.12-slim
 
@@ -34,7 +35,6 @@ RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
  && groupadd --system --gid 10001 llmproxy \
  && useradd --system --uid 10001 --gid llmproxy --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin llmproxy
-COPY config/demo.yaml /etc/llm-proxy/config.yaml
 USER 10001:10001
 WORKDIR /tmp
 EXPOSE 8000
@@ -42,4 +42,4 @@ EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health/live' % os.environ.get('LLM_PROXY_PORT', '8000'), timeout=2)"]
 # Exec form, no shell: SIGTERM reaches uvicorn (PID 1), which drains in-flight requests.
-CMD ["llm-proxy", "serve", "--config", "/etc/llm-proxy/config.yaml"]
+CMD ["llm-proxy", "serve"]

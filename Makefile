@@ -1,11 +1,12 @@
 # The two commands of the README:
 #   make demo   install and start the proxy on the embedded demo (fake upstream, no Redis)
 #   make test   install what the tests need and run the whole suite
+# and what the proxy is for, measured: make showcase (a table and showcase.png, here).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint format install install-dev bench bench-compare stack clean
+.PHONY: demo test lint format install install-dev bench bench-compare stack clean showcase
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +25,15 @@ install-dev: $(VENV)/.dev
 
 demo: install
 	$(BIN)/llm-proxy serve
+
+# The showcase's client is the OpenAI SDK (the demo install has it); matplotlib draws
+# its timeline and is not a dependency of the proxy.
+$(VENV)/.showcase: $(VENV)/.runtime
+	$(BIN)/pip install -q matplotlib
+	touch $@
+
+showcase: $(VENV)/.showcase
+	$(BIN)/llm-proxy showcase
 
 test: install-dev
 	$(BIN)/pytest -q
@@ -49,11 +59,11 @@ stack: install-dev
 stack-locust: install-dev
 	$(BIN)/python -m loadtest.stack locust
 
-# matplotlib draws the chart; tensorzero is the peer gateway (its wheel embeds the Rust
-# gateway). Only the benchmark needs them; without tensorzero it runs, the peer row says why.
+# tensorzero is the peer gateway (its wheel embeds the Rust gateway); only the benchmark
+# needs it; without it the bench runs, the peer row says why. (matplotlib, which draws the
+# chart, comes with the dev extra: the showcase's tests draw too.)
 TENSORZERO ?= tensorzero==2026.6.0
 $(VENV)/.bench: $(VENV)/.dev
-	$(BIN)/pip install -q matplotlib
 	$(BIN)/pip install -q '$(TENSORZERO)' \
 		|| echo "could not install $(TENSORZERO): the bench will run without its peer" >&2
 	touch $@

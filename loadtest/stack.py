@@ -215,14 +215,16 @@ class Stack:
         return "\n".join(lines)
 
     def usage(self) -> str:
-        """How to use the running stack: its client keys and a headless Locust command
-        (the README's), pointing at this balancer."""
+        """How to use the running stack: its client keys, the README's example.py and a
+        headless Locust command (the README's), pointing at this balancer."""
         keys = self.plan["locust-master"].env.get("LOCUST_API_KEYS", "")
         csv = os.path.relpath(self.workdir / "locust", Path.cwd())
         return "\n".join(
             [
                 f"proxy (through the balancer): {self.lb_url}/v1",
                 f"client keys (config/stack/proxy.yaml): {keys.replace(',', ', ')}",
+                "the README's example (the OpenAI SDK): OPENAI_BASE_URL="
+                f"{self.lb_url}/v1 OPENAI_API_KEY={keys.split(',')[0]} .venv/bin/python example.py",
                 "headless Locust (the keys are its defaults): .venv/bin/locust -f"
                 " loadtest/locustfile.py --headless -u 250 -r 60 -t 60s"
                 f" --host {self.lb_url} --processes 2 --csv {csv}",

@@ -1,13 +1,15 @@
-"""``llm-proxy``: serve, check-config, and the built-in fake upstream.
+"""``llm-proxy``: serve, check-config, the built-in fake upstream, and the showcase.
 
     llm-proxy serve [--config PATH] [--host H] [--port P] [--workers N]
                     [--ssl-certfile PEM --ssl-keyfile PEM]
     llm-proxy check-config PATH
     llm-proxy fake-upstream [options]      (see docs/fake_upstream.md)
+    llm-proxy showcase [--calls N] [--rps N] [--latency S] [--retries N] [--png PATH]
 
-``serve`` without ``--config`` runs the embedded demo: the built-in fake upstream in the
-same process and an in-memory limiter, so nothing else is needed. Whatever stops a start
-(proxy/ports.py, proxy/startup.py) is one line on stderr naming what to change, exit 1.
+``serve`` without ``--config`` runs the embedded demo (proxy/demo.py): the built-in fake
+upstream in the same process and an in-memory limiter, so nothing else is needed; it
+prints what to try. Whatever stops a start (proxy/ports.py, proxy/startup.py) is one line
+on stderr per problem, each naming what to change, exit 1.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from proxy.config import (
@@ -25,12 +28,11 @@ from proxy.config import (
     Settings,
     config_warnings,
     load_settings,
-    parse_settings,
 )
 from proxy.ports import listen_problem
 from proxy.startup import (
+    Problems,
     StartupError,
-    env_int,
     tls_problem,
     warn_about_unreachable_upstreams,
 )
@@ -73,10 +75,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return _serve(args)
         except StartupError as exc:
-            print(f"llm-proxy: {exc}", file=sys.stderr)
+            for problem in exc.problems:
+                print(f"llm-proxy: {problem}", file=sys.stderr)
             return 1
     if args.command == "check-config":
         return _check_config(args.path)
+    if args.command == "showcase":
+        return _showcase(args)
     parser.print_help()
     return 2
 
@@ -90,7 +95,8 @@ def _parser() -> argparse.ArgumentParser:
         "serve",
         help="serve the proxy",
         description="Serve the proxy. Without --config: the embedded demo (the built-in fake\n"
-        "upstream on 127.0.0.1:8001, the in-memory limiter, no client keys).",
+        "upstream on 127.0.0.1:8001, limited to 2 requests a second; the in-memory limiter;\n"
+        "a demo client key and admin key). It prints what to try.",
         epilog=SERVE_ENVIRONMENT,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -134,7 +140,47 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "fake-upstream", help="run the built-in fake OpenAI upstream (see its --help)"
     )
+    show = commands.add_parser(
+        "showcase",
+        help="naive client calls vs the same through the proxy, side by side",
+        description="The same concurrent calls by the OpenAI SDK (its default retries),"
+        " straight at a strict fake upstream and through the proxy: a table, and a"
+        " timeline PNG (needs matplotlib; `make showcase` installs it).",
+    )
+    show.add_argument("--calls", type=int, default=10, help="concurrent calls (10)")
+    show.add_argument("--rps", type=int, default=2, help="the upstream's requests a second (2)")
+    show.add_argument(
+        "--latency", default="2-5", help="the upstream's answer time, seconds: 3 or 2-5 (2-5)"
+    )
+    show.add_argument("--retries", type=int, default=2, help="the client's retries (2)")
+    show.add_argument(
+        "--png",
+        default="showcase.png",
+        help="where to draw the timeline (showcase.png; '': no picture)",
+    )
     return parser
+
+
+def _showcase(args: argparse.Namespace) -> int:
+    from proxy.fake_upstream import parse_latency
+    from proxy.showcase.command import showcase
+    from proxy.showcase.scenario import Scenario
+
+    try:
+        latency = parse_latency(args.latency)
+    except ValueError as exc:
+        print(f"llm-proxy showcase: --latency {args.latency!r}: {exc}", file=sys.stderr)
+        return 2
+    low, high = latency if isinstance(latency, tuple) else (latency, latency)
+    # Bounded: it is a demonstration on this machine, not a load test.
+    if not (1 <= args.calls <= 1000 and 1 <= args.rps <= 1000 and 0 <= args.retries <= 10):
+        print("llm-proxy showcase: --calls 1-1000, --rps 1-1000, --retries 0-10", file=sys.stderr)
+        return 2
+    if high > 60:
+        print("llm-proxy showcase: --latency at most 60 s", file=sys.stderr)
+        return 2
+    scenario = Scenario(args.calls, args.rps, (low, high), args.retries)
+    return showcase(scenario, Path(args.png) if args.png else None)
 
 
 def _check_config(path: str) -> int:
@@ -167,49 +213,53 @@ def _summary(path: str, settings: Settings) -> str:
     return "\n".join(lines)
 
 
-def demo_settings(upstream_url: str) -> Settings:
-    """The embedded demo: one model, two deployments on the built-in fake upstream."""
-    deployment: dict[str, Any] = {"base_url": f"{upstream_url}/v1", "rpm": 600, "tpm": 1_000_000}
-    return parse_settings(
-        {
-            "models": [
-                {
-                    "name": "gpt-4o-mini",
-                    "deployments": [
-                        {"id": "fake-a", "api_key": "fake-key-a", **deployment},
-                        {"id": "fake-b", "api_key": "fake-key-b", **deployment},
-                    ],
-                }
-            ],
-            "routing": {"max_wait": "10s"},
-        },
-        source="<embedded demo>",
-    )
-
-
-def _resolve_options(args: argparse.Namespace) -> None:
-    """Fill what the command line left out from the environment, then check it all."""
+def _resolve_options(args: argparse.Namespace) -> str:
+    """Fill what the command line left out from the environment, then check it all: every
+    problem is reported, one line each. Returns the start-up's log level."""
+    problems = Problems()
     if args.host is None:
         args.host = os.environ.get("LLM_PROXY_HOST", "").strip() or "127.0.0.1"
     if args.port is None:
-        args.port = env_int("LLM_PROXY_PORT", 8000)
+        args.port = problems.env_int("LLM_PROXY_PORT", 8000)
     if args.workers is None:
-        args.workers = env_int("LLM_PROXY_WORKERS", 1)
-    if args.workers < 1:
-        raise StartupError(
+        args.workers = problems.env_int("LLM_PROXY_WORKERS", 1)
+    if args.workers is not None and args.workers < 1:
+        problems.add(
             f"{args.workers} workers: pass --workers N or set LLM_PROXY_WORKERS=N (N >= 1)"
         )
     args.ssl_certfile = args.ssl_certfile or os.environ.get("LLM_PROXY_SSL_CERTFILE") or None
     args.ssl_keyfile = args.ssl_keyfile or os.environ.get("LLM_PROXY_SSL_KEYFILE") or None
-    problem = tls_problem(args.ssl_certfile, args.ssl_keyfile) or listen_problem(
-        args.host,
-        args.port,
-        "the proxy",
-        port_fix="pass --port N or set LLM_PROXY_PORT=N",
-        host_fix="pass --host ADDRESS or set LLM_PROXY_HOST=ADDRESS",
-    )
-    if problem is not None:
-        raise StartupError(problem)
+    problems.add(tls_problem(args.ssl_certfile, args.ssl_keyfile))
+    if args.port is not None:
+        problems.add(
+            listen_problem(
+                args.host,
+                args.port,
+                "the proxy",
+                port_fix="pass --port N or set LLM_PROXY_PORT=N",
+                host_fix="pass --host ADDRESS or set LLM_PROXY_HOST=ADDRESS",
+            )
+        )
+    if args.config is None:
+        if args.workers is not None and args.workers > 1:
+            problems.add("the embedded demo runs one worker; pass --config for more")
+        args.demo_upstream_port = problems.env_int(DEMO_UPSTREAM_PORT_ENV, DEMO_UPSTREAM_PORT)
+        if args.demo_upstream_port is not None:
+            problems.add(
+                listen_problem(
+                    "127.0.0.1",
+                    args.demo_upstream_port,
+                    "the demo's fake upstream",
+                    port_fix=f"set {DEMO_UPSTREAM_PORT_ENV}=N",
+                )
+            )
+    log_level = os.environ.get(LOG_LEVEL_ENV, "").strip().lower() or "info"
+    try:
+        _configure_logging(log_level, LOG_LEVEL_ENV)
+    except StartupError as exc:
+        problems.add(str(exc))
+    problems.raise_any()
+    return log_level
 
 
 def _configure_logging(level: str, where: str) -> None:
@@ -224,9 +274,7 @@ def _configure_logging(level: str, where: str) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    _resolve_options(args)
-    log_level = os.environ.get(LOG_LEVEL_ENV, "").strip().lower() or "info"
-    _configure_logging(log_level, LOG_LEVEL_ENV)
+    log_level = _resolve_options(args)
     if args.config is None:
         return _serve_demo(args, log_level)
     try:
@@ -261,23 +309,29 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _serve_demo(args: argparse.Namespace, log_level: str) -> int:
     from proxy.app import create_app
+    from proxy.demo import demo_settings, instructions, upstream_options
     from proxy.fake_upstream import FakeUpstreamConfig, run_in_thread
 
-    if args.workers > 1:
-        raise StartupError("the embedded demo runs one worker; pass --config for more")
-    port = env_int(DEMO_UPSTREAM_PORT_ENV, DEMO_UPSTREAM_PORT)
-    problem = listen_problem(
-        "127.0.0.1", port, "the demo's fake upstream", port_fix=f"set {DEMO_UPSTREAM_PORT_ENV}=N"
-    )
-    if problem is not None:
-        raise StartupError(problem)
-    upstream = run_in_thread(FakeUpstreamConfig(port=port))
+    # _resolve_options checked the port (and that the demo runs one worker).
+    config = FakeUpstreamConfig(port=args.demo_upstream_port, **upstream_options())
+    upstream = run_in_thread(config)
     logger.info("Demo: built-in fake upstream at %s", upstream.url)
     try:
-        _run(create_app(demo_settings(upstream.url), tune_gc=True), args, log_level)
+        app = create_app(demo_settings(upstream.url), tune_gc=True)
+        print(instructions(_url(args), upstream.url), flush=True)
+        _run(app, args, log_level)
     finally:
         upstream.stop()
     return 0
+
+
+def _url(args: argparse.Namespace) -> str:
+    """Where a client on this machine reaches the server that ``args`` describe."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(args.host, args.host)
+    if ":" in host:
+        host = f"[{host}]"
+    scheme = "https" if args.ssl_certfile else "http"
+    return f"{scheme}://{host}:{args.port}"
 
 
 def _serve_workers(args: argparse.Namespace, settings: Settings) -> int:

@@ -14,13 +14,47 @@ from urllib.parse import urlsplit
 
 from proxy.config import Settings
 
-__all__ = ["StartupError", "env_int", "tls_problem", "warn_about_unreachable_upstreams"]
+__all__ = [
+    "Problems",
+    "StartupError",
+    "env_int",
+    "tls_problem",
+    "warn_about_unreachable_upstreams",
+]
 
 logger = logging.getLogger("proxy")
 
 
 class StartupError(Exception):
-    """The process cannot start; the message is one line saying why and what to change."""
+    """The process cannot start: one line per problem, each saying why and what to change."""
+
+    def __init__(self, *problems: str) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class Problems:
+    """What stops a start, collected so that every one is reported at once, not just the
+    first (two busy ports, two bad variables: two lines)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def add(self, problem: str | None) -> None:
+        if problem is not None:
+            self.lines.append(problem)
+
+    def env_int(self, name: str, default: int) -> int | None:
+        """``env_int``, or None (and the problem noted) if the variable is not a number."""
+        try:
+            return env_int(name, default)
+        except StartupError as exc:
+            self.lines.extend(exc.problems)
+            return None
+
+    def raise_any(self) -> None:
+        if self.lines:
+            raise StartupError(*self.lines)
 
 
 def env_int(name: str, default: int) -> int:

@@ -26,7 +26,7 @@ ROOT = Path(__file__).parent.parent
 def test_check_config_prints_a_summary(capsys: object) -> None:
     assert main(["check-config", str(ROOT / "config" / "demo.yaml")]) == 0
     out = capsys.readouterr().out  # type: ignore[attr-defined]
-    assert "OK" in out and "gpt-4o-mini: fake-a, fake-b" in out
+    assert "OK" in out and "gpt-4o-mini: fake-openai" in out
 
 
 def test_check_config_lists_every_problem_and_exits_1(tmp_path: Path, capsys: object) -> None:
@@ -92,7 +92,8 @@ def test_readme_sdk_example_works_against_the_demo(tmp_path: Path) -> None:
         lines = [line for line in result.stdout.splitlines() if line.strip()]
         assert len(lines) == 2  # a completion, then a streamed completion
         # The README's `.venv/bin/python example.py`: the same example, as a file.
-        env = {**os.environ, "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1"}
+        env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+        env["OPENAI_BASE_URL"] = f"http://127.0.0.1:{port}/v1"  # the demo key: its default
         result = subprocess.run(
             [sys.executable, str(ROOT / "example.py")],
             capture_output=True,
@@ -208,6 +209,46 @@ def test_a_start_up_mistake_is_one_line_saying_what_to_change(
     assert says in lines[0]
 
 
+def test_every_start_up_problem_is_its_own_line() -> None:
+    """Two busy ports and two bad variables: four lines, not only the first."""
+    with _listening() as proxy_port, _listening() as upstream_port:
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("LLM_PROXY_")}
+        environment["LLM_PROXY_DEMO_UPSTREAM_PORT"] = str(upstream_port.getsockname()[1])
+        environment["LLM_PROXY_LOG_LEVEL"] = "loud"
+        environment["LLM_PROXY_WORKERS"] = "two"
+        result = subprocess.run(
+            [sys.executable, "-m", "proxy", "serve", "--port", str(proxy_port.getsockname()[1])],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=environment,
+        )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 4, result.stderr
+    assert all(line.startswith("llm-proxy: ") for line in lines)
+    assert "LLM_PROXY_WORKERS='two' is not a whole number" in lines[0]
+    assert "already in use" in lines[1] and "LLM_PROXY_PORT=N" in lines[1]
+    assert "already in use" in lines[2] and "LLM_PROXY_DEMO_UPSTREAM_PORT=N" in lines[2]
+    assert "unknown log level 'loud'" in lines[3]
+
+
+def test_two_variables_that_are_not_numbers_are_two_lines() -> None:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("LLM_PROXY_")}
+    environment.update(LLM_PROXY_PORT="eighty", LLM_PROXY_DEMO_UPSTREAM_PORT="x")
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=environment,
+    )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 2, result.stderr
+    assert "LLM_PROXY_PORT='eighty'" in lines[0] and "LLM_PROXY_DEMO_UPSTREAM_PORT='x'" in lines[1]
+
+
 def test_serve_help_describes_every_option_and_variable() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "proxy", "serve", "--help"], capture_output=True, text=True
@@ -260,8 +301,8 @@ def _answers(url: str, trusted: ssl.SSLContext) -> bool:
 
 
 def test_the_readmes_demo_config_command_serves(tmp_path: Path) -> None:
-    """`llm-proxy fake-upstream --port 8001 &` then `serve --config config/demo.yaml ...`
-    (ports moved to free ones through the config's own variable)."""
+    """`llm-proxy fake-upstream --port 8001 ... &` then `serve --config config/demo.yaml ...`
+    (ports moved to free ones through the config's own variable), with the demo's key."""
     upstream_port, port = free_port(), free_port()
     env = {**os.environ, "FAKE_UPSTREAM_URL": f"http://127.0.0.1:{upstream_port}"}
     upstream = subprocess.Popen(
@@ -276,7 +317,12 @@ def test_the_readmes_demo_config_command_serves(tmp_path: Path) -> None:
     try:
         _wait_ready(f"http://127.0.0.1:{port}/health/ready", proxy)
         body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
-        answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=10)
+        answer = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json=body,
+            headers={"authorization": "Bearer demo-key"},
+            timeout=10,
+        )
         assert answer.status_code == 200, answer.text
     finally:
         for process in (proxy, upstream):

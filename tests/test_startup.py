@@ -11,7 +11,7 @@ from support.ports import free_port
 from support.waiting import wait_until
 
 from proxy.config import parse_settings
-from proxy.startup import StartupError, env_int, warn_about_unreachable_upstreams
+from proxy.startup import Problems, StartupError, env_int, warn_about_unreachable_upstreams
 
 
 class _Records(logging.Handler):
@@ -67,3 +67,19 @@ def test_a_variable_that_must_be_a_number_says_so_in_one_line(
     monkeypatch.setenv("LLM_PROXY_PORT", "80a")
     with pytest.raises(StartupError, match=r"LLM_PROXY_PORT='80a' is not a whole number"):
         env_int("LLM_PROXY_PORT", 8000)
+
+
+def test_problems_are_collected_and_raised_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLM_PROXY_PORT", "eighty")
+    monkeypatch.setenv("LLM_PROXY_WORKERS", "3")
+    problems = Problems()
+    assert problems.env_int("LLM_PROXY_PORT", 8000) is None
+    assert problems.env_int("LLM_PROXY_WORKERS", 1) == 3
+    problems.add(None)  # a check that found nothing
+    problems.add("cannot listen on 127.0.0.1:8001 for the demo's fake upstream")
+    with pytest.raises(StartupError) as raised:
+        problems.raise_any()
+    assert len(raised.value.problems) == 2
+    assert "LLM_PROXY_PORT='eighty'" in raised.value.problems[0]
+    assert str(raised.value).splitlines() == list(raised.value.problems)
+    Problems().raise_any()  # none: nothing raised

@@ -4,14 +4,19 @@ runner (loadtest.stack) runs every service of it with the same command. Fast: no
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
+from support.ports import free_port
+from support.waiting import wait_until
 
 from loadtest.topology import (
     COMPOSE_FILE,
@@ -29,6 +34,7 @@ from loadtest.topology import (
     start_order,
 )
 from proxy.config import load_settings
+from proxy.demo import DEMO_KEY, DEMO_MODEL
 
 ENV: dict[str, str] = {}  # compose defaults only: what `docker compose up` sees bare
 
@@ -328,9 +334,53 @@ def test_dockerfile_is_multi_stage_slim_non_root_with_healthcheck() -> None:
     probe = json.loads(health[health.index("CMD") + 3 :])
     assert probe[:2] == ["python", "-c"] and "/health/live" in probe[2]
     compile(probe[2], "<healthcheck>", "exec")
-    cmd = json.loads(next(r for w, r in reversed(instructions) if w == "CMD"))
-    assert cmd == ["llm-proxy", "serve", "--config", "/etc/llm-proxy/config.yaml"]
     assert not any(w == "ENTRYPOINT" for w, _ in instructions)  # compose commands are argv
+
+
+def test_the_images_default_command_serves_the_embedded_demo() -> None:
+    """`docker run -p 8000:8000 IMAGE` as `make demo`: its CMD, with the image's ENV, run
+    as a process (no Docker engine here), answers the demo key's chat completion (not 502:
+    its fake upstream runs inside). On free loopback ports instead of the image's."""
+    instructions = _dockerfile_instructions()
+    cmd = json.loads(next(r for w, r in reversed(instructions) if w == "CMD"))
+    assert cmd[0] == "llm-proxy"  # the console script: `python -m proxy` here
+    env = dict(os.environ)
+    for word, rest in instructions:
+        if word == "ENV":
+            env.update(pair.split("=", 1) for pair in rest.split())
+    assert env["LLM_PROXY_HOST"] == "0.0.0.0"  # reachable through -p
+    port = free_port()
+    env.update(
+        LLM_PROXY_HOST="127.0.0.1",
+        LLM_PROXY_PORT=str(port),
+        LLM_PROXY_DEMO_UPSTREAM_PORT=str(free_port()),
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy", *cmd[1:]],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: _answers(f"{url}/health/ready"), timeout=30, what="the demo")
+        answer = httpx.post(
+            f"{url}/v1/chat/completions",
+            json={"model": DEMO_MODEL, "messages": [{"role": "user", "content": "Hi"}]},
+            headers={"authorization": f"Bearer {DEMO_KEY}"},
+            timeout=30,
+        )
+        assert answer.status_code == 200, answer.text
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def test_dockerfile_copies_only_what_dockerignore_lets_in() -> None:

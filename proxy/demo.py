@@ -1,0 +1,137 @@
+"""The embedded demo (``llm-proxy serve`` without ``--config``): what it serves, and what
+it tells a new user to try.
+
+A demo that answers like OpenAI shows an echo, not a rate limiter; so its fake upstream
+enforces a strict limit (2 requests a second, 429 beyond it), its one client key has a
+small limit of its own, and an admin key opens ``/admin``. config/demo.yaml is the same
+configuration as a file (a test keeps them equal). *pure*
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.config import Settings, parse_settings
+
+__all__ = [
+    "DEMO_ADMIN_KEY",
+    "DEMO_KEY",
+    "DEMO_KEY_RPM",
+    "DEMO_MODEL",
+    "UPSTREAM_RPS",
+    "Try",
+    "demo_settings",
+    "instructions",
+    "tries",
+    "upstream_options",
+]
+
+DEMO_MODEL = "gpt-4o-mini"
+DEMO_KEY = "demo-key"
+DEMO_KEY_RPM = 10
+DEMO_ADMIN_KEY = "demo-admin"
+UPSTREAM_RPS = 2
+BURST = 6  # a burst the key's limit admits whole: paced, none refused
+OVER_THE_KEY = DEMO_KEY_RPM + 2  # at least two over a full bucket: 429 at once
+
+
+def upstream_options() -> dict[str, Any]:
+    """The demo upstream's ``FakeUpstreamConfig`` options (but its port): strict, as a
+    provider is, and slow enough to see requests overlap."""
+    return {"rpm": UPSTREAM_RPS, "window": 1.0, "latency": (0.2, 0.6)}
+
+
+def demo_settings(upstream_url: str) -> Settings:
+    """The demo's proxy: one model on the fake upstream at ``upstream_url``, paced to its
+    limit; one client key with its own limit; one admin key."""
+    return parse_settings(
+        {
+            "keys": [{"name": "demo", "key": DEMO_KEY, "rpm": DEMO_KEY_RPM}],
+            "models": [
+                {
+                    "name": DEMO_MODEL,
+                    "deployments": [
+                        {
+                            "id": "fake-openai",
+                            "base_url": f"{upstream_url}/v1",
+                            "api_key": "fake-upstream-key",
+                            "rpm": UPSTREAM_RPS * 60,
+                        }
+                    ],
+                }
+            ],
+            "routing": {"max_wait": "10s"},
+            "admin": {"keys": [DEMO_ADMIN_KEY]},
+        },
+        source="<embedded demo>",
+        env={},
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Try:
+    """One thing to try: what it shows, and the shell command that shows it."""
+
+    what: str
+    command: str
+
+
+def tries(proxy_url: str) -> list[Try]:
+    """What to try against the demo at ``proxy_url`` (curl and a POSIX shell)."""
+    chat = f"{proxy_url}/v1/chat/completions"
+    body = {"model": DEMO_MODEL, "messages": [{"role": "user", "content": "Hello"}]}
+    post = (
+        f"curl -s -o /dev/null -D - {chat} \\\n"
+        f"    -H 'Authorization: Bearer {DEMO_KEY}' -H 'Content-Type: application/json' \\\n"
+        f"    -d {shlex.quote(orjson.dumps(body).decode())} \\\n"
+    )
+
+    def concurrently(count: int, headers: list[str]) -> str:
+        patterns = " ".join(f"-e '^{h}'" for h in ["HTTP/", *headers])
+        return f"for i in $(seq {count}); do\n  {post}    | grep -i {patterns} &\ndone; wait"
+
+    sdk = ".venv/bin/python example.py"
+    if proxy_url != "http://127.0.0.1:8000":
+        sdk = f"OPENAI_BASE_URL={proxy_url}/v1 {sdk}"
+    return [
+        Try("The OpenAI SDK (the README's example.py, with the demo key):", sdk),
+        Try(
+            f"A burst of {BURST} at once: the upstream takes {UPSTREAM_RPS} a second, so the"
+            " proxy paces them\n   instead of failing them (every answer 200;"
+            " x-llm-proxy-queue-ms: how long each waited for its turn):",
+            concurrently(BURST, ["x-llm-proxy-queue-ms"]),
+        ),
+        Try(
+            f"Past the key's own limit ({DEMO_KEY_RPM} a minute), {OVER_THE_KEY} at once:"
+            " those over it get 429 at once,\n   with retry-after and x-ratelimit-*:",
+            concurrently(OVER_THE_KEY, ["retry-after:", "x-ratelimit-remaining-requests"]),
+        ),
+        Try(
+            f"The admin page, in a browser (user: anything, password: {DEMO_ADMIN_KEY}),"
+            " or its JSON:",
+            f"{proxy_url}/admin\n"
+            f"curl -s {proxy_url}/admin/state -H 'Authorization: Bearer {DEMO_ADMIN_KEY}'",
+        ),
+    ]
+
+
+def instructions(proxy_url: str, upstream_url: str) -> str:
+    """What start-up prints: what the demo is, its keys, and what to try."""
+    lines = [
+        "",
+        f"The demo: the proxy on {proxy_url}, in front of a fake OpenAI upstream"
+        f" ({upstream_url}) that takes {UPSTREAM_RPS} requests a second and answers 429"
+        " beyond that.",
+        f"  client key: {DEMO_KEY}  (its own limit: {DEMO_KEY_RPM} requests a minute)",
+        f"  admin key:  {DEMO_ADMIN_KEY}",
+        "",
+        "Try, in another terminal:",
+    ]
+    for number, attempt in enumerate(tries(proxy_url), 1):
+        lines += ["", f"{number}. {attempt.what}"]
+        lines += [f"   {line}" for line in attempt.command.splitlines()]
+    return "\n".join([*lines, ""])
