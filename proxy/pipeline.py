@@ -85,7 +85,10 @@ class Pipeline:
         self.background = Background()
         routing = settings.routing
         rule = CooldownRule(
-            routing.cooldown.allowed_fails, routing.cooldown.window, routing.cooldown.time
+            routing.cooldown.allowed_fails,
+            routing.cooldown.window,
+            routing.cooldown.time,
+            settings.server.max_upstream_hold,
         )
         settler = Settler(
             limiter,

@@ -124,9 +124,12 @@ class Floor:
     wait: float | None = None
 
 
-def floors(deployment: DeploymentLimits, remaining: Remaining | None) -> list[Floor]:
+def floors(
+    deployment: DeploymentLimits, remaining: Remaining | None, max_hold: float
+) -> list[Floor]:
     """What the upstream's remaining budget says, for the deployment's per-minute windows
-    (upstreams announce per-minute limits; a longer window of ours is not theirs)."""
+    (upstreams announce per-minute limits; a longer window of ours is not theirs); its
+    wait for the next request holds at most ``max_hold`` (``health.bounded_hold``)."""
     if remaining is None:
         return []
     out = []
@@ -134,7 +137,9 @@ def floors(deployment: DeploymentLimits, remaining: Remaining | None) -> list[Fl
         if w.rate.period != MINUTE:
             continue
         if w.kind == "requests" and remaining.requests is not None:
-            wait = remaining.requests_wait if remaining.requests <= 0 else None
+            wait = None
+            if remaining.requests <= 0:
+                wait = health.bounded_hold(remaining.requests_wait, max_hold)
             out.append(Floor(w, remaining.requests, wait))
         elif w.kind == "tokens" and remaining.tokens is not None:
             out.append(Floor(w, remaining.tokens))
