@@ -3,7 +3,8 @@
 A reserved turn is settled once its upstream call ended (or was never made): a turn never
 used is given back whole; a request that went keeps its charge (upstreams count a
 request's tokens when they admit it, as prompt plus ``max_tokens``, and never give back
-what it did not use), charged more only when it used more than estimated; a request
+what it did not use), charged more only when it used more than estimated (up to what one
+request can take there: a larger count is no usage it could have admitted); a request
 the upstream refused uncounted (``outcomes.admitted``: 400, 404, 413, 422) has its token
 charge returned (one huge refused request would otherwise hold the deployment for every
 key). The in-flight lease is freed and the answer's meaning recorded in the deployment's
@@ -12,11 +13,14 @@ health. The common case, a success that would change nothing, costs no storage c
 
 from __future__ import annotations
 
+import math
+
 from proxy.background import Background
 from proxy.catalog import Catalog, DeploymentRoute
 from proxy.limiter.base import (
     NEUTRAL,
     CooldownRule,
+    DeploymentLimits,
     DeploymentSettlement,
     Limiter,
     Outcome,
@@ -81,11 +85,16 @@ class Settler:
         refund: bool = False,
     ) -> None:
         """Settle the turn of a request that went upstream, in the background:
-        ``real_tokens`` beyond the ``estimate`` are charged (None: unknown); ``refund``:
-        the upstream did not admit it, its estimate is returned."""
-        used = max(0.0, float((real_tokens or 0) - estimate))
-        extra = -float(estimate) if refund else used
+        ``real_tokens`` beyond the ``estimate`` are charged (None: unknown), up to what
+        one request can cost there; ``refund``: the upstream did not admit it, its
+        estimate is returned."""
         limits = self.catalog.limits(turn.deployment)
+        if refund:
+            extra = -float(estimate)
+        else:
+            extra = max(0.0, float((real_tokens or 0) - estimate))
+            if extra > 0:  # an upstream's count, believed only as far as it could be true
+                extra = min(extra, max(0.0, _largest_request(limits) - estimate))
         corrects_tokens = extra != 0 and any(w.kind == "tokens" for w in limits.windows)
         if (
             outcome.kind == "success"
@@ -139,6 +148,13 @@ class Settler:
                 )
 
         self.background.run(run())
+
+
+def _largest_request(limits: DeploymentLimits) -> float:
+    """The most tokens one request can take on a deployment: what its smallest token
+    window admits at once. An upstream reporting more used more than it could have
+    admitted (a lie, or a bug): charging it would hold the deployment for ages."""
+    return min((w.rate.largest for w in limits.windows if w.kind == "tokens"), default=math.inf)
 
 
 def _leased(turn: Turn) -> bool:

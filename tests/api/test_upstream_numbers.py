@@ -24,18 +24,27 @@ ADMIN_KEY = "admin-numbers"
 HOLD = "1s"  # server.max_upstream_hold of these tests
 MAX_WAIT = 5.0  # longer than HOLD, far shorter than any lie
 
-COMPLETION = orjson.dumps(
-    {
-        "id": "chatcmpl-1",
-        "object": "chat.completion",
-        "created": 1,
-        "model": "m",
-        "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
-        ],
-        "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
-    }
-)
+
+def _completion(prompt_tokens: int) -> bytes:
+    return orjson.dumps(
+        {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "m",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "ok"},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 1},
+        }
+    )
+
+
+COMPLETION = _completion(5)
 TOO_LARGE = orjson.dumps(
     {"error": {"message": "max_tokens is too large", "type": "invalid_request_error"}}
 )
@@ -51,15 +60,15 @@ def _reply(status: int, reason: str, body: bytes, headers: dict[str, str]) -> by
 Script = Callable[[int, dict[str, Any]], tuple[int, dict[str, str]]]
 
 
-def _upstream(script: Script) -> RawUpstream:
+def _upstream(script: Script, completion: bytes = COMPLETION) -> RawUpstream:
     """Answers the n-th request (0, 1, ...) as ``script(n, body)`` says: a status and the
-    headers to send with it (a completion for a 200, an OpenAI error otherwise)."""
+    headers to send with it (``completion`` for a 200, an OpenAI error otherwise)."""
 
     async def answer(conversation: Conversation) -> None:
         n = len(upstream.requests) - 1
         status, headers = script(n, orjson.loads(conversation.request.body))
         if status == 200:
-            await conversation.send(_reply(200, "OK", COMPLETION, headers))
+            await conversation.send(_reply(200, "OK", completion, headers))
         else:
             await conversation.send(_reply(status, "Error", TOO_LARGE, headers))
 
@@ -253,3 +262,24 @@ def test_a_deployment_limit_of_5_a_day_admits_5(storage: str) -> None:
 
     asyncio.run(_with_proxy(upstream, storage, {"rpd": 5}, scenario))
     assert len(upstream.requests) == 5
+
+
+def test_a_usage_no_request_could_have_used_is_charged_at_most_one_requests_worth(
+    storage: str,
+) -> None:
+    """An answer that says its request used 10**18 tokens, on a deployment of 100,000 a
+    minute: the deployment is charged at most what one request can take there (its
+    token window is full again within a minute, not in millennia)."""
+    upstream = _upstream(lambda n, body: (200, {}), completion=_completion(10**18))
+
+    async def scenario(proxy: ProxyInThread, client: httpx.AsyncClient) -> None:
+        served = await _post(client, _chat())
+        assert served.status_code == 200, served.text
+        await asyncio.to_thread(proxy.settled)
+        background = proxy.app.state.pipeline.background
+        await asyncio.to_thread(wait_until, lambda: not background._tasks, 5.0, "settled")
+        view = await _admin_views_answer(client)
+        [tpm] = view["models"][0]["deployments"][0]["windows"]
+        assert tpm["name"] == "tpm" and tpm["full_in"]["in"] <= 61.0, tpm
+
+    asyncio.run(_with_proxy(upstream, storage, {"tpm": 100_000}, scenario))
