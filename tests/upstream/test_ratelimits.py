@@ -1,7 +1,11 @@
 """Reading an upstream's budget and retry hints from its headers: strictly, finite, and
 bounded where they hold a deployment (``server.max_upstream_hold``)."""
 
+import math
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from proxy.routing.outcomes import admitted, classify_status
 from proxy.upstream.ratelimits import parse_budget, remaining_report, retry_after
@@ -182,3 +186,51 @@ def test_when_the_next_request_frees_up_is_at_most_max_upstream_hold() -> None:
 )
 def test_what_the_upstream_did_not_admit_is_not_counted(status: int, counted: bool) -> None:
     assert admitted(status) is counted
+
+
+HEADER_NAMES = [
+    "retry-after",
+    "retry-after-ms",
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-tokens",
+    "x-rate-limit-reset-tokens",
+    "anthropic-ratelimit-requests-limit",
+    "anthropic-ratelimit-requests-remaining",
+    "anthropic-ratelimit-requests-reset",
+    "anthropic-ratelimit-tokens-remaining",
+]
+header_values = st.one_of(
+    st.text(max_size=30),
+    st.sampled_from(["inf", "-inf", "nan", "1e999", "1e12", "-1", "9" * 400, "6m0s", "1h"]),
+    st.floats(allow_nan=True, allow_infinity=True).map(str),
+    st.datetimes().map(lambda d: d.isoformat() + "Z"),
+    st.datetimes().map(lambda d: d.strftime("%a, %d %b %Y %H:%M:%S GMT")),
+)
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.sampled_from(HEADER_NAMES), header_values))
+def test_whatever_an_upstream_sends_every_figure_is_finite_and_every_hold_bounded(
+    headers: dict[str, str],
+) -> None:
+    budget = parse_budget(headers, NOW)
+    for figure in (
+        budget.limit_requests,
+        budget.remaining_requests,
+        budget.reset_requests,
+        budget.limit_tokens,
+        budget.remaining_tokens,
+        budget.reset_tokens,
+    ):
+        assert figure is None or (math.isfinite(figure) and figure >= 0), budget
+    hint = retry_after(headers, NOW)
+    assert hint is None or (math.isfinite(hint) and hint >= 0)
+    outcome = classify_status(429, headers, NOW, cooldown_time=30.0, max_hold=MAX_HOLD)
+    assert outcome.cool_for is None or 0 <= outcome.cool_for <= MAX_HOLD
+    report = remaining_report(budget.assuming(100, 1000), MAX_HOLD)
+    if report is not None and report.requests_wait is not None:
+        assert 0 <= report.requests_wait <= MAX_HOLD
