@@ -12,8 +12,8 @@ import re
 
 __all__ = ["format_reset", "parse_number", "parse_reset"]
 
-# What Python's float() reads beyond these (inf, nan, infinity, 1_000, surrounding
-# whitespace inside a header's value) is no number an upstream means.
+# What Python's float() reads beyond these (inf, nan, infinity, 1_000) is no number an
+# upstream means.
 _NUMBER = re.compile(r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 _GO_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|us|µs|ns|h|m|s)")
 _UNIT = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}

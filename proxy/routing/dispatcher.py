@@ -513,8 +513,8 @@ class Dispatcher:
     ) -> None:
         """An upstream call ended (at ``ended``, default now): one event, the routing
         state, and the deployment's settlement in the background. ``real_tokens``: what
-        it used beyond the estimate, charged (None: unknown); ``refund``: the upstream
-        did not admit it (``outcomes.admitted``), its token charge is returned."""
+        it used (None: unknown; beyond the estimate, it is charged); ``refund``: the
+        upstream did not admit it (``outcomes.admitted``), its token charge is returned."""
         attempt.ended = ended or time.perf_counter()
         attempt.label, attempt.outcome = label, outcome
         attempt.prompt_tokens, attempt.completion_tokens = (
