@@ -34,6 +34,6 @@ def test_events_split_across_chunks() -> None:
     assert tap.prompt_tokens == 7
 
 
-@pytest.mark.parametrize("count", [-5, 1.5, "7", True, None, float("inf")])
-def test_a_usage_count_is_a_non_negative_int_or_unknown(count: object) -> None:
+@pytest.mark.parametrize("count", [-5, -1])
+def test_a_negative_usage_count_is_unknown(count: int) -> None:
     assert usage_counts({"usage": {"prompt_tokens": count, "completion_tokens": 3}}) == (None, 3)
