@@ -3,7 +3,8 @@ upstream on loopback sends non-finite and absurd numbers in its rate-limit heade
 1-token announced limit, a 400 for a huge request; the proxy (in-memory limiter, and
 Redis, where the state is shared) holds a deployment at most ``server.max_upstream_hold``,
 keeps pacing above a floor, returns the token charge of what the upstream did not admit,
-and its admin views never fail. A daily limit of 5 admits 5."""
+charges no usage beyond what one request can take, and its admin views never fail. A
+daily limit of 5 admits 5."""
 
 from __future__ import annotations
 
