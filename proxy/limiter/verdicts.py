@@ -7,6 +7,7 @@ their verdicts agree by construction; only where the bucket states live differs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from proxy.limiter import health
@@ -60,6 +61,13 @@ class Spend:
     def capacity(self) -> float:
         """What this spend is measured against (``Rate.capacity_for``)."""
         return self.window.rate.capacity_for(self.amount)
+
+
+def largest_tokens(windows: Sequence[Window]) -> float:
+    """The most tokens one request can take in ``windows`` (inf: no token window): what
+    their smallest admits at once. An upstream's usage beyond it is no usage it could
+    have admitted (a lie or a bug), and is charged only that far."""
+    return min((w.rate.largest for w in windows if w.kind == "tokens"), default=math.inf)
 
 
 def spends(windows: Sequence[Window], requests: float, tokens: float) -> list[Spend]:

@@ -13,20 +13,18 @@ health. The common case, a success that would change nothing, costs no storage c
 
 from __future__ import annotations
 
-import math
-
 from proxy.background import Background
 from proxy.catalog import Catalog, DeploymentRoute
 from proxy.limiter.base import (
     NEUTRAL,
     CooldownRule,
-    DeploymentLimits,
     DeploymentSettlement,
     Limiter,
     Outcome,
     Remaining,
     Sent,
 )
+from proxy.limiter.verdicts import largest_tokens
 from proxy.routing.events import Events
 from proxy.values import value
 
@@ -94,7 +92,7 @@ class Settler:
         else:
             extra = max(0.0, float((real_tokens or 0) - estimate))
             if extra > 0:  # an upstream's count, believed only as far as it could be true
-                extra = min(extra, max(0.0, _largest_request(limits) - estimate))
+                extra = min(extra, max(0.0, largest_tokens(limits.windows) - estimate))
         corrects_tokens = extra != 0 and any(w.kind == "tokens" for w in limits.windows)
         if (
             outcome.kind == "success"
@@ -148,13 +146,6 @@ class Settler:
                 )
 
         self.background.run(run())
-
-
-def _largest_request(limits: DeploymentLimits) -> float:
-    """The most tokens one request can take on a deployment: what its smallest token
-    window admits at once. An upstream reporting more used more than it could have
-    admitted (a lie, or a bug): charging it would hold the deployment for ages."""
-    return min((w.rate.largest for w in limits.windows if w.kind == "tokens"), default=math.inf)
 
 
 def _leased(turn: Turn) -> bool:

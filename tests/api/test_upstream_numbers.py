@@ -78,13 +78,16 @@ def _upstream(script: Script, completion: bytes = COMPLETION) -> RawUpstream:
 
 
 def _config(
-    upstream_url: str, redis_url: str, deployment: dict[str, Any] | None = None
+    upstream_url: str,
+    redis_url: str,
+    deployment: dict[str, Any] | None = None,
+    key: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "redis": {"url": redis_url},
         "server": {"max_upstream_hold": HOLD},
         "admin": {"keys": [ADMIN_KEY]},
-        "keys": [{"name": "k", "key": KEY}, {"name": "other", "key": OTHER_KEY}],
+        "keys": [{"name": "k", "key": KEY, **(key or {})}, {"name": "other", "key": OTHER_KEY}],
         "models": [
             {
                 "name": "m",
@@ -115,9 +118,11 @@ async def _with_proxy(
     redis_url: str,
     deployment: dict[str, Any] | None,
     scenario: Callable[[ProxyInThread, httpx.AsyncClient], Awaitable[None]],
+    key: dict[str, Any] | None = None,
 ) -> None:
     async with upstream:
-        proxy = ProxyInThread(settings_from(_config(upstream.url, redis_url, deployment)))
+        config = _config(upstream.url, redis_url, deployment, key)
+        proxy = ProxyInThread(settings_from(config))
         await asyncio.to_thread(proxy.start)
         try:
             async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as client:
@@ -268,9 +273,9 @@ def test_a_deployment_limit_of_5_a_day_admits_5(storage: str) -> None:
 def test_a_usage_no_request_could_have_used_is_charged_at_most_one_requests_worth(
     storage: str,
 ) -> None:
-    """An answer that says its request used 10**18 tokens, on a deployment of 100,000 a
-    minute: the deployment is charged at most what one request can take there (its
-    token window is full again within a minute, not in millennia)."""
+    """An answer that says its request used 10**18 tokens, on a deployment and a key of
+    100,000 a minute: each is charged at most what one request can take there (their
+    token windows are full again within a minute, not in millennia)."""
     upstream = _upstream(lambda n, body: (200, {}), completion=_completion(10**18))
 
     async def scenario(proxy: ProxyInThread, client: httpx.AsyncClient) -> None:
@@ -282,5 +287,7 @@ def test_a_usage_no_request_could_have_used_is_charged_at_most_one_requests_wort
         view = await _admin_views_answer(client)
         [tpm] = view["models"][0]["deployments"][0]["windows"]
         assert tpm["name"] == "tpm" and tpm["full_in"]["in"] <= 61.0, tpm
+        [key_tpm] = next(k for k in view["keys"] if k["name"] == "k")["windows"]
+        assert key_tpm["name"] == "tpm" and key_tpm["full_in"]["in"] <= 61.0, key_tpm
 
-    asyncio.run(_with_proxy(upstream, storage, {"tpm": 100_000}, scenario))
+    asyncio.run(_with_proxy(upstream, storage, {"tpm": 100_000}, scenario, key={"tpm": 100_000}))
