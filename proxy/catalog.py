@@ -7,8 +7,11 @@ every budget when budgets are not shared (the in-memory backend under N workers)
 
 from __future__ import annotations
 
+import math
 import ssl
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import httpx
 
@@ -22,8 +25,18 @@ __all__ = ["Catalog", "DeploymentRoute", "GroupRoute", "key_limits"]
 DEFAULT_DEPLOYMENT_BURST = 1
 # ...provided they also arrive that far apart: network and event-loop jitter can bring
 # two requests a window apart a few milliseconds closer, so deployments are paced 1%
-# below their configured limit (0.6 s of slack per minute).
+# below their configured limit (0.6 s of slack per minute). Only windows of a minute or
+# less pace; on a longer one (rpd: 5) the headroom would cost a whole request, and it
+# never lowers the largest request a window admits.
 DEPLOYMENT_HEADROOM = 0.01
+
+# What an upstream announces (x-ratelimit-limit-*) can lower a deployment's per-minute
+# pacing, but not below this share of its configured limit (one lying answer of "1"
+# must not stall it: the 429s teach a real lower limit, health.py)...
+ANNOUNCED_FLOOR = 0.1
+# ...and only while it is announced again: upstreams announce on every answer, so an
+# announcement not repeated for this long is forgotten (the configured limits return).
+ANNOUNCED_FOR = 60.0
 
 
 _ENDPOINTS = ("chat/completions", "completions", "embeddings")
@@ -120,16 +133,17 @@ def window(
     paced: bool = False,
 ) -> Window:
     """One configured limit as a limiter window: ``share`` of it (this process's part
-    when budgets are not shared), ``headroom`` below it, holding ``capacity`` units at
-    once (default: the whole window's allowance). ``paced``: units are spent at the
-    window's rate, one request ahead at most, and a request up to the whole allowance
-    still goes (alone)."""
-    limit = rule.amount * share * (1.0 - headroom)
+    when budgets are not shared), refilled ``headroom`` below it, holding ``capacity``
+    units at once (default: the whole window's allowance). ``paced``: units are spent at
+    the window's rate, one request ahead at most, and a request up to the whole
+    allowance (headroom or not) still goes (alone)."""
+    allowance = rule.amount * share
+    limit = allowance * (1.0 - headroom)
     rate = Rate(
         limit=limit,
         period=rule.per,
         capacity=max(capacity or limit, 1.0),
-        ceiling=limit if paced else None,
+        ceiling=allowance if paced else None,
     )
     return Window(window_name(rule.kind, rule.per), rule.kind, rate)
 
@@ -152,7 +166,7 @@ def deployment_limits(deployment: Deployment, share: float = 1.0) -> DeploymentL
         # large as the whole minute's allowance still goes, alone. A longer window only
         # caps the total.
         if rule.per > MINUTE:
-            return window(rule, share, None, DEPLOYMENT_HEADROOM)
+            return window(rule, share, None)
         if rule.kind == "requests":
             return window(rule, share, burst, DEPLOYMENT_HEADROOM)
         return window(rule, share, 1.0, DEPLOYMENT_HEADROOM, paced=True)
@@ -193,14 +207,53 @@ def _group(group: ModelGroup, share: float) -> GroupRoute:
     )
 
 
+def announced_limits(
+    limits: DeploymentLimits, share: float, lower: dict[str, int]
+) -> DeploymentLimits:
+    """``limits`` with the per-minute windows ``lower`` names (``rpm``, ``tpm``) refilled
+    at that many a minute instead: pacing only. Capacities and the largest request a
+    window admits stay the configured ones."""
+    windows = []
+    for w in limits.windows:
+        amount = lower.get(w.name)
+        if amount is not None:
+            paced = amount * share * (1.0 - DEPLOYMENT_HEADROOM)
+            w = replace(w, rate=replace(w.rate, limit=paced))
+        windows.append(w)
+    return replace(limits, windows=tuple(windows))
+
+
+def announced_lower(
+    configured: Deployment, requests: float | None, tokens: float | None
+) -> dict[str, int]:
+    """The per-minute limits an upstream's announcement lowers (``rpm``, ``tpm``): what
+    it announces, never below ``ANNOUNCED_FLOOR`` of the configured limit."""
+    lower: dict[str, int] = {}
+    for field, announced in (("rpm", requests), ("tpm", tokens)):
+        limit = getattr(configured, field)
+        if announced is None or not limit:
+            continue
+        amount = max(int(announced), math.ceil(limit * ANNOUNCED_FLOOR))
+        if amount < limit:
+            lower[field] = amount
+    return lower
+
+
 class Catalog:
-    def __init__(self, settings: Settings, share: float = 1.0) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        share: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.groups = {g.name: _group(g, share) for g in settings.models}
         self.key_limits = {k.name: key_limits(k, share) for k in settings.keys}
         self.fallbacks = settings.routing.fallbacks
         self.share = share
-        # Deployments whose upstream announced lower per-minute limits than configured.
-        self._announced: dict[str, DeploymentLimits] = {}
+        self.clock = clock
+        # Deployments whose upstream announced lower per-minute limits than configured,
+        # and until when (``ANNOUNCED_FOR`` after it last said so).
+        self._announced: dict[str, tuple[DeploymentLimits, float]] = {}
 
     def carry_over(self, previous: Catalog) -> None:
         """After a reload: what upstreams announced still holds for deployments whose
@@ -213,26 +266,31 @@ class Catalog:
 
     def limits(self, deployment: DeploymentRoute) -> DeploymentLimits:
         """The one place a deployment's limits come from, for every limiter operation:
-        configured, this process's share of them, lowered to what its upstream
+        configured, this process's share of them, paced no faster than its upstream
         announces (``announce``). How fast its windows refill after 429s is the
         limiter's (health) business."""
-        return self._announced.get(deployment.id, deployment.limits)
+        announced = self._announced.get(deployment.id)
+        if announced is None:
+            return deployment.limits
+        limits, until = announced
+        if self.clock() < until:
+            return limits
+        del self._announced[deployment.id]  # not announced again: forgotten
+        return deployment.limits
 
     def announce(
         self, deployment: DeploymentRoute, requests: float | None, tokens: float | None
     ) -> dict[str, int]:
         """The upstream says its per-minute limits are ``requests`` and ``tokens`` (None:
-        not said): a configured limit above it is lowered to it. Returns what changed."""
-        config = deployment.config
-        lower: dict[str, int] = {}
-        for field, announced in (("rpm", requests), ("tpm", tokens)):
-            configured = getattr(config, field)
-            if announced and configured and announced < configured:
-                lower[field] = int(announced)
+        not said): a configured limit above it paces at it (``announced_lower``) for
+        ``ANNOUNCED_FOR``. Returns what changed (nothing when it says it again)."""
+        lower = announced_lower(deployment.config, requests, tokens)
         if not lower:
+            if requests is not None or tokens is not None:  # what it says now is no lower
+                self._announced.pop(deployment.id, None)
             return {}
-        limits = deployment_limits(config.model_copy(update=lower), self.share)
-        if limits == self._announced.get(deployment.id):
-            return {}
-        self._announced[deployment.id] = limits
-        return lower
+        until = self.clock() + ANNOUNCED_FOR
+        limits = announced_limits(deployment.limits, self.share, lower)
+        previous = self._announced.get(deployment.id)
+        self._announced[deployment.id] = (limits, until)
+        return {} if previous is not None and previous[0] == limits else lower

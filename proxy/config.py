@@ -398,6 +398,9 @@ class ServerConfig(_Strict):
     header_timeout: Annotated[Duration, Field(gt=0)] = 10.0
     # Non-empty: GET /metrics needs "Authorization: Bearer <token>".
     metrics_token: SecretStr = SecretStr("")
+    # The longest any upstream header (retry-after, resets) may hold a deployment: a
+    # lying or broken upstream cannot take a deployment out for longer.
+    max_upstream_hold: Annotated[Duration, Field(gt=0)] = 300.0
 
 
 class AdminConfig(_Strict):

@@ -50,6 +50,7 @@ from proxy.limiter.base import (
     describe,
 )
 from proxy.limiter.fairness import Claimant
+from proxy.limiter.verdicts import largest_tokens
 from proxy.logs import RequestLog
 from proxy.metrics import Metrics
 from proxy.ratelimit_headers import format_reset
@@ -85,7 +86,10 @@ class Pipeline:
         self.background = Background()
         routing = settings.routing
         rule = CooldownRule(
-            routing.cooldown.allowed_fails, routing.cooldown.window, routing.cooldown.time
+            routing.cooldown.allowed_fails,
+            routing.cooldown.window,
+            routing.cooldown.time,
+            settings.server.max_upstream_hold,
         )
         settler = Settler(
             limiter,
@@ -278,7 +282,10 @@ class Pipeline:
             if _granted(key_check) is None:
                 return None
             # Unknown usage (an error, no usage in the answer) refunds the whole estimate.
-            correction = (call.real_tokens() or 0) - call.estimate
+            used: float = call.real_tokens() or 0
+            if used > call.estimate:  # a count no request could use: the most one could
+                used = min(used, largest_tokens(limits.windows))
+            correction = used - call.estimate
             return KeySettlement(limits, call.request_id, float(correction))
 
         async def release() -> None:

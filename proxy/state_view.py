@@ -44,8 +44,16 @@ class Reading:
     activity: Sequence[Activity]  # one per live replica
 
 
+# The farthest moment shown: beyond it (a state written before holds were bounded, or
+# any non-finite figure) a date would not exist, and the view must still answer.
+LONGEST_SHOWN = 100 * 365 * 86400.0
+
+
 def moment(seconds: float, now: float) -> Json:
-    """``seconds`` from ``now``, relative and absolute."""
+    """``seconds`` from ``now``, relative and absolute (at most ``LONGEST_SHOWN``)."""
+    if seconds != seconds:  # NaN
+        seconds = 0.0
+    seconds = min(max(seconds, -now), LONGEST_SHOWN)
     at = datetime.fromtimestamp(now + seconds, UTC).isoformat(timespec="milliseconds")
     return {"in": round(seconds, 3), "at": at.replace("+00:00", "Z")}
 

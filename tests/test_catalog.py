@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from support.proxy_server import settings_from
 
-from proxy.catalog import Catalog, credential
+from proxy.catalog import ANNOUNCED_FOR, Catalog, credential
 from proxy.limiter.base import DAY, Rate, Window, describe, window_name
 
 
-def _catalog(share: float = 1.0) -> Catalog:
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _catalog(share: float = 1.0, clock: Clock | None = None) -> Catalog:
     deployment = {
         "id": "d",
         "base_url": "http://127.0.0.1:1/v1",
@@ -21,6 +29,7 @@ def _catalog(share: float = 1.0) -> Catalog:
     return Catalog(
         settings_from({"keys": [key], "models": [{"name": "m", "deployments": [deployment]}]}),
         share,
+        clock or Clock(),
     )
 
 
@@ -45,11 +54,26 @@ def test_window_names_say_kind_and_period() -> None:
 def test_deployments_pace_requests_within_a_minute_and_cap_longer_windows() -> None:
     [route] = _catalog().groups["m"].deployments
     windows = {w.name: w.rate for w in route.limits.windows}
-    # 1% headroom below every configured limit.
+    # Paced 1% below the configured limit (jitter), within a minute only.
     assert windows["rpm"] == Rate(594.0, 60.0, 2.0)  # burst: paced
-    # Tokens paced: one request ahead at most, one up to the whole minute's allowance.
-    assert windows["tpm"] == Rate(59_400.0, 60.0, 1.0, ceiling=59_400.0)
-    assert windows["rpd"] == Rate(9_900.0, DAY, 9_900.0)  # caps the day's total
+    # Tokens paced: one request ahead at most, one up to the whole minute's allowance
+    # (the configured one: the headroom paces, it never refuses).
+    assert windows["tpm"] == Rate(59_400.0, 60.0, 1.0, ceiling=60_000.0)
+    assert windows["rpd"] == Rate(10_000.0, DAY, 10_000.0)  # caps the day's total
+
+
+def test_the_pacing_headroom_never_costs_a_long_window_a_request() -> None:
+    """rpd: 5 is 5 a day, not 4.95 (the fifth would wait a day)."""
+    deployment = {
+        "id": "d",
+        "base_url": "http://127.0.0.1:1/v1",
+        "rpd": 5,
+        "limits": [{"tokens": 7, "per": "1h"}],
+    }
+    settings = settings_from({"models": [{"name": "m", "deployments": [deployment]}]})
+    [route] = Catalog(settings).groups["m"].deployments
+    windows = {w.name: w.rate for w in route.limits.windows}
+    assert windows == {"rpd": Rate(5.0, DAY, 5.0), "tokens_1h": Rate(7.0, 3600.0, 7.0)}
 
 
 def test_keys_hold_their_whole_allowance_and_workers_their_share() -> None:
@@ -65,8 +89,37 @@ def test_an_announced_lower_limit_replaces_the_configured_one_everywhere() -> No
     [route] = catalog.groups["m"].deployments
     assert catalog.announce(route, requests=300, tokens=None) == {"rpm": 300}
     rates = {w.name: w.rate.limit for w in catalog.limits(route).windows}
-    assert rates == {"rpm": 297.0, "tpm": 59_400.0, "rpd": 9_900.0}
+    assert rates == {"rpm": 297.0, "tpm": 59_400.0, "rpd": 10_000.0}
     assert catalog.announce(route, requests=300, tokens=90_000) == {}  # nothing lower
+
+
+def test_an_announced_limit_paces_no_lower_than_a_tenth_and_refuses_nothing() -> None:
+    """One answer announcing a limit of 1 token (or request) a minute: pacing comes down
+    to a tenth of the configured limits, and a request as large as the configured
+    minute's allowance still goes (alone)."""
+    catalog = _catalog()
+    [route] = catalog.groups["m"].deployments
+    assert catalog.announce(route, requests=1, tokens=1) == {"rpm": 60, "tpm": 6000}
+    rates = {w.name: w.rate for w in catalog.limits(route).windows}
+    assert rates["rpm"] == Rate(59.4, 60.0, 2.0)
+    assert rates["tpm"] == Rate(5_940.0, 60.0, 1.0, ceiling=60_000.0)
+    assert rates["rpd"] == Rate(10_000.0, DAY, 10_000.0)  # a longer window is not theirs
+
+
+def test_an_announcement_not_repeated_is_forgotten() -> None:
+    clock = Clock()
+    catalog = _catalog(clock=clock)
+    [route] = catalog.groups["m"].deployments
+    assert catalog.announce(route, requests=300, tokens=None) == {"rpm": 300}
+    clock.now += ANNOUNCED_FOR - 1.0
+    assert catalog.announce(route, requests=300, tokens=None) == {}  # said again: kept
+    clock.now += ANNOUNCED_FOR - 1.0
+    assert catalog.limits(route) != route.limits
+    clock.now += 1.0
+    assert catalog.limits(route) == route.limits  # not said for ANNOUNCED_FOR: configured
+    assert catalog.announce(route, requests=300, tokens=None) == {"rpm": 300}
+    assert catalog.announce(route, requests=600, tokens=None) == {}  # no lower any more
+    assert catalog.limits(route) == route.limits
 
 
 def test_azure_deployments_are_reached_by_deployment_name_api_version_and_api_key() -> None:

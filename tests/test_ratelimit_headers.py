@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.ratelimit_headers import format_reset, parse_reset
+from proxy.ratelimit_headers import format_reset, parse_number, parse_reset
 
 
 @pytest.mark.parametrize(
@@ -26,6 +26,28 @@ def test_parse(text: str, seconds: float) -> None:
 @pytest.mark.parametrize("text", [None, "", "soon", "5x"])
 def test_unreadable_values_are_none(text: str | None) -> None:
     assert parse_reset(text) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["inf", "-inf", "Infinity", "nan", "NaN", "1e999", "1_000", "0x10", "1 000", "99" * 200 + "h"],
+)
+def test_non_finite_or_loosely_written_numbers_are_unreadable(text: str) -> None:
+    """What float() would take beyond a plain decimal (or a duration that overflows)
+    is no number an upstream means."""
+    assert parse_reset(text) is None
+    assert parse_number(text) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "number"), [("12", 12.0), (" 0.5 ", 0.5), ("-1", -1.0), ("1e12", 1e12), (".5", 0.5)]
+)
+def test_plain_decimals_and_exponents_are_numbers(text: str, number: float) -> None:
+    assert parse_number(text) == number
+
+
+def test_a_reset_is_never_negative() -> None:
+    assert parse_reset("-5") == 0.0
 
 
 @given(st.floats(min_value=0.001, max_value=100_000))

@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import math
+
 from support.proxy_server import settings_from
 
 from proxy.catalog import Catalog
 from proxy.limiter.base import Activity, DeploymentState, KeyState, LimiterMode
-from proxy.state_view import Reading, health_state, moment, state
+from proxy.state_view import LONGEST_SHOWN, Reading, health_state, moment, state
 
 NOW = 1_700_000_000.0
 
 
 def test_moments_are_relative_and_absolute() -> None:
     assert moment(2.5, NOW) == {"in": 2.5, "at": "2023-11-14T22:13:22.500Z"}
+
+
+def test_a_moment_beyond_any_date_is_shown_at_the_farthest() -> None:
+    """Whatever a stored state says (a hold of 1e12 s written before holds were bounded,
+    a non-finite figure), the admin views answer."""
+    farthest = moment(LONGEST_SHOWN, NOW)
+    assert moment(1e12, NOW) == moment(math.inf, NOW) == farthest
+    assert farthest["in"] == LONGEST_SHOWN and farthest["at"].startswith("2123-")
+    assert moment(math.nan, NOW) == moment(0.0, NOW)
+    assert moment(-math.inf, NOW)["at"] == "1970-01-01T00:00:00.000Z"
 
 
 def test_health_states() -> None:

@@ -44,6 +44,7 @@ Kind = Literal["requests", "tokens"]
 
 MINUTE = 60.0
 DAY = 86400.0
+DEFAULT_MAX_HOLD = 300.0  # server.max_upstream_hold's default: five minutes
 
 
 @value
@@ -145,11 +146,14 @@ class DeploymentLimits:
 @value
 class CooldownRule:
     """``allowed_fails`` counted failures within ``window`` seconds cool a deployment
-    for ``time`` seconds (the config's ``routing.cooldown``)."""
+    for ``time`` seconds (the config's ``routing.cooldown``); what an upstream says
+    (a 429's retry-after or reset, when its next request frees up) holds it at most
+    ``max_hold`` seconds (``server.max_upstream_hold``)."""
 
     allowed_fails: int
     window: float
     time: float
+    max_hold: float = DEFAULT_MAX_HOLD
 
 
 @value

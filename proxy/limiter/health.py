@@ -12,6 +12,9 @@ or a hold is extended, never shortened).
 * Timeouts, connection errors and 5xx count in a sliding ``window``; ``allowed_fails``
   of them cool the deployment for ``time``. 401/403 (a bad upstream key) cool it for
   ``time`` with reason ``auth``.
+* What an upstream says of how long to hold off (a 429's retry-after or reset) holds at
+  most ``rule.max_hold`` seconds (``bounded_hold``): a NaN says nothing, an infinite or
+  absurd one is cut to the bound, so no lie outlives it.
 * A probe abandoned without an answer (the client went away) frees the probe slot at
   once, so the next request probes instead of everyone waiting for ``probe_until``.
 
@@ -61,6 +64,7 @@ __all__ = [
     "Evidence",
     "Health",
     "abandon_probe",
+    "bounded_hold",
     "counted",
     "expires_at",
     "hold_for",
@@ -104,6 +108,14 @@ class Health:
 
 
 HEALTHY = Health()
+
+
+def bounded_hold(seconds: float | None, max_hold: float) -> float | None:
+    """An upstream's hold as the limiter takes it: never negative, at most ``max_hold``
+    (an infinite one too); None (no hint) for none or a NaN."""
+    if seconds is None or seconds != seconds:
+        return None
+    return min(max(seconds, 0.0), max_hold)
 
 
 def learned_rate(h: Health, now: float) -> float:
@@ -292,7 +304,8 @@ def settle(
         recovered = new is not h
     elif outcome.kind == "failure" and outcome.rate_limited:
         base = evidence if evidence is not None else Evidence(epoch=-1)
-        new = on_rate_limited(h, now, replace(base, hold=outcome.cool_for))
+        hold = bounded_hold(outcome.cool_for, rule.max_hold)
+        new = on_rate_limited(h, now, replace(base, hold=hold))
         cooled = True
     elif outcome.kind == "failure":
         new, cooled = on_failure(h, rule, now, outcome.cool_for)

@@ -308,7 +308,7 @@ class MemoryLimiter:
         h = self._health_of(group, deployment.id, now)
         for spend in corrections(deployment.windows, s.requests, s.tokens):
             self._adjust(_deployment_bucket(group, deployment.id, spend.window), spend, now)
-        for f in floors(deployment, s.remaining):
+        for f in floors(deployment, s.remaining, s.rule.max_hold):
             bucket_id = _deployment_bucket(group, deployment.id, f.window)
             rate = f.window.rate
             lowered = bucket.lower(self._state(bucket_id), rate, f.available, now, f.wait)

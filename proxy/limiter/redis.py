@@ -212,7 +212,7 @@ class RedisLimiter:
             s = left
         d = s.deployment
         corrected = corrections(d.windows, s.requests, s.tokens)
-        lowered = floors(d, s.remaining)
+        lowered = floors(d, s.remaining, s.rule.max_hold)
         pacing = pacing_windows(d)
         keys = [
             self._deployment(s.group, d.id, "health"),
@@ -240,6 +240,7 @@ class RedisLimiter:
             str(len(corrected)),
             str(len(lowered)),
             _num(s.hold),
+            _num(s.rule.max_hold),
         ]
         for c in corrected:
             args += [_num(c.rate.interval), _num(c.amount)]

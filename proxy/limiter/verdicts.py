@@ -7,6 +7,7 @@ their verdicts agree by construction; only where the bucket states live differs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from proxy.limiter import health
@@ -60,6 +61,13 @@ class Spend:
     def capacity(self) -> float:
         """What this spend is measured against (``Rate.capacity_for``)."""
         return self.window.rate.capacity_for(self.amount)
+
+
+def largest_tokens(windows: Sequence[Window]) -> float:
+    """The most tokens one request can take in ``windows`` (inf: no token window): what
+    their smallest admits at once. An upstream's usage beyond it is no usage it could
+    have admitted (a lie or a bug), and is charged only that far."""
+    return min((w.rate.largest for w in windows if w.kind == "tokens"), default=math.inf)
 
 
 def spends(windows: Sequence[Window], requests: float, tokens: float) -> list[Spend]:
@@ -124,9 +132,12 @@ class Floor:
     wait: float | None = None
 
 
-def floors(deployment: DeploymentLimits, remaining: Remaining | None) -> list[Floor]:
+def floors(
+    deployment: DeploymentLimits, remaining: Remaining | None, max_hold: float
+) -> list[Floor]:
     """What the upstream's remaining budget says, for the deployment's per-minute windows
-    (upstreams announce per-minute limits; a longer window of ours is not theirs)."""
+    (upstreams announce per-minute limits; a longer window of ours is not theirs); its
+    wait for the next request holds at most ``max_hold`` (``health.bounded_hold``)."""
     if remaining is None:
         return []
     out = []
@@ -134,7 +145,9 @@ def floors(deployment: DeploymentLimits, remaining: Remaining | None) -> list[Fl
         if w.rate.period != MINUTE:
             continue
         if w.kind == "requests" and remaining.requests is not None:
-            wait = remaining.requests_wait if remaining.requests <= 0 else None
+            wait = None
+            if remaining.requests <= 0:
+                wait = health.bounded_hold(remaining.requests_wait, max_hold)
             out.append(Floor(w, remaining.requests, wait))
         elif w.kind == "tokens" and remaining.tokens is not None:
             out.append(Floor(w, remaining.tokens))

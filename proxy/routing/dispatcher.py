@@ -36,6 +36,7 @@ from proxy.routing.activity import Tally
 from proxy.routing.events import Attempt, Events
 from proxy.routing.lines import Line, Lines, Ticket, turn_spacing
 from proxy.routing.outcomes import (
+    admitted,
     classify_status,
     is_failure,
     misconfigured,
@@ -409,7 +410,10 @@ class Dispatcher:
         self._learn(deployment, upstream_headers)
         if is_failure(status):
             await discard(response)
-            outcome = classify_status(status, upstream_headers, time.time(), self.settler.rule.time)
+            rule = self.settler.rule
+            outcome = classify_status(
+                status, upstream_headers, time.time(), rule.time, rule.max_hold
+            )
             self._ended(call, turn, attempt, str(status), outcome, real_tokens=0)
             error = status_error(status, deployment.id)
             error.retry_after = outcome.cool_for if status == 429 else None
@@ -432,7 +436,9 @@ class Dispatcher:
         call.upstream_time += attempt.ended - headers_at  # and its body
         wrong = misconfigured(deployment.config.provider, status, content, self.settler.rule.time)
         if wrong is not None:  # not the client's fault: cool it as a bad key is cooled
-            self._ended(call, turn, attempt, str(status), wrong, real_tokens=0)
+            self._ended(
+                call, turn, attempt, str(status), wrong, real_tokens=0, refund=not admitted(status)
+            )
             raise Retryable(misconfigured_error(status, deployment.id))
         asyncio.get_running_loop().call_soon(self._answered, call, turn, attempt, status, content)
         headers.setdefault("content-type", "application/json")
@@ -446,7 +452,14 @@ class Dispatcher:
             call.prompt_tokens, call.completion_tokens = usage_of_body(content)
         real = call.real_tokens()
         self._ended(
-            call, turn, attempt, str(status), SUCCESS, real_tokens=real, ended=attempt.ended
+            call,
+            turn,
+            attempt,
+            str(status),
+            SUCCESS,
+            real_tokens=real,
+            ended=attempt.ended,
+            refund=not admitted(status),
         )
 
     def _stream(
@@ -496,10 +509,12 @@ class Dispatcher:
         *,
         real_tokens: int | None,
         ended: float | None = None,
+        refund: bool = False,
     ) -> None:
         """An upstream call ended (at ``ended``, default now): one event, the routing
         state, and the deployment's settlement in the background. ``real_tokens``: what
-        it used (None, unknown, refunds the estimate)."""
+        it used (None: unknown; beyond the estimate, it is charged); ``refund``: the
+        upstream did not admit it (``outcomes.admitted``), its token charge is returned."""
         attempt.ended = ended or time.perf_counter()
         attempt.label, attempt.outcome = label, outcome
         attempt.prompt_tokens, attempt.completion_tokens = (
@@ -514,7 +529,9 @@ class Dispatcher:
                 attempt.duration - previous
             )
         self.events.attempt_ended(attempt)
-        self.settler.settle(turn, outcome, estimate=call.estimate, real_tokens=real_tokens)
+        self.settler.settle(
+            turn, outcome, estimate=call.estimate, real_tokens=real_tokens, refund=refund
+        )
 
     def _learn(self, deployment: DeploymentRoute, headers: dict[str, str]) -> None:
         """What the upstream's rate-limit headers say: its announced limits, and, when
@@ -528,7 +545,9 @@ class Dispatcher:
         self.events.upstream_budget(deployment.group, deployment.id, budget)
         # Azure announces no limits: what is left is judged against the configured ones.
         config = deployment.config
-        remaining = remaining_report(budget.assuming(config.rpm, config.tpm))
+        remaining = remaining_report(
+            budget.assuming(config.rpm, config.tpm), self.settler.rule.max_hold
+        )
         if remaining is not None:
             self.settler.report(deployment, remaining)
 

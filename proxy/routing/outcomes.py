@@ -1,8 +1,10 @@
 """What an upstream answer means for the deployment and for the client (pure).
 
-    2xx, other 4xx        success: the request's own fault never cools anything
-    429                   failure "rate_limited": cool until the upstream's retry-after /
-                          reset, lower the effective rate; retry elsewhere
+    2xx, other 4xx        success: the request's own fault never cools anything (400,
+                          404, 413, 422: the upstream did not admit it, ``admitted``)
+    429                   failure "rate_limited": hold until the upstream's retry-after /
+                          reset (at most server.max_upstream_hold), lower the effective
+                          rate; retry elsewhere
     401, 403              failure "auth": a bad upstream key; cool for cooldown.time
     Azure 404, Azure 400  failure "misconfigured": the deployment name, base_url or
       of an api-version   api_version is wrong (the proxy builds the path, not the client);
@@ -20,10 +22,12 @@ from collections.abc import Mapping
 
 from proxy.errors import ServiceUnavailable, UpstreamError, UpstreamUnavailable
 from proxy.limiter.base import Outcome
+from proxy.limiter.health import bounded_hold
 from proxy.upstream.ratelimits import parse_budget, retry_after
 
 __all__ = [
     "SUCCESS",
+    "admitted",
     "classify_status",
     "is_failure",
     "misconfigured",
@@ -38,10 +42,21 @@ def is_failure(status: int) -> bool:
     return status == 429 or status >= 500 or status in (401, 403)
 
 
+# Answers that say the upstream refused the request before counting it against its
+# budget: a bad request, no such model or route, too large, unprocessable.
+_NOT_ADMITTED = frozenset((400, 404, 413, 422))
+
+
+def admitted(status: int) -> bool:
+    """Whether the upstream took the request into its budget (its token charge stays)."""
+    return status not in _NOT_ADMITTED
+
+
 def classify_status(
-    status: int, headers: Mapping[str, str], now: float, cooldown_time: float
+    status: int, headers: Mapping[str, str], now: float, cooldown_time: float, max_hold: float
 ) -> Outcome:
-    """The outcome of an upstream HTTP answer; ``now`` is the wall clock (epoch)."""
+    """The outcome of an upstream HTTP answer; ``now`` is the wall clock (epoch); a 429
+    holds the deployment at most ``max_hold`` seconds."""
     if not is_failure(status):
         return SUCCESS
     if status == 429:
@@ -50,6 +65,7 @@ def classify_status(
             budget = parse_budget(headers, now)
             resets = [r for r in (budget.reset_requests, budget.reset_tokens) if r]
             wait = max(resets) if resets else None
+        wait = bounded_hold(wait, max_hold)
         return Outcome(kind="failure", reason="rate_limited", cool_for=wait, rate_limited=True)
     if status in (401, 403):
         return Outcome(kind="failure", reason="auth", cool_for=cooldown_time)

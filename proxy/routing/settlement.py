@@ -3,9 +3,12 @@
 A reserved turn is settled once its upstream call ended (or was never made): a turn never
 used is given back whole; a request that went keeps its charge (upstreams count a
 request's tokens when they admit it, as prompt plus ``max_tokens``, and never give back
-what it did not use), charged more only when it used more than estimated. The in-flight
-lease is freed and the answer's meaning recorded in the deployment's health. The common
-case, a success that would change nothing, costs no storage call at all.
+what it did not use), charged more only when it used more than estimated (up to what one
+request can take there: a larger count is no usage it could have admitted); a request
+the upstream refused uncounted (``outcomes.admitted``: 400, 404, 413, 422) has its token
+charge returned (one huge refused request would otherwise hold the deployment for every
+key). The in-flight lease is freed and the answer's meaning recorded in the deployment's
+health. The common case, a success that would change nothing, costs no storage call.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from proxy.limiter.base import (
     Remaining,
     Sent,
 )
+from proxy.limiter.verdicts import largest_tokens
 from proxy.routing.events import Events
 from proxy.values import value
 
@@ -70,13 +74,26 @@ class Settler:
         return turn.sent is not None and self.epochs.get(turn.deployment.id, 0) > turn.sent.epoch
 
     def settle(
-        self, turn: Turn, outcome: Outcome, *, estimate: int, real_tokens: int | None
+        self,
+        turn: Turn,
+        outcome: Outcome,
+        *,
+        estimate: int,
+        real_tokens: int | None,
+        refund: bool = False,
     ) -> None:
         """Settle the turn of a request that went upstream, in the background:
-        ``real_tokens`` beyond the ``estimate`` are charged (None: unknown)."""
-        extra = max(0.0, float((real_tokens or 0) - estimate))
+        ``real_tokens`` beyond the ``estimate`` are charged (None: unknown), up to what
+        one request can cost there; ``refund``: the upstream did not admit it, its
+        estimate is returned."""
         limits = self.catalog.limits(turn.deployment)
-        corrects_tokens = extra > 0 and any(w.kind == "tokens" for w in limits.windows)
+        if refund:
+            extra = -float(estimate)
+        else:
+            extra = max(0.0, float((real_tokens or 0) - estimate))
+            if extra > 0:  # an upstream's count, believed only as far as it could be true
+                extra = min(extra, max(0.0, largest_tokens(limits.windows) - estimate))
+        corrects_tokens = extra != 0 and any(w.kind == "tokens" for w in limits.windows)
         if (
             outcome.kind == "success"
             and not turn.probe

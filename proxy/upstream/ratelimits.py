@@ -6,6 +6,10 @@ on its answers, ``-1`` for "unknown" on some APIs; on a 429, ``retry-after-ms`` 
 ``retry-after``, or instead a ``x-rate-limit-reset-tokens`` of seconds), Anthropic's
 ``anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}`` (resets as RFC 3339
 times), and ``retry-after-ms`` / ``retry-after`` (seconds or an HTTP date).
+
+Every number is read strictly and finite (``ratelimit_headers.parse_number``); anything
+else is as if not sent. How long a time may hold a deployment is bounded where it is
+used (``health.bounded_hold``, ``server.max_upstream_hold``).
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 from proxy.limiter.base import Remaining
-from proxy.ratelimit_headers import parse_reset
+from proxy.limiter.health import bounded_hold
+from proxy.ratelimit_headers import parse_number, parse_reset
 from proxy.values import value
 
 # Tell the limiter what the upstream has left only when it is getting low: most answers
@@ -50,18 +55,9 @@ class UpstreamBudget:
         )
 
 
-def _number(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        return None
-
-
 def _count(value: str | None) -> float | None:
     """A limit or what is left of it; negative (Azure's -1): not known."""
-    number = _number(value)
+    number = parse_number(value)
     return number if number is not None and number >= 0 else None
 
 
@@ -102,11 +98,11 @@ def parse_budget(headers: Mapping[str, str], now: float) -> UpstreamBudget:
     prefix = "anthropic-ratelimit-"
     if get(prefix + "requests-remaining") is not None or get(prefix + "tokens-remaining"):
         return UpstreamBudget(
-            limit_requests=_number(get(prefix + "requests-limit")),
-            remaining_requests=_number(get(prefix + "requests-remaining")),
+            limit_requests=_count(get(prefix + "requests-limit")),
+            remaining_requests=_count(get(prefix + "requests-remaining")),
             reset_requests=_until(get(prefix + "requests-reset"), now),
-            limit_tokens=_number(get(prefix + "tokens-limit")),
-            remaining_tokens=_number(get(prefix + "tokens-remaining")),
+            limit_tokens=_count(get(prefix + "tokens-limit")),
+            remaining_tokens=_count(get(prefix + "tokens-remaining")),
             reset_tokens=_until(get(prefix + "tokens-reset"), now),
         )
     return UpstreamBudget()
@@ -114,13 +110,13 @@ def parse_budget(headers: Mapping[str, str], now: float) -> UpstreamBudget:
 
 def retry_after(headers: Mapping[str, str], now: float) -> float | None:
     """Seconds the upstream asks us to wait, from the most precise header it sent."""
-    ms = _number(headers.get("retry-after-ms"))
+    ms = parse_number(headers.get("retry-after-ms"))
     if ms is not None and ms >= 0:
         return ms / 1000.0
     value = headers.get("retry-after")
     if value is None:
         return None
-    seconds = _number(value)
+    seconds = parse_number(value)
     if seconds is not None:
         return max(seconds, 0.0)
     try:
@@ -130,9 +126,10 @@ def retry_after(headers: Mapping[str, str], now: float) -> float | None:
     return max(moment.timestamp() - now, 0.0)
 
 
-def remaining_report(budget: UpstreamBudget) -> Remaining | None:
+def remaining_report(budget: UpstreamBudget, max_hold: float) -> Remaining | None:
     """What the limiter should hear of the upstream's remaining budget: nothing while
-    plenty is left, else what is left and, with no request left, when the next frees."""
+    plenty is left, else what is left and, with no request left, when the next frees
+    (at most ``max_hold`` seconds away)."""
     if not (
         _low(budget.remaining_requests, budget.limit_requests)
         or _low(budget.remaining_tokens, budget.limit_tokens)
@@ -140,8 +137,9 @@ def remaining_report(budget: UpstreamBudget) -> Remaining | None:
         return None
     return Remaining(
         requests=budget.remaining_requests,
-        requests_wait=_next_unit(
-            budget.reset_requests, budget.limit_requests, budget.remaining_requests
+        requests_wait=bounded_hold(
+            _next_unit(budget.reset_requests, budget.limit_requests, budget.remaining_requests),
+            max_hold,
         ),
         tokens=budget.remaining_tokens,
     )

@@ -87,4 +87,7 @@ def usage_of_body(content: bytes) -> tuple[int | None, int | None]:
 
 
 def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """A count: an int, not negative (anything else is not a count an upstream means)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None

@@ -13,6 +13,7 @@ answer must be identical: exact float equality, no tolerance.
 from __future__ import annotations
 
 import asyncio
+import math
 import uuid
 from dataclasses import dataclass, replace
 
@@ -434,6 +435,9 @@ def test_lua_matches_the_pure_core_on_one_queue(
     asyncio.run(run_both(redis_url, KeyLimits("k"), deps, start, sequence))
 
 
+# What a lying upstream may send, were it not bounded before the limiter: both sides
+# bound it alike (health.bounded_hold, rule.max_hold).
+lies = st.sampled_from([math.inf, math.nan, 1e12, 1e30, -1.0, 86_400.0])
 outcomes = st.one_of(
     st.just(Outcome("success")),
     st.just(Outcome("success")),
@@ -444,7 +448,7 @@ outcomes = st.one_of(
         Outcome,
         st.just("failure"),
         st.just("rate_limited"),
-        st.one_of(st.none(), st.sampled_from([0.0, 0.5, 2.0]), st.floats(0.0, 40.0)),
+        st.one_of(st.none(), st.sampled_from([0.0, 0.5, 2.0]), st.floats(0.0, 40.0), lies),
         st.just(True),
     ),
     st.builds(Outcome, st.just("failure"), st.just("auth"), st.floats(0.0, 40.0)),
@@ -481,7 +485,7 @@ learning_settles = st.builds(
         Outcome,
         st.just("failure"),
         st.just("rate_limited"),
-        st.one_of(st.none(), st.sampled_from([0.5, 2.0]), st.floats(0.0, 40.0)),
+        st.one_of(st.none(), st.sampled_from([0.5, 2.0]), st.floats(0.0, 40.0), lies),
         st.just(True),
     ),
     st.just(0.0),
@@ -507,7 +511,7 @@ health_ops = st.one_of(
         st.builds(
             Remaining,
             st.one_of(st.none(), st.sampled_from([0.0, 1.0, 3.0]), st.floats(0.0, 60.0)),
-            st.one_of(st.none(), st.sampled_from([0.0, 1.0, 7.5]), st.floats(0.0, 60.0)),
+            st.one_of(st.none(), st.sampled_from([0.0, 1.0, 7.5]), st.floats(0.0, 60.0), lies),
             st.one_of(st.none(), st.sampled_from([0.0, 10.0]), st.floats(0.0, 100.0)),
         ),
     ),
@@ -540,6 +544,7 @@ rules = st.builds(
     allowed_fails=st.integers(1, 3),
     window=st.sampled_from([1.0, 10.0, 60.0]),
     time=st.sampled_from([0.0, 1.0, 5.0, 30.0]),
+    max_hold=st.sampled_from([3.0, 300.0]),
 )
 
 

@@ -22,6 +22,7 @@ from proxy.limiter.health import (
     Evidence,
     Health,
     abandon_probe,
+    bounded_hold,
     counted,
     expires_at,
     hold_for,
@@ -203,6 +204,35 @@ def test_settle_maps_outcomes_to_changes() -> None:
     h, change = settle(_busy(3, 1.0), limited, RULE, 2.0, evidence=Evidence(0, 3, 2.0))
     assert change == base.HealthChange(cooled=True, cool_for=3.0, epoch=1)
     assert h.learned == MARGIN * 2 / 5.0
+
+
+def test_no_hold_an_upstream_asks_for_outlasts_the_rules_max_hold() -> None:
+    """An infinite, absurd or negative hold is cut to [0, max_hold]; a NaN says
+    nothing (the hold without a hint)."""
+    rule = CooldownRule(allowed_fails=3, window=60.0, time=30.0, max_hold=300.0)
+    for asked, held in ((math.inf, 300.0), (1e12, 300.0), (86_400.0, 300.0), (-5.0, 0.0)):
+        limited = base.Outcome("failure", "rate_limited", cool_for=asked, rate_limited=True)
+        h, change = settle(HEALTHY, limited, rule, 10.0)
+        assert h.hold_until == 10.0 + held and change.cool_for == held, asked
+        assert expires_at(h, rule.window) <= 10.0 + held + 1.0
+    nan = base.Outcome("failure", "rate_limited", cool_for=math.nan, rate_limited=True)
+    h, _ = settle(HEALTHY, nan, rule, 10.0)
+    assert h.hold_until == 10.0 + HOLD_WITHOUT_HINT
+
+
+def test_bounded_hold() -> None:
+    assert bounded_hold(None, 5.0) is None and bounded_hold(math.nan, 5.0) is None
+    assert bounded_hold(2.5, 5.0) == 2.5 and bounded_hold(-math.inf, 5.0) == 0.0
+    assert bounded_hold(math.inf, 5.0) == 5.0
+
+
+def test_a_learning_429_with_an_absurd_hold_learns_within_the_bound() -> None:
+    """The learned rate counts the bounded hold, never a century (which would have
+    taught the floor of one request a minute)."""
+    rule = CooldownRule(allowed_fails=3, window=60.0, time=30.0, max_hold=2.0)
+    limited = base.Outcome("failure", "rate_limited", cool_for=1e12, rate_limited=True)
+    h, _ = settle(_busy(3, 1.0), limited, rule, 2.0, evidence=Evidence(0, 3, 2.0))
+    assert h.learned == MARGIN * 2 / 4.0 and h.hold_until == 4.0
 
 
 def test_expires_at_is_when_a_state_is_as_good_as_healthy() -> None:

@@ -1,14 +1,19 @@
-"""Which reserved turns are stale: a turn is taken again only when the deployment learned
-a new pace after it was reserved (health.py's epochs)."""
+"""Settling turns: which reserved turns are stale (a turn is taken again only when the
+deployment learned a new pace after it was reserved: health.py's epochs), and what a
+settled request leaves charged."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, cast
 
+import pytest
 from support.proxy_server import settings_from
 
+from proxy.background import Background
 from proxy.catalog import Catalog
-from proxy.limiter.base import CooldownRule, Sent
+from proxy.limiter.base import SUCCESS, CooldownRule, DeploymentState, GroupAsk, Sent
+from proxy.limiter.memory import MemoryLimiter
 from proxy.routing.settlement import Settler, Turn
 
 CATALOG = Catalog(
@@ -48,3 +53,59 @@ def test_epochs_that_start_again_make_no_turn_stale_forever() -> None:
     settler.saw("d", 0)
     assert not settler.stale(_turn(0))
     assert not settler.stale(_turn(4))
+
+
+TOKENS_CATALOG = Catalog(
+    settings_from(
+        {
+            "models": [
+                {
+                    "name": "m",
+                    "deployments": [
+                        {"id": "d", "base_url": "http://127.0.0.1:1/v1", "tpm": 100_000}
+                    ],
+                }
+            ]
+        }
+    )
+)
+
+
+def _settled(estimate: int, real_tokens: int | None, refund: bool = False) -> DeploymentState:
+    """The deployment of 100,000 tokens a minute, at the same instant, after one request
+    of ``estimate`` tokens was reserved and settled so (a real in-memory limiter)."""
+    [route] = TOKENS_CATALOG.groups["m"].deployments
+    limiter = MemoryLimiter(clock=lambda: 0.0)
+    background = Background()
+    unused = cast(Any, None)  # no health changes to report
+    rule = CooldownRule(3, 60.0, 30.0)
+    settler = Settler(limiter, TOKENS_CATALOG, rule, background, unused, least_busy=False)
+
+    async def scenario() -> DeploymentState:
+        limits = TOKENS_CATALOG.limits(route)
+        verdict = await limiter.reserve(GroupAsk("m", [limits], float(estimate), 60.0))
+        assert verdict.deployment_id == "d" and verdict.wait == 0.0
+        turn = Turn(route, "", sent=verdict.sent)
+        settler.settle(turn, SUCCESS, estimate=estimate, real_tokens=real_tokens, refund=refund)
+        await background.drain()
+        [state] = (await limiter.snapshot("m", [limits])).values()
+        return state
+
+    return asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("refund", "left"), [(True, 100_000.0), (False, 2_000.0)])
+def test_a_request_the_upstream_did_not_admit_returns_its_token_charge(
+    refund: bool, left: float
+) -> None:
+    """98,000 tokens reserved of 100,000 a minute: refused uncounted (``refund``), they
+    come back whole; answered, they stay charged (upstreams never give back what a
+    request did not use)."""
+    assert _settled(98_000, None, refund).remaining["tpm"] == pytest.approx(left)
+
+
+def test_a_usage_beyond_what_one_request_can_take_is_charged_only_that() -> None:
+    """An answer that says 10**18 tokens were used, on a deployment of 100,000 a minute:
+    charged 100,000 at most (its window is full again within a minute)."""
+    assert _settled(100, 10**18).reset["tpm"] == pytest.approx(60.0 / 0.99)
+    assert _settled(100, 5_000).remaining["tpm"] == pytest.approx(95_000.0)  # believed

@@ -1,6 +1,8 @@
 """Usage is read from a passing SSE stream; the proxy's own usage event is removed."""
 
-from proxy.upstream.sse import UsageTap
+import pytest
+
+from proxy.upstream.sse import UsageTap, usage_counts
 
 CHUNK = b'data: {"choices":[{"delta":{"content":"hi"}}],"usage":null}\n\n'
 USAGE = (
@@ -30,3 +32,8 @@ def test_events_split_across_chunks() -> None:
     out = b"".join(tap.feed(p) for p in pieces) + tap.flush()
     assert out == CHUNK + DONE
     assert tap.prompt_tokens == 7
+
+
+@pytest.mark.parametrize("count", [-5, -1])
+def test_a_negative_usage_count_is_unknown(count: int) -> None:
+    assert usage_counts({"usage": {"prompt_tokens": count, "completion_tokens": 3}}) == (None, 3)

@@ -88,6 +88,14 @@ local function store_health(key, h, window, now, kept)
   redis.call('PEXPIRE', key, string.format('%d', ttl))
 end
 
+-- health.bounded_hold (nil: no hint; ``seconds ~= seconds``: a NaN)
+local function bounded_hold(seconds, max_hold)
+  if seconds == nil or seconds ~= seconds then
+    return nil
+  end
+  return math.min(math.max(seconds, 0.0), max_hold)
+end
+
 -- health.learned_rate
 local function learned_rate(h, now)
   if h.learned <= 0.0 then
@@ -247,8 +255,8 @@ end
 
 -- health.settle: returns the new health, whether it changed, cooled, recovered, and the
 -- seconds until it may take a request (health.unusable_for)
-local function settle_health(h, kind, lease_id, allowed_fails, window, cool_time, now,
-                             cool_for, rate_limited, ev)
+local function settle_health(h, kind, lease_id, allowed_fails, window, cool_time, max_hold,
+                             now, cool_for, rate_limited, ev)
   local changed, cooled, recovered = false, false, false
   if kind == 'success' then
     h, recovered = on_success(h, now)
@@ -257,7 +265,7 @@ local function settle_health(h, kind, lease_id, allowed_fails, window, cool_time
     if ev == nil then
       ev = {epoch = -1, sequence = 0, sent_at = 0.0, pace = 0.0}
     end
-    ev.hold = cool_for
+    ev.hold = bounded_hold(cool_for, max_hold)
     h = on_rate_limited(h, now, ev)
     changed = true
     cooled = true

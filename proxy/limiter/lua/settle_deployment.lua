@@ -8,8 +8,9 @@
 -- ARGV: now ('' = server time), lease id ('' = none), kind (success/failure/neutral),
 --       cool_for ('' = none), rate_limited (1/0), allowed_fails, window, cooldown time,
 --       the turn's epoch, sequence, time and the pace in force ('' = turn unknown),
---       the numbers of buckets to correct and to lower, the hold (0 = none), then per
---       bucket to correct:
+--       the numbers of buckets to correct and to lower, the hold (0 = none), the longest
+--       an upstream may hold the deployment (health.bounded_hold), then per bucket to
+--       correct:
 --       interval, units; per bucket to lower: interval, capacity, available,
 --       wait for one unit ('' = none); per pacing bucket: interval, capacity
 -- Reply: cooled (1/0), recovered (1/0), seconds until it may take a request, epoch
@@ -22,7 +23,8 @@ local h = load_health(KEYS[1], now)
 local epoch = h.epoch
 local corrected, lowered = tonumber(ARGV[13]), tonumber(ARGV[14])
 local hold_share = tonumber(ARGV[15])
-local a, k = 16, 4
+local max_hold = tonumber(ARGV[16])
+local a, k = 17, 4
 for _ = 1, corrected do
   adjust(KEYS[k], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), now)
   a = a + 2
@@ -34,8 +36,12 @@ for _ = 1, lowered do
   local d, t = load_state(KEYS[k])
   local debt = debt_at(d, t, interval, now)
   local floor = capacity - tonumber(ARGV[a + 2])
+  local wait = nil
   if ARGV[a + 3] ~= '' then
-    floor = math.max(floor, capacity - 1.0 + tonumber(ARGV[a + 3]) / interval)
+    wait = bounded_hold(tonumber(ARGV[a + 3]), max_hold)
+  end
+  if wait ~= nil then
+    floor = math.max(floor, capacity - 1.0 + wait / interval)
   end
   if floor > debt then
     store_state(KEYS[k], floor, now, interval)
@@ -67,7 +73,7 @@ if ARGV[9] ~= '' then
 end
 local window = tonumber(ARGV[7])
 local settled, changed, cooled, recovered, left = settle_health(copy(h), ARGV[3], lease_id,
-  tonumber(ARGV[6]), window, tonumber(ARGV[8]), now, cool_for, ARGV[5] == '1', ev)
+  tonumber(ARGV[6]), window, tonumber(ARGV[8]), max_hold, now, cool_for, ARGV[5] == '1', ev)
 if settled.epoch ~= epoch then
   -- bucket.held for each pacing window, then the (new) learned window
   local hold = hold_for(settled, now)

@@ -1,0 +1,293 @@
+"""What a lying upstream can do through the real proxy: nothing lasting. A scripted
+upstream on loopback sends non-finite and absurd numbers in its rate-limit headers, a
+1-token announced limit, a 400 for a huge request; the proxy (in-memory limiter, and
+Redis, where the state is shared) holds a deployment at most ``server.max_upstream_hold``,
+keeps pacing above a floor, returns the token charge of what the upstream did not admit,
+charges no usage beyond what one request can take, and its admin views never fail. A
+daily limit of 5 admits 5."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from support.proxy_server import ProxyInThread, settings_from
+from support.raw_upstream import Conversation, RawUpstream
+from support.waiting import wait_until
+
+KEY = "sk-numbers"
+OTHER_KEY = "sk-other"
+ADMIN_KEY = "admin-numbers"
+HOLD = "1s"  # server.max_upstream_hold of these tests
+MAX_WAIT = 5.0  # longer than HOLD, far shorter than any lie
+
+
+def _completion(prompt_tokens: int) -> bytes:
+    return orjson.dumps(
+        {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "m",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "ok"},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 1},
+        }
+    )
+
+
+COMPLETION = _completion(5)
+TOO_LARGE = orjson.dumps(
+    {"error": {"message": "max_tokens is too large", "type": "invalid_request_error"}}
+)
+
+
+def _reply(status: int, reason: str, body: bytes, headers: dict[str, str]) -> bytes:
+    head = f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+    head += "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    head += f"content-length: {len(body)}\r\n\r\n"
+    return head.encode() + body
+
+
+Script = Callable[[int, dict[str, Any]], tuple[int, dict[str, str]]]
+
+
+def _upstream(script: Script, completion: bytes = COMPLETION) -> RawUpstream:
+    """Answers the n-th request (0, 1, ...) as ``script(n, body)`` says: a status and the
+    headers to send with it (``completion`` for a 200, an OpenAI error otherwise)."""
+
+    async def answer(conversation: Conversation) -> None:
+        n = len(upstream.requests) - 1
+        status, headers = script(n, orjson.loads(conversation.request.body))
+        if status == 200:
+            await conversation.send(_reply(200, "OK", completion, headers))
+        else:
+            await conversation.send(_reply(status, "Error", TOO_LARGE, headers))
+
+    upstream = RawUpstream(answer)
+    return upstream
+
+
+def _config(
+    upstream_url: str,
+    redis_url: str,
+    deployment: dict[str, Any] | None = None,
+    key: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "redis": {"url": redis_url},
+        "server": {"max_upstream_hold": HOLD},
+        "admin": {"keys": [ADMIN_KEY]},
+        "keys": [{"name": "k", "key": KEY, **(key or {})}, {"name": "other", "key": OTHER_KEY}],
+        "models": [
+            {
+                "name": "m",
+                "deployments": [
+                    {"id": "d", "base_url": f"{upstream_url}/v1", **(deployment or {"rpm": 600})}
+                ],
+            }
+        ],
+        "routing": {"retries": 0, "max_wait": f"{MAX_WAIT}s"},
+    }
+
+
+@pytest.fixture(params=["memory", "redis"])
+def storage(request: pytest.FixtureRequest) -> str:
+    """The limiter's storage: "" (in memory), or the session's Redis (state shared)."""
+    if request.param == "memory":
+        return ""
+    url: str = request.getfixturevalue("redis_url")
+    return url
+
+
+def _chat(max_tokens: int = 5) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens}
+
+
+async def _with_proxy(
+    upstream: RawUpstream,
+    redis_url: str,
+    deployment: dict[str, Any] | None,
+    scenario: Callable[[ProxyInThread, httpx.AsyncClient], Awaitable[None]],
+    key: dict[str, Any] | None = None,
+) -> None:
+    async with upstream:
+        config = _config(upstream.url, redis_url, deployment, key)
+        proxy = ProxyInThread(settings_from(config))
+        await asyncio.to_thread(proxy.start)
+        try:
+            async with httpx.AsyncClient(base_url=proxy.url, timeout=30) as client:
+                await scenario(proxy, client)
+        finally:
+            await asyncio.to_thread(proxy.stop)
+
+
+def _post(client: httpx.AsyncClient, body: dict[str, Any], key: str = KEY) -> Any:
+    return client.post(
+        "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}
+    )
+
+
+async def _admin_views_answer(client: httpx.AsyncClient) -> dict[str, Any]:
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    page = await client.get("/admin", headers=admin)
+    assert page.status_code == 200, page.text
+    state = await client.get("/admin/state", headers=admin)
+    assert state.status_code == 200, state.text
+    view: dict[str, Any] = state.json()
+    return view
+
+
+LIES = [
+    pytest.param({"retry-after": "inf"}, id="retry-after-inf"),
+    pytest.param({"retry-after": "nan"}, id="retry-after-nan"),
+    pytest.param({"retry-after": "1e12"}, id="retry-after-1e12"),
+    pytest.param({"retry-after": "86400"}, id="retry-after-a-day"),
+    pytest.param({"retry-after-ms": "1e30"}, id="retry-after-ms-1e30"),
+    pytest.param({"retry-after-ms": "inf", "retry-after": "1e12"}, id="retry-after-ms-inf"),
+    pytest.param(
+        {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "inf"},
+        id="reset-requests-inf",
+    ),
+    pytest.param(
+        {"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "1e12"},
+        id="reset-tokens-1e12",
+    ),
+    pytest.param(
+        {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "99999999h0m0s"},
+        id="reset-requests-go-duration-of-centuries",
+    ),
+]
+
+
+@pytest.mark.parametrize("lie", LIES)
+def test_a_429_holds_a_deployment_at_most_max_upstream_hold(
+    storage: str, lie: dict[str, str]
+) -> None:
+    """The first answer is a 429 whose headers lie; the client hears the contract's 503
+    (a retry-after within the bound), the admin views still answer, and the next request
+    is served within max_wait, after the hold of at most a second."""
+    upstream = _upstream(lambda n, body: (429, lie) if n == 0 else (200, {}))
+
+    async def scenario(proxy: ProxyInThread, client: httpx.AsyncClient) -> None:
+        refused = await _post(client, _chat())
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "upstream_rate_limited"
+        assert int(refused.headers.get("retry-after", "1")) <= 1  # none: the lie is unread
+        assert refused.headers["x-request-id"]
+        await asyncio.to_thread(proxy.settled)
+        view = await _admin_views_answer(client)
+        hold = view["models"][0]["deployments"][0]["health"]["hold_until"]
+        assert hold is None or hold["in"] <= 1.0, hold
+        served = await _post(client, _chat())
+        assert served.status_code == 200, served.text
+        await _admin_views_answer(client)
+
+    asyncio.run(_with_proxy(upstream, storage, None, scenario))
+    assert len(upstream.requests) == 2
+
+
+@pytest.mark.parametrize(
+    "announced",
+    [
+        pytest.param(
+            {"x-ratelimit-limit-tokens": "1", "x-ratelimit-remaining-tokens": "1"}, id="tokens"
+        ),
+        pytest.param(
+            {"x-ratelimit-limit-requests": "1", "x-ratelimit-remaining-requests": "1"},
+            id="requests",
+        ),
+    ],
+)
+def test_an_absurd_announced_limit_never_refuses_what_the_configured_one_admits(
+    storage: str, announced: dict[str, str]
+) -> None:
+    """One answer announces a limit of 1: the requests after it,
+    each well within the configured limits (600 rpm, 100,000 tpm; one of 50,000 tokens),
+    are still served, paced at no less than the floor (a tenth of what is configured)."""
+    upstream = _upstream(lambda n, body: (200, announced) if n == 0 else (200, {}))
+
+    async def scenario(proxy: ProxyInThread, client: httpx.AsyncClient) -> None:
+        first = await _post(client, _chat())
+        assert first.status_code == 200, first.text
+        await asyncio.to_thread(proxy.settled)
+        for max_tokens in (5, 5, 50_000):
+            later = await _post(client, _chat(max_tokens))
+            assert later.status_code == 200, later.text
+        await _admin_views_answer(client)
+
+    deployment = {"rpm": 600, "tpm": 100_000}
+    asyncio.run(_with_proxy(upstream, storage, deployment, scenario))
+    assert len(upstream.requests) == 4
+
+
+@pytest.mark.parametrize("status", [400, 404, 413, 422])
+def test_an_answer_that_did_not_admit_the_request_returns_its_token_charge(
+    storage: str, status: int
+) -> None:
+    """One key's request of 98,000 tokens on a deployment of 100,000 a minute, which the
+    upstream refuses: another key's request right after goes at once, not in about 56 s
+    (the refused request's tokens were given back)."""
+    upstream = _upstream(lambda n, body: (status, {}) if body["max_tokens"] > 1000 else (200, {}))
+
+    async def scenario(proxy: ProxyInThread, client: httpx.AsyncClient) -> None:
+        refused = await _post(client, _chat(98_000))
+        assert refused.status_code == status, refused.text
+        await asyncio.to_thread(proxy.settled)
+        background = proxy.app.state.pipeline.background
+        await asyncio.to_thread(wait_until, lambda: not background._tasks, 5.0, "settled")
+        served = await _post(client, _chat(), key=OTHER_KEY)
+        assert served.status_code == 200, served.text
+        assert float(served.headers.get("x-llm-proxy-queue-ms", "0")) < 1000
+
+    asyncio.run(_with_proxy(upstream, storage, {"tpm": 100_000}, scenario))
+    assert len(upstream.requests) == 2
+
+
+def test_a_deployment_limit_of_5_a_day_admits_5(storage: str) -> None:
+    """The pacing headroom (1%) never costs a long window a whole request: five requests
+    in a row on ``rpd: 5`` are all served; the sixth is refused at once."""
+    upstream = _upstream(lambda n, body: (200, {}))
+
+    async def scenario(proxy: ProxyInThread, client: httpx.AsyncClient) -> None:
+        for _ in range(5):
+            served = await _post(client, _chat())
+            assert served.status_code == 200, served.text
+        refused = await _post(client, _chat())
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["error"]["code"] == "model_capacity"
+
+    asyncio.run(_with_proxy(upstream, storage, {"rpd": 5}, scenario))
+    assert len(upstream.requests) == 5
+
+
+def test_a_usage_no_request_could_have_used_is_charged_at_most_one_requests_worth(
+    storage: str,
+) -> None:
+    """An answer that says its request used 10**18 tokens, on a deployment and a key of
+    100,000 a minute: each is charged at most what one request can take there (their
+    token windows are full again within a minute, not in millennia)."""
+    upstream = _upstream(lambda n, body: (200, {}), completion=_completion(10**18))
+
+    async def scenario(proxy: ProxyInThread, client: httpx.AsyncClient) -> None:
+        served = await _post(client, _chat())
+        assert served.status_code == 200, served.text
+        await asyncio.to_thread(proxy.settled)
+        background = proxy.app.state.pipeline.background
+        await asyncio.to_thread(wait_until, lambda: not background._tasks, 5.0, "settled")
+        view = await _admin_views_answer(client)
+        [tpm] = view["models"][0]["deployments"][0]["windows"]
+        assert tpm["name"] == "tpm" and tpm["full_in"]["in"] <= 61.0, tpm
+        [key_tpm] = next(k for k in view["keys"] if k["name"] == "k")["windows"]
+        assert key_tpm["name"] == "tpm" and key_tpm["full_in"]["in"] <= 61.0, key_tpm
+
+    asyncio.run(_with_proxy(upstream, storage, {"tpm": 100_000}, scenario, key={"tpm": 100_000}))
