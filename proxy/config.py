@@ -389,6 +389,9 @@ class ServerConfig(_Strict):
     """Process-level knobs (an extension of the contract's file; all optional)."""
 
     max_body_size: ByteSize = 10 * 2**20
+    # The largest upstream answer read whole (buffered; decoded if gzipped): past it a
+    # 502, never unbounded memory. Streams pass chunk by chunk and are never held.
+    max_upstream_body_size: ByteSize = 64 * 2**20
     # Completion tokens assumed for budgeting when a request sets no max_tokens.
     default_max_tokens: PositiveInt = 256
     log_level: Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(_lower)] = (

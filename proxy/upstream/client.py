@@ -35,7 +35,12 @@ from httpx_aiohttp.transport import map_aiohttp_exceptions
 from yarl import URL
 
 from proxy.catalog import EGRESS, Egress
-from proxy.upstream.interface import HEADER_MAP, UpstreamRequest, UpstreamStream
+from proxy.upstream.interface import (
+    HEADER_MAP,
+    AnswerTooLarge,
+    UpstreamRequest,
+    UpstreamStream,
+)
 from proxy.upstream.lean import LeanTransport
 
 __all__ = [
@@ -61,10 +66,22 @@ class _AiohttpStream(UpstreamStream):
         except Exception as exc:
             _raise_mapped(exc)
 
-    async def read(self) -> bytes:
-        """The whole body in one go (a buffered answer)."""
+    async def read(self, limit: int | None = None) -> bytes:
+        """The whole body in one go (a buffered answer), at most ``limit`` bytes."""
         try:
-            return await self._response.read()
+            if limit is None:
+                return await self._response.read()
+            content = self._response.content
+            parts: list[bytes] = []
+            size = 0
+            while chunk := await content.readany():
+                size += len(chunk)
+                if size > limit:
+                    raise AnswerTooLarge(limit)
+                parts.append(chunk)
+            return b"".join(parts)
+        except AnswerTooLarge:
+            raise
         except Exception as exc:
             _raise_mapped(exc)
 
