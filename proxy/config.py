@@ -30,6 +30,8 @@ from pydantic import (
     model_validator,
 )
 
+from proxy.upstream.redact import redaction_warning
+
 __all__ = [
     "AdminConfig",
     "ConfigError",
@@ -556,6 +558,9 @@ def config_warnings(settings: Settings) -> list[str]:
                     f"models[{i}].deployments[{j}].tls.verify: false: the upstream's"
                     " certificate is not checked (a lab upstream only)"
                 )
+            unredacted = redaction_warning(d.api_key.get_secret_value())
+            if unredacted is not None:
+                warnings.append(f"models[{i}].deployments[{j}].api_key: {unredacted}")
             url = d.base_url.lower()
             if d.provider == "azure" and url.endswith("/openai"):
                 warnings.append(
