@@ -8,8 +8,8 @@
       of an api-version   api_version is wrong (the proxy builds the path, not the client);
                           cool for cooldown.time
     3xx, 4xx not JSON     failure "misconfigured" (no LLM API answers there: a base_url
-                          missing its /v1); but 400, 409, 413, 414, 415, 422 are about the
-                          client's request: its own status, wrapped in the contract's shape
+      (or a framework's   missing its /v1); but 400, 409, 413, 414, 415, 422 are about the
+      404 {"detail"})     client's request: its own status, wrapped in the contract's shape
     5xx                   failure "server_error": counts toward allowed_fails
     timeout, connection,  failure of that name: counts toward allowed_fails
     protocol
@@ -123,13 +123,20 @@ def unshaped(status: int, body: bytes, cooldown_time: float) -> Outcome | None:
     if status < 300:
         return None
     try:
-        if isinstance(orjson.loads(body), dict):
-            return None
+        parsed = orjson.loads(body)
     except orjson.JSONDecodeError:
-        pass
+        parsed = None
+    if isinstance(parsed, dict) and not _no_such_route(status, parsed):
+        return None
     if status in _ABOUT_THE_REQUEST:
         return SUCCESS
     return Outcome(kind="failure", reason="misconfigured", cool_for=cooldown_time)
+
+
+def _no_such_route(status: int, body: dict[str, object]) -> bool:
+    """A web framework's own answer for a path or method it does not serve (FastAPI's
+    and Starlette's ``{"detail": "Not Found"}``: vLLM's without its /v1)."""
+    return status in (404, 405) and body.keys() == {"detail"}
 
 
 def unshaped_error(status: int, deployment: str, url: str) -> ProxyError:

@@ -68,10 +68,12 @@ class _AiohttpStream(UpstreamStream):
 
     async def read(self, limit: int | None = None) -> bytes:
         """The whole body in one go (a buffered answer), at most ``limit`` bytes."""
+        response = self._response
         try:
-            if limit is None:
-                return await self._response.read()
-            content = self._response.content
+            length = response.content_length
+            if limit is None or (length is not None and length <= limit):
+                return await response.read()  # its length is known, and within the bound
+            content = response.content
             parts: list[bytes] = []
             size = 0
             while chunk := await content.readany():

@@ -61,6 +61,7 @@ _PLACEHOLDERS = frozenset(
 _WORD = rb"A-Za-z0-9+/_\-"
 
 
+@functools.lru_cache(maxsize=256)
 def redactable(key: str) -> bytes:
     """The key as the bytes to redact; empty when it cannot be a secret (no key, too
     short, a known placeholder, one repeated character): nothing is redacted then."""

@@ -255,9 +255,13 @@ def test_a_corrupt_gzip_stream_ends_with_an_error_event() -> None:
 # --- errors that are not JSON ---------------------------------------------------------
 
 
-def _not_an_llm_api(status: str, content_type: str = "text/plain") -> Callable[..., Any]:
-    async def reply(conversation: Conversation) -> None:
+def _not_an_llm_api(
+    status: str, content_type: str = "text/plain", body: bytes | None = None
+) -> Callable[..., Any]:
+    if body is None:
         body = b"404 page not found" if status.startswith("404") else b"<html>nope</html>"
+
+    async def reply(conversation: Conversation) -> None:
         await conversation.send(answer(body, f"content-type: {content_type}", status=status))
 
     return reply
@@ -285,11 +289,18 @@ def test_a_non_json_404_is_a_502_naming_the_deployment_and_url(
 
 
 @pytest.mark.parametrize(
-    ("status", "content_type"),
-    [("301 Moved Permanently", "text/html"), ("405 Method Not Allowed", "text/html")],
+    ("status", "content_type", "body"),
+    [
+        ("301 Moved Permanently", "text/html", None),
+        ("405 Method Not Allowed", "text/html", None),
+        ("404 Not Found", "application/json", b'{"detail":"Not Found"}'),  # vLLM without /v1
+    ],
+    ids=["redirect", "method", "fastapi-404"],
 )
-def test_other_answers_of_no_llm_api_are_502s(status: str, content_type: str) -> None:
-    with _proxy_before(_not_an_llm_api(status, content_type)) as proxy:
+def test_other_answers_of_no_llm_api_are_502s(
+    status: str, content_type: str, body: bytes | None
+) -> None:
+    with _proxy_before(_not_an_llm_api(status, content_type, body)) as proxy:
         response = httpx.post(f"{proxy.base_url}/chat/completions", json=CHAT)
     assert response.status_code == 502
     assert response.json()["error"]["code"] == "upstream_error"

@@ -40,3 +40,11 @@ def test_unshaped_answers_about_the_request_keep_their_status(status: int) -> No
     error = unshaped_error(status, "d", "http://u/chat/completions")
     assert isinstance(error, InvalidRequest) and error.status == status
     assert error.type == "invalid_request_error"
+
+
+@pytest.mark.parametrize("status", [404, 405])
+def test_a_web_frameworks_own_404_is_no_llm_apis_answer(status: int) -> None:
+    """FastAPI's answer for a path it does not serve: vLLM's base_url without /v1."""
+    outcome = unshaped(status, b'{"detail":"Not Found"}', 30.0)
+    assert outcome is not None and outcome.reason == "misconfigured"
+    assert unshaped(422, b'{"detail": [{"loc": ["body"]}]}', 30.0) is None  # a real 422
