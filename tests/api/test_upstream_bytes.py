@@ -338,3 +338,17 @@ def test_a_deployment_that_is_no_llm_api_is_passed_over_for_one_that_is() -> Non
             ]
         assert [a.status_code for a in answers] == [200] * 3
         assert len(wrong.requests) == 1  # then cooled: misconfigured, as an Azure 404 is
+
+
+def test_a_stream_in_an_encoding_the_proxy_cannot_decode_is_a_502_before_it_starts() -> None:
+    async def reply(conversation: Conversation) -> None:
+        body = b"data: compressed, supposedly\n\n"
+        await conversation.send(answer(body, SSE, "content-encoding: br"))
+
+    with _proxy_before(reply) as proxy:
+        response = httpx.post(
+            f"{proxy.base_url}/chat/completions", json={**CHAT, "stream": True}, timeout=30
+        )
+    assert response.status_code == 502
+    error = response.json()["error"]
+    assert error["code"] == "upstream_error" and "does not decode (br)" in error["message"]
