@@ -144,7 +144,11 @@ async def _read(response: httpx.Response, limit: int | None) -> bytes:
 def _declared(length: str | None, limit: int | None) -> int | None:
     """``limit``, checked first against the body's announced length: a body announced
     over it is refused before a byte of it is read."""
-    if limit is not None and length is not None and length.isdigit() and int(length) > limit:
+    if limit is None or length is None:
+        return limit
+    length = length.strip()
+    # Strictly digits (no "²", no "-1"); more than 18 of them is over any bound.
+    if length.isascii() and length.isdigit() and (len(length) > 18 or int(length) > limit):
         raise AnswerTooLarge(limit)
     return limit
 
