@@ -200,11 +200,11 @@ class _Connection(asyncio.Protocol):
         exchange.parts.append(body)
         exchange.buffered += len(body)
         limit = exchange.limit
-        if limit is not None:  # read whole: only its bound stops it
+        if limit is not None:  # read whole: only its bound stops it, its end wakes its reader
             if exchange.buffered > limit:
                 self._fail(AnswerTooLarge(limit))
-                return
-        elif exchange.buffered > HIGH_WATER and not self.paused and self.transport is not None:
+            return
+        if exchange.buffered > HIGH_WATER and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
         self._wake(exchange)
