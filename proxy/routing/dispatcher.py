@@ -49,7 +49,7 @@ from proxy.routing.outcomes import (
 from proxy.routing.settlement import Settler, Turn
 from proxy.routing.strategies import RoutingState, order_candidates
 from proxy.upstream.client import HEADER_MAP
-from proxy.upstream.encoding import Undecodable, decoder_for
+from proxy.upstream.encoding import Decoder, Undecodable, decoder_for
 from proxy.upstream.forward import (
     TransportFailure,
     UnusableAnswer,
@@ -441,8 +441,9 @@ class Dispatcher:
                 raise self._unusable(call, turn, attempt, message, "encoding") from None
             tap = UsageTap(strip_usage_event=added_usage)
             redactor = StreamRedactor(secret)
-            body = StreamBody(response, tap, redactor, decoder)
-            return self._stream(call, turn, attempt, body, headers, stream_done)
+            return self._stream(
+                call, turn, attempt, response, tap, redactor, decoder, headers, stream_done
+            )
         headers_at = time.perf_counter()
         try:
             content = await read_body(response, deployment.id, self.max_answer)
@@ -501,7 +502,10 @@ class Dispatcher:
         call: Call,
         turn: Turn,
         attempt: Attempt,
-        body: StreamBody,
+        response: httpx.Response,
+        tap: UsageTap,
+        redactor: StreamRedactor,
+        decoder: Decoder | None,
         headers: dict[str, str],
         stream_done: StreamDone,
     ) -> Reply:
@@ -509,7 +513,6 @@ class Dispatcher:
             self.events.first_token(attempt, time.perf_counter() - attempt.started)
 
         async def on_close(end: StreamEnd) -> None:
-            tap = body.tap
             call.prompt_tokens, call.completion_tokens = tap.prompt_tokens, tap.completion_tokens
             outcome = {"completed": SUCCESS, "interrupted": INTERRUPTED}.get(end, NEUTRAL)
             label = "200" if end == "completed" else end
@@ -519,7 +522,7 @@ class Dispatcher:
             await stream_done(200 if end != "abandoned" else 499)
 
         headers.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
-        body.watch(on_first_chunk, on_close)
+        body = StreamBody(response, tap, redactor, on_first_chunk, on_close, decoder)
         return Reply(status=200, headers=headers, stream=body)
 
     # --- bookkeeping ------------------------------------------------------------------

@@ -23,8 +23,8 @@ class StreamBody:
     """Chunks as they arrive, decoded if the upstream compressed them (``decoder``);
     usage is read on the way (``tap``), the upstream key redacted (``redactor``).
 
-    ``aclose`` closes the upstream response and calls ``on_close`` (``watch``) exactly
-    once, even when iteration never started (the client left before the first byte).
+    ``aclose`` closes the upstream response and calls ``on_close`` exactly once, even when
+    iteration never started (the client left before the first byte).
     """
 
     def __init__(
@@ -32,23 +32,18 @@ class StreamBody:
         response: httpx.Response,
         tap: UsageTap,
         redactor: StreamRedactor,
+        on_first_chunk: Callable[[], None],
+        on_close: Callable[[StreamEnd], Awaitable[None]],
         decoder: Decoder | None = None,
     ) -> None:
         self._response = response
         self.tap = tap
         self._redactor = redactor
-        self._decoder = decoder
-        self._on_first_chunk: Callable[[], None] = _nothing
-        self._on_close: Callable[[StreamEnd], Awaitable[None]] | None = None
-        self._closed = False
-        self._end: StreamEnd = "abandoned"
-
-    def watch(
-        self, on_first_chunk: Callable[[], None], on_close: Callable[[StreamEnd], Awaitable[None]]
-    ) -> None:
-        """Called at the first chunk, and once when the stream ends however it ends."""
         self._on_first_chunk = on_first_chunk
         self._on_close = on_close
+        self._decoder = decoder
+        self._closed = False
+        self._end: StreamEnd = "abandoned"
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         first = True
@@ -92,12 +87,7 @@ class StreamBody:
             await self._response.aclose()
         except Exception:  # closing a broken connection may fail; nothing to return
             logger.debug("closing an upstream stream failed", exc_info=True)
-        if self._on_close is not None:
-            await self._on_close(self._end)
-
-
-def _nothing() -> None:
-    pass
+        await self._on_close(self._end)
 
 
 def sse_error(message: str) -> bytes:
