@@ -3,8 +3,9 @@
 asyncio's protocol API and httptools' parser (the C parser uvicorn uses) with a
 keep-alive pool per origin, behind the same interface as the general client
 (``client.py``): ``httpx.Request`` in, ``httpx.Response`` out, the headers also as a dict
-(``HEADER_MAP``), a buffered body handed over in one ``read()``, a streamed one chunk by
-chunk as it arrives. It does what a proxy's upstream call needs and nothing else: one
+(``HEADER_MAP``), a buffered body handed over in one ``read()`` (read on without pause,
+up to the bound it is read with), a streamed one chunk by chunk as it arrives (reading
+paused while its consumer lags). It does what a proxy's upstream call needs and nothing else: one
 ``transport.write`` per request, no cookies, redirects, decompression or per-request
 options, no task per request.
 
