@@ -1,6 +1,8 @@
 """Usage is read from a passing SSE stream; the proxy's own usage event is removed."""
 
-from proxy.upstream.sse import UsageTap
+import pytest
+
+from proxy.upstream.sse import MAX_HELD, UsageTap
 
 CHUNK = b'data: {"choices":[{"delta":{"content":"hi"}}],"usage":null}\n\n'
 USAGE = (
@@ -30,3 +32,19 @@ def test_events_split_across_chunks() -> None:
     out = b"".join(tap.feed(p) for p in pieces) + tap.flush()
     assert out == CHUNK + DONE
     assert tap.prompt_tokens == 7
+
+
+@pytest.mark.parametrize("piece", [65536, 3 * MAX_HELD + 1], ids=["in-pieces", "at-once"])
+def test_a_run_without_an_events_end_is_passed_on_not_held_without_bound(piece: int) -> None:
+    """An upstream sending megabytes with no blank line (a gzip bomb of zeros, say)
+    while the proxy strips its own usage event: at most MAX_HELD bytes wait, the run's
+    own end stays where it was, and the usage event after it is still read and removed."""
+    tap = UsageTap(strip_usage_event=True)
+    run = b"\0" * (3 * MAX_HELD) + b"\n"
+    out = b""
+    for at in range(0, len(run), piece):
+        out += tap.feed(run[at : at + piece])
+        assert len(run[: at + piece]) - len(out) <= MAX_HELD
+    out += tap.feed(b"\n" + USAGE + DONE) + tap.flush()
+    assert out == run + b"\n" + DONE
+    assert (tap.prompt_tokens, tap.completion_tokens) == (7, 3)
