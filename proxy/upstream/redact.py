@@ -103,10 +103,13 @@ def redact_headers(headers: dict[str, str], secret: str) -> dict[str, str]:
     if not secret or not any(secret in value for value in headers.values()):
         return headers
     key = secret.encode()
-    return {
-        name: redact(value.encode("latin-1"), key).decode("latin-1")
-        for name, value in headers.items()
-    }
+    return {name: _redact_text(value, key) for name, value in headers.items()}
+
+
+def _redact_text(text: str, secret: bytes) -> str:
+    """``redact`` for text, whatever its characters (a round trip for any ``str``)."""
+    data = text.encode("utf-8", "surrogateescape")
+    return redact(data, secret).decode("utf-8", "surrogateescape")
 
 
 class StreamRedactor:

@@ -37,6 +37,11 @@ def test_headers_quoting_the_key_have_it_replaced() -> None:
         "openai-model": f"echo Bearer {REDACTED}",
         "content-type": "x",
     }
+    odd = {"openai-model": f"modèle ✓ {SECRET.decode()}", "x": "\udcff"}  # any text
+    assert redact_headers(odd, SECRET.decode()) == {
+        "openai-model": f"modèle ✓ {REDACTED}",
+        "x": "\udcff",
+    }
 
 
 @given(
