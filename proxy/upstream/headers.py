@@ -65,8 +65,10 @@ def request_headers(
     sk-...")`` or Azure's ``("api-key", ...)``; None: no key)."""
     drop = _DROP_REQUEST
     for name, value in client_headers:
-        if name.lower() == "connection":
-            drop = drop | {token.strip().lower() for token in value.split(",")}
+        if name.lower() == "connection":  # usually "keep-alive", dropped anyway
+            named = {token.strip().lower() for token in value.split(",")} - _DROP_REQUEST
+            if named:
+                drop = drop | named
     headers = {name: value for name, value in client_headers if name.lower() not in drop}
     for name, value in extra:
         headers[name.lower()] = value
