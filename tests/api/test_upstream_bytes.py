@@ -352,3 +352,35 @@ def test_a_stream_in_an_encoding_the_proxy_cannot_decode_is_a_502_before_it_star
     assert response.status_code == 502
     error = response.json()["error"]
     assert error["code"] == "upstream_error" and "does not decode (br)" in error["message"]
+
+
+def test_a_gzipped_answers_usage_corrects_the_keys_token_budget() -> None:
+    """The key is charged the answer's real usage (1801 tokens), read from the decoded
+    body, not its estimate: what its second answer says is left dropped by exactly
+    that much from what its first said (a 30-day window: no refill to speak of)."""
+
+    async def reply(conversation: Conversation) -> None:
+        await conversation.send(
+            answer(gzip.compress(_chat_answer()), JSON, "content-encoding: gzip")
+        )
+
+    with ScriptedUpstream(reply) as upstream:
+        config = _config(upstream.url)
+        key = {
+            "name": "k",
+            "key": "sk-client-key-0123",
+            "limits": [{"tokens": 10**6, "per": "30d"}],
+        }
+        config["keys"] = [key]
+        with ProxyInThread(settings_from(config)) as proxy:
+            left = []
+            for _ in range(2):
+                response = httpx.post(
+                    f"{proxy.base_url}/chat/completions",
+                    json=CHAT,
+                    headers={"authorization": f"Bearer {key['key']}"},
+                )
+                assert response.status_code == 200
+                left.append(int(response.headers["x-ratelimit-remaining-tokens"]))
+                proxy.settled()
+    assert left[0] - left[1] == pytest.approx(USAGE["total_tokens"], abs=2)
