@@ -78,7 +78,8 @@ def test_check_config_warns_about_a_dummy_key_and_a_local_server_without_its_api
         assert main(["check-config", str(path)]) == 0
     captured = capsys.readouterr()
     assert (
-        f"{path}: warning: models[0].deployments[0].api_key: api_key is too short" in captured.err
+        f"{path}: warning: models[0].deployments[0].api_key: too short or too common"
+        in captured.err
     )
     assert (
         f"{path}: warning: deployment local: {upstream.url}/chat/completions answers 404"

@@ -76,7 +76,7 @@ def redaction_warning(key: str) -> str | None:
     if not key or _secret_like(key):
         return None
     return (
-        "api_key is too short or too common to be a secret (under"
+        "too short or too common to be a secret (under"
         f" {MIN_SECRET_LENGTH} characters, a placeholder or one repeated character):"
         " answers are passed on without redacting it"
     )
