@@ -35,6 +35,7 @@ from proxy.startup import (
     StartupError,
     tls_problem,
     warn_about_unreachable_upstreams,
+    wrong_paths,
 )
 
 __all__ = ["main"]
@@ -191,7 +192,7 @@ def _check_config(path: str) -> int:
         for problem in exc.problems:
             print(f"  - {problem}", file=sys.stderr)
         return 1
-    for warning in config_warnings(settings):
+    for warning in config_warnings(settings) + wrong_paths(settings):
         print(f"{path}: warning: {warning}", file=sys.stderr)
     print(_summary(path, settings))
     return 0

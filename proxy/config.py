@@ -30,6 +30,8 @@ from pydantic import (
     model_validator,
 )
 
+from proxy.upstream.redact import redaction_warning
+
 __all__ = [
     "AdminConfig",
     "ConfigError",
@@ -389,6 +391,9 @@ class ServerConfig(_Strict):
     """Process-level knobs (an extension of the contract's file; all optional)."""
 
     max_body_size: ByteSize = 10 * 2**20
+    # The largest upstream answer read whole (buffered; decoded if gzipped): past it a
+    # 502, never unbounded memory. Streams pass chunk by chunk and are never held.
+    max_upstream_body_size: ByteSize = 64 * 2**20
     # Completion tokens assumed for budgeting when a request sets no max_tokens.
     default_max_tokens: PositiveInt = 256
     log_level: Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(_lower)] = (
@@ -556,6 +561,9 @@ def config_warnings(settings: Settings) -> list[str]:
                     f"models[{i}].deployments[{j}].tls.verify: false: the upstream's"
                     " certificate is not checked (a lab upstream only)"
                 )
+            unredacted = redaction_warning(d.api_key.get_secret_value())
+            if unredacted is not None:
+                warnings.append(f"models[{i}].deployments[{j}].api_key: {unredacted}")
             url = d.base_url.lower()
             if d.provider == "azure" and url.endswith("/openai"):
                 warnings.append(

@@ -1,6 +1,7 @@
 """What ``serve`` checks before it starts, so that a mistake is one line saying what to do
-instead of a traceback: variables that must be numbers, the TLS files, and (a warning,
-not a failure) upstreams that nothing answers at."""
+instead of a traceback: variables that must be numbers, the TLS files, and (warnings,
+not failures) upstreams that nothing answers at, or where no OpenAI-compatible API
+answers (every endpoint 404: a base_url missing its /v1; ``check-config`` says so too)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import socket
 import ssl
 import threading
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
-from proxy.config import Settings
+from proxy.config import Deployment, Settings
 
 __all__ = [
     "Problems",
@@ -20,6 +22,7 @@ __all__ = [
     "env_int",
     "tls_problem",
     "warn_about_unreachable_upstreams",
+    "wrong_paths",
 ]
 
 logger = logging.getLogger("proxy")
@@ -126,6 +129,62 @@ def warn_about_unreachable_upstreams(settings: Settings, timeout: float = 3.0) -
         threading.Thread(
             target=_probe, args=(address, ids, timeout), name="upstream-probe", daemon=True
         ).start()
+    if by_address:
+        threading.Thread(
+            target=_warn_about_wrong_paths,
+            args=(settings, timeout),
+            name="upstream-path-probe",
+            daemon=True,
+        ).start()
+
+
+def _warn_about_wrong_paths(settings: Settings, timeout: float) -> None:
+    for warning in wrong_paths(settings, timeout):
+        logger.warning("%s", warning)
+
+
+def wrong_paths(settings: Settings, timeout: float = 3.0) -> list[str]:
+    """A warning for each deployment on this machine whose every endpoint answers 404
+    (its requests would all fail with 502 ``upstream_error``): one small POST of ``{}``
+    per endpoint, without credentials, at most ``timeout`` seconds each, deployments in
+    parallel. Only this machine's, as for ``warn_about_unreachable_upstreams``; one that
+    does not answer, or answers anything else, is not warned about here."""
+    local = [
+        d
+        for group in settings.models
+        for d in group.deployments
+        if urlsplit(d.base_url).hostname in _LOCAL_HOSTS
+    ]
+    if not local:
+        return []
+    with ThreadPoolExecutor(max_workers=min(len(local), 8)) as pool:
+        found = list(pool.map(lambda d: _wrong_path(d, timeout), local))
+    return [warning for warning in found if warning is not None]
+
+
+def _wrong_path(deployment: Deployment, timeout: float) -> str | None:
+    import httpx  # here: the supervisor's process never needs it
+
+    from proxy.catalog import egress, endpoint_urls
+
+    try:
+        urls = [text for _, text in endpoint_urls(deployment).values()]
+        context = egress(deployment).ssl
+        with httpx.Client(verify=context or True, timeout=timeout, trust_env=False) as client:
+            for url in urls:
+                answered = client.post(url, content=b"{}", headers=_PROBE_HEADERS)
+                if answered.status_code != 404:
+                    return None
+    except (httpx.HTTPError, OSError, ValueError):
+        return None  # not answering: the TCP probe says so
+    return (
+        f"deployment {deployment.id}: {urls[0]} answers 404 (as every endpoint of its"
+        f" base_url {deployment.base_url}): no OpenAI-compatible API there, its requests"
+        " fail with 502; is base_url missing /v1?"
+    )
+
+
+_PROBE_HEADERS = {"content-type": "application/json"}
 
 
 def _probe(address: tuple[str, int], ids: list[str], timeout: float) -> None:

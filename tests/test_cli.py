@@ -16,6 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 from support.proxy_server import free_port
+from support.raw_upstream import Conversation, answer
+from support.scripted_upstream import ScriptedUpstream
 from support.waiting import wait_until
 
 from proxy.cli import main
@@ -56,6 +58,34 @@ def test_check_config_warns_about_what_is_valid_but_probably_not_meant(
     captured = capsys.readouterr()
     assert f"{path}: warning: models[0].deployments[0].base_url" in captured.err
     assert "https://api.openai.com/v1" in captured.err and "OK" in captured.out
+
+
+def test_check_config_warns_about_a_dummy_key_and_a_local_server_without_its_api(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A local server answering 404 at every endpoint (a base_url missing its /v1) and
+    a dummy key (not redacted from answers): valid (exit 0), each named in a warning."""
+
+    async def not_found(conversation: Conversation) -> None:
+        await conversation.send(answer(b"404 page not found", status="404 Not Found"))
+
+    path = tmp_path / "local.yaml"
+    with ScriptedUpstream(not_found) as upstream:
+        path.write_text(
+            "models:\n  - name: m\n    deployments:\n"
+            f"      - {{id: local, base_url: '{upstream.url}', api_key: EMPTY}}\n"
+        )
+        assert main(["check-config", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert (
+        f"{path}: warning: models[0].deployments[0].api_key: too short or too common"
+        in captured.err
+    )
+    assert (
+        f"{path}: warning: deployment local: {upstream.url}/chat/completions answers 404"
+        in captured.err
+    )
+    assert "OK" in captured.out
 
 
 def test_python_dash_m_proxy_is_the_cli() -> None:

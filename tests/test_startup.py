@@ -8,10 +8,18 @@ from collections.abc import Iterator
 
 import pytest
 from support.ports import free_port
+from support.raw_upstream import Conversation, answer
+from support.scripted_upstream import ScriptedUpstream
 from support.waiting import wait_until
 
 from proxy.config import parse_settings
-from proxy.startup import Problems, StartupError, env_int, warn_about_unreachable_upstreams
+from proxy.startup import (
+    Problems,
+    StartupError,
+    env_int,
+    warn_about_unreachable_upstreams,
+    wrong_paths,
+)
 
 
 class _Records(logging.Handler):
@@ -83,3 +91,39 @@ def test_problems_are_collected_and_raised_together(monkeypatch: pytest.MonkeyPa
     assert "LLM_PROXY_PORT='eighty'" in raised.value.problems[0]
     assert str(raised.value).splitlines() == list(raised.value.problems)
     Problems().raise_any()  # none: nothing raised
+
+
+async def _not_an_llm_api(conversation: Conversation) -> None:
+    await conversation.send(
+        answer(b"404 page not found", "content-type: text/plain", status="404 Not Found")
+    )
+
+
+async def _an_llm_api(conversation: Conversation) -> None:
+    error = b'{"error": {"message": "model is required", "type": "invalid_request_error"}}'
+    await conversation.send(
+        answer(error, "content-type: application/json", status="400 Bad Request")
+    )
+
+
+def test_a_base_url_where_every_endpoint_answers_404_is_named_at_start_up(
+    warnings: _Records,
+) -> None:
+    """A base_url missing its /v1 in front of a local server: all its requests would
+    be 502s. Start-up names the deployment and the URL (never the key); a deployment
+    whose server answers its paths (here 400 to the probe's empty body) is not named."""
+    with ScriptedUpstream(_not_an_llm_api) as wrong, ScriptedUpstream(_an_llm_api) as right:
+        deployments = [
+            {"id": "wrong", "base_url": wrong.url, "api_key": "sk-wrong-secret-123"},
+            {"id": "right", "base_url": f"{right.url}/v1", "api_key": "sk-right-secret-123"},
+        ]
+        settings = parse_settings({"models": [{"name": "m", "deployments": deployments}]})
+        warn_about_unreachable_upstreams(settings, timeout=5)
+        wait_until(lambda: warnings.messages, timeout=10, what="a warning")
+        (message,) = warnings.messages
+        assert wrong_paths(settings, timeout=5) == [message]
+        probes = wrong.requests
+    assert message.startswith("deployment wrong:")
+    assert f"{wrong.url}/chat/completions answers 404" in message and "/v1" in message
+    assert "secret" not in message
+    assert all("authorization" not in probe.headers for probe in probes)  # no key sent

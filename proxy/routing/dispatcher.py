@@ -13,6 +13,7 @@ reported as events (events.py), one per upstream attempt; metrics and logs consu
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -30,6 +31,7 @@ from proxy.errors import (
     RateLimited,
     ServiceUnavailable,
     UpstreamError,
+    UpstreamUnavailable,
 )
 from proxy.limiter.base import NEUTRAL, SUCCESS, Activity, GroupAsk, Limiter, Outcome
 from proxy.routing.activity import Tally
@@ -42,18 +44,30 @@ from proxy.routing.outcomes import (
     misconfigured,
     misconfigured_error,
     status_error,
+    unshaped,
+    unshaped_error,
 )
 from proxy.routing.settlement import Settler, Turn
 from proxy.routing.strategies import RoutingState, order_candidates
 from proxy.upstream.client import HEADER_MAP
-from proxy.upstream.forward import TransportFailure, build_request, discard, read_body, send
+from proxy.upstream.encoding import Decoder, Undecodable, decoder_for
+from proxy.upstream.forward import (
+    TransportFailure,
+    UnusableAnswer,
+    build_request,
+    discard,
+    read_body,
+    send,
+)
 from proxy.upstream.headers import response_headers
 from proxy.upstream.ratelimits import parse_budget, remaining_report
-from proxy.upstream.redact import StreamRedactor, redact, redact_headers
+from proxy.upstream.redact import StreamRedactor, redact, redact_headers, redactable
 from proxy.upstream.sse import UsageTap, usage_of_body
 from proxy.upstream.stream import StreamBody, StreamEnd
 
 __all__ = ["Dispatcher", "StreamDone"]
+
+logger = logging.getLogger("proxy.routing")
 
 LATENCY_SMOOTHING = 0.2  # weight of the newest sample in the moving average
 INTERRUPTED = Outcome(kind="failure", reason="protocol")
@@ -89,6 +103,7 @@ class Dispatcher:
         rng: random.Random | None = None,
     ) -> None:
         self.routing = settings.routing
+        self.max_answer = settings.server.max_upstream_body_size  # a buffered body's bound
         self.catalog = catalog
         self.limiter = limiter
         self.transport = transport
@@ -418,31 +433,64 @@ class Dispatcher:
             error = status_error(status, deployment.id)
             error.retry_after = outcome.cool_for if status == 429 else None
             raise Retryable(error)
-        secret = deployment.config.api_key.get_secret_value()
-        headers = redact_headers(response_headers(upstream_headers.items()), secret)
+        secret = redactable(deployment.config.api_key.get_secret_value())
+        headers = redact_headers(response_headers(upstream_headers.items()), secret.decode())
         content_type = upstream_headers.get("content-type", "")
         if call.stream and status == 200 and "event-stream" in content_type:
+            try:
+                decoder = decoder_for(upstream_headers.get("content-encoding"))
+            except Undecodable as exc:
+                await discard(response)
+                message = f"The upstream deployment '{deployment.id}' answered with {exc}."
+                raise self._unusable(call, turn, attempt, message, "encoding") from None
             tap = UsageTap(strip_usage_event=added_usage)
-            redactor = StreamRedactor(secret.encode())
-            return self._stream(call, turn, attempt, response, tap, redactor, headers, stream_done)
+            redactor = StreamRedactor(secret)
+            return self._stream(
+                call, turn, attempt, response, tap, redactor, decoder, headers, stream_done
+            )
         headers_at = time.perf_counter()
         try:
-            content = redact(await read_body(response, deployment.id), secret.encode())
+            content = await read_body(response, deployment.id, self.max_answer)
         except TransportFailure as failure:
             self._failed(call, turn, attempt, failure)
             raise Retryable(failure.error) from None
+        except UnusableAnswer as unusable:
+            raise self._unusable(call, turn, attempt, unusable.error, unusable.reason) from None
+        content = redact(content, secret)
         # Its bookkeeping waits until the answer is on its way to the client.
         attempt.ended = time.perf_counter()
         call.upstream_time += attempt.ended - headers_at  # and its body
-        wrong = misconfigured(deployment.config.provider, status, content, self.settler.rule.time)
+        rule_time = self.settler.rule.time
+        wrong = misconfigured(deployment.config.provider, status, content, rule_time)
         if wrong is not None:  # not the client's fault: cool it as a bad key is cooled
             self._ended(
                 call, turn, attempt, str(status), wrong, real_tokens=0, refund=not admitted(status)
             )
             raise Retryable(misconfigured_error(status, deployment.id))
+        odd = unshaped(status, content, rule_time)
+        if odd is not None:  # no OpenAI-compatible answer: the contract's shape instead
+            shaped = unshaped_error(status, deployment.id, _shown(request.url))
+            self._ended(call, turn, attempt, str(status), odd, real_tokens=0)
+            if isinstance(shaped, UpstreamError):  # no LLM API there: try another
+                logger.warning("%s (%s)", shaped.message, content_type or "no content-type")
+                raise Retryable(shaped)
+            raise shaped
         asyncio.get_running_loop().call_soon(self._answered, call, turn, attempt, status, content)
         headers.setdefault("content-type", "application/json")
         return Reply(status=status, headers=headers, body=content)
+
+    def _unusable(
+        self, call: Call, turn: Turn, attempt: Attempt, error: UpstreamError | str, reason: str
+    ) -> UpstreamError:
+        """An answer that cannot be passed on (over the size bound, undecodable): another
+        deployment would send the same, so no retry and no harm to this one's health;
+        its tokens were spent upstream (the estimate stays charged)."""
+        if isinstance(error, str):
+            error = UpstreamUnavailable(error, code="upstream_error")
+        call.error_code = error.code
+        outcome = Outcome("neutral", reason)
+        self._ended(call, turn, attempt, reason, outcome, real_tokens=None)
+        return error
 
     def _answered(
         self, call: Call, turn: Turn, attempt: Attempt, status: int, content: bytes
@@ -470,6 +518,7 @@ class Dispatcher:
         response: httpx.Response,
         tap: UsageTap,
         redactor: StreamRedactor,
+        decoder: Decoder | None,
         headers: dict[str, str],
         stream_done: StreamDone,
     ) -> Reply:
@@ -486,7 +535,7 @@ class Dispatcher:
             await stream_done(200 if end != "abandoned" else 499)
 
         headers.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
-        body = StreamBody(response, tap, redactor, on_first_chunk, on_close)
+        body = StreamBody(response, tap, redactor, on_first_chunk, on_close, decoder)
         return Reply(status=200, headers=headers, stream=body)
 
     # --- bookkeeping ------------------------------------------------------------------
@@ -574,3 +623,9 @@ async def _watched(waited: Awaitable[object], client_left: ClientLeft | None) ->
         for task in (waiting, watching):
             task.cancel()
     return not watching.done() or watching.cancelled()
+
+
+def _shown(url: httpx.URL) -> str:
+    """An upstream URL as messages and logs show it: without credentials or a query."""
+    port = f":{url.port}" if url.port is not None else ""
+    return f"{url.scheme}://{url.host}{port}{url.path}"

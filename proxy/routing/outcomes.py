@@ -9,6 +9,9 @@
     Azure 404, Azure 400  failure "misconfigured": the deployment name, base_url or
       of an api-version   api_version is wrong (the proxy builds the path, not the client);
                           cool for cooldown.time
+    3xx, 4xx not JSON     failure "misconfigured" (no LLM API answers there: a base_url
+      (or a framework's   missing its /v1); but 400, 409, 413, 414, 415, 422 are about the
+      404 {"detail"})     client's request: its own status, wrapped in the contract's shape
     5xx                   failure "server_error": counts toward allowed_fails
     timeout, connection,  failure of that name: counts toward allowed_fails
     protocol
@@ -20,7 +23,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from proxy.errors import ServiceUnavailable, UpstreamError, UpstreamUnavailable
+import orjson
+
+from proxy.errors import (
+    InvalidRequest,
+    ProxyError,
+    ServiceUnavailable,
+    UpstreamError,
+    UpstreamUnavailable,
+)
 from proxy.limiter.base import Outcome
 from proxy.limiter.health import bounded_hold
 from proxy.upstream.ratelimits import parse_budget, retry_after
@@ -33,6 +44,8 @@ __all__ = [
     "misconfigured",
     "misconfigured_error",
     "status_error",
+    "unshaped",
+    "unshaped_error",
 ]
 
 SUCCESS = Outcome(kind="success")
@@ -110,5 +123,52 @@ def status_error(status: int, deployment: str) -> UpstreamError:
         )
     return UpstreamUnavailable(
         f"The upstream deployment '{deployment}' answered with status {status}.",
+        code="upstream_error",
+    )
+
+
+# Statuses that say something about the client's request itself (its form, size, type).
+_ABOUT_THE_REQUEST = frozenset({400, 409, 413, 414, 415, 422})
+
+
+def unshaped(status: int, body: bytes, cooldown_time: float) -> Outcome | None:
+    """An answer that is neither a success nor an error an OpenAI-compatible API sends
+    (a redirect or a 4xx whose body is not a JSON object: the web server of a base_url
+    missing its /v1, a web page), and what it means for the deployment; None: a usual
+    answer. Only a status about the client's request leaves the deployment as it is."""
+    if status < 300:
+        return None
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if isinstance(parsed, dict) and not _no_such_route(status, parsed):
+        return None
+    if status in _ABOUT_THE_REQUEST:
+        return SUCCESS
+    return Outcome(kind="failure", reason="misconfigured", cool_for=cooldown_time)
+
+
+def _no_such_route(status: int, body: dict[str, object]) -> bool:
+    """A web framework's own answer for a path or method it does not serve (FastAPI's
+    and Starlette's ``{"detail": "Not Found"}``: vLLM's without its /v1)."""
+    return status in (404, 405) and body.keys() == {"detail"}
+
+
+def unshaped_error(status: int, deployment: str, url: str) -> ProxyError:
+    """The contract's error for an answer ``unshaped`` found (the upstream's own words
+    are not passed on: they may quote anything)."""
+    if status in _ABOUT_THE_REQUEST:
+        refused = InvalidRequest(
+            f"The upstream deployment '{deployment}' refused the request with status"
+            f" {status} (its answer was not JSON).",
+            code="upstream_refused_request",
+        )
+        refused.status = status
+        return refused
+    return UpstreamUnavailable(
+        f"The upstream deployment '{deployment}' answered with status {status} and a body"
+        f" that is not JSON at {url}: no OpenAI-compatible API answers there; check its"
+        " base_url (OpenAI-compatible servers serve under /v1).",
         code="upstream_error",
     )

@@ -35,7 +35,12 @@ from httpx_aiohttp.transport import map_aiohttp_exceptions
 from yarl import URL
 
 from proxy.catalog import EGRESS, Egress
-from proxy.upstream.interface import HEADER_MAP, UpstreamRequest, UpstreamStream
+from proxy.upstream.interface import (
+    HEADER_MAP,
+    AnswerTooLarge,
+    UpstreamRequest,
+    UpstreamStream,
+)
 from proxy.upstream.lean import LeanTransport
 
 __all__ = [
@@ -61,10 +66,24 @@ class _AiohttpStream(UpstreamStream):
         except Exception as exc:
             _raise_mapped(exc)
 
-    async def read(self) -> bytes:
-        """The whole body in one go (a buffered answer)."""
+    async def read(self, limit: int | None = None) -> bytes:
+        """The whole body in one go (a buffered answer), at most ``limit`` bytes."""
+        response = self._response
         try:
-            return await self._response.read()
+            length = response.content_length
+            if limit is None or (length is not None and length <= limit):
+                return await response.read()  # its length is known, and within the bound
+            content = response.content
+            parts: list[bytes] = []
+            size = 0
+            while chunk := await content.readany():
+                size += len(chunk)
+                if size > limit:
+                    raise AnswerTooLarge(limit)
+                parts.append(chunk)
+            return b"".join(parts)
+        except AnswerTooLarge:
+            raise
         except Exception as exc:
             _raise_mapped(exc)
 

@@ -8,16 +8,44 @@ import httpx
 import orjson
 
 from proxy.catalog import EGRESS, DeploymentRoute, Egress
-from proxy.errors import UpstreamError
+from proxy.errors import UpstreamError, UpstreamUnavailable
+from proxy.upstream.encoding import Undecodable, decoder_for
 from proxy.upstream.errors import map_transport_error
 from proxy.upstream.headers import request_headers
-from proxy.upstream.interface import UpstreamRequest, UpstreamStream
+from proxy.upstream.interface import (
+    HEADER_MAP,
+    AnswerTooLarge,
+    UpstreamRequest,
+    UpstreamStream,
+)
 
-__all__ = ["TransportFailure", "build_request", "discard", "read_body", "send"]
+__all__ = [
+    "TransportFailure",
+    "UnusableAnswer",
+    "build_request",
+    "discard",
+    "read_body",
+    "send",
+]
+
+# The most of an unneeded body (a failure's) read to keep its connection; past it the
+# connection is closed instead.
+DISCARD_LIMIT = 64 * 1024
 
 
 class TransportFailure(Exception):
     """No (complete) HTTP answer: ``error`` for the client, ``reason`` for metrics."""
+
+    def __init__(self, error: UpstreamError, reason: str) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.reason = reason
+
+
+class UnusableAnswer(Exception):
+    """A complete HTTP answer the proxy will not pass on: a body over the bound, or one
+    it cannot decode. ``error`` for the client, ``reason`` for metrics. Not the
+    deployment's ill health: another deployment would send the same."""
 
     def __init__(self, error: UpstreamError, reason: str) -> None:
         super().__init__(error.message)
@@ -64,31 +92,65 @@ async def send(
         raise TransportFailure(*map_transport_error(exc, deployment)) from None
 
 
-async def read_body(response: httpx.Response, deployment: str) -> bytes:
-    """The whole body of a buffered answer; the response is closed either way."""
+async def read_body(response: httpx.Response, deployment: str, limit: int | None = None) -> bytes:
+    """The whole body of a buffered answer, decoded (encoding.py), at most ``limit``
+    bytes before and after decoding (None: no bound); the response is closed either
+    way."""
+    headers = response.extensions.get(HEADER_MAP) or response.headers
     try:
-        return await _read(response)
+        decoder = decoder_for(headers.get("content-encoding"))
+        body = await _read(response, _declared(headers.get("content-length"), limit))
+        return body if decoder is None else decoder.whole(body, limit)
     except (TimeoutError, httpx.HTTPError, OSError) as exc:
         raise TransportFailure(*map_transport_error(exc, deployment)) from None
+    except AnswerTooLarge as exc:
+        message = (
+            f"The upstream deployment '{deployment}' answered with a body over {exc.limit}"
+            " bytes (server.max_upstream_body_size)."
+        )
+        raise UnusableAnswer(
+            UpstreamUnavailable(message, code="upstream_error"), "too_large"
+        ) from None
+    except Undecodable as exc:
+        message = f"The upstream deployment '{deployment}' answered with {exc}."
+        raise UnusableAnswer(
+            UpstreamUnavailable(message, code="upstream_error"), "encoding"
+        ) from None
     finally:
         await response.aclose()
 
 
 async def discard(response: httpx.Response) -> None:
-    """Read and close an answer whose body nobody needs (the connection is reused)."""
+    """Read and close an answer whose body nobody needs (the connection is reused if it
+    was short)."""
     try:
-        await _read(response)
-    except (TimeoutError, httpx.HTTPError, OSError):
+        await _read(response, DISCARD_LIMIT)
+    except (TimeoutError, httpx.HTTPError, OSError, AnswerTooLarge):
         pass
     finally:
         await response.aclose()
 
 
-async def _read(response: httpx.Response) -> bytes:
+async def _read(response: httpx.Response, limit: int | None) -> bytes:
     stream = response.stream
     if isinstance(stream, UpstreamStream):
-        return await stream.read()  # one read, not httpx's chunk by chunk iteration
-    return await response.aread()
+        return await stream.read(limit)  # one read, not httpx's chunk by chunk iteration
+    body = await response.aread()
+    if limit is not None and len(body) > limit:
+        raise AnswerTooLarge(limit)
+    return body
+
+
+def _declared(length: str | None, limit: int | None) -> int | None:
+    """``limit``, checked first against the body's announced length: a body announced
+    over it is refused before a byte of it is read."""
+    if limit is None or length is None:
+        return limit
+    length = length.strip()
+    # Strictly digits (no "²", no "-1"); more than 18 of them is over any bound.
+    if length.isascii() and length.isdigit() and (len(length) > 18 or int(length) > limit):
+        raise AnswerTooLarge(limit)
+    return limit
 
 
 def _asks_usage(body: dict[str, Any]) -> bool:

@@ -34,6 +34,10 @@ _DROP_REQUEST = frozenset(
         "x-forwarded-host",
         "x-forwarded-proto",
         "x-real-ip",
+        # Who is billed is the deployment's choice, never the client's: these reach the
+        # upstream only as the deployment's own ``headers``.
+        "openai-organization",
+        "openai-project",
     }
 )
 
@@ -54,11 +58,18 @@ def request_headers(
     credential: tuple[str, str] | None,
     extra: Iterable[tuple[str, str]] = (),
 ) -> dict[str, str]:
-    """Headers for the upstream request: the client's, minus the dropped ones; then the
-    deployment's own ``extra`` ones (config: never the credential or framing); then its
-    ``credential`` (``("authorization", "Bearer sk-...")`` or Azure's ``("api-key", ...)``;
-    None: no key)."""
-    headers = {name: value for name, value in client_headers if name.lower() not in _DROP_REQUEST}
+    """Headers for the upstream request: the client's, minus the dropped ones and those
+    its ``Connection`` header names (hop-by-hop too, RFC 9110 7.6.1: ``HTTP2-Settings``
+    of an h2c upgrade); then the deployment's own ``extra`` ones (config: never the
+    credential or framing); then its ``credential`` (``("authorization", "Bearer
+    sk-...")`` or Azure's ``("api-key", ...)``; None: no key)."""
+    drop = _DROP_REQUEST
+    for name, value in client_headers:
+        if name.lower() == "connection":  # usually "keep-alive", dropped anyway
+            named = {token.strip().lower() for token in value.split(",")} - _DROP_REQUEST
+            if named:
+                drop = drop | named
+    headers = {name: value for name, value in client_headers if name.lower() not in drop}
     for name, value in extra:
         headers[name.lower()] = value
     headers["accept-encoding"] = "identity"

@@ -7,17 +7,33 @@ from typing import Any
 
 import httpx
 
-__all__ = ["HEADER_MAP", "UpstreamRequest", "UpstreamResponse", "UpstreamStream"]
+__all__ = [
+    "HEADER_MAP",
+    "AnswerTooLarge",
+    "UpstreamRequest",
+    "UpstreamResponse",
+    "UpstreamStream",
+]
 
 # A response extension: its headers as a dict, names lowercase (the last of repeats).
 HEADER_MAP = "proxy.header_map"
 
 
+class AnswerTooLarge(Exception):
+    """A body read whole ran past the bound it was read with (``UpstreamStream.read``);
+    the connection is not reused."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"The upstream's answer is over {limit} bytes.")
+        self.limit = limit
+
+
 class UpstreamStream(httpx.AsyncByteStream):
     """An upstream answer's body: streamed chunk by chunk as it arrives, or read whole."""
 
-    async def read(self) -> bytes:
-        """The whole body in one go (a buffered answer)."""
+    async def read(self, limit: int | None = None) -> bytes:
+        """The whole body in one go (a buffered answer), at most ``limit`` bytes
+        (``AnswerTooLarge`` past it; None: no bound)."""
         raise NotImplementedError
 
 

@@ -3,8 +3,9 @@
 asyncio's protocol API and httptools' parser (the C parser uvicorn uses) with a
 keep-alive pool per origin, behind the same interface as the general client
 (``client.py``): ``httpx.Request`` in, ``httpx.Response`` out, the headers also as a dict
-(``HEADER_MAP``), a buffered body handed over in one ``read()``, a streamed one chunk by
-chunk as it arrives. It does what a proxy's upstream call needs and nothing else: one
+(``HEADER_MAP``), a buffered body handed over in one ``read()`` (read on without pause,
+up to the bound it is read with), a streamed one chunk by chunk as it arrives (reading
+paused while its consumer lags). It does what a proxy's upstream call needs and nothing else: one
 ``transport.write`` per request, no cookies, redirects, decompression or per-request
 options, no task per request.
 
@@ -39,6 +40,7 @@ import ipaddress
 import math
 import socket
 import ssl
+import sys
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, cast
@@ -48,6 +50,7 @@ import httpx
 
 from proxy.upstream.interface import (
     HEADER_MAP,
+    AnswerTooLarge,
     UpstreamRequest,
     UpstreamResponse,
     UpstreamStream,
@@ -78,6 +81,7 @@ class _Exchange:
         "done",
         "error",
         "headers",
+        "limit",
         "parts",
         "status",
         "waiter",
@@ -92,6 +96,9 @@ class _Exchange:
         self.error: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.body_until_close = False  # no length, not chunked: the body ends at EOF
+        # Read whole (``LeanStream.read``): never paused, failed past this many bytes
+        # (None: streamed, reading pauses above ``HIGH_WATER`` unread bytes).
+        self.limit: int | None = None
 
 
 class _Connection(asyncio.Protocol):
@@ -193,6 +200,11 @@ class _Connection(asyncio.Protocol):
         assert exchange is not None
         exchange.parts.append(body)
         exchange.buffered += len(body)
+        limit = exchange.limit
+        if limit is not None:  # read whole: only its bound stops it, its end wakes its reader
+            if exchange.buffered > limit:
+                self._fail(AnswerTooLarge(limit))
+            return
         if exchange.buffered > HIGH_WATER and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
@@ -240,6 +252,20 @@ class _Connection(asyncio.Protocol):
             and exchange.buffered <= HIGH_WATER // 4
             and not self.closed
         ):
+            self.paused = False
+            assert self.transport is not None
+            self.transport.resume_reading()
+
+    def read_whole(self, exchange: _Exchange, limit: int | None) -> None:
+        """``exchange``, still coming in, is to be read whole: reading never pauses for
+        it again (backpressure would wait for a consumer that takes the body only at its
+        end) and fails with ``AnswerTooLarge`` past ``limit`` bytes (None: no bound)."""
+        exchange.limit = limit if limit is not None else sys.maxsize
+        if self.exchange is not exchange:
+            return
+        if exchange.buffered > exchange.limit:
+            self._fail(AnswerTooLarge(exchange.limit))
+        elif self.paused and not self.closed:
             self.paused = False
             assert self.transport is not None
             self.transport.resume_reading()
@@ -486,12 +512,16 @@ class LeanStream(UpstreamStream):
                 raise exchange.error
             await connection.wait(exchange)
 
-    async def read(self) -> bytes:
+    async def read(self, limit: int | None = None) -> bytes:
         exchange, connection = self._exchange, self._connection
-        while not exchange.done:
-            if exchange.error is not None:
-                raise exchange.error
+        if not exchange.done:
+            connection.read_whole(exchange, limit)
+        while not exchange.done and exchange.error is None:
             await connection.wait(exchange)
+        if exchange.error is not None:
+            raise exchange.error
+        if limit is not None and exchange.buffered > limit:
+            raise AnswerTooLarge(limit)
         parts = exchange.parts
         body = parts[0] if len(parts) == 1 else b"".join(parts)
         parts.clear()

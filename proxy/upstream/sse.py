@@ -3,7 +3,8 @@
 Chunks are forwarded as they arrive; only events that carry a ``usage`` object are
 parsed. When the proxy itself asked for usage (``stream_options.include_usage``) and
 the client did not, the usage-only event is removed so the client sees the stream it
-asked for.
+asked for: events are then held until they end, each at most ``MAX_HELD`` bytes (a
+longer run without an event's end, which is no usage event, is passed on as it comes).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import orjson
 __all__ = ["UsageTap", "usage_counts", "usage_of_body"]
 
 _USAGE_MARKERS = (b'"usage":{', b'"usage": {')
+MAX_HELD = 1 << 20  # bytes of an unfinished event held back: memory stays bounded
 
 
 class UsageTap:
@@ -21,6 +23,7 @@ class UsageTap:
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
         self._partial = b""
+        self._passing = False  # inside an event longer than MAX_HELD
 
     def feed(self, chunk: bytes) -> bytes:
         """Bytes to forward for ``chunk`` (all of it, unless an event is removed)."""
@@ -30,10 +33,21 @@ class UsageTap:
                 self._scan(chunk)
             return chunk
         data = self._partial + chunk
+        if self._passing:  # an over-long event: passed on as it comes, until its end
+            end = data.find(b"\n\n")
+            if end < 0:
+                keep = 1 if data.endswith(b"\n") else 0  # its end may span two chunks
+                self._partial = data[len(data) - keep :]
+                return data[: len(data) - keep]
+            self._passing, self._partial = False, b""
+            return data[: end + 2] + self.feed(data[end + 2 :])
         end = data.rfind(b"\n\n")
         if end < 0:
-            self._partial = data
-            return b""
+            if len(data) <= MAX_HELD:
+                self._partial = data
+                return b""
+            self._passing, self._partial = True, b""  # no usage event is that long
+            return self.feed(data)
         complete, self._partial = data[: end + 2], data[end + 2 :]
         if not any(m in complete for m in _USAGE_MARKERS):
             return complete

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import httpx
 import orjson
 
+from proxy.upstream.encoding import Decoder, Undecodable
 from proxy.upstream.redact import StreamRedactor
 from proxy.upstream.sse import UsageTap
 
@@ -19,8 +20,8 @@ StreamEnd = str  # "completed" | "interrupted" (upstream broke off) | "abandoned
 
 
 class StreamBody:
-    """Chunks as they arrive; usage is read on the way (``tap``), the upstream key
-    redacted (``redactor``).
+    """Chunks as they arrive, decoded if the upstream compressed them (``decoder``);
+    usage is read on the way (``tap``), the upstream key redacted (``redactor``).
 
     ``aclose`` closes the upstream response and calls ``on_close`` exactly once, even when
     iteration never started (the client left before the first byte).
@@ -33,25 +34,36 @@ class StreamBody:
         redactor: StreamRedactor,
         on_first_chunk: Callable[[], None],
         on_close: Callable[[StreamEnd], Awaitable[None]],
+        decoder: Decoder | None = None,
     ) -> None:
         self._response = response
         self.tap = tap
         self._redactor = redactor
         self._on_first_chunk = on_first_chunk
         self._on_close = on_close
+        self._decoder = decoder
         self._closed = False
         self._end: StreamEnd = "abandoned"
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         first = True
+        decoder = self._decoder
         try:
             async for chunk in self._response.aiter_raw():
                 if first:
                     first = False
                     self._on_first_chunk()
-                out = self._redactor.feed(self.tap.feed(chunk))
-                if out:
-                    yield out
+                if decoder is None:
+                    out = self._redactor.feed(self.tap.feed(chunk))
+                    if out:
+                        yield out
+                    continue
+                for piece in decoder.feed(chunk):
+                    out = self._redactor.feed(self.tap.feed(piece))
+                    if out:
+                        yield out
+            if decoder is not None:
+                decoder.end()
             rest = self._redactor.feed(self.tap.flush()) + self._redactor.flush()
             if rest:
                 yield rest
@@ -61,6 +73,9 @@ class StreamBody:
             # byte, so it ends with an SSE error event the OpenAI SDK raises as an APIError.
             self._end = "interrupted"
             yield sse_error("The upstream stream was interrupted.")
+        except Undecodable:
+            self._end = "interrupted"
+            yield sse_error("The upstream stream could not be decoded.")
         finally:
             await self.aclose()
 

@@ -56,3 +56,29 @@ def test_upstream_rate_limit_headers_do_not_reach_the_client() -> None:
         "content-type": "application/json",
         "openai-processing-ms": "12",
     }
+
+
+def test_headers_the_clients_connection_header_names_are_hop_by_hop_too() -> None:
+    client = [
+        ("connection", "Upgrade, HTTP2-Settings, X-Hop"),
+        ("upgrade", "h2c"),
+        ("http2-settings", "AAMAAABkAARAAAAAAAIAAAAA"),
+        ("x-hop", "1"),
+        ("x-end-to-end", "2"),
+    ]
+    headers = request_headers(client, ("authorization", "Bearer k"))
+    for gone in ("connection", "upgrade", "http2-settings", "x-hop"):
+        assert gone not in headers
+    assert headers["x-end-to-end"] == "2"
+
+
+def test_the_client_never_chooses_the_organization_or_project_billed() -> None:
+    client = [("OpenAI-Organization", "org-client"), ("openai-project", "proj-client")]
+    assert request_headers(client, ("authorization", "Bearer k")).keys() == {
+        "accept-encoding",
+        "authorization",
+    }
+    configured = (("OpenAI-Organization", "org-deployment"), ("OpenAI-Project", "proj-d"))
+    headers = request_headers(client, ("authorization", "Bearer k"), configured)
+    assert headers["openai-organization"] == "org-deployment"
+    assert headers["openai-project"] == "proj-d"

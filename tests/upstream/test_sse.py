@@ -2,7 +2,7 @@
 
 import pytest
 
-from proxy.upstream.sse import UsageTap, usage_counts
+from proxy.upstream.sse import MAX_HELD, UsageTap, usage_counts
 
 CHUNK = b'data: {"choices":[{"delta":{"content":"hi"}}],"usage":null}\n\n'
 USAGE = (
@@ -37,3 +37,19 @@ def test_events_split_across_chunks() -> None:
 @pytest.mark.parametrize("count", [-5, -1])
 def test_a_negative_usage_count_is_unknown(count: int) -> None:
     assert usage_counts({"usage": {"prompt_tokens": count, "completion_tokens": 3}}) == (None, 3)
+
+
+@pytest.mark.parametrize("piece", [65536, 3 * MAX_HELD + 1], ids=["in-pieces", "at-once"])
+def test_a_run_without_an_events_end_is_passed_on_not_held_without_bound(piece: int) -> None:
+    """An upstream sending megabytes with no blank line (a gzip bomb of zeros, say)
+    while the proxy strips its own usage event: at most MAX_HELD bytes wait, the run's
+    own end stays where it was, and the usage event after it is still read and removed."""
+    tap = UsageTap(strip_usage_event=True)
+    run = b"\0" * (3 * MAX_HELD) + b"\n"
+    out = b""
+    for at in range(0, len(run), piece):
+        out += tap.feed(run[at : at + piece])
+        assert len(run[: at + piece]) - len(out) <= MAX_HELD
+    out += tap.feed(b"\n" + USAGE + DONE) + tap.flush()
+    assert out == run + b"\n" + DONE
+    assert (tap.prompt_tokens, tap.completion_tokens) == (7, 3)

@@ -29,7 +29,7 @@ from support.tls import CertificateAuthority, openssl_available
 from proxy.catalog import EGRESS, Egress
 from proxy.upstream import lean
 from proxy.upstream.client import HEADER_MAP, UpstreamTransport, create_transport
-from proxy.upstream.forward import TransportFailure, read_body, send
+from proxy.upstream.forward import TransportFailure, UnusableAnswer, read_body, send
 
 Run = Callable[[Callable[[UpstreamTransport], Awaitable[None]]], None]
 
@@ -195,6 +195,51 @@ def test_a_chunked_answer_and_one_that_ends_at_close_are_read_whole(
             assert (await _fetch(transport, upstream.url, scheme))[1] == b"hello world"
         async with scheme.serve(until_close) as upstream:
             assert (await _fetch(transport, upstream.url, scheme))[1] == b"until-close"
+
+    run(scenario)
+
+
+def test_a_buffered_answer_far_over_the_streams_high_water_mark_is_read_whole(
+    run: Run, scheme: Scheme
+) -> None:
+    """The backpressure that holds a lagging stream's upstream back never holds back a
+    body read whole: nobody takes its parts before its end."""
+    big = b"e" * (8 * lean.HIGH_WATER)
+    parts = [big[i : i + 65536] for i in range(0, len(big), 65536)]
+    streamed = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    streamed += chunked(*parts) + b"0\r\n\r\n"
+
+    async def scenario(transport: UpstreamTransport) -> None:
+        for reply in (answer(big, JSON), streamed):
+            async with scheme.serve(_replying(reply)) as upstream:
+                response = await send(transport, scheme.request(upstream.url), "d")
+                assert await read_body(response, "d", limit=len(big)) == big
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_body_over_the_bound_it_is_read_with_is_refused_and_its_connection_dropped(
+    run: Run, scheme: Scheme, framing: str
+) -> None:
+    body = b"z" * 300_000
+    if framing == "chunked":
+        reply = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+        reply += chunked(*(body[i : i + 10_000] for i in range(0, len(body), 10_000)))
+        reply += b"0\r\n\r\n"
+    else:
+        reply = answer(body, JSON)
+
+    async def scenario(transport: UpstreamTransport) -> None:
+        async with scheme.serve(_replying(reply)) as upstream:
+            response = await send(transport, scheme.request(upstream.url), "d")
+            with pytest.raises(UnusableAnswer) as refused:
+                await read_body(response, "d", limit=100_000)
+            assert refused.value.reason == "too_large"
+            assert "100000 bytes" in refused.value.error.message
+            response, content = await _fetch(transport, upstream.url, scheme)  # served anew
+            assert content == body
+            assert upstream.connections == 2  # the refused one was not reused
 
     run(scenario)
 
