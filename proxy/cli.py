@@ -27,6 +27,7 @@ from proxy.config import (
     load_settings,
     parse_settings,
 )
+from proxy.config_watch import file_signature
 from proxy.ports import listen_problem
 from proxy.startup import (
     StartupError,
@@ -229,6 +230,7 @@ def _serve(args: argparse.Namespace) -> int:
     _configure_logging(log_level, LOG_LEVEL_ENV)
     if args.config is None:
         return _serve_demo(args, log_level)
+    seen = file_signature(args.config)  # before reading: a change from here on is reloaded
     try:
         settings = load_settings(args.config)
     except ConfigError as exc:
@@ -254,7 +256,9 @@ def _serve(args: argparse.Namespace) -> int:
         return _serve_workers(args, settings)
     from proxy.app import create_app
 
-    app = create_app(settings, tune_gc=True, config_path=os.path.abspath(args.config))
+    app = create_app(
+        settings, tune_gc=True, config_path=os.path.abspath(args.config), config_seen=seen
+    )
     _run(app, args, settings.server.log_level)
     return 0
 
@@ -320,6 +324,10 @@ def _run(app: Any, args: argparse.Namespace, log_level: str) -> None:
     uvicorn.run(app, **_uvicorn_options(args, log_level))
 
 
+# On SIGTERM, how long requests in flight (streams included) may finish before they are
+# cancelled; an orchestrator's grace period must exceed it (deploy/kubernetes/).
+GRACEFUL_SHUTDOWN_SECONDS = 30
+
 # By name: uvicorn imports it where it serves, and the parent of several workers, which
 # does not serve, need not import the app's code for it.
 HTTP_PROTOCOL = "proxy.api.direct:DirectReplyProtocol"
@@ -338,7 +346,7 @@ def _uvicorn_options(args: argparse.Namespace, log_level: str) -> dict[str, Any]
         "access_log": False,  # the proxy writes its own structured line per request
         # Workers are spawned: they get the logging set-up through uvicorn, not from us.
         "log_config": logging_config(log_level),
-        "timeout_graceful_shutdown": 30,
+        "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_SECONDS,
         "backlog": 4096,
         # The proxy never uses the client's address; skipping the middleware saves time.
         "proxy_headers": False,

@@ -398,6 +398,9 @@ class ServerConfig(_Strict):
     header_timeout: Annotated[Duration, Field(gt=0)] = 10.0
     # Non-empty: GET /metrics needs "Authorization: Bearer <token>".
     metrics_token: SecretStr = SecretStr("")
+    # Above 0: look at the config file this often and reload when it changed (a mounted
+    # Kubernetes ConfigMap is swapped in place; config_watch.py). 0: only SIGHUP and POST.
+    watch_config: Annotated[Duration, Field(ge=0)] = 0.0
 
 
 class AdminConfig(_Strict):
