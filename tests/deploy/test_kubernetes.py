@@ -7,15 +7,22 @@ config that `llm-proxy check-config` accepts with the pod's own environment."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import sys
+import tomllib
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import httpx
 import kubernetes_validate
 import pytest
 import yaml
+from support.ports import free_port
+from support.redis_server import RedisServer, redis_available
+from support.waiting import wait_until
 
 from proxy.cli import GRACEFUL_SHUTDOWN_SECONDS
 from proxy.config import load_settings
@@ -220,3 +227,59 @@ def test_the_config_shares_budgets_through_redis_and_reloads_itself(config_file:
     assert settings.server.watch_config > 0
     # A request waiting for its turn is answered within the drain.
     assert settings.routing.max_wait < GRACEFUL_SHUTDOWN_SECONDS
+
+
+def _probe_paths() -> list[str]:
+    return [
+        CONTAINER[f"{kind}Probe"]["httpGet"]["path"]
+        for kind in ("startup", "liveness", "readiness")
+    ]
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.mark.skipif(not redis_available(), reason="redis-server is not installed")
+def test_the_pods_command_serves_the_configmap_and_passes_its_probes(tmp_path: Path) -> None:
+    """The container's command as the Deployment gives it (the project's `llm-proxy`
+    script, run here as `python -m proxy` so that this tree's code is the one tested), its
+    environment, the config where the ConfigMap puts it; only Redis (this session's) and
+    the port (a free one) differ. Its probes answer 200; SIGTERM ends it cleanly."""
+    command = [*CONTAINER.get("command", []), *CONTAINER["args"]]
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts[command[0]] == "proxy.cli:main"
+    config = tmp_path / PurePosixPath(command[3]).relative_to("/")
+    config.parent.mkdir(parents=True)
+    config.write_text(BY_KIND["ConfigMap"]["data"][config.name])
+    port = free_port()
+    with RedisServer(tmp_path / "redis") as redis:
+        environment = {
+            "PATH": os.environ["PATH"],
+            **_pod_environment(),
+            "REDIS_URL": redis.url,
+            "LLM_PROXY_HOST": "127.0.0.1",
+            "LLM_PROXY_PORT": str(port),
+        }
+        log = (tmp_path / "proxy.log").open("wb")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "proxy", *command[1:3], str(config), *command[4:]],
+            cwd=REPO,
+            env=environment,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            for path in _probe_paths():
+                url = f"http://127.0.0.1:{port}{path}"
+                wait_until(lambda url=url: _answers(url), 20.0, f"GET {path} answering 200")
+        finally:
+            process.send_signal(signal.SIGTERM)
+            returncode = process.wait(timeout=POD["terminationGracePeriodSeconds"])
+            log.close()
+        logs = (tmp_path / "proxy.log").read_text()
+        # uvicorn shuts down, then ends by the signal it caught (143 in the pod's status).
+        assert returncode == -signal.SIGTERM and "Application shutdown complete." in logs, logs
