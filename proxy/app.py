@@ -58,8 +58,10 @@ def create_app(
     started (``tune_garbage_collector``). ``config_path``: the file ``settings`` came
     from, re-read by a reload (SIGHUP, when this is the main thread, or
     ``POST /admin/reload``, or when it changes: ``config_seen`` is how it was just before
-    it was read, ``config_watch.py``); ``supervisor``: the pid of the process that passes SIGHUP on
-    to every worker (``supervisor.py``)."""
+    it was read, ``config_watch.py``; None: as it is now); ``supervisor``: the pid of the
+    process that passes SIGHUP on to every worker (``supervisor.py``)."""
+    if config_path is not None and config_seen is None:
+        config_seen = file_signature(config_path)
     shared = bool(settings.redis.url)
     share = 1.0 if shared else 1.0 / max(workers, 1)
     metrics = Metrics(budget_shared=shared)
