@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,8 @@ OLD_KEY, NEW_KEY = "sk-watch-old", "sk-watch-new"
 class ConfigMapVolume:
     """A directory laid out as the kubelet lays out a ConfigMap volume: ``config.yaml``
     -> ``..data/config.yaml``, ``..data`` -> a timestamped directory; an update writes a
-    new directory and renames a new ``..data`` symlink over the old one (atomic)."""
+    new directory, renames a new ``..data`` symlink over the old one (atomic), and removes
+    the old directory."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -39,9 +41,13 @@ class ConfigMapVolume:
         version = f"..2026_11_25_10_00_00.{next(self._versions)}"
         (self.root / version).mkdir()
         (self.root / version / "config.yaml").write_text(text)
+        data = self.root / "..data"
+        old = os.readlink(data) if data.is_symlink() else None
         staged = self.root / "..data_tmp"
         staged.symlink_to(version)
-        os.replace(staged, self.root / "..data")
+        os.replace(staged, data)
+        if old is not None:
+            shutil.rmtree(self.root / old)
         if not self.path.is_symlink():
             self.path.symlink_to("..data/config.yaml")
 
