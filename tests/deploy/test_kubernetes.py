@@ -158,6 +158,8 @@ def test_the_probes_ask_the_proxys_health_endpoints_on_its_port() -> None:
 def test_the_grace_period_covers_the_prestop_sleep_and_the_drain() -> None:
     sleep, seconds = CONTAINER["lifecycle"]["preStop"]["exec"]["command"]
     assert sleep == "sleep" and int(seconds) > 0
+    # The hook runs in the container: the runtime's Debian-based Python image has sleep.
+    assert re.fullmatch(r"python:[\d.]+-slim", _dockerfile(r"^ARG PYTHON_IMAGE=(\S+)$"))
     # Kubernetes counts the preStop hook inside the grace period; SIGTERM comes after it.
     assert POD["terminationGracePeriodSeconds"] > int(seconds) + GRACEFUL_SHUTDOWN_SECONDS
 
