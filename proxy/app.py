@@ -26,6 +26,7 @@ from proxy.api import admin, routes
 from proxy.api.forwarding import ENDPOINTS, ForwardingEndpoint, HotPathRouter
 from proxy.api.responses import error_response
 from proxy.config import Settings, config_warnings, load_settings
+from proxy.config_watch import ConfigWatcher, FileSignature, file_signature
 from proxy.errors import InvalidRequest, ModelNotFound, ProxyError
 from proxy.limiter.base import LimiterMode, ManagedLimiter
 from proxy.limiter.factory import create_limiter
@@ -48,6 +49,7 @@ def create_app(
     workers: int = 1,
     tune_gc: bool = False,
     config_path: str | None = None,
+    config_seen: FileSignature = None,
     supervisor: int | None = None,
 ) -> HotPathRouter:
     """The proxy as an ASGI app. ``workers`` is how many processes serve this config:
@@ -55,8 +57,11 @@ def create_app(
     (for a process of its own, as the CLI runs it) tunes the garbage collector once
     started (``tune_garbage_collector``). ``config_path``: the file ``settings`` came
     from, re-read by a reload (SIGHUP, when this is the main thread, or
-    ``POST /admin/reload``); ``supervisor``: the pid of the process that passes SIGHUP on
-    to every worker (``supervisor.py``)."""
+    ``POST /admin/reload``, or when it changes: ``config_seen`` is how it was just before
+    it was read, ``config_watch.py``; None: as it is now); ``supervisor``: the pid of the
+    process that passes SIGHUP on to every worker (``supervisor.py``)."""
+    if config_path is not None and config_seen is None:
+        config_seen = file_signature(config_path)
     shared = bool(settings.redis.url)
     share = 1.0 if shared else 1.0 / max(workers, 1)
     metrics = Metrics(budget_shared=shared)
@@ -97,13 +102,20 @@ def create_app(
             supervisor=supervisor,
         )
         app.state.reloader = reloader
+        watcher: ConfigWatcher | None = None
         if config_path is not None:
             reloader.install_signal()
+            if settings.server.watch_config > 0:
+                interval = settings.server.watch_config
+                watcher = ConfigWatcher(config_path, config_seen, interval, reloader.reload)
+                watcher.start()
         if tune_gc:
             tune_garbage_collector()
         try:
             yield
         finally:
+            if watcher is not None:
+                await watcher.aclose()
             await reloader.aclose()
             await observer.aclose()
             await app.state.pipeline.drain()
@@ -148,6 +160,7 @@ def create_app_from_env() -> HotPathRouter:
     """Factory for ``uvicorn --factory`` (used by ``--workers N``): config from the env."""
     hold_sighup()  # the supervisor may pass one on before the app has started
     path = os.environ[CONFIG_ENV]
+    seen = file_signature(path)  # before reading: a change from here on is reloaded
     settings = load_settings(path)
     configure_logging(settings.server.log_level)
     supervisor = os.environ.get(SUPERVISOR_ENV)
@@ -156,6 +169,7 @@ def create_app_from_env() -> HotPathRouter:
         workers=int(os.environ.get(WORKERS_ENV, "1")),
         tune_gc=True,
         config_path=path,
+        config_seen=seen,
         supervisor=int(supervisor) if supervisor else None,
     )
 

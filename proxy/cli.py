@@ -29,6 +29,7 @@ from proxy.config import (
     config_warnings,
     load_settings,
 )
+from proxy.config_watch import file_signature
 from proxy.ports import listen_problem
 from proxy.startup import (
     Problems,
@@ -278,6 +279,7 @@ def _serve(args: argparse.Namespace) -> int:
     log_level = _resolve_options(args)
     if args.config is None:
         return _serve_demo(args, log_level)
+    seen = file_signature(args.config)  # before reading: a change from here on is reloaded
     try:
         settings = load_settings(args.config)
     except ConfigError as exc:
@@ -303,7 +305,9 @@ def _serve(args: argparse.Namespace) -> int:
         return _serve_workers(args, settings)
     from proxy.app import create_app
 
-    app = create_app(settings, tune_gc=True, config_path=os.path.abspath(args.config))
+    app = create_app(
+        settings, tune_gc=True, config_path=os.path.abspath(args.config), config_seen=seen
+    )
     _run(app, args, settings.server.log_level)
     return 0
 
@@ -375,6 +379,10 @@ def _run(app: Any, args: argparse.Namespace, log_level: str) -> None:
     uvicorn.run(app, **_uvicorn_options(args, log_level))
 
 
+# On SIGTERM, how long requests in flight (streams included) may finish before they are
+# cancelled; an orchestrator's grace period must exceed it (deploy/kubernetes/).
+GRACEFUL_SHUTDOWN_SECONDS = 30
+
 # By name: uvicorn imports it where it serves, and the parent of several workers, which
 # does not serve, need not import the app's code for it.
 HTTP_PROTOCOL = "proxy.api.direct:DirectReplyProtocol"
@@ -393,7 +401,7 @@ def _uvicorn_options(args: argparse.Namespace, log_level: str) -> dict[str, Any]
         "access_log": False,  # the proxy writes its own structured line per request
         # Workers are spawned: they get the logging set-up through uvicorn, not from us.
         "log_config": logging_config(log_level),
-        "timeout_graceful_shutdown": 30,
+        "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_SECONDS,
         "backlog": 4096,
         # The proxy never uses the client's address; skipping the middleware saves time.
         "proxy_headers": False,

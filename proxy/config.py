@@ -406,6 +406,9 @@ class ServerConfig(_Strict):
     # The longest any upstream header (retry-after, resets) may hold a deployment: a
     # lying or broken upstream cannot take a deployment out for longer.
     max_upstream_hold: Annotated[Duration, Field(gt=0)] = 300.0
+    # Above 0: look at the config file this often and reload when it changed (a mounted
+    # Kubernetes ConfigMap is swapped in place; config_watch.py). 0: only SIGHUP and POST.
+    watch_config: Annotated[Duration, Field(ge=0)] = 0.0
 
 
 class AdminConfig(_Strict):

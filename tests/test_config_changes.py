@@ -80,3 +80,11 @@ def test_process_level_settings_need_a_restart_and_stay_in_force() -> None:
 def test_a_section_that_differs_only_in_restart_fields_is_not_listed_as_applied() -> None:
     changes = config_changes(_settings(), _settings(server={"log_level": "error"}))
     assert changes.other == () and changes.restart_needed == ("server.log_level",)
+
+
+def test_the_config_watcher_interval_is_read_at_start_and_kept_by_a_reload() -> None:
+    old = _settings(server={"watch_config": "5s"})
+    new = _settings(server={"watch_config": "1s"})
+    changes = config_changes(old, new)
+    assert changes.restart_needed == ("server.watch_config",) and changes.other == ()
+    assert in_force(old, new).server.watch_config == 5.0
