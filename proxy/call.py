@@ -40,6 +40,7 @@ class Call:
     started: float
     headers: list[tuple[str, str]] = field(default_factory=list)
     key_name: str | None = None
+    allowed_models: list[str] | None = None  # its key's allow-list (fallbacks too): None, all
     claimant: Claimant = field(default_factory=Claimant)  # fair share: tier and weight
     max_wait: float = 0.0  # the longest this request may wait for a turn, in all
     model: str = "unknown"  # a configured name once known: safe as a metric label

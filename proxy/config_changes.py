@@ -17,12 +17,14 @@ from proxy.config import Settings
 __all__ = ["RESTART_ONLY", "ConfigChanges", "config_changes", "in_force"]
 
 # Read once by what the process built at start: the limiter's connection and policy
-# (redis.*), uvicorn's protocol (header_timeout) and the logging set-up (log_level).
+# (redis.*), uvicorn's protocol (header_timeout, body_timeout) and the logging set-up
+# (log_level).
 RESTART_ONLY = (
     "redis.url",
     "redis.on_error",
     "redis.timeout",
     "server.header_timeout",
+    "server.body_timeout",
     "server.log_level",
 )
 
@@ -94,7 +96,11 @@ def config_changes(old: Settings, new: Settings) -> ConfigChanges:
 def in_force(old: Settings, new: Settings) -> Settings:
     """``new`` as a running process applies it: the ``RESTART_ONLY`` fields stay ``old``'s."""
     server = new.server.model_copy(
-        update={"header_timeout": old.server.header_timeout, "log_level": old.server.log_level}
+        update={
+            "header_timeout": old.server.header_timeout,
+            "body_timeout": old.server.body_timeout,
+            "log_level": old.server.log_level,
+        }
     )
     return new.model_copy(update={"redis": old.redis, "server": server})
 

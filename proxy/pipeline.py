@@ -12,9 +12,7 @@ reply, when the stream ends (or its client leaves) for a streamed one.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import os
 import random
 import time
 from typing import Any
@@ -27,7 +25,7 @@ from proxy.auth import KeyStore
 from proxy.background import Background
 from proxy.call import Call, ClientLeft, Reply, Settlement
 from proxy.catalog import Catalog, GroupRoute
-from proxy.config import Settings
+from proxy.config import ClientKey, Settings
 from proxy.errors import (
     InvalidRequest,
     ModelNotFound,
@@ -53,6 +51,7 @@ from proxy.limiter.fairness import Claimant
 from proxy.logs import RequestLog
 from proxy.metrics import Metrics
 from proxy.ratelimit_headers import format_reset
+from proxy.request_ids import new_request_id
 from proxy.routing.dispatcher import Dispatcher
 from proxy.routing.settlement import Settler
 from proxy.telemetry import Telemetry
@@ -130,21 +129,22 @@ class Pipeline:
         endpoint: str,
         raw: bytes,
         headers: list[tuple[str, str]],
-        authorization: str | None,
+        key: ClientKey | None,
         client_left: ClientLeft | None = None,
     ) -> Reply:
-        """The answer to one request. ``client_left`` returns once the client has gone:
-        a request waiting for its turn stops then (nothing goes upstream)."""
+        """The answer to one request of ``key`` (``keys.authenticate``: checked from the
+        headers before the body was read). ``client_left`` returns once the client has
+        gone: a request waiting for its turn or for the upstream stops then."""
         call = _new_call(endpoint, headers)
         call.client_left = client_left
         key_check: asyncio.Future[KeyVerdict] | None = None
         settlement: Settlement | None = None
         reply: Reply | None = None
         try:
-            key = self.keys.authenticate(authorization)
             call.max_wait = self.settings.routing.max_wait
             if key is not None:
                 call.key_name = key.name
+                call.allowed_models = key.models
                 call.claimant = Claimant(key.name, key.priority, key.weight)
                 if key.max_wait is not None:
                     call.max_wait = key.max_wait
@@ -197,10 +197,13 @@ class Pipeline:
             )
         return reply
 
-    def reject(self, endpoint: str, error: ProxyError) -> Reply:
-        """The reply for a request refused before its body was read (size, type)."""
+    def reject(self, endpoint: str, error: ProxyError, *, close: bool = False) -> Reply:
+        """The reply for a request refused before its body was read (key, size, type,
+        time); ``close``: the connection closes after it (its body stopped arriving)."""
         call = _new_call(endpoint, [])
         reply = self._error_reply(call, error)
+        if close:
+            reply.headers["connection"] = "close"
         reply.headers["x-request-id"] = call.request_id
         reply.headers.update(_timing_headers(call))
         self._finish(call, reply.status)
@@ -337,28 +340,9 @@ def _granted(key_check: asyncio.Future[KeyVerdict] | None) -> KeyVerdict | None:
     return verdict if verdict.allowed else None
 
 
-# Request ids: this process's random prefix and a counter, 32 hex digits like a uuid4
-# but with no syscall and no UUID object per request. The prefix keeps them unique
-# across workers and replicas (they name leases in the shared Redis).
-_id_prefix = os.urandom(8).hex()
-_id_counter = itertools.count(1)
-
-
-def _request_id() -> str:
-    return f"req_{_id_prefix}{next(_id_counter):016x}"
-
-
-def _new_id_prefix() -> None:  # a forked child must not repeat its parent's ids
-    global _id_prefix
-    _id_prefix = os.urandom(8).hex()
-
-
-os.register_at_fork(after_in_child=_new_id_prefix)
-
-
 def _new_call(endpoint: str, headers: list[tuple[str, str]]) -> Call:
     return Call(
-        request_id=_request_id(),
+        request_id=new_request_id(),
         endpoint=endpoint,
         started=time.perf_counter(),
         headers=headers,

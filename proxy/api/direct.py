@@ -73,6 +73,8 @@ async def write_reply(cycle: RequestResponseCycle, reply: Reply) -> None:
         await cycle.flow.drain()
     if cycle.disconnected:
         return
+    if reply.headers.pop("connection", None) == "close":  # e.g. a body that stalled: 408
+        cycle.keep_alive = False
     head = _head(cycle, reply)  # raises (an answer 500) before anything is written
     cycle.response_started = True
     cycle.waiting_for_100_continue = False

@@ -132,7 +132,7 @@ class Dispatcher:
         last_error: UpstreamError | None = None
         refusal: ProxyError | None = None
         attempts_left = self.routing.retries + 1
-        for current in self._groups(group):
+        for current in self._groups(group, call.allowed_models):
             tried: set[str] = set()
             while attempts_left > 0:
                 candidates = [d for d in current.deployments if d.id not in tried]
@@ -158,11 +158,13 @@ class Dispatcher:
         assert error is not None
         raise error
 
-    def _groups(self, group: GroupRoute) -> Iterable[GroupRoute]:
+    def _groups(self, group: GroupRoute, allowed: list[str] | None) -> Iterable[GroupRoute]:
+        """``group``, then its fallbacks that the key may use (``allowed``: its
+        allow-list, None: every group): a fallback is no way around it."""
         yield group
         for name in self.catalog.fallbacks.get(group.name, []):
             fallback = self.catalog.groups.get(name)
-            if fallback is not None:
+            if fallback is not None and (allowed is None or name in allowed):
                 yield fallback
 
     # --- reserving a turn -------------------------------------------------------------

@@ -9,6 +9,7 @@ import orjson
 
 from proxy.catalog import EGRESS, DeploymentRoute, Egress
 from proxy.errors import UpstreamError
+from proxy.json_splice import set_fields
 from proxy.upstream.errors import map_transport_error
 from proxy.upstream.headers import request_headers
 from proxy.upstream.interface import UpstreamRequest, UpstreamStream
@@ -41,10 +42,14 @@ def build_request(
     add_usage = stream and not _asks_usage(body)
     payload = raw
     if deployment.upstream_model != body.get("model") or add_usage:
-        body = {**body, "model": deployment.upstream_model}
+        changed: dict[str, Any] = {"model": deployment.upstream_model}
         if add_usage:
-            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-        payload = orjson.dumps(body)
+            options = body.get("stream_options") or {}
+            changed["stream_options"] = {**options, "include_usage": True}
+        try:
+            payload = orjson.dumps({**body, **changed})
+        except orjson.JSONEncodeError:  # nested deeper than orjson dumps: splice instead
+            payload = set_fields(raw, changed)
     egress = deployment.extensions[EGRESS]
     assert isinstance(egress, Egress)
     headers = request_headers(client_headers, egress.credential, egress.headers)
