@@ -58,6 +58,8 @@ class Call:
     client_left: ClientLeft | None = None  # watched while the request waits for a turn
     key_verdict: KeyVerdict | None = None  # the client key's check, granted or refused
     upstream_time: float = 0.0  # seconds spent on upstream calls until the answer's headers
+    # A stream that ended without usage: the tokens it is charged instead (never a refund).
+    unreported_tokens: int | None = None
 
     @property
     def tier(self) -> str:
@@ -69,6 +71,12 @@ class Call:
         if self.prompt_tokens is None and self.completion_tokens is None:
             return None
         return (self.prompt_tokens or 0) + (self.completion_tokens or 0)
+
+    def charged_tokens(self) -> int | None:
+        """What its budgets are charged: the reported usage, else what a stream without
+        usage counts as (``unreported_tokens``); None, unknown: the estimate goes back."""
+        real = self.real_tokens()
+        return self.unreported_tokens if real is None else real
 
 
 class Settlement:

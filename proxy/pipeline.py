@@ -280,8 +280,9 @@ class Pipeline:
             it was refused or never answered)."""
             if _granted(key_check) is None:
                 return None
-            # Unknown usage (an error, no usage in the answer) refunds the whole estimate.
-            correction = (call.real_tokens() or 0) - call.estimate
+            # Unknown usage (an error, no usage in a buffered answer) refunds the whole
+            # estimate; a stream without usage is charged at least it (charged_tokens).
+            correction = (call.charged_tokens() or 0) - call.estimate
             return KeySettlement(limits, call.request_id, float(correction))
 
         async def release() -> None:

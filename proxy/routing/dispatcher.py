@@ -13,6 +13,7 @@ reported as events (events.py), one per upstream attempt; metrics and logs consu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -20,6 +21,7 @@ from dataclasses import replace
 
 import httpx
 
+from proxy import tokens
 from proxy.call import Call, ClientLeft, Reply
 from proxy.catalog import Catalog, DeploymentRoute, GroupRoute
 from proxy.config import Settings
@@ -388,6 +390,9 @@ class Dispatcher:
     # --- one upstream call ------------------------------------------------------------
 
     async def _attempt(self, call: Call, turn: Turn, stream_done: StreamDone) -> Reply:
+        """One upstream call, raced against the client's departure (as the wait is): a
+        client that leaves before the answer ends the call (its connection closed) and
+        gets its turn, in-flight count and key's slot back (``ClientClosedRequest``)."""
         deployment = turn.deployment
         call.deployment = deployment.id
         request, added_usage = build_request(
@@ -396,6 +401,34 @@ class Dispatcher:
         attempt = Attempt(call.request_id, deployment.group, deployment.id, time.perf_counter())
         self._started(attempt)
         self.tally.call_started(call.key_name)
+        departure = Departure(call.client_left)
+        try:
+            reply = await self._exchange(call, turn, attempt, request, added_usage, stream_done)
+        except asyncio.CancelledError:
+            if not attempt.label:  # not ended yet: the turn and in-flight count go back
+                self._ended(call, turn, attempt, "abandoned", NEUTRAL, real_tokens=None)
+            if not departure.stop():
+                raise
+            raise _client_closed() from None
+        except BaseException:
+            if not departure.stop():
+                raise
+            await _absorb_cancellation()  # it left as the call ended: still pending
+            raise _client_closed() from None
+        if departure.stop():  # it left as the answer came: the writer finds it gone
+            await _absorb_cancellation()
+        return reply
+
+    async def _exchange(
+        self,
+        call: Call,
+        turn: Turn,
+        attempt: Attempt,
+        request: httpx.Request,
+        added_usage: bool,
+        stream_done: StreamDone,
+    ) -> Reply:
+        deployment = turn.deployment
         try:
             response = await send(self.transport, request, deployment.id)
         except TransportFailure as failure:
@@ -467,9 +500,11 @@ class Dispatcher:
 
         async def on_close(end: StreamEnd) -> None:
             call.prompt_tokens, call.completion_tokens = tap.prompt_tokens, tap.completion_tokens
+            if call.real_tokens() is None:  # cut (or never told) before its usage chunk
+                call.unreported_tokens = unreported_tokens(call, body.events)
             outcome = {"completed": SUCCESS, "interrupted": INTERRUPTED}.get(end, NEUTRAL)
             label = "200" if end == "completed" else end
-            self._ended(call, turn, attempt, label, outcome, real_tokens=call.real_tokens())
+            self._ended(call, turn, attempt, label, outcome, real_tokens=call.charged_tokens())
             if end == "interrupted":
                 call.error_code = "stream_interrupted"
             await stream_done(200 if end != "abandoned" else 499)
@@ -533,6 +568,54 @@ class Dispatcher:
         remaining = remaining_report(budget.assuming(config.rpm, config.tpm))
         if remaining is not None:
             self.settler.report(deployment, remaining)
+
+
+class Departure:
+    """Watches for the client's departure during an upstream call: the request's task is
+    cancelled then (its upstream call with it). One watcher, no task around the call."""
+
+    def __init__(self, client_left: ClientLeft | None) -> None:
+        self.left = False
+        self._task = asyncio.current_task()
+        self._watcher: asyncio.Future[None] | None = None
+        if client_left is not None:
+            self._watcher = asyncio.ensure_future(client_left())
+            self._watcher.add_done_callback(self._on_done)
+
+    def _on_done(self, watcher: asyncio.Future[None]) -> None:
+        if self._watcher is None or watcher.cancelled() or watcher.exception() is not None:
+            return  # stopped meanwhile (a scheduled callback cannot be taken back)
+        self.left = True
+        assert self._task is not None
+        self._task.cancel()
+
+    def stop(self) -> bool:
+        """Stop watching; True if the client left (its cancellation is taken back)."""
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.cancel()
+            if self.left:
+                assert self._task is not None
+                self._task.uncancel()
+        return self.left
+
+
+def unreported_tokens(call: Call, events: int) -> int:
+    """What a stream that ended without usage is charged: its estimate, or its prompt's
+    plus an event per token passed to the client if that is more. Never less: reading a
+    stream and leaving before the usage chunk is no way around a token budget."""
+    return max(call.estimate, tokens.prompt_tokens(call.body) + events)
+
+
+def _client_closed() -> ClientClosedRequest:
+    return ClientClosedRequest("The client closed the request before the upstream answered.")
+
+
+async def _absorb_cancellation() -> None:
+    """Take the cancellation a departure requested that the task has not met yet (an
+    ``uncancel`` alone leaves it pending before Python 3.13)."""
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.sleep(0)
 
 
 async def _slept(seconds: float, client_left: ClientLeft | None) -> bool:

@@ -41,6 +41,7 @@ class StreamBody:
         self._on_close = on_close
         self._closed = False
         self._end: StreamEnd = "abandoned"
+        self.events = 0  # SSE events passed to the client (about a token each)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         first = True
@@ -51,6 +52,7 @@ class StreamBody:
                     self._on_first_chunk()
                 out = self._redactor.feed(self.tap.feed(chunk))
                 if out:
+                    self.events += out.count(b"data:")
                     yield out
             rest = self._redactor.feed(self.tap.flush()) + self._redactor.flush()
             if rest:
