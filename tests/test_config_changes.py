@@ -80,3 +80,12 @@ def test_process_level_settings_need_a_restart_and_stay_in_force() -> None:
 def test_a_section_that_differs_only_in_restart_fields_is_not_listed_as_applied() -> None:
     changes = config_changes(_settings(), _settings(server={"log_level": "error"}))
     assert changes.other == () and changes.restart_needed == ("server.log_level",)
+
+
+def test_the_body_timeout_is_the_protocols_and_needs_a_restart() -> None:
+    """The HTTP protocol reads it at start (as header_timeout): the endpoint keeps the
+    same value, so both bounds of a body agree."""
+    old = _settings()
+    new = _settings(server={"body_timeout": "5s"})
+    assert config_changes(old, new).restart_needed == ("server.body_timeout",)
+    assert in_force(old, new).server.body_timeout == old.server.body_timeout == 30.0
