@@ -11,10 +11,13 @@ from proxy.limiter.fairness import Claimant
 if TYPE_CHECKING:
     from proxy.limiter.base import KeyVerdict
 
-__all__ = ["Call", "ClientLeft", "Reply", "Settlement", "StreamSource"]
+__all__ = ["Call", "ClientLeft", "Reply", "Settlement", "StreamSource", "WatchDeparture"]
 
 # Returns once the client has gone away (its connection closed).
 ClientLeft = Callable[[], Coroutine[Any, Any, None]]
+# Calls back once the client has gone away; returns what stops watching. The proxy's own
+# HTTP protocol hears it from the connection, with no task per request (direct.py).
+WatchDeparture = Callable[[Callable[[], None]], Callable[[], None]]
 
 
 class StreamSource(Protocol):
@@ -56,6 +59,7 @@ class Call:
     error_code: str | None = None
     shadow_rejection: str | None = None  # the limit a shadow key's request went past
     client_left: ClientLeft | None = None  # watched while the request waits for a turn
+    watch_departure: WatchDeparture | None = None  # else client_left, during upstream calls
     key_verdict: KeyVerdict | None = None  # the client key's check, granted or refused
     upstream_time: float = 0.0  # seconds spent on upstream calls until the answer's headers
     # A stream that ended without usage: the tokens it is charged instead (never a refund).

@@ -396,8 +396,8 @@ class ServerConfig(_Strict):
     )
     # A connection must send complete request headers within this (slow-header attacks).
     header_timeout: Annotated[Duration, Field(gt=0)] = 10.0
-    # A request's body must arrive in full within this once its headers have (408 and the
-    # connection closed): a stalled upload holds no socket and no memory for long.
+    # A request's body must arrive in full within this (408 and the connection closed): a
+    # stalled upload holds no socket and no memory for long.
     body_timeout: Annotated[Duration, Field(gt=0)] = 30.0
     # A reload that would leave no client keys is refused unless true (design.md).
     open_access: bool = False

@@ -23,7 +23,7 @@ import orjson
 from proxy import request_fields, tokens
 from proxy.auth import KeyStore
 from proxy.background import Background
-from proxy.call import Call, ClientLeft, Reply, Settlement
+from proxy.call import Call, ClientLeft, Reply, Settlement, WatchDeparture
 from proxy.catalog import Catalog, GroupRoute
 from proxy.config import ClientKey, Settings
 from proxy.errors import (
@@ -131,12 +131,14 @@ class Pipeline:
         headers: list[tuple[str, str]],
         key: ClientKey | None,
         client_left: ClientLeft | None = None,
+        watch_departure: WatchDeparture | None = None,
     ) -> Reply:
         """The answer to one request of ``key`` (``keys.authenticate``: checked from the
         headers before the body was read). ``client_left`` returns once the client has
         gone: a request waiting for its turn or for the upstream stops then."""
         call = _new_call(endpoint, headers)
         call.client_left = client_left
+        call.watch_departure = watch_departure
         key_check: asyncio.Future[KeyVerdict] | None = None
         settlement: Settlement | None = None
         reply: Reply | None = None

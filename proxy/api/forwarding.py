@@ -20,7 +20,7 @@ from functools import partial
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.api.responses import error_response
-from proxy.call import Reply, StreamSource
+from proxy.call import Reply, StreamSource, WatchDeparture
 from proxy.errors import (
     BodyTooLarge,
     HeadersTooLarge,
@@ -62,22 +62,32 @@ class ForwardingEndpoint:
         raw_headers: list[tuple[bytes, bytes]],
         receive: Receive,
         write: Callable[[Reply], Awaitable[None]],
+        *,
+        arrived: bool = False,
+        watch_departure: WatchDeparture | None = None,
     ) -> None:
         """Answer one request whose body ``receive`` gives; ``write`` sends the reply (the
-        ASGI messages, or ``direct.write_reply`` under the proxy's own protocol)."""
+        ASGI messages, or ``direct.write_reply`` under the proxy's own protocol, which
+        also says whether the body has ``arrived`` whole already, and hears the client's
+        departure without a task: ``watch_departure``)."""
         # The pipeline in force when the request arrived serves it to the end, even if a
         # reload replaces it meanwhile (it is retired once its requests are done).
         pipeline = self._pipeline()
         pipeline.enter()
         try:
-            reply = await self._answer(pipeline, raw_headers, receive)
+            reply = await self._answer(pipeline, raw_headers, receive, arrived, watch_departure)
             if reply is not None:
                 await write(reply)
         finally:
             pipeline.leave()
 
     async def _answer(
-        self, pipeline: Pipeline, raw_headers: list[tuple[bytes, bytes]], receive: Receive
+        self,
+        pipeline: Pipeline,
+        raw_headers: list[tuple[bytes, bytes]],
+        receive: Receive,
+        arrived: bool,
+        watch_departure: WatchDeparture | None,
     ) -> Reply | None:
         """None: the client left before its body arrived (nobody to answer). The key is
         checked from the headers first: a stranger's body is never read (401 at once)."""
@@ -85,10 +95,17 @@ class ForwardingEndpoint:
         lookup = dict(headers)
         server = pipeline.settings.server
         try:
-            key = pipeline.keys.authenticate(_authorization(raw_headers))
+            authorization = lookup.get("authorization")
+            if len(lookup) < len(headers):  # a header came twice: was it this one?
+                authorization = _authorization(raw_headers)
+            key = pipeline.keys.authenticate(authorization)
             _check_content_type(lookup.get("content-type"))
-            async with asyncio.timeout(server.body_timeout):
-                raw = await _read_body(receive, lookup.get("content-length"), server.max_body_size)
+            declared, limit = lookup.get("content-length"), server.max_body_size
+            if arrived:  # nothing to wait for: no timer
+                raw = await _read_body(receive, declared, limit)
+            else:
+                async with asyncio.timeout(server.body_timeout):
+                    raw = await _read_body(receive, declared, limit)
         except ClientGone:
             return None
         except TimeoutError:
@@ -104,13 +121,14 @@ class ForwardingEndpoint:
             headers,
             key,
             client_left=partial(_disconnected, receive),
+            watch_departure=watch_departure,
         )
 
 
 def _authorization(raw_headers: list[tuple[bytes, bytes]]) -> str | None:
     """The one ``Authorization`` header; two are refused (which one counts is ambiguous
     between the proxy and whatever stands before it)."""
-    found = [v for k, v in raw_headers if k.lower() == b"authorization"]
+    found = [v for k, v in raw_headers if k.lower() == b"authorization"]  # any ASGI server
     if len(found) > 1:
         raise InvalidRequest(
             "Send one Authorization header, not several.", code="duplicate_authorization"
@@ -178,7 +196,7 @@ def _encoded_slash(scope: Scope) -> bool:
     """A ``%2f`` in the raw path: decoded, it would route as a path it is not (only a
     model's name, in ``/v1/models/{model}``, may hold one)."""
     raw: bytes = scope.get("raw_path") or b""
-    return b"%2f" in raw.lower() and not raw.startswith(b"/v1/models/")
+    return b"%" in raw and b"%2f" in raw.lower() and not raw.startswith(b"/v1/models/")
 
 
 def _with_request_id(send: Send) -> Send:

@@ -52,8 +52,14 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._awaiting_headers()
 
     def on_headers_complete(self) -> None:
-        self._headers_since = None
-        self._body_since = self.loop.time()
+        # The body's time counts from the request's start (no clock read per request).
+        self._body_since, self._headers_since = self._headers_since, None
+        timer = self._header_timer
+        if self._body_since is not None and timer is not None:
+            deadline = self._body_since + _body_timeout()
+            if timer.when() > deadline:  # a body timeout shorter than the header timeout
+                timer.cancel()
+                self._header_timer = self.loop.call_at(deadline, self._check_deadlines)
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:

@@ -401,7 +401,7 @@ class Dispatcher:
         attempt = Attempt(call.request_id, deployment.group, deployment.id, time.perf_counter())
         self._started(attempt)
         self.tally.call_started(call.key_name)
-        departure = Departure(call.client_left)
+        departure = Departure(call)
         try:
             reply = await self._exchange(call, turn, attempt, request, added_usage, stream_done)
         except asyncio.CancelledError:
@@ -572,18 +572,26 @@ class Dispatcher:
 
 class Departure:
     """Watches for the client's departure during an upstream call: the request's task is
-    cancelled then (its upstream call with it). One watcher, no task around the call."""
+    cancelled then (its upstream call with it). No task around the call; under the
+    proxy's own protocol no watcher task either (``Call.watch_departure``)."""
 
-    def __init__(self, client_left: ClientLeft | None) -> None:
+    def __init__(self, call: Call) -> None:
         self.left = False
         self._task = asyncio.current_task()
-        self._watcher: asyncio.Future[None] | None = None
-        if client_left is not None:
-            self._watcher = asyncio.ensure_future(client_left())
-            self._watcher.add_done_callback(self._on_done)
+        self._unwatch: Callable[[], object] | None = None
+        if call.watch_departure is not None:
+            self._unwatch = call.watch_departure(self._on_left)
+        elif call.client_left is not None:
+            watcher = asyncio.ensure_future(call.client_left())
+            watcher.add_done_callback(self._on_watcher_done)
+            self._unwatch = watcher.cancel
 
-    def _on_done(self, watcher: asyncio.Future[None]) -> None:
-        if self._watcher is None or watcher.cancelled() or watcher.exception() is not None:
+    def _on_watcher_done(self, watcher: asyncio.Future[None]) -> None:
+        if not watcher.cancelled() and watcher.exception() is None:
+            self._on_left()
+
+    def _on_left(self) -> None:
+        if self._unwatch is None:
             return  # stopped meanwhile (a scheduled callback cannot be taken back)
         self.left = True
         assert self._task is not None
@@ -591,9 +599,9 @@ class Departure:
 
     def stop(self) -> bool:
         """Stop watching; True if the client left (its cancellation is taken back)."""
-        watcher, self._watcher = self._watcher, None
-        if watcher is not None:
-            watcher.cancel()
+        unwatch, self._unwatch = self._unwatch, None
+        if unwatch is not None:
+            unwatch()
             if self.left:
                 assert self._task is not None
                 self._task.uncancel()
