@@ -1,7 +1,8 @@
 """The life of one API request, from client key to answer.
 
-    authenticate -> parse -> model group -> key budget (429 at once) ->
-    dispatcher (deployments, waiting, retries, fallbacks) -> reply -> settle the key
+    (the key, authenticated by the endpoint before the body is read) -> parse ->
+    model group -> key budget (429 at once) -> dispatcher (deployments, waiting,
+    retries, fallbacks) -> reply -> settle the key
 
 Every step that can fail raises a ``ProxyError``; ``handle`` turns it into the contract's
 reply, so no path answers without ``x-request-id`` and the key's rate-limit headers. The
