@@ -395,9 +395,13 @@ class Dispatcher:
         gets its turn, in-flight count and key's slot back (``ClientClosedRequest``)."""
         deployment = turn.deployment
         call.deployment = deployment.id
-        request, added_usage = build_request(
-            call.endpoint, call.body, call.raw, call.headers, deployment, call.stream
-        )
+        try:
+            request, added_usage = build_request(
+                call.endpoint, call.body, call.raw, call.headers, deployment, call.stream
+            )
+        except InvalidRequest:  # the body cannot be sent as it is: its turn goes back
+            self.settler.give_back(turn, call.estimate)
+            raise
         attempt = Attempt(call.request_id, deployment.group, deployment.id, time.perf_counter())
         self._started(attempt)
         self.tally.call_started(call.key_name)

@@ -8,7 +8,7 @@ import httpx
 import orjson
 
 from proxy.catalog import EGRESS, DeploymentRoute, Egress
-from proxy.errors import UpstreamError
+from proxy.errors import InvalidRequest, UpstreamError
 from proxy.json_splice import set_fields
 from proxy.upstream.errors import map_transport_error
 from proxy.upstream.headers import request_headers
@@ -49,7 +49,7 @@ def build_request(
         try:
             payload = orjson.dumps({**body, **changed})
         except orjson.JSONEncodeError:  # nested deeper than orjson dumps: splice instead
-            payload = set_fields(raw, changed)
+            payload = _spliced(raw, changed)
     egress = deployment.extensions[EGRESS]
     assert isinstance(egress, Egress)
     headers = request_headers(client_headers, egress.credential, egress.headers)
@@ -94,6 +94,15 @@ async def _read(response: httpx.Response) -> bytes:
     if isinstance(stream, UpstreamStream):
         return await stream.read()  # one read, not httpx's chunk by chunk iteration
     return await response.aread()
+
+
+def _spliced(raw: bytes, changed: dict[str, Any]) -> bytes:
+    try:
+        return set_fields(raw, changed)
+    except orjson.JSONEncodeError:  # what changes is itself too deep: stream_options
+        raise InvalidRequest(
+            "'stream_options' is nested too deeply.", code="invalid_type", param="stream_options"
+        ) from None
 
 
 def _asks_usage(body: dict[str, Any]) -> bool:

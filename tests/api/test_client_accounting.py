@@ -220,3 +220,27 @@ def test_a_deeply_nested_body_is_rewritten_for_its_deployment_model(
         )
     assert response.status_code == 200, response.text
     assert b'"model":"gpt-4o-mini"' in response.content
+
+
+def test_a_body_that_cannot_be_rewritten_is_a_400_and_gives_its_turn_back(
+    upstream: FakeUpstreamHandle,
+) -> None:
+    """``stream_options`` itself nested too deep to write again (the proxy must add
+    ``include_usage`` to it): 400 naming it, and the deployment's one turn a minute goes
+    back (the next request is served at once, not refused for capacity)."""
+    config = _config(upstream, {"rpm": 100}, rpm=1)
+    options = b'{"deep":' + b"[" * 300 + b"1" + b"]" * 300 + b"}"
+    body = (
+        b'{"model":"m","stream":true,"max_tokens":5,"stream_options":'
+        + options
+        + b',"messages":[{"role":"user","content":"hi"}]}'
+    )
+    headers = {**AUTH, "content-type": "application/json"}
+    with ProxyInThread(config) as proxy:
+        url = f"{proxy.base_url}/chat/completions"
+        refused = httpx.post(url, content=body, headers=headers)
+        _quiet(proxy)
+        served = httpx.post(url, json=CHAT, headers=AUTH)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == "stream_options"
+    assert served.status_code == 200, served.text
