@@ -391,8 +391,8 @@ class Dispatcher:
 
     async def _attempt(self, call: Call, turn: Turn, stream_done: StreamDone) -> Reply:
         """One upstream call, raced against the client's departure (as the wait is): a
-        client that leaves before the answer ends the call (its connection closed) and
-        gets its turn, in-flight count and key's slot back (``ClientClosedRequest``)."""
+        client that leaves before the answer ends the call (its connection closed): the
+        in-flight count and the key's slot come back at once (``ClientClosedRequest``)."""
         deployment = turn.deployment
         call.deployment = deployment.id
         try:

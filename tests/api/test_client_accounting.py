@@ -114,8 +114,9 @@ def test_a_client_that_leaves_before_the_upstream_answers_frees_its_slot_at_once
     upstream: FakeUpstreamHandle, stream: bool
 ) -> None:
     """The upstream never answers (the deployment would wait 60 s). The client leaves:
-    the upstream call is closed at once, and the key's only parallel slot, the
-    deployment's in-flight count and its turn come back: the client's retry is served."""
+    the upstream call is closed at once, and the key's only parallel slot and the
+    deployment's in-flight count come back: the client's retry is served (its request
+    stays counted in the key's rpm: it was sent)."""
     config = _config(upstream, {"rpm": 100, "max_parallel": 1}, timeout="60s", rpm=600)
     body = orjson.dumps({**CHAT, "stream": stream})
     upstream.control(hang_rate=1.0)
