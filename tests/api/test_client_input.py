@@ -110,14 +110,20 @@ def _assert_error(status: int, headers: dict[str, str], body: bytes, expected: i
 def test_a_stranger_gets_401_before_sending_its_body(
     proxy: ProxyInThread, authorization: str | None, code: str
 ) -> None:
-    """Headers announce 9 MB; only a byte follows: the 401 comes anyway (nothing of a
-    stranger's body is waited for or held)."""
+    """20 clients at once whose headers announce 9 MB, then send a byte: each gets its
+    401 anyway (nothing of a stranger's body is waited for or held)."""
     extra = [authorization] if authorization else []
-    with _connect(proxy) as conn:
-        conn.sendall(_head("/v1/chat/completions", 9_000_000, *extra) + b"{")
-        status, headers, body = _read_answer(conn)
-    _assert_error(status, headers, body, 401)
-    assert code.encode() in body
+    connections = [_connect(proxy) for _ in range(20)]
+    try:
+        for conn in connections:
+            conn.sendall(_head("/v1/chat/completions", 9_000_000, *extra) + b"{")
+        for conn in connections:
+            status, headers, body = _read_answer(conn)
+            _assert_error(status, headers, body, 401)
+            assert code.encode() in body
+    finally:
+        for conn in connections:
+            conn.close()
 
 
 def test_a_strangers_body_that_trickles_on_after_the_401_is_closed(
