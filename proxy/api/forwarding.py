@@ -153,17 +153,19 @@ class HotPathRouter:
             await endpoint(scope, receive, send)  # the pipeline names its request
             return
         send = _with_request_id(send)
-        if _oversized(scope["headers"]):
-            error: ProxyError = HeadersTooLarge(
-                f"Request headers may be at most {MAX_HEADER} bytes each and"
-                f" {MAX_HEADERS} bytes in all."
-            )
-            await error_response(error)(scope, receive, send)  # never forwarded
-        elif _encoded_slash(scope):
-            error = ModelNotFound(f"Unknown path {scope['path'][:200]}.", code="unknown_url")
+        try:
+            if _oversized(scope["headers"]):
+                raise HeadersTooLarge(
+                    f"Request headers may be at most {MAX_HEADER} bytes each and"
+                    f" {MAX_HEADERS} bytes in all."
+                )  # never forwarded
+            if _encoded_slash(scope):
+                raise ModelNotFound(f"Unknown path {scope['path'][:200]}.", code="unknown_url")
+            _authorization(scope["headers"])  # one, on every route
+        except ProxyError as error:
             await error_response(error)(scope, receive, send)
-        else:
-            await self.app(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
     def forwarding(self, scope: Scope) -> ForwardingEndpoint | None:
         """The forwarding endpoint that would serve ``scope`` (None: the app would, or it

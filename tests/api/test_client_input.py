@@ -164,13 +164,20 @@ def test_a_body_that_stops_arriving_is_a_408_and_the_connection_closes(
     assert answer.headers["x-ratelimit-remaining-requests"] == "999"
 
 
-def test_two_authorization_headers_are_refused(proxy: ProxyInThread) -> None:
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [("POST", "/v1/chat/completions", CHAT), ("GET", "/v1/models", None)],
+)
+def test_two_authorization_headers_are_refused(
+    proxy: ProxyInThread, method: str, path: str, body: Any
+) -> None:
     """Which one counts would depend on who reads them (a gateway before the proxy may
-    take the first): refused, whichever order."""
+    take the first): refused, whichever order, on every route."""
     for first, last in ((KEY, "other"), ("other", KEY)):
-        response = httpx.post(
-            f"{proxy.base_url}/chat/completions",
-            json=CHAT,
+        response = httpx.request(
+            method,
+            f"{proxy.url}{path}",
+            json=body,
             headers=[("authorization", f"Bearer {first}"), ("authorization", f"Bearer {last}")],
         )
         assert response.status_code == 400, response.text
