@@ -408,16 +408,13 @@ class Dispatcher:
         departure = Departure(call)
         try:
             reply = await self._exchange(call, turn, attempt, request, added_usage, stream_done)
-        except asyncio.CancelledError:
+        except BaseException as exc:
             if not attempt.label:  # not ended yet: the turn and in-flight count go back
                 self._ended(call, turn, attempt, "abandoned", NEUTRAL, real_tokens=None)
             if not departure.stop():
                 raise
-            raise _client_closed() from None
-        except BaseException:
-            if not departure.stop():
-                raise
-            await _absorb_cancellation()  # it left as the call ended: still pending
+            if not isinstance(exc, asyncio.CancelledError):
+                await _absorb_cancellation()  # it left as the call ended: still pending
             raise _client_closed() from None
         if departure.stop():  # it left as the answer came: the writer finds it gone
             await _absorb_cancellation()
