@@ -100,7 +100,9 @@ async def _requests(
     headers = [("content-type", "application/json")]
     auth = "Bearer sk-bench-client"
     for _ in range(warmup):
-        await pipeline.handle("chat/completions", _REQUEST, headers, auth)
+        await pipeline.handle(
+            "chat/completions", _REQUEST, headers, pipeline.keys.authenticate(auth)
+        )
     if tune_gc:
         from proxy.app import tune_garbage_collector
 
@@ -109,7 +111,9 @@ async def _requests(
     for _ in range(_REPEAT):
         started = time.process_time()
         for _ in range(count):
-            reply = await pipeline.handle("chat/completions", _REQUEST, headers, auth)
+            reply = await pipeline.handle(
+                "chat/completions", _REQUEST, headers, pipeline.keys.authenticate(auth)
+            )
             await asyncio.sleep(0)  # the bookkeeping scheduled after the answer runs
             if reply.status != 200:
                 raise SystemExit(f"unexpected answer {reply.status}: {reply.body!r}")

@@ -11,10 +11,13 @@ from proxy.limiter.fairness import Claimant
 if TYPE_CHECKING:
     from proxy.limiter.base import KeyVerdict
 
-__all__ = ["Call", "ClientLeft", "Reply", "Settlement", "StreamSource"]
+__all__ = ["Call", "ClientLeft", "Reply", "Settlement", "StreamSource", "WatchDeparture"]
 
 # Returns once the client has gone away (its connection closed).
 ClientLeft = Callable[[], Coroutine[Any, Any, None]]
+# Calls back once the client has gone away; returns what stops watching. The proxy's own
+# HTTP protocol hears it from the connection, with no task per request (direct.py).
+WatchDeparture = Callable[[Callable[[], None]], Callable[[], None]]
 
 
 class StreamSource(Protocol):
@@ -40,6 +43,7 @@ class Call:
     started: float
     headers: list[tuple[str, str]] = field(default_factory=list)
     key_name: str | None = None
+    allowed_models: list[str] | None = None  # its key's allow-list (fallbacks too): None, all
     claimant: Claimant = field(default_factory=Claimant)  # fair share: tier and weight
     max_wait: float = 0.0  # the longest this request may wait for a turn, in all
     model: str = "unknown"  # a configured name once known: safe as a metric label
@@ -55,8 +59,11 @@ class Call:
     error_code: str | None = None
     shadow_rejection: str | None = None  # the limit a shadow key's request went past
     client_left: ClientLeft | None = None  # watched while the request waits for a turn
+    watch_departure: WatchDeparture | None = None  # else client_left, during upstream calls
     key_verdict: KeyVerdict | None = None  # the client key's check, granted or refused
     upstream_time: float = 0.0  # seconds spent on upstream calls until the answer's headers
+    # A stream that ended without usage: the tokens it is charged instead (never a refund).
+    unreported_tokens: int | None = None
 
     @property
     def tier(self) -> str:
@@ -68,6 +75,12 @@ class Call:
         if self.prompt_tokens is None and self.completion_tokens is None:
             return None
         return (self.prompt_tokens or 0) + (self.completion_tokens or 0)
+
+    def charged_tokens(self) -> int | None:
+        """What its budgets are charged: the reported usage, else what a stream without
+        usage counts as (``unreported_tokens``); None, unknown: the estimate goes back."""
+        real = self.real_tokens()
+        return self.unreported_tokens if real is None else real
 
 
 class Settlement:

@@ -297,10 +297,11 @@ def _serve(args: argparse.Namespace) -> int:
         hold_sighup()
     _configure_logging(settings.server.log_level, f"{args.config}: server.log_level")
     warn_about_unreachable_upstreams(settings)
-    from proxy.api.protocol import HEADER_TIMEOUT_ENV
+    from proxy.api.protocol import BODY_TIMEOUT_ENV, HEADER_TIMEOUT_ENV
 
     # Read by the HTTP protocol of this process and of spawned workers.
     os.environ[HEADER_TIMEOUT_ENV] = str(settings.server.header_timeout)
+    os.environ[BODY_TIMEOUT_ENV] = str(settings.server.body_timeout)
     if args.workers > 1:
         return _serve_workers(args, settings)
     from proxy.app import create_app

@@ -401,6 +401,11 @@ class ServerConfig(_Strict):
     )
     # A connection must send complete request headers within this (slow-header attacks).
     header_timeout: Annotated[Duration, Field(gt=0)] = 10.0
+    # A request's body must arrive in full within this (408 and the connection closed): a
+    # stalled upload holds no socket and no memory for long.
+    body_timeout: Annotated[Duration, Field(gt=0)] = 30.0
+    # A reload that would leave no client keys is refused unless true (design.md).
+    open_access: bool = False
     # Non-empty: GET /metrics needs "Authorization: Bearer <token>".
     metrics_token: SecretStr = SecretStr("")
     # The longest any upstream header (retry-after, resets) may hold a deployment: a

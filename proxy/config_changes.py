@@ -17,13 +17,14 @@ from proxy.config import Settings
 __all__ = ["RESTART_ONLY", "ConfigChanges", "config_changes", "in_force"]
 
 # Read once by what the process built at start: the limiter's connection and policy
-# (redis.*), uvicorn's protocol (header_timeout), the logging set-up (log_level) and the
-# config file's watcher (watch_config).
+# (redis.*), uvicorn's protocol (header_timeout, body_timeout), the logging set-up
+# (log_level) and the config file's watcher (watch_config).
 RESTART_ONLY = (
     "redis.url",
     "redis.on_error",
     "redis.timeout",
     "server.header_timeout",
+    "server.body_timeout",
     "server.log_level",
     "server.watch_config",
 )
@@ -100,6 +101,7 @@ def in_force(old: Settings, new: Settings) -> Settings:
             "header_timeout": old.server.header_timeout,
             "log_level": old.server.log_level,
             "watch_config": old.server.watch_config,
+            "body_timeout": old.server.body_timeout,
         }
     )
     return new.model_copy(update={"redis": old.redis, "server": server})

@@ -3,6 +3,7 @@
     ProxyError                       status  error.type
     ├── InvalidRequest                 400   invalid_request_error   (bad JSON, bad fields)
     │   ├── UnsupportedMediaType       415   invalid_request_error
+    │   ├── RequestTimeout             408   invalid_request_error   (body too slow)
     │   └── BodyTooLarge               413   invalid_request_error
     ├── AuthenticationFailed           401   authentication_error
     ├── ModelNotAllowed                403   permission_error
@@ -35,6 +36,7 @@ __all__ = [
     "ModelNotFound",
     "ProxyError",
     "RateLimited",
+    "RequestTimeout",
     "ServiceUnavailable",
     "UnsupportedMediaType",
     "UpstreamError",
@@ -82,6 +84,11 @@ class InvalidRequest(ProxyError):
 class UnsupportedMediaType(InvalidRequest):
     status = 415
     default_code = "unsupported_media_type"
+
+
+class RequestTimeout(InvalidRequest):
+    status = 408
+    default_code = "request_timeout"
 
 
 class BodyTooLarge(InvalidRequest):

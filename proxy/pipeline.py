@@ -1,7 +1,8 @@
 """The life of one API request, from client key to answer.
 
-    authenticate -> parse -> model group -> key budget (429 at once) ->
-    dispatcher (deployments, waiting, retries, fallbacks) -> reply -> settle the key
+    (the key, authenticated by the endpoint before the body is read) -> parse ->
+    model group -> key budget (429 at once) -> dispatcher (deployments, waiting,
+    retries, fallbacks) -> reply -> settle the key
 
 Every step that can fail raises a ``ProxyError``; ``handle`` turns it into the contract's
 reply, so no path answers without ``x-request-id`` and the key's rate-limit headers. The
@@ -12,9 +13,7 @@ reply, when the stream ends (or its client leaves) for a streamed one.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import os
 import random
 import time
 from typing import Any
@@ -25,9 +24,9 @@ import orjson
 from proxy import request_fields, tokens
 from proxy.auth import KeyStore
 from proxy.background import Background
-from proxy.call import Call, ClientLeft, Reply, Settlement
+from proxy.call import Call, ClientLeft, Reply, Settlement, WatchDeparture
 from proxy.catalog import Catalog, GroupRoute
-from proxy.config import Settings
+from proxy.config import ClientKey, Settings
 from proxy.errors import (
     InvalidRequest,
     ModelNotFound,
@@ -54,6 +53,7 @@ from proxy.limiter.verdicts import largest_tokens
 from proxy.logs import RequestLog
 from proxy.metrics import Metrics
 from proxy.ratelimit_headers import format_reset
+from proxy.request_ids import new_request_id
 from proxy.routing.dispatcher import Dispatcher
 from proxy.routing.settlement import Settler
 from proxy.telemetry import Telemetry
@@ -134,21 +134,24 @@ class Pipeline:
         endpoint: str,
         raw: bytes,
         headers: list[tuple[str, str]],
-        authorization: str | None,
+        key: ClientKey | None,
         client_left: ClientLeft | None = None,
+        watch_departure: WatchDeparture | None = None,
     ) -> Reply:
-        """The answer to one request. ``client_left`` returns once the client has gone:
-        a request waiting for its turn stops then (nothing goes upstream)."""
+        """The answer to one request of ``key`` (``keys.authenticate``: checked from the
+        headers before the body was read). ``client_left`` returns once the client has
+        gone: a request waiting for its turn or for the upstream stops then."""
         call = _new_call(endpoint, headers)
         call.client_left = client_left
+        call.watch_departure = watch_departure
         key_check: asyncio.Future[KeyVerdict] | None = None
         settlement: Settlement | None = None
         reply: Reply | None = None
         try:
-            key = self.keys.authenticate(authorization)
             call.max_wait = self.settings.routing.max_wait
             if key is not None:
                 call.key_name = key.name
+                call.allowed_models = key.models
                 call.claimant = Claimant(key.name, key.priority, key.weight)
                 if key.max_wait is not None:
                     call.max_wait = key.max_wait
@@ -201,10 +204,13 @@ class Pipeline:
             )
         return reply
 
-    def reject(self, endpoint: str, error: ProxyError) -> Reply:
-        """The reply for a request refused before its body was read (size, type)."""
+    def reject(self, endpoint: str, error: ProxyError, *, close: bool = False) -> Reply:
+        """The reply for a request refused before its body was read (key, size, type,
+        time); ``close``: the connection closes after it (its body stopped arriving)."""
         call = _new_call(endpoint, [])
         reply = self._error_reply(call, error)
+        if close:
+            reply.headers["connection"] = "close"
         reply.headers["x-request-id"] = call.request_id
         reply.headers.update(_timing_headers(call))
         self._finish(call, reply.status)
@@ -281,8 +287,9 @@ class Pipeline:
             it was refused or never answered)."""
             if _granted(key_check) is None:
                 return None
-            # Unknown usage (an error, no usage in the answer) refunds the whole estimate.
-            used: float = call.real_tokens() or 0
+            # Unknown usage (an error, no usage in a buffered answer) refunds the whole
+            # estimate; a stream without usage is charged at least it (charged_tokens).
+            used: float = call.charged_tokens() or 0
             if used > call.estimate:  # a count no request could use: the most one could
                 used = min(used, largest_tokens(limits.windows))
             correction = used - call.estimate
@@ -344,28 +351,9 @@ def _granted(key_check: asyncio.Future[KeyVerdict] | None) -> KeyVerdict | None:
     return verdict if verdict.allowed else None
 
 
-# Request ids: this process's random prefix and a counter, 32 hex digits like a uuid4
-# but with no syscall and no UUID object per request. The prefix keeps them unique
-# across workers and replicas (they name leases in the shared Redis).
-_id_prefix = os.urandom(8).hex()
-_id_counter = itertools.count(1)
-
-
-def _request_id() -> str:
-    return f"req_{_id_prefix}{next(_id_counter):016x}"
-
-
-def _new_id_prefix() -> None:  # a forked child must not repeat its parent's ids
-    global _id_prefix
-    _id_prefix = os.urandom(8).hex()
-
-
-os.register_at_fork(after_in_child=_new_id_prefix)
-
-
 def _new_call(endpoint: str, headers: list[tuple[str, str]]) -> Call:
     return Call(
-        request_id=_request_id(),
+        request_id=new_request_id(),
         endpoint=endpoint,
         started=time.perf_counter(),
         headers=headers,

@@ -46,6 +46,11 @@ FAN_OUT_TIMEOUT = 30.0
 
 _early_sighups: list[int] = []
 
+_OPEN_ACCESS_REFUSED = (
+    "keys: none left, which would let anyone use the proxy; set server.open_access: true"
+    " to allow that"
+)
+
 
 def hold_sighup() -> None:
     """Until a ``Reloader`` takes over, a SIGHUP is remembered rather than fatal (its
@@ -166,6 +171,14 @@ class Reloader:
             loaded = await asyncio.to_thread(load_settings, path)
         except ConfigError as exc:
             return self._failed(path, exc.problems)
+        if not loaded.keys:
+            if not loaded.server.open_access:
+                logger.warning("config reload refused: it would leave no client keys (open access)")
+                return self._failed(path, [_OPEN_ACCESS_REFUSED])
+            logger.warning(
+                "config reload: no client keys and server.open_access: true; the proxy"
+                " accepts requests from anyone"
+            )
         old: Settings = self.state.settings
         settings = in_force(old, loaded)
         previous: Pipeline = self.state.pipeline

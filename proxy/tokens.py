@@ -52,14 +52,15 @@ def prompt_tokens(body: dict[str, Any]) -> int:
 
 
 def completion_tokens(body: dict[str, Any], default: int) -> int:
-    """The most completion tokens the request may produce (its own cap, else ``default``)."""
+    """The most completion tokens the request may produce: its own cap (else
+    ``default``) for each of its ``n`` choices."""
+    n = body.get("n")
+    choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
     for field in ("max_completion_tokens", "max_tokens"):
         value = body.get(field)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            n = body.get("n")
-            choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
             return value * choices
-    return default
+    return default * choices
 
 
 def estimate(body: dict[str, Any], endpoint: str, default_completion: int) -> int:

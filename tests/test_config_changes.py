@@ -88,3 +88,12 @@ def test_the_config_watcher_interval_is_read_at_start_and_kept_by_a_reload() -> 
     changes = config_changes(old, new)
     assert changes.restart_needed == ("server.watch_config",) and changes.other == ()
     assert in_force(old, new).server.watch_config == 5.0
+
+
+def test_the_body_timeout_is_the_protocols_and_needs_a_restart() -> None:
+    """The HTTP protocol reads it at start (as header_timeout): the endpoint keeps the
+    same value, so both bounds of a body agree."""
+    old = _settings()
+    new = _settings(server={"body_timeout": "5s"})
+    assert config_changes(old, new).restart_needed == ("server.body_timeout",)
+    assert in_force(old, new).server.body_timeout == old.server.body_timeout == 30.0

@@ -24,6 +24,12 @@ def test_completion_uses_max_tokens_times_n_else_default() -> None:
     assert completion_tokens({"max_tokens": "lots"}, 256) == 256
 
 
+def test_n_choices_multiply_the_default_too() -> None:
+    """Without a cap of its own, each of n choices may use the default."""
+    assert completion_tokens({"n": 4}, 256) == 1024
+    assert completion_tokens({"n": True}, 256) == 256  # not a count
+
+
 def test_embeddings_reserve_no_completion() -> None:
     assert estimate({"input": "abcd"}, "embeddings", 256) == 2
     assert estimate({"messages": [], "max_tokens": 10}, "chat/completions", 256) == 13

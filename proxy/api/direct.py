@@ -20,6 +20,7 @@ so an error before the reply goes out answers 500 as for any app.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, cast
 
@@ -49,19 +50,48 @@ class DirectReplyProtocol(HeaderTimeoutProtocol):
         endpoint = app.forwarding(scope) if isinstance(app, HotPathRouter) else None
         if endpoint is not None:
             # Still run by uvicorn's run_asgi: an error before the reply answers 500.
-            app = cast("ASGI3Application", partial(_serve, endpoint, cycle))
+            app = cast("ASGI3Application", partial(_serve, endpoint, cycle, self))
         super()._start_asgi_task(cycle, app)
+
+    # Whoever waits for this connection's client to leave (the request running on it,
+    # during its upstream call): told by connection_lost, no task watching.
+    _departure: dict[Callable[[], None], None] | None = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        waiting, self._departure = self._departure, None
+        for callback in waiting or ():
+            callback()
+
+    def watch_departure(
+        self, cycle: RequestResponseCycle, callback: Callable[[], None]
+    ) -> Callable[[], None]:
+        """Call ``callback`` once the client of ``cycle`` has gone; returns the undo."""
+        if cycle.disconnected:
+            return self.loop.call_soon(callback).cancel
+        if self._departure is None:
+            self._departure = {}
+        waiting = self._departure
+        waiting[callback] = None
+        return partial(waiting.pop, callback, None)
 
 
 async def _serve(
     endpoint: ForwardingEndpoint,
     cycle: RequestResponseCycle,
+    protocol: DirectReplyProtocol,
     scope: Scope,
     receive: Receive,
     send: Send,
 ) -> None:
     """``endpoint`` as the app of ``cycle``, its reply written by ``write_reply``."""
-    await endpoint.serve(scope["headers"], receive, partial(write_reply, cycle))
+    await endpoint.serve(
+        scope["headers"],
+        receive,
+        partial(write_reply, cycle),
+        arrived=not cycle.more_body,
+        watch_departure=partial(protocol.watch_departure, cycle),
+    )
 
 
 async def write_reply(cycle: RequestResponseCycle, reply: Reply) -> None:
@@ -73,6 +103,8 @@ async def write_reply(cycle: RequestResponseCycle, reply: Reply) -> None:
         await cycle.flow.drain()
     if cycle.disconnected:
         return
+    if reply.headers.pop("connection", None) == "close":  # e.g. a body that stalled: 408
+        cycle.keep_alive = False
     head = _head(cycle, reply)  # raises (an answer 500) before anything is written
     cycle.response_started = True
     cycle.waiting_for_100_continue = False

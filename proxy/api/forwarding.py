@@ -20,9 +20,18 @@ from functools import partial
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.api.responses import error_response
-from proxy.call import Reply, StreamSource
-from proxy.errors import BodyTooLarge, HeadersTooLarge, ProxyError, UnsupportedMediaType
+from proxy.call import Reply, StreamSource, WatchDeparture
+from proxy.errors import (
+    BodyTooLarge,
+    HeadersTooLarge,
+    InvalidRequest,
+    ModelNotFound,
+    ProxyError,
+    RequestTimeout,
+    UnsupportedMediaType,
+)
 from proxy.pipeline import Pipeline
+from proxy.request_ids import new_request_id
 
 __all__ = ["ENDPOINTS", "ForwardingEndpoint", "HotPathRouter"]
 
@@ -53,42 +62,78 @@ class ForwardingEndpoint:
         raw_headers: list[tuple[bytes, bytes]],
         receive: Receive,
         write: Callable[[Reply], Awaitable[None]],
+        *,
+        arrived: bool = False,
+        watch_departure: WatchDeparture | None = None,
     ) -> None:
         """Answer one request whose body ``receive`` gives; ``write`` sends the reply (the
-        ASGI messages, or ``direct.write_reply`` under the proxy's own protocol)."""
+        ASGI messages, or ``direct.write_reply`` under the proxy's own protocol, which
+        also says whether the body has ``arrived`` whole already, and hears the client's
+        departure without a task: ``watch_departure``)."""
         # The pipeline in force when the request arrived serves it to the end, even if a
         # reload replaces it meanwhile (it is retired once its requests are done).
         pipeline = self._pipeline()
         pipeline.enter()
         try:
-            reply = await self._answer(pipeline, raw_headers, receive)
+            reply = await self._answer(pipeline, raw_headers, receive, arrived, watch_departure)
             if reply is not None:
                 await write(reply)
         finally:
             pipeline.leave()
 
     async def _answer(
-        self, pipeline: Pipeline, raw_headers: list[tuple[bytes, bytes]], receive: Receive
+        self,
+        pipeline: Pipeline,
+        raw_headers: list[tuple[bytes, bytes]],
+        receive: Receive,
+        arrived: bool,
+        watch_departure: WatchDeparture | None,
     ) -> Reply | None:
-        """None: the client left before its body arrived (nobody to answer)."""
+        """None: the client left before its body arrived (nobody to answer). The key is
+        checked from the headers first: a stranger's body is never read (401 at once)."""
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw_headers]
         lookup = dict(headers)
+        server = pipeline.settings.server
         try:
+            authorization = lookup.get("authorization")
+            if len(lookup) < len(headers):  # a header came twice: was it this one?
+                authorization = _authorization(raw_headers)
+            key = pipeline.keys.authenticate(authorization)
             _check_content_type(lookup.get("content-type"))
-            raw = await _read_body(
-                receive, lookup.get("content-length"), pipeline.settings.server.max_body_size
-            )
+            declared, limit = lookup.get("content-length"), server.max_body_size
+            if arrived:  # nothing to wait for: no timer
+                raw = await _read_body(receive, declared, limit)
+            else:
+                async with asyncio.timeout(server.body_timeout):
+                    raw = await _read_body(receive, declared, limit)
         except ClientGone:
             return None
+        except TimeoutError:
+            timeout = RequestTimeout(
+                f"The request body did not arrive within {server.body_timeout:g} seconds."
+            )
+            return pipeline.reject(self.endpoint, timeout, close=True)
         except ProxyError as error:
             return pipeline.reject(self.endpoint, error)
         return await pipeline.handle(
             self.endpoint,
             raw,
             headers,
-            lookup.get("authorization"),
+            key,
             client_left=partial(_disconnected, receive),
+            watch_departure=watch_departure,
         )
+
+
+def _authorization(raw_headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The one ``Authorization`` header; two are refused (which one counts is ambiguous
+    between the proxy and whatever stands before it)."""
+    found = [v for k, v in raw_headers if k.lower() == b"authorization"]  # any ASGI server
+    if len(found) > 1:
+        raise InvalidRequest(
+            "Send one Authorization header, not several.", code="duplicate_authorization"
+        )
+    return found[0].decode("latin-1") if found else None
 
 
 class HotPathRouter:
@@ -99,17 +144,26 @@ class HotPathRouter:
         self.endpoints = endpoints
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and _oversized(scope["headers"]):
-            error = HeadersTooLarge(
-                f"Request headers may be at most {MAX_HEADER} bytes each and"
-                f" {MAX_HEADERS} bytes in all."
-            )
-            await error_response(error)(scope, receive, send)  # never forwarded
+        if scope["type"] != "http":  # the lifespan
+            await self.app(scope, receive, send)
             return
         scope = _canonical(scope)
         endpoint = self._forwarding(scope)
-        if endpoint is not None:
-            await endpoint(scope, receive, send)
+        if endpoint is not None and not _oversized(scope["headers"]):
+            await endpoint(scope, receive, send)  # the pipeline names its request
+            return
+        send = _with_request_id(send)
+        try:
+            if _oversized(scope["headers"]):
+                raise HeadersTooLarge(
+                    f"Request headers may be at most {MAX_HEADER} bytes each and"
+                    f" {MAX_HEADERS} bytes in all."
+                )  # never forwarded
+            if _encoded_slash(scope):
+                raise ModelNotFound(f"Unknown path {scope['path'][:200]}.", code="unknown_url")
+            _authorization(scope["headers"])  # one, on every route
+        except ProxyError as error:
+            await error_response(error)(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
@@ -121,7 +175,7 @@ class HotPathRouter:
         return self._forwarding(_canonical(scope))
 
     def _forwarding(self, scope: Scope) -> ForwardingEndpoint | None:
-        if scope["type"] == "http" and scope["method"] == "POST":
+        if scope["type"] == "http" and scope["method"] == "POST" and not _encoded_slash(scope):
             return self.endpoints.get(scope["path"])
         return None
 
@@ -138,6 +192,29 @@ def _canonical(scope: Scope) -> Scope:
     if path.endswith("/") and len(path) > 1:
         return {**scope, "path": path.rstrip("/") or "/"}
     return scope
+
+
+def _encoded_slash(scope: Scope) -> bool:
+    """A ``%2f`` in the raw path: decoded, it would route as a path it is not (only a
+    model's name, in ``/v1/models/{model}``, may hold one)."""
+    raw: bytes = scope.get("raw_path") or b""
+    return b"%" in raw and b"%2f" in raw.lower() and not raw.startswith(b"/v1/models/")
+
+
+def _with_request_id(send: Send) -> Send:
+    """``send`` that gives the answer an ``x-request-id`` (routes other than forwarding:
+    models, health, metrics, admin, 404s and 405s)."""
+    request_id = new_request_id().encode()
+
+    async def send_with_id(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", ()))
+            if not any(name.lower() == b"x-request-id" for name, _ in headers):
+                headers.append((b"x-request-id", request_id))
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return send_with_id
 
 
 MAX_HEADER = 8 * 1024  # bytes in one header (name and value), as the contract says

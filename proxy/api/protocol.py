@@ -1,12 +1,20 @@
-"""The HTTP/1.1 protocol uvicorn runs, with a bound on how long request headers may take.
+"""The HTTP/1.1 protocol uvicorn runs, with bounds on how long a request's headers and
+body may take, and the contract's JSON for a request it cannot parse.
 
 uvicorn closes idle keep-alive connections but lets a connection send its headers as
 slowly as it likes: a few hundred connections trickling a header byte now and then hold
 the server's sockets and memory forever (slowloris). Here a timer starts when a
 connection opens and when each new request begins, and stops once its headers are
-complete; a connection that has not finished its headers by then is closed. The timeout
-is read from the environment (``HEADER_TIMEOUT_ENV``, set by the CLI from
-``server.header_timeout``) so spawned workers get it too.
+complete; a connection that has not finished its headers by then is closed. The same
+timer bounds a body the proxy answered before reading it (a wrong key, too large):
+uvicorn discards what still arrives, and a body trickling on past ``body_timeout`` has
+its connection closed (a body still being read is the endpoint's: 408,
+``forwarding.py``). The timeouts are read from the environment (``HEADER_TIMEOUT_ENV``,
+``BODY_TIMEOUT_ENV``, set by the CLI from ``server.header_timeout`` and
+``server.body_timeout``) so spawned workers get them too.
+
+A request line or header uvicorn's parser refuses gets the contract's OpenAI-shaped 400
+(with its ``x-request-id``), not uvicorn's plain text.
 
 A request asking to upgrade to anything but a WebSocket (``Upgrade: h2c``, as ``curl
 --http2`` sends over plain HTTP) is served as the HTTP/1.1 request it also is (RFC 9110
@@ -22,19 +30,25 @@ import functools
 import os
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-__all__ = ["HEADER_TIMEOUT_ENV", "HeaderTimeoutProtocol"]
+from proxy.errors import InvalidRequest, render
+from proxy.request_ids import HEADER, new_request_id
+
+__all__ = ["BODY_TIMEOUT_ENV", "HEADER_TIMEOUT_ENV", "HeaderTimeoutProtocol"]
 
 HEADER_TIMEOUT_ENV = "LLM_PROXY_HEADER_TIMEOUT"
+BODY_TIMEOUT_ENV = "LLM_PROXY_BODY_TIMEOUT"
 DEFAULT_HEADER_TIMEOUT = 10.0
+DEFAULT_BODY_TIMEOUT = 30.0
 
 
 class HeaderTimeoutProtocol(HttpToolsProtocol):
     # One timer per connection, re-armed only when it fires: a request on a busy
-    # keep-alive connection costs an attribute write, not a timer.
+    # keep-alive connection costs attribute writes, not a timer.
     _header_timer: asyncio.TimerHandle | None = None
     _headers_since: float | None = None  # when the request now awaiting headers began
+    _body_since: float | None = None  # when the request now awaiting its body's end did
     # The parser is reading the body of a request whose upgrade was ignored, behind a
     # head made for it: that head's callbacks are not a new request's.
     _continuing = False
@@ -91,8 +105,19 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         if self._continuing:
             self._continuing = False
             return
-        self._headers_since = None
+        # The body's time counts from the request's start (no clock read per request).
+        self._body_since, self._headers_since = self._headers_since, None
+        timer = self._header_timer
+        if self._body_since is not None and timer is not None:
+            deadline = self._body_since + _body_timeout()
+            if timer.when() > deadline:  # a body timeout shorter than the header timeout
+                timer.cancel()
+                self._header_timer = self.loop.call_at(deadline, self._check_deadlines)
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._body_since = None
+        super().on_message_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._header_timer is not None:
@@ -100,21 +125,39 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             self._header_timer = None
         super().connection_lost(exc)
 
+    def send_400_response(self, msg: str) -> None:
+        """A request uvicorn's parser refused: the contract's JSON, then the connection
+        closes (what follows cannot be framed)."""
+        status, body, _ = render(InvalidRequest(msg, code="invalid_http_request"))
+        head = [STATUS_LINE[status]]
+        defaults = self.server_state.default_headers  # date, server
+        head.extend(name + b": " + value + b"\r\n" for name, value in defaults)
+        head.append(b"content-type: application/json\r\n")
+        head.append(f"{HEADER}: {new_request_id()}\r\n".encode())
+        head.append(b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body))
+        self.transport.write(b"".join(head) + body)
+        self.transport.close()
+
     def _awaiting_headers(self) -> None:
         if self._headers_since is None:
             self._headers_since = self.loop.time()
         if self._header_timer is None:
-            self._header_timer = self.loop.call_later(_timeout(), self._check_headers)
+            self._header_timer = self.loop.call_later(_timeout(), self._check_deadlines)
 
-    def _check_headers(self) -> None:
+    def _check_deadlines(self) -> None:
         self._header_timer = None
-        since = self._headers_since
-        if since is None:
-            return  # no request awaiting headers: the next one arms the timer again
-        left = since + _timeout() - self.loop.time()
+        served = self.cycle is None or self.cycle.response_complete  # none being served
+        if self._headers_since is not None:
+            left = self._headers_since + _timeout() - self.loop.time()
+        elif self._body_since is not None:
+            left = self._body_since + _body_timeout() - self.loop.time()
+            if left <= 0 and not served:  # the endpoint is reading it: its 408 comes
+                left = _body_timeout()
+        else:
+            return  # nothing awaited: the next request arms the timer again
         if left > 0:
-            self._header_timer = self.loop.call_later(left, self._check_headers)
-        elif self.cycle is None or self.cycle.response_complete:  # none being served
+            self._header_timer = self.loop.call_later(left, self._check_deadlines)
+        elif served:
             self.transport.close()
 
 
@@ -122,3 +165,9 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
 def _timeout() -> float:
     """Read once per process (the CLI sets it before the server starts)."""
     return float(os.environ.get(HEADER_TIMEOUT_ENV) or DEFAULT_HEADER_TIMEOUT)
+
+
+@functools.cache
+def _body_timeout() -> float:
+    """Read once per process (the CLI sets it before the server starts)."""
+    return float(os.environ.get(BODY_TIMEOUT_ENV) or DEFAULT_BODY_TIMEOUT)

@@ -13,6 +13,7 @@ reported as events (events.py), one per upstream attempt; metrics and logs consu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -21,6 +22,7 @@ from dataclasses import replace
 
 import httpx
 
+from proxy import tokens
 from proxy.call import Call, ClientLeft, Reply
 from proxy.catalog import Catalog, DeploymentRoute, GroupRoute
 from proxy.config import Settings
@@ -148,7 +150,7 @@ class Dispatcher:
         last_error: UpstreamError | None = None
         refusal: ProxyError | None = None
         attempts_left = self.routing.retries + 1
-        for current in self._groups(group):
+        for current in self._groups(group, call.allowed_models):
             tried: set[str] = set()
             while attempts_left > 0:
                 candidates = [d for d in current.deployments if d.id not in tried]
@@ -174,11 +176,13 @@ class Dispatcher:
         assert error is not None
         raise error
 
-    def _groups(self, group: GroupRoute) -> Iterable[GroupRoute]:
+    def _groups(self, group: GroupRoute, allowed: list[str] | None) -> Iterable[GroupRoute]:
+        """``group``, then its fallbacks that the key may use (``allowed``: its
+        allow-list, None: every group): a fallback is no way around it."""
         yield group
         for name in self.catalog.fallbacks.get(group.name, []):
             fallback = self.catalog.groups.get(name)
-            if fallback is not None:
+            if fallback is not None and (allowed is None or name in allowed):
                 yield fallback
 
     # --- reserving a turn -------------------------------------------------------------
@@ -402,14 +406,46 @@ class Dispatcher:
     # --- one upstream call ------------------------------------------------------------
 
     async def _attempt(self, call: Call, turn: Turn, stream_done: StreamDone) -> Reply:
+        """One upstream call, raced against the client's departure (as the wait is): a
+        client that leaves before the answer ends the call (its connection closed): the
+        in-flight count and the key's slot come back at once (``ClientClosedRequest``)."""
         deployment = turn.deployment
         call.deployment = deployment.id
-        request, added_usage = build_request(
-            call.endpoint, call.body, call.raw, call.headers, deployment, call.stream
-        )
+        try:
+            request, added_usage = build_request(
+                call.endpoint, call.body, call.raw, call.headers, deployment, call.stream
+            )
+        except InvalidRequest:  # the body cannot be sent as it is: its turn goes back
+            self.settler.give_back(turn, call.estimate)
+            raise
         attempt = Attempt(call.request_id, deployment.group, deployment.id, time.perf_counter())
         self._started(attempt)
         self.tally.call_started(call.key_name)
+        departure = Departure(call)
+        try:
+            reply = await self._exchange(call, turn, attempt, request, added_usage, stream_done)
+        except BaseException as exc:
+            if not attempt.label:  # not ended yet: the turn and in-flight count go back
+                self._ended(call, turn, attempt, "abandoned", NEUTRAL, real_tokens=None)
+            if not departure.stop():
+                raise
+            if not isinstance(exc, asyncio.CancelledError):
+                await _absorb_cancellation()  # it left as the call ended: still pending
+            raise _client_closed() from None
+        if departure.stop():  # it left as the answer came: the writer finds it gone
+            await _absorb_cancellation()
+        return reply
+
+    async def _exchange(
+        self,
+        call: Call,
+        turn: Turn,
+        attempt: Attempt,
+        request: httpx.Request,
+        added_usage: bool,
+        stream_done: StreamDone,
+    ) -> Reply:
+        deployment = turn.deployment
         try:
             response = await send(self.transport, request, deployment.id)
         except TransportFailure as failure:
@@ -527,9 +563,11 @@ class Dispatcher:
 
         async def on_close(end: StreamEnd) -> None:
             call.prompt_tokens, call.completion_tokens = tap.prompt_tokens, tap.completion_tokens
+            if call.real_tokens() is None:  # cut (or never told) before its usage chunk
+                call.unreported_tokens = unreported_tokens(call, body.events)
             outcome = {"completed": SUCCESS, "interrupted": INTERRUPTED}.get(end, NEUTRAL)
             label = "200" if end == "completed" else end
-            self._ended(call, turn, attempt, label, outcome, real_tokens=call.real_tokens())
+            self._ended(call, turn, attempt, label, outcome, real_tokens=call.charged_tokens())
             if end == "interrupted":
                 call.error_code = "stream_interrupted"
             await stream_done(200 if end != "abandoned" else 499)
@@ -599,6 +637,62 @@ class Dispatcher:
         )
         if remaining is not None:
             self.settler.report(deployment, remaining)
+
+
+class Departure:
+    """Watches for the client's departure during an upstream call: the request's task is
+    cancelled then (its upstream call with it). No task around the call; under the
+    proxy's own protocol no watcher task either (``Call.watch_departure``)."""
+
+    def __init__(self, call: Call) -> None:
+        self.left = False
+        self._task = asyncio.current_task()
+        self._unwatch: Callable[[], object] | None = None
+        if call.watch_departure is not None:
+            self._unwatch = call.watch_departure(self._on_left)
+        elif call.client_left is not None:
+            watcher = asyncio.ensure_future(call.client_left())
+            watcher.add_done_callback(self._on_watcher_done)
+            self._unwatch = watcher.cancel
+
+    def _on_watcher_done(self, watcher: asyncio.Future[None]) -> None:
+        if not watcher.cancelled() and watcher.exception() is None:
+            self._on_left()
+
+    def _on_left(self) -> None:
+        if self._unwatch is None:
+            return  # stopped meanwhile (a scheduled callback cannot be taken back)
+        self.left = True
+        assert self._task is not None
+        self._task.cancel()
+
+    def stop(self) -> bool:
+        """Stop watching; True if the client left (its cancellation is taken back)."""
+        unwatch, self._unwatch = self._unwatch, None
+        if unwatch is not None:
+            unwatch()
+            if self.left:
+                assert self._task is not None
+                self._task.uncancel()
+        return self.left
+
+
+def unreported_tokens(call: Call, events: int) -> int:
+    """What a stream that ended without usage is charged: its estimate, or its prompt's
+    plus an event per token passed to the client if that is more. Never less: reading a
+    stream and leaving before the usage chunk is no way around a token budget."""
+    return max(call.estimate, tokens.prompt_tokens(call.body) + events)
+
+
+def _client_closed() -> ClientClosedRequest:
+    return ClientClosedRequest("The client closed the request before the upstream answered.")
+
+
+async def _absorb_cancellation() -> None:
+    """Take the cancellation a departure requested that the task has not met yet (an
+    ``uncancel`` alone leaves it pending before Python 3.13)."""
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.sleep(0)
 
 
 async def _slept(seconds: float, client_left: ClientLeft | None) -> bool:

@@ -8,7 +8,8 @@ import httpx
 import orjson
 
 from proxy.catalog import EGRESS, DeploymentRoute, Egress
-from proxy.errors import UpstreamError, UpstreamUnavailable
+from proxy.errors import InvalidRequest, UpstreamError, UpstreamUnavailable
+from proxy.json_splice import set_fields
 from proxy.upstream.encoding import Undecodable, decoder_for
 from proxy.upstream.errors import map_transport_error
 from proxy.upstream.headers import request_headers
@@ -69,10 +70,14 @@ def build_request(
     add_usage = stream and not _asks_usage(body)
     payload = raw
     if deployment.upstream_model != body.get("model") or add_usage:
-        body = {**body, "model": deployment.upstream_model}
+        changed: dict[str, Any] = {"model": deployment.upstream_model}
         if add_usage:
-            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-        payload = orjson.dumps(body)
+            options = body.get("stream_options") or {}
+            changed["stream_options"] = {**options, "include_usage": True}
+        try:
+            payload = orjson.dumps({**body, **changed})
+        except orjson.JSONEncodeError:  # nested deeper than orjson dumps: splice instead
+            payload = _spliced(raw, changed)
     egress = deployment.extensions[EGRESS]
     assert isinstance(egress, Egress)
     headers = request_headers(client_headers, egress.credential, egress.headers)
@@ -151,6 +156,15 @@ def _declared(length: str | None, limit: int | None) -> int | None:
     if length.isascii() and length.isdigit() and (len(length) > 18 or int(length) > limit):
         raise AnswerTooLarge(limit)
     return limit
+
+
+def _spliced(raw: bytes, changed: dict[str, Any]) -> bytes:
+    try:
+        return set_fields(raw, changed)
+    except orjson.JSONEncodeError:  # what changes is itself too deep: stream_options
+        raise InvalidRequest(
+            "'stream_options' is nested too deeply.", code="invalid_type", param="stream_options"
+        ) from None
 
 
 def _asks_usage(body: dict[str, Any]) -> bool:

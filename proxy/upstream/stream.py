@@ -44,6 +44,7 @@ class StreamBody:
         self._decoder = decoder
         self._closed = False
         self._end: StreamEnd = "abandoned"
+        self.events = 0  # SSE events passed to the client (about a token each)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         first = True
@@ -56,11 +57,13 @@ class StreamBody:
                 if decoder is None:
                     out = self._redactor.feed(self.tap.feed(chunk))
                     if out:
+                        self.events += out.count(b"data:")
                         yield out
                     continue
                 for piece in decoder.feed(chunk):
                     out = self._redactor.feed(self.tap.feed(piece))
                     if out:
+                        self.events += out.count(b"data:")
                         yield out
             if decoder is not None:
                 decoder.end()

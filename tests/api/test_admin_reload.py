@@ -195,3 +195,41 @@ def test_what_needs_a_restart_is_reported_and_kept(
         settings = proxy.app.state.settings  # type: ignore[attr-defined]
         assert settings.server.header_timeout == 10.0
         assert settings.server.default_max_tokens == 64
+
+
+def test_a_reload_that_would_leave_no_keys_is_refused_and_warned(
+    upstream: FakeUpstreamHandle, config_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Losing every key (a bad edit, an unset variable) would open the proxy to anyone:
+    refused with the contract's knob named, and the keys in force keep guarding it."""
+    with _proxy(config_file, _config(upstream, [{"name": "app", "key": OLD_KEY}])) as proxy:
+        _write(config_file, _config(upstream, []))
+        with caplog.at_level("WARNING", logger="proxy.reload"):
+            response = _reload(proxy)
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert error["code"] == "invalid_config" and "server.open_access" in error["message"]
+        assert any(r.levelname == "WARNING" for r in caplog.records)
+        anonymous = httpx.post(
+            f"{proxy.base_url}/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        )
+        assert anonymous.status_code == 401
+        assert _chat(proxy, OLD_KEY)
+        assert _reloads(proxy, "failure") == 1.0
+
+
+def test_a_reload_to_open_access_needs_the_file_to_say_so_and_is_warned(
+    upstream: FakeUpstreamHandle, config_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with _proxy(config_file, _config(upstream, [{"name": "app", "key": OLD_KEY}])) as proxy:
+        opened = _config(upstream, [])
+        opened["server"] = {"open_access": True}
+        _write(config_file, opened)
+        with caplog.at_level("WARNING", logger="proxy.reload"):
+            response = _reload(proxy)
+        assert response.status_code == 200
+        assert any(
+            r.levelname == "WARNING" and "open_access" in r.getMessage() for r in caplog.records
+        )
+        assert _chat(proxy, "any-key-at-all")

@@ -106,3 +106,31 @@ def _closed_by_peer(s: socket.socket) -> bool:
         return True
     finally:
         s.setblocking(True)
+
+
+def test_a_strangers_trickling_body_is_closed_after_the_body_timeout(
+    tmp_path: Path, upstream: FakeUpstreamHandle
+) -> None:
+    """As the CLI serves (server.body_timeout reaches the HTTP protocol of its worker):
+    a wrong key's 401 comes before its body, and the body it trickles on is cut off."""
+    config = {
+        **_config(upstream, body_timeout="1s"),
+        "keys": [{"name": "app", "key": "sk-right"}],
+    }
+    with ProxyProcess(config, tmp_path, name="trickle") as proxy:
+        port = int(proxy.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+            conn.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer no\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 9000000\r\n\r\n{"
+            )
+            assert conn.recv(12).startswith(b"HTTP/1.1 401")
+
+            def closed() -> bool:
+                try:
+                    conn.sendall(b" ")  # a byte now and then: the body never stalls
+                except OSError:
+                    return True
+                return _closed_by_peer(conn)
+
+            wait_until(closed, timeout=15, what="the trickling body's connection closed")
