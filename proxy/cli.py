@@ -153,7 +153,7 @@ def _check_config(path: str) -> int:
 
 def _summary(path: str, settings: Settings) -> str:
     deployments = sum(len(m.deployments) for m in settings.models)
-    limiter = "redis" if settings.redis.url else "in-memory"
+    limiter = "redis" if settings.redis.shared else "in-memory"
     keys = f"{len(settings.keys)} client key(s)" if settings.keys else "no client keys (open)"
     lines = [
         f"{path}: OK",
@@ -291,7 +291,7 @@ def _serve_workers(args: argparse.Namespace, settings: Settings) -> int:
     metrics_dir = prepare_multiprocess_dir(args.workers)
     os.environ[CONFIG_ENV] = os.path.abspath(args.config)
     os.environ[WORKERS_ENV] = str(args.workers)
-    if not settings.redis.url:
+    if not settings.redis.shared:
         logger.info(
             "In-memory limiter with %d workers: each worker holds 1/%d of every budget.",
             args.workers,

@@ -20,6 +20,7 @@ __all__ = ["RESTART_ONLY", "ConfigChanges", "config_changes", "in_force"]
 # (redis.*), uvicorn's protocol (header_timeout) and the logging set-up (log_level).
 RESTART_ONLY = (
     "redis.url",
+    "redis.sentinel",
     "redis.on_error",
     "redis.timeout",
     "server.header_timeout",

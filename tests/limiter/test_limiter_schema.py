@@ -22,7 +22,7 @@ def _keys(url: str) -> dict[str, dict[str, str]]:
 
 
 def test_the_key_prefix_names_the_schema_version() -> None:
-    assert KEY_PREFIX == f"llmproxy:v{SCHEMA_VERSION}" and SCHEMA_VERSION >= 2
+    assert f"llmproxy:v{SCHEMA_VERSION}" == KEY_PREFIX and SCHEMA_VERSION >= 2
 
 
 async def test_a_schema_1_fleet_spending_a_budget_leaves_this_versions_budget_whole(
@@ -50,7 +50,7 @@ async def test_a_schema_1_fleet_spending_a_budget_leaves_this_versions_budget_wh
     after = _keys(redis_url)
     assert {k: v for k, v in after.items() if k in old_state} == old_state
     ours = set(after) - set(old_state)
-    assert ours and all(
-        k.startswith((f"{{{KEY_PREFIX}:", f"{KEY_PREFIX}:")) for k in ours
-    ), sorted(ours)
+    assert ours and all(k.startswith((f"{{{KEY_PREFIX}:", f"{KEY_PREFIX}:")) for k in ours), sorted(
+        ours
+    )
     assert not any(k.startswith(("{llmproxy:k:", "{llmproxy:g:")) for k in ours)

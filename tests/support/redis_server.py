@@ -8,6 +8,8 @@ Every server listens on 127.0.0.1 on a free port picked at start, persists nothi
 * ``RedisClusterServers``: ``masters`` cluster-enabled servers joined with
   ``redis-cli --cluster create ... --cluster-replicas 0``, ready once every node reports
   ``cluster_state:ok``.
+* ``SentinelGroup``: a primary, one replica and three sentinels (``redis-server
+  --sentinel``) watching it, quorum 2, a primary down after ``DOWN_AFTER_MS``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -52,7 +55,14 @@ class RedisServer:
     def start(self) -> RedisServer:
         if self.running:
             return self
-        args = [
+        self._process = subprocess.Popen(
+            self._command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        self._wait_until_up()
+        return self
+
+    def _command(self) -> list[str]:
+        return [
             "redis-server",
             "--port", str(self.port),
             "--bind", HOST,
@@ -62,9 +72,6 @@ class RedisServer:
             "--logfile", str(self.workdir / "redis.log"),
             *self._extra_args,
         ]  # fmt: skip
-        self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self._wait_until_up()
-        return self
 
     def stop(self) -> None:
         """A graceful shutdown (SIGTERM), waited for."""
@@ -200,3 +207,96 @@ class RedisClusterServers:
             info = c.execute_command("CLUSTER", "INFO")
         text = info.decode() if isinstance(info, bytes) else str(info)
         return "cluster_state:ok" in text
+
+
+SENTINEL_MASTER = "mymaster"
+DOWN_AFTER_MS = 1000  # a primary that does not answer this long is down
+
+
+class SentinelServer(RedisServer):
+    """``redis-server sentinel.conf --sentinel`` watching ``primary`` (quorum 2)."""
+
+    def __init__(self, workdir: Path, primary: RedisServer) -> None:
+        super().__init__(workdir)
+        self._primary = primary
+
+    def _command(self) -> list[str]:
+        conf = self.workdir / "sentinel.conf"  # the sentinel rewrites it: its own copy
+        conf.write_text(
+            f"port {self.port}\n"
+            f"bind {HOST}\n"
+            f"dir {self.workdir}\n"
+            f"logfile {self.workdir / 'redis.log'}\n"
+            f"sentinel monitor {SENTINEL_MASTER} {HOST} {self._primary.port} 2\n"
+            f"sentinel down-after-milliseconds {SENTINEL_MASTER} {DOWN_AFTER_MS}\n"
+            f"sentinel failover-timeout {SENTINEL_MASTER} 10000\n"
+            f"sentinel parallel-syncs {SENTINEL_MASTER} 1\n"
+        )
+        return ["redis-server", str(conf), "--sentinel"]
+
+
+class SentinelGroup:
+    """A Sentinel-managed primary with one replica and three sentinels, on loopback."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.primary = RedisServer(workdir / "primary")
+        self.replica = RedisServer(
+            workdir / "replica", None, "--replicaof", HOST, str(self.primary.port)
+        )
+        self.sentinels = [SentinelServer(workdir / f"sentinel{i}", self.primary) for i in range(3)]
+
+    @property
+    def nodes(self) -> list[str]:
+        """The sentinels as ``host:port``, as ``redis.sentinel.nodes`` takes them."""
+        return [f"{HOST}:{s.port}" for s in self.sentinels]
+
+    def start(self) -> SentinelGroup:
+        try:
+            self.primary.start()
+            self.replica.start()
+            self._wait(lambda: self._replica_in_sync(), "the replica to sync")
+            for sentinel in self.sentinels:
+                sentinel.start()
+            self._wait(self._sentinels_agree, "the sentinels to see the replica and each other")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for server in (*self.sentinels, self.replica, self.primary):
+            server.kill()
+
+    def master_port(self) -> int | None:
+        """The primary's port as the first sentinel names it now (None if it cannot)."""
+        try:
+            with self.sentinels[0].client() as c:
+                _, port = c.sentinel_get_master_addr_by_name(SENTINEL_MASTER)
+        except (redis.RedisError, TypeError):
+            return None
+        return int(port)
+
+    def server_on(self, port: int) -> RedisServer:
+        return next(s for s in (self.primary, self.replica) if s.port == port)
+
+    def _replica_in_sync(self) -> bool:
+        with self.replica.client() as c:
+            info = c.info("replication")
+        return info.get("master_link_status") == "up"
+
+    def _sentinels_agree(self) -> bool:
+        for sentinel in self.sentinels:
+            with sentinel.client() as c:
+                state = c.sentinel_master(SENTINEL_MASTER)
+            if int(state["num-slaves"]) < 1 or int(state["num-other-sentinels"]) < 2:
+                return False
+        return True
+
+    @staticmethod
+    def _wait(ready: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ready():
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"timed out waiting for {what}")

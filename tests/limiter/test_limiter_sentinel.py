@@ -1,0 +1,68 @@
+"""``redis.sentinel``: the limiter reaches the primary its sentinels name, through a
+real primary, replica and three sentinels (``sentinel_group``), and follows a failover."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from support.limits import rpm
+from support.redis_server import SENTINEL_MASTER, SentinelGroup
+
+from proxy.config import SentinelConfig
+from proxy.limiter.base import KeyAsk, KeyLimits, StorageError
+from proxy.limiter.factory import sentinel_target
+from proxy.limiter.redis import KEY_PREFIX, RedisLimiter
+
+KEY = KeyLimits("team-a", windows=(rpm(600, 600),))
+
+
+def _limiter(group: SentinelGroup) -> RedisLimiter:
+    config = SentinelConfig(master=SENTINEL_MASTER, nodes=group.nodes)
+    return RedisLimiter(
+        "",
+        sentinel=sentinel_target(config),
+        op_timeout=2.0,
+        socket_timeout=0.5,
+        connect_timeout=0.5,
+        leases=False,
+    )
+
+
+async def test_budgets_live_on_the_primary_the_sentinels_name(
+    sentinel_group: SentinelGroup,
+) -> None:
+    limiter = _limiter(sentinel_group)
+    try:
+        assert (await limiter.acquire_key(KeyAsk(KEY, "a", 0))).allowed
+    finally:
+        await limiter.aclose()
+    with sentinel_group.primary.client() as c:
+        assert c.exists(f"{{{KEY_PREFIX}:k:team-a}}:rpm")
+
+
+async def test_a_failover_is_an_outage_then_the_new_primary_shares_budgets(
+    sentinel_group: SentinelGroup,
+) -> None:
+    limiter = _limiter(sentinel_group)
+    try:
+        assert (await limiter.acquire_key(KeyAsk(KEY, "a", 0))).allowed
+        sentinel_group.primary.kill()
+        with pytest.raises(StorageError):  # no primary yet: an outage (redis.on_error)
+            await limiter.acquire_key(KeyAsk(KEY, "b", 0))
+        # Resumes once the sentinels have promoted the replica (a generous deadline).
+        for _ in range(300):
+            try:
+                verdict = await limiter.acquire_key(KeyAsk(KEY, "c", 0))
+                break
+            except StorageError:
+                await asyncio.sleep(0.1)
+        else:
+            pytest.fail("no call reached a new primary within 30 s")
+        assert verdict.allowed
+    finally:
+        await limiter.aclose()
+    assert sentinel_group.master_port() == sentinel_group.replica.port
+    with sentinel_group.replica.client() as c:
+        # The new primary holds the replicated window and this call's spend.
+        assert c.exists(f"{{{KEY_PREFIX}:k:team-a}}:rpm")
