@@ -76,6 +76,7 @@ def create_app(
             lambda mode: metrics.set_fallback_active(mode is LimiterMode.FALLBACK)
         )
         limiter.on_storage_error(metrics.limiter_error)
+        limiter.on_eviction_policy(metrics.set_redis_evicting_policy)
         await limiter.start()
         transport = create_transport()
         pipeline = Pipeline(settings, limiter, transport, metrics, share=share)

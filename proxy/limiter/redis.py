@@ -55,6 +55,7 @@ from proxy.limiter.base import (
 from proxy.limiter.batch import Call
 from proxy.limiter.bucket import BucketState, Decision
 from proxy.limiter.bucket import Outcome as Result
+from proxy.limiter.eviction import evicting
 from proxy.limiter.fairness import Claimant, Deferral
 from proxy.limiter.health import Health
 from proxy.limiter.leases import Leases
@@ -360,6 +361,15 @@ class RedisLimiter:
             replica: _activity_from(orjson.loads(report))
             for replica, report in zip(reply[::2], reply[1::2], strict=True)
         }
+
+    async def maxmemory_policy(self) -> tuple[str | None, str]:
+        """The Redis's ``maxmemory-policy`` (a cluster's: an evicting one if any primary
+        has one; None if ``CONFIG GET`` is refused), and which Redis it is, for logs."""
+        policies = await self.runner.config_values("maxmemory-policy")
+        if policies is None:
+            return None, self.runner.where
+        evicting_first = sorted(policies, key=lambda p: not evicting(p))
+        return (evicting_first[0] if evicting_first else ""), self.runner.where
 
     async def leave(self, replica_id: str) -> None:
         """Stop counting ``replica_id`` as alive (a clean shutdown)."""

@@ -158,6 +158,32 @@ class ScriptRunner:
             # client lets escape: the policy falls back rather than failing the request.
             raise _storage_error(exc) from exc
 
+    async def config_values(self, name: str) -> list[str] | None:
+        """The server's ``CONFIG GET name`` (a cluster's: each primary's); None when the
+        server refuses it (an ACL without CONFIG, a managed Redis that renamed it).
+        Other failures as StorageError."""
+
+        async def read(client: Client) -> list[str] | None:
+            try:
+                if isinstance(client, RedisCluster):
+                    nodes = RedisCluster.PRIMARIES
+                    replies: Any = await client.config_get(name, target_nodes=nodes)
+                    return [str(reply.get(name, "")) for reply in replies.values()]
+                return [str((await client.config_get(name)).get(name, ""))]
+            except ResponseError:
+                return None
+
+        result: list[str] | None = await self.call(read)
+        return result
+
+    @property
+    def where(self) -> str:
+        """Which Redis, for logs (no credentials)."""
+        if self._sentinel is not None:
+            return self._sentinel.describe()
+        scheme, _, rest = self._url.partition("://")
+        return f"{scheme}://{rest.rpartition('@')[2]}"
+
     async def aclose(self) -> None:
         if self._pipelined is not None:
             self._pipelined.close()
