@@ -31,6 +31,7 @@ from proxy.ports import listen_problem
 from proxy.startup import (
     StartupError,
     env_int,
+    redis_problem,
     tls_problem,
     warn_about_unreachable_upstreams,
 )
@@ -245,6 +246,9 @@ def _serve(args: argparse.Namespace) -> int:
 
         hold_sighup()
     _configure_logging(settings.server.log_level, f"{args.config}: server.log_level")
+    refused = redis_problem(settings)
+    if refused is not None:
+        raise StartupError(f"{args.config}: {refused}")
     warn_about_unreachable_upstreams(settings)
     from proxy.api.protocol import HEADER_TIMEOUT_ENV
 

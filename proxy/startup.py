@@ -1,6 +1,7 @@
 """What ``serve`` checks before it starts, so that a mistake is one line saying what to do
-instead of a traceback: variables that must be numbers, the TLS files, and (a warning,
-not a failure) upstreams that nothing answers at."""
+instead of a traceback: variables that must be numbers, the TLS files, the limiter's
+Redis refusing its credentials or TLS certificate, and (a warning, not a failure)
+upstreams, or a Redis, that nothing answers at."""
 
 from __future__ import annotations
 
@@ -14,7 +15,13 @@ from urllib.parse import urlsplit
 
 from proxy.config import Settings
 
-__all__ = ["StartupError", "env_int", "tls_problem", "warn_about_unreachable_upstreams"]
+__all__ = [
+    "StartupError",
+    "env_int",
+    "redis_problem",
+    "tls_problem",
+    "warn_about_unreachable_upstreams",
+]
 
 logger = logging.getLogger("proxy")
 
@@ -67,6 +74,87 @@ _TLS_REASONS = {
     "PEM_LIB": "not a PEM certificate and private key",
     "KEY_VALUES_MISMATCH": "the private key is not this certificate's",
 }
+
+
+def redis_problem(settings: Settings, timeout: float = 2.0) -> str | None:
+    """One line if the limiter's Redis refuses the proxy: a wrong user or password, a TLS
+    certificate its CA does not vouch for, an ACL without PING. None if it answers, if
+    there is none, or if nothing answers (an outage: ``redis.on_error`` applies until it
+    does; a warning)."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+    from redis.sentinel import Sentinel
+
+    from proxy.limiter.factory import sentinel_target
+    from proxy.limiter.sentinel import client_options
+
+    config = settings.redis
+    options = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    client: redis.Redis
+    if config.sentinel is not None:
+        field, target = "redis.sentinel", sentinel_target(config.sentinel)
+        where = target.describe()
+        sentinel_kwargs, primary_kwargs = client_options(target, options)
+        sentinels = Sentinel(  # type: ignore[no-untyped-call]
+            list(target.nodes), sentinel_kwargs=sentinel_kwargs, **primary_kwargs
+        )
+        client = sentinels.master_for(target.master)  # type: ignore[no-untyped-call]
+    elif config.url:
+        scheme, _, rest = config.url.partition("://")
+        field, where = "redis.url", f"{scheme}://{rest.rpartition('@')[2].partition('?')[0]}"
+        url = f"{scheme.removesuffix('+cluster')}://{rest}"
+        client = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)
+    else:
+        return None
+    try:
+        client.ping()
+    except redis.AuthenticationError as exc:
+        return f"{field}: {where} refused the user or password ({exc}); correct them in {field}"
+    except redis.exceptions.NoPermissionError as exc:
+        return (
+            f"{field}: the Redis user may not run what the proxy needs ({exc}); give it"
+            " the ACL of docs/production.md"
+        )
+    except redis.ConnectionError as exc:
+        if _tls_refused(exc):
+            fix = (
+                "redis.sentinel.tls.ca_file"
+                if config.sentinel is not None
+                else "?ssl_ca_certs=/path/to/ca.pem in redis.url"
+            )
+            return (
+                f"{field}: the TLS certificate of {where} is not trusted ({_reason(exc)});"
+                f" name the CA that signed it: {fix}"
+            )
+        logger.warning(
+            "Redis at %s does not answer (%s): starting; redis.on_error=%s applies until it does.",
+            where,
+            _reason(exc),
+            config.on_error,
+        )
+    except redis.RedisError as exc:
+        return f"{field}: {where} answered with an error: {exc}"
+    finally:
+        client.close()
+    return None
+
+
+def _tls_refused(exc: BaseException) -> bool:
+    """Whether a certificate check failed somewhere in ``exc``'s chain."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(
+            seen
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).split(". ", 1)[-1] if "connecting to" in str(exc) else str(exc)
+    return text.strip().rstrip(".")
 
 
 _LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")

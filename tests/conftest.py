@@ -14,6 +14,10 @@ any, is left alone): every server listens on a free 127.0.0.1 port, in a temp di
 * ``redis_cluster`` (session): that cluster as ``support.redis_server.RedisClusterServers``.
 * ``disposable_redis`` (function): a private, running ``RedisServer`` for a test that
   stops, kills or restarts it (``.stop()``, ``.kill()``, ``.start()`` keeps the port).
+* ``tls_redis`` (session) / ``tls_redis_url`` (function, FLUSHALLed): a redis-server
+  with TLS (a test CA's certificate) and the ACL user ``llmproxy`` that may run only
+  the proxy's commands on its keys (``proxy.limiter.acl``); the ``rediss://`` URL logs
+  in as that user and trusts only that CA (``support.redis_server.TlsRedisServer``).
 * ``sentinel_group`` (function): a private primary, replica and three sentinels
   (``support.redis_server.SentinelGroup``), for tests that fail the primary over.
 * ``serving_path`` (module, parametrized): the proxies a module starts run the fast
@@ -32,11 +36,15 @@ from pathlib import Path
 import pytest
 from support.proxy_server import ProxyInThread
 from support.redis_server import (
+    TLS_PASSWORD,
+    TLS_USER,
     RedisClusterServers,
     RedisServer,
     SentinelGroup,
+    TlsRedisServer,
     redis_available,
 )
+from support.tls import CertificateAuthority, openssl_available
 
 from proxy.upstream.client import create_transport
 
@@ -78,6 +86,26 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClu
 def redis_cluster_url(redis_cluster: RedisClusterServers) -> str:
     redis_cluster.flush()
     return redis_cluster.url
+
+
+@pytest.fixture(scope="session")
+def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsRedisServer]:
+    _require_redis()
+    if not openssl_available():
+        pytest.skip("openssl is needed to make the test CA")
+    ca = CertificateAuthority.make(tmp_path_factory.mktemp("redis-ca"))
+    server = TlsRedisServer(tmp_path_factory.mktemp("redis-tls"), ca, TLS_USER, TLS_PASSWORD)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture
+def tls_redis_url(tls_redis: TlsRedisServer) -> str:
+    tls_redis.flush()
+    return tls_redis.tls_url(TLS_USER, TLS_PASSWORD, tls_redis.ca.ca)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-__all__ = ["SentinelTarget", "open_primary"]
+__all__ = ["SentinelTarget", "client_options", "open_primary"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +45,19 @@ def open_primary(
     """A client of ``target``'s current primary, and the sentinels' client (close both);
     ``options`` (timeouts, decoding) apply to the sentinels too, so finding the primary
     is as quickly given up as a call."""
+    sentinel_kwargs, primary_kwargs = client_options(target, options)
+    sentinels = Sentinel(  # type: ignore[no-untyped-call]
+        list(target.nodes), sentinel_kwargs=sentinel_kwargs, **primary_kwargs
+    )
+    primary = sentinels.master_for(target.master, max_connections=max_connections)
+    return primary, sentinels
+
+
+def client_options(
+    target: SentinelTarget, options: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """redis-py's options for the sentinels and for the primary (its asyncio and its
+    blocking Sentinel take the same)."""
     fail_fast = Retry(NoBackoff(), 0)  # the circuit breaker decides, and scripts never re-run
     primary_auth = {
         "username": target.username or None,
@@ -53,12 +66,5 @@ def open_primary(
     sentinel_auth = (
         {"password": target.sentinel_password} if target.sentinel_password else primary_auth
     )
-    sentinels = Sentinel(  # type: ignore[no-untyped-call]
-        list(target.nodes),
-        sentinel_kwargs={**options, **sentinel_auth, **target.tls, "retry": fail_fast},
-        **options,
-        **primary_auth,
-        **target.tls,
-    )
-    primary = sentinels.master_for(target.master, max_connections=max_connections, retry=fail_fast)
-    return primary, sentinels
+    common = {**options, **target.tls, "retry": fail_fast}
+    return {**common, **sentinel_auth}, {**common, **primary_auth}

@@ -8,6 +8,8 @@ Every server listens on 127.0.0.1 on a free port picked at start, persists nothi
 * ``RedisClusterServers``: ``masters`` cluster-enabled servers joined with
   ``redis-cli --cluster create ... --cluster-replicas 0``, ready once every node reports
   ``cluster_state:ok``.
+* ``TlsRedisServer``: TLS on its own port (a test CA's certificate) and an ACL user with
+  only what the proxy needs (``proxy.limiter.acl``); the plain port stays for the tests.
 * ``SentinelGroup``: a primary, one replica and three sentinels (``redis-server
   --sentinel``) watching it, quorum 2, a primary down after ``DOWN_AFTER_MS``.
 """
@@ -24,7 +26,9 @@ from types import TracebackType
 
 import redis
 
+from proxy.limiter.acl import setuser_line
 from support.ports import free_port
+from support.tls import CertificateAuthority
 
 HOST = "127.0.0.1"
 START_TIMEOUT = 10.0
@@ -300,3 +304,33 @@ class SentinelGroup:
                 return
             time.sleep(0.1)
         raise RuntimeError(f"timed out waiting for {what}")
+
+
+TLS_USER, TLS_PASSWORD = "llmproxy", "proxy-secret"  # the ACL user of the tls_redis fixture
+
+
+class TlsRedisServer(RedisServer):
+    """A redis-server that also listens with TLS on ``tls_port`` (``ca``'s server
+    certificate; no client certificate asked) and has the ACL user ``user`` with only
+    the proxy's commands and keys. The plain port (default user) is the tests' own."""
+
+    def __init__(
+        self, workdir: Path, ca: CertificateAuthority, user: str, password: str, *extra: str
+    ) -> None:
+        self.ca = ca
+        self.tls_port = free_port()
+        rules = setuser_line(user, password).removeprefix("ACL SETUSER ").split()
+        super().__init__(
+            workdir,
+            None,
+            "--tls-port", str(self.tls_port),
+            "--tls-cert-file", str(ca.server_cert),
+            "--tls-key-file", str(ca.server_key),
+            "--tls-ca-cert-file", str(ca.ca),
+            "--tls-auth-clients", "no",
+            "--user", *rules,
+            *extra,
+        )  # fmt: skip
+
+    def tls_url(self, user: str, password: str, ca_file: Path) -> str:
+        return f"rediss://{user}:{password}@{HOST}:{self.tls_port}?ssl_ca_certs={ca_file}"
