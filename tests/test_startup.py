@@ -8,10 +8,20 @@ from collections.abc import Iterator
 
 import pytest
 from support.ports import free_port
+from support.redis_server import TLS_USER, TlsRedisServer
 from support.waiting import wait_until
 
 from proxy.config import parse_settings
-from proxy.startup import StartupError, env_int, warn_about_unreachable_upstreams
+from proxy.startup import (
+    StartupError,
+    env_int,
+    redis_problem,
+    warn_about_unreachable_upstreams,
+)
+
+_MINIMAL = {
+    "models": [{"name": "m", "deployments": [{"id": "d", "base_url": "http://127.0.0.1:1/v1"}]}]
+}
 
 
 class _Records(logging.Handler):
@@ -67,3 +77,24 @@ def test_a_variable_that_must_be_a_number_says_so_in_one_line(
     monkeypatch.setenv("LLM_PROXY_PORT", "80a")
     with pytest.raises(StartupError, match=r"LLM_PROXY_PORT='80a' is not a whole number"):
         env_int("LLM_PROXY_PORT", 8000)
+
+
+def test_a_redis_that_answers_is_no_problem(tls_redis_url: str) -> None:
+    settings = parse_settings({**_MINIMAL, "redis": {"url": tls_redis_url}}, env={})
+    assert redis_problem(settings) is None
+
+
+def test_a_redis_nothing_answers_at_is_a_warning_not_a_failure(warnings: _Records) -> None:
+    url = f"redis://127.0.0.1:{free_port()}"
+    settings = parse_settings({**_MINIMAL, "redis": {"url": url}}, env={})
+    assert redis_problem(settings, timeout=1.0) is None
+    [message] = [m for m in warnings.messages if "does not answer" in m]
+    assert url in message and "redis.on_error=local" in message
+
+
+def test_a_wrong_acl_password_names_the_field_not_the_secret(tls_redis: TlsRedisServer) -> None:
+    url = tls_redis.tls_url(TLS_USER, "wrong-secret", tls_redis.ca.ca)
+    settings = parse_settings({**_MINIMAL, "redis": {"url": url}}, env={})
+    problem = redis_problem(settings)
+    assert problem is not None and problem.startswith("redis.url: rediss://127.0.0.1:")
+    assert "refused the user or password" in problem and "wrong-secret" not in problem
