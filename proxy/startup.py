@@ -117,6 +117,8 @@ def redis_problem(settings: Settings, timeout: float = 2.0) -> str | None:
             " the ACL of docs/production.md"
         )
     except redis.ConnectionError as exc:
+        if _auth_refused(exc):  # the sentinels' refusal comes inside "no master found"
+            return f"{field}: {where} refused the user or password; correct them in {field}"
         if _tls_refused(exc):
             fix = (
                 "redis.sentinel.tls.ca_file"
@@ -138,6 +140,11 @@ def redis_problem(settings: Settings, timeout: float = 2.0) -> str | None:
     finally:
         client.close()
     return None
+
+
+def _auth_refused(exc: BaseException) -> bool:
+    text = str(exc)
+    return any(sign in text for sign in ("AuthenticationError", "WRONGPASS", "invalid username"))
 
 
 def _tls_refused(exc: BaseException) -> bool:
