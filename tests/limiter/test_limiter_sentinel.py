@@ -4,17 +4,24 @@ real primary, replica and three sentinels (``sentinel_group``), and follows a fa
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 from support.limits import rpm
-from support.redis_server import SENTINEL_MASTER, SentinelGroup
+from support.redis_server import SENTINEL_MASTER, SentinelGroup, redis_available
 
-from proxy.config import SentinelConfig
+from proxy.config import SentinelConfig, parse_settings
 from proxy.limiter.base import KeyAsk, KeyLimits, StorageError
 from proxy.limiter.factory import sentinel_target
 from proxy.limiter.redis import KEY_PREFIX, RedisLimiter
+from proxy.startup import redis_problem
+
+pytestmark = pytest.mark.skipif(not redis_available(), reason="redis-server is not installed")
 
 KEY = KeyLimits("team-a", windows=(rpm(600, 600),))
+MINIMAL = {
+    "models": [{"name": "m", "deployments": [{"id": "d", "base_url": "http://127.0.0.1:1/v1"}]}]
+}
 
 
 def _limiter(group: SentinelGroup) -> RedisLimiter:
@@ -66,3 +73,42 @@ async def test_a_failover_is_an_outage_then_the_new_primary_shares_budgets(
     with sentinel_group.replica.client() as c:
         # The new primary holds the replicated window and this call's spend.
         assert c.exists(f"{{{KEY_PREFIX}:k:team-a}}:rpm")
+
+
+def test_the_primarys_user_and_the_sentinels_own_password(tmp_path: Path) -> None:
+    """``username``/``password`` log in to the primary; ``sentinel_password`` to the
+    sentinels (without it they get the primary's user, which they do not know: one
+    start-up line)."""
+    group = SentinelGroup(tmp_path, user=("proxy", "primary-pw"), sentinel_password="s-pw")
+    group.start()
+    try:
+        sentinel = {
+            "master": SENTINEL_MASTER,
+            "nodes": group.nodes,
+            "username": "proxy",
+            "password": "primary-pw",
+            "sentinel_password": "s-pw",
+        }
+        settings = parse_settings({**MINIMAL, "redis": {"sentinel": sentinel}}, env={})
+        assert redis_problem(settings) is None
+        config = settings.redis.sentinel
+        assert config is not None
+
+        async def acquire() -> bool:
+            limiter = RedisLimiter("", sentinel=sentinel_target(config), op_timeout=2.0)
+            try:
+                return (await limiter.acquire_key(KeyAsk(KEY, "a", 0))).allowed
+            finally:
+                await limiter.aclose()
+
+        assert asyncio.run(acquire())
+        with group.primary.client() as c:
+            assert c.exists(f"{{{KEY_PREFIX}:k:team-a}}:rpm")
+
+        without = {**sentinel, "sentinel_password": ""}
+        settings = parse_settings({**MINIMAL, "redis": {"sentinel": without}}, env={})
+        problem = redis_problem(settings)
+        assert problem is not None and problem.startswith("redis.sentinel: sentinel master")
+        assert "refused the user or password" in problem and "pw" not in problem
+    finally:
+        group.stop()

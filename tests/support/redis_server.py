@@ -46,6 +46,7 @@ class RedisServer:
         self.port = port if port is not None else free_port()
         self._extra_args = extra_args
         self._process: subprocess.Popen[bytes] | None = None
+        self.password: str | None = None  # the default user's, if it has one
         workdir.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -96,7 +97,7 @@ class RedisServer:
         self._process.send_signal(signal.SIGCONT)
 
     def client(self) -> redis.Redis:
-        return redis.Redis(host=HOST, port=self.port, socket_timeout=2.0)
+        return redis.Redis(host=HOST, port=self.port, password=self.password, socket_timeout=2.0)
 
     def flush(self) -> None:
         with self.client() as c:
@@ -220,9 +221,10 @@ DOWN_AFTER_MS = 1000  # a primary that does not answer this long is down
 class SentinelServer(RedisServer):
     """``redis-server sentinel.conf --sentinel`` watching ``primary`` (quorum 2)."""
 
-    def __init__(self, workdir: Path, primary: RedisServer) -> None:
+    def __init__(self, workdir: Path, primary: RedisServer, password: str | None = None) -> None:
         super().__init__(workdir)
         self._primary = primary
+        self.password = password  # requirepass: clients and the other sentinels need it
 
     def _command(self) -> list[str]:
         conf = self.workdir / "sentinel.conf"  # the sentinel rewrites it: its own copy
@@ -235,19 +237,33 @@ class SentinelServer(RedisServer):
             f"sentinel down-after-milliseconds {SENTINEL_MASTER} {DOWN_AFTER_MS}\n"
             f"sentinel failover-timeout {SENTINEL_MASTER} 10000\n"
             f"sentinel parallel-syncs {SENTINEL_MASTER} 1\n"
+            + (f"requirepass {self.password}\n" if self.password else "")
         )
         return ["redis-server", str(conf), "--sentinel"]
 
 
 class SentinelGroup:
-    """A Sentinel-managed primary with one replica and three sentinels, on loopback."""
+    """A Sentinel-managed primary with one replica and three sentinels, on loopback.
+    ``user``: an ACL user (name, password) on the primary and the replica, beside the
+    default user the tests and the sentinels use; ``sentinel_password``: the sentinels'
+    requirepass."""
 
-    def __init__(self, workdir: Path) -> None:
-        self.primary = RedisServer(workdir / "primary")
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        user: tuple[str, str] | None = None,
+        sentinel_password: str | None = None,
+    ) -> None:
+        acl = ["--user", user[0], "on", f">{user[1]}", "~*", "+@all"] if user else []
+        self.primary = RedisServer(workdir / "primary", None, *acl)
         self.replica = RedisServer(
-            workdir / "replica", None, "--replicaof", HOST, str(self.primary.port)
+            workdir / "replica", None, "--replicaof", HOST, str(self.primary.port), *acl
         )
-        self.sentinels = [SentinelServer(workdir / f"sentinel{i}", self.primary) for i in range(3)]
+        self.sentinels = [
+            SentinelServer(workdir / f"sentinel{i}", self.primary, sentinel_password)
+            for i in range(3)
+        ]
 
     @property
     def nodes(self) -> list[str]:
