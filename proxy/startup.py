@@ -80,7 +80,7 @@ def redis_problem(settings: Settings, timeout: float = 2.0) -> str | None:
     """One line if the limiter's Redis refuses the proxy: a wrong user or password, a TLS
     certificate its CA does not vouch for, an ACL without PING. None if it answers, if
     there is none, or if nothing answers (an outage: ``redis.on_error`` applies until it
-    does; a warning)."""
+    does; a warning). Under Sentinel each sentinel is asked, then the primary it names."""
     import redis
     from redis.backoff import NoBackoff
     from redis.retry import Retry
@@ -91,60 +91,65 @@ def redis_problem(settings: Settings, timeout: float = 2.0) -> str | None:
 
     config = settings.redis
     options = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
-    client: redis.Redis
+    servers: list[tuple[str, redis.Redis]] = []
     if config.sentinel is not None:
         field, target = "redis.sentinel", sentinel_target(config.sentinel)
-        where = target.describe()
+        fix = "redis.sentinel.tls.ca_file"
         sentinel_kwargs, primary_kwargs = client_options(target, options)
+        for host, port in target.nodes:
+            servers.append((f"sentinel {host}:{port}", redis.Redis(host, port, **sentinel_kwargs)))
         sentinels = Sentinel(  # type: ignore[no-untyped-call]
             list(target.nodes), sentinel_kwargs=sentinel_kwargs, **primary_kwargs
         )
-        client = sentinels.master_for(target.master)  # type: ignore[no-untyped-call]
+        primary = sentinels.master_for(target.master)  # type: ignore[no-untyped-call]
+        servers.append((f"the primary of {target.master!r}", primary))
     elif config.url:
         scheme, _, rest = config.url.partition("://")
-        field, where = "redis.url", f"{scheme}://{rest.rpartition('@')[2].partition('?')[0]}"
+        field, fix = "redis.url", "?ssl_ca_certs=/path/to/ca.pem in redis.url"
+        where = f"{scheme}://{rest.rpartition('@')[2].partition('?')[0]}"
         url = f"{scheme.removesuffix('+cluster')}://{rest}"
-        client = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)
+        servers.append((where, redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)))
     else:
         return None
     try:
-        client.ping()
-    except redis.AuthenticationError as exc:
-        return f"{field}: {where} refused the user or password ({exc}); correct them in {field}"
-    except redis.exceptions.NoPermissionError as exc:
-        return (
-            f"{field}: the Redis user may not run what the proxy needs ({exc}); give it"
-            " the ACL of docs/production.md"
-        )
-    except redis.ConnectionError as exc:
-        if _auth_refused(exc):  # the sentinels' refusal comes inside "no master found"
-            return f"{field}: {where} refused the user or password; correct them in {field}"
-        if _tls_refused(exc):
-            fix = (
-                "redis.sentinel.tls.ca_file"
-                if config.sentinel is not None
-                else "?ssl_ca_certs=/path/to/ca.pem in redis.url"
-            )
-            return (
-                f"{field}: the TLS certificate of {where} is not trusted ({_reason(exc)});"
-                f" name the CA that signed it: {fix}"
-            )
-        logger.warning(
-            "Redis at %s does not answer (%s): starting; redis.on_error=%s applies until it does.",
-            where,
-            _reason(exc),
-            config.on_error,
-        )
-    except redis.RedisError as exc:
-        return f"{field}: {where} answered with an error: {exc}"
+        for where, client in servers:
+            try:
+                client.ping()
+            except redis.exceptions.NoPermissionError as exc:
+                return (
+                    f"{field}: the Redis user may not run what the proxy needs ({exc}); give"
+                    " it the ACL of docs/production.md"
+                )
+            except redis.RedisError as exc:
+                if _auth_refused(exc):
+                    return f"{field}: {where} refused the user or password; correct them in {field}"
+                if _tls_refused(exc):
+                    return (
+                        f"{field}: the TLS certificate of {where} is not trusted"
+                        f" ({_reason(exc)}); name the CA that signed it: {fix}"
+                    )
+                if not isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+                    return f"{field}: {where} answered with an error: {exc}"
+                logger.warning(
+                    "Redis: %s does not answer (%s): starting; redis.on_error=%s applies"
+                    " until it does.",
+                    where,
+                    _reason(exc),
+                    config.on_error,
+                )
     finally:
-        client.close()
+        for _, client in servers:
+            client.close()
     return None
 
 
 def _auth_refused(exc: BaseException) -> bool:
+    from redis.exceptions import AuthenticationError
+
     text = str(exc)
-    return any(sign in text for sign in ("AuthenticationError", "WRONGPASS", "invalid username"))
+    return isinstance(exc, AuthenticationError) or any(
+        sign in text for sign in ("WRONGPASS", "invalid username", "NOAUTH")
+    )
 
 
 def _tls_refused(exc: BaseException) -> bool:
@@ -160,8 +165,10 @@ def _tls_refused(exc: BaseException) -> bool:
 
 
 def _reason(exc: BaseException) -> str:
+    if type(exc).__name__ == "MasterNotFoundError":
+        return "no sentinel names a primary"
     text = str(exc).split(". ", 1)[-1] if "connecting to" in str(exc) else str(exc)
-    return text.strip().rstrip(".")
+    return text.strip().rstrip(".")[:300]
 
 
 _LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from support.limits import rpm
 from support.redis_server import SENTINEL_MASTER, SentinelGroup, redis_available
+from support.tls import CertificateAuthority, openssl_available
 
 from proxy.config import SentinelConfig, parse_settings
 from proxy.limiter.base import KeyAsk, KeyLimits, StorageError
@@ -108,7 +109,44 @@ def test_the_primarys_user_and_the_sentinels_own_password(tmp_path: Path) -> Non
         without = {**sentinel, "sentinel_password": ""}
         settings = parse_settings({**MINIMAL, "redis": {"sentinel": without}}, env={})
         problem = redis_problem(settings)
-        assert problem is not None and problem.startswith("redis.sentinel: sentinel master")
+        assert problem is not None and problem.startswith("redis.sentinel: sentinel 127.0.0.1:")
         assert "refused the user or password" in problem and "pw" not in problem
     finally:
         group.stop()
+
+
+def test_tls_to_the_sentinels_and_the_primary(tmp_path: Path) -> None:
+    """``tls: {ca_file}``: the sentinels and the primary they name (its TLS port) are
+    reached over TLS, trusting that CA; another CA is one start-up line."""
+    if not openssl_available():
+        pytest.skip("openssl is needed to make the test CA")
+    (tmp_path / "ca").mkdir()
+    ca = CertificateAuthority.make(tmp_path / "ca")
+    group = SentinelGroup(tmp_path / "group", tls=ca)
+    group.start()
+    try:
+        sentinel = {"master": SENTINEL_MASTER, "nodes": group.nodes, "tls": {"ca_file": str(ca.ca)}}
+        settings = parse_settings({**MINIMAL, "redis": {"sentinel": sentinel}}, env={})
+        assert redis_problem(settings) is None
+        config = settings.redis.sentinel
+        assert config is not None
+        assert (
+            asyncio.run(_acquire_once(RedisLimiter("", sentinel=sentinel_target(config)))) is True
+        )
+        with group.primary.client() as c:
+            assert c.exists(f"{{{KEY_PREFIX}:k:team-a}}:rpm")
+
+        (tmp_path / "other").mkdir()
+        other = CertificateAuthority.make(tmp_path / "other")
+        wrong = {**sentinel, "tls": {"ca_file": str(other.ca)}}
+        problem = redis_problem(parse_settings({**MINIMAL, "redis": {"sentinel": wrong}}, env={}))
+        assert problem is not None and "TLS certificate" in problem and "ca_file" in problem
+    finally:
+        group.stop()
+
+
+async def _acquire_once(limiter: RedisLimiter) -> bool:
+    try:
+        return (await limiter.acquire_key(KeyAsk(KEY, "a", 0))).allowed
+    finally:
+        await limiter.aclose()

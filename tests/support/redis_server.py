@@ -47,6 +47,7 @@ class RedisServer:
         self._extra_args = extra_args
         self._process: subprocess.Popen[bytes] | None = None
         self.password: str | None = None  # the default user's, if it has one
+        self.tls_port: int | None = None  # where it also speaks TLS, if it does
         workdir.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -221,10 +222,18 @@ DOWN_AFTER_MS = 1000  # a primary that does not answer this long is down
 class SentinelServer(RedisServer):
     """``redis-server sentinel.conf --sentinel`` watching ``primary`` (quorum 2)."""
 
-    def __init__(self, workdir: Path, primary: RedisServer, password: str | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        primary: RedisServer,
+        password: str | None = None,
+        tls: CertificateAuthority | None = None,
+    ) -> None:
         super().__init__(workdir)
         self._primary = primary
         self.password = password  # requirepass: clients and the other sentinels need it
+        self._tls = tls
+        self.tls_port = free_port() if tls else None
 
     def _command(self) -> list[str]:
         conf = self.workdir / "sentinel.conf"  # the sentinel rewrites it: its own copy
@@ -233,13 +242,31 @@ class SentinelServer(RedisServer):
             f"bind {HOST}\n"
             f"dir {self.workdir}\n"
             f"logfile {self.workdir / 'redis.log'}\n"
-            f"sentinel monitor {SENTINEL_MASTER} {HOST} {self._primary.port} 2\n"
+            f"sentinel monitor {SENTINEL_MASTER} {HOST} {_served_port(self._primary)} 2\n"
             f"sentinel down-after-milliseconds {SENTINEL_MASTER} {DOWN_AFTER_MS}\n"
             f"sentinel failover-timeout {SENTINEL_MASTER} 10000\n"
             f"sentinel parallel-syncs {SENTINEL_MASTER} 1\n"
             + (f"requirepass {self.password}\n" if self.password else "")
         )
-        return ["redis-server", str(conf), "--sentinel"]
+        tls = _tls_args(self._tls, self.tls_port) if self._tls and self.tls_port else []
+        return ["redis-server", str(conf), "--sentinel", *tls]
+
+
+def _tls_args(ca: CertificateAuthority, port: int) -> list[str]:
+    """A TLS port beside the plain one; replication (and Sentinel's links) over TLS."""
+    return [
+        "--tls-port", str(port),
+        "--tls-cert-file", str(ca.server_cert),
+        "--tls-key-file", str(ca.server_key),
+        "--tls-ca-cert-file", str(ca.ca),
+        "--tls-auth-clients", "no",
+        "--tls-replication", "yes",
+    ]  # fmt: skip
+
+
+def _served_port(server: RedisServer) -> int:
+    """The port clients of the group are told about: TLS if the server has it."""
+    return server.tls_port or server.port
 
 
 class SentinelGroup:
@@ -254,21 +281,31 @@ class SentinelGroup:
         *,
         user: tuple[str, str] | None = None,
         sentinel_password: str | None = None,
+        tls: CertificateAuthority | None = None,
     ) -> None:
         acl = ["--user", user[0], "on", f">{user[1]}", "~*", "+@all"] if user else []
-        self.primary = RedisServer(workdir / "primary", None, *acl)
-        self.replica = RedisServer(
-            workdir / "replica", None, "--replicaof", HOST, str(self.primary.port), *acl
+        primary_tls, replica_tls = (free_port(), free_port()) if tls else (0, 0)
+        self.primary = RedisServer(
+            workdir / "primary", None, *acl, *(_tls_args(tls, primary_tls) if tls else [])
         )
+        self.replica = RedisServer(
+            workdir / "replica",
+            None,
+            "--replicaof", HOST, str(primary_tls or self.primary.port),
+            *acl,
+            *(_tls_args(tls, replica_tls) if tls else []),
+        )  # fmt: skip
+        if tls:
+            self.primary.tls_port, self.replica.tls_port = primary_tls, replica_tls
         self.sentinels = [
-            SentinelServer(workdir / f"sentinel{i}", self.primary, sentinel_password)
+            SentinelServer(workdir / f"sentinel{i}", self.primary, sentinel_password, tls)
             for i in range(3)
         ]
 
     @property
     def nodes(self) -> list[str]:
         """The sentinels as ``host:port``, as ``redis.sentinel.nodes`` takes them."""
-        return [f"{HOST}:{s.port}" for s in self.sentinels]
+        return [f"{HOST}:{_served_port(s)}" for s in self.sentinels]
 
     def start(self) -> SentinelGroup:
         try:
@@ -294,10 +331,10 @@ class SentinelGroup:
                 _, port = c.sentinel_get_master_addr_by_name(SENTINEL_MASTER)
         except (redis.RedisError, TypeError):
             return None
-        return int(port)
+        return self.server_on(int(port)).port
 
     def server_on(self, port: int) -> RedisServer:
-        return next(s for s in (self.primary, self.replica) if s.port == port)
+        return next(s for s in (self.primary, self.replica) if port in (s.port, _served_port(s)))
 
     def _replica_in_sync(self) -> bool:
         with self.replica.client() as c:
@@ -333,13 +370,12 @@ class TlsRedisServer(RedisServer):
     def __init__(
         self, workdir: Path, ca: CertificateAuthority, user: str, password: str, *extra: str
     ) -> None:
-        self.ca = ca
-        self.tls_port = free_port()
+        tls_port = free_port()
         rules = setuser_line(user, password).removeprefix("ACL SETUSER ").split()
         super().__init__(
             workdir,
             None,
-            "--tls-port", str(self.tls_port),
+            "--tls-port", str(tls_port),
             "--tls-cert-file", str(ca.server_cert),
             "--tls-key-file", str(ca.server_key),
             "--tls-ca-cert-file", str(ca.ca),
@@ -347,6 +383,8 @@ class TlsRedisServer(RedisServer):
             "--user", *rules,
             *extra,
         )  # fmt: skip
+        self.ca = ca
+        self.tls_port = tls_port
 
     def tls_url(self, user: str, password: str, ca_file: Path) -> str:
         return f"rediss://{user}:{password}@{HOST}:{self.tls_port}?ssl_ca_certs={ca_file}"
