@@ -76,7 +76,7 @@ _TLS_REASONS = {
 }
 
 
-def redis_problem(settings: Settings, timeout: float = 2.0) -> str | None:
+def redis_problem(settings: Settings, timeout: float = 1.0) -> str | None:
     """One line if the limiter's Redis refuses the proxy: a wrong user or password, a TLS
     certificate its CA does not vouch for, an ACL without PING. None if it answers, if
     there is none, or if nothing answers (an outage: ``redis.on_error`` applies until it
