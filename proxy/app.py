@@ -29,7 +29,7 @@ from proxy.config import Settings, config_warnings, load_settings
 from proxy.config_watch import ConfigWatcher, FileSignature, file_signature
 from proxy.errors import InvalidRequest, ModelNotFound, ProxyError
 from proxy.limiter.base import LimiterMode, ManagedLimiter
-from proxy.limiter.factory import create_limiter
+from proxy.limiter.factory import create_limiter, sentinel_target
 from proxy.logs import configure_logging
 from proxy.metrics import Metrics
 from proxy.observer import StateObserver, publish_configured_state
@@ -62,23 +62,26 @@ def create_app(
     process that passes SIGHUP on to every worker (``supervisor.py``)."""
     if config_path is not None and config_seen is None:
         config_seen = file_signature(config_path)
-    shared = bool(settings.redis.url)
+    shared = settings.redis.shared
     share = 1.0 if shared else 1.0 / max(workers, 1)
     metrics = Metrics(budget_shared=shared)
     _warn_about(settings, workers, shared)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        sentinel = settings.redis.sentinel
         limiter = create_limiter(
             settings.redis.url or None,
             on_error=settings.redis.on_error,
             replica_id=f"{os.getpid()}-{uuid.uuid4().hex[:8]}",
             timeout=settings.redis.timeout,
+            sentinel=sentinel_target(sentinel) if sentinel is not None else None,
         )
         limiter.on_mode_change(
             lambda mode: metrics.set_fallback_active(mode is LimiterMode.FALLBACK)
         )
         limiter.on_storage_error(metrics.limiter_error)
+        limiter.on_eviction_policy(metrics.set_redis_evicting_policy)
         await limiter.start()
         transport = create_transport()
         pipeline = Pipeline(settings, limiter, transport, metrics, share=share)

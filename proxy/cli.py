@@ -34,6 +34,7 @@ from proxy.ports import listen_problem
 from proxy.startup import (
     Problems,
     StartupError,
+    redis_problem,
     tls_problem,
     warn_about_unreachable_upstreams,
     wrong_paths,
@@ -201,7 +202,7 @@ def _check_config(path: str) -> int:
 
 def _summary(path: str, settings: Settings) -> str:
     deployments = sum(len(m.deployments) for m in settings.models)
-    limiter = "redis" if settings.redis.url else "in-memory"
+    limiter = "redis" if settings.redis.shared else "in-memory"
     keys = f"{len(settings.keys)} client key(s)" if settings.keys else "no client keys (open)"
     lines = [
         f"{path}: OK",
@@ -296,6 +297,9 @@ def _serve(args: argparse.Namespace) -> int:
 
         hold_sighup()
     _configure_logging(settings.server.log_level, f"{args.config}: server.log_level")
+    refused = redis_problem(settings)
+    if refused is not None:
+        raise StartupError(f"{args.config}: {refused}")
     warn_about_unreachable_upstreams(settings)
     from proxy.api.protocol import BODY_TIMEOUT_ENV, HEADER_TIMEOUT_ENV
 
@@ -351,7 +355,7 @@ def _serve_workers(args: argparse.Namespace, settings: Settings) -> int:
     metrics_dir = prepare_multiprocess_dir(args.workers)
     os.environ[CONFIG_ENV] = os.path.abspath(args.config)
     os.environ[WORKERS_ENV] = str(args.workers)
-    if not settings.redis.url:
+    if not settings.redis.shared:
         logger.info(
             "In-memory limiter with %d workers: each worker holds 1/%d of every budget.",
             args.workers,

@@ -125,12 +125,58 @@ class _Strict(BaseModel):
 _REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
 
 
+class SentinelConfig(_Strict):
+    """A Sentinel-managed primary (instead of ``redis.url``): the sentinels at ``nodes``
+    name the primary of ``master``, and name its successor after a failover."""
+
+    master: str = Field(min_length=1)
+    nodes: list[str] = Field(min_length=1)
+    # For the primary, and the sentinels unless sentinel_password is set.
+    username: SecretStr = SecretStr("")
+    password: SecretStr = SecretStr("")
+    # The sentinels' own password (their default user), when theirs is not the primary's.
+    sentinel_password: SecretStr = SecretStr("")
+    # TLS to the sentinels and the primary: true (the system's trust store) or a CA file.
+    tls: bool | TlsConfig = False
+
+    @field_validator("nodes")
+    @classmethod
+    def _host_ports(cls, nodes: list[str]) -> list[str]:
+        for node in nodes:
+            sentinel_address(node)
+        return nodes
+
+    def addresses(self) -> list[tuple[str, int]]:
+        return [sentinel_address(node) for node in self.nodes]
+
+
+def sentinel_address(node: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too) as a pair; ValueError naming the node otherwise."""
+    host, _, port = node.strip().rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"a sentinel is host:port, e.g. 10.0.0.5:26379 (got {node!r})")
+    return host, int(port)
+
+
 class RedisConfig(_Strict):
     url: str = ""
+    sentinel: SentinelConfig | None = None
     on_error: Annotated[Literal["local", "reject"], BeforeValidator(_lower)] = "local"
     # Per Redis call: an ailing Redis must not stall traffic, but on a saturated machine
     # 50 ms timed out healthy calls and made replicas flap into their fallback shares.
     timeout: Duration = 0.1
+
+    @property
+    def shared(self) -> bool:
+        """Whether budgets live in Redis (a URL or a Sentinel-managed primary)."""
+        return bool(self.url) or self.sentinel is not None
+
+    @model_validator(mode="after")
+    def _one_target(self) -> RedisConfig:
+        if self.url and self.sentinel is not None:
+            raise ValueError("set either url or sentinel, not both")
+        return self
 
     @field_validator("url")
     @classmethod

@@ -21,6 +21,7 @@ __all__ = ["RESTART_ONLY", "ConfigChanges", "config_changes", "in_force"]
 # (log_level) and the config file's watcher (watch_config).
 RESTART_ONLY = (
     "redis.url",
+    "redis.sentinel",
     "redis.on_error",
     "redis.timeout",
     "server.header_timeout",

@@ -108,6 +108,7 @@ _GAUGE_MODES: Final[dict[str, _GaugeMode]] = {
     # Cooling down or in fallback in any worker is what an operator must see.
     "deployment_state": "livemax",
     "fallback_active": "livemax",
+    "redis_evicting_policy": "livemax",
     # The upstream's own view, the same for every worker: the latest report is the truth.
     "upstream_remaining": "livemostrecent",
 }
@@ -256,6 +257,13 @@ class Metrics:
             multiprocess_mode=_GAUGE_MODES["fallback_active"],
             registry=reg,
         )
+        self._redis_evicting_policy = Gauge(
+            "llmproxy_redis_evicting_policy",
+            "1 when the limiter's Redis has an allkeys-* maxmemory-policy: it may evict"
+            " budgets, which then read as full.",
+            multiprocess_mode=_GAUGE_MODES["redis_evicting_policy"],
+            registry=reg,
+        )
         self._limiter_errors_total = Counter(
             "llmproxy_limiter_errors_total",
             "Errors talking to the shared limiter backend (Redis), by operation.",
@@ -397,6 +405,9 @@ class Metrics:
 
     def set_fallback_active(self, active: bool) -> None:
         self._fallback_active.set(1.0 if active else 0.0)
+
+    def set_redis_evicting_policy(self, evicting: bool) -> None:
+        self._redis_evicting_policy.set(1.0 if evicting else 0.0)
 
     def limiter_error(self, operation: str) -> None:
         self._c_limiter_error(operation).inc()

@@ -1,6 +1,7 @@
 """What ``serve`` checks before it starts, so that a mistake is one line saying what to do
-instead of a traceback: variables that must be numbers, the TLS files, and (warnings,
-not failures) upstreams that nothing answers at, or where no OpenAI-compatible API
+instead of a traceback: variables that must be numbers, the TLS files, the limiter's
+Redis refusing its credentials or TLS certificate, and (warnings, not failures)
+upstreams, or a Redis, that nothing answers at, or where no OpenAI-compatible API
 answers (every endpoint 404: a base_url missing its /v1; ``check-config`` says so too)."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ __all__ = [
     "Problems",
     "StartupError",
     "env_int",
+    "redis_problem",
     "tls_problem",
     "warn_about_unreachable_upstreams",
     "wrong_paths",
@@ -104,6 +106,101 @@ _TLS_REASONS = {
     "PEM_LIB": "not a PEM certificate and private key",
     "KEY_VALUES_MISMATCH": "the private key is not this certificate's",
 }
+
+
+def redis_problem(settings: Settings, timeout: float = 1.0) -> str | None:
+    """One line if the limiter's Redis refuses the proxy: a wrong user or password, a TLS
+    certificate its CA does not vouch for, an ACL without PING. None if it answers, if
+    there is none, or if nothing answers (an outage: ``redis.on_error`` applies until it
+    does; a warning). Under Sentinel each sentinel is asked, then the primary it names."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+    from redis.sentinel import Sentinel
+
+    from proxy.limiter.factory import sentinel_target
+    from proxy.limiter.sentinel import client_options
+
+    config = settings.redis
+    options = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    servers: list[tuple[str, redis.Redis]] = []
+    if config.sentinel is not None:
+        field, target = "redis.sentinel", sentinel_target(config.sentinel)
+        fix = "redis.sentinel.tls.ca_file"
+        sentinel_kwargs, primary_kwargs = client_options(target, options)
+        for host, port in target.nodes:
+            servers.append((f"sentinel {host}:{port}", redis.Redis(host, port, **sentinel_kwargs)))
+        sentinels = Sentinel(  # type: ignore[no-untyped-call]
+            list(target.nodes), sentinel_kwargs=sentinel_kwargs, **primary_kwargs
+        )
+        primary = sentinels.master_for(target.master)  # type: ignore[no-untyped-call]
+        servers.append((f"the primary of {target.master!r}", primary))
+    elif config.url:
+        scheme, _, rest = config.url.partition("://")
+        field, fix = "redis.url", "?ssl_ca_certs=/path/to/ca.pem in redis.url"
+        where = f"{scheme}://{rest.rpartition('@')[2].partition('?')[0]}"
+        url = f"{scheme.removesuffix('+cluster')}://{rest}"
+        servers.append((where, redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)))
+    else:
+        return None
+    try:
+        for where, client in servers:
+            try:
+                client.ping()
+            except redis.exceptions.NoPermissionError as exc:
+                return (
+                    f"{field}: the Redis user may not run what the proxy needs ({exc}); give"
+                    " it the ACL of docs/production.md"
+                )
+            except redis.RedisError as exc:
+                if _auth_refused(exc):
+                    return f"{field}: {where} refused the user or password; correct them in {field}"
+                if _tls_refused(exc):
+                    return (
+                        f"{field}: the TLS certificate of {where} is not trusted"
+                        f" ({_reason(exc)}); name the CA that signed it: {fix}"
+                    )
+                if not isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+                    return f"{field}: {where} answered with an error: {exc}"
+                logger.warning(
+                    "Redis: %s does not answer (%s): starting; redis.on_error=%s applies"
+                    " until it does.",
+                    where,
+                    _reason(exc),
+                    config.on_error,
+                )
+    finally:
+        for _, client in servers:
+            client.close()
+    return None
+
+
+def _auth_refused(exc: BaseException) -> bool:
+    from redis.exceptions import AuthenticationError
+
+    text = str(exc)
+    return isinstance(exc, AuthenticationError) or any(
+        sign in text for sign in ("WRONGPASS", "invalid username", "NOAUTH")
+    )
+
+
+def _tls_refused(exc: BaseException) -> bool:
+    """Whether a certificate check failed somewhere in ``exc``'s chain."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(
+            seen
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _reason(exc: BaseException) -> str:
+    if type(exc).__name__ == "MasterNotFoundError":
+        return "no sentinel names a primary"
+    text = str(exc).split(". ", 1)[-1] if "connecting to" in str(exc) else str(exc)
+    return text.strip().rstrip(".")[:300]
 
 
 _LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")

@@ -14,6 +14,12 @@ any, is left alone): every server listens on a free 127.0.0.1 port, in a temp di
 * ``redis_cluster`` (session): that cluster as ``support.redis_server.RedisClusterServers``.
 * ``disposable_redis`` (function): a private, running ``RedisServer`` for a test that
   stops, kills or restarts it (``.stop()``, ``.kill()``, ``.start()`` keeps the port).
+* ``tls_redis`` (session) / ``tls_redis_url`` (function, FLUSHALLed): a redis-server
+  with TLS (a test CA's certificate) and the ACL user ``llmproxy`` that may run only
+  the proxy's commands on its keys (``proxy.limiter.acl``); the ``rediss://`` URL logs
+  in as that user and trusts only that CA (``support.redis_server.TlsRedisServer``).
+* ``sentinel_group`` (function): a private primary, replica and three sentinels
+  (``support.redis_server.SentinelGroup``), for tests that fail the primary over.
 * ``serving_path`` (module, parametrized): the proxies a module starts run the fast
   paths (the lean upstream transport, replies written by the proxy's own protocol), then
   the portable ones (the general transport, the ASGI cycle): its tests run against both.
@@ -29,7 +35,16 @@ from pathlib import Path
 
 import pytest
 from support.proxy_server import ProxyInThread
-from support.redis_server import RedisClusterServers, RedisServer, redis_available
+from support.redis_server import (
+    TLS_PASSWORD,
+    TLS_USER,
+    RedisClusterServers,
+    RedisServer,
+    SentinelGroup,
+    TlsRedisServer,
+    redis_available,
+)
+from support.tls import CertificateAuthority, openssl_available
 
 from proxy.upstream.client import create_transport
 
@@ -71,6 +86,38 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClu
 def redis_cluster_url(redis_cluster: RedisClusterServers) -> str:
     redis_cluster.flush()
     return redis_cluster.url
+
+
+@pytest.fixture(scope="session")
+def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsRedisServer]:
+    _require_redis()
+    if not openssl_available():
+        pytest.skip("openssl is needed to make the test CA")
+    ca = CertificateAuthority.make(tmp_path_factory.mktemp("redis-ca"))
+    server = TlsRedisServer(tmp_path_factory.mktemp("redis-tls"), ca, TLS_USER, TLS_PASSWORD)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture
+def tls_redis_url(tls_redis: TlsRedisServer) -> str:
+    tls_redis.flush()
+    return tls_redis.tls_url(TLS_USER, TLS_PASSWORD, tls_redis.ca.ca)
+
+
+@pytest.fixture
+def sentinel_group(tmp_path: Path) -> Iterator[SentinelGroup]:
+    """A private Sentinel-managed primary (one replica, three sentinels), started for
+    this test (a failover test leaves it changed)."""
+    _require_redis()
+    group = SentinelGroup(tmp_path / "sentinel").start()
+    try:
+        yield group
+    finally:
+        group.stop()
 
 
 @pytest.fixture

@@ -287,6 +287,50 @@ def test_a_redis_url_of_another_scheme_is_an_error_not_a_runtime_surprise() -> N
     assert problem.startswith("redis.url: must be a redis://, rediss://, unix:// or")
 
 
+def test_a_sentinel_managed_primary_as_the_contract_spells_it(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("")
+    sentinel = {
+        "master": "mymaster",
+        "nodes": ["10.0.0.5:26379", "[fd00::7]:26379"],
+        "username": "${REDIS_USER:-}",
+        "password": "${REDIS_PASSWORD:-pw}",
+        "tls": {"ca_file": str(ca)},
+    }
+    settings = parse_settings({**MINIMAL, "redis": {"sentinel": sentinel}}, env={})
+    config = settings.redis.sentinel
+    assert config is not None and settings.redis.shared and not settings.redis.url
+    assert config.addresses() == [("10.0.0.5", 26379), ("fd00::7", 26379)]
+    assert config.password.get_secret_value() == "pw" and not config.username.get_secret_value()
+    assert not isinstance(config.tls, bool) and config.tls.ca_file == str(ca)
+    plain = parse_settings({**MINIMAL, "redis": {"sentinel": {**sentinel, "tls": False}}})
+    assert plain.redis.sentinel is not None and plain.redis.sentinel.tls is False
+
+
+@pytest.mark.parametrize(
+    ("redis", "says"),
+    [
+        (
+            {"url": "redis://r:6379", "sentinel": {"master": "m", "nodes": ["s:26379"]}},
+            "redis: set either url or sentinel, not both",
+        ),
+        (
+            {"sentinel": {"master": "m", "nodes": ["s"]}},
+            "redis.sentinel.nodes: a sentinel is host:port, e.g. 10.0.0.5:26379 (got 's')",
+        ),
+        ({"sentinel": {"master": "m", "nodes": []}}, "redis.sentinel.nodes: needs at least"),
+        ({"sentinel": {"nodes": ["s:26379"]}}, "redis.sentinel.master: is required"),
+        (
+            {"sentinel": {"master": "m", "nodes": ["s:1"], "sentinels": []}},
+            "redis.sentinel.sentinels: unknown key",
+        ),
+    ],
+)
+def test_a_sentinel_mistake_names_its_field(redis: dict[str, object], says: str) -> None:
+    (problem,) = _problems({**MINIMAL, "redis": redis})
+    assert problem.startswith(says)
+
+
 def test_cross_section_checks_come_with_the_field_errors() -> None:
     data = {
         "keys": [{"name": "a", "key": "k", "models": ["gpt-4o-mni"]}],

@@ -49,6 +49,7 @@ CONTRACT = {
     "llmproxy_deployment_cooldowns": ("counter", {"model", "deployment", "reason"}),
     "llmproxy_deployment_failures": ("counter", {"model", "deployment", "reason"}),
     "llmproxy_limiter_fallback_active": ("gauge", set()),
+    "llmproxy_redis_evicting_policy": ("gauge", set()),
     "llmproxy_deployment_limit": ("gauge", {"model", "deployment", "kind"}),
     "llmproxy_deployment_budget_remaining": ("gauge", {"model", "deployment", "kind"}),
     "llmproxy_upstream_ratelimit_remaining": ("gauge", {"model", "deployment", "kind"}),

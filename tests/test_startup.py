@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 from support.ports import free_port
 from support.raw_upstream import Conversation, answer
+from support.redis_server import TLS_USER, TlsRedisServer
 from support.scripted_upstream import ScriptedUpstream
 from support.waiting import wait_until
 
@@ -17,9 +18,14 @@ from proxy.startup import (
     Problems,
     StartupError,
     env_int,
+    redis_problem,
     warn_about_unreachable_upstreams,
     wrong_paths,
 )
+
+_MINIMAL = {
+    "models": [{"name": "m", "deployments": [{"id": "d", "base_url": "http://127.0.0.1:1/v1"}]}]
+}
 
 
 class _Records(logging.Handler):
@@ -127,3 +133,24 @@ def test_a_base_url_where_every_endpoint_answers_404_is_named_at_start_up(
     assert f"{wrong.url}/chat/completions answers 404" in message and "/v1" in message
     assert "secret" not in message
     assert all("authorization" not in probe.headers for probe in probes)  # no key sent
+
+
+def test_a_redis_that_answers_is_no_problem(tls_redis_url: str) -> None:
+    settings = parse_settings({**_MINIMAL, "redis": {"url": tls_redis_url}}, env={})
+    assert redis_problem(settings) is None
+
+
+def test_a_redis_nothing_answers_at_is_a_warning_not_a_failure(warnings: _Records) -> None:
+    url = f"redis://127.0.0.1:{free_port()}"
+    settings = parse_settings({**_MINIMAL, "redis": {"url": url}}, env={})
+    assert redis_problem(settings, timeout=1.0) is None
+    [message] = [m for m in warnings.messages if "does not answer" in m]
+    assert url in message and "redis.on_error=local" in message
+
+
+def test_a_wrong_acl_password_names_the_field_not_the_secret(tls_redis: TlsRedisServer) -> None:
+    url = tls_redis.tls_url(TLS_USER, "wrong-secret", tls_redis.ca.ca)
+    settings = parse_settings({**_MINIMAL, "redis": {"url": url}}, env={})
+    problem = redis_problem(settings)
+    assert problem is not None and problem.startswith("redis.url: rediss://127.0.0.1:")
+    assert "refused the user or password" in problem and "wrong-secret" not in problem

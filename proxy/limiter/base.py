@@ -469,7 +469,12 @@ class ManagedLimiter(Limiter, Protocol):
     def on_storage_error(self, callback: Callable[[str], None]) -> None:
         """Call ``callback(operation)`` each time the shared storage fails an operation
         (``"acquire_key"``, ``"reserve"``, ``"settle"``, ``"snapshot"``, ``"key_snapshot"``,
-        ``"heartbeat"``, ``"activity"``; for metrics)."""
+        ``"heartbeat"``, ``"activity"``, ``"config"``; for metrics)."""
+        ...
+
+    def on_eviction_policy(self, callback: Callable[[bool], None]) -> None:
+        """Call ``callback(evicting)`` each time the shared storage's maxmemory-policy has
+        been read: at start-up and after each reconnect (eviction.py)."""
         ...
 
     def publish(self, source: Callable[[], Activity]) -> None:

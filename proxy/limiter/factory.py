@@ -7,13 +7,16 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from typing import Any
 
+from proxy.config import SentinelConfig, TlsConfig
 from proxy.limiter.base import ManagedLimiter
 from proxy.limiter.memory import MemoryLimiter
 from proxy.limiter.policy import OnError, ResilientLimiter
 from proxy.limiter.redis import RedisLimiter
+from proxy.limiter.sentinel import SentinelTarget
 
-__all__ = ["create_limiter", "default_replica_id"]
+__all__ = ["create_limiter", "default_replica_id", "sentinel_target"]
 
 
 def create_limiter(
@@ -30,6 +33,7 @@ def create_limiter(
     replica_ttl: float = 3.0,
     failure_threshold: int = 3,
     reset_after: float = 1.0,
+    sentinel: SentinelTarget | None = None,
 ) -> ManagedLimiter:
     """The limiter for one process.
 
@@ -41,8 +45,9 @@ def create_limiter(
     ``redis.timeout``), when given, replaces the three finer knobs: it bounds each socket
     step (connect, send, read), and three times it bounds a whole operation (which may
     wait for a pooled connection, connect, and reload a script after NOSCRIPT).
+    ``sentinel``: the Redis is the primary its sentinels name (instead of ``redis_url``).
     """
-    if not redis_url:
+    if not redis_url and sentinel is None:
         return MemoryLimiter()
     if on_error not in ("local", "reject"):
         raise ValueError(f"on_error must be 'local' or 'reject', not {on_error!r}")
@@ -51,7 +56,8 @@ def create_limiter(
         socket_timeout = connect_timeout = timeout
         op_timeout = 3 * timeout
     shared = RedisLimiter(
-        redis_url,
+        redis_url or "",
+        sentinel=sentinel,
         socket_timeout=socket_timeout,
         connect_timeout=connect_timeout,
         op_timeout=op_timeout,
@@ -71,3 +77,30 @@ def create_limiter(
 def default_replica_id() -> str:
     """host:pid:random, unique per process even across container restarts."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def sentinel_target(config: SentinelConfig) -> SentinelTarget:
+    """The config's ``redis.sentinel`` as the runner takes it (redis-py's TLS options)."""
+    return SentinelTarget(
+        master=config.master,
+        nodes=tuple(config.addresses()),
+        username=config.username.get_secret_value(),
+        password=config.password.get_secret_value(),
+        sentinel_password=config.sentinel_password.get_secret_value(),
+        tls=_tls_options(config.tls),
+    )
+
+
+def _tls_options(tls: bool | TlsConfig) -> dict[str, Any]:
+    if tls is False:
+        return {}
+    if tls is True:
+        return {"ssl": True}
+    return {
+        "ssl": True,
+        "ssl_ca_certs": tls.ca_file or None,
+        "ssl_certfile": tls.cert_file or None,
+        "ssl_keyfile": tls.key_file or None,
+        "ssl_cert_reqs": "required" if tls.verify else "none",
+        "ssl_check_hostname": tls.verify,
+    }

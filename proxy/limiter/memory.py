@@ -196,6 +196,9 @@ class MemoryLimiter:
     def on_storage_error(self, callback: Callable[[str], None]) -> None:
         """There is no shared storage to fail; accepted so callers need not special-case."""
 
+    def on_eviction_policy(self, callback: Callable[[bool], None]) -> None:
+        """Nothing is stored in Redis; accepted so callers need not special-case."""
+
     async def start(self) -> None:
         """Nothing runs in the background."""
 

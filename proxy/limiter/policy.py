@@ -74,6 +74,7 @@ from proxy.limiter.base import (
     StorageError,
     Window,
 )
+from proxy.limiter.eviction import EvictionWatch
 from proxy.limiter.memory import MemoryLimiter
 from proxy.limiter.redis import RedisLimiter
 
@@ -239,6 +240,9 @@ class ResilientLimiter:
         self._heartbeats: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._activity: Callable[[], Activity] | None = None
+        # maxmemory-policy is read with the first heartbeat and after every reconnect.
+        self._eviction: EvictionWatch | None = None
+        self._eviction_check_due = True
 
     # -- health ----------------------------------------------------------------------
 
@@ -281,6 +285,11 @@ class ResilientLimiter:
     def on_storage_error(self, callback: Callable[[str], None]) -> None:
         self._error_listeners.append(callback)
 
+    def on_eviction_policy(self, callback: Callable[[bool], None]) -> None:
+        """``callback(evicting)`` whenever the storage's maxmemory-policy has been read
+        (eviction.py says what it means, and logs it)."""
+        self._eviction = EvictionWatch(callback)
+
     # -- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -310,6 +319,17 @@ class ResilientLimiter:
         )
         if not isinstance(count, _Skipped):
             self._replicas = max(1, count)
+            if self._eviction_check_due:
+                await self._check_eviction()
+
+    async def _check_eviction(self) -> None:
+        """Read the storage's maxmemory-policy (next heartbeat again if that fails)."""
+        read = await self._via_shared("config", self._shared.maxmemory_policy)
+        if isinstance(read, _Skipped):
+            return
+        self._eviction_check_due = False
+        if self._eviction is not None:
+            self._eviction.observe(*read)
 
     # -- Limiter ---------------------------------------------------------------------
 
@@ -545,6 +565,7 @@ class ResilientLimiter:
     def _circuit_changed(self, state: CircuitState) -> None:
         if state is CircuitState.CLOSED:
             self._seeded.clear()  # the next outage starts from the shared turns again
+            self._eviction_check_due = True  # reconnected: perhaps to another server
         mode = self.mode
         if mode is self._last_mode:
             return  # e.g. open -> half-open -> open: still the fallback

@@ -4,14 +4,15 @@ One script per operation, one round trip each (``lua/*.lua``, the math mirrored 
 bucket.py, selection.py and health.py line by line); how scripts reach Redis (batching,
 functions, clusters, errors) is runner.py's job. Time comes from ``redis.call('TIME')``,
 so replicas' clocks need not agree; tests pass an explicit clock instead. Keys are
-hash-tagged so each script touches one cluster slot::
+hash-tagged so each script touches one cluster slot (``P`` is ``KEY_PREFIX``,
+``llmproxy:v<SCHEMA_VERSION>``)::
 
-    {llmproxy:k:<key name>}:<window> | :leases              a client key's windows, slots
-    {llmproxy:g:<group>}:d:<deployment id>:<window>          a group's deployments...
-    {llmproxy:g:<group>}:d:<deployment id>:health            ...their health (a hash)...
-    {llmproxy:g:<group>}:d:<deployment id>:inflight          ...and requests in flight
-    llmproxy:replicas                                        replica heartbeats (policy.py)
-    {llmproxy:replicas}:activity                             what each replica reports doing
+    {P:k:<key name>}:<window> | :leases              a client key's windows, slots
+    {P:g:<group>}:d:<deployment id>:<window>          a group's deployments...
+    {P:g:<group>}:d:<deployment id>:health            ...their health (a hash)...
+    {P:g:<group>}:d:<deployment id>:inflight          ...and requests in flight
+    P:replicas                                        replica heartbeats (policy.py)
+    {P:replicas}:activity                             what each replica reports doing
 
 ``<window>`` is the window's name (``rpm``, ``tpd``, ``tokens_30d``...), so a window's
 state outlives a change of its rate. Idle bucket keys expire a little (10 s) after they
@@ -54,6 +55,7 @@ from proxy.limiter.base import (
 from proxy.limiter.batch import Call
 from proxy.limiter.bucket import BucketState, Decision
 from proxy.limiter.bucket import Outcome as Result
+from proxy.limiter.eviction import evicting
 from proxy.limiter.fairness import Claimant, Deferral
 from proxy.limiter.health import Health
 from proxy.limiter.leases import Leases
@@ -78,6 +80,13 @@ log = logging.getLogger(__name__)
 
 CLOSING_RETURNS = 1.0  # seconds a shutdown waits to give back its open leases
 
+# The layout of the keys and of what they hold. Raised whenever either changes, so that
+# during a rolling upgrade two versions of the proxy sharing one Redis use disjoint keys
+# and never misread each other's state (docs/production.md). Version 1 had no number in
+# its keys (``{llmproxy:k:...}``).
+SCHEMA_VERSION = 2
+KEY_PREFIX = f"llmproxy:v{SCHEMA_VERSION}"
+
 
 class RedisLimiter:
     """A Limiter over Redis or Redis Cluster; ``options`` say how to reach it (runner.py)."""
@@ -87,7 +96,7 @@ class RedisLimiter:
         url: str,
         *,
         lease_ttl: float = LEASE_TTL,
-        prefix: str = "llmproxy",
+        prefix: str = KEY_PREFIX,
         clock: Clock | None = None,
         leases: bool | None = None,
         **options: Unpack[RunnerOptions],
@@ -353,6 +362,15 @@ class RedisLimiter:
             replica: _activity_from(orjson.loads(report))
             for replica, report in zip(reply[::2], reply[1::2], strict=True)
         }
+
+    async def maxmemory_policy(self) -> tuple[str | None, str]:
+        """The Redis's ``maxmemory-policy`` (a cluster's: an evicting one if any primary
+        has one; None if ``CONFIG GET`` is refused), and which Redis it is, for logs."""
+        policies = await self.runner.config_values("maxmemory-policy")
+        if policies is None:
+            return None, self.runner.where
+        evicting_first = sorted(policies, key=lambda p: not evicting(p))
+        return (evicting_first[0] if evicting_first else ""), self.runner.where
 
     async def leave(self, replica_id: str) -> None:
         """Stop counting ``replica_id`` as alive (a clean shutdown)."""

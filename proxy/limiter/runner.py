@@ -8,6 +8,7 @@ module decides how they get there, and hides the Redis client from them (the mod
   cluster; ``redis://`` / ``rediss://`` URLs are probed once on first use with
   ``INFO cluster`` and ``cluster_enabled:1`` switches to the cluster client; ``unix://``
   is always a single Redis. ``cluster=True/False`` skips the probe. Connects lazily.
+  A ``sentinel`` target (sentinel.py) is a single Redis found through its sentinels.
 * On a single Redis, the scripts called within one turn of the event loop go out in one
   pipelined round trip (batch.py), over one multiplexed connection of their own
   (resp.py; redis-py's pipeline for TLS or when ``pipelined`` is False). A call that is
@@ -34,6 +35,7 @@ from typing import Any, TypedDict
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
@@ -42,6 +44,7 @@ from redis.retry import Retry
 from proxy.limiter import resp, scripts
 from proxy.limiter.base import StorageError
 from proxy.limiter.batch import LINGER, Batcher, Call, Deliver, Merge
+from proxy.limiter.sentinel import SentinelTarget, open_primary
 
 __all__ = ["Client", "RunnerOptions", "ScriptRunner"]
 
@@ -60,6 +63,7 @@ class RunnerOptions(TypedDict, total=False):
     max_connections: int
     pipelined: bool
     linger: float
+    sentinel: SentinelTarget | None
 
 
 class ScriptRunner:
@@ -75,10 +79,16 @@ class ScriptRunner:
         pipelined: bool = True,
         linger: float = LINGER,
         merge: Merge | None = None,
+        sentinel: SentinelTarget | None = None,
     ) -> None:
-        """``merge``: how the backend merges a batch's calls (batch.py), if it does."""
+        """``merge``: how the backend merges a batch's calls (batch.py), if it does.
+        ``sentinel``: reach the primary its sentinels name (``url`` is then ignored)."""
         scheme, sep, rest = url.partition("://")
-        if scheme in CLUSTER_SCHEMES:
+        self._sentinel = sentinel
+        self._sentinels: Sentinel | None = None
+        if sentinel is not None:
+            cluster, pipelined = False, False
+        elif scheme in CLUSTER_SCHEMES:
             url, cluster = f"{CLUSTER_SCHEMES[scheme]}{sep}{rest}", True
         elif scheme == "unix":
             cluster = False
@@ -148,12 +158,41 @@ class ScriptRunner:
             # client lets escape: the policy falls back rather than failing the request.
             raise _storage_error(exc) from exc
 
+    async def config_values(self, name: str) -> list[str] | None:
+        """The server's ``CONFIG GET name`` (a cluster's: each primary's); None when the
+        server refuses it (an ACL without CONFIG, a managed Redis that renamed it).
+        Other failures as StorageError."""
+
+        async def read(client: Client) -> list[str] | None:
+            try:
+                if isinstance(client, RedisCluster):
+                    nodes = RedisCluster.PRIMARIES
+                    replies: Any = await client.config_get(name, target_nodes=nodes)
+                    return [str(reply.get(name, "")) for reply in replies.values()]
+                return [str((await client.config_get(name)).get(name, ""))]
+            except ResponseError:
+                return None
+
+        result: list[str] | None = await self.call(read)
+        return result
+
+    @property
+    def where(self) -> str:
+        """Which Redis, for logs (no credentials)."""
+        if self._sentinel is not None:
+            return self._sentinel.describe()
+        scheme, _, rest = self._url.partition("://")
+        return f"{scheme}://{rest.rpartition('@')[2]}"
+
     async def aclose(self) -> None:
         if self._pipelined is not None:
             self._pipelined.close()
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
+        sentinels, self._sentinels = self._sentinels, None
+        if sentinels is not None:
+            await sentinels.aclose()
 
     # -- batches ---------------------------------------------------------------------
 
@@ -253,6 +292,11 @@ class ScriptRunner:
         return self._client
 
     async def _open(self) -> Client:
+        if self._sentinel is not None:
+            client, self._sentinels = open_primary(
+                self._sentinel, self._options, self._max_connections
+            )
+            return client
         if self._cluster is None:
             self._cluster = await self._probe_cluster()
         if self._cluster:

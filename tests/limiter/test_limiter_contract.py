@@ -1,4 +1,5 @@
-"""The Limiter contract, run against every backend: memory, Redis, Redis Cluster.
+"""The Limiter contract, run against every backend: memory, Redis, Redis Cluster, and a
+Redis over TLS logged in as an ACL user that may run only the proxy's commands.
 
 Time is an injected clock (the Redis scripts get an explicit ``now``), so nothing sleeps
 and concurrency tests are exact: what is checked is atomicity, not timing.
@@ -36,15 +37,21 @@ class Subject:
     clock: Clock
 
 
-@pytest.fixture(params=["memory", "redis", "redis-cluster"])
+URL_FIXTURES = {
+    "redis": "redis_url",
+    "redis-cluster": "redis_cluster_url",
+    "redis-tls-acl": "tls_redis_url",
+}
+
+
+@pytest.fixture(params=["memory", *URL_FIXTURES])
 async def subject(request: pytest.FixtureRequest) -> AsyncIterator[Subject]:
     clock = Clock(1_700_000_000.0)
     limiter: Limiter
     if request.param == "memory":
         limiter = MemoryLimiter(clock)
     else:
-        fixture = "redis_url" if request.param == "redis" else "redis_cluster_url"
-        limiter = patient(request.getfixturevalue(fixture), clock=clock)
+        limiter = patient(request.getfixturevalue(URL_FIXTURES[request.param]), clock=clock)
     yield Subject(limiter, clock)
     await limiter.aclose()
 

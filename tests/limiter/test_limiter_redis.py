@@ -75,13 +75,13 @@ async def test_keys_are_hash_tagged_one_slot_per_key_and_per_group(
     with sync_client(redis_url) as c:
         keys = set(c.keys("*"))
     assert keys == {
-        "{llmproxy:k:team-a}:rpm",
-        "{llmproxy:k:team-a}:tpm",
-        "{llmproxy:k:team-a}:leases",
-        "{llmproxy:g:gpt-4o-mini}:d:openai-a:rpm",
-        "{llmproxy:g:gpt-4o-mini}:d:openai-a:tpm",
-        "{llmproxy:g:gpt-4o-mini}:d:openai-a:health",
-        "{llmproxy:g:gpt-4o-mini}:d:openai-a:inflight",
+        "{llmproxy:v2:k:team-a}:rpm",
+        "{llmproxy:v2:k:team-a}:tpm",
+        "{llmproxy:v2:k:team-a}:leases",
+        "{llmproxy:v2:g:gpt-4o-mini}:d:openai-a:rpm",
+        "{llmproxy:v2:g:gpt-4o-mini}:d:openai-a:tpm",
+        "{llmproxy:v2:g:gpt-4o-mini}:d:openai-a:health",
+        "{llmproxy:v2:g:gpt-4o-mini}:d:openai-a:inflight",
     }
     assert len({key_slot(k.encode()) for k in keys if ":k:" in k}) == 1
     assert len({key_slot(k.encode()) for k in keys if ":g:" in k}) == 1
@@ -94,10 +94,10 @@ async def test_idle_keys_expire_a_little_after_they_refill(
     # rpm: 1 s to refill (a rate learned from 429s is a window of its own)
     await limiter.reserve(GroupAsk("g", [DEP], 0, max_wait=5, lease="r1", least_busy=True))
     with sync_client(redis_url) as c:
-        tpm_ttl = c.pttl("{llmproxy:k:team-a}:tpm")
-        rpm_ttl = c.pttl("{llmproxy:g:g}:d:openai-a:rpm")
-        leases_ttl = c.pttl("{llmproxy:k:team-a}:leases")
-        in_flight_ttl = c.pttl("{llmproxy:g:g}:d:openai-a:inflight")
+        tpm_ttl = c.pttl("{llmproxy:v2:k:team-a}:tpm")
+        rpm_ttl = c.pttl("{llmproxy:v2:g:g}:d:openai-a:rpm")
+        leases_ttl = c.pttl("{llmproxy:v2:k:team-a}:leases")
+        in_flight_ttl = c.pttl("{llmproxy:v2:g:g}:d:openai-a:inflight")
     assert 6000 + 9000 < tpm_ttl <= 6000 + 10000
     assert 1000 + 9000 < rpm_ttl <= 1000 + 10000
     assert LEASE_TTL * 1000 < leases_ttl <= LEASE_TTL * 1000 + 10000
@@ -108,7 +108,7 @@ async def test_idle_keys_expire_a_little_after_they_refill(
 async def test_health_keys_expire_when_nothing_in_them_matters(
     limiter: RedisLimiter, redis_url: str
 ) -> None:
-    key = "{llmproxy:g:g}:d:openai-a:health"
+    key = "{llmproxy:v2:g:g}:d:openai-a:health"
     timeout = Outcome("failure", "timeout")
     await limiter.settle(DeploymentSettlement("g", DEP, lease="", outcome=timeout, rule=RULE))
     with sync_client(redis_url) as c:
@@ -214,7 +214,7 @@ async def test_settlements_wait_for_the_next_reservation_and_go_out_first(
 
 async def test_script_errors_become_storage_errors(limiter: RedisLimiter, redis_url: str) -> None:
     with sync_client(redis_url) as c:
-        c.set("{llmproxy:k:team-a}:rpm", "not a hash")
+        c.set("{llmproxy:v2:k:team-a}:rpm", "not a hash")
     with pytest.raises(StorageError, match="WRONGTYPE"):
         await limiter.acquire_key(KeyAsk(KEY, "a", 1))
 

@@ -8,6 +8,10 @@ Every server listens on 127.0.0.1 on a free port picked at start, persists nothi
 * ``RedisClusterServers``: ``masters`` cluster-enabled servers joined with
   ``redis-cli --cluster create ... --cluster-replicas 0``, ready once every node reports
   ``cluster_state:ok``.
+* ``TlsRedisServer``: TLS on its own port (a test CA's certificate) and an ACL user with
+  only what the proxy needs (``proxy.limiter.acl``); the plain port stays for the tests.
+* ``SentinelGroup``: a primary, one replica and three sentinels (``redis-server
+  --sentinel``) watching it, quorum 2, a primary down after ``DOWN_AFTER_MS``.
 """
 
 from __future__ import annotations
@@ -16,12 +20,15 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
 import redis
 
+from proxy.limiter.acl import setuser_line
 from support.ports import free_port
+from support.tls import CertificateAuthority
 
 HOST = "127.0.0.1"
 START_TIMEOUT = 10.0
@@ -39,6 +46,8 @@ class RedisServer:
         self.port = port if port is not None else free_port()
         self._extra_args = extra_args
         self._process: subprocess.Popen[bytes] | None = None
+        self.password: str | None = None  # the default user's, if it has one
+        self.tls_port: int | None = None  # where it also speaks TLS, if it does
         workdir.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -52,7 +61,14 @@ class RedisServer:
     def start(self) -> RedisServer:
         if self.running:
             return self
-        args = [
+        self._process = subprocess.Popen(
+            self._command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        self._wait_until_up()
+        return self
+
+    def _command(self) -> list[str]:
+        return [
             "redis-server",
             "--port", str(self.port),
             "--bind", HOST,
@@ -62,9 +78,6 @@ class RedisServer:
             "--logfile", str(self.workdir / "redis.log"),
             *self._extra_args,
         ]  # fmt: skip
-        self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self._wait_until_up()
-        return self
 
     def stop(self) -> None:
         """A graceful shutdown (SIGTERM), waited for."""
@@ -85,7 +98,7 @@ class RedisServer:
         self._process.send_signal(signal.SIGCONT)
 
     def client(self) -> redis.Redis:
-        return redis.Redis(host=HOST, port=self.port, socket_timeout=2.0)
+        return redis.Redis(host=HOST, port=self.port, password=self.password, socket_timeout=2.0)
 
     def flush(self) -> None:
         with self.client() as c:
@@ -200,3 +213,178 @@ class RedisClusterServers:
             info = c.execute_command("CLUSTER", "INFO")
         text = info.decode() if isinstance(info, bytes) else str(info)
         return "cluster_state:ok" in text
+
+
+SENTINEL_MASTER = "mymaster"
+DOWN_AFTER_MS = 1000  # a primary that does not answer this long is down
+
+
+class SentinelServer(RedisServer):
+    """``redis-server sentinel.conf --sentinel`` watching ``primary`` (quorum 2)."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        primary: RedisServer,
+        password: str | None = None,
+        tls: CertificateAuthority | None = None,
+    ) -> None:
+        super().__init__(workdir)
+        self._primary = primary
+        self.password = password  # requirepass: clients and the other sentinels need it
+        self._tls = tls
+        self.tls_port = free_port() if tls else None
+
+    def _command(self) -> list[str]:
+        conf = self.workdir / "sentinel.conf"  # the sentinel rewrites it: its own copy
+        conf.write_text(
+            f"port {self.port}\n"
+            f"bind {HOST}\n"
+            f"dir {self.workdir}\n"
+            f"logfile {self.workdir / 'redis.log'}\n"
+            f"sentinel monitor {SENTINEL_MASTER} {HOST} {_served_port(self._primary)} 2\n"
+            f"sentinel down-after-milliseconds {SENTINEL_MASTER} {DOWN_AFTER_MS}\n"
+            f"sentinel failover-timeout {SENTINEL_MASTER} 10000\n"
+            f"sentinel parallel-syncs {SENTINEL_MASTER} 1\n"
+            + (f"requirepass {self.password}\n" if self.password else "")
+        )
+        tls = _tls_args(self._tls, self.tls_port) if self._tls and self.tls_port else []
+        return ["redis-server", str(conf), "--sentinel", *tls]
+
+
+def _tls_args(ca: CertificateAuthority, port: int) -> list[str]:
+    """A TLS port beside the plain one; replication (and Sentinel's links) over TLS."""
+    return [
+        "--tls-port", str(port),
+        "--tls-cert-file", str(ca.server_cert),
+        "--tls-key-file", str(ca.server_key),
+        "--tls-ca-cert-file", str(ca.ca),
+        "--tls-auth-clients", "no",
+        "--tls-replication", "yes",
+    ]  # fmt: skip
+
+
+def _served_port(server: RedisServer) -> int:
+    """The port clients of the group are told about: TLS if the server has it."""
+    return server.tls_port or server.port
+
+
+class SentinelGroup:
+    """A Sentinel-managed primary with one replica and three sentinels, on loopback.
+    ``user``: an ACL user (name, password) on the primary and the replica, beside the
+    default user the tests and the sentinels use; ``sentinel_password``: the sentinels'
+    requirepass."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        user: tuple[str, str] | None = None,
+        sentinel_password: str | None = None,
+        tls: CertificateAuthority | None = None,
+    ) -> None:
+        acl = ["--user", user[0], "on", f">{user[1]}", "~*", "+@all"] if user else []
+        primary_tls, replica_tls = (free_port(), free_port()) if tls else (0, 0)
+        self.primary = RedisServer(
+            workdir / "primary", None, *acl, *(_tls_args(tls, primary_tls) if tls else [])
+        )
+        self.replica = RedisServer(
+            workdir / "replica",
+            None,
+            "--replicaof", HOST, str(primary_tls or self.primary.port),
+            *acl,
+            *(_tls_args(tls, replica_tls) if tls else []),
+        )  # fmt: skip
+        if tls:
+            self.primary.tls_port, self.replica.tls_port = primary_tls, replica_tls
+        self.sentinels = [
+            SentinelServer(workdir / f"sentinel{i}", self.primary, sentinel_password, tls)
+            for i in range(3)
+        ]
+
+    @property
+    def nodes(self) -> list[str]:
+        """The sentinels as ``host:port``, as ``redis.sentinel.nodes`` takes them."""
+        return [f"{HOST}:{_served_port(s)}" for s in self.sentinels]
+
+    def start(self) -> SentinelGroup:
+        try:
+            self.primary.start()
+            self.replica.start()
+            self._wait(lambda: self._replica_in_sync(), "the replica to sync")
+            for sentinel in self.sentinels:
+                sentinel.start()
+            self._wait(self._sentinels_agree, "the sentinels to see the replica and each other")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for server in (*self.sentinels, self.replica, self.primary):
+            server.kill()
+
+    def master_port(self) -> int | None:
+        """The primary's port as the first sentinel names it now (None if it cannot)."""
+        try:
+            with self.sentinels[0].client() as c:
+                _, port = c.sentinel_get_master_addr_by_name(SENTINEL_MASTER)
+        except (redis.RedisError, TypeError):
+            return None
+        return self.server_on(int(port)).port
+
+    def server_on(self, port: int) -> RedisServer:
+        return next(s for s in (self.primary, self.replica) if port in (s.port, _served_port(s)))
+
+    def _replica_in_sync(self) -> bool:
+        with self.replica.client() as c:
+            info = c.info("replication")
+        return info.get("master_link_status") == "up"
+
+    def _sentinels_agree(self) -> bool:
+        for sentinel in self.sentinels:
+            with sentinel.client() as c:
+                state = c.sentinel_master(SENTINEL_MASTER)
+            if int(state["num-slaves"]) < 1 or int(state["num-other-sentinels"]) < 2:
+                return False
+        return True
+
+    @staticmethod
+    def _wait(ready: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ready():
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"timed out waiting for {what}")
+
+
+TLS_USER, TLS_PASSWORD = "llmproxy", "proxy-secret"  # the ACL user of the tls_redis fixture
+
+
+class TlsRedisServer(RedisServer):
+    """A redis-server that also listens with TLS on ``tls_port`` (``ca``'s server
+    certificate; no client certificate asked) and has the ACL user ``user`` with only
+    the proxy's commands and keys. The plain port (default user) is the tests' own."""
+
+    def __init__(
+        self, workdir: Path, ca: CertificateAuthority, user: str, password: str, *extra: str
+    ) -> None:
+        tls_port = free_port()
+        rules = setuser_line(user, password).removeprefix("ACL SETUSER ").split()
+        super().__init__(
+            workdir,
+            None,
+            "--tls-port", str(tls_port),
+            "--tls-cert-file", str(ca.server_cert),
+            "--tls-key-file", str(ca.server_key),
+            "--tls-ca-cert-file", str(ca.ca),
+            "--tls-auth-clients", "no",
+            "--user", *rules,
+            *extra,
+        )  # fmt: skip
+        self.ca = ca
+        self.tls_port = tls_port
+
+    def tls_url(self, user: str, password: str, ca_file: Path) -> str:
+        return f"rediss://{user}:{password}@{HOST}:{self.tls_port}?ssl_ca_certs={ca_file}"
