@@ -6,13 +6,17 @@
 
 When every deployment is cooling down, the request waits (within ``max_wait``) for the
 first to come back; past that it gets 503 with ``retry-after`` for that moment. When they
-are merely out of budget, 429 ``model_capacity`` (or ``queue_full``). What happens is
+are merely out of budget, 429 ``model_capacity`` (or ``queue_full``). An upstream 429 is
+a turn the limiter paced too fast, not a reason to give up: once its settlement has
+taught the limiter (the hold, the learned rate), the request asks again, that deployment
+included, and waits for its new turn within what is left of its ``max_wait``. What happens is
 reported as events (events.py), one per upstream attempt; metrics and logs consume them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -55,17 +59,22 @@ from proxy.upstream.stream import StreamBody, StreamEnd
 __all__ = ["Dispatcher", "StreamDone"]
 
 LATENCY_SMOOTHING = 0.2  # weight of the newest sample in the moving average
+# Turns one request may take again after upstream 429s (beyond ``routing.retries``): each
+# is paced by what the 429 taught, so a second 429 means the upstream's hint was wrong.
+ASKS_AFTER_429 = 3
 INTERRUPTED = Outcome(kind="failure", reason="protocol")
 
 StreamDone = Callable[[int], Awaitable[None]]
 
 
 class Retryable(Exception):
-    """This deployment failed; another may not."""
+    """This deployment failed; another may not. ``learning``: it was an upstream 429,
+    whose settlement (the hold and what it taught) is that task."""
 
-    def __init__(self, error: UpstreamError) -> None:
+    def __init__(self, error: UpstreamError, learning: asyncio.Task[None] | None = None) -> None:
         super().__init__(error.message)
         self.error = error
+        self.learning = learning
 
 
 class GateClosed(Exception):
@@ -132,6 +141,8 @@ class Dispatcher:
         last_error: UpstreamError | None = None
         refusal: ProxyError | None = None
         attempts_left = self.routing.retries + 1
+        asks_after_429 = ASKS_AFTER_429
+        after_429 = False  # asking again after an upstream 429
         for current in self._groups(group):
             tried: set[str] = set()
             while attempts_left > 0:
@@ -144,15 +155,28 @@ class Dispatcher:
                 except GateClosed as closed:
                     raise closed.error from None
                 except (RateLimited, ServiceUnavailable) as refused:
+                    if after_429 and last_error is not None:
+                        # No turn within max_wait after the 429: the 429 answers, with
+                        # when the earliest turn comes.
+                        last_error.retry_after = refused.retry_after
                     refusal = refusal or refused
                     break
+                after_429 = False
                 attempts_left -= 1
                 try:
                     return await self._attempt(call, turn, stream_done)
                 except Retryable as failure:
                     last_error = failure.error
-                    tried.add(turn.deployment.id)
                     call.retries += 1
+                    if failure.learning is not None and asks_after_429 > 0:
+                        # Ask again once the limiter knows the hold: a turn within
+                        # max_wait is waited for (this deployment's or another's).
+                        asks_after_429 -= 1
+                        attempts_left += 1
+                        after_429 = True
+                        await asyncio.wait((failure.learning,))
+                        continue
+                    tried.add(turn.deployment.id)
         call.retries = max(call.retries - 1, 0)
         error = last_error or refusal
         assert error is not None
@@ -336,7 +360,8 @@ class Dispatcher:
         """Sleep ``seconds`` as one of the waiting requests (``queued``: already counted),
         for the turn ``give_back`` or for a model ``group`` with no turn yet. A client that
         leaves meanwhile is noticed at once: its turn goes back and
-        ``ClientClosedRequest`` ends the request (nothing goes upstream)."""
+        ``ClientClosedRequest`` ends the request (nothing goes upstream). A turn whose
+        deployment learns meanwhile is stale: the sleep ends then (take a new one)."""
         if not queued:
             self.waiting += 1
         on = give_back.deployment if give_back is not None else None
@@ -344,8 +369,13 @@ class Dispatcher:
         self.tally.wait_started(model, deployment, call.key_name)
         self.events.queued(call.model, 1, call.tier)
         started = time.perf_counter()
+        sleeping = (
+            asyncio.sleep(seconds)
+            if give_back is None
+            else _until_stale(seconds, give_back, self.settler)
+        )
         try:
-            if not await _slept(seconds, call.client_left):
+            if not await _watched(sleeping, call.client_left):
                 raise ClientClosedRequest("The client closed the request while it waited.")
         except BaseException:
             if give_back is not None:
@@ -410,10 +440,10 @@ class Dispatcher:
         if is_failure(status):
             await discard(response)
             outcome = classify_status(status, upstream_headers, time.time(), self.settler.rule.time)
-            self._ended(call, turn, attempt, str(status), outcome, real_tokens=0)
+            settled = self._ended(call, turn, attempt, str(status), outcome, real_tokens=0)
             error = status_error(status, deployment.id)
             error.retry_after = outcome.cool_for if status == 429 else None
-            raise Retryable(error)
+            raise Retryable(error, settled if outcome.rate_limited else None)
         secret = deployment.config.api_key.get_secret_value()
         headers = redact_headers(response_headers(upstream_headers.items()), secret)
         content_type = upstream_headers.get("content-type", "")
@@ -496,10 +526,11 @@ class Dispatcher:
         *,
         real_tokens: int | None,
         ended: float | None = None,
-    ) -> None:
+    ) -> asyncio.Task[None] | None:
         """An upstream call ended (at ``ended``, default now): one event, the routing
-        state, and the deployment's settlement in the background. ``real_tokens``: what
-        it used (None, unknown, refunds the estimate)."""
+        state, and the deployment's settlement in the background (its task, None when
+        there is nothing to settle). ``real_tokens``: what it used (None, unknown,
+        refunds the estimate)."""
         attempt.ended = ended or time.perf_counter()
         attempt.label, attempt.outcome = label, outcome
         attempt.prompt_tokens, attempt.completion_tokens = (
@@ -514,7 +545,7 @@ class Dispatcher:
                 attempt.duration - previous
             )
         self.events.attempt_ended(attempt)
-        self.settler.settle(turn, outcome, estimate=call.estimate, real_tokens=real_tokens)
+        return self.settler.settle(turn, outcome, estimate=call.estimate, real_tokens=real_tokens)
 
     def _learn(self, deployment: DeploymentRoute, headers: dict[str, str]) -> None:
         """What the upstream's rate-limit headers say: its announced limits, and, when
@@ -533,13 +564,17 @@ class Dispatcher:
             self.settler.report(deployment, remaining)
 
 
-async def _slept(seconds: float, client_left: ClientLeft | None) -> bool:
-    """Sleep ``seconds``; False if the client left first (watched only while sleeping,
-    so a request that never waits costs no watcher)."""
-    if client_left is None:
-        await asyncio.sleep(seconds)
-        return True
-    return await _watched(asyncio.sleep(seconds), client_left)
+async def _until_stale(seconds: float, turn: Turn, settler: Settler) -> None:
+    """Sleep ``seconds`` until ``turn``, or less if it goes stale meanwhile (its
+    deployment learned: settlement.Settler.stale)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not settler.stale(turn):
+        left = deadline - loop.time()
+        if left <= 0.0:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(settler.learning(turn.deployment.id).wait(), left)
 
 
 async def _watched(waited: Awaitable[object], client_left: ClientLeft | None) -> bool:

@@ -10,6 +10,8 @@ case, a success that would change nothing, costs no storage call at all.
 
 from __future__ import annotations
 
+import asyncio
+
 from proxy.background import Background
 from proxy.catalog import Catalog, DeploymentRoute
 from proxy.limiter.base import (
@@ -61,9 +63,23 @@ class Settler:
         # deployment's health, a restarted Redis knows none, and the local fallback
         # counts its own; a turn is only dropped for a newer epoch of the same story.
         self.epochs: dict[str, int] = {}
+        # Per deployment, set when a newer epoch is seen: the requests sleeping on turns
+        # reserved before wake at once to take new ones (before later arrivals do).
+        self._learning: dict[str, asyncio.Event] = {}
 
     def saw(self, deployment_id: str, epoch: int) -> None:
+        newer = epoch > self.epochs.get(deployment_id, 0)
         self.epochs[deployment_id] = epoch
+        if newer and (learned := self._learning.pop(deployment_id, None)) is not None:
+            learned.set()
+
+    def learning(self, deployment_id: str) -> asyncio.Event:
+        """Set once the deployment is seen to learn: every turn of it reserved before is
+        stale from then on (``stale``)."""
+        event = self._learning.get(deployment_id)
+        if event is None:
+            event = self._learning[deployment_id] = asyncio.Event()
+        return event
 
     def stale(self, turn: Turn) -> bool:
         """Whether the deployment learned since ``turn`` was reserved: take it again."""
@@ -71,9 +87,10 @@ class Settler:
 
     def settle(
         self, turn: Turn, outcome: Outcome, *, estimate: int, real_tokens: int | None
-    ) -> None:
+    ) -> asyncio.Task[None] | None:
         """Settle the turn of a request that went upstream, in the background:
-        ``real_tokens`` beyond the ``estimate`` are charged (None: unknown)."""
+        ``real_tokens`` beyond the ``estimate`` are charged (None: unknown). Returns the
+        settlement's task (None: nothing to settle), done once the limiter knows."""
         extra = max(0.0, float((real_tokens or 0) - estimate))
         limits = self.catalog.limits(turn.deployment)
         corrects_tokens = extra > 0 and any(w.kind == "tokens" for w in limits.windows)
@@ -83,9 +100,9 @@ class Settler:
             and not self.least_busy
             and not corrects_tokens
         ):
-            return  # the common case: it would change nothing
+            return None  # the common case: it would change nothing
         sent = turn.sent if outcome.rate_limited or _leased(turn) else None
-        self._send(turn.deployment, turn.lease, outcome, tokens=extra, sent=sent)
+        return self._send(turn.deployment, turn.lease, outcome, tokens=extra, sent=sent)
 
     def give_back(self, turn: Turn, estimate: int) -> None:
         """A reserved turn goes unused (nothing was sent): return it whole, so the next
@@ -113,7 +130,7 @@ class Settler:
         tokens: float = 0.0,
         remaining: Remaining | None = None,
         sent: Sent | None = None,
-    ) -> None:
+    ) -> asyncio.Task[None]:
         limits = self.catalog.limits(deployment)
         settlement = DeploymentSettlement(
             deployment.group, limits, self.rule, outcome, lease, requests, tokens, remaining, sent
@@ -128,7 +145,7 @@ class Settler:
                     deployment.group, deployment.id, settlement.outcome, change
                 )
 
-        self.background.run(run())
+        return self.background.run(run())
 
 
 def _leased(turn: Turn) -> bool:

@@ -13,6 +13,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 from support.load import LoadResult, drive
 from support.proxy_server import ProxyProcess
@@ -157,8 +158,9 @@ def test_tokens_are_paced_as_the_upstream_enforces_them(
 def test_requests_wait_out_a_held_deployment_within_their_max_wait(
     max_wait: str, waited_out: bool
 ) -> None:
-    """The only deployment answers 429 "retry in ~4 s": requests arriving meanwhile wait
-    for it when that is within their max_wait, else get 503 with a retry-after."""
+    """The only deployment answers 429 "retry in ~4 s": the request that got it, and
+    requests arriving meanwhile, wait for it when that is within their max_wait, else get
+    503 with a retry-after."""
     from support.proxy_server import ProxyInThread, settings_from
 
     config = FakeUpstreamConfig(port=0, rpm=3, window=4.0, ratelimit_headers=False)
@@ -184,12 +186,61 @@ def test_requests_wait_out_a_held_deployment_within_their_max_wait(
 
             first, during = asyncio.run(scenario())
     print(f"\nhold, max_wait {max_wait}: {dict(first.statuses)} then {dict(during.statuses)}")
-    assert first.count(200) == 3 and first.codes["upstream_rate_limited"] == 1
-    if waited_out:
+    if waited_out:  # the 4th waited out the hold its 429 started, then went again
+        assert set(first.statuses) == {200}, (first.statuses, first.codes)
         assert set(during.statuses) == {200}, (during.statuses, during.codes)
     else:
+        assert first.count(200) == 3 and first.codes["upstream_rate_limited"] == 1
+        limited = next(o for o in first.outcomes if o.status == 503)
+        assert int(limited.retry_after or 0) >= 1
         assert set(during.codes) == {"model_unavailable"}, during.codes
         assert all(o.status == 503 and int(o.retry_after or 0) >= 1 for o in during.outcomes)
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+def test_concurrent_requests_that_meet_an_upstream_429_wait_for_their_turn(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    """No configured limit; 12 requests at once from the OpenAI SDK, an upstream that
+    takes 9 a second and answers the others 429 with a retry-after of about 1 s, max_wait
+    5 s: a turn comes within max_wait (after the hold, at the pace learned), so every
+    request waits for it and succeeds; nothing is answered 503."""
+    from support.proxy_server import ProxyInThread, settings_from
+
+    config = FakeUpstreamConfig(port=0, rpm=9, window=1.0, ratelimit_headers=False)
+    with run_in_thread(config) as upstream:
+        redis = {"url": request.getfixturevalue("redis_url")} if backend == "redis" else {}
+        settings = settings_from(
+            {
+                "redis": redis,
+                "models": [
+                    {
+                        "name": "gpt-4o-mini",
+                        "deployments": [{"id": "unstated", "base_url": upstream.base_url}],
+                    }
+                ],
+                "routing": {"max_wait": "5s", "retries": 0},
+            }
+        )
+        with ProxyInThread(settings) as proxy:
+            client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="x", max_retries=0)
+
+            async def one() -> int:
+                try:
+                    await client.chat.completions.create(**TOKEN_BODY)
+                except openai.APIStatusError as refused:
+                    return refused.status_code
+                return 200
+
+            async def burst() -> list[int]:
+                async with client:
+                    return list(await asyncio.gather(*(one() for _ in range(12))))
+
+            statuses = asyncio.run(burst())
+        stats = upstream.stats()
+    print(f"\n12 at once, {backend}: {statuses}; upstream {stats['by_status']}")
+    assert statuses == [200] * 12, statuses
+    assert stats["by_status"]["429"] >= 1, stats  # the upstream did refuse some
 
 
 # -- Redis outages under overload -------------------------------------------------------
