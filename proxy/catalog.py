@@ -22,8 +22,20 @@ __all__ = ["Catalog", "DeploymentRoute", "GroupRoute", "key_limits"]
 DEFAULT_DEPLOYMENT_BURST = 1
 # ...provided they also arrive that far apart: network and event-loop jitter can bring
 # two requests a window apart a few milliseconds closer, so deployments are paced 1%
-# below their configured limit (0.6 s of slack per minute).
+# below their configured limit (0.6 s of slack per minute)...
 DEPLOYMENT_HEADROOM = 0.01
+# ...and their windows of a minute or less further below it, so that a turn sent up to
+# ``routing.pacing_margin`` late still leaves every upstream window of this long or
+# longer within its limit (upstreams enforce per-minute limits over windows of a second
+# or more: OpenAI's are "quantized", Azure's 1-10 s).
+SHORTEST_UPSTREAM_WINDOW = 1.0
+
+
+def pacing_headroom(margin: float) -> float:
+    """How far below its limit a window of a minute or less is paced for turns up to
+    ``margin`` seconds late: N + 1 turns then span a window plus ``margin``, which is
+    ``margin / (window + margin)`` of its turns (50 ms: 4.8%)."""
+    return max(DEPLOYMENT_HEADROOM, margin / (SHORTEST_UPSTREAM_WINDOW + margin))
 
 
 _ENDPOINTS = ("chat/completions", "completions", "embeddings")
@@ -141,8 +153,11 @@ def timeout_extension(seconds: float) -> dict[str, float]:
     return {"connect": connect, "read": seconds, "write": seconds, "pool": connect}
 
 
-def deployment_limits(deployment: Deployment, share: float = 1.0) -> DeploymentLimits:
+def deployment_limits(
+    deployment: Deployment, share: float = 1.0, pacing_margin: float = 0.0
+) -> DeploymentLimits:
     burst = deployment.burst or DEFAULT_DEPLOYMENT_BURST
+    headroom = pacing_headroom(pacing_margin)
 
     def spec(rule: LimitRule) -> Window:
         # Within a minute, requests go `burst` at a time and tokens one request ahead of
@@ -154,8 +169,8 @@ def deployment_limits(deployment: Deployment, share: float = 1.0) -> DeploymentL
         if rule.per > MINUTE:
             return window(rule, share, None, DEPLOYMENT_HEADROOM)
         if rule.kind == "requests":
-            return window(rule, share, burst, DEPLOYMENT_HEADROOM)
-        return window(rule, share, 1.0, DEPLOYMENT_HEADROOM, paced=True)
+            return window(rule, share, burst, headroom)
+        return window(rule, share, 1.0, headroom, paced=True)
 
     return DeploymentLimits(
         id=deployment.id,
@@ -176,14 +191,14 @@ def key_limits(key: ClientKey, share: float = 1.0) -> KeyLimits:
     )
 
 
-def _group(group: ModelGroup, share: float) -> GroupRoute:
+def _group(group: ModelGroup, share: float, pacing_margin: float) -> GroupRoute:
     return GroupRoute(
         name=group.name,
         deployments=tuple(
             DeploymentRoute(
                 config=d,
                 group=group.name,
-                limits=deployment_limits(d, share),
+                limits=deployment_limits(d, share, pacing_margin),
                 upstream_model=d.model or group.name,
                 urls=endpoint_urls(d),
                 extensions={"timeout": timeout_extension(d.timeout), EGRESS: egress(d)},
@@ -195,7 +210,8 @@ def _group(group: ModelGroup, share: float) -> GroupRoute:
 
 class Catalog:
     def __init__(self, settings: Settings, share: float = 1.0) -> None:
-        self.groups = {g.name: _group(g, share) for g in settings.models}
+        self.pacing_margin = settings.routing.pacing_margin
+        self.groups = {g.name: _group(g, share, self.pacing_margin) for g in settings.models}
         self.key_limits = {k.name: key_limits(k, share) for k in settings.keys}
         self.fallbacks = settings.routing.fallbacks
         self.share = share
@@ -231,7 +247,7 @@ class Catalog:
                 lower[field] = int(announced)
         if not lower:
             return {}
-        limits = deployment_limits(config.model_copy(update=lower), self.share)
+        limits = deployment_limits(config.model_copy(update=lower), self.share, self.pacing_margin)
         if limits == self._announced.get(deployment.id):
             return {}
         self._announced[deployment.id] = limits

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 from support.proxy_server import settings_from
 
-from proxy.catalog import Catalog, credential
+from proxy.catalog import Catalog, credential, pacing_headroom
 from proxy.limiter.base import DAY, Rate, Window, describe, window_name
 
 
-def _catalog(share: float = 1.0) -> Catalog:
+def _catalog(share: float = 1.0, pacing_margin: float = 0.0) -> Catalog:
     deployment = {
         "id": "d",
         "base_url": "http://127.0.0.1:1/v1",
@@ -18,10 +19,9 @@ def _catalog(share: float = 1.0) -> Catalog:
         "burst": 2,
     }
     key = {"name": "k", "key": "s", "rpm": 60, "limits": [{"tokens": 1000, "per": "30d"}]}
-    return Catalog(
-        settings_from({"keys": [key], "models": [{"name": "m", "deployments": [deployment]}]}),
-        share,
-    )
+    models = [{"name": "m", "deployments": [deployment]}]
+    routing = {"pacing_margin": pacing_margin}
+    return Catalog(settings_from({"keys": [key], "models": models, "routing": routing}), share)
 
 
 def test_window_names_say_kind_and_period() -> None:
@@ -50,6 +50,26 @@ def test_deployments_pace_requests_within_a_minute_and_cap_longer_windows() -> N
     # Tokens paced: one request ahead at most, one up to the whole minute's allowance.
     assert windows["tpm"] == Rate(59_400.0, 60.0, 1.0, ceiling=59_400.0)
     assert windows["rpd"] == Rate(9_900.0, DAY, 9_900.0)  # caps the day's total
+
+
+def test_windows_of_a_minute_or_less_are_paced_for_turns_up_to_the_pacing_margin_late() -> None:
+    """routing.pacing_margin (default 50 ms): 11 turns of "10 a second" then span
+    1 s + 50 ms, so a turn sent up to 50 ms late leaves every upstream window of 1 s or
+    more within its limit; a day's window only caps the total (1% below it)."""
+    assert pacing_headroom(0.05) == pytest.approx(0.05 / 1.05)
+    assert pacing_headroom(0.0) == 0.01  # never less than the 1% for network jitter
+    [route] = _catalog(pacing_margin=0.05).groups["m"].deployments
+    windows = {w.name: w.rate for w in route.limits.windows}
+    assert 10 * windows["rpm"].interval == pytest.approx(60.0 / 600 * 10 + 0.05)
+    assert 1000 * windows["tpm"].interval == pytest.approx(60.0 / 60_000 * 1000 + 0.05)
+    assert windows["rpd"] == Rate(9_900.0, DAY, 9_900.0)
+    catalog = _catalog(pacing_margin=0.05)  # an announced limit is paced the same
+    catalog.announce(route, requests=300, tokens=None)
+    [rpm] = [w.rate for w in catalog.limits(route).windows if w.name == "rpm"]
+    assert 5 * rpm.interval == pytest.approx(60.0 / 300 * 5 + 0.05)
+    default = Catalog(settings_from({"models": [{"name": "m", "deployments": [{
+        "id": "d", "base_url": "http://127.0.0.1:1/v1", "rpm": 600}]}]}))  # fmt: skip
+    assert default.pacing_margin == 0.05
 
 
 def test_keys_hold_their_whole_allowance_and_workers_their_share() -> None:

@@ -155,10 +155,13 @@ class Dispatcher:
                 except GateClosed as closed:
                     raise closed.error from None
                 except (RateLimited, ServiceUnavailable) as refused:
-                    if after_429 and last_error is not None:
-                        # No turn within max_wait after the 429: the 429 answers, with
-                        # when the earliest turn comes.
+                    if after_429 and isinstance(refused, ServiceUnavailable):
+                        # Held beyond max_wait: the upstream's 429 answers, with when
+                        # the earliest turn comes. (At capacity: the refusal answers.)
+                        assert last_error is not None
                         last_error.retry_after = refused.retry_after
+                    elif after_429:
+                        last_error = None
                     refusal = refusal or refused
                     break
                 after_429 = False

@@ -1,0 +1,86 @@
+"""Pacing exact when a replica is late: two proxy processes share one Redis in front of
+an upstream enforcing a strict sliding window of one second (10 requests in any second,
+to the millisecond), and one replica's event loop is stalled again and again, up to
+50 ms at a time (support/stalled_proxy.py), as on a machine shared with other work.
+
+A turn that replica sends late comes closer to the turns after it, sent on time by the
+other; the deployments' pacing margin (``routing.pacing_margin``, docs/limiter.md) must
+absorb it: the upstream rejects nothing, and at least 90% of its limit is used."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+from support.load import drive
+from support.proxy_server import ProxyProcess
+from support.redis_server import RedisServer, redis_available
+from support.stalled_proxy import STALLED
+
+from proxy.fake_upstream import FakeUpstreamConfig, run_in_thread
+
+pytestmark = pytest.mark.skipif(not redis_available(), reason="redis-server is not installed")
+
+WINDOW = 1.0  # the upstream's sliding window, seconds
+LIMIT = 10  # requests it takes in any window
+RATE = LIMIT / WINDOW
+DURATION = 20.0
+STALL_MS = 50
+
+
+def test_a_replica_whose_loop_stalls_up_to_50ms_overshoots_nothing(tmp_path: Path) -> None:
+    """Demand twice the limit, split over both replicas; one replica's loop stalls for up
+    to 50 ms every 100 ms on average. 0 upstream 429s; >= 90% of the limit used over the
+    span the upstream admitted requests; clients get only 200 or 429 with retry-after."""
+    upstream_config = FakeUpstreamConfig(
+        port=0, rpm=LIMIT, window=WINDOW, latency=0.02, ratelimit_headers=False
+    )
+    with run_in_thread(upstream_config) as upstream, ExitStack() as stack:
+        redis = stack.enter_context(RedisServer(tmp_path / "redis"))
+        config = {
+            "redis": {"url": redis.url},
+            "models": [
+                {
+                    "name": "gpt-4o-mini",
+                    "deployments": [
+                        {
+                            "id": "strict",
+                            "base_url": upstream.base_url,
+                            "rpm": int(RATE * 60),  # the true limit, stated
+                            "timeout": "10s",
+                        }
+                    ],
+                }
+            ],
+            "routing": {"max_wait": "3s", "retries": 0},
+        }
+        stalled = ProxyProcess(
+            config,
+            tmp_path,
+            name="stalled",
+            module=STALLED,
+            env={"STALL_MAX_MS": str(STALL_MS), "STALL_EVERY_MS": "100"},
+        )
+        proxies = [
+            stack.enter_context(stalled),
+            stack.enter_context(ProxyProcess(config, tmp_path, name="on-time")),
+        ]
+        upstream.reset()
+        result = asyncio.run(drive([p.base_url for p in proxies], 2 * RATE, DURATION))
+        stats = upstream.stats()
+    logs = stalled.logs()
+    served, span = stats["served"], stats["admitted_span"]
+    print(
+        f"\none replica stalled up to {STALL_MS} ms: served {served},"
+        f" {served / (RATE * span):.1%} of the limit over {span:.1f} s; upstream 429s"
+        f" {stats['rejected']}, peak {stats['peak_window_requests']} in a window; clients:"
+        f" {dict(result.statuses)} {dict(result.codes)}; {logs.strip().splitlines()[-1]}"
+    )
+    assert "stalled the loop" in logs, logs[-2000:]  # the stalls did happen
+    assert len(result.outcomes) == result.sent, "a request was lost"
+    assert stats["rejected"] == 0, stats
+    assert set(result.statuses) <= {200, 429}, (result.statuses, result.codes)
+    assert all(o.retry_after for o in result.outcomes if o.status == 429)
+    assert served >= 0.9 * RATE * span, stats

@@ -1,0 +1,62 @@
+"""``llm-proxy serve`` whose event loop is stalled now and then: a replica on a busy
+machine (a neighbour's burst, a slow callback, a collection), as production replicas are.
+
+Run as ``python -m support.stalled_proxy serve --config ...`` with ``tests`` on the path
+(``ProxyProcess(..., module=STALLED)`` does). The server's own loop runs one more task:
+every ``STALL_EVERY_MS`` milliseconds on average (exponential gaps) it blocks the loop
+for a time drawn uniformly up to ``STALL_MAX_MS`` (default 100 and 50). It blocks with
+``time.sleep``: to the loop that is a busy callback, without burning a shared CPU. Each
+stall is counted; the count and the longest are logged at shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import sys
+import time
+from typing import Any
+
+import uvicorn
+
+from proxy.cli import main
+
+__all__ = ["STALLED"]
+
+STALLED = "support.stalled_proxy"  # the module ProxyProcess runs
+MAX_ENV, EVERY_ENV = "STALL_MAX_MS", "STALL_EVERY_MS"
+
+
+async def _stall(longest: float, every: float, rng: random.Random) -> None:
+    count, worst = 0, 0.0
+    try:
+        while True:
+            await asyncio.sleep(rng.expovariate(1.0 / every))
+            started = time.perf_counter()
+            time.sleep(rng.uniform(0.0, longest))  # the loop is blocked: nothing else runs
+            worst = max(worst, time.perf_counter() - started)
+            count += 1
+    finally:
+        print(f"stalled the loop {count} times, longest {worst * 1000:.1f} ms", flush=True)
+
+
+def _install() -> None:
+    longest = float(os.environ.get(MAX_ENV, "50")) / 1000.0
+    every = float(os.environ.get(EVERY_ENV, "100")) / 1000.0
+    serve = uvicorn.Server._serve  # inside serve's signal capture: ends before its exit
+
+    async def stalled_serve(self: uvicorn.Server, *args: Any, **kwargs: Any) -> None:
+        stalls = asyncio.create_task(_stall(longest, every, random.Random()))
+        try:
+            await serve(self, *args, **kwargs)
+        finally:
+            stalls.cancel()
+            await asyncio.gather(stalls, return_exceptions=True)  # its count is logged
+
+    uvicorn.Server._serve = stalled_serve  # type: ignore[method-assign]
+
+
+if __name__ == "__main__":
+    _install()
+    sys.exit(main())
