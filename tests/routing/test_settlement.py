@@ -48,3 +48,18 @@ def test_epochs_that_start_again_make_no_turn_stale_forever() -> None:
     settler.saw("d", 0)
     assert not settler.stale(_turn(0))
     assert not settler.stale(_turn(4))
+
+
+async def test_requests_sleeping_on_a_deployment_are_woken_when_it_learns() -> None:
+    """A newer epoch seen (a 429 settled here, or told by a reservation) sets the
+    deployment's learning event, so requests sleeping on turns reserved before wake at
+    once to take new ones, ahead of later arrivals; the same or an older epoch does not."""
+    settler = _settler()
+    settler.saw("d", 1)
+    woken = settler.learning("d")
+    settler.saw("d", 1)
+    settler.saw("d", 0)
+    assert not woken.is_set()
+    settler.saw("d", 2)
+    assert woken.is_set() and settler.stale(_turn(1))
+    assert not settler.learning("d").is_set()  # a fresh event for the turns taken now
