@@ -1,7 +1,8 @@
-"""Pacing exact when a replica is late: two proxy processes share one Redis in front of
-an upstream enforcing a strict sliding window of one second (10 requests in any second,
-to the millisecond), and one replica's event loop is stalled again and again, up to
-50 ms at a time (support/stalled_proxy.py), as on a machine shared with other work.
+"""Pacing exact when a replica is late: proxy processes share one Redis (two replicas)
+or a 3-master Redis Cluster (three) in front of an upstream enforcing a strict sliding
+window of one second (10 requests in any second, to the millisecond), and one replica's
+event loop is stalled again and again, up to 50 ms at a time
+(support/stalled_proxy.py), as on a machine shared with other work.
 
 A turn that replica sends late comes closer to the turns after it, sent on time by the
 other; the deployments' pacing margin (``routing.pacing_margin``, docs/limiter.md) must
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 from support.load import drive
 from support.proxy_server import ProxyProcess
-from support.redis_server import RedisServer, redis_available
+from support.redis_server import RedisClusterServers, RedisServer, redis_available
 from support.stalled_proxy import STALLED
 
 from proxy.fake_upstream import FakeUpstreamConfig, run_in_thread
@@ -30,17 +31,26 @@ DURATION = 20.0
 STALL_MS = 50
 
 
-def test_a_replica_whose_loop_stalls_up_to_50ms_overshoots_nothing(tmp_path: Path) -> None:
-    """Demand twice the limit, split over both replicas; one replica's loop stalls for up
+@pytest.mark.parametrize(("storage", "replicas"), [("redis", 2), ("cluster", 3)])
+def test_a_replica_whose_loop_stalls_up_to_50ms_overshoots_nothing(
+    tmp_path: Path, storage: str, replicas: int
+) -> None:
+    """Demand twice the limit, split over the replicas; one replica's loop stalls for up
     to 50 ms every 100 ms on average. 0 upstream 429s; >= 90% of the limit used over the
-    span the upstream admitted requests; clients get only 200 or 429 with retry-after."""
+    span the upstream admitted requests; clients get only 200 or 429 with retry-after.
+    (With the 1% headroom alone, pacing_margin 0: 2 upstream 429s in each.)"""
     upstream_config = FakeUpstreamConfig(
         port=0, rpm=LIMIT, window=WINDOW, latency=0.02, ratelimit_headers=False
     )
     with run_in_thread(upstream_config) as upstream, ExitStack() as stack:
-        redis = stack.enter_context(RedisServer(tmp_path / "redis"))
+        if storage == "cluster":
+            cluster = RedisClusterServers(tmp_path / "cluster", masters=3).start()
+            stack.callback(cluster.stop)
+            url = cluster.url
+        else:
+            url = stack.enter_context(RedisServer(tmp_path / "redis")).url
         config = {
-            "redis": {"url": redis.url},
+            "redis": {"url": url},
             "models": [
                 {
                     "name": "gpt-4o-mini",
@@ -63,9 +73,9 @@ def test_a_replica_whose_loop_stalls_up_to_50ms_overshoots_nothing(tmp_path: Pat
             module=STALLED,
             env={"STALL_MAX_MS": str(STALL_MS), "STALL_EVERY_MS": "100"},
         )
-        proxies = [
-            stack.enter_context(stalled),
-            stack.enter_context(ProxyProcess(config, tmp_path, name="on-time")),
+        proxies = [stack.enter_context(stalled)] + [
+            stack.enter_context(ProxyProcess(config, tmp_path, name=f"on-time-{i}"))
+            for i in range(replicas - 1)
         ]
         upstream.reset()
         result = asyncio.run(drive([p.base_url for p in proxies], 2 * RATE, DURATION))
@@ -73,7 +83,7 @@ def test_a_replica_whose_loop_stalls_up_to_50ms_overshoots_nothing(tmp_path: Pat
     logs = stalled.logs()
     served, span = stats["served"], stats["admitted_span"]
     print(
-        f"\none replica stalled up to {STALL_MS} ms: served {served},"
+        f"\n{storage}, one of {replicas} replicas stalled up to {STALL_MS} ms: served {served},"
         f" {served / (RATE * span):.1%} of the limit over {span:.1f} s; upstream 429s"
         f" {stats['rejected']}, peak {stats['peak_window_requests']} in a window; clients:"
         f" {dict(result.statuses)} {dict(result.codes)}; {logs.strip().splitlines()[-1]}"
