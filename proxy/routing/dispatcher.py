@@ -245,6 +245,7 @@ class Dispatcher:
                 if deployment is not None and verdict.sent is not None:
                     self.settler.saw(deployment.id, verdict.sent.epoch)
                     turn = Turn(deployment, lease, verdict.probe, verdict.sent)
+                    self.settler.probe_out(turn)
                 queued = turn is not None and verdict.wait > 0
                 if queued and self.waiting >= self.routing.max_queue:
                     # The queue filled up while we asked: give the turn back.
@@ -287,10 +288,24 @@ class Dispatcher:
                     # Every usable deployment is cooling down: wait for the first to return.
                     await self._wait(call, verdict.retry_after, None, group=group.name)
                     continue
+                answered = self._probe_answered(ordered) if verdict.cooling else None
+                if answered is not None and budget > 0.0:
+                    # A probe sent from here is out: its answer may come within max_wait
+                    # (its deadline is only the latest it can come). Wait for it, ask again.
+                    await self._wait(call, budget, None, group=group.name, until=answered)
+                    continue
                 raise self._refusal(call, group, verdict.cooling, queue_full, verdict.retry_after)
         finally:
             if line is not None:
                 line.leave()
+
+    def _probe_answered(self, deployments: list[DeploymentRoute]) -> asyncio.Event | None:
+        """The answer of a probe out from here on one of ``deployments`` (None: none)."""
+        for d in deployments:
+            answered = self.settler.probe_answered(d.id)
+            if answered is not None:
+                return answered
+        return None
 
     async def _queue(
         self, call: Call, group: GroupRoute, budget: float, retry_after: float | None
@@ -359,12 +374,14 @@ class Dispatcher:
         give_back: Turn | None,
         queued: bool = False,
         group: str = "",
+        until: asyncio.Event | None = None,
     ) -> None:
         """Sleep ``seconds`` as one of the waiting requests (``queued``: already counted),
         for the turn ``give_back`` or for a model ``group`` with no turn yet. A client that
         leaves meanwhile is noticed at once: its turn goes back and
         ``ClientClosedRequest`` ends the request (nothing goes upstream). A turn whose
-        deployment learns meanwhile is stale: the sleep ends then (take a new one)."""
+        deployment learns meanwhile is stale: the sleep ends then (take a new one); so
+        does one ``until`` that event is set."""
         if not queued:
             self.waiting += 1
         on = give_back.deployment if give_back is not None else None
@@ -372,11 +389,12 @@ class Dispatcher:
         self.tally.wait_started(model, deployment, call.key_name)
         self.events.queued(call.model, 1, call.tier)
         started = time.perf_counter()
-        sleeping = (
-            asyncio.sleep(seconds)
-            if give_back is None
-            else _until_stale(seconds, give_back, self.settler)
-        )
+        if give_back is not None:
+            sleeping = _until_stale(seconds, give_back, self.settler)
+        elif until is not None:
+            sleeping = _until_set(seconds, until)
+        else:
+            sleeping = asyncio.sleep(seconds)
         try:
             if not await _watched(sleeping, call.client_left):
                 raise ClientClosedRequest("The client closed the request while it waited.")
@@ -389,7 +407,7 @@ class Dispatcher:
             self.tally.wait_ended(model, deployment, call.key_name)
             self.events.queued(call.model, -1, call.tier)
             call.queue_wait += time.perf_counter() - started
-        self.events.waited(call.model, seconds, call.tier)
+        self.events.waited(call.model, time.perf_counter() - started, call.tier)
 
     async def _wait_in_line(
         self, call: Call, ticket: Ticket, budget: float, group: str
@@ -565,6 +583,12 @@ class Dispatcher:
         remaining = remaining_report(budget.assuming(config.rpm, config.tpm))
         if remaining is not None:
             self.settler.report(deployment, remaining)
+
+
+async def _until_set(seconds: float, event: asyncio.Event) -> None:
+    """Sleep ``seconds``, or less if ``event`` is set meanwhile."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), seconds)
 
 
 async def _until_stale(seconds: float, turn: Turn, settler: Settler) -> None:

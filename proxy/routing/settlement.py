@@ -66,6 +66,9 @@ class Settler:
         # Per deployment, set when a newer epoch is seen: the requests sleeping on turns
         # reserved before wake at once to take new ones (before later arrivals do).
         self._learning: dict[str, asyncio.Event] = {}
+        # Per deployment, while a half-open probe granted here is out: set once its
+        # settlement is in (the deployment recovered, or cooled again).
+        self._probes: dict[str, asyncio.Event] = {}
 
     def saw(self, deployment_id: str, epoch: int) -> None:
         newer = epoch > self.epochs.get(deployment_id, 0)
@@ -80,6 +83,17 @@ class Settler:
         if event is None:
             event = self._learning[deployment_id] = asyncio.Event()
         return event
+
+    def probe_out(self, turn: Turn) -> None:
+        """``turn`` was just granted; if it is a probe, requests refused meanwhile may
+        wait for its answer (``probe_answered``) rather than fail."""
+        if turn.probe:
+            self._probes.setdefault(turn.deployment.id, asyncio.Event())
+
+    def probe_answered(self, deployment_id: str) -> asyncio.Event | None:
+        """Set once the probe out on that deployment from here is settled; None when
+        none is out from here."""
+        return self._probes.get(deployment_id)
 
     def stale(self, turn: Turn) -> bool:
         """Whether the deployment learned since ``turn`` was reserved: take it again."""
@@ -102,7 +116,9 @@ class Settler:
         ):
             return None  # the common case: it would change nothing
         sent = turn.sent if outcome.rate_limited or _leased(turn) else None
-        return self._send(turn.deployment, turn.lease, outcome, tokens=extra, sent=sent)
+        return self._send(
+            turn.deployment, turn.lease, outcome, tokens=extra, sent=sent, probe=turn.probe
+        )
 
     def give_back(self, turn: Turn, estimate: int) -> None:
         """A reserved turn goes unused (nothing was sent): return it whole, so the next
@@ -114,6 +130,7 @@ class Settler:
             requests=-1.0,
             tokens=-float(estimate),
             sent=turn.sent if _leased(turn) else None,
+            probe=turn.probe,
         )
 
     def report(self, deployment: DeploymentRoute, remaining: Remaining) -> None:
@@ -130,6 +147,7 @@ class Settler:
         tokens: float = 0.0,
         remaining: Remaining | None = None,
         sent: Sent | None = None,
+        probe: bool = False,
     ) -> asyncio.Task[None]:
         limits = self.catalog.limits(deployment)
         settlement = DeploymentSettlement(
@@ -137,7 +155,11 @@ class Settler:
         )
 
         async def run() -> None:
-            change = await self.limiter.settle(settlement)
+            try:
+                change = await self.limiter.settle(settlement)
+            finally:
+                if probe and (answered := self._probes.pop(deployment.id, None)) is not None:
+                    answered.set()
             if change.cooled:  # a learning event comes with a hold (others tell nothing)
                 self.saw(deployment.id, change.epoch)
             if change.cooled or change.recovered:
