@@ -48,6 +48,7 @@ from proxy.routing.outcomes import (
 )
 from proxy.routing.settlement import Settler, Turn
 from proxy.routing.strategies import RoutingState, order_candidates
+from proxy.routing.turn_clock import TurnClock
 from proxy.upstream.client import HEADER_MAP
 from proxy.upstream.forward import TransportFailure, build_request, discard, read_body, send
 from proxy.upstream.headers import response_headers
@@ -106,6 +107,8 @@ class Dispatcher:
         self.waiting = 0  # requests of this replica sleeping for a turn
         self.tally = Tally()  # the same by model, deployment and key (the admin state)
         self.lines = Lines()  # deferred requests, one line per (group, key): lines.py
+        # When granted turns fall on this clock, whatever the replies' delays: turn_clock.py
+        self.turn_clock = TurnClock(max_correction=self.routing.pacing_margin)
         # What the strategies order by: requests in flight and a latency average.
         self.in_flight: dict[str, int] = {}
         self.latency: dict[str, float] = {}
@@ -229,6 +232,7 @@ class Dispatcher:
                         self.routing.lookahead,
                     )
                 )
+                handled = time.monotonic()
                 deferred = verdict.deferred and verdict.retry_after <= budget
                 if line is not None and not deferred:
                     if verdict.wait > 0.0:  # the next in line asks when its turn would fit
@@ -265,7 +269,11 @@ class Dispatcher:
                     raise
                 if turn is not None:
                     if queued:
-                        await self._wait(call, verdict.wait, turn, queued=True)
+                        assert verdict.sent is not None
+                        sent = verdict.sent
+                        clock = (group.name, sent.fallback, sent.lease != 0)
+                        due = handled + self.turn_clock.sleep(clock, sent.at, verdict.wait, handled)
+                        await self._wait(call, due - time.monotonic(), turn, queued=True)
                         if self.settler.stale(turn):
                             continue  # learned meanwhile: its turn was dropped, take a new one
                     return turn
