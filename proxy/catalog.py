@@ -25,17 +25,18 @@ DEFAULT_DEPLOYMENT_BURST = 1
 # below their configured limit (0.6 s of slack per minute)...
 DEPLOYMENT_HEADROOM = 0.01
 # ...and their windows of a minute or less further below it, so that a turn sent up to
-# ``routing.pacing_margin`` late still leaves every upstream window of this long or
-# longer within its limit (upstreams enforce per-minute limits over windows of a second
-# or more: OpenAI's are "quantized", Azure's 1-10 s).
+# ``routing.pacing_margin`` late (a replica's event loop busy) still leaves every
+# upstream window of this long or longer within its limit (upstreams enforce per-minute
+# limits over windows of a second or more: OpenAI's are "quantized", Azure's 1-10 s).
 SHORTEST_UPSTREAM_WINDOW = 1.0
 
 
 def pacing_headroom(margin: float) -> float:
-    """How far below its limit a window of a minute or less is paced for turns up to
-    ``margin`` seconds late: N + 1 turns then span a window plus ``margin``, which is
-    ``margin / (window + margin)`` of its turns (50 ms: 4.8%)."""
-    return max(DEPLOYMENT_HEADROOM, margin / (SHORTEST_UPSTREAM_WINDOW + margin))
+    """How far below its limit a window of a minute or less is paced: the 1% for the
+    network, and for turns up to ``margin`` seconds late, N + 1 turns spanning a window
+    plus ``margin`` (50 ms: 5.7% in all)."""
+    late = SHORTEST_UPSTREAM_WINDOW / (SHORTEST_UPSTREAM_WINDOW + margin)
+    return 1.0 - (1.0 - DEPLOYMENT_HEADROOM) * late
 
 
 _ENDPOINTS = ("chat/completions", "completions", "embeddings")

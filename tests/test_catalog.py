@@ -54,19 +54,20 @@ def test_deployments_pace_requests_within_a_minute_and_cap_longer_windows() -> N
 
 def test_windows_of_a_minute_or_less_are_paced_for_turns_up_to_the_pacing_margin_late() -> None:
     """routing.pacing_margin (default 50 ms): 11 turns of "10 a second" then span
-    1 s + 50 ms, so a turn sent up to 50 ms late leaves every upstream window of 1 s or
-    more within its limit; a day's window only caps the total (1% below it)."""
-    assert pacing_headroom(0.05) == pytest.approx(0.05 / 1.05)
-    assert pacing_headroom(0.0) == 0.01  # never less than the 1% for network jitter
+    1 s + 50 ms (and the 1% for the network), so a turn sent up to 50 ms late leaves
+    every upstream window of 1 s or more within its limit; a day's window only caps the
+    total (1% below it)."""
+    assert pacing_headroom(0.05) == pytest.approx(1 - 0.99 / 1.05)
+    assert pacing_headroom(0.0) == pytest.approx(0.01)  # the 1% alone, as before
     [route] = _catalog(pacing_margin=0.05).groups["m"].deployments
     windows = {w.name: w.rate for w in route.limits.windows}
-    assert 10 * windows["rpm"].interval == pytest.approx(60.0 / 600 * 10 + 0.05)
-    assert 1000 * windows["tpm"].interval == pytest.approx(60.0 / 60_000 * 1000 + 0.05)
+    assert 10 * windows["rpm"].interval == pytest.approx((1.0 + 0.05) / 0.99)
+    assert 1000 * windows["tpm"].interval == pytest.approx((1.0 + 0.05) / 0.99)
     assert windows["rpd"] == Rate(9_900.0, DAY, 9_900.0)
     catalog = _catalog(pacing_margin=0.05)  # an announced limit is paced the same
     catalog.announce(route, requests=300, tokens=None)
     [rpm] = [w.rate for w in catalog.limits(route).windows if w.name == "rpm"]
-    assert 5 * rpm.interval == pytest.approx(60.0 / 300 * 5 + 0.05)
+    assert 5 * rpm.interval == pytest.approx((1.0 + 0.05) / 0.99)
     default = Catalog(settings_from({"models": [{"name": "m", "deployments": [{
         "id": "d", "base_url": "http://127.0.0.1:1/v1", "rpm": 600}]}]}))  # fmt: skip
     assert default.pacing_margin == 0.05

@@ -9,8 +9,9 @@ first to come back; past that it gets 503 with ``retry-after`` for that moment. 
 are merely out of budget, 429 ``model_capacity`` (or ``queue_full``). An upstream 429 is
 a turn the limiter paced too fast, not a reason to give up: once its settlement has
 taught the limiter (the hold, the learned rate), the request asks again, that deployment
-included, and waits for its new turn within what is left of its ``max_wait``. What happens is
-reported as events (events.py), one per upstream attempt; metrics and logs consume them.
+included, and waits for its new turn within what is left of its ``max_wait``. What
+happens is reported as events (events.py), one per upstream attempt; metrics and logs
+consume them.
 """
 
 from __future__ import annotations

@@ -73,20 +73,25 @@ def test_a_replica_whose_loop_stalls_up_to_50ms_overshoots_nothing(
             module=STALLED,
             env={"STALL_MAX_MS": str(STALL_MS), "STALL_EVERY_MS": "100"},
         )
-        proxies = [stack.enter_context(stalled)] + [
-            stack.enter_context(ProxyProcess(config, tmp_path, name=f"on-time-{i}"))
+        on_time = [  # through the same wrapper, not stalled: their wake-ups are measured
+            ProxyProcess(
+                config, tmp_path, name=f"on-time-{i}", module=STALLED, env={"STALL_MAX_MS": "0"}
+            )
             for i in range(replicas - 1)
         ]
+        proxies = [stack.enter_context(p) for p in (stalled, *on_time)]
         upstream.reset()
         result = asyncio.run(drive([p.base_url for p in proxies], 2 * RATE, DURATION))
         stats = upstream.stats()
     logs = stalled.logs()
+    woke = [p.logs().strip().splitlines()[-1] for p in on_time]
     served, span = stats["served"], stats["admitted_span"]
     print(
         f"\n{storage}, one of {replicas} replicas stalled up to {STALL_MS} ms: served {served},"
         f" {served / (RATE * span):.1%} of the limit over {span:.1f} s; upstream 429s"
         f" {stats['rejected']}, peak {stats['peak_window_requests']} in a window; clients:"
-        f" {dict(result.statuses)} {dict(result.codes)}; {logs.strip().splitlines()[-1]}"
+        f" {dict(result.statuses)} {dict(result.codes)}; stalled replica:"
+        f" {'; '.join(logs.strip().splitlines()[-2:])}; on time: {woke}"
     )
     assert "stalled the loop" in logs, logs[-2000:]  # the stalls did happen
     assert len(result.outcomes) == result.sent, "a request was lost"
