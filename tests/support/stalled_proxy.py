@@ -3,11 +3,13 @@ machine (a neighbour's burst, a slow callback, a collection), as production repl
 
 Run as ``python -m support.stalled_proxy serve --config ...`` with ``tests`` on the path
 (``ProxyProcess(..., module=STALLED)`` does). The server's own loop runs one more task:
-every ``STALL_EVERY_MS`` milliseconds on average (exponential gaps) it blocks the loop
-for a time drawn uniformly up to ``STALL_MAX_MS`` (default 100 and 50; 0: no stalls). It
+every ``STALL_EVERY_MS`` milliseconds on average (exponential gaps, and at least
+``MIN_GAP``: two stalls back to back would be one twice as long) it blocks the loop for a
+time drawn uniformly up to ``STALL_MAX_MS`` (default 100 and 50; 0: no stalls). It
 blocks with ``time.sleep``: to the loop that is a busy callback, without burning a shared
 CPU. Each stall is counted, and how late each request woke for its turn is measured; the
-counts, the longest stall and the latest wake-ups are logged at shutdown.
+counts, the longest stall and the latest wake-ups (and how many came later than
+``STALL_BEYOND_MS``, default 60) are logged at shutdown.
 """
 
 from __future__ import annotations
@@ -28,14 +30,15 @@ from proxy.routing.settlement import Settler, Turn
 __all__ = ["STALLED"]
 
 STALLED = "support.stalled_proxy"  # the module ProxyProcess runs
-MAX_ENV, EVERY_ENV = "STALL_MAX_MS", "STALL_EVERY_MS"
+MAX_ENV, EVERY_ENV, BEYOND_ENV = "STALL_MAX_MS", "STALL_EVERY_MS", "STALL_BEYOND_MS"
+MIN_GAP = 0.01  # seconds the loop runs free between stalls (a send takes a few turns)
 
 
 async def _stall(longest: float, every: float, rng: random.Random) -> None:
     count, worst = 0, 0.0
     try:
         while True:
-            await asyncio.sleep(rng.expovariate(1.0 / every))
+            await asyncio.sleep(MIN_GAP + rng.expovariate(1.0 / every))
             started = time.perf_counter()
             time.sleep(rng.uniform(0.0, longest))  # the loop is blocked: nothing else runs
             worst = max(worst, time.perf_counter() - started)
@@ -59,11 +62,11 @@ def _measure_wake_ups() -> list[float]:
     return late
 
 
-def _report(late: list[float]) -> None:
+def _report(late: list[float], beyond: float) -> None:
     worst = sorted(late)[-3:]
     print(
         f"woke {len(late)} times for a turn: {sum(x > 0.02 for x in late)} over 20 ms late,"
-        f" {sum(x > 0.05 for x in late)} over 50 ms; latest"
+        f" {sum(x > beyond for x in late)} beyond {beyond * 1000:g} ms; latest"
         f" {', '.join(f'{x * 1000:.1f}' for x in reversed(worst))} ms",
         flush=True,
     )
@@ -72,6 +75,7 @@ def _report(late: list[float]) -> None:
 def _install() -> None:
     longest = float(os.environ.get(MAX_ENV, "50")) / 1000.0
     every = float(os.environ.get(EVERY_ENV, "100")) / 1000.0
+    beyond = float(os.environ.get(BEYOND_ENV, "60")) / 1000.0
     serve = uvicorn.Server._serve  # inside serve's signal capture: ends before its exit
     late = _measure_wake_ups()
 
@@ -85,7 +89,7 @@ def _install() -> None:
             if stalls is not None:
                 stalls.cancel()
                 await asyncio.gather(stalls, return_exceptions=True)  # its count is logged
-            _report(late)
+            _report(late, beyond)
 
     uvicorn.Server._serve = stalled_serve  # type: ignore[method-assign]
 
