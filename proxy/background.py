@@ -15,11 +15,13 @@ class Background:
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def run(self, work: Awaitable[None]) -> None:
-        """Start ``work``; keep a reference so it is neither collected nor lost."""
+    def run(self, work: Awaitable[None]) -> asyncio.Task[None]:
+        """Start ``work``; keep a reference so it is neither collected nor lost. The task
+        is returned for a caller that must know when it is done (it never raises)."""
         task = asyncio.ensure_future(self._guard(work))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     @staticmethod
     async def _guard(work: Awaitable[None]) -> None:

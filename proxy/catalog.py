@@ -27,8 +27,22 @@ DEFAULT_DEPLOYMENT_BURST = 1
 # two requests a window apart a few milliseconds closer, so deployments are paced 1%
 # below their configured limit (0.6 s of slack per minute). Only windows of a minute or
 # less pace; on a longer one (rpd: 5) the headroom would cost a whole request, and it
-# never lowers the largest request a window admits.
+# never lowers the largest request a window admits...
 DEPLOYMENT_HEADROOM = 0.01
+# ...and their windows of a minute or less further below it, so that a turn sent up to
+# ``routing.pacing_margin`` late (a replica's event loop busy) still leaves every
+# upstream window of this long or longer within its limit (upstreams enforce per-minute
+# limits over windows of a second or more: OpenAI's are "quantized", Azure's 1-10 s).
+SHORTEST_UPSTREAM_WINDOW = 1.0
+
+
+def pacing_headroom(margin: float) -> float:
+    """How far below its limit a window of a minute or less is paced: the 1% for the
+    network, and for turns up to ``margin`` seconds late, N + 1 turns spanning a window
+    plus ``margin`` (50 ms: 5.7% in all)."""
+    late = SHORTEST_UPSTREAM_WINDOW / (SHORTEST_UPSTREAM_WINDOW + margin)
+    return 1.0 - (1.0 - DEPLOYMENT_HEADROOM) * late
+
 
 # What an upstream announces (x-ratelimit-limit-*) can lower a deployment's per-minute
 # pacing, but not below this share of its configured limit (one lying answer of "1"
@@ -155,8 +169,11 @@ def timeout_extension(seconds: float) -> dict[str, float]:
     return {"connect": connect, "read": seconds, "write": seconds, "pool": connect}
 
 
-def deployment_limits(deployment: Deployment, share: float = 1.0) -> DeploymentLimits:
+def deployment_limits(
+    deployment: Deployment, share: float = 1.0, pacing_margin: float = 0.0
+) -> DeploymentLimits:
     burst = deployment.burst or DEFAULT_DEPLOYMENT_BURST
+    headroom = pacing_headroom(pacing_margin)
 
     def spec(rule: LimitRule) -> Window:
         # Within a minute, requests go `burst` at a time and tokens one request ahead of
@@ -168,8 +185,8 @@ def deployment_limits(deployment: Deployment, share: float = 1.0) -> DeploymentL
         if rule.per > MINUTE:
             return window(rule, share, None)
         if rule.kind == "requests":
-            return window(rule, share, burst, DEPLOYMENT_HEADROOM)
-        return window(rule, share, 1.0, DEPLOYMENT_HEADROOM, paced=True)
+            return window(rule, share, burst, headroom)
+        return window(rule, share, 1.0, headroom, paced=True)
 
     return DeploymentLimits(
         id=deployment.id,
@@ -190,14 +207,14 @@ def key_limits(key: ClientKey, share: float = 1.0) -> KeyLimits:
     )
 
 
-def _group(group: ModelGroup, share: float) -> GroupRoute:
+def _group(group: ModelGroup, share: float, pacing_margin: float) -> GroupRoute:
     return GroupRoute(
         name=group.name,
         deployments=tuple(
             DeploymentRoute(
                 config=d,
                 group=group.name,
-                limits=deployment_limits(d, share),
+                limits=deployment_limits(d, share, pacing_margin),
                 upstream_model=d.model or group.name,
                 urls=endpoint_urls(d),
                 extensions={"timeout": timeout_extension(d.timeout), EGRESS: egress(d)},
@@ -208,7 +225,7 @@ def _group(group: ModelGroup, share: float) -> GroupRoute:
 
 
 def announced_limits(
-    limits: DeploymentLimits, share: float, lower: dict[str, int]
+    limits: DeploymentLimits, share: float, lower: dict[str, int], pacing_margin: float
 ) -> DeploymentLimits:
     """``limits`` with the per-minute windows ``lower`` names (``rpm``, ``tpm``) refilled
     at that many a minute instead: pacing only. Capacities and the largest request a
@@ -217,7 +234,7 @@ def announced_limits(
     for w in limits.windows:
         amount = lower.get(w.name)
         if amount is not None:
-            paced = amount * share * (1.0 - DEPLOYMENT_HEADROOM)
+            paced = amount * share * (1.0 - pacing_headroom(pacing_margin))
             w = replace(w, rate=replace(w.rate, limit=paced))
         windows.append(w)
     return replace(limits, windows=tuple(windows))
@@ -246,7 +263,8 @@ class Catalog:
         share: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.groups = {g.name: _group(g, share) for g in settings.models}
+        self.pacing_margin = settings.routing.pacing_margin
+        self.groups = {g.name: _group(g, share, self.pacing_margin) for g in settings.models}
         self.key_limits = {k.name: key_limits(k, share) for k in settings.keys}
         self.fallbacks = settings.routing.fallbacks
         self.share = share
@@ -290,7 +308,7 @@ class Catalog:
                 self._announced.pop(deployment.id, None)
             return {}
         until = self.clock() + ANNOUNCED_FOR
-        limits = announced_limits(deployment.limits, self.share, lower)
+        limits = announced_limits(deployment.limits, self.share, lower, self.pacing_margin)
         previous = self._announced.get(deployment.id)
         self._announced[deployment.id] = (limits, until)
         return {} if previous is not None and previous[0] == limits else lower

@@ -429,6 +429,10 @@ class RoutingConfig(_Strict):
     # finely enough. 0: off, turns are committed up to max_wait ahead, first come first served.
     lookahead: Annotated[Duration, Field(ge=0)] = 0.5
     retries: Annotated[int, Field(ge=0)] = 2
+    # How late a turn may reach an upstream (a replica's event loop or clock late, the
+    # network) and no upstream window of a second or more see more than its limit:
+    # deployments are paced that much below it (docs/limiter.md, "late turns").
+    pacing_margin: Annotated[Duration, Field(ge=0, le=1)] = 0.05
     cooldown: CooldownConfig = CooldownConfig()
     fallbacks: dict[str, list[str]] = Field(default_factory=dict)
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from support.proxy_server import settings_from
 
-from proxy.catalog import ANNOUNCED_FOR, Catalog, credential
+from proxy.catalog import ANNOUNCED_FOR, Catalog, credential, pacing_headroom
 from proxy.limiter.base import DAY, Rate, Window, describe, window_name
 
 
@@ -16,7 +17,7 @@ class Clock:
         return self.now
 
 
-def _catalog(share: float = 1.0, clock: Clock | None = None) -> Catalog:
+def _catalog(share: float = 1.0, clock: Clock | None = None, pacing_margin: float = 0.0) -> Catalog:
     deployment = {
         "id": "d",
         "base_url": "http://127.0.0.1:1/v1",
@@ -26,8 +27,10 @@ def _catalog(share: float = 1.0, clock: Clock | None = None) -> Catalog:
         "burst": 2,
     }
     key = {"name": "k", "key": "s", "rpm": 60, "limits": [{"tokens": 1000, "per": "30d"}]}
+    models = [{"name": "m", "deployments": [deployment]}]
+    routing = {"pacing_margin": pacing_margin}
     return Catalog(
-        settings_from({"keys": [key], "models": [{"name": "m", "deployments": [deployment]}]}),
+        settings_from({"keys": [key], "models": models, "routing": routing}),
         share,
         clock or Clock(),
     )
@@ -74,6 +77,27 @@ def test_the_pacing_headroom_never_costs_a_long_window_a_request() -> None:
     [route] = Catalog(settings).groups["m"].deployments
     windows = {w.name: w.rate for w in route.limits.windows}
     assert windows == {"rpd": Rate(5.0, DAY, 5.0), "tokens_1h": Rate(7.0, 3600.0, 7.0)}
+
+
+def test_windows_of_a_minute_or_less_are_paced_for_turns_up_to_the_pacing_margin_late() -> None:
+    """routing.pacing_margin (default 50 ms): 11 turns of "10 a second" then span
+    1 s + 50 ms (and the 1% for the network), so a turn sent up to 50 ms late leaves
+    every upstream window of 1 s or more within its limit; a day's window only caps the
+    total (no headroom: it does not pace)."""
+    assert pacing_headroom(0.05) == pytest.approx(1 - 0.99 / 1.05)
+    assert pacing_headroom(0.0) == pytest.approx(0.01)  # the 1% alone, as before
+    [route] = _catalog(pacing_margin=0.05).groups["m"].deployments
+    windows = {w.name: w.rate for w in route.limits.windows}
+    assert 10 * windows["rpm"].interval == pytest.approx((1.0 + 0.05) / 0.99)
+    assert 1000 * windows["tpm"].interval == pytest.approx((1.0 + 0.05) / 0.99)
+    assert windows["rpd"] == Rate(10_000.0, DAY, 10_000.0)
+    catalog = _catalog(pacing_margin=0.05)  # an announced limit is paced the same
+    catalog.announce(route, requests=300, tokens=None)
+    [rpm] = [w.rate for w in catalog.limits(route).windows if w.name == "rpm"]
+    assert 5 * rpm.interval == pytest.approx((1.0 + 0.05) / 0.99)
+    default = Catalog(settings_from({"models": [{"name": "m", "deployments": [{
+        "id": "d", "base_url": "http://127.0.0.1:1/v1", "rpm": 600}]}]}))  # fmt: skip
+    assert default.pacing_margin == 0.05
 
 
 def test_keys_hold_their_whole_allowance_and_workers_their_share() -> None:

@@ -4,9 +4,11 @@ local share of every budget, or fail closed.
 ``ResilientLimiter`` wraps the Redis limiter with a circuit breaker. After
 ``failure_threshold`` consecutive storage errors the circuit opens: for ``reset_after``
 seconds nothing is sent to Redis. Then one call (a request or a heartbeat) probes it; an
-answer closes the circuit and budgets are shared again, a failure reopens it.
+answer closes the circuit and budgets are shared again, a failure reopens it. The calls
+of one batch that fails together are one error (one slow reply is noise, not an outage).
 
-While the circuit is open, and for any call that fails:
+While the circuit is open, and for any call that fails (a reservation only once the
+circuit is open: until then a failed one is asked again, see ``reserve``):
 
 * ``on_error="local"``: the answer comes from an in-memory limiter holding this
   replica's share of each budget (limit / replicas last seen alive);
@@ -243,6 +245,10 @@ class ResilientLimiter:
         # maxmemory-policy is read with the first heartbeat and after every reconnect.
         self._eviction: EvictionWatch | None = None
         self._eviction_check_due = True
+        self._failure_threshold = failure_threshold
+        # The storage error last counted by the breaker: the calls of one batch fail
+        # together with one error, which is one failure, not one per call.
+        self._last_failure: BaseException | None = None
 
     # -- health ----------------------------------------------------------------------
 
@@ -374,7 +380,17 @@ class ResilientLimiter:
             self._local_tails[key] = (chosen, max(tail, latest))
             return replace(verdict, sent=replace(verdict.sent, fallback=True))
 
-        return await self._route("reserve", shared, local)
+        verdict = await self._via_shared("reserve", shared)
+        # A failed call while the circuit stays closed is no outage (yet): the other
+        # replicas keep filling the shared schedule, so a local turn now would be one
+        # turn too many beside theirs, and its carry-over would hold the shared schedule
+        # back for seconds after. Ask again: if the failed call did run, its turn is
+        # only wasted. Once the circuit opens (an outage), the local share answers.
+        for _ in range(self._failure_threshold - 1):
+            if not isinstance(verdict, _Skipped) or self._breaker.state is not CircuitState.CLOSED:
+                break
+            verdict = await self._via_shared("reserve", shared)
+        return local() if isinstance(verdict, _Skipped) else verdict
 
     async def settle(self, settlement: Settlement) -> HealthChange:
         def local() -> HealthChange:
@@ -495,7 +511,9 @@ class ResilientLimiter:
         log.warning("limiter storage failed: %s", error)
         for listener in self._error_listeners:
             listener(operation)
-        self._breaker.record_failure()
+        if error is not self._last_failure:  # one failed batch is one failure
+            self._last_failure = error
+            self._breaker.record_failure()
         return True
 
     def _settle_locally(self, settlement: Settlement) -> HealthChange:

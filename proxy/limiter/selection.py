@@ -79,7 +79,7 @@ def select(
     plans = [plan(c.buckets, now) for c in candidates]
     waits: list[float] = []
     reservable: list[bool] = []
-    held_back: list[bool] = []  # reservable, but held after a 429 for a while
+    held_back: list[bool] = []  # reservable, but held after a 429 longer than max_wait
     cooling = False
     cooling_retry = math.inf
     for c, p in zip(candidates, plans, strict=True):
@@ -92,7 +92,9 @@ def select(
         if wait_for(c.health, now) == 0.0:
             waits.append(max(hold, p.wait))
             reservable.append(True)
-            held_back.append(hold > 0.0)
+            # Only a hold beyond max_wait is the health's doing; within it, a turn
+            # refused is refused for want of budget (the learned pace's queue).
+            held_back.append(hold > max_wait)
         else:
             out = unusable_for(c.health, now)
             waits.append(max(out, p.wait))

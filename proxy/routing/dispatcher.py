@@ -6,8 +6,12 @@
 
 When every deployment is cooling down, the request waits (within ``max_wait``) for the
 first to come back; past that it gets 503 with ``retry-after`` for that moment. When they
-are merely out of budget, 429 ``model_capacity`` (or ``queue_full``). What happens is
-reported as events (events.py), one per upstream attempt; metrics and logs consume them.
+are merely out of budget, 429 ``model_capacity`` (or ``queue_full``). An upstream 429 is
+a turn the limiter paced too fast, not a reason to give up: once its settlement has
+taught the limiter (the hold, the learned rate), the request asks again, that deployment
+included, and waits for its new turn within what is left of its ``max_wait``. What
+happens is reported as events (events.py), one per upstream attempt; metrics and logs
+consume them.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from proxy.routing.outcomes import (
 )
 from proxy.routing.settlement import Settler, Turn
 from proxy.routing.strategies import RoutingState, order_candidates
+from proxy.routing.turn_clock import TurnClock
 from proxy.upstream.client import HEADER_MAP
 from proxy.upstream.encoding import Decoder, Undecodable, decoder_for
 from proxy.upstream.forward import (
@@ -72,17 +77,22 @@ __all__ = ["Dispatcher", "StreamDone"]
 logger = logging.getLogger("proxy.routing")
 
 LATENCY_SMOOTHING = 0.2  # weight of the newest sample in the moving average
+# Turns one request may take again after upstream 429s (beyond ``routing.retries``): each
+# is paced by what the 429 taught, so a second 429 means the upstream's hint was wrong.
+ASKS_AFTER_429 = 3
 INTERRUPTED = Outcome(kind="failure", reason="protocol")
 
 StreamDone = Callable[[int], Awaitable[None]]
 
 
 class Retryable(Exception):
-    """This deployment failed; another may not."""
+    """This deployment failed; another may not. ``learning``: it was an upstream 429,
+    whose settlement (the hold and what it taught) is that task."""
 
-    def __init__(self, error: UpstreamError) -> None:
+    def __init__(self, error: UpstreamError, learning: asyncio.Task[None] | None = None) -> None:
         super().__init__(error.message)
         self.error = error
+        self.learning = learning
 
 
 class GateClosed(Exception):
@@ -115,6 +125,8 @@ class Dispatcher:
         self.waiting = 0  # requests of this replica sleeping for a turn
         self.tally = Tally()  # the same by model, deployment and key (the admin state)
         self.lines = Lines()  # deferred requests, one line per (group, key): lines.py
+        # When granted turns fall on this clock, whatever the replies' delays: turn_clock.py
+        self.turn_clock = TurnClock(max_correction=self.routing.pacing_margin)
         # What the strategies order by: requests in flight and a latency average.
         self.in_flight: dict[str, int] = {}
         self.latency: dict[str, float] = {}
@@ -150,6 +162,8 @@ class Dispatcher:
         last_error: UpstreamError | None = None
         refusal: ProxyError | None = None
         attempts_left = self.routing.retries + 1
+        asks_after_429 = ASKS_AFTER_429
+        after_429 = False  # asking again after an upstream 429
         for current in self._groups(group, call.allowed_models):
             tried: set[str] = set()
             while attempts_left > 0:
@@ -162,15 +176,31 @@ class Dispatcher:
                 except GateClosed as closed:
                     raise closed.error from None
                 except (RateLimited, ServiceUnavailable) as refused:
+                    if after_429 and isinstance(refused, ServiceUnavailable):
+                        # Held beyond max_wait: the upstream's 429 answers, with when
+                        # the earliest turn comes. (At capacity: the refusal answers.)
+                        assert last_error is not None
+                        last_error.retry_after = refused.retry_after
+                    elif after_429:
+                        last_error = None
                     refusal = refusal or refused
                     break
+                after_429 = False
                 attempts_left -= 1
                 try:
                     return await self._attempt(call, turn, stream_done)
                 except Retryable as failure:
                     last_error = failure.error
-                    tried.add(turn.deployment.id)
                     call.retries += 1
+                    if failure.learning is not None and asks_after_429 > 0:
+                        # Ask again once the limiter knows the hold: a turn within
+                        # max_wait is waited for (this deployment's or another's).
+                        asks_after_429 -= 1
+                        attempts_left += 1
+                        after_429 = True
+                        await asyncio.wait((failure.learning,))
+                        continue
+                    tried.add(turn.deployment.id)
         call.retries = max(call.retries - 1, 0)
         error = last_error or refusal
         assert error is not None
@@ -222,6 +252,7 @@ class Dispatcher:
                         self.routing.lookahead,
                     )
                 )
+                handled = time.monotonic()
                 deferred = verdict.deferred and verdict.retry_after <= budget
                 if line is not None and not deferred:
                     if verdict.wait > 0.0:  # the next in line asks when its turn would fit
@@ -238,6 +269,7 @@ class Dispatcher:
                 if deployment is not None and verdict.sent is not None:
                     self.settler.saw(deployment.id, verdict.sent.epoch)
                     turn = Turn(deployment, lease, verdict.probe, verdict.sent)
+                    self.settler.probe_out(turn)
                 queued = turn is not None and verdict.wait > 0
                 if queued and self.waiting >= self.routing.max_queue:
                     # The queue filled up while we asked: give the turn back.
@@ -257,7 +289,11 @@ class Dispatcher:
                     raise
                 if turn is not None:
                     if queued:
-                        await self._wait(call, verdict.wait, turn, queued=True)
+                        assert verdict.sent is not None
+                        sent = verdict.sent
+                        clock = (group.name, sent.fallback, sent.lease != 0)
+                        due = handled + self.turn_clock.sleep(clock, sent.at, verdict.wait, handled)
+                        await self._wait(call, due - time.monotonic(), turn, queued=True)
                         if self.settler.stale(turn):
                             continue  # learned meanwhile: its turn was dropped, take a new one
                     return turn
@@ -280,10 +316,24 @@ class Dispatcher:
                     # Every usable deployment is cooling down: wait for the first to return.
                     await self._wait(call, verdict.retry_after, None, group=group.name)
                     continue
+                answered = self._probe_answered(ordered) if verdict.cooling else None
+                if answered is not None and budget > 0.0:
+                    # A probe sent from here is out: its answer may come within max_wait
+                    # (its deadline is only the latest it can come). Wait for it, ask again.
+                    await self._wait(call, budget, None, group=group.name, until=answered)
+                    continue
                 raise self._refusal(call, group, verdict.cooling, queue_full, verdict.retry_after)
         finally:
             if line is not None:
                 line.leave()
+
+    def _probe_answered(self, deployments: list[DeploymentRoute]) -> asyncio.Event | None:
+        """The answer of a probe out from here on one of ``deployments`` (None: none)."""
+        for d in deployments:
+            answered = self.settler.probe_answered(d.id)
+            if answered is not None:
+                return answered
+        return None
 
     async def _queue(
         self, call: Call, group: GroupRoute, budget: float, retry_after: float | None
@@ -352,11 +402,14 @@ class Dispatcher:
         give_back: Turn | None,
         queued: bool = False,
         group: str = "",
+        until: asyncio.Event | None = None,
     ) -> None:
         """Sleep ``seconds`` as one of the waiting requests (``queued``: already counted),
         for the turn ``give_back`` or for a model ``group`` with no turn yet. A client that
         leaves meanwhile is noticed at once: its turn goes back and
-        ``ClientClosedRequest`` ends the request (nothing goes upstream)."""
+        ``ClientClosedRequest`` ends the request (nothing goes upstream). A turn whose
+        deployment learns meanwhile is stale: the sleep ends then (take a new one); so
+        does one ``until`` that event is set."""
         if not queued:
             self.waiting += 1
         on = give_back.deployment if give_back is not None else None
@@ -364,8 +417,14 @@ class Dispatcher:
         self.tally.wait_started(model, deployment, call.key_name)
         self.events.queued(call.model, 1, call.tier)
         started = time.perf_counter()
+        if give_back is not None:
+            sleeping = _until_stale(seconds, give_back, self.settler)
+        elif until is not None:
+            sleeping = _until_set(seconds, until)
+        else:
+            sleeping = asyncio.sleep(seconds)
         try:
-            if not await _slept(seconds, call.client_left):
+            if not await _watched(sleeping, call.client_left):
                 raise ClientClosedRequest("The client closed the request while it waited.")
         except BaseException:
             if give_back is not None:
@@ -376,7 +435,7 @@ class Dispatcher:
             self.tally.wait_ended(model, deployment, call.key_name)
             self.events.queued(call.model, -1, call.tier)
             call.queue_wait += time.perf_counter() - started
-        self.events.waited(call.model, seconds, call.tier)
+        self.events.waited(call.model, time.perf_counter() - started, call.tier)
 
     async def _wait_in_line(
         self, call: Call, ticket: Ticket, budget: float, group: str
@@ -465,10 +524,10 @@ class Dispatcher:
             outcome = classify_status(
                 status, upstream_headers, time.time(), rule.time, rule.max_hold
             )
-            self._ended(call, turn, attempt, str(status), outcome, real_tokens=0)
+            settled = self._ended(call, turn, attempt, str(status), outcome, real_tokens=0)
             error = status_error(status, deployment.id)
             error.retry_after = outcome.cool_for if status == 429 else None
-            raise Retryable(error)
+            raise Retryable(error, settled if outcome.rate_limited else None)
         secret = redactable(deployment.config.api_key.get_secret_value())
         headers = redact_headers(response_headers(upstream_headers.items()), secret.decode())
         content_type = upstream_headers.get("content-type", "")
@@ -597,11 +656,12 @@ class Dispatcher:
         real_tokens: int | None,
         ended: float | None = None,
         refund: bool = False,
-    ) -> None:
+    ) -> asyncio.Task[None] | None:
         """An upstream call ended (at ``ended``, default now): one event, the routing
-        state, and the deployment's settlement in the background. ``real_tokens``: what
-        it used (None: unknown; beyond the estimate, it is charged); ``refund``: the
-        upstream did not admit it (``outcomes.admitted``), its token charge is returned."""
+        state, and the deployment's settlement in the background (its task, None when
+        there is nothing to settle). ``real_tokens``: what it used (None: unknown; beyond
+        the estimate, it is charged); ``refund``: the upstream did not admit it
+        (``outcomes.admitted``), its token charge is returned."""
         attempt.ended = ended or time.perf_counter()
         attempt.label, attempt.outcome = label, outcome
         attempt.prompt_tokens, attempt.completion_tokens = (
@@ -616,7 +676,7 @@ class Dispatcher:
                 attempt.duration - previous
             )
         self.events.attempt_ended(attempt)
-        self.settler.settle(
+        return self.settler.settle(
             turn, outcome, estimate=call.estimate, real_tokens=real_tokens, refund=refund
         )
 
@@ -695,13 +755,23 @@ async def _absorb_cancellation() -> None:
         await asyncio.sleep(0)
 
 
-async def _slept(seconds: float, client_left: ClientLeft | None) -> bool:
-    """Sleep ``seconds``; False if the client left first (watched only while sleeping,
-    so a request that never waits costs no watcher)."""
-    if client_left is None:
-        await asyncio.sleep(seconds)
-        return True
-    return await _watched(asyncio.sleep(seconds), client_left)
+async def _until_set(seconds: float, event: asyncio.Event) -> None:
+    """Sleep ``seconds``, or less if ``event`` is set meanwhile."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), seconds)
+
+
+async def _until_stale(seconds: float, turn: Turn, settler: Settler) -> None:
+    """Sleep ``seconds`` until ``turn``, or less if it goes stale meanwhile (its
+    deployment learned: settlement.Settler.stale)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not settler.stale(turn):
+        left = deadline - loop.time()
+        if left <= 0.0:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(settler.learning(turn.deployment.id).wait(), left)
 
 
 async def _watched(waited: Awaitable[object], client_left: ClientLeft | None) -> bool:

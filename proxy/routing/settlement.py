@@ -13,6 +13,8 @@ health. The common case, a success that would change nothing, costs no storage c
 
 from __future__ import annotations
 
+import asyncio
+
 from proxy.background import Background
 from proxy.catalog import Catalog, DeploymentRoute
 from proxy.limiter.base import (
@@ -65,9 +67,37 @@ class Settler:
         # deployment's health, a restarted Redis knows none, and the local fallback
         # counts its own; a turn is only dropped for a newer epoch of the same story.
         self.epochs: dict[str, int] = {}
+        # Per deployment, set when a newer epoch is seen: the requests sleeping on turns
+        # reserved before wake at once to take new ones (before later arrivals do).
+        self._learning: dict[str, asyncio.Event] = {}
+        # Per deployment, while a half-open probe granted here is out: set once its
+        # settlement is in (the deployment recovered, or cooled again).
+        self._probes: dict[str, asyncio.Event] = {}
 
     def saw(self, deployment_id: str, epoch: int) -> None:
+        newer = epoch > self.epochs.get(deployment_id, 0)
         self.epochs[deployment_id] = epoch
+        if newer and (learned := self._learning.pop(deployment_id, None)) is not None:
+            learned.set()
+
+    def learning(self, deployment_id: str) -> asyncio.Event:
+        """Set once the deployment is seen to learn: every turn of it reserved before is
+        stale from then on (``stale``)."""
+        event = self._learning.get(deployment_id)
+        if event is None:
+            event = self._learning[deployment_id] = asyncio.Event()
+        return event
+
+    def probe_out(self, turn: Turn) -> None:
+        """``turn`` was just granted; if it is a probe, requests refused meanwhile may
+        wait for its answer (``probe_answered``) rather than fail."""
+        if turn.probe:
+            self._probes.setdefault(turn.deployment.id, asyncio.Event())
+
+    def probe_answered(self, deployment_id: str) -> asyncio.Event | None:
+        """Set once the probe out on that deployment from here is settled; None when
+        none is out from here."""
+        return self._probes.get(deployment_id)
 
     def stale(self, turn: Turn) -> bool:
         """Whether the deployment learned since ``turn`` was reserved: take it again."""
@@ -81,11 +111,12 @@ class Settler:
         estimate: int,
         real_tokens: int | None,
         refund: bool = False,
-    ) -> None:
+    ) -> asyncio.Task[None] | None:
         """Settle the turn of a request that went upstream, in the background:
         ``real_tokens`` beyond the ``estimate`` are charged (None: unknown), up to what
         one request can cost there; ``refund``: the upstream did not admit it, its
-        estimate is returned."""
+        estimate is returned. Returns the settlement's task (None: nothing to settle),
+        done once the limiter knows."""
         limits = self.catalog.limits(turn.deployment)
         if refund:
             extra = -float(estimate)
@@ -100,9 +131,11 @@ class Settler:
             and not self.least_busy
             and not corrects_tokens
         ):
-            return  # the common case: it would change nothing
+            return None  # the common case: it would change nothing
         sent = turn.sent if outcome.rate_limited or _leased(turn) else None
-        self._send(turn.deployment, turn.lease, outcome, tokens=extra, sent=sent)
+        return self._send(
+            turn.deployment, turn.lease, outcome, tokens=extra, sent=sent, probe=turn.probe
+        )
 
     def give_back(self, turn: Turn, estimate: int) -> None:
         """A reserved turn goes unused (nothing was sent): return it whole, so the next
@@ -114,6 +147,7 @@ class Settler:
             requests=-1.0,
             tokens=-float(estimate),
             sent=turn.sent if _leased(turn) else None,
+            probe=turn.probe,
         )
 
     def report(self, deployment: DeploymentRoute, remaining: Remaining) -> None:
@@ -130,14 +164,19 @@ class Settler:
         tokens: float = 0.0,
         remaining: Remaining | None = None,
         sent: Sent | None = None,
-    ) -> None:
+        probe: bool = False,
+    ) -> asyncio.Task[None]:
         limits = self.catalog.limits(deployment)
         settlement = DeploymentSettlement(
             deployment.group, limits, self.rule, outcome, lease, requests, tokens, remaining, sent
         )
 
         async def run() -> None:
-            change = await self.limiter.settle(settlement)
+            try:
+                change = await self.limiter.settle(settlement)
+            finally:
+                if probe and (answered := self._probes.pop(deployment.id, None)) is not None:
+                    answered.set()
             if change.cooled:  # a learning event comes with a hold (others tell nothing)
                 self.saw(deployment.id, change.epoch)
             if change.cooled or change.recovered:
@@ -145,7 +184,7 @@ class Settler:
                     deployment.group, deployment.id, settlement.outcome, change
                 )
 
-        self.background.run(run())
+        return self.background.run(run())
 
 
 def _leased(turn: Turn) -> bool:

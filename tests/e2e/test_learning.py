@@ -13,11 +13,14 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 from support.load import LoadResult, drive
 from support.proxy_server import ProxyProcess
 from support.redis_server import RedisServer, redis_available
 
+from proxy.catalog import pacing_headroom
+from proxy.config import RoutingConfig
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 
 pytestmark = pytest.mark.skipif(not redis_available(), reason="redis-server is not installed")
@@ -26,6 +29,8 @@ WINDOW = 10.0  # the upstream's strict sliding window, seconds
 LIMIT = 100  # requests it takes in any window: 10 a second
 TRUE_RATE = LIMIT / WINDOW
 DURATION = 30.0
+# What the proxy paces a deployment stating its true limit to: less the pacing margin.
+PACED = 1.0 - pacing_headroom(RoutingConfig().pacing_margin)
 
 
 def _config(redis_url: str, upstream: FakeUpstreamHandle, **deployment: Any) -> dict[str, Any]:
@@ -91,10 +96,13 @@ def test_a_wrong_limit_is_learned_from_429s_alone(
 ) -> None:
     """Demand at twice the upstream's real limit, which the config overstates twofold (or
     does not state): upstream 429s stay within 5% of what it served, and at least 80% of
-    its real limit is used over 30 s."""
+    its real limit is used over 30 s. A client gets a 503 only when no turn came within
+    its max_wait after a hold, and then with when the earliest does."""
     result, stats = _run(tmp_path, strict_upstream, 2 * TRUE_RATE, DURATION, **configured)
     _report(f"learning, {configured or 'no limit'}", result, stats)
     assert len(result.outcomes) == result.sent, "a request was lost"
+    assert set(result.statuses) <= {200, 429, 503}, (result.statuses, result.codes)
+    assert all(o.retry_after for o in result.outcomes if o.status in (429, 503))
     assert stats["rejected"] <= 0.05 * stats["served"], stats
     assert stats["served"] >= 0.8 * TRUE_RATE * DURATION, stats
 
@@ -123,7 +131,8 @@ def test_tokens_are_paced_as_the_upstream_enforces_them(
     tmp_path: Path, upstream_limits: dict[str, Any], tokens_per_second: float
 ) -> None:
     """The deployment states its real per-minute token limit; demand is twice it. No
-    upstream 429 at all, and at least 90% of the steady pace is used."""
+    upstream 429 at all, and at least 95% of the pace the proxy keeps (below the limit by
+    the pacing margin) is used."""
     config = FakeUpstreamConfig(port=0, latency=0.02, **upstream_limits)
     with run_in_thread(config) as upstream, ExitStack() as stack:
         redis = stack.enter_context(RedisServer(tmp_path / "redis"))
@@ -147,7 +156,7 @@ def test_tokens_are_paced_as_the_upstream_enforces_them(
     )
     assert len(result.outcomes) == result.sent, "a request was lost"
     assert stats["rejected"] == 0, stats
-    assert pace >= 0.9, stats
+    assert pace >= 0.95 * PACED, stats  # of what the proxy paces to: >= 89.6% of the limit
 
 
 # -- waiting out a hold ------------------------------------------------------------------
@@ -157,8 +166,9 @@ def test_tokens_are_paced_as_the_upstream_enforces_them(
 def test_requests_wait_out_a_held_deployment_within_their_max_wait(
     max_wait: str, waited_out: bool
 ) -> None:
-    """The only deployment answers 429 "retry in ~4 s": requests arriving meanwhile wait
-    for it when that is within their max_wait, else get 503 with a retry-after."""
+    """The only deployment answers 429 "retry in ~4 s": the request that got it, and
+    requests arriving meanwhile, wait for it when that is within their max_wait, else get
+    503 with a retry-after."""
     from support.proxy_server import ProxyInThread, settings_from
 
     config = FakeUpstreamConfig(port=0, rpm=3, window=4.0, ratelimit_headers=False)
@@ -184,12 +194,61 @@ def test_requests_wait_out_a_held_deployment_within_their_max_wait(
 
             first, during = asyncio.run(scenario())
     print(f"\nhold, max_wait {max_wait}: {dict(first.statuses)} then {dict(during.statuses)}")
-    assert first.count(200) == 3 and first.codes["upstream_rate_limited"] == 1
-    if waited_out:
+    if waited_out:  # the 4th waited out the hold its 429 started, then went again
+        assert set(first.statuses) == {200}, (first.statuses, first.codes)
         assert set(during.statuses) == {200}, (during.statuses, during.codes)
     else:
+        assert first.count(200) == 3 and first.codes["upstream_rate_limited"] == 1
+        limited = next(o for o in first.outcomes if o.status == 503)
+        assert int(limited.retry_after or 0) >= 1
         assert set(during.codes) == {"model_unavailable"}, during.codes
         assert all(o.status == 503 and int(o.retry_after or 0) >= 1 for o in during.outcomes)
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+def test_concurrent_requests_that_meet_an_upstream_429_wait_for_their_turn(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    """No configured limit; 12 requests at once from the OpenAI SDK, an upstream that
+    takes 9 a second and answers the others 429 with a retry-after of about 1 s, max_wait
+    5 s: a turn comes within max_wait (after the hold, at the pace learned), so every
+    request waits for it and succeeds; nothing is answered 503."""
+    from support.proxy_server import ProxyInThread, settings_from
+
+    config = FakeUpstreamConfig(port=0, rpm=9, window=1.0, ratelimit_headers=False)
+    with run_in_thread(config) as upstream:
+        redis = {"url": request.getfixturevalue("redis_url")} if backend == "redis" else {}
+        settings = settings_from(
+            {
+                "redis": redis,
+                "models": [
+                    {
+                        "name": "gpt-4o-mini",
+                        "deployments": [{"id": "unstated", "base_url": upstream.base_url}],
+                    }
+                ],
+                "routing": {"max_wait": "5s", "retries": 0},
+            }
+        )
+        with ProxyInThread(settings) as proxy:
+            client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="x", max_retries=0)
+
+            async def one() -> int:
+                try:
+                    await client.chat.completions.create(**TOKEN_BODY)
+                except openai.APIStatusError as refused:
+                    return refused.status_code
+                return 200
+
+            async def burst() -> list[int]:
+                async with client:
+                    return list(await asyncio.gather(*(one() for _ in range(12))))
+
+            statuses = asyncio.run(burst())
+        stats = upstream.stats()
+    print(f"\n12 at once, {backend}: {statuses}; upstream {stats['by_status']}")
+    assert statuses == [200] * 12, statuses
+    assert stats["by_status"]["429"] >= 1, stats  # the upstream did refuse some
 
 
 # -- Redis outages under overload -------------------------------------------------------
@@ -201,15 +260,29 @@ def _outage_config(redis_url: str, upstream: FakeUpstreamHandle) -> dict[str, An
     return config
 
 
-@pytest.mark.parametrize("outage", ["killed", "frozen"])
+@pytest.mark.parametrize(
+    ("outage", "window"),
+    [
+        ("killed", WINDOW),
+        ("frozen", WINDOW),
+        # The same limit over a sliding second (the issue's upstream): 1% of it is only
+        # 10 ms of slack; the pacing margin covers turns 50 ms late (test_late_replicas).
+        ("killed", 1.0),
+    ],
+)
 def test_a_redis_outage_under_overload_overshoots_nothing(
-    tmp_path: Path, strict_upstream: FakeUpstreamHandle, outage: str
+    tmp_path: Path, outage: str, window: float
 ) -> None:
     """Two replicas at twice a strict upstream's limit; Redis dies (or hangs) 8 s in
     and comes back 10 s later. Zero upstream 429s; clients get only 200 or 429 with a
-    retry-after; at least 90% of the limit is used over the whole run."""
+    retry-after; at least 90% of the pace kept below the limit (the pacing margin) is
+    used over the whole run."""
     duration = 30.0
+    upstream = FakeUpstreamConfig(
+        port=0, rpm=int(TRUE_RATE * window), window=window, latency=0.02, ratelimit_headers=False
+    )
     with ExitStack() as stack:
+        strict_upstream = stack.enter_context(run_in_thread(upstream))
         redis = stack.enter_context(RedisServer(tmp_path / "redis"))
         config = _outage_config(redis.url, strict_upstream)
         proxies = [
@@ -230,12 +303,12 @@ def test_a_redis_outage_under_overload_overshoots_nothing(
         result = asyncio.run(scenario())
         stats = strict_upstream.stats()
         logs = [p.logs() for p in proxies]
-    _report(f"redis {outage}", result, stats)
+    _report(f"redis {outage}, {window:g} s window", result, stats)
     assert len(result.outcomes) == result.sent, "a request was lost"
     assert stats["rejected"] == 0, stats
     assert set(result.statuses) <= {200, 429}, (result.statuses, result.codes)
     assert all(o.retry_after for o in result.outcomes if o.status == 429)
-    assert stats["served"] >= 0.9 * TRUE_RATE * stats["admitted_span"], stats
+    assert stats["served"] >= 0.9 * PACED * TRUE_RATE * stats["admitted_span"], stats
     for log in logs:  # one outage, one fallback: the breaker stayed open throughout
         assert log.count("rate limiter mode: fallback") == 1, log
         assert log.count("rate limiter mode: shared") == 1, log

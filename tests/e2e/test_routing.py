@@ -172,6 +172,37 @@ def test_all_deployments_cooling_is_503_with_retry_after_and_the_sdk_recovers(
     assert completion.choices[0].message.content
 
 
+def test_requests_arriving_while_a_probe_is_out_wait_for_its_answer(
+    upstreams: tuple[FakeUpstreamHandle, FakeUpstreamHandle],
+) -> None:
+    """The only deployment failed and is cooled for 1 s; five requests arrive: they wait
+    out the cooldown, one of them goes as the half-open probe (the upstream takes 1 s to
+    answer it), and the other four wait for the probe's answer within their max_wait
+    (its deadline, the deployment's 30 s timeout, is only the latest it can come), then
+    are served: five 200s, no 503."""
+    only, _ = upstreams
+    config = _config(
+        _deployment("only", only, timeout="30s"),
+        max_wait="5s",
+        retries=0,
+        cooldown={"allowed_fails": 1, "window": "10s", "time": "1s"},
+    )
+    only.control(fail_rate=1.0, fail_status=500)
+    with ProxyInThread(settings_from(config)) as proxy:
+        failed = httpx.post(f"{proxy.base_url}/chat/completions", json=CHAT, timeout=10)
+        assert failed.status_code == 502  # the failure that cools it
+        only.control(fail_rate=0.0, latency=1.0)
+
+        async def five() -> list[httpx.Response]:
+            async with httpx.AsyncClient(timeout=30) as client:
+                url = f"{proxy.base_url}/chat/completions"
+                return list(await asyncio.gather(*(client.post(url, json=CHAT) for _ in range(5))))
+
+        answers = asyncio.run(five())
+    assert [a.status_code for a in answers] == [200] * 5, [a.text for a in answers]
+    assert only.stats()["by_status"] == {"500": 1, "200": 5}
+
+
 def test_a_stream_broken_after_its_first_chunk_ends_with_an_error_event(
     upstreams: tuple[FakeUpstreamHandle, FakeUpstreamHandle],
 ) -> None:

@@ -235,8 +235,10 @@ CASES: list[tuple[str, list[Step]]] = [
             Health(1, {"a": 1.0}),
             Reserve(1, "a", Go("a", 1.0), max_wait=5),
             Reserve(1, "a", Go("a", 2.0), max_wait=5),
-            # Refused while held: unavailable (503), though here its budget binds
-            Reserve(1, "a", Refused(1.5, cooling=True), max_wait=1.5),
+            # Held 1 s more, within max_wait: refused for its budget, at capacity (429)
+            Reserve(1, "a", Refused(1.5, cooling=False), max_wait=1.5),
+            # Held longer than max_wait: unavailable (503)
+            Reserve(1, "a", Refused(2.5, cooling=True), max_wait=0.5),
             Settle(1, "b", cool(10, rate_limited=True), cooled(10)),
             Reserve(1, "b", Refused(5.0, cooling=True), max_wait=5),  # the hold binds
             Reserve(1, "ab", Go("a", 3.0), max_wait=5),

@@ -15,6 +15,7 @@ from proxy.limiter.base import (
     CooldownRule,
     DeploymentLimits,
     DeploymentSettlement,
+    DeploymentVerdict,
     GroupAsk,
     HealthChange,
     KeyAsk,
@@ -25,6 +26,7 @@ from proxy.limiter.base import (
     Outcome,
     Rate,
     Remaining,
+    StorageError,
 )
 from proxy.limiter.factory import create_limiter
 from proxy.limiter.memory import MemoryLimiter
@@ -540,3 +542,52 @@ async def test_a_429_on_a_turn_the_other_side_granted_only_holds(
     )
     assert change.cooled and change.epoch == 0  # held, nothing learned
     assert a.local.health_of("g", "p").learned == 0.0
+
+
+# -- one failed call is no outage ---------------------------------------------------------
+
+
+class _LostReplies(RedisLimiter):
+    """The real Redis limiter, whose next ``lose`` reservations run in Redis but whose
+    replies are lost on the way back (a reply later than the socket timeout)."""
+
+    lose = 0
+    batch: StorageError | None = None  # set: the lost replies were one batch's
+
+    async def reserve(self, ask: GroupAsk) -> DeploymentVerdict:
+        verdict = await super().reserve(ask)
+        if self.lose > 0:
+            self.lose -= 1
+            raise self.batch or StorageError("redis limiter: TimeoutError: reply too late")
+        return verdict
+
+
+async def test_a_reservation_whose_reply_is_lost_is_asked_again_not_answered_locally(
+    disposable_redis: RedisServer, clock: Clock
+) -> None:
+    """A lost reply while the circuit stays closed: the reservation is asked again in
+    Redis (the lost turn is only wasted), not answered from the local share, which would
+    add a turn beside the other replicas' and then hold the shared schedule back for
+    reset_after and the margin. One batch failing is one failure for the breaker."""
+    shared = _LostReplies(disposable_redis.url, op_timeout=1.0, clock=clock)
+    a = ResilientLimiter(shared, on_error="local", replica_id="a", clock=clock)
+    try:
+        ask = GroupAsk("g", [PACED], 0, max_wait=10)
+        assert (await a.reserve(ask)).wait == 0.0
+        shared.lose = 1
+        again = await a.reserve(ask)
+        assert again.sent is not None and not again.sent.fallback
+        assert again.wait == 2.0  # turn 1 was taken by the lost call: wasted, not doubled
+        assert (await a.reserve(ask)).wait == 3.0  # no hold carried over: paced on
+        assert a.mode is LimiterMode.SHARED
+        shared.lose = 2  # lost twice: still asked again until the circuit opens
+        assert (await a.reserve(ask)).wait == 6.0
+        assert a.mode is LimiterMode.SHARED
+        # Three calls of one batch lost together: one failure, and each asked again.
+        shared.lose, shared.batch = 3, StorageError("redis limiter: TimeoutError: batch")
+        patient = GroupAsk("g", [PACED], 0, max_wait=30)
+        verdicts = await asyncio.gather(*(a.reserve(patient) for _ in range(3)))
+        assert a.mode is LimiterMode.SHARED
+        assert all(v.sent is not None and not v.sent.fallback for v in verdicts)
+    finally:
+        await a.aclose()

@@ -11,7 +11,7 @@ import pytest
 from support.proxy_server import settings_from
 
 from proxy.background import Background
-from proxy.catalog import Catalog
+from proxy.catalog import Catalog, pacing_headroom
 from proxy.limiter.base import SUCCESS, CooldownRule, DeploymentState, GroupAsk, Sent
 from proxy.limiter.memory import MemoryLimiter
 from proxy.routing.settlement import Settler, Turn
@@ -107,5 +107,21 @@ def test_a_request_the_upstream_did_not_admit_returns_its_token_charge(
 def test_a_usage_beyond_what_one_request_can_take_is_charged_only_that() -> None:
     """An answer that says 10**18 tokens were used, on a deployment of 100,000 a minute:
     charged 100,000 at most (its window is full again within a minute)."""
-    assert _settled(100, 10**18).reset["tpm"] == pytest.approx(60.0 / 0.99)
+    paced = 1.0 - pacing_headroom(TOKENS_CATALOG.pacing_margin)  # refilled that far below
+    assert _settled(100, 10**18).reset["tpm"] == pytest.approx(60.0 / paced)
     assert _settled(100, 5_000).remaining["tpm"] == pytest.approx(95_000.0)  # believed
+
+
+async def test_requests_sleeping_on_a_deployment_are_woken_when_it_learns() -> None:
+    """A newer epoch seen (a 429 settled here, or told by a reservation) sets the
+    deployment's learning event, so requests sleeping on turns reserved before wake at
+    once to take new ones, ahead of later arrivals; the same or an older epoch does not."""
+    settler = _settler()
+    settler.saw("d", 1)
+    woken = settler.learning("d")
+    settler.saw("d", 1)
+    settler.saw("d", 0)
+    assert not woken.is_set()
+    settler.saw("d", 2)
+    assert woken.is_set() and settler.stale(_turn(1))
+    assert not settler.learning("d").is_set()  # a fresh event for the turns taken now

@@ -104,7 +104,9 @@ class ProxyInThread:
 
 
 class ProxyProcess:
-    """``llm-proxy serve`` in a child process, with its config written to ``workdir``."""
+    """``llm-proxy serve`` in a child process, with its config written to ``workdir``.
+    ``module``: what ``python -m`` runs, ``proxy`` or a test wrapper of its CLI from
+    ``tests/support`` (``stalled_proxy.STALLED``), which then finds ``support`` on the path."""
 
     def __init__(
         self,
@@ -114,6 +116,7 @@ class ProxyProcess:
         workers: int = 1,
         name: str = "proxy",
         env: dict[str, str] | None = None,
+        module: str = "proxy",
     ) -> None:
         self.port = free_port()
         self.config_path = workdir / f"{name}.yaml"
@@ -121,6 +124,12 @@ class ProxyProcess:
         self.log_path = workdir / f"{name}.log"
         self.workers = workers
         self.env = {**os.environ, **(env or {})}
+        self.module = module
+        if module != "proxy":
+            tests = str(Path(__file__).resolve().parent.parent)
+            self.env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (tests, self.env.get("PYTHONPATH", "")) if p
+            )
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -137,7 +146,7 @@ class ProxyProcess:
             [
                 sys.executable,
                 "-m",
-                "proxy",
+                self.module,
                 "serve",
                 "--config",
                 str(self.config_path),

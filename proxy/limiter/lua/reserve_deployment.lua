@@ -60,7 +60,7 @@ for i, c in ipairs(candidates) do
     if wait_for(c.health, now) == 0.0 then
       waits[i] = math.max(hold, wait)
       reservable[i] = true
-      held_back[i] = hold > 0.0
+      held_back[i] = hold > max_wait
     else
       local out = unusable_for(c.health, now)
       waits[i] = math.max(out, wait)
