@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from proxy.api import admin_keys
 from proxy.api.admin_page import admin_page
 from proxy.api.admin_state import admin_state
 from proxy.api.reload import reload_config
@@ -67,6 +68,7 @@ ROUTES: list[tuple[str, Handler, list[str]]] = [
     ("/admin", admin_page, ["GET"]),
     ("/admin/state", admin_state, ["GET"]),
     ("/admin/reload", reload_config, ["POST"]),
+    *admin_keys.ROUTES,
 ]
 
 
