@@ -16,12 +16,14 @@ the same whatever the number of keys.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from proxy.keys.records import KeyRecord
+from proxy.limiter.runner import CLUSTER_SCHEMES
 
 __all__ = ["RedisKeyBackend", "WriteRefused"]
 
@@ -85,27 +87,53 @@ _REFUSALS = {-1: "exists", -2: "missing", -3: "changed"}
 
 
 class RedisKeyBackend:
+    """``redis+cluster://`` means a cluster; other ``redis://`` URLs are probed once with
+    ``INFO cluster``, as the limiter's (``limiter/runner.py``)."""
+
     def __init__(self, url: str, *, timeout: float = 1.0) -> None:
-        cluster = url.startswith(("redis+cluster://", "rediss+cluster://"))
-        if cluster:
-            url = url.replace("+cluster", "", 1)
-            self._redis: Any = RedisCluster.from_url(
-                url, socket_timeout=timeout, socket_connect_timeout=timeout
-            )
-        else:
-            self._redis = Redis.from_url(
-                url, socket_timeout=timeout, socket_connect_timeout=timeout
-            )
-        self._write = self._redis.register_script(_WRITE)
-        self._changes = self._redis.register_script(_CHANGES)
+        scheme, sep, rest = url.partition("://")
+        self._cluster: bool | None = None
+        if scheme in CLUSTER_SCHEMES:
+            url, self._cluster = f"{CLUSTER_SCHEMES[scheme]}{sep}{rest}", True
+        elif scheme == "unix":
+            self._cluster = False
+        self._url = url
+        self._options: dict[str, Any] = {
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+        }
+        self._client: Any = None
+        self._connecting = asyncio.Lock()
+
+    async def _redis(self) -> Any:
+        if self._client is not None:
+            return self._client
+        async with self._connecting:
+            if self._client is None:
+                if self._cluster is None:
+                    probe = Redis.from_url(self._url, **self._options)
+                    try:
+                        info = await probe.info("cluster")
+                    finally:
+                        await probe.aclose()
+                    self._cluster = bool(info.get("cluster_enabled"))
+                if self._cluster:
+                    client: Any = RedisCluster.from_url(self._url, **self._options)
+                else:
+                    client = Redis.from_url(self._url, **self._options)
+                self._write = client.register_script(_WRITE)
+                self._changes = client.register_script(_CHANGES)
+                self._client = client
+        return self._client
 
     async def load_all(self) -> tuple[int, list[KeyRecord]]:
         """Every record, and the version they are at least as new as."""
-        version = int(await self._redis.get(VERSION) or 0)
+        redis = await self._redis()
+        version = int(await redis.get(VERSION) or 0)
         records: list[KeyRecord] = []
         cursor: int | bytes = 0
         while True:
-            cursor, chunk = await self._redis.hscan(RECORDS, cursor, count=_SCAN_CHUNK)
+            cursor, chunk = await redis.hscan(RECORDS, cursor, count=_SCAN_CHUNK)
             records.extend(KeyRecord.from_json(raw) for raw in chunk.values())
             if not cursor or cursor == b"0":
                 break
@@ -114,6 +142,7 @@ class RedisKeyBackend:
     async def changes(self, seen: int) -> tuple[int, list[tuple[str, KeyRecord | None]] | None]:
         """The version now and the records changed since ``seen`` (None for a record:
         revoked); None instead of the list: too far behind, reload everything."""
+        redis = await self._redis()
         reply = await self._changes(keys=[VERSION, CHANGES, TRIMMED], args=[seen])
         version, trimmed, names = int(reply[0]), int(reply[1]), [n.decode() for n in reply[2:]]
         if version == seen:
@@ -122,14 +151,14 @@ class RedisKeyBackend:
             return version, None
         if not names:
             return version, []
-        raws = await self._redis.hmget(RECORDS, names)
+        raws = await redis.hmget(RECORDS, names)
         return version, [
             (name, KeyRecord.from_json(raw) if raw is not None else None)
             for name, raw in zip(names, raws, strict=True)
         ]
 
     async def get(self, name: str) -> tuple[KeyRecord, bytes] | None:
-        raw = await self._redis.hget(RECORDS, name)
+        raw = await (await self._redis()).hget(RECORDS, name)
         return None if raw is None else (KeyRecord.from_json(raw), raw)
 
     async def create(self, record: KeyRecord) -> None:
@@ -142,6 +171,7 @@ class RedisKeyBackend:
         await self._run("delete", name, b"", b"")
 
     async def _run(self, op: str, name: str, new: bytes, expected: bytes) -> None:
+        await self._redis()
         result = int(
             await self._write(
                 keys=[RECORDS, VERSION, CHANGES, TRIMMED],
@@ -152,4 +182,5 @@ class RedisKeyBackend:
             raise WriteRefused(_REFUSALS[result])
 
     async def aclose(self) -> None:
-        await self._redis.aclose()
+        if self._client is not None:
+            await self._client.aclose()
