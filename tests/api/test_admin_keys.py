@@ -10,11 +10,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
+import yaml
 from support.proxy_server import ProxyInThread, settings_from
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
@@ -226,3 +228,16 @@ def test_every_operation_is_audited_without_the_secret(
     assert secret not in everything and rotated not in everything
     assert 'llmproxy_key_operations_total{operation="revoke",result="not_found"} 1.0' in metrics
     assert 'llmproxy_key_operations_total{operation="create",result="success"} 1.0' in metrics
+
+
+def test_keys_of_the_api_survive_a_reload(
+    upstream: FakeUpstreamHandle, tmp_path: Path
+) -> None:
+    path = tmp_path / "proxy.yaml"
+    path.write_text(yaml.safe_dump(config(upstream.base_url)))
+    with ProxyInThread(settings_from(config(upstream.base_url)), config_path=path) as proxy:
+        with admin(proxy) as api:
+            created = api.post("/keys", json={"name": "svc-h"})
+            secret = created.json()["key"]
+            assert api.post("/reload").status_code == 200
+        assert chat(proxy.url, secret) == 200
