@@ -656,10 +656,20 @@ def load_settings(path: str | Path, env: Mapping[str, str] | None = None) -> Set
     except OSError as exc:
         raise ConfigError(source, [f"cannot read file: {exc.strerror}"]) from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(source, [_yaml_problem(exc)]) from None
+        data = yaml.load(text, Loader=_YAML_LOADER)  # noqa: S506 (a safe loader)
+    except yaml.YAMLError:
+        # Again with the pure-Python parser, whose messages _yaml_problem knows.
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(source, [_yaml_problem(exc)]) from None
     return parse_settings(data, source, env)
+
+
+# libyaml's parser when PyYAML has it (the same safe constructor): a file of 100,000
+# client keys reads several times faster than with the pure-Python one. An invalid file
+# is read again by the latter, for its messages.
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
