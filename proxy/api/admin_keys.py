@@ -8,7 +8,6 @@ of the config file are listed with ``"source": "config"`` and cannot be changed 
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -22,13 +21,12 @@ from proxy.auth import bearer_matches
 from proxy.config import ClientKey, Settings
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.keys.audit import audit
+from proxy.keys.listing import page_of, parse_page
 from proxy.keys.records import KeyRecord, parse_expiry, parse_grace, validate_entry
 from proxy.keys.store import Conflict, RuntimeKeys
 
 __all__ = ["ROUTES"]
 
-_MAX_PER_PAGE = 1000
-_DEFAULT_PER_PAGE = 100
 _CONFIG_FIELDS = (
     "rpm",
     "tpm",
@@ -157,30 +155,16 @@ async def list_keys(request: Request) -> Response:
             raise InvalidRequest(
                 "'team' is not supported yet on keys.", param="team", code="not_supported_yet"
             )
-        page = _positive(query.get("page", "1"), "page")
-        per_page = min(
-            _positive(query.get("per_page", str(_DEFAULT_PER_PAGE)), "per_page"), _MAX_PER_PAGE
-        )
+        page, per_page = parse_page(query)
     except ProxyError as error:
         return error_response(error)
     prefix = query.get("name_prefix", "")
-    configured = [_configured(k) for k in settings.keys if k.name.startswith(prefix)]
-    # One listing over both sources: the config's first (they are few), then the API's.
-    start, stop = (page - 1) * per_page, page * per_page
-    entries = configured[start:stop]
-    api_start = max(0, start - len(configured))
-    wanted = per_page - len(entries)
+    by_name = {k.name: k for k in settings.keys if k.name.startswith(prefix)}
+    chosen = page_of(list(by_name), keys.names(prefix, skip=by_name), page, per_page)
     now = time.time()
-    names = keys.index.names()
-    if prefix:
-        names = [n for n in names if n.startswith(prefix)]
-    names = [n for n in names if _config_key(settings, n) is None] if settings.keys else names
-    for name in names[api_start : api_start + wanted] if wanted > 0 else []:
-        record = keys.index.get(name)
-        if record is not None:
-            entries.append(record.public(now))
-    total = len(configured) + len(names)
-    return _json({"keys": entries, "page": page, "pages": max(1, math.ceil(total / per_page))})
+    entries = [_configured(by_name[name]) for name in chosen.configured]
+    entries += [r.public(now) for n in chosen.created if (r := keys.index.get(n)) is not None]
+    return _json({"keys": entries, "page": page, "pages": chosen.pages, "total": chosen.total})
 
 
 def _configured(key: ClientKey) -> dict[str, Any]:
@@ -192,12 +176,6 @@ def _configured(key: ClientKey) -> dict[str, Any]:
     if key.limits:
         entry["limits"] = [rule.model_dump() for rule in key.limits]
     return entry
-
-
-def _positive(value: str, param: str) -> int:
-    if not value.isdigit() or int(value) < 1 or len(value) > 9:
-        raise InvalidRequest(f"'{param}' must be a positive integer.", param=param)
-    return int(value)
 
 
 # (path, handler, methods), registered behind the admin keys by admin.py.

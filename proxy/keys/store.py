@@ -11,9 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any, Protocol
 
 from proxy.config import ClientKey
@@ -174,15 +173,15 @@ class RuntimeKeys:
     async def get(self, name: str) -> KeyRecord | None:
         return self.index.get(name)
 
-    def page(self, page: int, per_page: int, name_prefix: str = "") -> tuple[list[KeyRecord], int]:
-        """One page (from 1) of the keys in name order, and how many pages there are."""
+    def names(self, prefix: str = "", skip: Container[str] = ()) -> list[str]:
+        """The keys' names in order, those starting with ``prefix``, without ``skip``
+        (the config's: they win)."""
         names = self.index.names()
-        if name_prefix:
-            names = [n for n in names if n.startswith(name_prefix)]
-        pages = max(1, math.ceil(len(names) / per_page))
-        start = (page - 1) * per_page
-        chosen = names[start : start + per_page]
-        return [r for n in chosen if (r := self.index.get(n)) is not None], pages
+        if prefix:
+            names = [n for n in names if n.startswith(prefix)]
+        if skip:
+            names = [n for n in names if n not in skip]
+        return names
 
     async def _change(self, name: str, change: Callable[[KeyRecord], KeyRecord]) -> KeyRecord:
         for _ in range(_ATTEMPTS):

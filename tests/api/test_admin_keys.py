@@ -230,9 +230,7 @@ def test_every_operation_is_audited_without_the_secret(
     assert 'llmproxy_key_operations_total{operation="create",result="success"} 1.0' in metrics
 
 
-def test_keys_of_the_api_survive_a_reload(
-    upstream: FakeUpstreamHandle, tmp_path: Path
-) -> None:
+def test_keys_of_the_api_survive_a_reload(upstream: FakeUpstreamHandle, tmp_path: Path) -> None:
     path = tmp_path / "proxy.yaml"
     path.write_text(yaml.safe_dump(config(upstream.base_url)))
     with ProxyInThread(settings_from(config(upstream.base_url)), config_path=path) as proxy:
@@ -241,3 +239,19 @@ def test_keys_of_the_api_survive_a_reload(
             secret = created.json()["key"]
             assert api.post("/reload").status_code == 200
         assert chat(proxy.url, secret) == 200
+
+
+def test_the_admin_state_pages_the_keys_config_first_then_the_apis(
+    proxy: ProxyInThread,
+) -> None:
+    with admin(proxy) as api:
+        for name in ("api-b", "api-a"):
+            assert api.post("/keys", json={"name": name, "rpm": 7}).status_code == 201
+        first = api.get("/state", params={"per_page": 2}).json()
+        assert [k["name"] for k in first["keys"]] == ["config-team", "api-a"]
+        assert first["keys_page"] == {"page": 1, "per_page": 2, "pages": 2, "total": 3}
+        second = api.get("/state", params={"per_page": 2, "page": 2}).json()
+        [shown] = second["keys"]
+        assert shown["name"] == "api-b"
+        assert [(w["name"], w["configured"]) for w in shown["windows"]] == [("rpm", 7)]
+        assert api.get("/state", params={"per_page": "x"}).status_code == 400
