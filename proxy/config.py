@@ -556,7 +556,7 @@ def parse_settings(
 
 # A long key list is validated this many keys at a time: pydantic holds the GIL for a
 # whole call, and a reload reads the file in a thread while the event loop serves.
-_KEYS_CHUNK = 500
+_KEYS_CHUNK = 200
 _KEY_LIST: TypeAdapter[list[ClientKey]] = TypeAdapter(list[ClientKey])
 
 
@@ -689,6 +689,12 @@ def _model_in(annotation: Any) -> Any:
 
 def load_settings(path: str | Path, env: Mapping[str, str] | None = None) -> Settings:
     """Read and validate a YAML config file."""
+    return parse_settings(read_document(path), str(path), env)
+
+
+def read_document(path: str | Path) -> Any:
+    """The YAML document of a config file, not yet validated (``ConfigError`` if it
+    cannot be read or is not YAML)."""
     source = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -702,7 +708,7 @@ def load_settings(path: str | Path, env: Mapping[str, str] | None = None) -> Set
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise ConfigError(source, [_yaml_problem(exc)]) from None
-    return parse_settings(data, source, env)
+    return data
 
 
 # libyaml's parser when PyYAML has it (the same safe constructor): a file of 100,000

@@ -29,8 +29,9 @@ from typing import Any
 
 import httpx
 
-from proxy.config import ConfigError, Settings, config_warnings, load_settings
+from proxy.config import ConfigError, Settings, config_warnings, parse_settings
 from proxy.config_changes import ConfigChanges, config_changes, in_force
+from proxy.config_read import read_document_apart
 from proxy.limiter.base import ManagedLimiter
 from proxy.metrics import Metrics
 from proxy.observer import StateObserver, publish_configured_state
@@ -231,5 +232,5 @@ class Reloader:
 
 
 def _read(path: str, old: Settings) -> tuple[Settings, ConfigChanges]:
-    loaded = load_settings(path)
+    loaded = parse_settings(read_document_apart(path), path)
     return loaded, config_changes(old, loaded)

@@ -370,7 +370,7 @@ def test_an_azure_base_url_ending_in_openai_is_warned_about() -> None:
 
 
 def test_a_long_key_list_is_checked_in_chunks_with_every_problem_in_its_place() -> None:
-    """Over 500 keys the list is validated a chunk at a time (a reload in a thread lets
+    """Over 200 keys the list is validated a chunk at a time (a reload in a thread lets
     the event loop run between chunks): same keys, same order, same problem paths."""
     keys: list[dict[str, object]] = [
         {"name": f"k{i}", "key": f"sk-{i}", "rpm": 1} for i in range(1201)
