@@ -255,3 +255,19 @@ def test_the_admin_state_pages_the_keys_config_first_then_the_apis(
         assert shown["name"] == "api-b"
         assert [(w["name"], w["configured"]) for w in shown["windows"]] == [("rpm", 7)]
         assert api.get("/state", params={"per_page": "x"}).status_code == 400
+
+
+def test_the_key_manager_page_is_self_contained_and_lists_the_keys(proxy: ProxyInThread) -> None:
+    with admin(proxy) as api:
+        secret = api.post("/keys", json={"name": "svc-page", "rpm": 3}).json()["key"]
+        page = api.get("/key-manager")
+    assert page.status_code == 200
+    html = page.text
+    assert 'data-key="config-team"' in html and 'data-key="svc-page"' in html
+    assert "rpm 3" in html and secret not in html
+    assert all(f'id="{form}"' in html for form in ("create", "rotate", "revoke"))
+    assert "<link" not in html and "src=" not in html and "http" not in html.split("<script")[1]
+    policy = page.headers["content-security-policy"]
+    nonce = policy.split("'nonce-")[1].split("'")[0]
+    assert f'<script nonce="{nonce}">' in html and "connect-src 'self'" in policy
+    assert page.headers["cache-control"] == "no-store"

@@ -105,6 +105,9 @@ async def _drive(
             )
             await cdp.event("Page.loadEventFired")
             if script is not None:
+                # The page's own requests carry the headers its script sets, as after a
+                # login prompt (the browser's Basic credentials never replace them).
+                await cdp.call("Network.setExtraHTTPHeaders", {"headers": {}})
                 ran = await cdp.call(
                     "Runtime.evaluate", {"expression": script, "awaitPromise": True}
                 )
