@@ -76,16 +76,19 @@ class Pipeline:
         rng: random.Random | None = None,
         previous: Pipeline | None = None,
         runtime_keys: RuntimeLookup | None = None,
+        key_store: KeyStore | None = None,
     ) -> None:
         """``previous``: the pipeline a reload replaces; what this process learned while
         it ran (routing averages, limits its upstreams announced) carries over, and so do
-        the keys of the admin API (``runtime_keys``)."""
+        the keys of the admin API (``runtime_keys``). ``key_store``: the config's keys
+        indexed beforehand (a reload does it in a thread)."""
         self.settings = settings
         self.catalog = Catalog(settings, share)
         runtime = runtime_keys
         if runtime is None and previous is not None:
             runtime = previous.keys.runtime
-        self.keys: KeyStore = KeyStore(settings.keys, runtime)
+        self.keys: KeyStore = key_store or KeyStore(settings.keys)
+        self.keys.runtime = runtime
         self.limiter = limiter
         self.telemetry = Telemetry(metrics)
         self.background = Background()
