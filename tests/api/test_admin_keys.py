@@ -271,3 +271,12 @@ def test_the_key_manager_page_is_self_contained_and_lists_the_keys(proxy: ProxyI
     nonce = policy.split("'nonce-")[1].split("'")[0]
     assert f'<script nonce="{nonce}">' in html and "connect-src 'self'" in policy
     assert page.headers["cache-control"] == "no-store"
+
+
+def test_the_admin_page_pages_the_keys_too(proxy: ProxyInThread) -> None:
+    with admin(proxy) as api:
+        assert api.post("/keys", json={"name": "api-z", "rpm": 9}).status_code == 201
+        second = api.get("", params={"page": 2, "per_page": 1}).text
+    assert 'data-key="api-z"' in second and 'data-key="config-team"' not in second
+    pages = '2 keys; page <a href="?page=1&amp;per_page=1">1</a> <b>2</b>'
+    assert f'<p class="muted" id="key-pages">{pages}' in second
