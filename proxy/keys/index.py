@@ -8,7 +8,6 @@ arrive one record at a time (``apply``), so a change costs the same with 10 keys
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterable
 
 from proxy.config import ClientKey
 from proxy.errors import AuthenticationFailed
@@ -43,13 +42,6 @@ class KeyIndex:
                 self._by_digest[digest] = name
         if (old is None) != (record is None):
             self._sorted = None
-
-    def replace_all(self, records: Iterable[KeyRecord]) -> None:
-        self._records.clear()
-        self._by_digest.clear()
-        self._sorted = None
-        for record in records:
-            self.apply(record.name, record)
 
     def find(self, sha256: str, now: float) -> tuple[ClientKey, KeyLimits] | None:
         """The key a secret of digest ``sha256`` opens at ``now``; None if no key has it.

@@ -28,6 +28,7 @@ logger = logging.getLogger("proxy.keys")
 
 POLL_INTERVAL = 0.25  # a change reaches every replica within this and a round trip
 _ATTEMPTS = 5  # a PATCH or rotation racing another replica's write is retried
+_INDEX_SLICE = 2000  # records indexed per loop turn when everything is read again
 
 
 class Conflict(InvalidRequest):
@@ -96,8 +97,15 @@ class RuntimeKeys:
         await self.backend.aclose()
 
     async def _reload(self) -> None:
+        """Every key again: a new index built beside the one in use, a slice per loop
+        turn (100,000 keys would stall requests), then swapped in at once."""
         version, records = await self.backend.load_all()
-        self.index.replace_all(records)
+        index = KeyIndex()
+        for start in range(0, len(records), _INDEX_SLICE):
+            for record in records[start : start + _INDEX_SLICE]:
+                index.apply(record.name, record)
+            await asyncio.sleep(0)
+        self.index = index
         self._seen = version
         logger.info("run-time client keys loaded", extra={"keys": len(records)})
 
