@@ -132,3 +132,19 @@ def test_several_workers_without_redis_refuse_keys_by_api(
         assert refused.json()["error"]["code"] == "runtime_keys_unavailable"
         assert "redis.url" in refused.json()["error"]["message"]
         assert _status(proxy, "sk-config-team") == 200
+
+
+def test_with_redis_every_worker_of_a_replica_knows_a_new_key_within_a_second(
+    upstream: FakeUpstreamHandle, redis_url: str, tmp_path: Path
+) -> None:
+    with ProxyProcess(_config(upstream, redis_url), tmp_path, workers=2) as proxy:
+        created = httpx.post(f"{proxy.url}/admin/keys", headers=ADMIN, json={"name": "svc"})
+        assert created.status_code == 201, created.text
+        secret = created.json()["key"]
+        # Each request is a new connection, which the kernel hands to either worker: 20
+        # answers of 200 in a row, within the promise and the time they take, means both.
+        deadline = time.monotonic() + PROPAGATION + 2.0
+        streak = 0
+        while streak < 20:
+            assert time.monotonic() < deadline, f"only {streak} answers of 200 in a row"
+            streak = streak + 1 if _status(proxy, secret) == 200 else 0
