@@ -132,6 +132,17 @@ def test_several_workers_without_redis_refuse_keys_by_api(
         assert refused.json()["error"]["code"] == "runtime_keys_unavailable"
         assert "redis.url" in refused.json()["error"]["message"]
         assert _status(proxy, "sk-config-team") == 200
+        assert "Run-time client keys (/admin/keys) are off: 2 workers, no redis.url" in proxy.logs()
+
+
+def test_one_process_without_redis_says_its_keys_are_lost_on_restart(
+    upstream: FakeUpstreamHandle, tmp_path: Path
+) -> None:
+    with ProxyProcess(_config(upstream), tmp_path) as proxy:
+        created = httpx.post(f"{proxy.url}/admin/keys", headers=ADMIN, json={"name": "svc"})
+        assert created.status_code == 201
+        assert _status(proxy, created.json()["key"]) == 200
+        assert "live in this process (no redis.url): they are lost on restart" in proxy.logs()
 
 
 def test_with_redis_every_worker_of_a_replica_knows_a_new_key_within_a_second(
