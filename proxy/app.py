@@ -28,6 +28,7 @@ from proxy.api.responses import error_response
 from proxy.config import Settings, config_warnings, load_settings
 from proxy.config_watch import ConfigWatcher, FileSignature, file_signature
 from proxy.errors import InvalidRequest, ModelNotFound, ProxyError
+from proxy.keys.store import runtime_keys_for
 from proxy.limiter.base import LimiterMode, ManagedLimiter
 from proxy.limiter.factory import create_limiter, sentinel_target
 from proxy.logs import configure_logging
@@ -84,7 +85,12 @@ def create_app(
         limiter.on_eviction_policy(metrics.set_redis_evicting_policy)
         await limiter.start()
         transport = create_transport()
-        pipeline = Pipeline(settings, limiter, transport, metrics, share=share)
+        runtime_keys = runtime_keys_for(settings.redis.url, workers, settings.redis.timeout)
+        await runtime_keys.start()
+        app.state.runtime_keys = runtime_keys
+        pipeline = Pipeline(
+            settings, limiter, transport, metrics, share=share, runtime_keys=runtime_keys
+        )
         app.state.pipeline = pipeline
         app.state.limiter = limiter
         # What this replica is doing, with every heartbeat: the pipeline in force's.
@@ -123,6 +129,7 @@ def create_app(
             await observer.aclose()
             await app.state.pipeline.drain()
             await transport.aclose()
+            await runtime_keys.aclose()
             await limiter.aclose()
 
     app = FastAPI(

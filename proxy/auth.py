@@ -5,12 +5,21 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from proxy.config import ClientKey
 from proxy.errors import AuthenticationFailed, ModelNotAllowed
+from proxy.limiter.base import KeyLimits
 
-__all__ = ["KeyStore", "bearer_matches"]
+__all__ = ["KeyStore", "RuntimeLookup", "bearer_matches"]
+
+
+class RuntimeLookup(Protocol):
+    """The keys created through the admin API (``proxy/keys/store.RuntimeKeys``)."""
+
+    def find(self, sha256: str) -> tuple[ClientKey, KeyLimits] | None: ...
+    def __len__(self) -> int: ...
 
 
 class KeyStore:
@@ -19,11 +28,19 @@ class KeyStore:
     The secret is hashed before any comparison, so lookup time depends on its digest,
     never on how many leading characters of a real key were guessed; the final check
     uses ``hmac.compare_digest`` as well. Config may hold plain keys or their sha256.
+    ``runtime``: the keys of the admin API, asked after the config's, which win on a name
+    clash. Without config keys the proxy is open only while no such key exists either.
     """
 
-    def __init__(self, keys: Sequence[ClientKey]) -> None:
+    def __init__(self, keys: Sequence[ClientKey], runtime: RuntimeLookup | None = None) -> None:
         self._by_digest = {d: (d, key) for key in keys if (d := key.digest())}
-        self.open_access = not keys
+        self._names = frozenset(key.name for key in keys)
+        self.runtime = runtime
+        self._configured = bool(keys)
+
+    @property
+    def open_access(self) -> bool:
+        return not self._configured and (self.runtime is None or len(self.runtime) == 0)
 
     def authenticate(self, authorization: str | None) -> ClientKey | None:
         """The key behind an ``Authorization: Bearer KEY`` header; ``None`` in open access."""
@@ -37,9 +54,25 @@ class KeyStore:
             )
         digest = hashlib.sha256(secret.encode()).digest()
         found = self._by_digest.get(digest)
+        if found is None and self.runtime is not None:
+            created = self.runtime.find(digest.hex())
+            if created is not None and created[0].name not in self._names:
+                return created[0]
         if found is None or not hmac.compare_digest(found[0], digest):
             raise AuthenticationFailed("Incorrect API key provided.")
         return found[1]
+
+    def limits(
+        self, key: ClientKey | None, configured: Mapping[str, KeyLimits]
+    ) -> KeyLimits | None:
+        """``key``'s limits: the catalog's for a config key, the record's for an API key."""
+        if key is None:
+            return None
+        limits = configured.get(key.name)
+        if limits is None and self.runtime is not None:
+            created = self.runtime.find(key.digest().hex())
+            limits = created[1] if created is not None else None
+        return limits
 
     @staticmethod
     def authorize(key: ClientKey | None, model: str) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import httpx
@@ -256,6 +256,28 @@ def announced_lower(
     return lower
 
 
+class _KeyLimits(Mapping[str, KeyLimits]):
+    """The config keys' limits by name, each built on first use: a config of 100,000 keys
+    costs a dict of names at start-up and reload, not 100,000 sets of windows."""
+
+    def __init__(self, keys: Sequence[ClientKey], share: float) -> None:
+        self._keys = {key.name: key for key in keys}
+        self._share = share
+        self._built: dict[str, KeyLimits] = {}
+
+    def __getitem__(self, name: str) -> KeyLimits:
+        built = self._built.get(name)
+        if built is None:
+            built = self._built[name] = key_limits(self._keys[name], self._share)
+        return built
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
 class Catalog:
     def __init__(
         self,
@@ -265,7 +287,7 @@ class Catalog:
     ) -> None:
         self.pacing_margin = settings.routing.pacing_margin
         self.groups = {g.name: _group(g, share, self.pacing_margin) for g in settings.models}
-        self.key_limits = {k.name: key_limits(k, share) for k in settings.keys}
+        self.key_limits: Mapping[str, KeyLimits] = _KeyLimits(settings.keys, share)
         self.fallbacks = settings.routing.fallbacks
         self.share = share
         self.clock = clock

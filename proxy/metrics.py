@@ -83,6 +83,11 @@ LIMITER_OPERATIONS: Final = ("acquire_key", "reserve", "settle", "snapshot", "he
 # Outcomes of a config reload (labels of llmproxy_config_reloads_total).
 RELOAD_RESULTS: Final = ("success", "failure")
 
+# Operations on run-time client keys and their results (llmproxy_key_operations_total):
+# fixed sets, never the key's name (an API caller's input).
+KEY_OPERATIONS: Final = ("create", "update", "rotate", "revoke")
+KEY_RESULTS: Final = ("success", "invalid", "conflict", "not_found", "unavailable")
+
 # LLM calls last from milliseconds (cached, tiny embeddings) to many minutes (long generations).
 DURATION_BUCKETS: Final = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0,
@@ -310,6 +315,14 @@ class Metrics:
             registry=reg,
         )
 
+        self._key_operations_total = Counter(
+            "llmproxy_key_operations_total",
+            "Operations on client keys through the admin API, by operation (create,"
+            " update, rotate, revoke) and result.",
+            ["operation", "result"],
+            registry=reg,
+        )
+
         # Children by label values (see the module docstring).
         self._c_requests = _Children(self._requests_total)
         self._c_request_duration = _Children(self._request_duration)
@@ -336,6 +349,8 @@ class Metrics:
             self._c_limiter_error(operation)
         for result in RELOAD_RESULTS:
             self._config_reloads_total.labels(result)
+        for operation in KEY_OPERATIONS:
+            self._key_operations_total.labels(operation, "success")
 
         # Visible from the first scrape, before any Redis trouble.
         self._fallback_active.set(0)
@@ -459,6 +474,12 @@ class Metrics:
         if result not in RELOAD_RESULTS:
             raise ValueError(f"result must be one of {RELOAD_RESULTS}, not {result!r}")
         self._config_reloads_total.labels(result).inc(share)
+
+    def key_operation(self, operation: str, result: str) -> None:
+        """An admin API operation on a client key ended with ``result`` (KEY_RESULTS)."""
+        if operation not in KEY_OPERATIONS or result not in KEY_RESULTS:
+            raise ValueError(f"unknown key operation or result: {operation!r}, {result!r}")
+        self._key_operations_total.labels(operation, result).inc()
 
     # -- exposition -------------------------------------------------------------------------
 

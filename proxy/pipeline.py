@@ -22,7 +22,7 @@ import httpx
 import orjson
 
 from proxy import request_fields, tokens
-from proxy.auth import KeyStore
+from proxy.auth import KeyStore, RuntimeLookup
 from proxy.background import Background
 from proxy.call import Call, ClientLeft, Reply, Settlement, WatchDeparture
 from proxy.catalog import Catalog, GroupRoute
@@ -75,12 +75,20 @@ class Pipeline:
         share: float = 1.0,
         rng: random.Random | None = None,
         previous: Pipeline | None = None,
+        runtime_keys: RuntimeLookup | None = None,
+        key_store: KeyStore | None = None,
     ) -> None:
         """``previous``: the pipeline a reload replaces; what this process learned while
-        it ran (routing averages, limits its upstreams announced) carries over."""
+        it ran (routing averages, limits its upstreams announced) carries over, and so do
+        the keys of the admin API (``runtime_keys``). ``key_store``: the config's keys
+        indexed beforehand (a reload does it in a thread)."""
         self.settings = settings
         self.catalog = Catalog(settings, share)
-        self.keys = KeyStore(settings.keys)
+        runtime = runtime_keys
+        if runtime is None and previous is not None:
+            runtime = previous.keys.runtime
+        self.keys: KeyStore = key_store or KeyStore(settings.keys)
+        self.keys.runtime = runtime
         self.limiter = limiter
         self.telemetry = Telemetry(metrics)
         self.background = Background()
@@ -164,7 +172,7 @@ class Pipeline:
             call.estimate = tokens.estimate(
                 call.body, endpoint, self.settings.server.default_max_tokens
             )
-            limits = self.catalog.key_limits.get(key.name) if key is not None else None
+            limits = self.keys.limits(key, self.catalog.key_limits)
             if limits is not None:
                 key_check = self._check_key(call, limits, shadow=key is not None and key.shadow)
                 settlement = self._key_settlement(call, limits, key_check)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -29,8 +30,10 @@ from typing import Any
 
 import httpx
 
-from proxy.config import ConfigError, Settings, config_warnings, load_settings
+from proxy.auth import KeyStore
+from proxy.config import ConfigError, Settings, config_warnings, parse_settings
 from proxy.config_changes import ConfigChanges, config_changes, in_force
+from proxy.config_read import read_document_apart
 from proxy.limiter.base import ManagedLimiter
 from proxy.metrics import Metrics
 from proxy.observer import StateObserver, publish_configured_state
@@ -167,11 +170,14 @@ class Reloader:
         path = self.config_path
         if path is None:
             return self._failed("<embedded demo>", ["no config file to re-read (embedded demo)"])
+        old: Settings = self.state.settings
         try:
-            loaded = await asyncio.to_thread(load_settings, path)
+            # Off the event loop: reading, validating and comparing 100,000 keys.
+            loaded, changes, key_store = await asyncio.to_thread(_read, path, old)
         except ConfigError as exc:
             return self._failed(path, exc.problems)
-        if not loaded.keys:
+        runtime = self.state.pipeline.keys.runtime
+        if not loaded.keys and (runtime is None or len(runtime) == 0):  # anyone could use it
             if not loaded.server.open_access:
                 logger.warning("config reload refused: it would leave no client keys (open access)")
                 return self._failed(path, [_OPEN_ACCESS_REFUSED])
@@ -179,16 +185,20 @@ class Reloader:
                 "config reload: no client keys and server.open_access: true; the proxy"
                 " accepts requests from anyone"
             )
-        old: Settings = self.state.settings
         settings = in_force(old, loaded)
         previous: Pipeline = self.state.pipeline
         try:
             pipeline = Pipeline(
-                settings, self.limiter, self.transport, self.metrics, self.share, previous=previous
+                settings,
+                self.limiter,
+                self.transport,
+                self.metrics,
+                self.share,
+                previous=previous,
+                key_store=key_store,
             )
         except (OSError, ssl.SSLError, ValueError) as exc:  # e.g. a TLS file unreadable now
             return self._failed(path, [f"models: cannot be used: {exc}"])
-        changes = config_changes(old, loaded)
         # One step, no await: every request from here on gets the new pipeline.
         self.state.pipeline = pipeline
         self.state.settings = settings
@@ -241,3 +251,18 @@ class Reloader:
                 await task
         for pipeline in list(self._retired):
             await pipeline.drain()
+
+
+def _read(path: str, old: Settings) -> tuple[Settings, ConfigChanges, KeyStore]:
+    """In a thread: the file read, validated, compared, its keys indexed. The collector
+    is held off meanwhile and what was built frozen (``gc.freeze``, as at start-up):
+    a full collection over 100,000 new keys would hold the GIL, and the event loop, for
+    a quarter of a second; a frozen object is still freed when no longer referenced."""
+    gc.disable()
+    try:
+        loaded = parse_settings(read_document_apart(path), path)
+        result = loaded, config_changes(old, loaded), KeyStore(loaded.keys)
+        gc.freeze()
+        return result
+    finally:
+        gc.enable()

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from proxy.limiter.base import (
     Activity,
     DeploymentState,
+    KeyLimits,
     KeyState,
     LimiterMode,
     Window,
@@ -69,8 +70,15 @@ def health_state(s: DeploymentState) -> str:
     return "held" if s.hold_for > 0 else "healthy"
 
 
-def state(settings: Settings, catalog: Catalog, reading: Reading) -> Json:
-    """The whole view: ``limiter``, ``models`` (their deployments) and ``keys``."""
+def state(
+    settings: Settings,
+    catalog: Catalog,
+    reading: Reading,
+    keys: Sequence[tuple[ClientKey, KeyLimits | None]] | None = None,
+    keys_page: Json | None = None,
+) -> Json:
+    """The whole view: ``limiter``, ``models`` (their deployments) and ``keys``: those
+    given with their limits (a page: ``keys_page`` says which), or every config key."""
     now = reading.now
     totals = _sum(reading.activity)
     models = [
@@ -86,9 +94,11 @@ def state(settings: Settings, catalog: Catalog, reading: Reading) -> Json:
         }
         for group in catalog.groups.values()
     ]
-    keys = [
-        _key(key, catalog, reading.keys.get(key.name, KeyState()), totals, now)
-        for key in settings.keys
+    if keys is None:
+        keys = [(key, catalog.key_limits.get(key.name)) for key in settings.keys]
+    shown = [
+        _key(key, limits, reading.keys.get(key.name, KeyState()), totals, now)
+        for key, limits in keys
     ]
     anonymous = totals["waiting_keys"].get("", 0), totals["in_flight_keys"].get("", 0)
     shared = reading.mode is LimiterMode.SHARED
@@ -103,7 +113,8 @@ def state(settings: Settings, catalog: Catalog, reading: Reading) -> Json:
         },
         "waiting": sum(totals["waiting"].values()),
         "models": models,
-        "keys": keys,
+        "keys": shown,
+        **({"keys_page": keys_page} if keys_page is not None else {}),
         "without_key": {"waiting": anonymous[0], "in_flight": anonymous[1]},
     }
 
@@ -143,13 +154,12 @@ def _deployment(
 
 def _key(
     key: ClientKey,
-    catalog: Catalog,
+    limits: KeyLimits | None,
     s: KeyState,
     totals: Mapping[str, Mapping[str, int]],
     now: float,
 ) -> Json:
     name = key.name
-    limits = catalog.key_limits.get(name)
     windows = limits.windows if limits is not None else ()
     parallel = limits.max_parallel if limits is not None else None
     return {

@@ -1,5 +1,6 @@
 """The config file: YAML, env interpolation, durations, and errors that name the field."""
 
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -410,3 +411,27 @@ def test_an_azure_base_url_ending_in_openai_is_warned_about() -> None:
     data["models"][0]["deployments"][0]["base_url"] += "/openai"  # type: ignore[index]
     (warning,) = config_warnings(parse_settings(data, env={}))
     assert "without /openai" in warning
+
+
+def test_a_long_key_list_is_checked_in_chunks_with_every_problem_in_its_place() -> None:
+    """Over 200 keys the list is validated a chunk at a time (a reload in a thread lets
+    the event loop run between chunks): same keys, same order, same problem paths."""
+    keys: list[dict[str, object]] = [
+        {"name": f"k{i}", "key": f"sk-{i}", "rpm": 1} for i in range(1201)
+    ]
+    data = {
+        "keys": keys,
+        "models": [{"name": "m", "deployments": [{"id": "d", "base_url": "http://x/v1"}]}],
+    }
+    settings = parse_settings(data, "<test>", env={})
+    assert [k.name for k in settings.keys] == [f"k{i}" for i in range(1201)]
+    assert settings.keys[1200].digest() == hashlib.sha256(b"sk-1200").digest()
+    keys[1100]["rpm"] = 0
+    keys[7]["colour"] = "red"
+    with pytest.raises(ConfigError) as info:
+        parse_settings({**data, "routing": {"retries": -1}}, "<test>", env={})
+    assert sorted(p.split(":")[0] for p in info.value.problems) == [
+        "keys[1100].rpm",
+        "keys[7].colour",
+        "routing.retries",
+    ]

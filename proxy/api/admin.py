@@ -15,6 +15,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from proxy.api import admin_keys
+from proxy.api.admin_keys_page import key_manager
 from proxy.api.admin_page import admin_page
 from proxy.api.admin_state import admin_state
 from proxy.api.reload import reload_config
@@ -67,11 +69,18 @@ ROUTES: list[tuple[str, Handler, list[str]]] = [
     ("/admin", admin_page, ["GET"]),
     ("/admin/state", admin_state, ["GET"]),
     ("/admin/reload", reload_config, ["POST"]),
+    ("/admin/key-manager", key_manager, ["GET"]),
+    *admin_keys.ROUTES,
 ]
+
+
+# The pages a browser opens (HTTP Basic accepted, and asked for); the JSON API takes
+# bearer tokens only, so no credential a browser sends by itself can drive it (CSRF).
+_PAGES = frozenset({"/admin", "/admin/key-manager"})
 
 
 def routes() -> list[Route]:
     return [
-        Route(path, admin_only(handler, browser=path == "/admin"), methods=methods)
+        Route(path, admin_only(handler, browser=path in _PAGES), methods=methods)
         for path, handler, methods in ROUTES
     ]

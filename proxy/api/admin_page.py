@@ -18,6 +18,9 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
 from proxy.api.admin_state import read_state
+from proxy.api.responses import error_response
+from proxy.errors import ProxyError
+from proxy.keys.listing import parse_page
 
 __all__ = ["REFRESH", "admin_page", "render"]
 
@@ -58,6 +61,8 @@ def render(view: Json) -> str:
         )
         body.append(_deployments(model["deployments"]))
     body.append("<h2>Client keys</h2>")
+    if "keys_page" in view:
+        body.append(_pages(view["keys_page"]))
     body.append(_keys(view["keys"]) if view["keys"] else '<p class="muted">none configured</p>')
     anonymous = view["without_key"]
     if anonymous["waiting"] or anonymous["in_flight"]:
@@ -75,8 +80,27 @@ def render(view: Json) -> str:
 
 
 async def admin_page(request: Request) -> Response:
-    view = await read_state(request.app.state.pipeline, request.app.state.limiter)
+    """``?page=N&per_page=M``: which page of the client keys, as ``/admin/state``."""
+    try:
+        page, per_page = parse_page(request.query_params)
+    except ProxyError as error:
+        return error_response(error)
+    app = request.app.state
+    view = await read_state(app.pipeline, app.limiter, app.runtime_keys, page, per_page)
     return HTMLResponse(render(view), headers={"cache-control": "no-store"})
+
+
+def _pages(at: Json) -> str:
+    """Links to the neighbouring pages of keys (plain links: the refresh keeps the page)."""
+    page, pages, per_page = at["page"], at["pages"], at["per_page"]
+    links = [
+        f'<a href="?page={p}&amp;per_page={_e(per_page)}">{p}</a>' if p != page else f"<b>{p}</b>"
+        for p in range(max(1, page - 5), min(pages, page + 5) + 1)
+    ]
+    return (
+        f'<p class="muted" id="key-pages">{_e(at["total"])} keys; page {" ".join(links)}'
+        f' of {_e(pages)} &middot; <a href="/admin/key-manager">manage keys</a></p>'
+    )
 
 
 def _deployments(deployments: Iterable[Json]) -> str:

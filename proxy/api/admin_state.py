@@ -1,9 +1,11 @@
 """``GET /admin/state``: what the limiter and the router know now, as JSON.
 
-Reading it costs one limiter call per model group and per client key with limits (on a
-single Redis, the calls of one loop turn go out in one pipelined round trip) and one for
-the replicas' activity; nothing on any request's path. Storage trouble answers like any
-limiter read through policy.py: this process's fallback view, or an empty one.
+Reading it costs one limiter call per model group and per client key with limits on the
+page asked for (``?page=N&per_page=M``: 100 keys a page by default, the config's first,
+then the admin API's; on a single Redis, the calls of one loop turn go out in one
+pipelined round trip) and one for the replicas' activity; nothing on any request's
+path. Storage trouble answers like any limiter read through policy.py: this process's
+fallback view, or an empty one.
 """
 
 from __future__ import annotations
@@ -16,18 +18,41 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proxy.limiter.base import ManagedLimiter
+from proxy.api.responses import error_response
+from proxy.config import ClientKey
+from proxy.errors import ProxyError
+from proxy.keys.listing import DEFAULT_PER_PAGE, page_of, parse_page
+from proxy.keys.store import RuntimeKeys
+from proxy.limiter.base import KeyLimits, ManagedLimiter
 from proxy.pipeline import Pipeline
 from proxy.state_view import Reading, state
 
 __all__ = ["admin_state", "read_state"]
 
 
-async def read_state(pipeline: Pipeline, limiter: ManagedLimiter) -> dict[str, Any]:
-    """The admin state of the config in force (the pipeline's)."""
+async def read_state(
+    pipeline: Pipeline,
+    limiter: ManagedLimiter,
+    runtime: RuntimeKeys | None = None,
+    page: int = 1,
+    per_page: int = DEFAULT_PER_PAGE,
+) -> dict[str, Any]:
+    """The admin state of the config in force (the pipeline's), with one page of the
+    client keys: the config's, then the admin API's (``runtime``)."""
     catalog = pipeline.catalog
+    settings = pipeline.settings
     groups = list(catalog.groups.values())
-    keys = list(catalog.key_limits.values())
+    configured = {k.name: k for k in settings.keys}
+    created = runtime.names(skip=configured) if runtime is not None else []
+    chosen = page_of(list(configured), created, page, per_page)
+    shown: list[tuple[ClientKey, KeyLimits | None]] = [
+        (configured[name], catalog.key_limits.get(name)) for name in chosen.configured
+    ]
+    for name in chosen.created:
+        record = runtime.index.get(name) if runtime is not None else None
+        if record is not None:
+            shown.append(record.client_key())
+    keys = [limits for _, limits in shown if limits is not None]
     deployments, key_states, activity = await asyncio.gather(
         asyncio.gather(
             *(limiter.snapshot(g.name, [catalog.limits(d) for d in g.deployments]) for g in groups)
@@ -42,11 +67,17 @@ async def read_state(pipeline: Pipeline, limiter: ManagedLimiter) -> dict[str, A
         keys={k.name: s for k, s in zip(keys, key_states, strict=True)},
         activity=activity,
     )
-    return state(pipeline.settings, catalog, reading)
+    return state(settings, catalog, reading, shown, chosen.as_dict())
 
 
 async def admin_state(request: Request) -> Response:
-    view = await read_state(request.app.state.pipeline, request.app.state.limiter)
+    """``?page=N&per_page=M``: which page of the client keys (default 1 and 100)."""
+    try:
+        page, per_page = parse_page(request.query_params)
+    except ProxyError as error:
+        return error_response(error)
+    app = request.app.state
+    view = await read_state(app.pipeline, app.limiter, app.runtime_keys, page, per_page)
     return Response(
         orjson.dumps(view, option=orjson.OPT_INDENT_2),
         media_type="application/json",

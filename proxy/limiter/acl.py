@@ -37,7 +37,23 @@ SCRIPT_COMMANDS = (
     "zremrangebyscore",
     "zscore",
 )
-COMMANDS = tuple(dict.fromkeys(CLIENT_COMMANDS + SCRIPT_COMMANDS))
+# The admin API's client keys (keys/redis_backend.py): its reads, and its write scripts.
+KEY_STORE_COMMANDS = (
+    "get",
+    "hget",
+    "hmget",
+    "hscan",
+    "hset",
+    "hdel",
+    "incr",
+    "set",
+    "zadd",
+    "zcard",
+    "zrange",
+    "zrangebyscore",
+    "zremrangebyrank",
+)
+COMMANDS = tuple(dict.fromkeys(CLIENT_COMMANDS + SCRIPT_COMMANDS + KEY_STORE_COMMANDS))
 # Reading maxmemory-policy (eviction.py). Optional: CONFIG GET also reads every other
 # setting; without it the proxy says once that it cannot check the policy.
 OPTIONAL_COMMANDS = ("config|get",)

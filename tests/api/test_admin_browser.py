@@ -10,13 +10,23 @@ Chromium takes a few seconds to start on this machine; every step is bounded (``
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
-from support.admin import ADMIN, config, cooling_and_waiting, poll_state, shows_cooling_and_waiting
+from support.admin import (
+    ADMIN,
+    ADMIN_KEY,
+    config,
+    cooling_and_waiting,
+    poll_state,
+    shows_cooling_and_waiting,
+)
 from support.browser import Page, find_chromium, load
 from support.proxy_server import ProxyInThread, settings_from
 
@@ -77,3 +87,72 @@ def test_the_admin_page_in_a_browser_shows_cooling_and_waiting(
     # rendering the error: nothing of the state reaches the page.
     assert refused.status == 401
     assert "data-deployment" not in refused.dom
+
+
+# What a user does on the key manager: type the admin key, fill a form, press its button,
+# and wait for the page's answer. One form a step; the answer is in <output id="result">.
+_SUBMIT = """
+(async () => {
+  const set = (form, name, value) => {
+    document.querySelector(`#${form} [name=${name}]`).value = value;
+  };
+  const done = () => new Promise((resolve) => {
+    const seen = document.getElementById('result');
+    const check = () => seen.dataset.status ? resolve() : setTimeout(check, 20);
+    check();
+  });
+  const answers = [];
+  document.getElementById('admin-key').value = %(admin)s;
+  for (const [form, fields] of %(steps)s) {
+    delete document.getElementById('result').dataset.status;
+    for (const [name, value] of Object.entries(fields)) set(form, name, value);
+    document.querySelector(`#${form} button`).click();
+    await done();
+    answers.push(document.getElementById('result').textContent);
+  }
+  document.body.dataset.answers = JSON.stringify(answers);
+})()
+"""
+
+
+def test_the_key_manager_creates_rotates_and_revokes_from_the_browser(
+    chromium: str, upstream: FakeUpstreamHandle
+) -> None:
+    """The page is opened with the admin key as a Basic password (what a browser's login
+    prompt sends); its forms send the key typed into the page as a bearer header, which
+    the API needs: a Basic credential alone is refused there (no ambient authority for a
+    forged cross-site post)."""
+    basic = "Basic " + base64.b64encode(f"admin:{ADMIN_KEY}".encode()).decode()
+    steps = [
+        ["create", {"name": "from-browser", "rpm": "5"}],
+        ["rotate", {"target": "from-browser", "grace": "0s"}],
+        ["revoke", {"target": "from-browser"}],
+    ]
+    script = _SUBMIT % {"admin": json.dumps(ADMIN_KEY), "steps": json.dumps(steps)}
+
+    with ProxyInThread(settings_from(config(upstream.base_url))) as proxy:
+        page = asyncio.run(
+            load(
+                f"{proxy.url}/admin/key-manager",
+                {"authorization": basic},
+                None,
+                BROWSER_TIMEOUT,
+                chromium,
+                script=script,
+            )
+        )
+        forged = httpx.post(
+            f"{proxy.url}/admin/keys", json={"name": "forged"}, headers={"authorization": basic}
+        )
+        listed = httpx.get(f"{proxy.url}/admin/keys", headers=ADMIN).json()["keys"]
+
+    assert page.status == 200
+    answers = json.loads(
+        re.search(r'data-answers="([^"]*)"', page.dom).group(1).replace("&quot;", '"')  # type: ignore[union-attr]
+    )
+    created, rotated, revoked = answers
+    assert created.startswith("201 ") and '"key":"sk-llmp-' in created
+    assert rotated.startswith("200 ") and '"key":"sk-llmp-' in rotated
+    assert revoked.startswith("204 ")
+    assert forged.status_code == 401
+    assert [k["name"] for k in listed] == ["team-a"]  # created, then revoked: gone

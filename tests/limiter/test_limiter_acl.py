@@ -48,3 +48,24 @@ def test_the_setuser_line_grants_nothing_else() -> None:
     assert "+config|get" not in line and "+config|get" in acl.setuser_line(
         "u", "p", config_get=True
     )
+
+
+def test_the_admin_api_key_store_is_granted_its_commands_and_keys() -> None:
+    """The run-time client keys (keys/redis_backend.py) share the Redis and its ACL user:
+    the commands of their write scripts and of their reads, and their key names."""
+    from proxy.keys import redis_backend
+
+    source = resources.files("proxy.keys").joinpath("redis_backend.py").read_text("utf-8")
+    in_scripts = {c.lower() for c in re.findall(r"redis\.p?call\(\s*'(\w+)'", source)}
+    read = {"get", "hscan", "hmget", "hget"}  # the client's own calls (redis_backend._load...)
+    assert in_scripts and (in_scripts | read) <= set(acl.COMMANDS), sorted(
+        (in_scripts | read) - set(acl.COMMANDS)
+    )
+    names = [
+        redis_backend.RECORDS,
+        redis_backend.VERSION,
+        redis_backend.CHANGES,
+        redis_backend.TRIMMED,
+    ]
+    for name in names:
+        assert any(fnmatchcase(name, pattern) for pattern in acl.KEY_PATTERNS), name

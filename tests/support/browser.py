@@ -59,8 +59,11 @@ async def load(
     screenshot: Path | None = None,
     timeout: float = 60.0,
     chromium: str | None = None,
+    script: str | None = None,
 ) -> Page:
-    """Load ``url`` in a fresh headless Chromium sending ``headers`` with every request."""
+    """Load ``url`` in a fresh headless Chromium sending ``headers`` with every request;
+    ``script``: a JavaScript expression run in the page once loaded (a promise is awaited),
+    as a user's clicks would, before the DOM is read."""
     binary = chromium or find_chromium()
     if binary is None:
         raise RuntimeError("chromium not found")
@@ -74,14 +77,19 @@ async def load(
         )
         try:
             return await asyncio.wait_for(
-                _drive(Path(profile), url, headers, screenshot, started), timeout
+                _drive(Path(profile), url, headers, screenshot, started, script), timeout
             )
         finally:
             _stop(process)
 
 
 async def _drive(
-    profile: Path, url: str, headers: dict[str, str], screenshot: Path | None, started: float
+    profile: Path,
+    url: str,
+    headers: dict[str, str],
+    screenshot: Path | None,
+    started: float,
+    script: str | None,
 ) -> Page:
     port = await _debugging_port(profile)
     async with aiohttp.ClientSession() as session:
@@ -96,6 +104,15 @@ async def _drive(
                 "Network.responseReceived", lambda p: p.get("type") == "Document"
             )
             await cdp.event("Page.loadEventFired")
+            if script is not None:
+                # The page's own requests carry the headers its script sets, as after a
+                # login prompt (the browser's Basic credentials never replace them).
+                await cdp.call("Network.setExtraHTTPHeaders", {"headers": {}})
+                ran = await cdp.call(
+                    "Runtime.evaluate", {"expression": script, "awaitPromise": True}
+                )
+                if "exceptionDetails" in ran:
+                    raise RuntimeError(f"the page's script failed: {ran['exceptionDetails']}")
             result = await cdp.call(
                 "Runtime.evaluate",
                 {"expression": "document.documentElement.outerHTML", "returnByValue": True},

@@ -1,0 +1,188 @@
+"""``/admin/keys``: client keys created, listed, changed, rotated and revoked at run time
+(the contract's table, docs/design "Client keys managed at run time").
+
+The secret is returned once, by create and rotate, and stored only as its sha256. Keys
+of the config file are listed with ``"source": "config"`` and cannot be changed here
+(409); they win on a name clash. Every operation is audited (``keys/audit.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from proxy.api.responses import error_response
+from proxy.auth import bearer_matches
+from proxy.config import ClientKey, Settings
+from proxy.errors import InvalidRequest, ProxyError
+from proxy.keys.audit import audit
+from proxy.keys.listing import page_of, parse_page
+from proxy.keys.records import KeyRecord, parse_expiry, parse_grace, validate_entry
+from proxy.keys.store import Conflict, RuntimeKeys
+
+__all__ = ["ROUTES"]
+
+_CONFIG_FIELDS = (
+    "rpm",
+    "tpm",
+    "rpd",
+    "tpd",
+    "max_parallel",
+    "models",
+    "priority",
+    "weight",
+    "shadow",
+)
+
+
+def _json(data: object, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def _who(request: Request) -> str:
+    """Which admin key called: its position in ``admin.keys`` (a name, never the key)."""
+    settings: Settings = request.app.state.settings
+    authorization = request.headers.get("authorization")
+    for position, secret in enumerate(settings.admin.secrets()):
+        if bearer_matches(authorization, [secret]):
+            return f"admin.keys[{position}]"
+    return "admin"
+
+
+async def _body(request: Request) -> Any:
+    raw = await request.body()
+    if not raw.strip():
+        return None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise InvalidRequest("The body is not valid JSON.") from None
+
+
+def _config_key(settings: Settings, name: str) -> ClientKey | None:
+    return next((k for k in settings.keys if k.name == name), None)
+
+
+def _models(settings: Settings) -> frozenset[str]:
+    return frozenset(m.name for m in settings.models)
+
+
+Operation = Callable[[Request, RuntimeKeys, Settings], Awaitable[tuple[str, Response]]]
+
+
+def _audited(operation: str, run: Operation) -> Callable[[Request], Awaitable[Response]]:
+    async def handler(request: Request) -> Response:
+        keys: RuntimeKeys = request.app.state.runtime_keys
+        settings: Settings = request.app.state.settings
+        name = request.path_params.get("name", "")
+        try:
+            name, response = await run(request, keys, settings)
+        except ProxyError as error:
+            audit(request.app.state.metrics, operation, name, _who(request), error)
+            return error_response(error)
+        audit(request.app.state.metrics, operation, name, _who(request))
+        return response
+
+    return handler
+
+
+def _refuse_config_key(settings: Settings, name: str) -> None:
+    if _config_key(settings, name) is not None:
+        raise Conflict(
+            f"The key '{name}' comes from the config file: change it there (and reload).",
+            code="config_key",
+        )
+
+
+async def _create(request: Request, keys: RuntimeKeys, settings: Settings) -> tuple[str, Response]:
+    name, spec, expires_at, _ = validate_entry(
+        await _body(request), name=None, models=_models(settings)
+    )
+    _refuse_config_key(settings, name)
+    record, secret = await keys.create(name, spec, expires_at)
+    return name, _json({"name": record.name, "key": secret, **_public(record)}, status=201)
+
+
+async def _update(request: Request, keys: RuntimeKeys, settings: Settings) -> tuple[str, Response]:
+    name = request.path_params["name"]
+    _refuse_config_key(settings, name)
+    body = await _body(request)
+    models = _models(settings)
+    validate_entry(body, name=name, models=models)  # the fields sent, on their own
+    assert isinstance(body, dict)
+    changes = {k: v for k, v in body.items() if k not in ("name", "expires_at")}
+    expires = (parse_expiry(body["expires_at"]),) if "expires_at" in body else None
+
+    def validate(spec: dict[str, Any]) -> dict[str, Any]:
+        return validate_entry({**spec, "name": name}, name=name, models=models)[1]
+
+    record = await keys.update(name, changes, expires, validate)
+    return name, _json(_public(record))
+
+
+async def _rotate(request: Request, keys: RuntimeKeys, settings: Settings) -> tuple[str, Response]:
+    name = request.path_params["name"]
+    _refuse_config_key(settings, name)
+    grace = parse_grace(await _body(request))
+    record, secret = await keys.rotate(name, grace)
+    return name, _json({"name": record.name, "key": secret, **_public(record)})
+
+
+async def _revoke(request: Request, keys: RuntimeKeys, settings: Settings) -> tuple[str, Response]:
+    name = request.path_params["name"]
+    _refuse_config_key(settings, name)
+    await keys.revoke(name)
+    return name, Response(status_code=204)
+
+
+def _public(record: KeyRecord) -> dict[str, Any]:
+    return record.public(time.time())
+
+
+async def list_keys(request: Request) -> Response:
+    """``GET /admin/keys?page=N&per_page=M&name_prefix=P``: the config's keys first, then
+    the API's, by name; no secrets."""
+    keys: RuntimeKeys = request.app.state.runtime_keys
+    settings: Settings = request.app.state.settings
+    query = request.query_params
+    try:
+        if "team" in query:
+            raise InvalidRequest(
+                "'team' is not supported yet on keys.", param="team", code="not_supported_yet"
+            )
+        page, per_page = parse_page(query)
+    except ProxyError as error:
+        return error_response(error)
+    prefix = query.get("name_prefix", "")
+    by_name = {k.name: k for k in settings.keys if k.name.startswith(prefix)}
+    chosen = page_of(list(by_name), keys.names(prefix, skip=by_name), page, per_page)
+    now = time.time()
+    entries = [_configured(by_name[name]) for name in chosen.configured]
+    entries += [r.public(now) for n in chosen.created if (r := keys.index.get(n)) is not None]
+    return _json({"keys": entries, "page": page, "pages": chosen.pages, "total": chosen.total})
+
+
+def _configured(key: ClientKey) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": key.name, "source": "config"}
+    for field in _CONFIG_FIELDS:
+        value = getattr(key, field)
+        if value is not None:
+            entry[field] = value
+    if key.limits:
+        entry["limits"] = [rule.model_dump() for rule in key.limits]
+    return entry
+
+
+# (path, handler, methods), registered behind the admin keys by admin.py.
+ROUTES: list[tuple[str, Callable[[Request], Awaitable[Response]], list[str]]] = [
+    ("/admin/keys", list_keys, ["GET"]),
+    ("/admin/keys", _audited("create", _create), ["POST"]),
+    ("/admin/keys/{name}", _audited("update", _update), ["PATCH"]),
+    ("/admin/keys/{name}/rotate", _audited("rotate", _rotate), ["POST"]),
+    ("/admin/keys/{name}", _audited("revoke", _revoke), ["DELETE"]),
+]

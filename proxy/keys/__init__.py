@@ -1,0 +1,2 @@
+"""Client keys managed at run time (``/admin/keys``): records, their index, where they are
+kept (this process, or Redis shared by every replica) and the audit of every operation."""
