@@ -17,6 +17,7 @@ import redis
 from support.proxy_server import ProxyInThread, settings_from
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
+from proxy.keys import redis_backend
 from proxy.limiter import scripts
 from proxy.limiter.base import KeyAsk, KeyLimits, KeySettlement, Rate, Window, window_name
 from proxy.limiter.redis import RedisLimiter
@@ -25,7 +26,7 @@ KEY = "sk-calls"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 STOP = "test-monitor-stop"
 # Run on timers, not per request: replica heartbeats and the state observer's reads.
-PERIODIC = ("heartbeat", "snapshot")
+PERIODIC = ("heartbeat", "snapshot", "key_store_changes")  # the last: the admin API keys' poll
 
 
 @pytest.fixture
@@ -43,6 +44,8 @@ class ScriptMonitor:
             hashlib.sha1(scripts.source(n).encode(), usedforsecurity=False).hexdigest(): n
             for n in scripts.BUCKET_SCRIPTS + scripts.PLAIN_SCRIPTS
         } | {scripts.function_name(n): n for n in scripts.BUCKET_SCRIPTS}
+        changes = hashlib.sha1(redis_backend._CHANGES.encode(), usedforsecurity=False)
+        self.names[changes.hexdigest()] = "key_store_changes"
         self.ran: list[str] = []
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)

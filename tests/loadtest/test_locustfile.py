@@ -13,8 +13,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from support.ports import free_port
 from support.waiting import wait_until
+
+from proxy.fake_upstream import FakeUpstreamConfig, run_in_thread
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,17 +81,23 @@ def test_without_keys_given_locust_uses_the_stacks_client_keys() -> None:
 
 
 def test_time_to_first_token_is_reported_outside_locusts_totals(tmp_path: Path) -> None:
-    """A short headless run with two worker processes against the demo: Locust's rows are
-    the requests themselves (`Aggregated` = `chat` + `chat stream`, no TTFT row), and the
-    time to first token of every stream reaches the master and its own CSV."""
+    """A short headless run with two worker processes against a proxy without client
+    keys (the demo's key has a small limit of its own): Locust's rows are the requests
+    themselves (`Aggregated` = `chat` + `chat stream`, no TTFT row), and the time to first
+    token of every stream reaches the master and its own CSV."""
     port = free_port()
-    env = {**os.environ, "LLM_PROXY_DEMO_UPSTREAM_PORT": str(free_port())}
+    upstream = run_in_thread(FakeUpstreamConfig(port=0, latency=0.01))
+    config = tmp_path / "proxy.yaml"
+    deployment = {"id": "fake", "base_url": f"{upstream.url}/v1", "api_key": "sk-fake-upstream"}
+    config.write_text(
+        yaml.safe_dump({"models": [{"name": "gpt-4o-mini", "deployments": [deployment]}]})
+    )
     demo = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "serve", "--port", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     try:
-        wait_until(lambda: _ready(port), timeout=30, what="the demo proxy ready")
+        wait_until(lambda: _ready(port), timeout=30, what="the proxy ready")
         load_env = {**os.environ, "LOCUST_STREAM_SHARE": "0.5", "LOCUST_USER_RATE": "5"}
         done = subprocess.run(
             [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtest/locustfile.py"),
@@ -100,6 +109,7 @@ def test_time_to_first_token_is_reported_outside_locusts_totals(tmp_path: Path) 
     finally:
         os.killpg(demo.pid, signal.SIGTERM)
         demo.wait(timeout=15)
+        upstream.stop()
     assert done.returncode == 0, done.stderr[-3000:]
     with (tmp_path / "run_stats.csv").open() as f:
         rows = {row["Name"]: int(row["Request Count"]) for row in csv.DictReader(f)}
