@@ -18,8 +18,9 @@ from typing import Any, Protocol
 from proxy.config import ClientKey
 from proxy.errors import InvalidRequest, ModelNotFound, ServiceUnavailable
 from proxy.keys.index import KeyIndex
+from proxy.keys.memory_backend import MemoryKeyBackend
 from proxy.keys.records import KeyRecord, digest_of, new_secret
-from proxy.keys.redis_backend import WriteRefused
+from proxy.keys.redis_backend import RedisKeyBackend, WriteRefused
 from proxy.limiter.base import KeyLimits
 
 __all__ = ["POLL_INTERVAL", "Conflict", "KeyBackend", "RuntimeKeys"]
@@ -242,11 +243,7 @@ def runtime_keys_for(redis_url: str, workers: int, timeout: float) -> RuntimeKey
     """The run-time key store of one process: in Redis when there is one; else in this
     process, and refused (409) with several workers, each of which would hold its own."""
     if redis_url:
-        from proxy.keys.redis_backend import RedisKeyBackend
-
         return RuntimeKeys(RedisKeyBackend(redis_url, timeout=max(timeout, 0.5)), shared=True)
-    from proxy.keys.memory_backend import MemoryKeyBackend
-
     if workers > 1:
         refusal = (
             f"Client keys cannot be managed through the API with {workers} workers and no"
