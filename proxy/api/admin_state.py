@@ -27,7 +27,7 @@ from proxy.limiter.base import KeyLimits, ManagedLimiter
 from proxy.pipeline import Pipeline
 from proxy.state_view import Reading, state
 
-__all__ = ["admin_state", "read_state"]
+__all__ = ["admin_state", "read_state", "requested_state"]
 
 
 async def read_state(
@@ -70,14 +70,19 @@ async def read_state(
     return state(settings, catalog, reading, shown, chosen.as_dict())
 
 
+async def requested_state(request: Request) -> dict[str, Any]:
+    """The state with the page of client keys the query asks for (``?page=N&per_page=M``,
+    default 1 and 100; a bad one raises its 400): ``/admin/state``'s and ``/admin``'s."""
+    page, per_page = parse_page(request.query_params)
+    app = request.app.state
+    return await read_state(app.pipeline, app.limiter, app.runtime_keys, page, per_page)
+
+
 async def admin_state(request: Request) -> Response:
-    """``?page=N&per_page=M``: which page of the client keys (default 1 and 100)."""
     try:
-        page, per_page = parse_page(request.query_params)
+        view = await requested_state(request)
     except ProxyError as error:
         return error_response(error)
-    app = request.app.state
-    view = await read_state(app.pipeline, app.limiter, app.runtime_keys, page, per_page)
     return Response(
         orjson.dumps(view, option=orjson.OPT_INDENT_2),
         media_type="application/json",
