@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from support.load import LoadResult, drive
+from support.models import strict_model
 from support.proxy_server import ProxyProcess
 from support.redis_server import SENTINEL_MASTER, SentinelGroup, redis_available
 from support.waiting import wait_until
@@ -42,19 +43,7 @@ def _config(group: SentinelGroup, upstream: FakeUpstreamHandle, on_error: str) -
             # parallel) 100 ms timed out calls to a healthy primary.
             "timeout": "1s",
         },
-        "models": [
-            {
-                "name": "gpt-4o-mini",
-                "deployments": [
-                    {
-                        "id": "strict",
-                        "base_url": upstream.base_url,
-                        "rpm": int(LIMIT * 60 / WINDOW),
-                        "timeout": "10s",
-                    }
-                ],
-            }
-        ],
+        "models": strict_model(upstream.base_url, rpm=int(LIMIT * 60 / WINDOW)),
         "routing": {"max_wait": "2s", "retries": 0},
     }
 
