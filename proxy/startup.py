@@ -119,6 +119,7 @@ def redis_problem(settings: Settings, timeout: float = 1.0) -> str | None:
     from redis.sentinel import Sentinel
 
     from proxy.limiter.factory import sentinel_target
+    from proxy.limiter.runner import shown
     from proxy.limiter.sentinel import client_options
 
     config = settings.redis
@@ -138,7 +139,7 @@ def redis_problem(settings: Settings, timeout: float = 1.0) -> str | None:
     elif config.url:
         scheme, _, rest = config.url.partition("://")
         field, fix = "redis.url", "?ssl_ca_certs=/path/to/ca.pem in redis.url"
-        where = f"{scheme}://{rest.rpartition('@')[2].partition('?')[0]}"
+        where = shown(config.url)
         url = f"{scheme.removesuffix('+cluster')}://{rest}"
         servers.append((where, redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)))
     else:

@@ -46,11 +46,18 @@ from proxy.limiter.base import StorageError
 from proxy.limiter.batch import LINGER, Batcher, Call, Deliver, Merge
 from proxy.limiter.sentinel import SentinelTarget, open_primary
 
-__all__ = ["Client", "RunnerOptions", "ScriptRunner"]
+__all__ = ["Client", "RunnerOptions", "ScriptRunner", "shown"]
 
 Client = Redis | RedisCluster
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+def shown(url: str) -> str:
+    """Which Redis ``url`` names, as logs and messages show it: no user or password, and
+    no query (one may carry ``password=`` too)."""
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{rest.rpartition('@')[2].partition('?')[0]}"
 
 
 class RunnerOptions(TypedDict, total=False):
@@ -181,8 +188,7 @@ class ScriptRunner:
         """Which Redis, for logs (no credentials)."""
         if self._sentinel is not None:
             return self._sentinel.describe()
-        scheme, _, rest = self._url.partition("://")
-        return f"{scheme}://{rest.rpartition('@')[2]}"
+        return shown(self._url)
 
     async def aclose(self) -> None:
         if self._pipelined is not None:
