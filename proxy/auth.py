@@ -19,6 +19,7 @@ class RuntimeLookup(Protocol):
     """The keys created through the admin API (``proxy/keys/store.RuntimeKeys``)."""
 
     def find(self, sha256: str) -> tuple[ClientKey, KeyLimits] | None: ...
+    def limits_of(self, key: ClientKey) -> KeyLimits: ...
     def __len__(self) -> int: ...
 
 
@@ -65,13 +66,14 @@ class KeyStore:
     def limits(
         self, key: ClientKey | None, configured: Mapping[str, KeyLimits]
     ) -> KeyLimits | None:
-        """``key``'s limits: the catalog's for a config key, the record's for an API key."""
+        """``key``'s limits: the catalog's for a config key, the record's for an API key
+        (``authenticate`` found it: not looked up again, so a key revoked while its
+        request's body arrives is still charged)."""
         if key is None:
             return None
         limits = configured.get(key.name)
-        if limits is None and self.runtime is not None:
-            created = self.runtime.find(key.digest().hex())
-            limits = created[1] if created is not None else None
+        if limits is None and self.runtime is not None and key.name not in self._names:
+            limits = self.runtime.limits_of(key)
         return limits
 
     @staticmethod

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Container
 from typing import Any, Protocol
 
+from proxy.catalog import key_limits
 from proxy.config import ClientKey
 from proxy.errors import InvalidRequest, ModelNotFound, ServiceUnavailable
 from proxy.keys.index import KeyIndex
@@ -76,6 +77,16 @@ class RuntimeKeys:
         if not self.index:
             return None
         return self.index.find(sha256, self._clock())
+
+    def limits_of(self, key: ClientKey) -> KeyLimits:
+        """The limits of ``key``, which ``find`` returned: its record's (built once), or,
+        if that record has changed or gone since, built from the key itself."""
+        record = self.index.get(key.name)
+        if record is not None:
+            built, limits = record.client_key()
+            if built is key:
+                return limits
+        return key_limits(key)
 
     def __len__(self) -> int:
         return len(self.index)
