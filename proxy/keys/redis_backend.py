@@ -23,7 +23,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from proxy.keys.records import KeyRecord
-from proxy.limiter.runner import CLUSTER_SCHEMES
+from proxy.limiter.runner import is_cluster, redis_target
 
 __all__ = ["RedisKeyBackend", "WriteRefused"]
 
@@ -91,13 +91,7 @@ class RedisKeyBackend:
     ``INFO cluster``, as the limiter's (``limiter/runner.py``)."""
 
     def __init__(self, url: str, *, timeout: float = 1.0) -> None:
-        scheme, sep, rest = url.partition("://")
-        self._cluster: bool | None = None
-        if scheme in CLUSTER_SCHEMES:
-            url, self._cluster = f"{CLUSTER_SCHEMES[scheme]}{sep}{rest}", True
-        elif scheme == "unix":
-            self._cluster = False
-        self._url = url
+        self._url, self._cluster = redis_target(url)
         self._options: dict[str, Any] = {
             "socket_timeout": timeout,
             "socket_connect_timeout": timeout,
@@ -111,12 +105,7 @@ class RedisKeyBackend:
         async with self._connecting:
             if self._client is None:
                 if self._cluster is None:
-                    probe = Redis.from_url(self._url, **self._options)
-                    try:
-                        info = await probe.info("cluster")
-                    finally:
-                        await probe.aclose()
-                    self._cluster = bool(info.get("cluster_enabled"))
+                    self._cluster = await is_cluster(self._url, **self._options)
                 if self._cluster:
                     client: Any = RedisCluster.from_url(self._url, **self._options)
                 else:
