@@ -23,6 +23,7 @@ from proxy.keys.memory_backend import MemoryKeyBackend
 from proxy.keys.records import KeyRecord, digest_of, new_secret
 from proxy.keys.redis_backend import RedisKeyBackend, WriteRefused
 from proxy.limiter.base import KeyLimits
+from proxy.limiter.sentinel import SentinelTarget
 
 __all__ = ["POLL_INTERVAL", "Conflict", "KeyBackend", "RuntimeKeys"]
 
@@ -250,11 +251,15 @@ def _missing(name: str) -> ModelNotFound:
     return ModelNotFound(f"No key created through the API is named '{name}'.", code="key_not_found")
 
 
-def runtime_keys_for(redis_url: str, workers: int, timeout: float) -> RuntimeKeys:
-    """The run-time key store of one process: in Redis when there is one; else in this
-    process, and refused (409) with several workers, each of which would hold its own."""
-    if redis_url:
-        return RuntimeKeys(RedisKeyBackend(redis_url, timeout=max(timeout, 0.5)), shared=True)
+def runtime_keys_for(
+    redis_url: str, workers: int, timeout: float, sentinel: SentinelTarget | None = None
+) -> RuntimeKeys:
+    """The run-time key store of one process: in Redis when there is one (a URL, or the
+    primary its ``sentinel``s name); else in this process, and refused (409) with several
+    workers, each of which would hold its own."""
+    if redis_url or sentinel is not None:
+        backend = RedisKeyBackend(redis_url, timeout=max(timeout, 0.5), sentinel=sentinel)
+        return RuntimeKeys(backend, shared=True)
     if workers > 1:
         refusal = (
             f"Client keys cannot be managed through the API with {workers} workers and no"

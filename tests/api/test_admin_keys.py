@@ -18,8 +18,10 @@ import openai
 import pytest
 import yaml
 from support.proxy_server import ProxyInThread, settings_from
+from support.redis_server import SENTINEL_MASTER, SentinelGroup, redis_available
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
+from proxy.keys.redis_backend import RECORDS
 
 ADMIN_KEY = "admin-secret-key"
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
@@ -280,3 +282,19 @@ def test_the_admin_page_pages_the_keys_too(proxy: ProxyInThread) -> None:
     assert 'data-key="api-z"' in second and 'data-key="config-team"' not in second
     pages = '2 keys; page <a href="?page=1&amp;per_page=1">1</a> <b>2</b>'
     assert f'<p class="muted" id="key-pages">{pages}' in second
+
+
+@pytest.mark.skipif(not redis_available(), reason="redis-server is not installed")
+def test_with_redis_sentinel_a_created_key_lives_on_the_primary(
+    upstream: FakeUpstreamHandle, sentinel_group: SentinelGroup
+) -> None:
+    """``redis.sentinel`` instead of ``redis.url``: the keys of the API are shared through
+    the primary the sentinels name, as the budgets are (not kept in this process)."""
+    sentinel = {"master": SENTINEL_MASTER, "nodes": sentinel_group.nodes}
+    settings = settings_from(config(upstream.base_url, redis={"sentinel": sentinel}))
+    with ProxyInThread(settings) as proxy, admin(proxy) as api:
+        created = api.post("/keys", json={"name": "svc-s", "rpm": 5})
+        assert created.status_code == 201, created.text
+        assert chat(proxy.url, created.json()["key"]) == 200
+    with sentinel_group.primary.client() as primary:
+        assert primary.hexists(RECORDS, "svc-s")
