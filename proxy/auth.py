@@ -37,11 +37,10 @@ class KeyStore:
         self._by_digest = {d: (d, key) for key in keys if (d := key.digest())}
         self._names = frozenset(key.name for key in keys)
         self.runtime = runtime
-        self._configured = bool(keys)
 
     @property
     def open_access(self) -> bool:
-        return not self._configured and (self.runtime is None or len(self.runtime) == 0)
+        return not self._names and (self.runtime is None or len(self.runtime) == 0)
 
     def authenticate(self, authorization: str | None) -> ClientKey | None:
         """The key behind an ``Authorization: Bearer KEY`` header; ``None`` in open access."""
