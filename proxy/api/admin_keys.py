@@ -21,7 +21,7 @@ from proxy.auth import bearer_matches
 from proxy.config import ClientKey, Settings
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.keys.audit import audit
-from proxy.keys.listing import page_of, parse_page
+from proxy.keys.listing import parse_page
 from proxy.keys.records import KeyRecord, parse_expiry, parse_grace, validate_entry
 from proxy.keys.store import Conflict, RuntimeKeys
 
@@ -160,10 +160,10 @@ async def list_keys(request: Request) -> Response:
         return error_response(error)
     prefix = query.get("name_prefix", "")
     by_name = {k.name: k for k in settings.keys if k.name.startswith(prefix)}
-    chosen = page_of(list(by_name), keys.names(prefix, skip=by_name), page, per_page)
+    chosen, records = keys.page(by_name, page, per_page, prefix)
     now = time.time()
     entries = [_configured(by_name[name]) for name in chosen.configured]
-    entries += [r.public(now) for n in chosen.created if (r := keys.index.get(n)) is not None]
+    entries += [record.public(now) for record in records]
     return _json({"keys": entries, "page": page, "pages": chosen.pages, "total": chosen.total})
 
 

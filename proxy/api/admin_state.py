@@ -43,15 +43,14 @@ async def read_state(
     settings = pipeline.settings
     groups = list(catalog.groups.values())
     configured = {k.name: k for k in settings.keys}
-    created = runtime.names(skip=configured) if runtime is not None else []
-    chosen = page_of(list(configured), created, page, per_page)
+    if runtime is not None:
+        chosen, records = runtime.page(configured, page, per_page)
+    else:
+        chosen, records = page_of(list(configured), [], page, per_page), []
     shown: list[tuple[ClientKey, KeyLimits | None]] = [
         (configured[name], catalog.key_limits.get(name)) for name in chosen.configured
     ]
-    for name in chosen.created:
-        record = runtime.index.get(name) if runtime is not None else None
-        if record is not None:
-            shown.append(record.client_key())
+    shown += [record.client_key() for record in records]
     keys = [limits for _, limits in shown if limits is not None]
     deployments, key_states, activity = await asyncio.gather(
         asyncio.gather(

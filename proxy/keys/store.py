@@ -12,13 +12,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Container
+from collections.abc import Callable, Collection, Container
 from typing import Any, Protocol
 
 from proxy.catalog import key_limits
 from proxy.config import ClientKey
 from proxy.errors import InvalidRequest, ModelNotFound, ServiceUnavailable
 from proxy.keys.index import KeyIndex
+from proxy.keys.listing import Page, page_of
 from proxy.keys.memory_backend import MemoryKeyBackend
 from proxy.keys.records import KeyRecord, digest_of, new_secret
 from proxy.keys.redis_backend import RedisKeyBackend, WriteRefused
@@ -203,6 +204,15 @@ class RuntimeKeys:
         if skip:
             names = [n for n in names if n not in skip]
         return names
+
+    def page(
+        self, configured: Collection[str], page: int, per_page: int, prefix: str = ""
+    ) -> tuple[Page, list[KeyRecord]]:
+        """One page of the listing of both sources (``listing.page_of``): the config's
+        ``configured`` names first, then this store's (``prefix``, those the config's do
+        not hide); with the records of this store's on it."""
+        chosen = page_of(list(configured), self.names(prefix, skip=configured), page, per_page)
+        return chosen, [r for n in chosen.created if (r := self.index.get(n)) is not None]
 
     async def _change(self, name: str, change: Callable[[KeyRecord], KeyRecord]) -> KeyRecord:
         for _ in range(_ATTEMPTS):
