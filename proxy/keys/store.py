@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Collection, Container
 from typing import Any, Protocol
 
+from proxy.background import stop
 from proxy.catalog import key_limits
 from proxy.config import ClientKey
 from proxy.errors import InvalidRequest, ModelNotFound, ServiceUnavailable
@@ -104,10 +105,7 @@ class RuntimeKeys:
         self._task = asyncio.create_task(self._poll_forever(), name="runtime-keys-poll")
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop(self._task)
         await self.backend.aclose()
 
     async def _reload(self) -> None:
