@@ -27,16 +27,12 @@ from proxy.keys.store import Conflict, RuntimeKeys
 
 __all__ = ["ROUTES"]
 
-_CONFIG_FIELDS = (
-    "rpm",
-    "tpm",
-    "rpd",
-    "tpd",
-    "max_parallel",
-    "models",
-    "priority",
-    "weight",
-    "shadow",
+# What a config key's entry shows: every field of a config key (as an API key's shows
+# every field it was given) but its name, its secret, and ``limits`` (listed as rules).
+_CONFIG_FIELDS = tuple(
+    field
+    for field in ClientKey.model_fields
+    if field not in ("name", "key", "key_sha256", "limits")
 )
 
 

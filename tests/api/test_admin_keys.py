@@ -157,6 +157,27 @@ def test_config_keys_are_listed_win_and_cannot_be_changed(proxy: ProxyInThread) 
         assert chat(proxy.url, CONFIG_KEY) == 200
 
 
+def test_a_config_keys_entry_shows_every_field_it_sets(upstream: FakeUpstreamHandle) -> None:
+    """As an API key's entry does: its limits, allow-list, fair share, wait and shadow."""
+    key = {"name": "full", "key": "sk-full-config", "rpm": 5, "tpd": 900, "max_parallel": 2}
+    key |= {"models": ["gpt-4o"], "priority": 2, "weight": 3, "max_wait": "2s", "shadow": True}
+    settings = settings_from(config(upstream.base_url, keys=[key]))
+    with ProxyInThread(settings) as running, admin(running) as api:
+        [entry] = api.get("/keys").json()["keys"]
+    assert entry == {
+        "name": "full",
+        "source": "config",
+        "rpm": 5,
+        "tpd": 900,
+        "max_parallel": 2,
+        "models": ["gpt-4o"],
+        "priority": 2,
+        "weight": 3,
+        "max_wait": 2.0,
+        "shadow": True,
+    }
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
