@@ -71,12 +71,13 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         sentinel = settings.redis.sentinel
+        target = sentinel_target(sentinel) if sentinel is not None else None
         limiter = create_limiter(
             settings.redis.url or None,
             on_error=settings.redis.on_error,
             replica_id=f"{os.getpid()}-{uuid.uuid4().hex[:8]}",
             timeout=settings.redis.timeout,
-            sentinel=sentinel_target(sentinel) if sentinel is not None else None,
+            sentinel=target,
         )
         limiter.on_mode_change(
             lambda mode: metrics.set_fallback_active(mode is LimiterMode.FALLBACK)
@@ -85,7 +86,9 @@ def create_app(
         limiter.on_eviction_policy(metrics.set_redis_evicting_policy)
         await limiter.start()
         transport = create_transport()
-        runtime_keys = runtime_keys_for(settings.redis.url, workers, settings.redis.timeout)
+        runtime_keys = runtime_keys_for(
+            settings.redis.url, workers, settings.redis.timeout, sentinel=target
+        )
         await runtime_keys.start()
         app.state.runtime_keys = runtime_keys
         pipeline = Pipeline(

@@ -19,6 +19,7 @@ class RuntimeLookup(Protocol):
     """The keys created through the admin API (``proxy/keys/store.RuntimeKeys``)."""
 
     def find(self, sha256: str) -> tuple[ClientKey, KeyLimits] | None: ...
+    def limits_of(self, key: ClientKey) -> KeyLimits: ...
     def __len__(self) -> int: ...
 
 
@@ -36,11 +37,10 @@ class KeyStore:
         self._by_digest = {d: (d, key) for key in keys if (d := key.digest())}
         self._names = frozenset(key.name for key in keys)
         self.runtime = runtime
-        self._configured = bool(keys)
 
     @property
     def open_access(self) -> bool:
-        return not self._configured and (self.runtime is None or len(self.runtime) == 0)
+        return not self._names and (self.runtime is None or len(self.runtime) == 0)
 
     def authenticate(self, authorization: str | None) -> ClientKey | None:
         """The key behind an ``Authorization: Bearer KEY`` header; ``None`` in open access."""
@@ -65,13 +65,14 @@ class KeyStore:
     def limits(
         self, key: ClientKey | None, configured: Mapping[str, KeyLimits]
     ) -> KeyLimits | None:
-        """``key``'s limits: the catalog's for a config key, the record's for an API key."""
+        """``key``'s limits: the catalog's for a config key, the record's for an API key
+        (``authenticate`` found it: not looked up again, so a key revoked while its
+        request's body arrives is still charged)."""
         if key is None:
             return None
         limits = configured.get(key.name)
-        if limits is None and self.runtime is not None:
-            created = self.runtime.find(key.digest().hex())
-            limits = created[1] if created is not None else None
+        if limits is None and self.runtime is not None and key.name not in self._names:
+            limits = self.runtime.limits_of(key)
         return limits
 
     @staticmethod

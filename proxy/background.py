@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable
+from typing import Any
 
-__all__ = ["Background"]
+__all__ = ["Background", "stop"]
 
 logger = logging.getLogger("proxy.background")
 
@@ -34,3 +36,13 @@ class Background:
         """Wait for everything pending (at shutdown)."""
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+async def stop(task: asyncio.Task[Any] | None) -> None:
+    """Cancel a long-running task (a loop: polling, watching, heartbeats) and wait until
+    it has ended; None: there is none."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

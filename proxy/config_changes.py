@@ -97,15 +97,9 @@ def config_changes(old: Settings, new: Settings) -> ConfigChanges:
 
 def in_force(old: Settings, new: Settings) -> Settings:
     """``new`` as a running process applies it: the ``RESTART_ONLY`` fields stay ``old``'s."""
-    server = new.server.model_copy(
-        update={
-            "header_timeout": old.server.header_timeout,
-            "log_level": old.server.log_level,
-            "watch_config": old.server.watch_config,
-            "body_timeout": old.server.body_timeout,
-        }
-    )
-    return new.model_copy(update={"redis": old.redis, "server": server})
+    kept = {field: getattr(old.server, field) for field in _fields_of("server", RESTART_ONLY)}
+    server = new.server.model_copy(update=kept)
+    return new.model_copy(update={"redis": old.redis, "server": server})  # redis.*: all
 
 
 def _changed(old: Mapping[str, object], new: Mapping[str, object]) -> Changed:
@@ -125,9 +119,14 @@ def _only_restart_fields(
     section: str, old: Settings, new: Settings, restart: tuple[str, ...]
 ) -> bool:
     """Whether ``section`` differs only in fields a reload does not apply."""
-    keep = {path.split(".")[1] for path in restart if path.startswith(f"{section}.")}
+    keep = _fields_of(section, restart)
     if not keep:
         return False
     left = getattr(old, section).model_dump(exclude=keep)
     right = getattr(new, section).model_dump(exclude=keep)
     return bool(left == right)
+
+
+def _fields_of(section: str, paths: tuple[str, ...]) -> set[str]:
+    """The fields of ``section`` among ``paths`` (``"server.log_level"``: ``log_level``)."""
+    return {path.split(".")[1] for path in paths if path.startswith(f"{section}.")}

@@ -15,10 +15,11 @@ nothing).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
+
+from proxy.background import stop
 
 __all__ = ["ChangeDetector", "ConfigWatcher", "FileSignature", "file_signature"]
 
@@ -89,9 +90,5 @@ class ConfigWatcher:
                 logger.exception("config reload after a file change failed")
 
     async def aclose(self) -> None:
-        if self._task is None:
-            return
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        self._task = None
+        task, self._task = self._task, None
+        await stop(task)

@@ -5,9 +5,9 @@ sees it, so every replica's dashboard agrees."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
+from proxy.background import stop
 from proxy.catalog import Catalog, key_limits
 from proxy.config import Settings
 from proxy.limiter.base import MINUTE, ManagedLimiter
@@ -47,10 +47,7 @@ class StateObserver:
         self._task = asyncio.create_task(self._run())
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop(self._task)
 
     async def refresh(self) -> None:
         catalog = self.catalog

@@ -119,6 +119,7 @@ def redis_problem(settings: Settings, timeout: float = 1.0) -> str | None:
     from redis.sentinel import Sentinel
 
     from proxy.limiter.factory import sentinel_target
+    from proxy.limiter.runner import shown
     from proxy.limiter.sentinel import client_options
 
     config = settings.redis
@@ -138,7 +139,7 @@ def redis_problem(settings: Settings, timeout: float = 1.0) -> str | None:
     elif config.url:
         scheme, _, rest = config.url.partition("://")
         field, fix = "redis.url", "?ssl_ca_certs=/path/to/ca.pem in redis.url"
-        where = f"{scheme}://{rest.rpartition('@')[2].partition('?')[0]}"
+        where = shown(config.url)
         url = f"{scheme.removesuffix('+cluster')}://{rest}"
         servers.append((where, redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)))
     else:
@@ -211,17 +212,14 @@ def warn_about_unreachable_upstreams(settings: Settings, timeout: float = 3.0) -
     and log a warning for each that nothing answers at: its requests would all fail with 502 while
     /health/ready still says ready (a deployment is usable until it fails)."""
     by_address: dict[tuple[str, int], list[str]] = defaultdict(list)
-    for group in settings.models:
-        for deployment in group.deployments:
-            parts = urlsplit(deployment.base_url)
-            try:
-                port = parts.port or (443 if parts.scheme == "https" else 80)
-            except ValueError:
-                continue  # not a port: the request itself will say so
-            # Only this machine's: a remote upstream may be reachable only through an
-            # egress proxy (HTTPS_PROXY, proxy_url), which a bare TCP probe would not use.
-            if parts.hostname in _LOCAL_HOSTS:
-                by_address[(parts.hostname, port)].append(deployment.id)
+    for deployment in _on_this_machine(settings):
+        parts = urlsplit(deployment.base_url)
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            continue  # not a port: the request itself will say so
+        assert parts.hostname is not None
+        by_address[(parts.hostname, port)].append(deployment.id)
     for address, ids in by_address.items():
         threading.Thread(
             target=_probe, args=(address, ids, timeout), name="upstream-probe", daemon=True
@@ -235,6 +233,18 @@ def warn_about_unreachable_upstreams(settings: Settings, timeout: float = 3.0) -
         ).start()
 
 
+def _on_this_machine(settings: Settings) -> list[Deployment]:
+    """The deployments whose upstream is on this machine: only those are probed (a remote
+    one may be reachable only through an egress proxy, HTTPS_PROXY or proxy_url, which a
+    bare probe would not use)."""
+    return [
+        d
+        for group in settings.models
+        for d in group.deployments
+        if urlsplit(d.base_url).hostname in _LOCAL_HOSTS
+    ]
+
+
 def _warn_about_wrong_paths(settings: Settings, timeout: float) -> None:
     for warning in wrong_paths(settings, timeout):
         logger.warning("%s", warning)
@@ -246,12 +256,7 @@ def wrong_paths(settings: Settings, timeout: float = 3.0) -> list[str]:
     per endpoint, without credentials, at most ``timeout`` seconds each, deployments in
     parallel. Only this machine's, as for ``warn_about_unreachable_upstreams``; one that
     does not answer, or answers anything else, is not warned about here."""
-    local = [
-        d
-        for group in settings.models
-        for d in group.deployments
-        if urlsplit(d.base_url).hostname in _LOCAL_HOSTS
-    ]
+    local = _on_this_machine(settings)
     if not local:
         return []
     with ThreadPoolExecutor(max_workers=min(len(local), 8)) as pool:

@@ -10,13 +10,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from support.proxy_server import free_port
+from support.waiting import wait_ready
 
 from proxy.config import load_settings
 from proxy.demo import (
@@ -74,7 +74,7 @@ def demo() -> Iterator[tuple[str, str]]:
     url = f"http://127.0.0.1:{port}"
     try:
         printed = _read_instructions(process)
-        _wait_ready(f"{url}/health/ready", process)
+        wait_ready(f"{url}/health/ready", process)
         yield url, printed
     finally:
         os.killpg(process.pid, signal.SIGTERM)
@@ -170,16 +170,3 @@ def _read_instructions(process: subprocess.Popen[str]) -> str:
         if line.startswith("   curl -s http") and "/admin/state" in line:
             return "".join(lines)
     raise AssertionError(f"the demo exited after printing {''.join(lines)!r}")
-
-
-def _wait_ready(url: str, process: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "the demo exited"
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("the demo did not become ready")

@@ -146,3 +146,20 @@ def test_production_md_sizing_quotes_what_benchmarks_md_measures() -> None:
         assert low1 <= _benchmark_req_per_s(f"proxy, {limiter}, 1 worker") <= high1
         assert low2 <= _benchmark_req_per_s(f"proxy, {limiter}, 2 workers") <= high2
     assert all(low_ms <= ms <= high_ms for ms in _benchmark_added_medians())
+
+
+def test_architecture_md_names_every_module_of_the_package() -> None:
+    """Its "Where things live" map is whole: each module under proxy/ is named by its
+    file name or its path (``upstream/forward``); the fake upstream, a standalone
+    package, is named as a whole, and the Lua scripts as ``lua/*.lua``."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    package = ROOT / "proxy"
+    unnamed = [
+        str(module.relative_to(ROOT))
+        for module in sorted(package.rglob("*.py"))
+        if module.name != "__init__.py"
+        and module.parent.name != "fake_upstream"
+        and module.name not in doc
+        and module.relative_to(package).with_suffix("").as_posix() not in doc
+    ]
+    assert unnamed == []

@@ -21,22 +21,18 @@ from proxy.auth import bearer_matches
 from proxy.config import ClientKey, Settings
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.keys.audit import audit
-from proxy.keys.listing import page_of, parse_page
+from proxy.keys.listing import parse_page
 from proxy.keys.records import KeyRecord, parse_expiry, parse_grace, validate_entry
 from proxy.keys.store import Conflict, RuntimeKeys
 
 __all__ = ["ROUTES"]
 
-_CONFIG_FIELDS = (
-    "rpm",
-    "tpm",
-    "rpd",
-    "tpd",
-    "max_parallel",
-    "models",
-    "priority",
-    "weight",
-    "shadow",
+# What a config key's entry shows: every field of a config key (as an API key's shows
+# every field it was given) but its name, its secret, and ``limits`` (listed as rules).
+_CONFIG_FIELDS = tuple(
+    field
+    for field in ClientKey.model_fields
+    if field not in ("name", "key", "key_sha256", "limits")
 )
 
 
@@ -160,10 +156,10 @@ async def list_keys(request: Request) -> Response:
         return error_response(error)
     prefix = query.get("name_prefix", "")
     by_name = {k.name: k for k in settings.keys if k.name.startswith(prefix)}
-    chosen = page_of(list(by_name), keys.names(prefix, skip=by_name), page, per_page)
+    chosen, records = keys.page(by_name, page, per_page, prefix)
     now = time.time()
     entries = [_configured(by_name[name]) for name in chosen.configured]
-    entries += [r.public(now) for n in chosen.created if (r := keys.index.get(n)) is not None]
+    entries += [record.public(now) for record in records]
     return _json({"keys": entries, "page": page, "pages": chosen.pages, "total": chosen.total})
 
 

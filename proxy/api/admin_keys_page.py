@@ -23,7 +23,7 @@ from starlette.responses import HTMLResponse, Response
 from proxy.api.responses import error_response
 from proxy.config import ClientKey, Settings
 from proxy.errors import ProxyError
-from proxy.keys.listing import page_of, parse_page
+from proxy.keys.listing import parse_page
 from proxy.keys.store import RuntimeKeys
 from proxy.limiter.base import window_name
 
@@ -127,14 +127,12 @@ async def key_manager(request: Request) -> Response:
     except ProxyError as error:
         return error_response(error)
     configured = {k.name: k for k in settings.keys}
-    chosen = page_of(list(configured), keys.names(skip=configured), page, per_page)
+    chosen, records = keys.page(configured, page, per_page)
     rows = [(n, "config", _limits(configured[n])) for n in chosen.configured]
     now = time.time()
-    for name in chosen.created:
-        record = keys.index.get(name)
-        if record is not None:
-            source = "api (expired)" if record.expired(now) else "api"
-            rows.append((name, source, _limits(record.client_key()[0])))
+    for record in records:
+        source = "api (expired)" if record.expired(now) else "api"
+        rows.append((record.name, source, _limits(record.client_key()[0])))
     nonce = secrets.token_urlsafe(16)
     policy = (
         "default-src 'none'; style-src 'unsafe-inline'; img-src 'none';"

@@ -17,10 +17,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from proxy.api.admin_state import read_state
+from proxy.api.admin_state import requested_state
 from proxy.api.responses import error_response
 from proxy.errors import ProxyError
-from proxy.keys.listing import parse_page
 
 __all__ = ["REFRESH", "admin_page", "render"]
 
@@ -82,11 +81,9 @@ def render(view: Json) -> str:
 async def admin_page(request: Request) -> Response:
     """``?page=N&per_page=M``: which page of the client keys, as ``/admin/state``."""
     try:
-        page, per_page = parse_page(request.query_params)
+        view = await requested_state(request)
     except ProxyError as error:
         return error_response(error)
-    app = request.app.state
-    view = await read_state(app.pipeline, app.limiter, app.runtime_keys, page, per_page)
     return HTMLResponse(render(view), headers={"cache-control": "no-store"})
 
 

@@ -27,7 +27,7 @@ from proxy.limiter.base import KeyLimits, ManagedLimiter
 from proxy.pipeline import Pipeline
 from proxy.state_view import Reading, state
 
-__all__ = ["admin_state", "read_state"]
+__all__ = ["admin_state", "read_state", "requested_state"]
 
 
 async def read_state(
@@ -43,15 +43,14 @@ async def read_state(
     settings = pipeline.settings
     groups = list(catalog.groups.values())
     configured = {k.name: k for k in settings.keys}
-    created = runtime.names(skip=configured) if runtime is not None else []
-    chosen = page_of(list(configured), created, page, per_page)
+    if runtime is not None:
+        chosen, records = runtime.page(configured, page, per_page)
+    else:
+        chosen, records = page_of(list(configured), [], page, per_page), []
     shown: list[tuple[ClientKey, KeyLimits | None]] = [
         (configured[name], catalog.key_limits.get(name)) for name in chosen.configured
     ]
-    for name in chosen.created:
-        record = runtime.index.get(name) if runtime is not None else None
-        if record is not None:
-            shown.append(record.client_key())
+    shown += [record.client_key() for record in records]
     keys = [limits for _, limits in shown if limits is not None]
     deployments, key_states, activity = await asyncio.gather(
         asyncio.gather(
@@ -70,14 +69,19 @@ async def read_state(
     return state(settings, catalog, reading, shown, chosen.as_dict())
 
 
+async def requested_state(request: Request) -> dict[str, Any]:
+    """The state with the page of client keys the query asks for (``?page=N&per_page=M``,
+    default 1 and 100; a bad one raises its 400): ``/admin/state``'s and ``/admin``'s."""
+    page, per_page = parse_page(request.query_params)
+    app = request.app.state
+    return await read_state(app.pipeline, app.limiter, app.runtime_keys, page, per_page)
+
+
 async def admin_state(request: Request) -> Response:
-    """``?page=N&per_page=M``: which page of the client keys (default 1 and 100)."""
     try:
-        page, per_page = parse_page(request.query_params)
+        view = await requested_state(request)
     except ProxyError as error:
         return error_response(error)
-    app = request.app.state
-    view = await read_state(app.pipeline, app.limiter, app.runtime_keys, page, per_page)
     return Response(
         orjson.dumps(view, option=orjson.OPT_INDENT_2),
         media_type="application/json",

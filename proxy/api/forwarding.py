@@ -31,7 +31,7 @@ from proxy.errors import (
     UnsupportedMediaType,
 )
 from proxy.pipeline import Pipeline
-from proxy.request_ids import new_request_id
+from proxy.request_ids import HEADER, new_request_id
 
 __all__ = ["ENDPOINTS", "ForwardingEndpoint", "HotPathRouter"]
 
@@ -201,6 +201,9 @@ def _encoded_slash(scope: Scope) -> bool:
     return b"%" in raw and b"%2f" in raw.lower() and not raw.startswith(b"/v1/models/")
 
 
+_REQUEST_ID = HEADER.encode()
+
+
 def _with_request_id(send: Send) -> Send:
     """``send`` that gives the answer an ``x-request-id`` (routes other than forwarding:
     models, health, metrics, admin, 404s and 405s)."""
@@ -209,8 +212,8 @@ def _with_request_id(send: Send) -> Send:
     async def send_with_id(message: Message) -> None:
         if message["type"] == "http.response.start":
             headers = list(message.get("headers", ()))
-            if not any(name.lower() == b"x-request-id" for name, _ in headers):
-                headers.append((b"x-request-id", request_id))
+            if not any(name.lower() == _REQUEST_ID for name, _ in headers):
+                headers.append((_REQUEST_ID, request_id))
             message = {**message, "headers": headers}
         await send(message)
 

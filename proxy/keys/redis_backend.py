@@ -21,13 +21,17 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.sentinel import Sentinel
 
 from proxy.keys.records import KeyRecord
-from proxy.limiter.runner import CLUSTER_SCHEMES
+from proxy.limiter.runner import is_cluster, redis_target
+from proxy.limiter.sentinel import SentinelTarget, open_primary
 
 __all__ = ["RedisKeyBackend", "WriteRefused"]
 
 _PREFIX = "llmproxy:{apikeys}:"
+# Connections to a Sentinel-managed primary (its pool must be bounded); writes are rare.
+_MAX_CONNECTIONS = 16
 RECORDS, VERSION, CHANGES, TRIMMED = (
     _PREFIX + part for part in ("records", "version", "changes", "trimmed")
 )
@@ -90,14 +94,14 @@ class RedisKeyBackend:
     """``redis+cluster://`` means a cluster; other ``redis://`` URLs are probed once with
     ``INFO cluster``, as the limiter's (``limiter/runner.py``)."""
 
-    def __init__(self, url: str, *, timeout: float = 1.0) -> None:
-        scheme, sep, rest = url.partition("://")
-        self._cluster: bool | None = None
-        if scheme in CLUSTER_SCHEMES:
-            url, self._cluster = f"{CLUSTER_SCHEMES[scheme]}{sep}{rest}", True
-        elif scheme == "unix":
-            self._cluster = False
-        self._url = url
+    def __init__(
+        self, url: str, *, timeout: float = 1.0, sentinel: SentinelTarget | None = None
+    ) -> None:
+        """``sentinel``: the primary its sentinels name (``url`` is then ignored), as the
+        limiter's."""
+        self._url, self._cluster = redis_target(url)
+        self._sentinel = sentinel
+        self._sentinels: Sentinel | None = None
         self._options: dict[str, Any] = {
             "socket_timeout": timeout,
             "socket_connect_timeout": timeout,
@@ -110,15 +114,15 @@ class RedisKeyBackend:
             return self._client
         async with self._connecting:
             if self._client is None:
-                if self._cluster is None:
-                    probe = Redis.from_url(self._url, **self._options)
-                    try:
-                        info = await probe.info("cluster")
-                    finally:
-                        await probe.aclose()
-                    self._cluster = bool(info.get("cluster_enabled"))
-                if self._cluster:
-                    client: Any = RedisCluster.from_url(self._url, **self._options)
+                if self._sentinel is None and self._cluster is None:
+                    self._cluster = await is_cluster(self._url, **self._options)
+                if self._sentinel is not None:
+                    client: Any
+                    client, self._sentinels = open_primary(
+                        self._sentinel, self._options, _MAX_CONNECTIONS
+                    )
+                elif self._cluster:
+                    client = RedisCluster.from_url(self._url, **self._options)
                 else:
                     client = Redis.from_url(self._url, **self._options)
                 self._write = client.register_script(_WRITE)
@@ -184,3 +188,5 @@ class RedisKeyBackend:
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.aclose()
+        if self._sentinels is not None:
+            await self._sentinels.aclose()

@@ -12,15 +12,20 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Container
+from collections.abc import Callable, Collection, Container
 from typing import Any, Protocol
 
+from proxy.background import stop
+from proxy.catalog import key_limits
 from proxy.config import ClientKey
 from proxy.errors import InvalidRequest, ModelNotFound, ServiceUnavailable
 from proxy.keys.index import KeyIndex
+from proxy.keys.listing import Page, page_of
+from proxy.keys.memory_backend import MemoryKeyBackend
 from proxy.keys.records import KeyRecord, digest_of, new_secret
-from proxy.keys.redis_backend import WriteRefused
+from proxy.keys.redis_backend import RedisKeyBackend, WriteRefused
 from proxy.limiter.base import KeyLimits
+from proxy.limiter.sentinel import SentinelTarget
 
 __all__ = ["POLL_INTERVAL", "Conflict", "KeyBackend", "RuntimeKeys"]
 
@@ -76,6 +81,16 @@ class RuntimeKeys:
             return None
         return self.index.find(sha256, self._clock())
 
+    def limits_of(self, key: ClientKey) -> KeyLimits:
+        """The limits of ``key``, which ``find`` returned: its record's (built once), or,
+        if that record has changed or gone since, built from the key itself."""
+        record = self.index.get(key.name)
+        if record is not None:
+            built, limits = record.client_key()
+            if built is key:
+                return limits
+        return key_limits(key)
+
     def __len__(self) -> int:
         return len(self.index)
 
@@ -90,10 +105,7 @@ class RuntimeKeys:
         self._task = asyncio.create_task(self._poll_forever(), name="runtime-keys-poll")
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop(self._task)
         await self.backend.aclose()
 
     async def _reload(self) -> None:
@@ -191,6 +203,15 @@ class RuntimeKeys:
             names = [n for n in names if n not in skip]
         return names
 
+    def page(
+        self, configured: Collection[str], page: int, per_page: int, prefix: str = ""
+    ) -> tuple[Page, list[KeyRecord]]:
+        """One page of the listing of both sources (``listing.page_of``): the config's
+        ``configured`` names first, then this store's (``prefix``, those the config's do
+        not hide); with the records of this store's on it."""
+        chosen = page_of(list(configured), self.names(prefix, skip=configured), page, per_page)
+        return chosen, [r for n in chosen.created if (r := self.index.get(n)) is not None]
+
     async def _change(self, name: str, change: Callable[[KeyRecord], KeyRecord]) -> KeyRecord:
         for _ in range(_ATTEMPTS):
             found = await self._call(self.backend.get(name))
@@ -238,15 +259,15 @@ def _missing(name: str) -> ModelNotFound:
     return ModelNotFound(f"No key created through the API is named '{name}'.", code="key_not_found")
 
 
-def runtime_keys_for(redis_url: str, workers: int, timeout: float) -> RuntimeKeys:
-    """The run-time key store of one process: in Redis when there is one; else in this
-    process, and refused (409) with several workers, each of which would hold its own."""
-    if redis_url:
-        from proxy.keys.redis_backend import RedisKeyBackend
-
-        return RuntimeKeys(RedisKeyBackend(redis_url, timeout=max(timeout, 0.5)), shared=True)
-    from proxy.keys.memory_backend import MemoryKeyBackend
-
+def runtime_keys_for(
+    redis_url: str, workers: int, timeout: float, sentinel: SentinelTarget | None = None
+) -> RuntimeKeys:
+    """The run-time key store of one process: in Redis when there is one (a URL, or the
+    primary its ``sentinel``s name); else in this process, and refused (409) with several
+    workers, each of which would hold its own."""
+    if redis_url or sentinel is not None:
+        backend = RedisKeyBackend(redis_url, timeout=max(timeout, 0.5), sentinel=sentinel)
+        return RuntimeKeys(backend, shared=True)
     if workers > 1:
         refusal = (
             f"Client keys cannot be managed through the API with {workers} workers and no"

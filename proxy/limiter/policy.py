@@ -53,6 +53,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Literal, TypeVar
 
+from proxy.background import stop
 from proxy.limiter.base import (
     NO_CHANGE,
     Activity,
@@ -307,9 +308,7 @@ class ResilientLimiter:
         task, self._heartbeats = self._heartbeats, None
         if task is not None:
             self._stopping.set()
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop(task)
             if self._breaker.state is CircuitState.CLOSED:
                 with contextlib.suppress(StorageError):
                     await self._shared.leave(self._replica_id)

@@ -46,11 +46,37 @@ from proxy.limiter.base import StorageError
 from proxy.limiter.batch import LINGER, Batcher, Call, Deliver, Merge
 from proxy.limiter.sentinel import SentinelTarget, open_primary
 
-__all__ = ["Client", "RunnerOptions", "ScriptRunner"]
+__all__ = ["Client", "RunnerOptions", "ScriptRunner", "is_cluster", "redis_target", "shown"]
 
 Client = Redis | RedisCluster
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+def redis_target(url: str) -> tuple[str, bool | None]:
+    """``url`` as redis-py takes it, and whether it names a cluster: ``redis+cluster://``
+    yes, ``unix://`` no, any other not known (``is_cluster`` asks the server)."""
+    scheme, sep, rest = url.partition("://")
+    if scheme in CLUSTER_SCHEMES:
+        return f"{CLUSTER_SCHEMES[scheme]}{sep}{rest}", True
+    return url, (False if scheme == "unix" else None)
+
+
+async def is_cluster(url: str, **options: Any) -> bool:
+    """Whether the Redis at ``url`` runs in cluster mode (``INFO cluster``, once)."""
+    probe = Redis.from_url(url, **options)
+    try:
+        info = await probe.info("cluster")
+    finally:
+        await probe.aclose()
+    return str(info.get("cluster_enabled", 0)) == "1"
+
+
+def shown(url: str) -> str:
+    """Which Redis ``url`` names, as logs and messages show it: no user or password, and
+    no query (one may carry ``password=`` too)."""
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{rest.rpartition('@')[2].partition('?')[0]}"
 
 
 class RunnerOptions(TypedDict, total=False):
@@ -83,15 +109,13 @@ class ScriptRunner:
     ) -> None:
         """``merge``: how the backend merges a batch's calls (batch.py), if it does.
         ``sentinel``: reach the primary its sentinels name (``url`` is then ignored)."""
-        scheme, sep, rest = url.partition("://")
         self._sentinel = sentinel
         self._sentinels: Sentinel | None = None
         if sentinel is not None:
             cluster, pipelined = False, False
-        elif scheme in CLUSTER_SCHEMES:
-            url, cluster = f"{CLUSTER_SCHEMES[scheme]}{sep}{rest}", True
-        elif scheme == "unix":
-            cluster = False
+        else:
+            url, known = redis_target(url)
+            cluster = cluster if known is None else known
         self._url = url
         self._cluster = cluster
         self._options: dict[str, Any] = {
@@ -181,8 +205,7 @@ class ScriptRunner:
         """Which Redis, for logs (no credentials)."""
         if self._sentinel is not None:
             return self._sentinel.describe()
-        scheme, _, rest = self._url.partition("://")
-        return f"{scheme}://{rest.rpartition('@')[2]}"
+        return shown(self._url)
 
     async def aclose(self) -> None:
         if self._pipelined is not None:
@@ -298,7 +321,9 @@ class ScriptRunner:
             )
             return client
         if self._cluster is None:
-            self._cluster = await self._probe_cluster()
+            self._cluster = await is_cluster(
+                self._url, retry=Retry(NoBackoff(), 0), **self._options
+            )
         if self._cluster:
             cluster = RedisCluster.from_url(
                 self._url,
@@ -314,14 +339,6 @@ class ScriptRunner:
             retry=Retry(NoBackoff(), 0),  # fail fast: the circuit breaker decides
             **self._options,
         )
-
-    async def _probe_cluster(self) -> bool:
-        probe = Redis.from_url(self._url, retry=Retry(NoBackoff(), 0), **self._options)
-        try:
-            info = await probe.info("cluster")
-        finally:
-            await probe.aclose()
-        return str(info.get("cluster_enabled", 0)) == "1"
 
 
 def _storage_error(exc: BaseException) -> StorageError:

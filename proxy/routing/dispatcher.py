@@ -37,7 +37,6 @@ from proxy.errors import (
     RateLimited,
     ServiceUnavailable,
     UpstreamError,
-    UpstreamUnavailable,
 )
 from proxy.limiter.base import NEUTRAL, SUCCESS, Activity, GroupAsk, Limiter, Outcome
 from proxy.routing.activity import Tally
@@ -65,6 +64,7 @@ from proxy.upstream.forward import (
     discard,
     read_body,
     send,
+    undecodable,
 )
 from proxy.upstream.headers import response_headers
 from proxy.upstream.ratelimits import parse_budget, remaining_report
@@ -536,8 +536,7 @@ class Dispatcher:
                 decoder = decoder_for(upstream_headers.get("content-encoding"))
             except Undecodable as exc:
                 await discard(response)
-                message = f"The upstream deployment '{deployment.id}' answered with {exc}."
-                raise self._unusable(call, turn, attempt, message, "encoding") from None
+                raise self._unusable(call, turn, attempt, undecodable(deployment.id, exc)) from None
             tap = UsageTap(strip_usage_event=added_usage)
             redactor = StreamRedactor(secret)
             return self._stream(
@@ -550,7 +549,7 @@ class Dispatcher:
             self._failed(call, turn, attempt, failure)
             raise Retryable(failure.error) from None
         except UnusableAnswer as unusable:
-            raise self._unusable(call, turn, attempt, unusable.error, unusable.reason) from None
+            raise self._unusable(call, turn, attempt, unusable) from None
         content = redact(content, secret)
         # Its bookkeeping waits until the answer is on its way to the client.
         attempt.ended = time.perf_counter()
@@ -575,17 +574,15 @@ class Dispatcher:
         return Reply(status=status, headers=headers, body=content)
 
     def _unusable(
-        self, call: Call, turn: Turn, attempt: Attempt, error: UpstreamError | str, reason: str
+        self, call: Call, turn: Turn, attempt: Attempt, unusable: UnusableAnswer
     ) -> UpstreamError:
         """An answer that cannot be passed on (over the size bound, undecodable): another
         deployment would send the same, so no retry and no harm to this one's health;
         its tokens were spent upstream (the estimate stays charged)."""
-        if isinstance(error, str):
-            error = UpstreamUnavailable(error, code="upstream_error")
-        call.error_code = error.code
-        outcome = Outcome("neutral", reason)
-        self._ended(call, turn, attempt, reason, outcome, real_tokens=None)
-        return error
+        call.error_code = unusable.error.code
+        outcome = Outcome("neutral", unusable.reason)
+        self._ended(call, turn, attempt, unusable.reason, outcome, real_tokens=None)
+        return unusable.error
 
     def _answered(
         self, call: Call, turn: Turn, attempt: Attempt, status: int, content: bytes

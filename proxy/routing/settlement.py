@@ -20,6 +20,7 @@ from proxy.catalog import Catalog, DeploymentRoute
 from proxy.limiter.base import (
     NEUTRAL,
     CooldownRule,
+    DeploymentLimits,
     DeploymentSettlement,
     Limiter,
     Outcome,
@@ -134,7 +135,13 @@ class Settler:
             return None  # the common case: it would change nothing
         sent = turn.sent if outcome.rate_limited or _leased(turn) else None
         return self._send(
-            turn.deployment, turn.lease, outcome, tokens=extra, sent=sent, probe=turn.probe
+            turn.deployment,
+            turn.lease,
+            outcome,
+            tokens=extra,
+            sent=sent,
+            probe=turn.probe,
+            limits=limits,
         )
 
     def give_back(self, turn: Turn, estimate: int) -> None:
@@ -165,8 +172,11 @@ class Settler:
         remaining: Remaining | None = None,
         sent: Sent | None = None,
         probe: bool = False,
+        limits: DeploymentLimits | None = None,
     ) -> asyncio.Task[None]:
-        limits = self.catalog.limits(deployment)
+        """``limits``: the deployment's, when the caller has just read them."""
+        if limits is None:
+            limits = self.catalog.limits(deployment)
         settlement = DeploymentSettlement(
             deployment.group, limits, self.rule, outcome, lease, requests, tokens, remaining, sent
         )

@@ -27,6 +27,7 @@ __all__ = [
     "discard",
     "read_body",
     "send",
+    "undecodable",
 ]
 
 # The most of an unneeded body (a failure's) read to keep its connection; past it the
@@ -117,12 +118,15 @@ async def read_body(response: httpx.Response, deployment: str, limit: int | None
             UpstreamUnavailable(message, code="upstream_error"), "too_large"
         ) from None
     except Undecodable as exc:
-        message = f"The upstream deployment '{deployment}' answered with {exc}."
-        raise UnusableAnswer(
-            UpstreamUnavailable(message, code="upstream_error"), "encoding"
-        ) from None
+        raise undecodable(deployment, exc) from None
     finally:
         await response.aclose()
+
+
+def undecodable(deployment: str, exc: Undecodable) -> UnusableAnswer:
+    """A body, buffered or streamed, whose content-encoding cannot be undone."""
+    message = f"The upstream deployment '{deployment}' answered with {exc}."
+    return UnusableAnswer(UpstreamUnavailable(message, code="upstream_error"), "encoding")
 
 
 async def discard(response: httpx.Response) -> None:

@@ -246,15 +246,8 @@ class _Connection(asyncio.Protocol):
     def taken(self, exchange: _Exchange, size: int) -> None:
         """The consumer took ``size`` bytes: resume reading below the high water mark."""
         exchange.buffered -= size
-        if (
-            self.paused
-            and self.exchange is exchange
-            and exchange.buffered <= HIGH_WATER // 4
-            and not self.closed
-        ):
-            self.paused = False
-            assert self.transport is not None
-            self.transport.resume_reading()
+        if self.paused and self.exchange is exchange and exchange.buffered <= HIGH_WATER // 4:
+            self.resume()
 
     def read_whole(self, exchange: _Exchange, limit: int | None) -> None:
         """``exchange``, still coming in, is to be read whole: reading never pauses for
@@ -265,7 +258,12 @@ class _Connection(asyncio.Protocol):
             return
         if exchange.buffered > exchange.limit:
             self._fail(AnswerTooLarge(exchange.limit))
-        elif self.paused and not self.closed:
+        else:
+            self.resume()
+
+    def resume(self) -> None:
+        """Read again if reading was paused (backpressure) and the connection is open."""
+        if self.paused and not self.closed:
             self.paused = False
             assert self.transport is not None
             self.transport.resume_reading()
@@ -372,9 +370,7 @@ class _Pool:
         if not connection.keep or connection.closed or len(self.idle) >= MAX_IDLE:
             connection.close()
             return
-        if connection.paused and connection.transport is not None:
-            connection.paused = False
-            connection.transport.resume_reading()
+        connection.resume()
         connection.idle_since = self.loop.time()
         self.idle.append(connection)
         if self.sweeper is None:

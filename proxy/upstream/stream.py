@@ -54,13 +54,7 @@ class StreamBody:
                 if first:
                     first = False
                     self._on_first_chunk()
-                if decoder is None:
-                    out = self._redactor.feed(self.tap.feed(chunk))
-                    if out:
-                        self.events += out.count(b"data:")
-                        yield out
-                    continue
-                for piece in decoder.feed(chunk):
+                for piece in (chunk,) if decoder is None else decoder.feed(chunk):
                     out = self._redactor.feed(self.tap.feed(piece))
                     if out:
                         self.events += out.count(b"data:")

@@ -18,8 +18,10 @@ import openai
 import pytest
 import yaml
 from support.proxy_server import ProxyInThread, settings_from
+from support.redis_server import SENTINEL_MASTER, SentinelGroup, redis_available
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
+from proxy.keys.redis_backend import RECORDS
 
 ADMIN_KEY = "admin-secret-key"
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
@@ -155,6 +157,27 @@ def test_config_keys_are_listed_win_and_cannot_be_changed(proxy: ProxyInThread) 
         assert chat(proxy.url, CONFIG_KEY) == 200
 
 
+def test_a_config_keys_entry_shows_every_field_it_sets(upstream: FakeUpstreamHandle) -> None:
+    """As an API key's entry does: its limits, allow-list, fair share, wait and shadow."""
+    key = {"name": "full", "key": "sk-full-config", "rpm": 5, "tpd": 900, "max_parallel": 2}
+    key |= {"models": ["gpt-4o"], "priority": 2, "weight": 3, "max_wait": "2s", "shadow": True}
+    settings = settings_from(config(upstream.base_url, keys=[key]))
+    with ProxyInThread(settings) as running, admin(running) as api:
+        [entry] = api.get("/keys").json()["keys"]
+    assert entry == {
+        "name": "full",
+        "source": "config",
+        "rpm": 5,
+        "tpd": 900,
+        "max_parallel": 2,
+        "models": ["gpt-4o"],
+        "priority": 2,
+        "weight": 3,
+        "max_wait": 2.0,
+        "shadow": True,
+    }
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
@@ -280,3 +303,19 @@ def test_the_admin_page_pages_the_keys_too(proxy: ProxyInThread) -> None:
     assert 'data-key="api-z"' in second and 'data-key="config-team"' not in second
     pages = '2 keys; page <a href="?page=1&amp;per_page=1">1</a> <b>2</b>'
     assert f'<p class="muted" id="key-pages">{pages}' in second
+
+
+@pytest.mark.skipif(not redis_available(), reason="redis-server is not installed")
+def test_with_redis_sentinel_a_created_key_lives_on_the_primary(
+    upstream: FakeUpstreamHandle, sentinel_group: SentinelGroup
+) -> None:
+    """``redis.sentinel`` instead of ``redis.url``: the keys of the API are shared through
+    the primary the sentinels name, as the budgets are (not kept in this process)."""
+    sentinel = {"master": SENTINEL_MASTER, "nodes": sentinel_group.nodes}
+    settings = settings_from(config(upstream.base_url, redis={"sentinel": sentinel}))
+    with ProxyInThread(settings) as proxy, admin(proxy) as api:
+        created = api.post("/keys", json={"name": "svc-s", "rpm": 5})
+        assert created.status_code == 201, created.text
+        assert chat(proxy.url, created.json()["key"]) == 200
+    with sentinel_group.primary.client() as primary:
+        assert primary.hexists(RECORDS, "svc-s")

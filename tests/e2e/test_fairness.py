@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from support.load import LoadResult, closed_loop, drive, p90
+from support.models import strict_model
 from support.proxy_server import ProxyProcess
 from support.redis_server import RedisServer, redis_available
 
@@ -38,19 +39,7 @@ def _config(
 ) -> dict[str, Any]:
     config: dict[str, Any] = {
         "keys": keys,
-        "models": [
-            {
-                "name": "gpt-4o-mini",
-                "deployments": [
-                    {
-                        "id": "strict",
-                        "base_url": upstream.base_url,
-                        "rpm": int(LIMIT * 60 / WINDOW),
-                        "timeout": "10s",
-                    }
-                ],
-            }
-        ],
+        "models": strict_model(upstream.base_url, rpm=int(LIMIT * 60 / WINDOW)),
         # lookahead: the default (500ms)
         "routing": {"max_wait": "60s", "retries": 0, "max_queue": 1000},
     }

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from support.load import drive
+from support.models import strict_model
 from support.proxy_server import ProxyProcess
 from support.redis_server import RedisClusterServers, RedisServer, redis_available
 from support.stalled_proxy import STALLED
@@ -60,19 +61,8 @@ def test_a_replica_whose_loop_stalls_up_to_50ms_overshoots_nothing(
             url = stack.enter_context(RedisServer(tmp_path / "redis")).url
         config = {
             "redis": {"url": url},
-            "models": [
-                {
-                    "name": "gpt-4o-mini",
-                    "deployments": [
-                        {
-                            "id": "strict",
-                            "base_url": upstream.base_url,
-                            "rpm": int(RATE * 60),  # the true limit, stated
-                            "timeout": "10s",
-                        }
-                    ],
-                }
-            ],
+            # rpm: the true limit, stated
+            "models": strict_model(upstream.base_url, rpm=int(RATE * 60)),
             "routing": {"max_wait": "3s", "retries": 0},
         }
         stalled = ProxyProcess(

@@ -16,6 +16,7 @@ from typing import Any
 import openai
 import pytest
 from support.load import LoadResult, drive
+from support.models import strict_model
 from support.proxy_server import ProxyProcess
 from support.redis_server import RedisServer, redis_available
 
@@ -36,14 +37,7 @@ PACED = 1.0 - pacing_headroom(RoutingConfig().pacing_margin)
 def _config(redis_url: str, upstream: FakeUpstreamHandle, **deployment: Any) -> dict[str, Any]:
     return {
         "redis": {"url": redis_url},
-        "models": [
-            {
-                "name": "gpt-4o-mini",
-                "deployments": [
-                    {"id": "strict", "base_url": upstream.base_url, "timeout": "10s", **deployment}
-                ],
-            }
-        ],
+        "models": strict_model(upstream.base_url, **deployment),
         "routing": {"max_wait": "5s", "retries": 0},
     }
 

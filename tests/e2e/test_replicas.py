@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from support.load import LoadResult, drive
+from support.models import strict_model
 from support.proxy_server import ProxyProcess
 from support.redis_server import RedisClusterServers, RedisServer, redis_available
 from support.waiting import wait_until
@@ -32,19 +33,7 @@ def _config(
 ) -> dict[str, Any]:
     return {
         "redis": {"url": redis_url, "on_error": on_error},
-        "models": [
-            {
-                "name": "gpt-4o-mini",
-                "deployments": [
-                    {
-                        "id": "strict",
-                        "base_url": upstream.base_url,
-                        "rpm": int(LIMIT * 60 / WINDOW),
-                        "timeout": "10s",
-                    }
-                ],
-            }
-        ],
+        "models": strict_model(upstream.base_url, rpm=int(LIMIT * 60 / WINDOW)),
         "routing": {"max_wait": "2s", "retries": 0},
     }
 

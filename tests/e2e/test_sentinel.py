@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from support.load import LoadResult, drive
+from support.models import strict_model
 from support.proxy_server import ProxyProcess
 from support.redis_server import SENTINEL_MASTER, SentinelGroup, redis_available
 from support.waiting import wait_until
@@ -42,19 +43,7 @@ def _config(group: SentinelGroup, upstream: FakeUpstreamHandle, on_error: str) -
             # parallel) 100 ms timed out calls to a healthy primary.
             "timeout": "1s",
         },
-        "models": [
-            {
-                "name": "gpt-4o-mini",
-                "deployments": [
-                    {
-                        "id": "strict",
-                        "base_url": upstream.base_url,
-                        "rpm": int(LIMIT * 60 / WINDOW),
-                        "timeout": "10s",
-                    }
-                ],
-            }
-        ],
+        "models": strict_model(upstream.base_url, rpm=int(LIMIT * 60 / WINDOW)),
         "routing": {"max_wait": "2s", "retries": 0},
     }
 
@@ -73,10 +62,11 @@ def _replicas_on_new_primary(group: SentinelGroup) -> int:
         return int(c.zcard(f"{KEY_PREFIX}:replicas"))
 
 
-def _run(
-    tmp_path: Path, group: SentinelGroup, on_error: str, upstream: FakeUpstreamHandle
-) -> tuple[LoadResult, list[ProxyProcess]]:
+def _run(tmp_path: Path, group: SentinelGroup, on_error: str) -> tuple[LoadResult, dict[str, Any]]:
+    """The load through both replicas, the primary killed 5 s in; what the upstream
+    counted. Every request the load sent has its outcome."""
     with ExitStack() as stack:
+        upstream = stack.enter_context(run_in_thread(FakeUpstreamConfig(port=0, window=WINDOW)))
         proxies = [
             stack.enter_context(
                 ProxyProcess(_config(group, upstream, on_error), tmp_path, name=f"replica-{i}")
@@ -100,17 +90,16 @@ def _run(
             lambda: _replicas_on_new_primary(group) == REPLICAS, RESUMES_WITHIN, "new primary"
         )
         after = asyncio.run(drive(urls, 3 * RATE, 3.0))
+        stats = upstream.stats()
     assert set(after.statuses) <= {200, 429}, after.statuses
-    return result, proxies
+    assert len(result.outcomes) == result.sent, "a request was lost"
+    return result, stats
 
 
 def test_primary_killed_under_load_local_shares_then_the_new_primary(
     tmp_path: Path, sentinel_group: SentinelGroup
 ) -> None:
-    with run_in_thread(FakeUpstreamConfig(port=0, window=WINDOW)) as upstream:
-        result, _ = _run(tmp_path, sentinel_group, "local", upstream)
-        stats = upstream.stats()
-    assert len(result.outcomes) == result.sent, "a request was lost"
+    result, stats = _run(tmp_path, sentinel_group, "local")
     assert set(result.statuses) <= {200, 429}, (result.statuses, result.codes, stats)
     # docs/limiter.md's bound for a failover: the limit, one more replica's share while
     # the replicas switch, and one request per replica at the switch (replication on
@@ -122,10 +111,7 @@ def test_primary_killed_under_load_local_shares_then_the_new_primary(
 def test_primary_killed_with_reject_answers_503_only_while_no_primary_exists(
     tmp_path: Path, sentinel_group: SentinelGroup
 ) -> None:
-    with run_in_thread(FakeUpstreamConfig(port=0, window=WINDOW)) as upstream:
-        result, _ = _run(tmp_path, sentinel_group, "reject", upstream)
-        stats = upstream.stats()
-    assert len(result.outcomes) == result.sent, "a request was lost"
+    result, stats = _run(tmp_path, sentinel_group, "reject")
     assert set(result.statuses) <= {200, 429, 503}, (result.statuses, result.codes)
     assert {o.code for o in result.outcomes if o.status == 503} <= {"limiter_unavailable"}
     refused = [o for o in result.outcomes if o.status == 503]

@@ -29,6 +29,20 @@ async def test_an_api_key_authenticates_with_its_own_limits() -> None:
     assert limits is not None and [w.name for w in limits.windows] == ["rpm"]
 
 
+async def test_a_key_revoked_after_it_authenticated_is_still_charged_its_limits() -> None:
+    """The endpoint authenticates from the headers, the pipeline asks the limits once the
+    body is in: a revocation between the two must not let that request go unlimited."""
+    keys = runtime()
+    _, secret = await keys.create("svc", {"rpm": 3}, None)
+    store = KeyStore([ClientKey(name="cfg", key="sk-cfg")], keys)
+    key = store.authenticate(f"Bearer {secret}")
+    assert key is not None
+    await keys.revoke("svc")
+    limits = store.limits(key, {})
+    assert limits is not None and limits.name == "svc"
+    assert [(w.name, w.rate.limit) for w in limits.windows] == [("rpm", 3)]
+
+
 async def test_a_config_key_of_the_same_name_wins() -> None:
     keys = runtime()
     _, secret = await keys.create("team", {}, None)

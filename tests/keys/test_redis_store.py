@@ -9,13 +9,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from support.redis_server import RedisServer
+from support.redis_server import SENTINEL_MASTER, RedisServer, SentinelGroup
 
+from proxy.config import SentinelConfig
 from proxy.errors import ServiceUnavailable
 from proxy.keys import redis_backend
 from proxy.keys.records import digest_of
 from proxy.keys.redis_backend import RedisKeyBackend
-from proxy.keys.store import Conflict, RuntimeKeys
+from proxy.keys.store import Conflict, RuntimeKeys, runtime_keys_for
+from proxy.limiter.factory import sentinel_target
 
 
 def _keep(spec: dict[str, Any]) -> dict[str, Any]:
@@ -142,6 +144,26 @@ async def test_the_store_works_on_a_redis_cluster(redis_cluster_url: str) -> Non
         _, secret = await a.create("svc", {}, None)
         await b.refresh()
         assert b.find(digest_of(secret)) is not None
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_with_redis_sentinel_the_keys_live_on_the_primary_the_sentinels_name(
+    sentinel_group: SentinelGroup,
+) -> None:
+    """``redis.sentinel`` instead of ``redis.url``: the keys are shared (not one process's,
+    nor refused with several workers), through the primary the sentinels name."""
+    target = sentinel_target(SentinelConfig(master=SENTINEL_MASTER, nodes=sentinel_group.nodes))
+    a = runtime_keys_for("", workers=2, timeout=1.0, sentinel=target)
+    b = runtime_keys_for("", workers=2, timeout=1.0, sentinel=target)
+    assert a.shared and b.shared and a.refusal is None
+    try:
+        _, secret = await a.create("svc", {"rpm": 5}, None)
+        await b.refresh()
+        assert b.find(digest_of(secret)) is not None
+        with sentinel_group.primary.client() as primary:
+            assert primary.hexists(redis_backend.RECORDS, "svc")
     finally:
         await a.aclose()
         await b.aclose()
