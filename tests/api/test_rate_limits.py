@@ -112,6 +112,9 @@ def test_a_keys_own_429_carries_its_rate_limit_headers(upstream: FakeUpstreamHan
 
 
 def test_token_limit_answers_429_key_tpm(upstream: FakeUpstreamHandle) -> None:
+    # The whole burst is checked while the first is in flight: its estimate (60 tokens of
+    # 100) is not yet settled down to its real usage, which would make room for another.
+    upstream.control(latency=1.0)
     with _proxy(upstream, {"tpm": 100}) as proxy:
         body = {**CHAT, "max_tokens": 60}
         responses = asyncio.run(_burst(proxy.base_url, 3, body))
