@@ -38,6 +38,10 @@ class KeyStore:
         self.runtime = runtime
         self._configured = bool(keys)
 
+    def held(self) -> list[object]:
+        """Its index entries (a retired store's are freed off the event loop: release.py)."""
+        return list(self._by_digest.values())
+
     @property
     def open_access(self) -> bool:
         return not self._configured and (self.runtime is None or len(self.runtime) == 0)
