@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import orjson
 import yaml
 from pydantic import (
     BaseModel,
@@ -290,6 +291,9 @@ class ClientKey(_Limited):
     # The digest, computed once where the config is read (a reload: in a thread), so
     # that indexing 100,000 keys on the event loop is a dict of ready digests.
     _sha256: bytes = PrivateAttr(default=b"")
+    # The fingerprint of the config entry it was validated from (``entry_print``), when
+    # it came from a long key list: a reload reuses the key of an unchanged entry.
+    _entry_print: bytes = PrivateAttr(default=b"")
 
     @model_validator(mode="after")
     def _one_secret(self) -> ClientKey:
@@ -587,9 +591,14 @@ def _loc_to_path(loc: tuple[int | str, ...]) -> str:
 
 
 def parse_settings(
-    data: object, source: str = "<config>", env: Mapping[str, str] | None = None
+    data: object,
+    source: str = "<config>",
+    env: Mapping[str, str] | None = None,
+    previous: Settings | None = None,
 ) -> Settings:
-    """Validate an already-parsed YAML document: every problem at once, in plain words."""
+    """Validate an already-parsed YAML document: every problem at once, in plain words.
+    ``previous``: the config in force (a reload); a key whose entry did not change is
+    its validated key, not validated again."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -598,7 +607,7 @@ def parse_settings(
     data = _interpolate(data, "", os.environ if env is None else env, unset)
     problems = list(unset)
     unset_paths = {p.split(": ", 1)[0] for p in unset}
-    settings, errors = _validate(data)
+    settings, errors = _validate(data, [] if previous is None else previous.keys)
     for err in errors:
         path = _loc_to_path(tuple(err["loc"]))
         if not any(_within(unset, path) for unset in unset_paths):
@@ -615,23 +624,34 @@ _KEYS_CHUNK = 200
 _KEY_LIST: TypeAdapter[list[ClientKey]] = TypeAdapter(list[ClientKey])
 
 
-def _validate(data: Any) -> tuple[Settings | None, list[Any]]:
-    """The settings, or None and pydantic's errors (every one, keys in their place)."""
+def _validate(data: Any, known: list[ClientKey] | None = None) -> tuple[Settings | None, list[Any]]:
+    """The settings, or None and pydantic's errors (every one, keys in their place).
+    ``known``: keys already validated; one whose entry is unchanged is reused."""
     keys = data.get("keys")
     if not isinstance(keys, list) or len(keys) <= _KEYS_CHUNK:
         try:
             return Settings.model_validate(data), []
         except ValidationError as exc:
             return None, list(exc.errors())
+    reusable = {key._entry_print: key for key in known or () if key._entry_print}
     errors: list[Any] = []
     checked: list[ClientKey] = []
     for start in range(0, len(keys), _KEYS_CHUNK):
+        chunk = keys[start : start + _KEYS_CHUNK]
+        prints = [entry_print(entry) for entry in chunk]
+        found = [reusable.get(p) if p else None for p in prints]
+        fresh = [i for i, key in enumerate(found) if key is None]
         try:
-            checked += _KEY_LIST.validate_python(keys[start : start + _KEYS_CHUNK])
+            validated = _KEY_LIST.validate_python([chunk[i] for i in fresh])
         except ValidationError as exc:
             for err in exc.errors():
                 loc = tuple(err["loc"])
-                errors.append({**err, "loc": ("keys", start + int(loc[0]), *loc[1:])})
+                errors.append({**err, "loc": ("keys", start + fresh[int(loc[0])], *loc[1:])})
+        else:
+            for i, key in zip(fresh, validated, strict=True):
+                key._entry_print = prints[i]
+                found[i] = key
+            checked += typing.cast(list[ClientKey], found)
         time.sleep(0)  # let another thread (the event loop) have the GIL
     try:
         settings = Settings.model_validate({**data, "keys": []})
@@ -640,6 +660,19 @@ def _validate(data: Any) -> tuple[Settings | None, list[Any]]:
     if errors:
         return None, errors
     return settings.model_copy(update={"keys": checked}), []
+
+
+def entry_print(entry: object) -> bytes:
+    """A fingerprint of a key's config entry (after ``${VAR}`` substitution): equal only
+    for entries that validate alike; empty (never reused) for one that JSON cannot tell
+    apart from another (a date, bytes, a big integer; ``null``, which NaN also becomes)."""
+    try:
+        text = orjson.dumps(entry, option=orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_DATETIME)
+    except TypeError:  # orjson.JSONEncodeError
+        return b""
+    if b"null" in text:
+        return b""
+    return hashlib.blake2b(text, digest_size=16).digest()
 
 
 def _within(path: str, scope: str) -> bool:

@@ -286,15 +286,16 @@ class _Prepared:
 
 
 def _prepare(path: str, old: Settings, previous: Pipeline, share: float) -> _Prepared:
-    """In a thread: the file read, validated, compared, its keys indexed, the catalog
-    built; the outgoing keys referenced (``retired``) so that dropping the old pipeline
-    frees none of them on the event loop. The collector is held off meanwhile and what
+    """In a thread: the file read, validated (a key whose entry did not change is the
+    one in force), compared, its keys indexed, the catalog built; the outgoing keys
+    referenced (``retired``) so that dropping the old pipeline frees none of them on the
+    event loop. The collector is held off meanwhile and what
     was built frozen (``gc.freeze``, as at start-up): a full collection over 100,000 new
     keys would hold the GIL, and the event loop, for a quarter of a second; a frozen
     object is still freed when no longer referenced."""
     gc.disable()
     try:
-        loaded = parse_settings(read_document_apart(path), path)
+        loaded = parse_settings(read_document_apart(path), path, previous=old)
         settings = in_force(old, loaded)
         try:
             catalog = Catalog(settings, share)
