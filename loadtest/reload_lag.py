@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import gc
 import json
+import math
 import tempfile
 import time
 from pathlib import Path
@@ -33,29 +34,34 @@ _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
 class LagProbe:
-    """Sleeps ``tick`` in a loop; ``worst``: the latest it woke past its time."""
+    """Sleeps ``tick`` in a loop, noting how late it woke each time (``worst``: in a
+    period, by when it meant to wake: a stall at the end of one phase is that phase's)."""
 
     def __init__(self, tick: float = 0.001) -> None:
         self.tick = tick
-        self.worst = 0.0
+        self.ticks: list[tuple[float, float]] = []  # (planned wake-up, lateness)
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
         while True:
             planned = time.perf_counter() + self.tick
             await asyncio.sleep(self.tick)
-            self.worst = max(self.worst, time.perf_counter() - planned)
+            self.ticks.append((planned, time.perf_counter() - planned))
 
     def start(self) -> None:
-        self.worst = 0.0
+        self.ticks = []
         self._task = asyncio.create_task(self._run())
 
-    async def stop(self) -> float:
+    async def stop(self) -> None:
+        """After a pause: the last late wake-up is noted before the probe stops."""
+        await asyncio.sleep(0.1)
         assert self._task is not None
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
-        return self.worst
+
+    def worst(self, since: float = 0.0, until: float = math.inf) -> float:
+        return max((late for at, late in self.ticks if since <= at < until), default=0.0)
 
 
 def _busy(seconds: float) -> None:
@@ -90,7 +96,8 @@ async def _measure(keys: int, reloads: int) -> dict[str, Any]:
             probe = LagProbe()
             probe.start()
             await asyncio.to_thread(_busy, 5.0)
-            control_lag = await probe.stop()
+            await probe.stop()
+            control_lag = probe.worst()
             for i in range(reloads):
                 config["keys"][0]["rpm"] = 99_000 - i
                 text = yaml.dump(config, Dumper=_DUMPER)
@@ -99,25 +106,25 @@ async def _measure(keys: int, reloads: int) -> dict[str, Any]:
                 begin = time.perf_counter()
                 result = await reloader.reload()
                 reloaded = time.perf_counter()
-                read_and_swap = await probe.stop()
-                probe.start()
                 # The old pipeline retired, its keys released (``releasing``: since the
                 # release off the loop; 0 on the code before it).
                 while reloader.retiring or getattr(reloader, "releasing", 0):  # noqa: ASYNC110
                     await asyncio.sleep(0.01)
                 took = time.perf_counter() - begin
                 await asyncio.sleep(0.2)
-                retire_and_release = await probe.stop()
+                await probe.stop()
                 assert result.ok, result.problems
                 results.append(
                     {
                         "reload_s": round(reloaded - begin, 3),
                         "with_release_s": round(took, 3),
-                        "worst_loop_lag_ms": round(
-                            1000 * max(read_and_swap, retire_and_release), 1
+                        "worst_loop_lag_ms": round(1000 * probe.worst(), 1),
+                        "worst_lag_reading_and_swapping_ms": round(
+                            1000 * probe.worst(until=reloaded), 1
                         ),
-                        "worst_lag_reading_and_swapping_ms": round(1000 * read_and_swap, 1),
-                        "worst_lag_retiring_and_freeing_ms": round(1000 * retire_and_release, 1),
+                        "worst_lag_retiring_and_freeing_ms": round(
+                            1000 * probe.worst(since=reloaded), 1
+                        ),
                     }
                 )
         return {
