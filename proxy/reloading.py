@@ -295,7 +295,11 @@ def _prepare(path: str, old: Settings, previous: Pipeline, share: float) -> _Pre
     object is still freed when no longer referenced."""
     gc.disable()
     try:
-        loaded = parse_settings(read_document_apart(path), path, previous=old)
+        document = read_document_apart(path)
+        loaded = parse_settings(document, path, previous=old)
+        if isinstance(document, dict) and isinstance(document.get("keys"), list):
+            release_in_slices(document.pop("keys"))  # 100,000 entries: ~10 ms at once
+        del document
         settings = in_force(old, loaded)
         try:
             catalog = Catalog(settings, share)
