@@ -38,6 +38,10 @@ class KeyStore:
         self._names = frozenset(key.name for key in keys)
         self.runtime = runtime
 
+    def held(self) -> list[object]:
+        """Its index entries (a retired store's are freed off the event loop: release.py)."""
+        return list(self._by_digest.values())
+
     @property
     def open_access(self) -> bool:
         return not self._names and (self.runtime is None or len(self.runtime) == 0)

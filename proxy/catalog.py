@@ -274,6 +274,9 @@ class _KeyLimits(Mapping[str, KeyLimits]):
     def __iter__(self) -> Iterator[str]:
         return iter(self._keys)
 
+    def built(self) -> list[KeyLimits]:
+        return list(self._built.values())
+
     def __len__(self) -> int:
         return len(self._keys)
 
@@ -287,13 +290,19 @@ class Catalog:
     ) -> None:
         self.pacing_margin = settings.routing.pacing_margin
         self.groups = {g.name: _group(g, share, self.pacing_margin) for g in settings.models}
-        self.key_limits: Mapping[str, KeyLimits] = _KeyLimits(settings.keys, share)
+        self._key_limits = _KeyLimits(settings.keys, share)
+        self.key_limits: Mapping[str, KeyLimits] = self._key_limits
         self.fallbacks = settings.routing.fallbacks
         self.share = share
         self.clock = clock
         # Deployments whose upstream announced lower per-minute limits than configured,
         # and until when (``ANNOUNCED_FOR`` after it last said so).
         self._announced: dict[str, tuple[DeploymentLimits, float]] = {}
+
+    def held(self) -> list[object]:
+        """The key limits built so far (a retired catalog's are freed off the event loop:
+        release.py)."""
+        return list(self._key_limits.built())
 
     def carry_over(self, previous: Catalog) -> None:
         """After a reload: what upstreams announced still holds for deployments whose

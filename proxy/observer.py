@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 
 from proxy.background import stop
 from proxy.catalog import Catalog, key_limits
-from proxy.config import Settings
+from proxy.config import ClientKey, Settings
 from proxy.limiter.base import MINUTE, ManagedLimiter
 from proxy.limiter.verdicts import key_codes
 from proxy.metrics import Metrics
 
-__all__ = ["StateObserver", "publish_configured_state"]
+__all__ = ["StateObserver", "publish_configured_state", "shadow_keys_of"]
 
 logger = logging.getLogger("proxy.observer")
 
@@ -82,12 +83,22 @@ class StateObserver:
             await asyncio.sleep(self.interval)
 
 
+def shadow_keys_of(settings: Settings) -> list[ClientKey]:
+    return [key for key in settings.keys if key.shadow]
+
+
 def publish_configured_state(
-    settings: Settings, metrics: Metrics, share: float, previous: Settings | None = None
+    settings: Settings,
+    metrics: Metrics,
+    share: float,
+    previous: Settings | None = None,
+    shadow_keys: Sequence[ClientKey] | None = None,
 ) -> None:
     """Series visible before any traffic: every deployment healthy, its limits, each
     shadow key's would-be refusals. After a
-    reload (``previous``): new deployments appear, removed ones and removed limits go."""
+    reload (``previous``): new deployments appear, removed ones and removed limits go.
+    ``shadow_keys``: the config's shadow keys, when found beforehand (``shadow_keys_of``,
+    in a reload's thread: 100,000 keys are not walked on the event loop)."""
     old = {(g.name, d.id): d for g in (previous.models if previous else []) for d in g.deployments}
     for group in settings.models:
         for d in group.deployments:
@@ -107,8 +118,8 @@ def publish_configured_state(
                     metrics.forget_deployment_limit(group.name, d.id, kind)
     for model, deployment_id in old:
         metrics.forget_deployment(model, deployment_id)
-    for key in settings.keys:
-        if key.shadow:  # its would-be refusals read 0, not "no data", before the first
-            metrics.init_shadow_key(key.name, key_codes(key_limits(key)))
+    for key in shadow_keys_of(settings) if shadow_keys is None else shadow_keys:
+        # Its would-be refusals read 0, not "no data", before the first.
+        metrics.init_shadow_key(key.name, key_codes(key_limits(key)))
     if previous is None:
         metrics.set_fallback_active(False)

@@ -77,13 +77,14 @@ class Pipeline:
         previous: Pipeline | None = None,
         runtime_keys: RuntimeLookup | None = None,
         key_store: KeyStore | None = None,
+        catalog: Catalog | None = None,
     ) -> None:
         """``previous``: the pipeline a reload replaces; what this process learned while
         it ran (routing averages, limits its upstreams announced) carries over, and so do
         the keys of the admin API (``runtime_keys``). ``key_store``: the config's keys
-        indexed beforehand (a reload does it in a thread)."""
+        indexed beforehand, ``catalog`` built beforehand (a reload does both in a thread)."""
         self.settings = settings
-        self.catalog = Catalog(settings, share)
+        self.catalog = catalog or Catalog(settings, share)
         runtime = runtime_keys
         if runtime is None and previous is not None:
             runtime = previous.keys.runtime

@@ -31,13 +31,15 @@ from typing import Any
 import httpx
 
 from proxy.auth import KeyStore
-from proxy.config import ConfigError, Settings, config_warnings, parse_settings
+from proxy.catalog import Catalog
+from proxy.config import ClientKey, ConfigError, Settings, config_warnings, parse_settings
 from proxy.config_changes import ConfigChanges, config_changes, in_force
 from proxy.config_read import read_document_apart
 from proxy.limiter.base import ManagedLimiter
 from proxy.metrics import Metrics
-from proxy.observer import StateObserver, publish_configured_state
+from proxy.observer import StateObserver, publish_configured_state, shadow_keys_of
 from proxy.pipeline import Pipeline
+from proxy.release import release_in_slices
 
 __all__ = ["ReloadResult", "Reloader", "hold_sighup"]
 
@@ -107,6 +109,7 @@ class Reloader:
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._retired: set[Pipeline] = set()
+        self._releasing = 0
         self._reloaded = asyncio.Condition()
         self.generation = 0  # reloads done (or failed) in this process
         self.last: ReloadResult | None = None
@@ -171,12 +174,15 @@ class Reloader:
         if path is None:
             return self._failed("<embedded demo>", ["no config file to re-read (embedded demo)"])
         old: Settings = self.state.settings
+        previous: Pipeline = self.state.pipeline
         try:
-            # Off the event loop: reading, validating and comparing 100,000 keys.
-            loaded, changes, key_store = await asyncio.to_thread(_read, path, old)
+            # Off the event loop: reading, validating, comparing and indexing 100,000 keys,
+            # and what the new pipeline is built from.
+            ready = await asyncio.to_thread(_prepare, path, old, previous, self.share)
         except ConfigError as exc:
             return self._failed(path, exc.problems)
-        runtime = self.state.pipeline.keys.runtime
+        loaded, settings, changes = ready.loaded, ready.settings, ready.changes
+        runtime = previous.keys.runtime
         if not loaded.keys and (runtime is None or len(runtime) == 0):  # anyone could use it
             if not loaded.server.open_access:
                 logger.warning("config reload refused: it would leave no client keys (open access)")
@@ -185,26 +191,24 @@ class Reloader:
                 "config reload: no client keys and server.open_access: true; the proxy"
                 " accepts requests from anyone"
             )
-        settings = in_force(old, loaded)
-        previous: Pipeline = self.state.pipeline
-        try:
-            pipeline = Pipeline(
-                settings,
-                self.limiter,
-                self.transport,
-                self.metrics,
-                self.share,
-                previous=previous,
-                key_store=key_store,
-            )
-        except (OSError, ssl.SSLError, ValueError) as exc:  # e.g. a TLS file unreadable now
-            return self._failed(path, [f"models: cannot be used: {exc}"])
+        pipeline = Pipeline(
+            settings,
+            self.limiter,
+            self.transport,
+            self.metrics,
+            self.share,
+            previous=previous,
+            key_store=ready.key_store,
+            catalog=ready.catalog,
+        )
         # One step, no await: every request from here on gets the new pipeline.
         self.state.pipeline = pipeline
         self.state.settings = settings
         self.observer.follow(pipeline.catalog)
-        publish_configured_state(settings, self.metrics, self.share, previous=old)
-        self._retire(previous)
+        publish_configured_state(
+            settings, self.metrics, self.share, previous=old, shadow_keys=ready.shadow_keys
+        )
+        self._retire(previous, ready.retired)
         for warning in config_warnings(settings):
             logger.warning("config: %s", warning)
         logger.info("config reloaded from %s", path, extra={"changes": changes.as_dict()})
@@ -225,12 +229,26 @@ class Reloader:
         )
         return ReloadResult(False, problems=tuple(problems))
 
-    def _retire(self, pipeline: Pipeline) -> None:
+    @property
+    def releasing(self) -> int:
+        """Retired configs whose keys are still being freed (``release.py``)."""
+        return self._releasing
+
+    def _retire(self, pipeline: Pipeline, hold: list[object]) -> None:
+        """Once ``pipeline``'s requests are done it is dropped; what it alone referenced
+        of its keys (``hold``, kept alive meanwhile) is then freed in a thread, a slice at
+        a time, not on the event loop in one go."""
         self._retired.add(pipeline)
+        self._releasing += 1
+        retiring = [pipeline]  # the task's only reference, dropped before the release
 
         async def retire() -> None:
-            await pipeline.retire()
-            self._retired.discard(pipeline)
+            try:
+                await retiring[0].retire()
+                self._retired.discard(retiring.pop())
+                await asyncio.to_thread(release_in_slices, hold)
+            finally:
+                self._releasing -= 1
 
         self._spawn(retire())
 
@@ -253,15 +271,51 @@ class Reloader:
             await pipeline.drain()
 
 
-def _read(path: str, old: Settings) -> tuple[Settings, ConfigChanges, KeyStore]:
-    """In a thread: the file read, validated, compared, its keys indexed. The collector
-    is held off meanwhile and what was built frozen (``gc.freeze``, as at start-up):
-    a full collection over 100,000 new keys would hold the GIL, and the event loop, for
-    a quarter of a second; a frozen object is still freed when no longer referenced."""
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """What a reload's thread hands the event loop: the new config and what its pipeline
+    is built from, and ``retired``: the outgoing config's keys and index entries."""
+
+    loaded: Settings
+    settings: Settings  # loaded, as a running process applies it (config_changes.in_force)
+    changes: ConfigChanges
+    key_store: KeyStore
+    catalog: Catalog
+    shadow_keys: list[ClientKey]
+    retired: list[object]
+
+
+def _prepare(path: str, old: Settings, previous: Pipeline, share: float) -> _Prepared:
+    """In a thread: the file read, validated (a key whose entry did not change is the
+    one in force), compared, its keys indexed, the catalog built; the outgoing keys
+    referenced (``retired``) so that dropping the old pipeline frees none of them on the
+    event loop. The collector is held off meanwhile and what
+    was built frozen (``gc.freeze``, as at start-up): a full collection over 100,000 new
+    keys would hold the GIL, and the event loop, for a quarter of a second; a frozen
+    object is still freed when no longer referenced."""
     gc.disable()
     try:
-        loaded = parse_settings(read_document_apart(path), path)
-        result = loaded, config_changes(old, loaded), KeyStore(loaded.keys)
+        document = read_document_apart(path)
+        loaded = parse_settings(document, path, previous=old)
+        if isinstance(document, dict) and isinstance(document.get("keys"), list):
+            release_in_slices(document.pop("keys"))  # 100,000 entries: ~10 ms at once
+        del document
+        settings = in_force(old, loaded)
+        try:
+            catalog = Catalog(settings, share)
+        except (OSError, ssl.SSLError, ValueError) as exc:  # e.g. a TLS file unreadable now
+            raise ConfigError(path, [f"models: cannot be used: {exc}"]) from None
+        retired: list[object] = [*previous.settings.keys, *previous.keys.held()]
+        retired += previous.catalog.held()
+        result = _Prepared(
+            loaded,
+            settings,
+            config_changes(old, loaded),
+            KeyStore(loaded.keys),
+            catalog,
+            shadow_keys_of(settings),
+            retired,
+        )
         gc.freeze()
         return result
     finally:

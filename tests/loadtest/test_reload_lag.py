@@ -1,0 +1,20 @@
+"""loadtest/reload_lag.py runs: a small config reloaded in process, figures reported."""
+
+from __future__ import annotations
+
+import asyncio
+
+from loadtest.reload_lag import _measure
+
+
+def test_reports_each_reload_and_its_worst_loop_lag() -> None:
+    report = asyncio.run(_measure(keys=300, reloads=2))
+    assert report["keys"] == 300
+    phases = {
+        "reload_s",
+        "with_release_s",
+        "worst_loop_lag_ms",
+        "worst_lag_reading_and_swapping_ms",
+        "worst_lag_retiring_and_freeing_ms",
+    }
+    assert [set(r) for r in report["reloads"]] == [phases] * 2
