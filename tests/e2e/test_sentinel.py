@@ -10,6 +10,8 @@ replica, every replica shares budgets on the new primary again.
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -62,6 +64,44 @@ def _replicas_on_new_primary(group: SentinelGroup) -> int:
         return int(c.zcard(f"{KEY_PREFIX}:replicas"))
 
 
+class _Failover(threading.Thread):
+    """Measures (for docs/limiter.md; asserted nowhere: timings flake on this machine)
+    how long after the primary's kill the sentinels named a new primary, and when every
+    replica, having fallen back, limited in shared mode again."""
+
+    def __init__(self, group: SentinelGroup, proxies: list[ProxyProcess]) -> None:
+        super().__init__(daemon=True)
+        self.group, self.proxies = group, proxies
+        self.killed = time.monotonic()
+        self.promoted: float | None = None
+        self.shared_again: float | None = None
+
+    def run(self) -> None:
+        old, fell_back = self.group.primary.port, False
+        deadline = self.killed + RESUMES_WITHIN
+        while time.monotonic() < deadline and self.shared_again is None:
+            now = time.monotonic() - self.killed
+            if self.promoted is None and self.group.master_port() not in (None, old):
+                self.promoted = now
+            try:
+                shared = all(_shared(p) for p in self.proxies)
+            except httpx.HTTPError:
+                shared = False
+            fell_back |= not shared
+            if fell_back and shared and self.promoted is not None:
+                self.shared_again = now
+            time.sleep(0.05)
+
+    def report(self) -> str:
+        promoted, shared = self.promoted, self.shared_again
+        if promoted is None or shared is None:
+            return f"new primary named at {promoted}, shared again at {shared} (s after the kill)"
+        return (
+            f"new primary named {promoted:.2f} s after the kill, every replica shared again"
+            f" {shared:.2f} s after it ({shared - promoted:.2f} s after the promotion)"
+        )
+
+
 def _run(tmp_path: Path, group: SentinelGroup, on_error: str) -> tuple[LoadResult, dict[str, Any]]:
     """The load through both replicas, the primary killed 5 s in; what the upstream
     counted. Every request the load sent has its outcome."""
@@ -80,7 +120,11 @@ def _run(tmp_path: Path, group: SentinelGroup, on_error: str) -> tuple[LoadResul
             load = asyncio.create_task(drive(urls, 3 * RATE, 20.0))
             await asyncio.sleep(5.0)
             await asyncio.to_thread(group.primary.kill)
+            failover.append(_Failover(group, proxies))
+            failover[0].start()
             return await load
+
+        failover: list[_Failover] = []
 
         result = asyncio.run(scenario())
         # Shared limiting resumes on the new primary: both replicas left their fallback
@@ -91,6 +135,8 @@ def _run(tmp_path: Path, group: SentinelGroup, on_error: str) -> tuple[LoadResul
         )
         after = asyncio.run(drive(urls, 3 * RATE, 3.0))
         stats = upstream.stats()
+        failover[0].join(RESUMES_WITHIN)
+        print(f"\nfailover, on_error {on_error}: {failover[0].report()}")
     assert set(after.statuses) <= {200, 429}, after.statuses
     assert len(result.outcomes) == result.sent, "a request was lost"
     return result, stats
