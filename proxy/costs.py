@@ -1,0 +1,58 @@
+"""What a request costs, as data: an amount per limit kind (pure).
+
+A limit kind is a name. A window of kind ``k`` charges a request ``cost.get(k, 0)``, so a
+new kind is a config row (a window of it) plus what a request costs in it (the API shape's
+estimate, then its real usage): nothing in the limiter's backends or scripts names kinds.
+
+``TokenUsage`` is what an upstream answer says a request used, in the counts the API
+shapes read; ``usage_cost`` turns it into the cost the windows are settled to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from proxy.values import value
+
+Cost = Mapping[str, float]  # kind -> amount; a kind absent costs 0
+
+REQUESTS = "requests"
+TOKENS = "tokens"  # input and output together
+INPUT_TOKENS = "input_tokens"
+OUTPUT_TOKENS = "output_tokens"
+USD = "usd"
+
+KINDS: tuple[str, ...] = (REQUESTS, TOKENS, INPUT_TOKENS, OUTPUT_TOKENS, USD)
+
+
+@value
+class TokenUsage:
+    """Tokens an upstream reports for one request.
+
+    ``input_tokens`` is every input token the upstream counts toward its input-token
+    limits (for Anthropic: ``input_tokens`` plus ``cache_creation_input_tokens``; its cache
+    reads do not count toward its limits, docs/limiter.md). The cache fields break the
+    input down for prices: ``cached_input`` (OpenAI: prompt tokens served from its cache,
+    part of ``input_tokens``), ``cache_read`` (Anthropic: not part of ``input_tokens``),
+    ``cache_write`` (Anthropic: part of ``input_tokens``)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input: int = 0
+    cache_read: int = 0
+    cache_write: int = 0
+
+    @property
+    def total(self) -> int:
+        """What a ``tokens`` window counts: everything the upstream read and wrote."""
+        return self.input_tokens + self.cache_read + self.output_tokens
+
+
+def usage_cost(usage: TokenUsage) -> dict[str, float]:
+    """The cost one request's real usage settles its token windows to (``usd`` is added
+    by pricing, where the deployment has a price)."""
+    return {
+        TOKENS: float(usage.total),
+        INPUT_TOKENS: float(usage.input_tokens),
+        OUTPUT_TOKENS: float(usage.output_tokens),
+    }
