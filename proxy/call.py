@@ -6,7 +6,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from proxy.costs import INPUT_TOKENS, Cost, TokenUsage
 from proxy.limiter.fairness import Claimant
+from proxy.shapes.base import Shape
 
 if TYPE_CHECKING:
     from proxy.limiter.base import KeyVerdict
@@ -39,7 +41,7 @@ class Reply:
 @dataclass(slots=True)
 class Call:
     request_id: str
-    endpoint: str
+    shape: Shape  # the API it came through
     started: float
     headers: list[tuple[str, str]] = field(default_factory=list)
     key_name: str | None = None
@@ -50,7 +52,8 @@ class Call:
     body: dict[str, Any] = field(default_factory=dict)
     raw: bytes = b""
     stream: bool = False
-    estimate: int = 0
+    estimate: int = 0  # tokens (the cost's ``tokens``)
+    cost: Cost = field(default_factory=dict)  # its estimated cost, every kind
     deployment: str | None = None
     queue_wait: float = 0.0
     retries: int = 0
@@ -69,6 +72,19 @@ class Call:
     def tier(self) -> str:
         """Its key's priority tier, a metric label (a configured number)."""
         return str(self.claimant.tier)
+
+    def reported(self, usage: TokenUsage | None) -> None:
+        """The usage the upstream reported (None: none it could read), as logged."""
+        if usage is None:
+            self.prompt_tokens = self.completion_tokens = None
+        else:
+            self.prompt_tokens = usage.input_tokens + usage.cache_read
+            self.completion_tokens = usage.output_tokens
+
+    @property
+    def input_estimate(self) -> int:
+        """Its estimated input tokens."""
+        return int(self.cost.get(INPUT_TOKENS, 0))
 
     def real_tokens(self) -> int | None:
         """Tokens the upstream reported (prompt + completion), if it did."""

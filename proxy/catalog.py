@@ -17,6 +17,7 @@ import httpx
 
 from proxy.config import ClientKey, Deployment, LimitRule, ModelGroup, Settings
 from proxy.limiter.base import MINUTE, DeploymentLimits, KeyLimits, Rate, Window, window_name
+from proxy.providers import Provider, provider_of
 
 __all__ = ["Catalog", "DeploymentRoute", "GroupRoute", "key_limits"]
 
@@ -53,32 +54,16 @@ ANNOUNCED_FLOOR = 0.1
 ANNOUNCED_FOR = 60.0
 
 
-_ENDPOINTS = ("chat/completions", "completions", "embeddings")
-
-
 EGRESS = "proxy.egress"  # the request extension the upstream transport reads
 
 
-def endpoint_urls(d: Deployment) -> dict[str, tuple[httpx.URL, str]]:
-    """Where each endpoint of a deployment is, parsed and as text: ``{base_url}/{endpoint}``
-    (OpenAI and compatible servers), or Azure OpenAI's
-    ``{base_url}/openai/deployments/{deployment}/{endpoint}?api-version={api_version}``."""
-    if d.provider == "azure":
-        base = f"{d.base_url}/openai/deployments/{d.deployment}"
-        query = f"?api-version={d.api_version}"
-        urls = {e: httpx.URL(f"{base}/{e}{query}") for e in _ENDPOINTS}
-    else:
-        urls = {e: httpx.URL(f"{d.base_url}/{e}") for e in _ENDPOINTS}
-    return {e: (url, str(url)) for e, url in urls.items()}
-
-
-def credential(d: Deployment) -> tuple[str, str] | None:
-    """The header carrying the deployment's key: ``Authorization: Bearer`` (OpenAI), or
-    ``api-key`` (Azure); None without a key."""
-    key = d.api_key.get_secret_value()
-    if not key:
-        return None
-    return ("api-key", key) if d.provider == "azure" else ("authorization", f"Bearer {key}")
+def shape_urls(d: Deployment) -> dict[str, tuple[httpx.URL, str]]:
+    """Where the deployment serves each API shape its provider speaks, parsed and as
+    text, by shape name (``providers``: OpenAI's ``{base_url}/{shape}``, Azure's
+    ``{base_url}/openai/deployments/{deployment}/{shape}?api-version=...``)."""
+    provider = provider_of(d.provider)
+    urls = {shape: httpx.URL(provider.url(d, shape)) for shape in sorted(provider.shapes)}
+    return {shape: (url, str(url)) for shape, url in urls.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +75,7 @@ class Egress:
     ssl: ssl.SSLContext | None = None
     proxy: str | None = None
     headers: tuple[tuple[str, str], ...] = ()
-    credential: tuple[str, str] | None = None  # the key's header (``credential``)
+    credential: tuple[str, str] | None = None  # the key's header (its provider's)
 
 
 def egress(d: Deployment) -> Egress:
@@ -105,7 +90,8 @@ def egress(d: Deployment) -> Egress:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
     headers = tuple((name, value.get_secret_value()) for name, value in d.headers.items())
-    return Egress(context, d.proxy_url.get_secret_value() or None, headers, credential(d))
+    credential = provider_of(d.provider).credential(d)
+    return Egress(context, d.proxy_url.get_secret_value() or None, headers, credential)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +100,8 @@ class DeploymentRoute:
     group: str
     limits: DeploymentLimits
     upstream_model: str
-    # Built once: the upstream URL per endpoint (parsed, and as text) and the request's
-    # extensions (the timeout, as httpx spells it, and how to reach the deployment).
+    # Built once: the upstream URL per API shape it speaks (parsed, and as text) and the
+    # request's extensions (the timeout, as httpx spells it, and how to reach it).
     urls: dict[str, tuple[httpx.URL, str]]
     extensions: dict[str, object]
 
@@ -127,9 +113,17 @@ class DeploymentRoute:
     def weight(self) -> float:
         return self.config.weight
 
-    def target(self, endpoint: str) -> tuple[httpx.URL, str]:
-        """The endpoint's URL, parsed and as text."""
-        return self.urls[endpoint]
+    def target(self, shape: str) -> tuple[httpx.URL, str]:
+        """The URL of the shape named ``shape``, parsed and as text."""
+        return self.urls[shape]
+
+    @property
+    def provider(self) -> Provider:
+        return provider_of(self.config.provider)
+
+    def speaks(self, shape: str) -> bool:
+        """Whether its provider serves the shape named ``shape``."""
+        return shape in self.urls
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +210,7 @@ def _group(group: ModelGroup, share: float, pacing_margin: float) -> GroupRoute:
                 group=group.name,
                 limits=deployment_limits(d, share, pacing_margin),
                 upstream_model=d.model or group.name,
-                urls=endpoint_urls(d),
+                urls=shape_urls(d),
                 extensions={"timeout": timeout_extension(d.timeout), EGRESS: egress(d)},
             )
             for d in group.deployments

@@ -21,19 +21,18 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy import request_fields, tokens
 from proxy.auth import KeyStore, RuntimeLookup
 from proxy.background import Background
 from proxy.call import Call, ClientLeft, Reply, Settlement, WatchDeparture
 from proxy.catalog import Catalog, GroupRoute
 from proxy.config import ClientKey, Settings
+from proxy.costs import TOKENS
 from proxy.errors import (
     InvalidRequest,
     ModelNotFound,
     ProxyError,
     RateLimited,
     ServiceUnavailable,
-    render,
 )
 from proxy.limiter.base import (
     Activity,
@@ -56,6 +55,7 @@ from proxy.ratelimit_headers import format_reset
 from proxy.request_ids import new_request_id
 from proxy.routing.dispatcher import Dispatcher
 from proxy.routing.settlement import Settler
+from proxy.shapes.base import Shape
 from proxy.telemetry import Telemetry
 
 __all__ = ["Pipeline"]
@@ -140,7 +140,7 @@ class Pipeline:
 
     async def handle(
         self,
-        endpoint: str,
+        shape: Shape,
         raw: bytes,
         headers: list[tuple[str, str]],
         key: ClientKey | None,
@@ -150,7 +150,7 @@ class Pipeline:
         """The answer to one request of ``key`` (``keys.authenticate``: checked from the
         headers before the body was read). ``client_left`` returns once the client has
         gone: a request waiting for its turn or for the upstream stops then."""
-        call = _new_call(endpoint, headers)
+        call = _new_call(shape, headers)
         call.client_left = client_left
         call.watch_departure = watch_departure
         key_check: asyncio.Future[KeyVerdict] | None = None
@@ -168,11 +168,11 @@ class Pipeline:
             group = self._group(call.body)
             call.model = group.name
             self.keys.authorize(key, group.name)
-            request_fields.check(call.body)
+            _check_speaks(group, shape)
+            shape.check(call.body)
             call.stream = call.body.get("stream") is True
-            call.estimate = tokens.estimate(
-                call.body, endpoint, self.settings.server.default_max_tokens
-            )
+            call.cost = shape.estimate(call.body, self.settings.server.default_max_tokens)
+            call.estimate = int(call.cost[TOKENS])
             limits = self.keys.limits(key, self.catalog.key_limits)
             if limits is not None:
                 key_check = self._check_key(call, limits, shadow=key is not None and key.shadow)
@@ -213,10 +213,10 @@ class Pipeline:
             )
         return reply
 
-    def reject(self, endpoint: str, error: ProxyError, *, close: bool = False) -> Reply:
+    def reject(self, shape: Shape, error: ProxyError, *, close: bool = False) -> Reply:
         """The reply for a request refused before its body was read (key, size, type,
         time); ``close``: the connection closes after it (its body stopped arriving)."""
-        call = _new_call(endpoint, [])
+        call = _new_call(shape, [])
         reply = self._error_reply(call, error)
         if close:
             reply.headers["connection"] = "close"
@@ -324,9 +324,9 @@ class Pipeline:
             self.background.run(settlement.settle())
 
     def _error_reply(self, call: Call, error: ProxyError) -> Reply:
-        status, body, headers = render(error)
         call.error_code = error.code
-        return Reply(status=status, headers={**_JSON, **headers}, body=body)
+        body = call.shape.error_body(error)
+        return Reply(status=error.status, headers={**_JSON, **error.headers()}, body=body)
 
     def _finish(self, call: Call, status: int, ended: float | None = None) -> None:
         duration = (ended or time.perf_counter()) - call.started
@@ -360,10 +360,20 @@ def _granted(key_check: asyncio.Future[KeyVerdict] | None) -> KeyVerdict | None:
     return verdict if verdict.allowed else None
 
 
-def _new_call(endpoint: str, headers: list[tuple[str, str]]) -> Call:
+def _check_speaks(group: GroupRoute, shape: Shape) -> None:
+    """A model none of whose deployments serves the request's API: the client's error."""
+    if not any(d.speaks(shape.name) for d in group.deployments):
+        raise InvalidRequest(
+            f"The model '{group.name}' is not served through the {shape.name} API.",
+            code="unsupported_api",
+            param="model",
+        )
+
+
+def _new_call(shape: Shape, headers: list[tuple[str, str]]) -> Call:
     return Call(
         request_id=new_request_id(),
-        endpoint=endpoint,
+        shape=shape,
         started=time.perf_counter(),
         headers=headers,
     )

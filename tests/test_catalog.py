@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from support.proxy_server import settings_from
 
-from proxy.catalog import ANNOUNCED_FOR, Catalog, credential, pacing_headroom
+from proxy.catalog import ANNOUNCED_FOR, Catalog, pacing_headroom
 from proxy.limiter.base import DAY, Rate, Window, describe, window_name
 
 
@@ -164,6 +164,6 @@ def test_azure_deployments_are_reached_by_deployment_name_api_version_and_api_ke
     )
     embeddings, _ = az.target("embeddings")
     assert str(embeddings).endswith("/gpt-4o-prod/embeddings?api-version=2024-10-21")
-    assert credential(az.config) == ("api-key", "azure-secret")
+    assert az.provider.credential(az.config) == ("api-key", "azure-secret")
     assert str(oa.target("completions")[0]) == "https://api.openai.com/v1/completions"
-    assert credential(oa.config) == ("authorization", "Bearer sk-1")
+    assert oa.provider.credential(oa.config) == ("authorization", "Bearer sk-1")

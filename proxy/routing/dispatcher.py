@@ -26,7 +26,6 @@ from dataclasses import replace
 
 import httpx
 
-from proxy import tokens
 from proxy.call import Call, ClientLeft, Reply
 from proxy.catalog import Catalog, DeploymentRoute, GroupRoute
 from proxy.config import Settings
@@ -46,7 +45,6 @@ from proxy.routing.outcomes import (
     admitted,
     classify_status,
     is_failure,
-    misconfigured,
     misconfigured_error,
     status_error,
     unshaped,
@@ -55,6 +53,7 @@ from proxy.routing.outcomes import (
 from proxy.routing.settlement import Settler, Turn
 from proxy.routing.strategies import RoutingState, order_candidates
 from proxy.routing.turn_clock import TurnClock
+from proxy.shapes.sse import UsageTap
 from proxy.upstream.client import HEADER_MAP
 from proxy.upstream.encoding import Decoder, Undecodable, decoder_for
 from proxy.upstream.forward import (
@@ -67,9 +66,8 @@ from proxy.upstream.forward import (
     undecodable,
 )
 from proxy.upstream.headers import response_headers
-from proxy.upstream.ratelimits import parse_budget, remaining_report
+from proxy.upstream.ratelimits import UpstreamBudget, remaining_report
 from proxy.upstream.redact import StreamRedactor, redact, redact_headers, redactable
-from proxy.upstream.sse import UsageTap, usage_of_body
 from proxy.upstream.stream import StreamBody, StreamEnd
 
 __all__ = ["Dispatcher", "StreamDone"]
@@ -167,7 +165,11 @@ class Dispatcher:
         for current in self._groups(group, call.allowed_models):
             tried: set[str] = set()
             while attempts_left > 0:
-                candidates = [d for d in current.deployments if d.id not in tried]
+                candidates = [
+                    d
+                    for d in current.deployments
+                    if d.id not in tried and d.speaks(call.shape.name)
+                ]
                 if not candidates:
                     break
                 try:
@@ -472,7 +474,7 @@ class Dispatcher:
         call.deployment = deployment.id
         try:
             request, added_usage = build_request(
-                call.endpoint, call.body, call.raw, call.headers, deployment, call.stream
+                call.shape, call.body, call.raw, call.headers, deployment, call.stream
             )
         except InvalidRequest:  # the body cannot be sent as it is: its turn goes back
             self.settler.give_back(turn, call.estimate)
@@ -517,12 +519,14 @@ class Dispatcher:
         upstream_headers = response.extensions.get(HEADER_MAP) or dict(
             response.headers.multi_items()
         )
-        self._learn(deployment, upstream_headers)
+        now = time.time()
+        budget = deployment.provider.budget(upstream_headers, now)
+        self._learn(deployment, budget)
         if is_failure(status):
             await discard(response)
             rule = self.settler.rule
             outcome = classify_status(
-                status, upstream_headers, time.time(), rule.time, rule.max_hold
+                status, upstream_headers, budget, now, rule.time, rule.max_hold
             )
             settled = self._ended(call, turn, attempt, str(status), outcome, real_tokens=0)
             error = status_error(status, deployment.id)
@@ -537,7 +541,7 @@ class Dispatcher:
             except Undecodable as exc:
                 await discard(response)
                 raise self._unusable(call, turn, attempt, undecodable(deployment.id, exc)) from None
-            tap = UsageTap(strip_usage_event=added_usage)
+            tap = UsageTap(call.shape.stream_usage(), strip_usage_event=added_usage)
             redactor = StreamRedactor(secret)
             return self._stream(
                 call, turn, attempt, response, tap, redactor, decoder, headers, stream_done
@@ -555,7 +559,7 @@ class Dispatcher:
         attempt.ended = time.perf_counter()
         call.upstream_time += attempt.ended - headers_at  # and its body
         rule_time = self.settler.rule.time
-        wrong = misconfigured(deployment.config.provider, status, content, rule_time)
+        wrong = deployment.provider.misconfigured(status, content, rule_time)
         if wrong is not None:  # not the client's fault: cool it as a bad key is cooled
             self._ended(
                 call, turn, attempt, str(status), wrong, real_tokens=0, refund=not admitted(status)
@@ -589,7 +593,7 @@ class Dispatcher:
     ) -> None:
         """A buffered answer was forwarded: usage, events, settlement."""
         if status == 200:
-            call.prompt_tokens, call.completion_tokens = usage_of_body(content)
+            call.reported(call.shape.usage(content))
         real = call.real_tokens()
         self._ended(
             call,
@@ -618,7 +622,7 @@ class Dispatcher:
             self.events.first_token(attempt, time.perf_counter() - attempt.started)
 
         async def on_close(end: StreamEnd) -> None:
-            call.prompt_tokens, call.completion_tokens = tap.prompt_tokens, tap.completion_tokens
+            call.reported(tap.usage)
             if call.real_tokens() is None:  # cut (or never told) before its usage chunk
                 call.unreported_tokens = unreported_tokens(call, body.events)
             outcome = {"completed": SUCCESS, "interrupted": INTERRUPTED}.get(end, NEUTRAL)
@@ -629,7 +633,9 @@ class Dispatcher:
             await stream_done(200 if end != "abandoned" else 499)
 
         headers.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
-        body = StreamBody(response, tap, redactor, on_first_chunk, on_close, decoder)
+        body = StreamBody(
+            response, tap, redactor, on_first_chunk, on_close, call.shape.stream_error, decoder
+        )
         return Reply(status=200, headers=headers, stream=body)
 
     # --- bookkeeping ------------------------------------------------------------------
@@ -677,10 +683,9 @@ class Dispatcher:
             turn, outcome, estimate=call.estimate, real_tokens=real_tokens, refund=refund
         )
 
-    def _learn(self, deployment: DeploymentRoute, headers: dict[str, str]) -> None:
+    def _learn(self, deployment: DeploymentRoute, budget: UpstreamBudget) -> None:
         """What the upstream's rate-limit headers say: its announced limits, and, when
         it is getting low, what it has left (our windows come down to it)."""
-        budget = parse_budget(headers, time.time())
         if budget.empty:
             return
         lowered = self.catalog.announce(deployment, budget.limit_requests, budget.limit_tokens)
@@ -738,7 +743,7 @@ def unreported_tokens(call: Call, events: int) -> int:
     """What a stream that ended without usage is charged: its estimate, or its prompt's
     plus an event per token passed to the client if that is more. Never less: reading a
     stream and leaving before the usage chunk is no way around a token budget."""
-    return max(call.estimate, tokens.prompt_tokens(call.body) + events)
+    return max(call.estimate, call.input_estimate + events)
 
 
 def _client_closed() -> ClientClosedRequest:
