@@ -226,12 +226,14 @@ class Pipeline:
         (``Served.after``: the usage its shape reads), the key settled from that usage,
         then the request's metrics and log line (``status`` None: it was cancelled,
         nobody hears an answer)."""
-        if after is not None:
-            after()
-        if settlement is not None:
-            self._settle_soon(settlement)
-        if status is not None:
-            self._finish(call, status, ended)
+        try:
+            if after is not None:
+                after()
+        finally:  # the key is settled whatever became of the attempt's bookkeeping
+            if settlement is not None:
+                self._settle_soon(settlement)
+            if status is not None:
+                self._finish(call, status, ended)
 
     def reject(self, shape: Shape, error: ProxyError, *, close: bool = False) -> Reply:
         """The reply for a request refused before its body was read (key, size, type,
