@@ -1,7 +1,7 @@
 """The aiohttp application: OpenAI-compatible endpoints (chat, completions, embeddings,
 the Responses API), Anthropic's Messages API, plus /stats and /control.
 
-A request's API (`request["api"]`: openai, responses or anthropic) decides the shape of
+A request's API (`request[API]`: openai, responses or anthropic) decides the shape of
 its errors and rate-limit headers.
 
 Everything runs on one event loop, so the state needs no locks. The hot path does one
@@ -32,6 +32,8 @@ from .stats import LastRequest, Stats
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+# Which API a request speaks: "openai" (the default), "responses" or "anthropic".
+API: web.RequestKey[str] = web.RequestKey("api", str)
 HANG_POLL_SECONDS = 0.05  # how often a hung request looks whether its client went away
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
@@ -111,7 +113,7 @@ class FakeUpstream:
         return await self._inference(request, _parse_embedding, _render_embeddings, None, "emb-")
 
     async def create_response(self, request: web.Request) -> web.StreamResponse:
-        request["api"] = "responses"
+        request[API] = "responses"
         return await self._inference(
             request, self._parse_response, self._render_response, self._response_events, "resp_"
         )
@@ -129,13 +131,13 @@ class FakeUpstream:
         return await self._stored_response(request, self._answer_input_items)
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
-        request["api"] = "anthropic"
+        request[API] = "anthropic"
         return await self._inference(
             request, _parse_message, anthropic.message, anthropic.events, "msg_"
         )
 
     async def count_tokens(self, request: web.Request) -> web.StreamResponse:
-        request["api"] = "anthropic"
+        request[API] = "anthropic"
         arrival = self._note_arrival(request)
         try:
             self._check_anthropic_headers(request)
@@ -199,7 +201,7 @@ class FakeUpstream:
             job, headers = await self._admit(request, parse, arrival)
             rid = f"{id_prefix}{self._id_prefix}{next(self._ids):x}"
             headers["x-request-id"] = rid
-            if request.get("api") == "anthropic":
+            if request.get(API) == "anthropic":
                 headers["request-id"] = self._request_id()
             created = int(time.time())
             if job.stream and render_chunks is not None:
@@ -222,7 +224,7 @@ class FakeUpstream:
         self, request: web.Request, parse: Parser, arrival: LastRequest
     ) -> tuple[Job, dict[str, str]]:
         """Auth, body, rate limit, latency and faults; raises _Answered to answer early."""
-        api = request.get("api", "openai")
+        api = request.get(API, "openai")
         if api == "anthropic":
             self._check_anthropic_headers(request)
         elif not self._authorized(request):
@@ -261,13 +263,13 @@ class FakeUpstream:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
             message = "We could not parse the JSON body of your request."
-            raise _Answered(self._bad_request(message, api=request.get("api", "openai"))) from None
+            raise _Answered(self._bad_request(message, api=request.get(API, "openai"))) from None
         if not isinstance(body, dict):
             message = "The request body must be a JSON object."
-            raise _Answered(self._bad_request(message, api=request.get("api", "openai")))
+            raise _Answered(self._bad_request(message, api=request.get(API, "openai")))
         arrival.body = body  # shown in /stats while this is still the latest request
         model = body.get("model")
-        anthropic_api = request.get("api") == "anthropic"  # anthropic.parse checks it
+        anthropic_api = request.get(API) == "anthropic"  # anthropic.parse checks it
         if (
             not self.config.azure
             and not anthropic_api
@@ -410,7 +412,7 @@ class FakeUpstream:
         self, request: web.Request, answer: Callable[[web.Request, str], web.Response]
     ) -> web.StreamResponse:
         """Auth, Azure's path checks, then `answer` for a response this instance stored."""
-        request["api"] = "responses"
+        request[API] = "responses"
         self._note_arrival(request)
         if not self._authorized(request):
             return self._unauthorized()
@@ -522,7 +524,12 @@ class FakeUpstream:
     def _authorized(self, request: web.Request) -> bool:
         key = self.config.api_key
         if self.config.azure:
-            return azure.authorized(request.headers.get("api-key"), key)
+            sent = request.headers.get("api-key")
+            bearer = request.headers.get("Authorization", "")
+            if sent is None and request.path.startswith("/openai/v1/"):
+                # Azure's v1 API also takes the key as a bearer token (the openai client)
+                sent = bearer.removeprefix("Bearer ") if bearer.startswith("Bearer ") else None
+            return azure.authorized(sent, key)
         return key is None or request.headers.get("Authorization") == f"Bearer {key}"
 
     def _json(
@@ -574,7 +581,7 @@ class FakeUpstream:
         headers.update(JSON_HEADERS)
         seconds = ceil_seconds(rejection.retry_after)
         headers["retry-after"] = str(seconds)
-        if request.get("api") == "anthropic":
+        if request.get(API) == "anthropic":
             per_minute = 60.0 / self.config.window
             text = anthropic.rate_limit_message(rejection.kind, rejection.limit, per_minute)
             return self._anthropic_error(429, text, headers)
@@ -596,7 +603,7 @@ class FakeUpstream:
         if not config.ratelimit_headers:
             return headers
         state = self.window_log.state(now)
-        if request.get("api") == "anthropic":
+        if request.get(API) == "anthropic":
             return self._anthropic_limit_headers(now)
         if config.azure:  # Azure says only what is left, per minute as OpenAI does
             if config.rpm is not None:
