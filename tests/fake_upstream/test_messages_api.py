@@ -11,11 +11,11 @@ from typing import Any
 
 import anthropic
 import httpx
-import orjson
 import pytest
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 from proxy.fake_upstream.anthropic import limit_headers, rfc3339
+from tests.support.sse import named_events
 
 MODEL = "claude-fake"
 KEY = "sk-ant-upstream"
@@ -87,13 +87,7 @@ def test_max_tokens_cuts_the_answer_with_stop_reason_max_tokens(
 def test_a_stream_has_anthropics_events_in_order(http: httpx.Client) -> None:
     answer = http.post("/v1/messages", json={**BODY, "stream": True})
     assert answer.headers["content-type"].startswith("text/event-stream")
-    events = []
-    for block in answer.text.split("\n\n"):
-        if block:
-            event_line, data_line = block.split("\n")
-            data = orjson.loads(data_line.removeprefix("data: "))
-            assert data["type"] == event_line.removeprefix("event: ")
-            events.append(data)
+    events = [data for _, data in named_events(answer.text)]
     assert [event["type"] for event in events] == [
         "message_start",
         "content_block_start",

@@ -5,14 +5,13 @@ the limits and faults it shares with chat, and its stats."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import openai
-import orjson
 import pytest
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
+from tests.support.sse import named_events
 
 MODEL = "gpt-4o-mini"
 KEY = "sk-upstream"
@@ -34,20 +33,6 @@ def http(upstream: FakeUpstreamHandle) -> Iterator[httpx.Client]:
     headers = {"Authorization": f"Bearer {KEY}"}
     with httpx.Client(base_url=upstream.base_url, headers=headers, timeout=5) as session:
         yield session
-
-
-def events_of(response: httpx.Response) -> list[tuple[str, dict[str, Any]]]:
-    """(event name, data) of each SSE event, checking that both lines name the same type."""
-    events = []
-    for block in response.text.split("\n\n"):
-        if not block:
-            continue
-        event_line, data_line = block.split("\n")
-        name = event_line.removeprefix("event: ")
-        data = orjson.loads(data_line.removeprefix("data: "))
-        assert data["type"] == name
-        events.append((name, data))
-    return events
 
 
 # ------------------------------------------------------------------ create
@@ -106,7 +91,7 @@ def test_a_stream_is_semantic_events_ending_in_response_completed_without_done(
     answer = http.post("/responses", json={"model": MODEL, "input": "hi", "stream": True})
     assert answer.headers["content-type"].startswith("text/event-stream")
     assert "[DONE]" not in answer.text
-    events = events_of(answer)
+    events = named_events(answer.text)
     names = [name for name, _ in events]
     assert names == [
         "response.created",
