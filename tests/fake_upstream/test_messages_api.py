@@ -12,10 +12,10 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
+from support.sse import named_events
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 from proxy.fake_upstream.anthropic import limit_headers, rfc3339
-from tests.support.sse import named_events
 
 MODEL = "claude-fake"
 KEY = "sk-ant-upstream"

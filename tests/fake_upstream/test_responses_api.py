@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+from support.sse import named_events
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
-from tests.support.sse import named_events
 
 MODEL = "gpt-4o-mini"
 KEY = "sk-upstream"
