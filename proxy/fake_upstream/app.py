@@ -376,11 +376,14 @@ class FakeUpstream:
 
     async def _echo(self, request: web.Request, job: Job, status: int) -> web.StreamResponse:
         """The credentials received, quoted back (``echo_status``)."""
-        received = request.headers.get("api-key" if self.config.azure else "Authorization", "")
+        anthropic_api = request.get(API) == "anthropic"
+        received = request.headers.get(_credential_header(request, self.config.azure), "")
         # openai-model is one of the headers a proxy passes on
         headers = {"x-echo-authorization": received, "openai-model": f"echo {received}"}
         if status != 200 or not job.stream:
             message = f"Incorrect API key provided: {received}."
+            if anthropic_api:
+                return self._anthropic_error(status, message, headers)
             body = bodies.error_body(message, "invalid_request_error", "echo")
             return self._json(status, body, {**JSON_HEADERS, **headers})
         event = bodies.sse(
@@ -642,6 +645,15 @@ def _input_cost(job: Job) -> int:
     """What counts toward an input-token limit: uncached input and cache writes, not cache
     reads (Anthropic's rule for current models)."""
     return job.prompt_tokens + job.cache_write
+
+
+def _credential_header(request: web.Request, azure_mode: bool) -> str:
+    """The header that carried the key (what `echo_status` quotes)."""
+    if azure_mode:
+        return "api-key"
+    if request.get(API) == "anthropic" and "x-api-key" in request.headers:
+        return "x-api-key"
+    return "Authorization"
 
 
 def _pro_rata(limit: int | None, config: FakeUpstreamConfig) -> int | None:

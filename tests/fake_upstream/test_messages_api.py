@@ -324,3 +324,12 @@ def test_limits_are_announced_per_minute_whatever_the_window() -> None:
     assert headers["anthropic-ratelimit-input-tokens-remaining"] == "70"
     assert headers["anthropic-ratelimit-input-tokens-reset"] == "1970-01-01T00:00:05Z"
     assert headers["anthropic-ratelimit-tokens-remaining"] == "70"
+
+
+def test_echo_status_quotes_the_x_api_key_in_an_anthropic_error(
+    upstream: FakeUpstreamHandle, http: httpx.Client
+) -> None:
+    upstream.control(echo_status=401)
+    answer = http.post("/v1/messages", json=BODY)
+    assert KEY in anthropic_error(answer, 401, "authentication_error")
+    assert answer.headers["x-echo-authorization"] == KEY
