@@ -333,3 +333,9 @@ def test_echo_status_quotes_the_x_api_key_in_an_anthropic_error(
     answer = http.post("/v1/messages", json=BODY)
     assert KEY in anthropic_error(answer, 401, "authentication_error")
     assert answer.headers["x-echo-authorization"] == KEY
+
+
+def test_count_tokens_needs_model_and_messages(http: httpx.Client) -> None:
+    for body, field in (({"messages": MESSAGES}, "model"), ({"model": MODEL}, "messages")):
+        answer = http.post("/v1/messages/count_tokens", json=body)
+        assert anthropic_error(answer, 400, "invalid_request_error").startswith(f"{field}:")
