@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-import math
 import os
 import random
 import time
@@ -27,8 +26,9 @@ from aiohttp import web
 from . import anthropic, azure, bodies, responses
 from .bodies import Job
 from .config import FakeUpstreamConfig
-from .ratelimit import Rejection, SlidingWindowLog, ceil_millis, ceil_seconds, format_duration
+from .ratelimit import Rejection, ceil_millis, ceil_seconds
 from .stats import LastRequest, Stats
+from .windows import Windows, limited, rate_limit_message
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
@@ -63,10 +63,7 @@ class FakeUpstream:
     def __init__(self, config: FakeUpstreamConfig) -> None:
         self.config = config
         self.stats = Stats()
-        self.window_log = SlidingWindowLog(config.window)
-        self.quantum_log = SlidingWindowLog(config.quantum or config.window)
-        self.input_log = SlidingWindowLog(config.window)  # itpm
-        self.output_log = SlidingWindowLog(config.window)  # otpm
+        self.windows = Windows(config)
         self.responses = responses.ResponseStore()
         self.rng = random.Random(config.seed)
         self._ids = itertools.count(1)
@@ -81,21 +78,16 @@ class FakeUpstream:
         config = self.config.updated(changes)
         if "seed" in changes:
             self.rng.seed(config.seed)
-        self.window_log.window = config.window
-        self.quantum_log.window = config.quantum or config.window
-        self.input_log.window = self.output_log.window = config.window
+        self.windows.resize(config)
         self.config = config
         return config.runtime_options()
 
     def snapshot(self) -> dict[str, Any]:
-        return self.stats.snapshot(self.window_log.peak)
+        return self.stats.snapshot(self.windows.peak)
 
     def reset(self) -> None:
         self.stats = self.stats.fresh()
-        self.window_log.clear()
-        self.quantum_log.clear()
-        self.input_log.clear()
-        self.output_log.clear()
+        self.windows.clear()
 
     # ------------------------------------------------------------ endpoints
 
@@ -282,38 +274,16 @@ class FakeUpstream:
         """Record the request in the sliding windows, or answer 429 if it does not fit."""
         config = self.config
         now = time.monotonic()
-        if config.rpm is None and config.tpm is None and not config.itpm and not config.otpm:
-            self.window_log.add(now, job.cost)  # only for peak_window_requests
+        if not limited(config):
+            self.windows.main.add(now, job.cost)  # only for peak_window_requests
             self.stats.admitted(now, job.cost)
             return dict(JSON_HEADERS)
-        rejection = self._check_windows(now, job)
+        rejection = self.windows.check(now, job, config)
         if rejection is not None:
             raise _Answered(self._rate_limited(rejection, job, now, request))
-        self.window_log.add(now, job.cost)
-        if config.quantum:
-            self.quantum_log.add(now, job.cost)
-        if config.itpm is not None:
-            self.input_log.add(now, _input_cost(job))
-        if config.otpm is not None:
-            # Checked against the output cap, counted at what is produced (known here).
-            self.output_log.add(now, job.completion_tokens)
+        self.windows.add(now, job, config)
         self.stats.admitted(now, job.cost)
         return {**JSON_HEADERS, **self._limit_headers(now, request)}
-
-    def _check_windows(self, now: float, job: Job) -> Rejection | None:
-        config = self.config
-        rejection = self.window_log.check(now, job.cost, config.rpm, config.tpm)
-        if rejection is None and config.quantum:
-            rejection = self.quantum_log.check(
-                now, job.cost, _pro_rata(config.rpm, config), _pro_rata(config.tpm, config)
-            )
-        if rejection is None and config.itpm is not None:
-            cost = _input_cost(job)
-            rejection = self.input_log.check(now, cost, None, config.itpm, "input_tokens")
-        if rejection is None and config.otpm is not None:
-            cost = job.max_output
-            rejection = self.output_log.check(now, cost, None, config.otpm, "output_tokens")
-        return rejection
 
     async def _sleep_latency(self) -> None:
         low, high = self.config.latency_range
@@ -594,57 +564,20 @@ class FakeUpstream:
             version = request.query.get("api-version", "")
             text = azure.rate_limit_message(endpoint, version, rejection.kind, seconds)
             return self._json(429, azure.error_body("429", text), headers)
-        message = _rate_limit_message(rejection, job.model, self.config.window)
+        message = rate_limit_message(rejection, job.model, self.config.window)
         body = bodies.error_body(message, rejection.kind, "rate_limit_exceeded")
         return self._json(429, body, headers)
 
     def _limit_headers(self, now: float, request: web.Request) -> dict[str, str]:
-        """The API's rate-limit headers: Anthropic's, or OpenAI's x-ratelimit-* (a reset is
-        when the window is empty again)."""
+        """The rate-limit headers of the request's API."""
         config = self.config
-        headers: dict[str, str] = {}
         if not config.ratelimit_headers:
-            return headers
-        state = self.window_log.state(now)
+            return {}
         if request.get(API) == "anthropic":
-            return self._anthropic_limit_headers(now)
-        if config.azure:  # Azure says only what is left, per minute as OpenAI does
-            if config.rpm is not None:
-                headers["x-ratelimit-remaining-requests"] = str(max(0, config.rpm - state.requests))
-            if config.tpm is not None:
-                headers["x-ratelimit-remaining-tokens"] = str(max(0, config.tpm - state.tokens))
-            return headers
-        # OpenAI announces its limits per minute; so does the fake, whatever its window.
-        per_minute = 60.0 / config.window
-        if config.rpm is not None:
-            headers["x-ratelimit-limit-requests"] = str(round(config.rpm * per_minute))
-            headers["x-ratelimit-remaining-requests"] = str(max(0, config.rpm - state.requests))
-            headers["x-ratelimit-reset-requests"] = format_duration(state.requests_reset)
-        if config.tpm is not None:
-            headers["x-ratelimit-limit-tokens"] = str(round(config.tpm * per_minute))
-            headers["x-ratelimit-remaining-tokens"] = str(max(0, config.tpm - state.tokens))
-            headers["x-ratelimit-reset-tokens"] = format_duration(state.tokens_reset)
-        return headers
-
-    def _anthropic_limit_headers(self, now: float) -> dict[str, str]:
-        config = self.config
-        windows: dict[str, tuple[int, int, float]] = {}
-        if config.rpm is not None:
-            state = self.window_log.state(now)
-            windows["requests"] = (config.rpm, state.requests, state.requests_reset)
-        if config.itpm is not None:
-            state = self.input_log.state(now)
-            windows["input_tokens"] = (config.itpm, state.tokens, state.tokens_reset)
-        if config.otpm is not None:
-            state = self.output_log.state(now)
-            windows["output_tokens"] = (config.otpm, state.tokens, state.tokens_reset)
-        return anthropic.limit_headers(windows, 60.0 / config.window)
-
-
-def _input_cost(job: Job) -> int:
-    """What counts toward an input-token limit: uncached input and cache writes, not cache
-    reads (Anthropic's rule for current models)."""
-    return job.prompt_tokens + job.cache_write
+            return self.windows.anthropic_headers(now, config)
+        if config.azure:
+            return self.windows.azure_headers(now, config)
+        return self.windows.openai_headers(now, config)
 
 
 def _credential_header(request: web.Request, azure_mode: bool) -> str:
@@ -654,30 +587,6 @@ def _credential_header(request: web.Request, azure_mode: bool) -> str:
     if request.get(API) == "anthropic" and "x-api-key" in request.headers:
         return "x-api-key"
     return "Authorization"
-
-
-def _pro_rata(limit: int | None, config: FakeUpstreamConfig) -> int | None:
-    """A limit per window as a limit per quantum (at least one)."""
-    if limit is None or not config.quantum:
-        return limit
-    return max(1, math.floor(limit * config.quantum / config.window))
-
-
-def _rate_limit_message(rejection: Rejection, model: str, window: float) -> str:
-    unit = "min" if window == 60 else format_duration(window)
-    label = "requests per {} (RPM)" if rejection.kind == "requests" else "tokens per {} (TPM)"
-    scope = label.format(unit)
-    if rejection.too_large:
-        return (
-            f"Request too large for {model} in organization org-fake on {scope}: "
-            f"Limit {rejection.limit}, Requested {rejection.requested}. "
-            "The input or output tokens must be reduced in order to run successfully."
-        )
-    return (
-        f"Rate limit reached for {model} in organization org-fake on {scope}: "
-        f"Limit {rejection.limit}, Used {rejection.used}, Requested {rejection.requested}. "
-        f"Please try again in {format_duration(rejection.retry_after)}."
-    )
 
 
 async def _wait_for_disconnect(request: web.Request) -> None:
