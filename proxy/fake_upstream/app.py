@@ -405,7 +405,7 @@ class FakeUpstream:
     def _answer_get(self, request: web.Request, rid: str) -> web.Response:
         stored = self.responses.get(rid)
         assert stored is not None  # checked by _stored_response
-        return self._json(200, orjson.dumps(stored.response))
+        return self._json(200, stored.response)
 
     def _answer_delete(self, request: web.Request, rid: str) -> web.Response:
         self.responses.delete(rid)
@@ -413,9 +413,10 @@ class FakeUpstream:
 
     def _answer_cancel(self, request: web.Request, rid: str) -> web.Response:
         result = self.responses.cancel(rid)
+        assert result is not None  # checked by _stored_response
         if isinstance(result, responses.Invalid):
             return self._bad_request(result.message, result.param, result.code)
-        return self._json(200, orjson.dumps(result))
+        return self._json(200, result)
 
     def _answer_input_items(self, request: web.Request, rid: str) -> web.Response:
         stored = self.responses.peek(rid)
@@ -440,26 +441,27 @@ class FakeUpstream:
         return job
 
     def _render_response(self, job: Job, rid: str, created: int) -> bytes:
-        done = responses.finished(job, rid, created)
+        done = orjson.dumps(responses.finished(job, rid, created))
         if job.request is not None and job.request.get("background") is True:
-            queued = responses.response_object(job, rid, created, "queued", [])
+            queued = orjson.dumps(responses.response_object(job, rid, created, "queued", []))
             self._remember(job, rid, queued, done)  # done once it is next looked at
-            return orjson.dumps(queued)
+            return queued
         self._remember(job, rid, done, None)
-        return orjson.dumps(done)
+        return done
 
     def _response_events(self, job: Job, rid: str, created: int, parts: int) -> list[bytes]:
-        self._remember(job, rid, responses.finished(job, rid, created), None)
+        self._remember(job, rid, orjson.dumps(responses.finished(job, rid, created)), None)
         return responses.events(job, rid, created, parts)
 
-    def _remember(
-        self, job: Job, rid: str, response: dict[str, Any], finished: dict[str, Any] | None
-    ) -> None:
+    def _remember(self, job: Job, rid: str, response: bytes, finished: bytes | None) -> None:
         body = job.request or {}
         if body.get("store") is False:
             return
         items = responses.input_items(body, f"msg_{rid.removeprefix('resp_')}i")
-        self.responses.put(rid, responses.Stored(response, items, finished))
+        tokens = job.prompt_tokens + job.completion_tokens
+        background = finished is not None
+        stored = responses.Stored(response, orjson.dumps(items), tokens, background, finished)
+        self.responses.put(rid, stored)
 
     def _check_azure_responses(self, request: web.Request, model: object) -> None:
         config = self.config

@@ -12,6 +12,7 @@ import pytest
 from support.sse import named_events
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
+from proxy.fake_upstream.responses import ResponseStore, Stored
 
 MODEL = "gpt-4o-mini"
 KEY = "sk-upstream"
@@ -280,3 +281,11 @@ def test_stats_count_each_route(upstream: FakeUpstreamHandle, client: openai.Ope
         "GET /v1/responses/{response_id}": 1,
         "POST /v1/responses": 1,
     }
+
+
+def test_the_store_drops_the_oldest_response_beyond_its_capacity() -> None:
+    store = ResponseStore(capacity=2)
+    for rid in ("resp_a", "resp_b", "resp_c"):
+        store.put(rid, Stored(b"{}", b"[]", tokens=1))
+    assert store.peek("resp_a") is None
+    assert store.peek("resp_b") is not None and store.peek("resp_c") is not None
