@@ -205,6 +205,12 @@ def events(job: Job, mid: str, created: int, parts: int) -> list[bytes]:
     ]
 
 
+def stream_error() -> bytes:
+    """`event: error`: how a Messages stream ends when Anthropic is overloaded midway."""
+    error = {"type": "overloaded_error", "message": "Overloaded"}
+    return named_sse("error", {"type": "error", "error": error})
+
+
 def rate_limit_message(kind: str, limit: int, per_minute: float) -> str:
     return (
         "This request would exceed the rate limit for your organization (org-fake) of"

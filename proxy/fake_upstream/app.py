@@ -198,7 +198,10 @@ class FakeUpstream:
             created = int(time.time())
             if job.stream and render_chunks is not None:
                 events = render_chunks(job, rid, created, self.config.stream_chunks)
-                return await self._stream(request, job, events, headers)
+                errored = 0 < self.config.error_after_chunks < len(events)
+                if errored:
+                    events = self._end_in_error(events, request, job, rid, created)
+                return await self._stream(request, job, events, headers, errored)
             self.stats.count_served(job.prompt_tokens, job.completion_tokens)
             return self._json(200, render(job, rid, created), headers)
         except _Answered as answered:
@@ -319,8 +322,25 @@ class FakeUpstream:
         _close_connection(request)
         return web.Response()  # never sent: the connection is already closed
 
+    def _end_in_error(
+        self, events: list[bytes], request: web.Request, job: Job, rid: str, created: int
+    ) -> list[bytes]:
+        """The first `error_after_chunks` events, then the API's in-stream error."""
+        kept = events[: self.config.error_after_chunks]
+        api = request.get(API)
+        if api == "anthropic":
+            return [*kept, anthropic.stream_error()]
+        if api == "responses":
+            return [*kept, responses.failed_event(job, rid, created, len(kept))]
+        return [*kept, bodies.stream_error()]
+
     async def _stream(
-        self, request: web.Request, job: Job, events: list[bytes], headers: dict[str, str]
+        self,
+        request: web.Request,
+        job: Job,
+        events: list[bytes],
+        headers: dict[str, str],
+        errored: bool = False,
     ) -> web.StreamResponse:
         headers.update(SSE_HEADERS)
         response = web.StreamResponse(headers=headers)
@@ -341,7 +361,10 @@ class FakeUpstream:
         except ConnectionError:
             self.stats.client_disconnects += 1
             return response
-        self.stats.count_served(job.prompt_tokens, job.completion_tokens)
+        if errored:
+            self.stats.streams_errored += 1
+        else:
+            self.stats.count_served(job.prompt_tokens, job.completion_tokens)
         return response
 
     async def _echo(self, request: web.Request, job: Job, status: int) -> web.StreamResponse:
@@ -545,8 +568,8 @@ class FakeUpstream:
             return self._anthropic_error(
                 status, "Overloaded" if status == 529 else "Internal server error", headers
             )
-        message = "The server had an error while processing your request. Sorry about that!"
-        return self._json(status, bodies.error_body(message, "server_error"), headers)
+        body = bodies.error_body(bodies.SERVER_ERROR, "server_error")
+        return self._json(status, body, headers)
 
     def _rate_limited(
         self, rejection: Rejection, job: Job, now: float, request: web.Request

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from .bodies import (
+    SERVER_ERROR,
     Job,
     capped_job,
     completion_text,
@@ -286,6 +287,14 @@ def events(job: Job, rid: str, created: int, parts: int) -> list[bytes]:
         named_sse(payload["type"], {**payload, "sequence_number": number})
         for number, payload in enumerate(payloads)
     ]
+
+
+def failed_event(job: Job, rid: str, created: int, sequence_number: int) -> bytes:
+    """`response.failed`: how a Responses stream ends when the server fails midway."""
+    response = response_object(job, rid, created, "failed", [])
+    response["error"] = {"code": "server_error", "message": SERVER_ERROR}
+    payload = {"type": "response.failed", "response": response}
+    return named_sse("response.failed", {**payload, "sequence_number": sequence_number})
 
 
 def deleted(rid: str) -> dict[str, Any]:

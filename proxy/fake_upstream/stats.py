@@ -41,6 +41,7 @@ class Stats:
     hung: int = 0  # injected hangs (hang_rate)
     dropped: int = 0  # connections closed without any answer (drop_rate)
     streams_cut: int = 0  # streams cut after `fail_after_chunks` chunks
+    streams_errored: int = 0  # streams ended by an in-stream error (`error_after_chunks`)
     client_disconnects: int = 0  # clients that went away before the answer ended
     in_flight: int = 0
     max_in_flight: int = 0
@@ -102,6 +103,7 @@ class Stats:
             "hung": self.hung,
             "dropped": self.dropped,
             "streams_cut": self.streams_cut,
+            "streams_errored": self.streams_errored,
             "client_disconnects": self.client_disconnects,
             "by_status": {str(status): n for status, n in sorted(self.by_status.items())},
             "by_endpoint": dict(sorted(self.by_endpoint.items())),

@@ -339,3 +339,13 @@ def test_count_tokens_needs_model_and_messages(http: httpx.Client) -> None:
     for body, field in (({"messages": MESSAGES}, "model"), ({"model": MODEL}, "messages")):
         answer = http.post("/v1/messages/count_tokens", json=body)
         assert anthropic_error(answer, 400, "invalid_request_error").startswith(f"{field}:")
+
+
+def test_error_after_chunks_ends_the_stream_with_an_overloaded_error_event(
+    upstream: FakeUpstreamHandle, client: anthropic.Anthropic
+) -> None:
+    upstream.control(error_after_chunks=4)
+    stream = client.messages.create(model=MODEL, max_tokens=100, messages=MESSAGES, stream=True)
+    with pytest.raises(anthropic.APIStatusError, match="overloaded_error"):
+        list(stream)
+    assert upstream.stats()["streams_errored"] == 1

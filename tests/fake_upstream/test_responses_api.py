@@ -289,3 +289,19 @@ def test_the_store_drops_the_oldest_response_beyond_its_capacity() -> None:
         store.put(rid, Stored(b"{}", b"[]", tokens=1))
     assert store.peek("resp_a") is None
     assert store.peek("resp_b") is not None and store.peek("resp_c") is not None
+
+
+def test_error_after_chunks_ends_the_stream_with_response_failed(
+    upstream: FakeUpstreamHandle, http: httpx.Client
+) -> None:
+    upstream.control(error_after_chunks=5)
+    answer = http.post("/responses", json={"model": MODEL, "input": "x", "stream": True})
+    events = named_events(answer.text)
+    assert len(events) == 6
+    name, data = events[-1]
+    assert name == "response.failed" and data["sequence_number"] == 5
+    assert data["response"]["status"] == "failed"
+    assert data["response"]["error"]["code"] == "server_error"
+    assert data["response"]["usage"] is None
+    stats = upstream.stats()
+    assert (stats["streams_errored"], stats["served"]) == (1, 0)
