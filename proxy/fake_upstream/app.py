@@ -331,7 +331,9 @@ class FakeUpstream:
         if api == "anthropic":
             return [*kept, anthropic.stream_error()]
         if api == "responses":
-            return [*kept, responses.failed_event(job, rid, created, len(kept))]
+            response = responses.failed(job, rid, created)
+            self._remember(job, rid, orjson.dumps(response), None)  # stored as failed
+            return [*kept, responses.failed_event(response, len(kept))]
         return [*kept, bodies.stream_error()]
 
     async def _stream(

@@ -289,10 +289,15 @@ def events(job: Job, rid: str, created: int, parts: int) -> list[bytes]:
     ]
 
 
-def failed_event(job: Job, rid: str, created: int, sequence_number: int) -> bytes:
-    """`response.failed`: how a Responses stream ends when the server fails midway."""
+def failed(job: Job, rid: str, created: int) -> dict[str, Any]:
+    """The response as it is when the server failed while generating it."""
     response = response_object(job, rid, created, "failed", [])
     response["error"] = {"code": "server_error", "message": SERVER_ERROR}
+    return response
+
+
+def failed_event(response: dict[str, Any], sequence_number: int) -> bytes:
+    """`response.failed`: how a Responses stream ends when the server fails midway."""
     payload = {"type": "response.failed", "response": response}
     return named_sse("response.failed", {**payload, "sequence_number": sequence_number})
 

@@ -305,3 +305,12 @@ def test_error_after_chunks_ends_the_stream_with_response_failed(
     assert data["response"]["usage"] is None
     stats = upstream.stats()
     assert (stats["streams_errored"], stats["served"]) == (1, 0)
+
+
+def test_a_failed_stream_is_stored_as_failed(
+    upstream: FakeUpstreamHandle, client: openai.OpenAI
+) -> None:
+    upstream.control(error_after_chunks=3)
+    events = list(client.responses.create(model=MODEL, input="x", stream=True))
+    assert events[-1].type == "response.failed"
+    assert client.responses.retrieve(events[0].response.id).status == "failed"
