@@ -459,6 +459,7 @@ class FakeUpstream:
                 message = f"Previous response with id '{previous_id}' not found."
                 param, code = "previous_response_id", "previous_response_not_found"
                 raise _Answered(self._bad_request(message, param, code))
+            self.stats.follow_ups += 1
         job = responses.parse(body, config.completion_tokens, previous)
         if isinstance(job, responses.Invalid):
             raise _Answered(self._bad_request(job.message, job.param, job.code))

@@ -57,6 +57,7 @@ class Stats:
     rejected_by_kind: dict[str, int] = field(default_factory=dict)
     # response ids (GET/DELETE/cancel/input_items, previous_response_id) not created here
     unknown_response_ids: int = 0
+    follow_ups: int = 0  # requests whose previous_response_id this instance created
     last_request: LastRequest | None = None
 
     def enter(self) -> None:
@@ -109,6 +110,7 @@ class Stats:
             "by_endpoint": dict(sorted(self.by_endpoint.items())),
             "rejected_by_kind": dict(sorted(self.rejected_by_kind.items())),
             "unknown_response_ids": self.unknown_response_ids,
+            "follow_ups": self.follow_ups,
             "in_flight": self.in_flight,
             "max_in_flight": self.max_in_flight,
             "peak_window_requests": peak_window_requests,

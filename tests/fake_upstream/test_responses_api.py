@@ -195,13 +195,16 @@ def test_an_id_this_instance_did_not_create_is_an_openai_shaped_404(
         assert "resp_other" in error["message"]
 
 
-def test_a_follow_up_counts_the_previous_turn_as_input(client: openai.OpenAI) -> None:
+def test_a_follow_up_counts_the_previous_turn_as_input(
+    upstream: FakeUpstreamHandle, client: openai.OpenAI
+) -> None:
     first = client.responses.create(model=MODEL, input="Hello there, fake!")
     second = client.responses.create(model=MODEL, input="abcd", previous_response_id=first.id)
     assert first.usage is not None and second.usage is not None
     assert second.previous_response_id == first.id
     expected = first.usage.input_tokens + first.usage.output_tokens + (1 + 3 + 3)
     assert second.usage.input_tokens == expected
+    assert upstream.stats()["follow_ups"] == 1
 
 
 def test_a_follow_up_to_another_accounts_response_is_an_error_counted_in_stats(
