@@ -27,6 +27,7 @@ from proxy.background import Background
 from proxy.call import Call, ClientLeft, Reply, Settlement, WatchDeparture
 from proxy.catalog import Catalog, GroupRoute
 from proxy.config import ClientKey, Settings
+from proxy.costs import REQUESTS, TOKENS
 from proxy.errors import (
     InvalidRequest,
     ModelNotFound,
@@ -49,7 +50,7 @@ from proxy.limiter.base import (
     describe,
 )
 from proxy.limiter.fairness import Claimant
-from proxy.limiter.verdicts import largest_tokens
+from proxy.limiter.verdicts import settled_cost
 from proxy.logs import RequestLog
 from proxy.metrics import Metrics
 from proxy.ratelimit_headers import format_reset
@@ -170,9 +171,10 @@ class Pipeline:
             self.keys.authorize(key, group.name)
             request_fields.check(call.body)
             call.stream = call.body.get("stream") is True
-            call.estimate = tokens.estimate(
+            call.cost = tokens.estimate_cost(
                 call.body, endpoint, self.settings.server.default_max_tokens
             )
+            call.estimate = int(call.cost[TOKENS])
             limits = self.keys.limits(key, self.catalog.key_limits)
             if limits is not None:
                 key_check = self._check_key(call, limits, shadow=key is not None and key.shadow)
@@ -252,7 +254,7 @@ class Pipeline:
         """The key's verdict to come (the dispatcher's gate): given at once when the
         limiter can (in memory, or a lease's), else asked together with the first
         reservation, one Redis round trip for both."""
-        ask = KeyAsk(limits, call.request_id, float(call.estimate))
+        ask = KeyAsk(limits, call.request_id, call.cost)
         verdict = self.limiter.acquire_key_now(ask)
         if verdict is None:
             return asyncio.ensure_future(self._acquire_key(call, ask, shadow))
@@ -297,12 +299,9 @@ class Pipeline:
             if _granted(key_check) is None:
                 return None
             # Unknown usage (an error, no usage in a buffered answer) refunds the whole
-            # estimate; a stream without usage is charged at least it (charged_tokens).
-            used: float = call.charged_tokens() or 0
-            if used > call.estimate:  # a count no request could use: the most one could
-                used = min(used, largest_tokens(limits.windows))
-            correction = used - call.estimate
-            return KeySettlement(limits, call.request_id, float(correction))
+            # estimate; a stream without usage is charged at least it (charged_cost).
+            correction = settled_cost(call.cost, call.charged_cost(), limits.windows)
+            return KeySettlement(limits, call.request_id, correction)
 
         async def release() -> None:
             if not key_check.done():  # it is, once an answer came: spares asyncio.wait
@@ -406,7 +405,7 @@ def _key_headers(verdict: KeyVerdict) -> dict[str, str]:
     """OpenAI's x-ratelimit-* headers; of several windows of a kind, the one with the
     least left."""
     headers: dict[str, str] = {}
-    for kind in ("requests", "tokens"):
+    for kind in (REQUESTS, TOKENS):
         usage = verdict.tightest(kind)
         if usage is not None:
             headers.update(_usage_headers(kind, usage))

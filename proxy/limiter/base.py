@@ -1,19 +1,19 @@
 """The limiter's contract: limits as data in, verdicts out, whatever the storage.
 
-A limit is a :class:`Window`: at most ``rate.limit`` units of one kind (requests or
-tokens) per ``rate.period`` seconds, at most ``rate.capacity`` at once. A client key and a
-deployment each carry any number of windows (a minute, a day, thirty days...); a new
-window is data, not code. Every backend answers these questions, each in one step (one
-Redis round trip):
+A limit is a :class:`Window`: at most ``rate.limit`` units of one kind (requests, tokens,
+input or output tokens, or any other name: proxy/costs.py) per ``rate.period`` seconds, at
+most ``rate.capacity`` at once. A client key and a deployment each carry any number of
+windows (a minute, a day, thirty days...); a new window is data, not code. Every backend
+answers these questions, each in one step (one Redis round trip):
 
-* ``acquire_key(KeyAsk)``: may this client key send one more request costing ``tokens``?
+* ``acquire_key(KeyAsk)``: may this client key send one more request costing ``cost``?
   Client keys get an answer at once (they never wait): every window and the parallel
   slots pass, or nothing is charged and the verdict names the window that refused.
 * ``reserve(GroupAsk)``: which deployment of one model group can take the request
   soonest, and when? Its windows are charged for that exact turn; the caller sleeps
   ``wait`` seconds and then forwards (no polling).
 * ``settle(KeySettlement | DeploymentSettlement)``: after the fact. A key's parallel slot
-  is freed and its token estimate corrected; a deployment's estimate is corrected, a turn
+  is freed and its estimate corrected; a deployment's estimate is corrected, a turn
   nobody used is given back, its in-flight lease freed, the upstream's answer recorded in
   its health (cooldowns, half-open probes, the rate learned from 429s), and what the
   upstream says it has left lowers its per-minute windows (``Remaining``).
@@ -37,10 +37,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import field
 from typing import Literal, Protocol
 
+from proxy.costs import NOTHING, Cost
 from proxy.limiter.fairness import Claimant
 from proxy.values import value
 
-Kind = Literal["requests", "tokens"]
+Kind = str  # a limit kind: "requests", "tokens", ... (proxy/costs.py); any name works
 
 MINUTE = 60.0
 DAY = 86400.0
@@ -93,9 +94,10 @@ class Window:
     kind: Kind
     rate: Rate
 
-    def cost(self, requests: float, tokens: float) -> float:
-        """What a request (or a correction) of ``requests`` and ``tokens`` costs here."""
-        return requests if self.kind == "requests" else tokens
+    def cost(self, cost: Cost) -> float:
+        """What a request (or a correction) of ``cost`` costs here: its amount of this
+        window's kind (none: 0)."""
+        return cost.get(self.kind, 0.0)
 
 
 _UNITS = (("d", DAY), ("h", 3600.0), ("m", MINUTE), ("s", 1.0))
@@ -104,16 +106,20 @@ _UNITS = (("d", DAY), ("h", 3600.0), ("m", MINUTE), ("s", 1.0))
 def describe(window: Window) -> str:
     """``requests per minute``, ``tokens per day``, ``tokens per 30d``: for messages."""
     per = window.rate.period
-    span = {MINUTE: "minute", DAY: "day"}.get(per) or window_name(window.kind, per).split("_")[1]
-    return f"{window.kind} per {span}"
+    span = {MINUTE: "minute", DAY: "day"}.get(per) or window_name(window.kind, per).rsplit("_")[-1]
+    return f"{window.kind.replace('_', ' ')} per {span}"
+
+
+_SHORT_KINDS = {"requests": "r", "tokens": "t"}
 
 
 def window_name(kind: Kind, per: float) -> str:
     """``rpm``/``tpm`` for a minute, ``rpd``/``tpd`` for a day, else ``requests_10s``,
-    ``tokens_30d``: the largest unit that divides ``per`` exactly."""
+    ``tokens_30d``, ``input_tokens_1m``: the largest unit that divides ``per`` exactly
+    (only requests and tokens have the short forms)."""
     short = {MINUTE: "m", DAY: "d"}.get(per)
-    if short is not None:
-        return f"{kind[0]}p{short}"
+    if short is not None and kind in _SHORT_KINDS:
+        return f"{_SHORT_KINDS[kind]}p{short}"
     for unit, seconds in _UNITS:
         count = per / seconds
         if count >= 1 and count == int(count):
@@ -205,18 +211,20 @@ class Usage:
 
 @value
 class KeyAsk:
-    """May the key send one request of ``tokens``? ``lease`` names its parallel slot."""
+    """May the key send one request of ``cost`` (its estimate, ``requests: 1``
+    included)? ``lease`` names its parallel slot."""
 
     limits: KeyLimits
     lease: str
-    tokens: float
+    cost: Cost
 
 
 @value
 class GroupAsk:
-    """Reserve 1 request and ``tokens`` on the candidate whose turn comes soonest (the
-    first in ``candidates`` order among equals; one that can go now always beats one
-    that must wait). Nothing is charged when no candidate's turn is within ``max_wait``.
+    """Reserve ``cost`` (a request's estimate, ``requests: 1`` included) on the candidate whose
+    turn comes soonest (the first in ``candidates`` order among equals; one that can go now
+    always beats one that must wait). Nothing is charged when no candidate's turn is within
+    ``max_wait``.
 
     A candidate that is cooling down or has a probe out is not reservable at all; one
     whose cooldown is over takes exactly one request, its probe (``verdict.probe``).
@@ -226,7 +234,7 @@ class GroupAsk:
 
     group: str
     candidates: Sequence[DeploymentLimits]
-    tokens: float
+    cost: Cost
     max_wait: float
     lease: str = ""
     least_busy: bool = False
@@ -249,12 +257,12 @@ class Remaining:
 
 @value
 class KeySettlement:
-    """Free the key's parallel slot ``lease``; add ``tokens`` (real minus estimated;
-    negative refunds) to its token windows."""
+    """Free the key's parallel slot ``lease``; add ``cost`` (real minus estimated, per
+    kind; negative refunds) to its windows."""
 
     limits: KeyLimits
     lease: str
-    tokens: float = 0.0
+    cost: Cost = NOTHING
 
 
 @value
@@ -275,20 +283,20 @@ class Sent:
 
 @value
 class DeploymentSettlement:
-    """After the upstream answered (or the request was abandoned): free ``lease`` from
-    the in-flight set; add ``requests`` (-1: a reserved turn nobody used) and ``tokens``
-    to the windows; record ``outcome`` in the health (a 429 learns from ``sent``); lower
-    the per-minute windows to ``remaining`` (never raise them); with ``hold``, give the
-    windows of a minute or less no turn before ``hold`` seconds from now (a share of the
-    budget carried between the shared and the local limiter, policy.py). One step."""
+    """After the upstream answered (or the request was abandoned): free ``lease`` from the
+    in-flight set; add ``cost`` to the windows (real minus estimated per kind; ``requests:
+    -1``: a reserved turn nobody used); record ``outcome`` in the health (a 429 learns from
+    ``sent``); lower the per-minute windows to ``remaining`` (never raise them); with
+    ``hold``, give the windows of a minute or less no turn before ``hold`` seconds from now
+    (a share of the budget carried between the shared and the local limiter, policy.py). One
+    step."""
 
     group: str
     deployment: DeploymentLimits
     rule: CooldownRule
     outcome: Outcome = NEUTRAL
     lease: str = ""
-    requests: float = 0.0
-    tokens: float = 0.0
+    cost: Cost = NOTHING
     remaining: Remaining | None = None
     sent: Sent | None = None
     hold: float = 0.0
@@ -404,8 +412,8 @@ class LimiterMode(enum.Enum):
 
 class Limiter(Protocol):
     async def acquire_key(self, ask: KeyAsk) -> KeyVerdict:
-        """All-or-nothing check of every window of the key (requests cost 1, tokens
-        ``ask.tokens``) and of its parallel slots. Never waits."""
+        """All-or-nothing check of every window of the key (each charged its kind's
+        amount of ``ask.cost``) and of its parallel slots. Never waits."""
         ...
 
     def acquire_key_now(self, ask: KeyAsk) -> KeyVerdict | None:

@@ -28,6 +28,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any, TypeVar
 
+from proxy.costs import Cost
 from proxy.limiter.allowance import FIRST_REQUESTS, REFUSED_FOR, Allowance, lease_size
 from proxy.limiter.base import (
     DeploymentLimits,
@@ -42,7 +43,7 @@ from proxy.limiter.base import (
 from proxy.limiter.bucket import BucketState, Decision
 from proxy.limiter.bucket import Outcome as Result
 from proxy.limiter.runner import ScriptRunner
-from proxy.limiter.verdicts import Spend, key_verdict, spends
+from proxy.limiter.verdicts import Spend, excess_cost, key_verdict, spends
 
 Num = Callable[[float], str]
 
@@ -94,7 +95,7 @@ class Leases:
         ``acquire_key`` per request."""
         limits = ask.limits
         owner = self._owner(("k", limits.name), limits.windows, names)
-        spent = spends(limits.windows, 1.0, ask.tokens)
+        spent = spends(limits.windows, ask.cost)
         got = await self._admit(owner, spent, partial(self._renew_key, owner, spent))
         if isinstance(got, tuple):
             a, now = got
@@ -108,7 +109,7 @@ class Leases:
         a = owner.allowance
         if a is None:
             return None
-        spent = spends(limits.windows, 1.0, ask.tokens)
+        spent = spends(limits.windows, ask.cost)
         costs = [s.amount for s in spent]
         now = time.monotonic()
         if not a.covers(costs, now):
@@ -183,18 +184,18 @@ class Leases:
         a = owner.allowance
         if a is None or a.closed:
             return s
-        if s.tokens == 0.0:
+        if not s.cost:
             return None
-        excess = a.correct([w.cost(0.0, s.tokens) for w in owner.windows], time.monotonic())
+        excess = a.correct([w.cost(s.cost) for w in owner.windows], time.monotonic())
         if excess is None:
             return s
-        extra = max(excess, default=0.0)
-        return None if extra == 0.0 else replace(s, tokens=extra)
+        extra = excess_cost(owner.windows, excess)
+        return replace(s, cost=extra) if extra else None
 
     # -- deployments ---------------------------------------------------------------------
 
     async def reserve(
-        self, group: str, d: DeploymentLimits, tokens: float, names: Callable[[], list[str]]
+        self, group: str, d: DeploymentLimits, cost: Cost, names: Callable[[], list[str]]
     ) -> DeploymentVerdict | None:
         """A turn now on ``d`` from its lease (renewed if need be); None: reserve per
         request (the lease was refused, or ``d`` is not healthy, or states no limit: then
@@ -203,7 +204,7 @@ class Leases:
         if not d.windows:
             return None
         owner = self._owner(("d", group, d.id), d.windows, names)
-        spent = spends(d.windows, 1.0, tokens)
+        spent = spends(d.windows, cost)
         got = await self._admit(owner, spent, partial(self._renew_deployment, owner, spent))
         if got is None:
             return None
@@ -247,19 +248,16 @@ class Leases:
         a = None if owner is None else owner.allowance
         if owner is None or a is None or a.serial != sent.lease or a.closed:
             return s
-        excess = a.correct([w.cost(s.requests, s.tokens) for w in owner.windows], time.monotonic())
+        excess = a.correct([w.cost(s.cost) for w in owner.windows], time.monotonic())
         assert excess is not None  # open
-        # What the lease could not hold, back in requests and tokens (the largest of each
-        # kind: a window that held its part is charged again, which errs on the safe side).
-        pairs = list(zip(excess, owner.windows, strict=True))
-        requests = max((e for e, w in pairs if w.kind == "requests"), default=0.0)
-        tokens = max((e for e, w in pairs if w.kind == "tokens"), default=0.0)
+        # What the lease could not hold goes to the shared buckets.
+        extra = excess_cost(owner.windows, excess)
         telling = s.outcome.kind == "failure" or s.remaining is not None or s.hold > 0.0
         if telling:
             self._give_back(owner, a)
-        elif requests == 0.0 and tokens == 0.0:
+        elif not extra:
             return None
-        return replace(s, requests=requests, tokens=tokens)
+        return replace(s, cost=extra)
 
     # -- both ----------------------------------------------------------------------------
 

@@ -214,7 +214,7 @@ class MemoryLimiter:
     def acquire_key_now(self, ask: KeyAsk) -> KeyVerdict:
         now = self._now()
         limits = ask.limits
-        spent = spends(limits.windows, 1.0, ask.tokens)
+        spent = spends(limits.windows, ask.cost)
         ids = [_key_bucket(limits.name, s.window) for s in spent]
         buckets = self._buckets_for(ids, spent)
         states, decision = take_all(buckets, now, 0.0)
@@ -234,7 +234,7 @@ class MemoryLimiter:
         group, candidates = ask.group, ask.candidates
         healths = [self._health_of(group, c.id, now) for c in candidates]
         spent = [
-            with_learned(spends(c.windows, 1.0, ask.tokens), h, now)
+            with_learned(spends(c.windows, ask.cost), h, now)
             for c, h in zip(candidates, healths, strict=True)
         ]
         ids = [
@@ -309,7 +309,7 @@ class MemoryLimiter:
         if s.lease:
             self._in_flight.release(_deployment(group, deployment.id), s.lease)
         h = self._health_of(group, deployment.id, now)
-        for spend in corrections(deployment.windows, s.requests, s.tokens):
+        for spend in corrections(deployment.windows, s.cost):
             self._adjust(_deployment_bucket(group, deployment.id, spend.window), spend, now)
         for f in floors(deployment, s.remaining, s.rule.max_hold):
             bucket_id = _deployment_bucket(group, deployment.id, f.window)
@@ -380,7 +380,7 @@ class MemoryLimiter:
 
     def _settle_key(self, s: KeySettlement, now: float) -> None:
         self._leases.release(s.limits.name, s.lease)
-        for spend in corrections(s.limits.windows, 0.0, s.tokens):
+        for spend in corrections(s.limits.windows, s.cost):
             self._adjust(_key_bucket(s.limits.name, spend.window), spend, now)
 
     def _now(self) -> float:

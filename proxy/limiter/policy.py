@@ -54,6 +54,7 @@ from dataclasses import replace
 from typing import Literal, TypeVar
 
 from proxy.background import stop
+from proxy.costs import NOTHING, Cost
 from proxy.limiter.base import (
     NO_CHANGE,
     Activity,
@@ -172,24 +173,22 @@ def share(rate: Rate, replicas: int, cost: float) -> Rate:
     return replace(rate, limit=rate.limit / replicas, capacity=capacity)
 
 
-def share_windows(windows: Sequence[Window], replicas: int, tokens: float) -> tuple[Window, ...]:
-    """Every window's share (a request costs 1 in requests windows, ``tokens`` in others)."""
-    return tuple(replace(w, rate=share(w.rate, replicas, w.cost(1.0, tokens))) for w in windows)
+def share_windows(windows: Sequence[Window], replicas: int, cost: Cost) -> tuple[Window, ...]:
+    """Every window's share (for a request of ``cost``)."""
+    return tuple(replace(w, rate=share(w.rate, replicas, w.cost(cost))) for w in windows)
 
 
-def share_key(limits: KeyLimits, replicas: int, tokens: float) -> KeyLimits:
+def share_key(limits: KeyLimits, replicas: int, cost: Cost) -> KeyLimits:
     parallel = limits.max_parallel
     return replace(
         limits,
-        windows=share_windows(limits.windows, replicas, tokens),
+        windows=share_windows(limits.windows, replicas, cost),
         max_parallel=None if parallel is None else max(1, parallel // replicas),
     )
 
 
-def share_deployment(
-    deployment: DeploymentLimits, replicas: int, tokens: float
-) -> DeploymentLimits:
-    return replace(deployment, windows=share_windows(deployment.windows, replicas, tokens))
+def share_deployment(deployment: DeploymentLimits, replicas: int, cost: Cost) -> DeploymentLimits:
+    return replace(deployment, windows=share_windows(deployment.windows, replicas, cost))
 
 
 class _Skipped:
@@ -341,7 +340,7 @@ class ResilientLimiter:
     async def acquire_key(self, ask: KeyAsk) -> KeyVerdict:
         def local() -> KeyVerdict:
             self._require_fallback()
-            limits = share_key(ask.limits, self._replicas, ask.tokens)
+            limits = share_key(ask.limits, self._replicas, ask.cost)
             return self._local.acquire_key_now(replace(ask, limits=limits))
 
         return await self._route("acquire_key", lambda: self._shared.acquire_key(ask), local)
@@ -367,7 +366,7 @@ class ResilientLimiter:
         def local() -> DeploymentVerdict:
             self._require_fallback()
             n = self._replicas
-            candidates = [share_deployment(c, n, ask.tokens) for c in ask.candidates]
+            candidates = [share_deployment(c, n, ask.cost) for c in ask.candidates]
             self._start_locally(ask.group, candidates)
             verdict = self._local.reserve_now(replace(ask, candidates=candidates))
             chosen = next((c for c in ask.candidates if c.id == verdict.deployment_id), None)
@@ -438,7 +437,7 @@ class ResilientLimiter:
     async def key_snapshot(self, limits: KeyLimits) -> KeyState:
         def local() -> KeyState:
             if self._on_error == "local":
-                return self._local.key_snapshot_now(share_key(limits, self._replicas, 0.0))
+                return self._local.key_snapshot_now(share_key(limits, self._replicas, NOTHING))
             return KeyState()
 
         return await self._route("key_snapshot", lambda: self._shared.key_snapshot(limits), local)
@@ -569,7 +568,7 @@ class ResilientLimiter:
         """The settlement against this replica's share of the budgets."""
         n = self._replicas
         if isinstance(s, KeySettlement):
-            return replace(s, limits=share_key(s.limits, n, 0.0))
+            return replace(s, limits=share_key(s.limits, n, NOTHING))
         remaining = s.remaining
         if remaining is not None and n > 1:  # this replica's share of what is left
             remaining = Remaining(
@@ -577,7 +576,9 @@ class ResilientLimiter:
                 remaining.requests_wait,
                 None if remaining.tokens is None else remaining.tokens / n,
             )
-        return replace(s, deployment=share_deployment(s.deployment, n, 0.0), remaining=remaining)
+        return replace(
+            s, deployment=share_deployment(s.deployment, n, NOTHING), remaining=remaining
+        )
 
     def _circuit_changed(self, state: CircuitState) -> None:
         if state is CircuitState.CLOSED:

@@ -127,7 +127,7 @@ class RedisLimiter:
             leased = await self._leases.acquire_key(ask, partial(self._windows, limits))
             if leased is not None:
                 return leased
-        spent = spends(limits.windows, 1.0, ask.tokens)
+        spent = spends(limits.windows, ask.cost)
         args = [
             self._now(),
             "" if limits.max_parallel is None else str(limits.max_parallel),
@@ -163,7 +163,7 @@ class RedisLimiter:
         if self._leases is not None and not ask.least_busy:
             first = ask.candidates[0]
             names = partial(self._lease_keys, group, first)
-            leased = await self._leases.reserve(group, first, ask.tokens, names)
+            leased = await self._leases.reserve(group, first, ask.cost, names)
             if leased is not None:
                 return leased
         claimant = ask.claimant or Claimant()
@@ -183,7 +183,7 @@ class RedisLimiter:
             _num(lookahead),
         ]
         for c in ask.candidates:
-            spent = spends(c.windows, 1.0, ask.tokens)
+            spent = spends(c.windows, ask.cost)
             keys += [
                 self._deployment(group, c.id, "health"),
                 self._deployment(group, c.id, "inflight"),
@@ -220,7 +220,7 @@ class RedisLimiter:
                 return NO_CHANGE
             s = left
         d = s.deployment
-        corrected = corrections(d.windows, s.requests, s.tokens)
+        corrected = corrections(d.windows, s.cost)
         lowered = floors(d, s.remaining, s.rule.max_hold)
         pacing = pacing_windows(d)
         keys = [
@@ -392,7 +392,7 @@ class RedisLimiter:
             s = left
         limits = s.limits
         lease = s.lease if limits.max_parallel is not None else ""
-        corrected = corrections(limits.windows, 0.0, s.tokens)
+        corrected = corrections(limits.windows, s.cost)
         if not lease and not corrected:
             return None
         args = [self._now(), lease]

@@ -17,6 +17,7 @@ import asyncio
 
 from proxy.background import Background
 from proxy.catalog import Catalog, DeploymentRoute
+from proxy.costs import NOTHING, Cost, negated
 from proxy.limiter.base import (
     NEUTRAL,
     CooldownRule,
@@ -27,7 +28,7 @@ from proxy.limiter.base import (
     Remaining,
     Sent,
 )
-from proxy.limiter.verdicts import largest_tokens
+from proxy.limiter.verdicts import settled_cost
 from proxy.routing.events import Events
 from proxy.values import value
 
@@ -109,50 +110,43 @@ class Settler:
         turn: Turn,
         outcome: Outcome,
         *,
-        estimate: int,
-        real_tokens: int | None,
+        estimate: Cost,
+        used: Cost | None,
         refund: bool = False,
     ) -> asyncio.Task[None] | None:
-        """Settle the turn of a request that went upstream, in the background:
-        ``real_tokens`` beyond the ``estimate`` are charged (None: unknown), up to what
+        """Settle the turn of a request that went upstream, in the background: what it
+        ``used`` beyond its ``estimate`` is charged, per kind (None: unknown), up to what
         one request can cost there; ``refund``: the upstream did not admit it, its
-        estimate is returned. Returns the settlement's task (None: nothing to settle),
-        done once the limiter knows."""
+        estimate (but the request) is returned. Returns the settlement's task (None:
+        nothing to settle), done once the limiter knows."""
         limits = self.catalog.limits(turn.deployment)
+        windows = limits.windows
         if refund:
-            extra = -float(estimate)
+            extra = settled_cost(estimate, None, windows)
         else:
-            extra = max(0.0, float((real_tokens or 0) - estimate))
-            if extra > 0:  # an upstream's count, believed only as far as it could be true
-                extra = min(extra, max(0.0, largest_tokens(limits.windows) - estimate))
-        corrects_tokens = extra != 0 and any(w.kind == "tokens" for w in limits.windows)
-        if (
-            outcome.kind == "success"
-            and not turn.probe
-            and not self.least_busy
-            and not corrects_tokens
-        ):
+            extra = settled_cost(estimate, used, windows, refund=False)
+        corrects = any(w.kind in extra for w in windows)
+        if outcome.kind == "success" and not turn.probe and not self.least_busy and not corrects:
             return None  # the common case: it would change nothing
         sent = turn.sent if outcome.rate_limited or _leased(turn) else None
         return self._send(
             turn.deployment,
             turn.lease,
             outcome,
-            tokens=extra,
+            cost=extra,
             sent=sent,
             probe=turn.probe,
             limits=limits,
         )
 
-    def give_back(self, turn: Turn, estimate: int) -> None:
+    def give_back(self, turn: Turn, estimate: Cost) -> None:
         """A reserved turn goes unused (nothing was sent): return it whole, so the next
         request can take it."""
         self._send(
             turn.deployment,
             turn.lease,
             NEUTRAL,
-            requests=-1.0,
-            tokens=-float(estimate),
+            cost=negated(estimate),
             sent=turn.sent if _leased(turn) else None,
             probe=turn.probe,
         )
@@ -167,8 +161,7 @@ class Settler:
         lease: str,
         outcome: Outcome,
         *,
-        requests: float = 0.0,
-        tokens: float = 0.0,
+        cost: Cost = NOTHING,
         remaining: Remaining | None = None,
         sent: Sent | None = None,
         probe: bool = False,
@@ -178,7 +171,7 @@ class Settler:
         if limits is None:
             limits = self.catalog.limits(deployment)
         settlement = DeploymentSettlement(
-            deployment.group, limits, self.rule, outcome, lease, requests, tokens, remaining, sent
+            deployment.group, limits, self.rule, outcome, lease, cost, remaining, sent
         )
 
         async def run() -> None:

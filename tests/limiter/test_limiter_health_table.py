@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import pytest
 from support.limits import patient, rpm, tpm
 
+from proxy.costs import estimate_cost
 from proxy.limiter.base import (
     CooldownRule,
     DeploymentLimits,
@@ -395,7 +396,7 @@ class Driver:
                 GroupAsk(
                     "g",
                     candidates,
-                    step.tokens,
+                    estimate_cost(step.tokens),
                     step.max_wait,
                     lease=step.lease,
                     least_busy=step.least_busy,
@@ -410,8 +411,7 @@ class Driver:
                     lease=step.lease,
                     outcome=step.outcome,
                     rule=RULE,
-                    requests=step.requests,
-                    tokens=step.tokens,
+                    cost={"requests": step.requests, "tokens": step.tokens},
                     sent=step.sent,
                 )
             )

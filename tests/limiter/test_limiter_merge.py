@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.limits import Clock, patient, rpm, window
 
+from proxy.costs import estimate_cost
 from proxy.limiter import bucket
 from proxy.limiter.base import KeyAsk, KeyLimits, KeySettlement, Rate
 from proxy.limiter.batch import Call
@@ -165,17 +166,18 @@ async def settle_merged_and_one_by_one(
     alone = patient(url, clock=clock, prefix=prefixes[1])
     try:
         for lim in (together, alone):
-            assert (await lim.acquire_key(KeyAsk(limits, "x", spent))).allowed
+            assert (await lim.acquire_key(KeyAsk(limits, "x", estimate_cost(spent)))).allowed
         clock.now += elapsed
         settling = [
-            asyncio.ensure_future(together.settle(KeySettlement(limits, "", t))) for t in tokens
+            asyncio.ensure_future(together.settle(KeySettlement(limits, "", {"tokens": t})))
+            for t in tokens
         ]
         for _ in range(3):
             await asyncio.sleep(0)  # every settlement waits in the batch
         await together.key_snapshot(limits)  # urgent: takes them along
         done = sum(1 for _ in await asyncio.gather(*settling))
         for t in refunds_first(tokens):
-            await alone.settle(KeySettlement(limits, "", t))
+            await alone.settle(KeySettlement(limits, "", {"tokens": t}))
     finally:
         await together.aclose()
         await alone.aclose()
