@@ -39,6 +39,7 @@ from proxy.errors import (
 from proxy.limiter.base import (
     Activity,
     CooldownRule,
+    FastPaths,
     KeyAsk,
     KeyLimits,
     KeySettlement,
@@ -92,6 +93,8 @@ class Pipeline:
         self.keys: KeyStore = key_store or KeyStore(settings.keys)
         self.keys.runtime = runtime
         self.limiter = limiter
+        # The fast paths, when the backend has them: looked for once, here.
+        self.fast: FastPaths | None = limiter if isinstance(limiter, FastPaths) else None
         self.telemetry = Telemetry(metrics)
         self.background = Background()
         routing = settings.routing
@@ -255,7 +258,7 @@ class Pipeline:
         limiter can (in memory, or a lease's), else asked together with the first
         reservation, one Redis round trip for both."""
         ask = KeyAsk(limits, call.request_id, call.cost)
-        verdict = self.limiter.acquire_key_now(ask)
+        verdict = None if self.fast is None else self.fast.acquire_key_now(ask)
         if verdict is None:
             return asyncio.ensure_future(self._acquire_key(call, ask, shadow))
         done: asyncio.Future[KeyVerdict] = asyncio.get_running_loop().create_future()
@@ -314,7 +317,7 @@ class Pipeline:
             if not key_check.done():
                 return False
             s = settlement()
-            return s is None or self.limiter.settle_soon(s)
+            return s is None or (self.fast is not None and self.fast.settle_soon(s))
 
         return Settlement(release, release_soon)
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 from proxy.costs import NOTHING, Cost
 from proxy.limiter.fairness import Claimant
@@ -266,6 +266,26 @@ class KeySettlement:
 
 
 @value
+class Private:
+    """What a backend or the fallback policy carries through its caller and back: the
+    caller passes it on (in ``Sent``, in a settlement), never reads it."""
+
+    # Granted by the local fallback (policy.py): its epoch, sequence and time are the
+    # fallback's, so only the fallback may learn from it, and vice versa.
+    fallback: bool = False
+    # Granted from this replica's lease (leases.py): the lease's serial (0: not leased).
+    # Its settlements go back to the lease while it is open (the Settler passes it on).
+    lease: int = 0
+    # A settlement's: give the windows of a minute or less no turn before ``hold``
+    # seconds from now (a share of the budget carried between the shared and the local
+    # limiter, policy.py).
+    hold: float = 0.0
+
+
+SHARED = Private()  # a turn the shared storage granted; a settlement with nothing private
+
+
+@value
 class Sent:
     """The turn a request was sent on, as ``reserve`` granted it (``DeploymentVerdict``):
     what a 429 on it teaches (health.py)."""
@@ -273,12 +293,18 @@ class Sent:
     epoch: int = 0
     sequence: int = 0
     at: float = 0.0  # the turn, in the limiter's time
-    # Granted by the local fallback (policy.py): its epoch, sequence and time are the
-    # fallback's, so only the fallback may learn from it, and vice versa.
-    fallback: bool = False
-    # Granted from this replica's lease (leases.py): the lease's serial (0: not leased).
-    # Its settlements go back to the lease while it is open (the Settler passes it on).
-    lease: int = 0
+    private: Private = SHARED
+
+    @property
+    def clock(self) -> tuple[bool, bool]:
+        """Which clock ``at`` is on (to compare, not to read): the shared storage's, the
+        local fallback's, or this replica's lease's."""
+        return self.private.fallback, self.private.lease != 0
+
+    @property
+    def settles_back(self) -> bool:
+        """Its settlements must carry it (a lease's turn: they go back to the lease)."""
+        return self.private.lease != 0
 
 
 @value
@@ -286,10 +312,8 @@ class DeploymentSettlement:
     """After the upstream answered (or the request was abandoned): free ``lease`` from the
     in-flight set; add ``cost`` to the windows (real minus estimated per kind; ``requests:
     -1``: a reserved turn nobody used); record ``outcome`` in the health (a 429 learns from
-    ``sent``); lower the per-minute windows to ``remaining`` (never raise them); with
-    ``hold``, give the windows of a minute or less no turn before ``hold`` seconds from now
-    (a share of the budget carried between the shared and the local limiter, policy.py). One
-    step."""
+    ``sent``); lower the per-minute windows to ``remaining`` (never raise them); and what
+    ``private`` carries (the policy's hold). One step."""
 
     group: str
     deployment: DeploymentLimits
@@ -299,7 +323,7 @@ class DeploymentSettlement:
     cost: Cost = NOTHING
     remaining: Remaining | None = None
     sent: Sent | None = None
-    hold: float = 0.0
+    private: Private = SHARED
 
 
 Settlement = KeySettlement | DeploymentSettlement
@@ -411,14 +435,11 @@ class LimiterMode(enum.Enum):
 
 
 class Limiter(Protocol):
+    """The calls a request needs: the contract every backend implements."""
+
     async def acquire_key(self, ask: KeyAsk) -> KeyVerdict:
         """All-or-nothing check of every window of the key (each charged its kind's
         amount of ``ask.cost``) and of its parallel slots. Never waits."""
-        ...
-
-    def acquire_key_now(self, ask: KeyAsk) -> KeyVerdict | None:
-        """``acquire_key``'s verdict when it can be given at once, without the storage
-        (in memory, or from a lease of the key's windows); None: await ``acquire_key``."""
         ...
 
     async def reserve(self, ask: GroupAsk) -> DeploymentVerdict:
@@ -430,11 +451,27 @@ class Limiter(Protocol):
         settlement changes no health (``NO_CHANGE``)."""
         ...
 
+
+@runtime_checkable
+class FastPaths(Protocol):
+    """An optional capability: answers without an await when the backend can give them
+    at once. A caller checks for it once (``isinstance``), not per request."""
+
+    def acquire_key_now(self, ask: KeyAsk) -> KeyVerdict | None:
+        """``acquire_key``'s verdict when it can be given at once, without the storage
+        (in memory, or from a lease of the key's windows); None: await ``acquire_key``."""
+        ...
+
     def settle_soon(self, settlement: KeySettlement) -> bool:
         """A key's settlement nobody awaits, handed over now without a task when that is
         possible (True: done or on its way, its failure handled as ``settle``'s would
         be); False: nothing was done, await ``settle`` instead."""
         ...
+
+
+class Observable(Protocol):
+    """The reads: what the budgets and the replicas look like now (dashboards,
+    readiness, the admin state), off any request's path."""
 
     async def snapshot(
         self, group: str, deployments: Sequence[DeploymentLimits]
@@ -446,11 +483,19 @@ class Limiter(Protocol):
         """The key's windows and parallel slots now."""
         ...
 
-    async def aclose(self) -> None: ...
+    def publish(self, source: Callable[[], Activity]) -> None:
+        """Carry ``source()`` (this replica's activity) with every heartbeat."""
+        ...
+
+    async def activity(self) -> list[Activity]:
+        """Every live replica's activity: their last heartbeat's, and this one's now
+        (only this one's when nothing is shared)."""
+        ...
 
 
-class ManagedLimiter(Limiter, Protocol):
-    """What ``create_limiter`` returns: a Limiter plus its lifecycle and health."""
+class Lifecycle(Protocol):
+    """Where verdicts come from (mode, readiness, the storage's health), and starting
+    and stopping the background work."""
 
     @property
     def mode(self) -> LimiterMode: ...
@@ -485,15 +530,13 @@ class ManagedLimiter(Limiter, Protocol):
         been read: at start-up and after each reconnect (eviction.py)."""
         ...
 
-    def publish(self, source: Callable[[], Activity]) -> None:
-        """Carry ``source()`` (this replica's activity) with every heartbeat."""
-        ...
-
-    async def activity(self) -> list[Activity]:
-        """Every live replica's activity: their last heartbeat's, and this one's now
-        (only this one's when nothing is shared)."""
-        ...
-
     async def start(self) -> None:
         """Start background work (replica heartbeats). Pair with ``aclose``."""
         ...
+
+    async def aclose(self) -> None: ...
+
+
+class ManagedLimiter(Limiter, FastPaths, Observable, Lifecycle, Protocol):
+    """What ``create_limiter`` returns: the request's calls, the fast paths, the reads
+    and the lifecycle, in one object."""

@@ -31,23 +31,24 @@ from typing import Any, TypeVar
 from proxy.costs import Cost
 from proxy.limiter.allowance import FIRST_REQUESTS, REFUSED_FOR, Allowance, lease_size
 from proxy.limiter.base import (
+    SHARED,
     DeploymentLimits,
     DeploymentSettlement,
     DeploymentVerdict,
     KeyAsk,
     KeySettlement,
     KeyVerdict,
+    Private,
     Sent,
     Window,
 )
-from proxy.limiter.bucket import BucketState, Decision
-from proxy.limiter.bucket import Outcome as Result
+from proxy.limiter.bucket import Admission, BucketState, Decision
 from proxy.limiter.runner import ScriptRunner
 from proxy.limiter.verdicts import Spend, excess_cost, key_verdict, spends
 
 Num = Callable[[float], str]
 
-_NOW = Decision(Result.ALLOWED)
+_NOW = Decision(Admission.ALLOWED)
 RENEWALS = 3  # a request asks for a new lease at most this many times, then per request
 T = TypeVar("T")
 
@@ -60,6 +61,7 @@ class Owner:
         "allowance",
         "keys",
         "names",
+        "private",
         "refused_until",
         "renewing",
         "size",
@@ -77,6 +79,7 @@ class Owner:
         self.refused_until = 0.0
         self.size = FIRST_REQUESTS
         self.timer: asyncio.TimerHandle | None = None  # gives the open lease back when idle
+        self.private = SHARED  # what the open lease's turns carry back (its serial)
 
 
 class Leases:
@@ -142,7 +145,7 @@ class Leases:
             return self._open(owner, a)
         owner.refused_until = received + REFUSED_FOR
         outcome, binding, wait, retry_after, at, *flat = reply[1:]
-        decision = Decision(Result(outcome), float(wait), float(retry_after), int(binding))
+        decision = Decision(Admission(outcome), float(wait), float(retry_after), int(binding))
         states = [
             BucketState(float(d), float(t)) for d, t in zip(flat[::2], flat[1::2], strict=True)
         ]
@@ -209,7 +212,7 @@ class Leases:
         if got is None:
             return None
         a, now = got
-        sent = Sent(a.epoch, a.sequence + a.uses - 1, a.at + (now - a.asked), lease=a.serial)
+        sent = Sent(a.epoch, a.sequence + a.uses - 1, a.at + (now - a.asked), owner.private)
         return DeploymentVerdict(d.id, 0.0, waits={d.id: 0.0}, sent=sent)
 
     async def _renew_deployment(
@@ -242,17 +245,17 @@ class Leases:
         granted its turn, if still open, took its part. An answer that tells something
         of the deployment (a failure, a 429, a budget running low) closes the lease."""
         sent = s.sent
-        if sent is None or not sent.lease:
+        if sent is None or not sent.private.lease:
             return s
         owner = self._owners.get(("d", s.group, s.deployment.id))
         a = None if owner is None else owner.allowance
-        if owner is None or a is None or a.serial != sent.lease or a.closed:
+        if owner is None or a is None or a.serial != sent.private.lease or a.closed:
             return s
         excess = a.correct([w.cost(s.cost) for w in owner.windows], time.monotonic())
         assert excess is not None  # open
         # What the lease could not hold goes to the shared buckets.
         extra = excess_cost(owner.windows, excess)
-        telling = s.outcome.kind == "failure" or s.remaining is not None or s.hold > 0.0
+        telling = s.outcome.kind == "failure" or s.remaining is not None or s.private.hold > 0.0
         if telling:
             self._give_back(owner, a)
         elif not extra:
@@ -312,6 +315,7 @@ class Leases:
         """``a`` is the owner's lease from now on."""
         owner.allowance = a
         owner.admitted = set()
+        owner.private = Private(lease=a.serial)
         # Idle at the end of its use: give it back while it still can be.
         delay = max(a.until - time.monotonic(), 0.0)
         if owner.timer is not None:

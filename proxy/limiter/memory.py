@@ -71,8 +71,9 @@ SWEEP_EVERY = 60.0
 """Seconds between sweeps forgetting refilled buckets and expired leases."""
 
 
-class Leases:
-    """max_parallel slots: per key name, lease id -> deadline (``now + ttl``).
+class Slots:
+    """Ids held per name until a deadline (``now + ttl``): a key's max_parallel slots,
+    a deployment's requests in flight.
 
     Mirrors the sorted set the Redis backend keeps, expiry included: a lease whose
     deadline has passed no longer counts, so a lost release cannot leak a slot forever.
@@ -96,7 +97,7 @@ class Leases:
         self._held.setdefault(name, {})[lease_id] = deadline
 
     def live(self, name: str, now: float) -> int:
-        """Leases not yet expired at ``now``."""
+        """Ids not yet expired at ``now``."""
         return sum(1 for deadline in self._held.get(name, {}).values() if deadline >= now)
 
     def release(self, name: str, lease_id: str) -> None:
@@ -133,10 +134,10 @@ class MemoryLimiter:
         self._clock = clock
         # Each bucket with the interval it was last used at (it is swept when drained).
         self._buckets: dict[BucketId, tuple[BucketState, float]] = {}
-        self._leases = Leases(lease_ttl)
+        self._slots = Slots(lease_ttl)
         # Per (group, deployment): its health and when it may be forgotten.
         self._health: dict[tuple[str, str], tuple[Health, float]] = {}
-        self._in_flight = Leases(0.0)  # per deployment: lease id -> deadline
+        self._in_flight = Slots(0.0)  # per deployment: lease id -> deadline
         # Fair share (fairness.py), per group: each key's committed turns ahead, and the
         # keys waiting without a turn.
         self._held: dict[tuple[str, str], list[float]] = {}
@@ -220,7 +221,7 @@ class MemoryLimiter:
         states, decision = take_all(buckets, now, 0.0)
         parallel_full = False
         if decision.allowed and limits.max_parallel is not None:
-            parallel_full = not self._leases.acquire(
+            parallel_full = not self._slots.acquire(
                 limits.name, ask.lease, limits.max_parallel, now
             )
         if decision.allowed and not parallel_full:
@@ -317,10 +318,10 @@ class MemoryLimiter:
             lowered = bucket.lower(self._state(bucket_id), rate, f.available, now, f.wait)
             if lowered is not None:
                 self._buckets[bucket_id] = (lowered, rate.interval)
-        if s.hold > 0.0:
+        if s.private.hold > 0.0:
             for w in pacing_windows(deployment):
                 bucket_id = _deployment_bucket(group, deployment.id, w)
-                kept = bucket.held_at_least(self._state(bucket_id), w.rate, s.hold, now)
+                kept = bucket.held_at_least(self._state(bucket_id), w.rate, s.private.hold, now)
                 if kept is not None:
                     self._buckets[bucket_id] = (kept, w.rate.interval)
         settled, change = health.settle(
@@ -353,7 +354,7 @@ class MemoryLimiter:
     def key_snapshot_now(self, limits: KeyLimits) -> KeyState:
         now = self._now()
         states = [self._state(_key_bucket(limits.name, w)) for w in limits.windows]
-        return key_state(limits, states, self._leases.live(limits.name, now), now)
+        return key_state(limits, states, self._slots.live(limits.name, now), now)
 
     def holds_in_flight(self, group: str, deployment_id: str, lease_id: str) -> bool:
         """Whether ``lease_id`` is in flight here (the fallback policy routes settlements)."""
@@ -368,10 +369,10 @@ class MemoryLimiter:
 
     def holds_lease(self, name: str, lease_id: str) -> bool:
         """Whether ``lease_id`` is a slot held here (the fallback policy routes releases)."""
-        return self._leases.holds(name, lease_id)
+        return self._slots.holds(name, lease_id)
 
     def leases_held(self, name: str) -> int:
-        return self._leases.count(name)
+        return self._slots.count(name)
 
     def bucket_count(self) -> int:
         return len(self._buckets)
@@ -379,7 +380,7 @@ class MemoryLimiter:
     # -- state -----------------------------------------------------------------------
 
     def _settle_key(self, s: KeySettlement, now: float) -> None:
-        self._leases.release(s.limits.name, s.lease)
+        self._slots.release(s.limits.name, s.lease)
         for spend in corrections(s.limits.windows, s.cost):
             self._adjust(_key_bucket(s.limits.name, spend.window), spend, now)
 
@@ -399,7 +400,7 @@ class MemoryLimiter:
         for deployment, (_, expires) in list(self._health.items()):
             if now >= expires:
                 del self._health[deployment]
-        self._leases.sweep(now)
+        self._slots.sweep(now)
         self._in_flight.sweep(now)
         for held_id, held in list(self._held.items()):
             if not held or held[-1] <= now:

@@ -72,6 +72,7 @@ from proxy.limiter.base import (
     KeyVerdict,
     LimiterMode,
     LimiterUnavailable,
+    Private,
     Rate,
     Remaining,
     Settlement,
@@ -94,6 +95,7 @@ OUTAGE_MARGIN = 0.5
 other replicas keep reserving turns this one did not see until their calls fail too."""
 
 _CARRY = CooldownRule(allowed_fails=1, window=0.0, time=0.0)  # a neutral settlement's rule
+FALLBACK = Private(fallback=True)  # what a turn the local fallback granted carries
 
 
 class CircuitState(enum.Enum):
@@ -376,7 +378,7 @@ class ResilientLimiter:
             tail = self._clock() + verdict.wait
             _, latest = self._local_tails.get(key, (chosen, tail))
             self._local_tails[key] = (chosen, max(tail, latest))
-            return replace(verdict, sent=replace(verdict.sent, fallback=True))
+            return replace(verdict, sent=replace(verdict.sent, private=FALLBACK))
 
         verdict = await self._via_shared("reserve", shared)
         # A failed call while the circuit stays closed is no outage (yet): the other
@@ -533,7 +535,9 @@ class ResilientLimiter:
             # Nothing seen of it: light traffic, whose last turns are past (or none).
             hold = self._shared_tails.get(key, -math.inf) + OUTAGE_MARGIN - now
             if hold > 0.0:
-                self._local.settle_now(DeploymentSettlement(group, d, _CARRY, hold=hold))
+                self._local.settle_now(
+                    DeploymentSettlement(group, d, _CARRY, private=Private(hold=hold))
+                )
 
     async def _carry_over(self) -> None:
         """Before the first shared call after local turns (the probe, after an outage):
@@ -546,7 +550,7 @@ class ResilientLimiter:
             for (group, _), (limits, tail) in tails.items():
                 hold = tail + self._reset_after + OUTAGE_MARGIN - now
                 if hold > 0.0:
-                    carry = DeploymentSettlement(group, limits, _CARRY, hold=hold)
+                    carry = DeploymentSettlement(group, limits, _CARRY, private=Private(hold=hold))
                     await self._shared.settle(carry)
         except BaseException:
             for key, (limits, tail) in tails.items():
@@ -610,7 +614,11 @@ class ResilientLimiter:
 def _told(s: Settlement, *, local: bool) -> Settlement:
     """``s`` as one side may hear it: a turn the other side granted teaches it nothing
     (its epoch and sequence count another side's turns); a 429 on it only holds."""
-    if isinstance(s, DeploymentSettlement) and s.sent is not None and s.sent.fallback != local:
+    if (
+        isinstance(s, DeploymentSettlement)
+        and s.sent is not None
+        and s.sent.private.fallback != local
+    ):
         return replace(s, sent=None)
     return s
 

@@ -26,7 +26,7 @@ from proxy.limiter.base import (
     Usage,
     Window,
 )
-from proxy.limiter.bucket import Bucket, BucketState, Decision, Outcome, plan, usage
+from proxy.limiter.bucket import Admission, Bucket, BucketState, Decision, plan, usage
 from proxy.limiter.health import Health
 from proxy.limiter.selection import Selection
 from proxy.values import value
@@ -217,11 +217,11 @@ def key_verdict(
     used = tuple(
         (s.window, usage(state, s.rate, now)) for s, state in zip(spent, states, strict=True)
     )
-    if decision.outcome is Outcome.TOO_LARGE:
+    if decision.admission is Admission.TOO_LARGE:
         return KeyVerdict(
             False, "request_too_large", usage=used, window=spent[decision.binding].window
         )
-    if decision.outcome is Outcome.REFUSED:
+    if decision.admission is Admission.REFUSED:
         window = spent[decision.binding].window
         return KeyVerdict(False, key_code(window), decision.retry_after, used, window)
     if parallel_full:
@@ -240,7 +240,7 @@ def deployment_verdict(
         return DeploymentVerdict(
             chosen, decision.wait, waits=waits, probe=selection.probe, sent=sent
         )
-    if decision.outcome is Outcome.TOO_LARGE:
+    if decision.admission is Admission.TOO_LARGE:
         return DeploymentVerdict(None, code="request_too_large", waits=waits)
     return DeploymentVerdict(
         None,

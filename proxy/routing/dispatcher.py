@@ -290,7 +290,7 @@ class Dispatcher:
                     if queued:
                         assert verdict.sent is not None
                         sent = verdict.sent
-                        clock = (group.name, sent.fallback, sent.lease != 0)
+                        clock = (group.name, *sent.clock)
                         due = handled + self.turn_clock.sleep(clock, sent.at, verdict.wait, handled)
                         await self._wait(call, due - time.monotonic(), turn, queued=True)
                         if self.settler.stale(turn):

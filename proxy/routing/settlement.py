@@ -192,4 +192,4 @@ class Settler:
 
 def _leased(turn: Turn) -> bool:
     """Granted from the replica's lease: its settlements must say so (limiter/leases.py)."""
-    return turn.sent is not None and turn.sent.lease != 0
+    return turn.sent is not None and turn.sent.settles_back

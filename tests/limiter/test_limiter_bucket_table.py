@@ -172,9 +172,9 @@ class PureDriver:
 
     async def take(self, at: float, cost: float, max_wait: float) -> Result:
         self.state, decision = bucket.take(self.state, self.rate, cost, at, max_wait)
-        if decision.outcome is bucket.Outcome.ALLOWED:
+        if decision.admission is bucket.Admission.ALLOWED:
             return ("go", decision.wait)
-        if decision.outcome is bucket.Outcome.REFUSED:
+        if decision.admission is bucket.Admission.REFUSED:
             return ("refused", decision.retry_after)
         return ("too_large", 0.0)
 

@@ -33,6 +33,7 @@ from proxy.limiter.base import (
     KeySettlement,
     Kind,
     Outcome,
+    Private,
     Rate,
     Remaining,
     Sent,
@@ -333,7 +334,11 @@ async def run_health_op(
         target = candidates[op.deployment % len(candidates)]
         if isinstance(op, Correct):
             settlement = DeploymentSettlement(
-                "g", target, rule, cost={"requests": op.requests, "tokens": op.tokens}, hold=op.hold
+                "g",
+                target,
+                rule,
+                cost={"requests": op.requests, "tokens": op.tokens},
+                private=Private(hold=op.hold),
             )
         elif isinstance(op, Sync):
             settlement = DeploymentSettlement("g", target, rule, remaining=op.remaining)

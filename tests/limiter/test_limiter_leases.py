@@ -155,7 +155,7 @@ async def test_a_healthy_deployment_gives_turns_from_its_lease_until_it_fails(
     assert all(t.deployment_id == "openai-a" and t.wait == 0.0 for t in turns)
     assert calls(redis_url) - before == 1
     sent = turns[-1].sent
-    assert sent is not None and sent.lease
+    assert sent is not None and sent.private.lease
     # A failure closes the lease: the shared health hears of it and cools the deployment.
     failure = Outcome("failure", "server_error")
     await lim.settle(DeploymentSettlement("g", DEP, RULE, failure, "r", sent=sent))
@@ -189,7 +189,7 @@ async def test_a_429_on_a_leased_turn_teaches_as_a_reserved_one_would(redis_url:
     assert state.learned > 0.0 and state.hold_for > 0.0
     # Learned: its turns go one by one again, paced, through the shared state.
     verdict = await lim.reserve(ask)
-    assert verdict.wait > 0.0 and verdict.sent is not None and not verdict.sent.lease
+    assert verdict.wait > 0.0 and verdict.sent is not None and not verdict.sent.private.lease
     await lim.aclose()
 
 
@@ -198,7 +198,7 @@ async def test_a_deployment_without_limits_is_never_leased(redis_url: str) -> No
     free = DeploymentLimits("free", probe_timeout=10.0)
     lim = patient(redis_url)
     verdict = await lim.reserve(GroupAsk("g", [free], estimate_cost(0), max_wait=5.0, lease="r"))
-    assert verdict.sent is not None and not verdict.sent.lease
+    assert verdict.sent is not None and not verdict.sent.private.lease
     await lim.aclose()
 
 

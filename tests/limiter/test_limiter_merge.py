@@ -20,7 +20,7 @@ from support.limits import Clock, patient, rpm, window
 from proxy.costs import estimate_cost
 from proxy.limiter import bucket
 from proxy.limiter.base import KeyAsk, KeyLimits, KeySettlement, Rate
-from proxy.limiter.batch import Call
+from proxy.limiter.batch import ScriptCall
 from proxy.limiter.bucket import BucketState
 from proxy.limiter.redis import merge_key_settlements
 
@@ -106,7 +106,7 @@ def test_refunds_first_is_the_most_conservative_order(
 # -- the merge of a batch ----------------------------------------------------------------
 
 
-def settle(name: str, *units: float, lease: str = "", now: str = "") -> Call:
+def settle(name: str, *units: float, lease: str = "", now: str = "") -> ScriptCall:
     keys = [f"{{p:k:{name}}}:leases"] + [f"{{p:k:{name}}}:tpm"] * len(units)
     args = [now, lease]
     for u in units:
@@ -114,7 +114,7 @@ def settle(name: str, *units: float, lease: str = "", now: str = "") -> Call:
     return "settle_key", keys, args
 
 
-def acquire(name: str) -> Call:
+def acquire(name: str) -> ScriptCall:
     return "acquire_key", [f"{{p:k:{name}}}:leases", f"{{p:k:{name}}}:tpm"], ["", "", "l", "1"]
 
 

@@ -521,7 +521,7 @@ async def test_a_local_share_starts_after_the_turns_redis_handed_out(
     disposable_redis.kill()
     first_local = await a.reserve(GroupAsk("g", [PACED], estimate_cost(0), max_wait=10))
     assert first_local.wait == pytest.approx(4.0 + OUTAGE_MARGIN)
-    assert first_local.sent is not None and first_local.sent.fallback
+    assert first_local.sent is not None and first_local.sent.private.fallback
     second = await a.reserve(GroupAsk("g", [PACED], estimate_cost(0), max_wait=10))
     assert second.wait == pytest.approx(5.0 + OUTAGE_MARGIN)  # then at the share's pace
 
@@ -544,7 +544,7 @@ async def test_back_from_an_outage_redis_hands_out_no_turn_before_the_local_ones
     clock.now += 1.0  # reset_after: the next call probes
     back = await a.reserve(GroupAsk("g", [PACED], estimate_cost(0), max_wait=10))
     assert a.mode is LimiterMode.SHARED
-    assert back.sent is not None and not back.sent.fallback
+    assert back.sent is not None and not back.sent.private.fallback
     # The last local turn is 2 s from now; then reset_after (1 s) and the margin.
     assert back.wait == pytest.approx(2.0 + 1.0 + OUTAGE_MARGIN)
 
@@ -601,7 +601,7 @@ async def test_a_reservation_whose_reply_is_lost_is_asked_again_not_answered_loc
         assert (await a.reserve(ask)).wait == 0.0
         shared.lose = 1
         again = await a.reserve(ask)
-        assert again.sent is not None and not again.sent.fallback
+        assert again.sent is not None and not again.sent.private.fallback
         assert again.wait == 2.0  # turn 1 was taken by the lost call: wasted, not doubled
         assert (await a.reserve(ask)).wait == 3.0  # no hold carried over: paced on
         assert a.mode is LimiterMode.SHARED
@@ -613,6 +613,6 @@ async def test_a_reservation_whose_reply_is_lost_is_asked_again_not_answered_loc
         patient = GroupAsk("g", [PACED], estimate_cost(0), max_wait=30)
         verdicts = await asyncio.gather(*(a.reserve(patient) for _ in range(3)))
         assert a.mode is LimiterMode.SHARED
-        assert all(v.sent is not None and not v.sent.fallback for v in verdicts)
+        assert all(v.sent is not None and not v.sent.private.fallback for v in verdicts)
     finally:
         await a.aclose()
