@@ -17,7 +17,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import orjson
 import yaml
@@ -197,7 +197,7 @@ class RedisConfig(_Strict):
 
 # The kinds a rate window may count (proxy/costs.py; usd is for budgets, not windows).
 LimitKind = Literal["requests", "tokens", "input_tokens", "output_tokens"]
-_LIMIT_KINDS: tuple[LimitKind, ...] = ("requests", "tokens", "input_tokens", "output_tokens")
+_LIMIT_KINDS: tuple[LimitKind, ...] = get_args(LimitKind)
 
 
 @dataclass(frozen=True, slots=True)
