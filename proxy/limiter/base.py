@@ -14,7 +14,7 @@ answers these questions, each in one step (one Redis round trip):
   ``wait`` seconds and then forwards (no polling).
 * ``settle(KeySettlement | DeploymentSettlement)``: after the fact. A key's parallel slot
   is freed and its estimate corrected; a deployment's estimate is corrected, a turn
-  nobody used is given back, its in-flight lease freed, the upstream's answer recorded in
+  nobody used is given back, its in-flight slot freed, the upstream's answer recorded in
   its health (cooldowns, half-open probes, the rate learned from 429s), and what the
   upstream says it has left lowers its per-minute windows (``Remaining``).
 * ``snapshot(group, deployments)``: what is left in each deployment's windows and how
@@ -142,7 +142,7 @@ class DeploymentLimits:
 
     ``probe_timeout``: the longest one upstream call may take (the deployment's timeout).
     A half-open probe blocks the deployment at most that long after its turn, and an
-    in-flight lease stops counting a little after it."""
+    in-flight slot stops counting a little after it."""
 
     id: str
     windows: tuple[Window, ...] = ()
@@ -212,10 +212,10 @@ class Usage:
 @value
 class KeyAsk:
     """May the key send one request of ``cost`` (its estimate, ``requests: 1``
-    included)? ``lease`` names its parallel slot."""
+    included)? ``slot`` names the request in the key's parallel slots."""
 
     limits: KeyLimits
-    lease: str
+    slot: str
     cost: Cost
 
 
@@ -229,14 +229,14 @@ class GroupAsk:
     A candidate that is cooling down or has a probe out is not reservable at all; one
     whose cooldown is over takes exactly one request, its probe (``verdict.probe``).
     ``least_busy``: among those that can go now, the one with the fewest requests in
-    flight across replicas. ``lease`` counts the request in the chosen deployment's
+    flight across replicas. ``slot`` counts the request in the chosen deployment's
     in-flight set until settled (or ``probe_timeout`` plus a margin after its turn)."""
 
     group: str
     candidates: Sequence[DeploymentLimits]
     cost: Cost
     max_wait: float
-    lease: str = ""
+    slot: str = ""
     least_busy: bool = False
     # With both: fair share between client keys (fairness.py). A turn that must wait is
     # committed only within ``lookahead`` seconds and the claimant's share; otherwise the
@@ -257,11 +257,11 @@ class Remaining:
 
 @value
 class KeySettlement:
-    """Free the key's parallel slot ``lease``; add ``cost`` (real minus estimated, per
+    """Free the key's parallel slot ``slot``; add ``cost`` (real minus estimated, per
     kind; negative refunds) to its windows."""
 
     limits: KeyLimits
-    lease: str
+    slot: str
     cost: Cost = NOTHING
 
 
@@ -309,7 +309,7 @@ class Sent:
 
 @value
 class DeploymentSettlement:
-    """After the upstream answered (or the request was abandoned): free ``lease`` from the
+    """After the upstream answered (or the request was abandoned): free ``slot`` from the
     in-flight set; add ``cost`` to the windows (real minus estimated per kind; ``requests:
     -1``: a reserved turn nobody used); record ``outcome`` in the health (a 429 learns from
     ``sent``); lower the per-minute windows to ``remaining`` (never raise them); and what
@@ -319,7 +319,7 @@ class DeploymentSettlement:
     deployment: DeploymentLimits
     rule: CooldownRule
     outcome: Outcome = NEUTRAL
-    lease: str = ""
+    slot: str = ""
     cost: Cost = NOTHING
     remaining: Remaining | None = None
     sent: Sent | None = None

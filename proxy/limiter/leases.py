@@ -102,7 +102,7 @@ class Leases:
         got = await self._admit(owner, spent, partial(self._renew_key, owner, spent))
         if isinstance(got, tuple):
             a, now = got
-            return _admitted(owner, a, spent, ask.lease, now)
+            return _admitted(owner, a, spent, ask.slot, now)
         return got
 
     def acquire_key_now(self, ask: KeyAsk, names: Callable[[], list[str]]) -> KeyVerdict | None:
@@ -118,7 +118,7 @@ class Leases:
         if not a.covers(costs, now):
             return None
         a.take(costs, now)
-        return _admitted(owner, a, spent, ask.lease, now)
+        return _admitted(owner, a, spent, ask.slot, now)
 
     async def _renew_key(
         self, owner: Owner, spent: list[Spend], now: float
@@ -181,9 +181,9 @@ class Leases:
         """What of ``s`` is left for the shared buckets (None: nothing) once the lease
         that admitted its request, if still open, took its part."""
         owner = self._owners.get(("k", s.limits.name))
-        if owner is None or s.lease not in owner.admitted:
+        if owner is None or s.slot not in owner.admitted:
             return s
-        owner.admitted.discard(s.lease)
+        owner.admitted.discard(s.slot)
         a = owner.allowance
         if a is None or a.closed:
             return s

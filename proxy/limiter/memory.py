@@ -221,9 +221,7 @@ class MemoryLimiter:
         states, decision = take_all(buckets, now, 0.0)
         parallel_full = False
         if decision.allowed and limits.max_parallel is not None:
-            parallel_full = not self._slots.acquire(
-                limits.name, ask.lease, limits.max_parallel, now
-            )
+            parallel_full = not self._slots.acquire(limits.name, ask.slot, limits.max_parallel, now)
         if decision.allowed and not parallel_full:
             self._store(ids, states, spent)
         else:
@@ -261,13 +259,13 @@ class MemoryLimiter:
             self._store(ids[selection.index], selection.states, spent[selection.index])
             h = healths[selection.index]
             if selection.probe:
-                h = health.start_probe(h, now, probe_timeout(chosen, wait), ask.lease)
+                h = health.start_probe(h, now, probe_timeout(chosen, wait), ask.slot)
             h = health.counted(h, now + wait)
             self._store_health(group, chosen.id, h, None)
             sent = Sent(h.epoch, h.sent, now + wait)
-            if ask.lease and ask.least_busy:  # only least-busy counts requests in flight
+            if ask.slot and ask.least_busy:  # only least-busy counts requests in flight
                 deadline = in_flight_deadline(chosen, wait, now)
-                self._in_flight.put(_deployment(group, chosen.id), ask.lease, deadline)
+                self._in_flight.put(_deployment(group, chosen.id), ask.slot, deadline)
         return deployment_verdict(candidates, selection, sent)
 
     def _fair_view(self, ask: GroupAsk, now: float) -> FairView | None:
@@ -307,8 +305,8 @@ class MemoryLimiter:
             return NO_CHANGE
         s = settlement
         group, deployment = s.group, s.deployment
-        if s.lease:
-            self._in_flight.release(_deployment(group, deployment.id), s.lease)
+        if s.slot:
+            self._in_flight.release(_deployment(group, deployment.id), s.slot)
         h = self._health_of(group, deployment.id, now)
         for spend in corrections(deployment.windows, s.cost):
             self._adjust(_deployment_bucket(group, deployment.id, spend.window), spend, now)
@@ -325,7 +323,7 @@ class MemoryLimiter:
                 if kept is not None:
                     self._buckets[bucket_id] = (kept, w.rate.interval)
         settled, change = health.settle(
-            h, s.outcome, s.rule, now, s.lease, evidence(deployment, s.sent)
+            h, s.outcome, s.rule, now, s.slot, evidence(deployment, s.sent)
         )
         if settled.epoch != h.epoch:  # learned: turns past the hold are taken again
             hold = health.hold_for(settled, now)
@@ -380,7 +378,7 @@ class MemoryLimiter:
     # -- state -----------------------------------------------------------------------
 
     def _settle_key(self, s: KeySettlement, now: float) -> None:
-        self._slots.release(s.limits.name, s.lease)
+        self._slots.release(s.limits.name, s.slot)
         for spend in corrections(s.limits.windows, s.cost):
             self._adjust(_key_bucket(s.limits.name, spend.window), spend, now)
 

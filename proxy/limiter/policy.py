@@ -38,7 +38,7 @@ Settlements and snapshots never raise for storage trouble: with ``on_error="reje
 give up (neutral results: no health change, every deployment usable), since a lease that
 cannot be released expires on its own and a lost correction only errs on one request's
 estimate. A settlement goes where its request's budget was taken when that was here (a
-slot or in-flight lease held locally), otherwise where requests currently go.
+slot or in-flight slot held locally), otherwise where requests currently go.
 """
 
 from __future__ import annotations
@@ -563,10 +563,10 @@ class ResilientLimiter:
             raise LimiterUnavailable("rate-limit storage unavailable")
 
     def _held_locally(self, s: Settlement) -> bool:
-        """Whether the settled request's slot or in-flight lease was taken here."""
+        """Whether the settled request's slot or in-flight slot was taken here."""
         if isinstance(s, KeySettlement):
-            return self._local.holds_lease(s.limits.name, s.lease)
-        return self._local.holds_in_flight(s.group, s.deployment.id, s.lease)
+            return self._local.holds_lease(s.limits.name, s.slot)
+        return self._local.holds_in_flight(s.group, s.deployment.id, s.slot)
 
     def _local_share(self, s: Settlement) -> Settlement:
         """The settlement against this replica's share of the budgets."""

@@ -130,7 +130,7 @@ class RedisLimiter:
         args = [
             self._now(),
             "" if limits.max_parallel is None else str(limits.max_parallel),
-            ask.lease,
+            ask.slot,
             _num(self._lease_ttl),
         ]
         for s in spent:
@@ -174,7 +174,7 @@ class RedisLimiter:
         args = [
             self._now(),
             _num(ask.max_wait),
-            ask.lease,
+            ask.slot,
             "1" if ask.least_busy else "0",
             claimant.key,
             str(claimant.tier),
@@ -233,7 +233,7 @@ class RedisLimiter:
         ev = evidence(d, s.sent)
         args = [
             self._now(),
-            s.lease,
+            s.slot,
             s.outcome.kind,
             "" if s.outcome.cool_for is None else _num(s.outcome.cool_for),
             "1" if s.outcome.rate_limited else "0",
@@ -390,7 +390,7 @@ class RedisLimiter:
                 return None
             s = left
         limits = s.limits
-        lease = s.lease if limits.max_parallel is not None else ""
+        lease = s.slot if limits.max_parallel is not None else ""
         corrected = corrections(limits.windows, s.cost)
         if not lease and not corrected:
             return None

@@ -36,7 +36,7 @@ PARALLEL_RETRY_AFTER = 1.0
 requests finish, which nothing can predict; one second is a short, polite guess."""
 
 IN_FLIGHT_MARGIN = 60.0
-"""Seconds an in-flight lease outlives its request's deadline (its turn plus the
+"""Seconds an in-flight slot outlives its request's deadline (its turn plus the
 deployment's ``probe_timeout``) unless settled. A replica that dies mid-request never
 settles; its requests stop counting for ``least_busy`` after this. A stream that outlasts
 it (the timeout bounds each read, not a whole stream) silently stops counting."""

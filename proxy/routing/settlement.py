@@ -7,7 +7,7 @@ what it did not use), charged more only when it used more than estimated (up to 
 request can take there: a larger count is no usage it could have admitted); a request
 the upstream refused uncounted (``outcomes.admitted``: 400, 404, 413, 422) has its token
 charge returned (one huge refused request would otherwise hold the deployment for every
-key). The in-flight lease is freed and the answer's meaning recorded in the deployment's
+key). The in-flight slot is freed and the answer's meaning recorded in the deployment's
 health. The common case, a success that would change nothing, costs no storage call.
 """
 
@@ -37,10 +37,10 @@ __all__ = ["Settler", "Turn"]
 
 @value
 class Turn:
-    """A reserved turn on a deployment, named by its lease."""
+    """A reserved turn on a deployment, named by its slot (in the in-flight set)."""
 
     deployment: DeploymentRoute
-    lease: str
+    slot: str
     probe: bool = False  # a half-open probe of a cooled deployment: its answer must count
     sent: Sent | None = None  # what the limiter said of the turn (a 429 learns from it)
 
@@ -61,7 +61,7 @@ class Settler:
         self.rule = rule
         self.background = background
         self.events = events
-        # Only least-busy routing keeps in-flight leases, which every answer must free.
+        # Only least-busy routing keeps in-flight slots, which every answer must free.
         self.least_busy = least_busy
         # The learning epoch (health.py) each deployment was last seen at: a turn of an
         # older epoch was reserved at a pace since found too fast. The latest, not the
@@ -131,7 +131,7 @@ class Settler:
         sent = turn.sent if outcome.rate_limited or _leased(turn) else None
         return self._send(
             turn.deployment,
-            turn.lease,
+            turn.slot,
             outcome,
             cost=extra,
             sent=sent,
@@ -144,7 +144,7 @@ class Settler:
         request can take it."""
         self._send(
             turn.deployment,
-            turn.lease,
+            turn.slot,
             NEUTRAL,
             cost=negated(estimate),
             sent=turn.sent if _leased(turn) else None,

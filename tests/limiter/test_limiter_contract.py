@@ -351,7 +351,7 @@ def _fair(key: str, tier: int = 0, weight: float = 1.0, lease: str = "") -> Grou
         [TEN_A_SECOND],
         estimate_cost(1),
         max_wait=30,
-        lease=lease or key,
+        slot=lease or key,
         claimant=Claimant(key, tier, weight),
         lookahead=LOOKAHEAD,
     )

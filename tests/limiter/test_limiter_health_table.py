@@ -398,7 +398,7 @@ class Driver:
                     candidates,
                     estimate_cost(step.tokens),
                     step.max_wait,
-                    lease=step.lease,
+                    slot=step.lease,
                     least_busy=step.least_busy,
                 )
             )
@@ -408,7 +408,7 @@ class Driver:
                 DeploymentSettlement(
                     "g",
                     DEPLOYMENTS[step.id],
-                    lease=step.lease,
+                    slot=step.lease,
                     outcome=step.outcome,
                     rule=RULE,
                     cost={"requests": step.requests, "tokens": step.tokens},

@@ -149,7 +149,7 @@ async def test_a_healthy_deployment_gives_turns_from_its_lease_until_it_fails(
     redis_url: str,
 ) -> None:
     lim = await warm(redis_url)
-    ask = GroupAsk("g", [DEP], estimate_cost(10.0), max_wait=0.0, lease="r")
+    ask = GroupAsk("g", [DEP], estimate_cost(10.0), max_wait=0.0, slot="r")
     before = calls(redis_url)
     turns = [await lim.reserve(ask) for _ in range(8)]
     assert all(t.deployment_id == "openai-a" and t.wait == 0.0 for t in turns)
@@ -166,11 +166,11 @@ async def test_a_healthy_deployment_gives_turns_from_its_lease_until_it_fails(
 
 async def test_a_turn_given_back_returns_to_the_lease(redis_url: str) -> None:
     lim = patient(redis_url)
-    ask = GroupAsk("g", [DEP], estimate_cost(0), max_wait=0.0, lease="r")
+    ask = GroupAsk("g", [DEP], estimate_cost(0), max_wait=0.0, slot="r")
     first = await lim.reserve(ask)
     before = calls(redis_url)
     unused = DeploymentSettlement(
-        "g", DEP, RULE, lease="r", cost={"requests": -1.0}, sent=first.sent
+        "g", DEP, RULE, slot="r", cost={"requests": -1.0}, sent=first.sent
     )
     await lim.settle(unused)
     assert calls(redis_url) == before
@@ -180,7 +180,7 @@ async def test_a_turn_given_back_returns_to_the_lease(redis_url: str) -> None:
 async def test_a_429_on_a_leased_turn_teaches_as_a_reserved_one_would(redis_url: str) -> None:
     free = DeploymentLimits("free", windows=(window("requests", 1e6, 60.0, 1e5),))
     lim = patient(redis_url)
-    ask = GroupAsk("g", [free], estimate_cost(0), max_wait=5.0, lease="r")
+    ask = GroupAsk("g", [free], estimate_cost(0), max_wait=5.0, slot="r")
     turns = [await lim.reserve(ask) for _ in range(8)]
     assert [t.sent.sequence for t in turns if t.sent] == list(range(1, 9))
     limited = Outcome("failure", "rate_limited", cool_for=1.0, rate_limited=True)
@@ -197,7 +197,7 @@ async def test_a_deployment_without_limits_is_never_leased(redis_url: str) -> No
     """Only its 429s tell its rate: every replica must hear of the first at once."""
     free = DeploymentLimits("free", probe_timeout=10.0)
     lim = patient(redis_url)
-    verdict = await lim.reserve(GroupAsk("g", [free], estimate_cost(0), max_wait=5.0, lease="r"))
+    verdict = await lim.reserve(GroupAsk("g", [free], estimate_cost(0), max_wait=5.0, slot="r"))
     assert verdict.sent is not None and not verdict.sent.private.lease
     await lim.aclose()
 

@@ -65,11 +65,11 @@ async def test_health_and_in_flight_leases_are_forgotten_when_they_no_longer_mat
     rule = CooldownRule(allowed_fails=3, window=60.0, time=30.0)
     dep = DeploymentLimits("d", probe_timeout=10.0)
     await limiter.reserve(
-        GroupAsk("g", [dep], estimate_cost(0), max_wait=0, lease="never-settled", least_busy=True)
+        GroupAsk("g", [dep], estimate_cost(0), max_wait=0, slot="never-settled", least_busy=True)
     )
     await limiter.settle(
         DeploymentSettlement(
-            "g", dep, lease="", outcome=Outcome("failure", "auth", cool_for=5.0), rule=rule
+            "g", dep, slot="", outcome=Outcome("failure", "auth", cool_for=5.0), rule=rule
         )
     )
     assert limiter.in_flight("g", "d") == 1

@@ -327,16 +327,16 @@ async def test_health_and_in_flight_are_shared_by_replicas(
 ) -> None:
     a, b = make("local", "a"), make("local", "b")
     first = await a.reserve(
-        GroupAsk("g", [DEP, OTHER], estimate_cost(0), 0, lease="r1", least_busy=True)
+        GroupAsk("g", [DEP, OTHER], estimate_cost(0), 0, slot="r1", least_busy=True)
     )
     assert first.deployment_id == "d"
     # b sees a's request in flight on d...
     second = await b.reserve(
-        GroupAsk("g", [DEP, OTHER], estimate_cost(0), 0, lease="r2", least_busy=True)
+        GroupAsk("g", [DEP, OTHER], estimate_cost(0), 0, slot="r2", least_busy=True)
     )
     assert second.deployment_id == "e"
     # ...and the cooldown a's settlement started.
-    change = await a.settle(DeploymentSettlement("g", DEP, lease="r1", outcome=AUTH, rule=RULE))
+    change = await a.settle(DeploymentSettlement("g", DEP, slot="r1", outcome=AUTH, rule=RULE))
     assert change == HealthChange(cooled=True, cool_for=5.0)
     verdict = await b.reserve(GroupAsk("g", [DEP], estimate_cost(0), max_wait=0))
     assert verdict.deployment_id is None and verdict.cooling and verdict.retry_after == 5.0
@@ -362,10 +362,10 @@ async def test_local_fallback_keeps_health_and_in_flight_locally(
         assert await unusable(a, "g", [DEP]) == {"d": 0.0}
     assert a.fallback_active
     verdict = await a.reserve(
-        GroupAsk("g", [DEP, OTHER], estimate_cost(0), 0, lease="r1", least_busy=True)
+        GroupAsk("g", [DEP, OTHER], estimate_cost(0), 0, slot="r1", least_busy=True)
     )
     assert verdict.deployment_id == "d" and a.local.in_flight("g", "d") == 1
-    change = await a.settle(DeploymentSettlement("g", DEP, lease="r1", outcome=AUTH, rule=RULE))
+    change = await a.settle(DeploymentSettlement("g", DEP, slot="r1", outcome=AUTH, rule=RULE))
     assert change == HealthChange(cooled=True, cool_for=5.0)
     assert a.local.in_flight("g", "d") == 0
     assert await unusable(a, "g", [DEP, OTHER]) == {"d": 5.0, "e": 0.0}
@@ -380,7 +380,7 @@ async def test_local_fallback_keeps_health_and_in_flight_locally(
         await a.reserve(GroupAsk("g", [OTHER], estimate_cost(0), max_wait=0))
     ).retry_after == 30.0
     clock.now += 5.0
-    probe = await a.reserve(GroupAsk("g", [DEP], estimate_cost(0), max_wait=0, lease="p"))
+    probe = await a.reserve(GroupAsk("g", [DEP], estimate_cost(0), max_wait=0, slot="p"))
     assert probe.deployment_id == "d" and probe.probe
 
 
@@ -393,15 +393,13 @@ async def test_a_request_reserved_locally_is_settled_locally(
     disposable_redis.kill()
     for _ in range(3):
         await a.reserve(GroupAsk("g", [OTHER], estimate_cost(0), max_wait=0))
-    reserved = await a.reserve(
-        GroupAsk("g", [DEP], estimate_cost(0), 0, lease="r", least_busy=True)
-    )
+    reserved = await a.reserve(GroupAsk("g", [DEP], estimate_cost(0), 0, slot="r", least_busy=True))
     assert reserved.deployment_id == "d"
     disposable_redis.start()
     clock.now += 1.0
     await a.heartbeat()  # closes the circuit
     assert a.mode is LimiterMode.SHARED
-    change = await a.settle(DeploymentSettlement("g", DEP, lease="r", outcome=AUTH, rule=RULE))
+    change = await a.settle(DeploymentSettlement("g", DEP, slot="r", outcome=AUTH, rule=RULE))
     assert change.cooled and a.local.in_flight("g", "d") == 0
     # The cooldown was decided locally: the shared health never heard of it.
     assert await unusable(a, "g", [DEP]) == {"d": 0.0}
@@ -415,11 +413,11 @@ async def test_reject_refuses_reservations_and_settles_nothing(
     for _ in range(4):  # erroring calls and then the open circuit
         with pytest.raises(LimiterUnavailable):
             await a.reserve(
-                GroupAsk("g", [DEP], estimate_cost(0), max_wait=0, lease="r", least_busy=True)
+                GroupAsk("g", [DEP], estimate_cost(0), max_wait=0, slot="r", least_busy=True)
             )
     # Never raise: give up with neutral answers.
     change = await a.settle(
-        DeploymentSettlement("g", DEP, lease="r", outcome=AUTH, rule=RULE, cost={"tokens": -5})
+        DeploymentSettlement("g", DEP, slot="r", outcome=AUTH, rule=RULE, cost={"tokens": -5})
     )
     assert change == HealthChange()
     await a.settle(
@@ -435,13 +433,11 @@ async def test_new_operations_failing_in_the_storage_are_answered_locally(
     make: Callable[[OnError, str], ResilientLimiter], disposable_redis: RedisServer
 ) -> None:
     a = make("local", "a")
-    reserved = await a.reserve(
-        GroupAsk("g", [DEP], estimate_cost(0), 0, lease="r", least_busy=True)
-    )
+    reserved = await a.reserve(GroupAsk("g", [DEP], estimate_cost(0), 0, slot="r", least_busy=True))
     assert reserved.deployment_id == "d"
     disposable_redis.kill()
     # The circuit is still closed: each call tries Redis, fails, and falls back.
-    change = await a.settle(DeploymentSettlement("g", DEP, lease="r", outcome=AUTH, rule=RULE))
+    change = await a.settle(DeploymentSettlement("g", DEP, slot="r", outcome=AUTH, rule=RULE))
     assert change.cooled
     await a.settle(
         DeploymentSettlement(

@@ -66,11 +66,11 @@ async def test_keys_are_hash_tagged_one_slot_per_key_and_per_group(
 ) -> None:
     await limiter.acquire_key(KeyAsk(KEY, "lease-1", estimate_cost(100)))
     await limiter.reserve(
-        GroupAsk("gpt-4o-mini", [DEP], estimate_cost(100), max_wait=5, lease="r1", least_busy=True)
+        GroupAsk("gpt-4o-mini", [DEP], estimate_cost(100), max_wait=5, slot="r1", least_busy=True)
     )
     await limiter.settle(
         DeploymentSettlement(
-            "gpt-4o-mini", DEP, lease="", outcome=Outcome("failure", "timeout"), rule=RULE
+            "gpt-4o-mini", DEP, slot="", outcome=Outcome("failure", "timeout"), rule=RULE
         )
     )
     with sync_client(redis_url) as c:
@@ -96,7 +96,7 @@ async def test_idle_keys_expire_a_little_after_they_refill(
     )  # tpm: 600 tokens take 6 s to refill
     # rpm: 1 s to refill (a rate learned from 429s is a window of its own)
     await limiter.reserve(
-        GroupAsk("g", [DEP], estimate_cost(0), max_wait=5, lease="r1", least_busy=True)
+        GroupAsk("g", [DEP], estimate_cost(0), max_wait=5, slot="r1", least_busy=True)
     )
     with sync_client(redis_url) as c:
         tpm_ttl = c.pttl("{llmproxy:v2:k:team-a}:tpm")
@@ -115,12 +115,12 @@ async def test_health_keys_expire_when_nothing_in_them_matters(
 ) -> None:
     key = "{llmproxy:v2:g:g}:d:openai-a:health"
     timeout = Outcome("failure", "timeout")
-    await limiter.settle(DeploymentSettlement("g", DEP, lease="", outcome=timeout, rule=RULE))
+    await limiter.settle(DeploymentSettlement("g", DEP, slot="", outcome=timeout, rule=RULE))
     with sync_client(redis_url) as c:
         # one failure: it matters for the window (60 s)
         assert 60000 + 9000 < c.pttl(key) <= 61000 + 10000
     cooling = Outcome("failure", "auth", cool_for=5.0)
-    await limiter.settle(DeploymentSettlement("g", DEP, lease="", outcome=cooling, rule=RULE))
+    await limiter.settle(DeploymentSettlement("g", DEP, slot="", outcome=cooling, rule=RULE))
     with sync_client(redis_url) as c:
         # cooling: forgotten FORGET_AFTER after the cooldown ends
         forget = (5 + health.FORGET_AFTER) * 1000
@@ -132,7 +132,7 @@ async def test_a_success_of_a_healthy_deployment_writes_no_health(
 ) -> None:
     await limiter.settle(
         DeploymentSettlement(
-            "g", DEP, lease="r", outcome=Outcome("success"), rule=RULE, cost={"tokens": -10}
+            "g", DEP, slot="r", outcome=Outcome("success"), rule=RULE, cost={"tokens": -10}
         )
     )
     with sync_client(redis_url) as c:

@@ -36,14 +36,14 @@ async def test_a_schema_1_fleet_spending_a_budget_leaves_this_versions_budget_wh
         assert not (
             await old.acquire_key(KeyAsk(KEY, "c", estimate_cost(10)))
         ).allowed  # the old one's spent
-        await old.reserve(GroupAsk("g", [DEP], estimate_cost(0), max_wait=5, lease="r1"))
-        await old.reserve(GroupAsk("g", [DEP], estimate_cost(0), max_wait=5, lease="r2"))
+        await old.reserve(GroupAsk("g", [DEP], estimate_cost(0), max_wait=5, slot="r1"))
+        await old.reserve(GroupAsk("g", [DEP], estimate_cost(0), max_wait=5, slot="r2"))
         old_state = _keys(redis_url)
 
         # The new version starts from its own, full buckets...
         assert (await new.acquire_key(KeyAsk(KEY, "d", estimate_cost(10)))).allowed
         assert (await new.acquire_key(KeyAsk(KEY, "e", estimate_cost(10)))).allowed
-        turn = await new.reserve(GroupAsk("g", [DEP], estimate_cost(0), max_wait=5, lease="r3"))
+        turn = await new.reserve(GroupAsk("g", [DEP], estimate_cost(0), max_wait=5, slot="r3"))
         assert turn.deployment_id == "openai-a" and turn.wait == 0.0
     finally:
         await old.aclose()

@@ -2,7 +2,7 @@
 -- constants MARGIN, GROWTH, LEARNED_SPAN, DECREASE, MIN_RATE, HOLD_WITHOUT_HINT,
 -- PERIOD_IDLE, FORGET_AFTER, FORGET_SLACK and IN_FLIGHT_MARGIN taken from the Python
 -- modules, so they cannot drift).
--- A line-by-line mirror of proxy/limiter/health.py, and of the in-flight leases, the
+-- A line-by-line mirror of proxy/limiter/health.py, and of the in-flight slots, the
 -- learned window and the health storage in memory.py and verdicts.py: same formulas in
 -- the same order. Change them together.
 
