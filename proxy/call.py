@@ -53,6 +53,7 @@ class Call:
     stream: bool = False
     estimate: int = 0  # tokens (``cost``'s)
     cost: Cost = NOTHING  # the estimate per limit kind (tokens.estimate_cost)
+    used: Cost | None = None  # the reported usage per kind, once read (``used_cost``)
     deployment: str | None = None
     queue_wait: float = 0.0
     retries: int = 0
@@ -93,7 +94,7 @@ class Call:
     def charged_cost(self) -> Cost | None:
         """``charged_tokens`` per token kind: the reported usage, else a stream's
         ``unreported_tokens``, its prompt's estimate as input and the rest as output."""
-        used = self.used_cost()
+        used = self.used
         if used is not None or self.unreported_tokens is None:
             return used
         total = self.unreported_tokens

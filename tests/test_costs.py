@@ -44,4 +44,5 @@ def test_a_call_is_charged_its_reported_usage_else_a_streams_unreported_count() 
     call.unreported_tokens = 50  # a stream cut before its usage: input first, then output
     assert call.charged_cost() == {"tokens": 50.0, "input_tokens": 30.0, "output_tokens": 20.0}
     call.prompt_tokens, call.completion_tokens = 12, 7
+    call.used = call.used_cost()  # read once, where the answer's usage is read
     assert call.charged_cost() == {"tokens": 19.0, "input_tokens": 12.0, "output_tokens": 7.0}

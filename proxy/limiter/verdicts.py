@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from proxy.costs import REQUESTS, Cost
+from proxy.costs import NOTHING, REQUESTS, Cost
 from proxy.limiter import health
 from proxy.limiter.base import (
     MINUTE,
@@ -83,14 +83,14 @@ def spends(windows: Sequence[Window], cost: Cost) -> list[Spend]:
 
 def settled_cost(
     estimate: Cost, used: Cost | None, windows: Sequence[Window], *, refund: bool = True
-) -> dict[str, float]:
+) -> Cost:
     """The correction of a request charged ``estimate`` that used ``used`` (None:
     unknown, as nothing), per kind but requests (a request is one whatever it used): a
     use beyond the estimate is believed only as far as ``windows`` could admit it
     (``largest``); without ``refund`` an estimate is never given back (a deployment's
     tokens were spent upstream once it admitted the request). Kinds with nothing to
     correct are left out."""
-    out: dict[str, float] = {}
+    out: dict[str, float] | None = None  # made only when something is corrected
     for kind, charged in estimate.items():
         if kind == REQUESTS:
             continue
@@ -98,12 +98,14 @@ def settled_cost(
         if real > charged:
             real = max(charged, min(real, largest(windows, kind)))
         if real != charged and (refund or real > charged):
+            out = {} if out is None else out
             out[kind] = real - charged
     if used is not None:
         for kind, real in used.items():
             if kind not in estimate and kind != REQUESTS and real:
+                out = {} if out is None else out
                 out[kind] = min(real, largest(windows, kind))
-    return out
+    return NOTHING if out is None else out
 
 
 def excess_cost(windows: Sequence[Window], excess: Sequence[float]) -> dict[str, float]:

@@ -589,13 +589,14 @@ class Dispatcher:
         """A buffered answer was forwarded: usage, events, settlement."""
         if status == 200:
             call.prompt_tokens, call.completion_tokens = usage_of_body(content)
+            call.used = call.used_cost()
         self._ended(
             call,
             turn,
             attempt,
             str(status),
             SUCCESS,
-            used=call.used_cost(),
+            used=call.used,
             ended=attempt.ended,
             refund=not admitted(status),
         )
@@ -617,6 +618,7 @@ class Dispatcher:
 
         async def on_close(end: StreamEnd) -> None:
             call.prompt_tokens, call.completion_tokens = tap.prompt_tokens, tap.completion_tokens
+            call.used = call.used_cost()
             if call.real_tokens() is None:  # cut (or never told) before its usage chunk
                 call.unreported_tokens = unreported_tokens(call, body.events)
             outcome = {"completed": SUCCESS, "interrupted": INTERRUPTED}.get(end, NEUTRAL)
