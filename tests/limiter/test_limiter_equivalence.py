@@ -297,7 +297,7 @@ async def run_both(
                 group_ask = GroupAsk("g", chosen, estimate_cost(op.tokens), op.max_wait)
                 if isinstance(op, FairReserve):
                     group_ask = replace(
-                        group_ask, lease=f"r{step}", claimant=op.claimant, lookahead=op.lookahead
+                        group_ask, slot=f"r{step}", claimant=op.claimant, lookahead=op.lookahead
                     )
                 got = await shared.reserve(group_ask)
                 want = memory.reserve_now(group_ask)
