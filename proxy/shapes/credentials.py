@@ -28,8 +28,7 @@ class Bearer:
     header: str = "authorization"
     missing: str = "Missing API key: send 'Authorization: Bearer YOUR_KEY'."
 
-    def secret(self, value: str | None) -> str | None:
-        return bearer_secret(value)
+    secret = staticmethod(bearer_secret)  # the function itself: a call less per request
 
 
 BEARER = Bearer()
