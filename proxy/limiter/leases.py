@@ -42,7 +42,7 @@ from proxy.limiter.base import (
 from proxy.limiter.bucket import BucketState, Decision
 from proxy.limiter.bucket import Outcome as Result
 from proxy.limiter.runner import ScriptRunner
-from proxy.limiter.verdicts import Spend, key_verdict, spends
+from proxy.limiter.verdicts import Spend, key_spends, key_verdict, spends
 
 Num = Callable[[float], str]
 
@@ -93,31 +93,32 @@ class Leases:
         """The key's verdict from its lease, or from the renewal's round trip; None: ask
         ``acquire_key`` per request."""
         limits = ask.limits
-        owner = self._owner(("k", limits.name), limits.windows, names)
-        spent = spends(limits.windows, 1.0, ask.tokens)
-        got = await self._admit(owner, spent, partial(self._renew_key, owner, spent))
+        owner = self._owner(("k", limits.name), limits.all_windows(), names)
+        spent = key_spends(limits, 1.0, ask.tokens)
+        own = len(limits.windows)
+        got = await self._admit(owner, spent, partial(self._renew_key, owner, spent, own))
         if isinstance(got, tuple):
             a, now = got
-            return _admitted(owner, a, spent, ask.lease, now)
+            return _admitted(owner, a, spent, ask.lease, now, own)
         return got
 
     def acquire_key_now(self, ask: KeyAsk, names: Callable[[], list[str]]) -> KeyVerdict | None:
         """The key's verdict from its open lease (None: none covers the request now)."""
         limits = ask.limits
-        owner = self._owner(("k", limits.name), limits.windows, names)
+        owner = self._owner(("k", limits.name), limits.all_windows(), names)
         a = owner.allowance
         if a is None:
             return None
-        spent = spends(limits.windows, 1.0, ask.tokens)
+        spent = key_spends(limits, 1.0, ask.tokens)
         costs = [s.amount for s in spent]
         now = time.monotonic()
         if not a.covers(costs, now):
             return None
         a.take(costs, now)
-        return _admitted(owner, a, spent, ask.lease, now)
+        return _admitted(owner, a, spent, ask.lease, now, len(limits.windows))
 
     async def _renew_key(
-        self, owner: Owner, spent: list[Spend], now: float
+        self, owner: Owner, spent: list[Spend], own: int, now: float
     ) -> Allowance | KeyVerdict | None:
         """A new lease of the key's windows; refused, the key checked for this request
         alone in the same call (its verdict)."""
@@ -145,7 +146,7 @@ class Leases:
         states = [
             BucketState(float(d), float(t)) for d, t in zip(flat[::2], flat[1::2], strict=True)
         ]
-        return key_verdict(spent, decision, False, states, float(at))
+        return key_verdict(spent, decision, "", states, float(at), own)
 
     async def _admit(
         self,
@@ -350,12 +351,14 @@ class Leases:
             task.exception()  # a lost return only wastes the lease's units: nothing to do
 
 
-def _admitted(owner: Owner, a: Allowance, spent: list[Spend], lease: str, now: float) -> KeyVerdict:
+def _admitted(
+    owner: Owner, a: Allowance, spent: list[Spend], lease: str, now: float, own: int
+) -> KeyVerdict:
     """The verdict of a key's request ``a`` took (``lease`` names it for its settlement):
-    its headers read the lease's own buckets."""
+    its headers read the lease's own buckets (the key's ``own`` first windows)."""
     owner.admitted.add(lease)
     assert a.states is not None  # a key's lease tracks its buckets
-    return key_verdict(spent, _NOW, False, a.states, now)
+    return key_verdict(spent, _NOW, "", a.states, now, own)
 
 
 def _ignore(future: asyncio.Future[Any]) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from proxy.limiter import bucket, health
 from proxy.limiter.base import (
     NO_CHANGE,
+    TEAM,
     Activity,
     DeploymentLimits,
     DeploymentState,
@@ -55,6 +56,7 @@ from proxy.limiter.verdicts import (
     evidence,
     floors,
     in_flight_deadline,
+    key_spends,
     key_state,
     key_verdict,
     learning_windows,
@@ -133,7 +135,8 @@ class MemoryLimiter:
         self._clock = clock
         # Each bucket with the interval it was last used at (it is swept when drained).
         self._buckets: dict[BucketId, tuple[BucketState, float]] = {}
-        self._leases = Leases(lease_ttl)
+        self._leases = Leases(lease_ttl)  # per key name
+        self._team_leases = Leases(lease_ttl)  # per team name
         # Per (group, deployment): its health and when it may be forgotten.
         self._health: dict[tuple[str, str], tuple[Health, float]] = {}
         self._in_flight = Leases(0.0)  # per deployment: lease id -> deadline
@@ -214,20 +217,34 @@ class MemoryLimiter:
     def acquire_key_now(self, ask: KeyAsk) -> KeyVerdict:
         now = self._now()
         limits = ask.limits
-        spent = spends(limits.windows, 1.0, ask.tokens)
-        ids = [_key_bucket(limits.name, s.window) for s in spent]
+        spent = key_spends(limits, 1.0, ask.tokens)
+        ids = _key_buckets(limits)
         buckets = self._buckets_for(ids, spent)
         states, decision = take_all(buckets, now, 0.0)
-        parallel_full = False
-        if decision.allowed and limits.max_parallel is not None:
-            parallel_full = not self._leases.acquire(
-                limits.name, ask.lease, limits.max_parallel, now
-            )
-        if decision.allowed and not parallel_full:
+        full = self._take_slots(limits, ask.lease, now) if decision.allowed else ""
+        if decision.allowed and not full:
             self._store(ids, states, spent)
         else:
             states = [b.state for b in buckets]
-        return key_verdict(spent, decision, parallel_full, states, now)
+        return key_verdict(spent, decision, full, states, now, len(limits.windows))
+
+    def _take_slots(self, limits: KeyLimits, lease_id: str, now: float) -> str:
+        """A parallel slot of every owner with ``max_parallel`` (the key's, its team's),
+        or none: the scope whose slots are full ("" when every owner had one)."""
+        taken: list[KeyLimits] = []
+        for owner in limits.owners():
+            if owner.max_parallel is None:
+                continue
+            slots = self._slots(owner)
+            if not slots.acquire(owner.name, lease_id, owner.max_parallel, now):
+                for held in taken:
+                    self._slots(held).release(held.name, lease_id)
+                return owner.scope
+            taken.append(owner)
+        return ""
+
+    def _slots(self, owner: KeyLimits) -> Leases:
+        return self._team_leases if owner.scope == TEAM else self._leases
 
     def reserve_now(self, ask: GroupAsk) -> DeploymentVerdict:
         now = self._now()
@@ -351,9 +368,11 @@ class MemoryLimiter:
         }
 
     def key_snapshot_now(self, limits: KeyLimits) -> KeyState:
+        """The windows and slots of one owner (a key's own, or a team's)."""
         now = self._now()
-        states = [self._state(_key_bucket(limits.name, w)) for w in limits.windows]
-        return key_state(limits, states, self._leases.live(limits.name, now), now)
+        states = [self._state(_key_bucket(limits, w)) for w in limits.windows]
+        slots = self._slots(limits).live(limits.name, now)
+        return key_state(limits, states, slots, now)
 
     def holds_in_flight(self, group: str, deployment_id: str, lease_id: str) -> bool:
         """Whether ``lease_id`` is in flight here (the fallback policy routes settlements)."""
@@ -367,8 +386,13 @@ class MemoryLimiter:
         return self._health_of(group, deployment_id, self._clock())
 
     def holds_lease(self, name: str, lease_id: str) -> bool:
-        """Whether ``lease_id`` is a slot held here (the fallback policy routes releases)."""
+        """Whether ``lease_id`` is a slot of key ``name`` held here."""
         return self._leases.holds(name, lease_id)
+
+    def holds_slot(self, limits: KeyLimits, lease_id: str) -> bool:
+        """Whether ``lease_id`` is a slot of the key or of its team held here (the
+        fallback policy routes releases)."""
+        return any(self._slots(o).holds(o.name, lease_id) for o in limits.owners())
 
     def leases_held(self, name: str) -> int:
         return self._leases.count(name)
@@ -379,9 +403,10 @@ class MemoryLimiter:
     # -- state -----------------------------------------------------------------------
 
     def _settle_key(self, s: KeySettlement, now: float) -> None:
-        self._leases.release(s.limits.name, s.lease)
-        for spend in corrections(s.limits.windows, 0.0, s.tokens):
-            self._adjust(_key_bucket(s.limits.name, spend.window), spend, now)
+        for owner in s.limits.owners():
+            self._slots(owner).release(owner.name, s.lease)
+            for spend in corrections(owner.windows, 0.0, s.tokens):
+                self._adjust(_key_bucket(owner, spend.window), spend, now)
 
     def _now(self) -> float:
         now = self._clock()
@@ -451,8 +476,15 @@ class MemoryLimiter:
             self._health[key] = (h, expires)
 
 
-def _key_bucket(name: str, window: Window) -> BucketId:
-    return ("key", name, window.name)
+def _key_bucket(owner: KeyLimits, window: Window) -> BucketId:
+    """A key's or a team's window (``owner.scope``): a team's windows are one bucket
+    whichever of its keys asks."""
+    return (owner.scope, owner.name, window.name)
+
+
+def _key_buckets(limits: KeyLimits) -> list[BucketId]:
+    """The buckets of every window an ask of the key touches (``KeyLimits.all_windows``)."""
+    return [_key_bucket(o, w) for o in limits.owners() for w in o.windows]
 
 
 def _deployment_bucket(group: str, deployment_id: str, window: Window) -> BucketId:
