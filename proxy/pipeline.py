@@ -174,7 +174,8 @@ class Pipeline:
                 call.body, endpoint, self.settings.server.default_max_tokens
             )
             limits = self.keys.limits(key, self.catalog.key_limits)
-            if limits is not None:
+            if limits is not None and key is not None:
+                limits = self.catalog.ask_limits(key, limits, group.name)
                 key_check = self._check_key(call, limits, shadow=key is not None and key.shadow)
                 settlement = self._key_settlement(call, limits, key_check)
 
@@ -300,7 +301,7 @@ class Pipeline:
             # estimate; a stream without usage is charged at least it (charged_tokens).
             used: float = call.charged_tokens() or 0
             if used > call.estimate:  # a count no request could use: the most one could
-                used = min(used, largest_tokens(limits.windows))
+                used = min(used, largest_tokens(limits.all_windows()))
             correction = used - call.estimate
             return KeySettlement(limits, call.request_id, float(correction))
 
@@ -393,11 +394,12 @@ def _timing_headers(call: Call) -> dict[str, str]:
 
 def _refusal_message(verdict: KeyVerdict) -> str:
     """What refused, its limit and when it frees, in words."""
-    if verdict.code == "key_parallel" or verdict.window is None:
-        return "Too many parallel requests on this key."
+    owner = "this key's team" if (verdict.code or "").startswith("team_") else "this key"
+    if verdict.window is None:
+        return f"Too many parallel requests on {owner}."
     window = verdict.window
     return (
-        f"Rate limit reached for {describe(window)} on this key (limit"
+        f"Rate limit reached for {describe(window)} on {owner} (limit"
         f" {window.rate.limit:g}); retry in {format_reset(verdict.retry_after)}."
     )
 
