@@ -34,6 +34,7 @@ from proxy.limiter.base import (
     DeploymentSettlement,
     DeploymentVerdict,
     KeyAsk,
+    KeyLimits,
     KeySettlement,
     KeyVerdict,
     Sent,
@@ -93,7 +94,7 @@ class Leases:
         """The key's verdict from its lease, or from the renewal's round trip; None: ask
         ``acquire_key`` per request."""
         limits = ask.limits
-        owner = self._owner(("k", limits.name), limits.all_windows(), names)
+        owner = self._owner(_key_owner(limits), limits.all_windows(), names)
         spent = key_spends(limits, 1.0, ask.tokens)
         own = len(limits.windows)
         got = await self._admit(owner, spent, partial(self._renew_key, owner, spent, own))
@@ -105,7 +106,7 @@ class Leases:
     def acquire_key_now(self, ask: KeyAsk, names: Callable[[], list[str]]) -> KeyVerdict | None:
         """The key's verdict from its open lease (None: none covers the request now)."""
         limits = ask.limits
-        owner = self._owner(("k", limits.name), limits.all_windows(), names)
+        owner = self._owner(_key_owner(limits), limits.all_windows(), names)
         a = owner.allowance
         if a is None:
             return None
@@ -177,7 +178,7 @@ class Leases:
     def settle_key(self, s: KeySettlement) -> KeySettlement | None:
         """What of ``s`` is left for the shared buckets (None: nothing) once the lease
         that admitted its request, if still open, took its part."""
-        owner = self._owners.get(("k", s.limits.name))
+        owner = self._owners.get(_key_owner(s.limits))
         if owner is None or s.lease not in owner.admitted:
             return s
         owner.admitted.discard(s.lease)
@@ -359,6 +360,11 @@ def _admitted(
     owner.admitted.add(lease)
     assert a.states is not None  # a key's lease tracks its buckets
     return key_verdict(spent, _NOW, "", a.states, now, own)
+
+
+def _key_owner(limits: KeyLimits) -> tuple[str, str, str]:
+    """A key's lease, by key and team: a key moving team leases other Redis keys."""
+    return ("k", limits.name, "" if limits.team is None else limits.team.name)
 
 
 def _ignore(future: asyncio.Future[Any]) -> None:
