@@ -8,7 +8,8 @@ Redis round trip):
 
 * ``acquire_key(KeyAsk)``: may this client key send one more request costing ``tokens``?
   Client keys get an answer at once (they never wait): every window and the parallel
-  slots pass, or nothing is charged and the verdict names the window that refused.
+  slots pass, the key's and its team's (another owner of windows: ``KeyLimits.team``),
+  or nothing is charged and the verdict names the window that refused.
 * ``reserve(GroupAsk)``: which deployment of one model group can take the request
   soonest, and when? Its windows are charged for that exact turn; the caller sleeps
   ``wait`` seconds and then forwards (no polling).
@@ -87,7 +88,8 @@ class Rate:
 class Window:
     """One limit: ``kind`` units at ``rate``. ``name`` (see :func:`window_name`) is unique
     among one owner's windows: it names the window's storage, so its state survives a
-    change of the rate, and its 429 code (``key_<name>``)."""
+    change of the rate, and its 429 code (``key_<name>``, ``team_<name>``; without the
+    models of a model-scoped window's: ``scoped_name``)."""
 
     name: str
     kind: Kind
