@@ -200,19 +200,22 @@ def _windows(
     now: float,
 ) -> list[Json]:
     configured = {scoped_name(window_name(r.kind, r.per), r.models): r for r in rules}
-    return [
-        {
-            "name": w.name,
-            "kind": w.kind,
-            "models": list(rule.models) if (rule := configured.get(w.name)) else None,
-            "per_seconds": w.rate.period,
-            "configured": rule.amount if rule else None,
-            "limit": round(w.rate.limit, 3),
-            "remaining": round(s.remaining.get(w.name, w.rate.largest), 3),
-            "full_in": moment(s.reset.get(w.name, 0.0), now),
-        }
-        for w in windows
-    ]
+    return [_window(w, configured.get(w.name), s, now) for w in windows]
+
+
+def _window(w: Window, rule: LimitRule | None, s: DeploymentState | KeyState, now: float) -> Json:
+    """A window as configured (``rule``: None for one the config no longer has) and now;
+    ``models``: the model groups it counts (None: every one)."""
+    return {
+        "name": w.name,
+        "kind": w.kind,
+        "models": list(rule.models) if rule is not None and rule.models else None,
+        "per_seconds": w.rate.period,
+        "configured": rule.amount if rule is not None else None,
+        "limit": round(w.rate.limit, 3),
+        "remaining": round(s.remaining.get(w.name, w.rate.largest), 3),
+        "full_in": moment(s.reset.get(w.name, 0.0), now),
+    }
 
 
 _FIELDS = ("waiting", "waiting_on", "waiting_keys", "in_flight", "in_flight_keys")
