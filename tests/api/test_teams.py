@@ -185,3 +185,15 @@ def test_a_reload_keeps_a_teams_state_and_moves_a_key_to_another_team(
         assert remaining(admin_state(proxy), "teams", "infra")["rpd"] == 95
         assert chat(proxy, ALICE).status_code == 200
         assert chat(proxy, ALICE).status_code == 429  # alice's own 5 a day
+
+
+def test_a_shadow_key_counts_its_teams_refusals_and_goes_on(upstream: FakeUpstreamHandle) -> None:
+    teams = [{"name": "research", "rpd": 1}]
+    keys = [{"name": "alice", "key": ALICE, "team": "research", "shadow": True}]
+    with ProxyInThread(settings_from(config(upstream.base_url, teams=teams, keys=keys))) as proxy:
+        metric = 'llmproxy_shadow_rejections_total{key="alice",limit="team_rpd"}'
+        assert f"{metric} 0.0" in httpx.get(f"{proxy.url}/metrics", timeout=5).text
+        assert [chat(proxy, ALICE).status_code for _ in range(3)] == [200, 200, 200]
+        assert f"{metric} 2.0" in httpx.get(f"{proxy.url}/metrics", timeout=5).text
+        # Charged only what enforcing would have let through.
+        assert remaining(admin_state(proxy), "teams", "research")["rpd"] == 0
