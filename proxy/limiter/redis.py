@@ -8,16 +8,19 @@ hash-tagged so each script touches one cluster slot (``P`` is ``KEY_PREFIX``,
 ``llmproxy:v<SCHEMA_VERSION>``)::
 
     {P:k:<key name>}:<window> | :leases              a client key's windows, slots
+    {P:t:<team>}:<window> | :leases                   a team's windows, slots...
+    {P:t:<team>}:k:<key name>:<window> | :leases       ...and those of its keys
     {P:g:<group>}:d:<deployment id>:<window>          a group's deployments...
     {P:g:<group>}:d:<deployment id>:health            ...their health (a hash)...
     {P:g:<group>}:d:<deployment id>:inflight          ...and requests in flight
     P:replicas                                        replica heartbeats (policy.py)
     {P:replicas}:activity                             what each replica reports doing
 
-``<window>`` is the window's name (``rpm``, ``tpd``, ``tokens_30d``...), so a window's
-state outlives a change of its rate. Idle bucket keys expire a little (10 s) after they
-have refilled (a deployment's at the slowest rate 429s may lower it to): a missing key
-reads as a full bucket. Health keys expire a little after ``health.expires_at`` (a
+``<window>`` is the window's name (``rpm``, ``tpd``, ``tokens_30d``, ``rpm@gpt-4o``...),
+so a window's state outlives a change of its rate. A key in a team lives in its team's
+slot: its check and settlement are one script on one slot. Idle bucket keys expire a
+little (10 s) after they have refilled (a deployment's at the slowest rate 429s may
+lower it to): a missing key reads as a full bucket. Health keys expire a little after ``health.expires_at`` (a
 missing key reads as healthy), in-flight sets after their latest deadline.
 
 The key settlements of one key that go out in the same batch are merged into one
