@@ -20,8 +20,9 @@ hash-tagged so each script touches one cluster slot (``P`` is ``KEY_PREFIX``,
 so a window's state outlives a change of its rate. A key in a team lives in its team's
 slot: its check and settlement are one script on one slot. Idle bucket keys expire a
 little (10 s) after they have refilled (a deployment's at the slowest rate 429s may
-lower it to): a missing key reads as a full bucket. Health keys expire a little after ``health.expires_at`` (a
-missing key reads as healthy), in-flight sets after their latest deadline.
+lower it to): a missing key reads as a full bucket. Health keys expire a little after
+``health.expires_at`` (a missing key reads as healthy), in-flight sets after their
+latest deadline.
 
 The key settlements of one key that go out in the same batch are merged into one
 ``settle_key`` call (``merge_key_settlements``): under load a batch carries several.
