@@ -382,9 +382,9 @@ class Catalog:
         windows of the key (``limits``) and of its team that count ``model``'s requests,
         computed once per (key, model) and only for keys with model-scoped windows or a
         team (the limiter never sees the ``models`` filters)."""
+        if key.team is None and limits.team is None and (not key.limits or not _model_scoped(key)):
+            return limits  # the usual key: its own windows, every one counting
         team = self._teams.get(key.team) if key.team is not None else None
-        if team is None and limits.team is None and not _model_scoped(key):
-            return limits
         cached = self._asks.get((key.name, model))
         if cached is not None and cached[0] is limits:
             return cached[1]

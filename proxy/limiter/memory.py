@@ -221,7 +221,9 @@ class MemoryLimiter:
         ids = _key_buckets(limits)
         buckets = self._buckets_for(ids, spent)
         states, decision = take_all(buckets, now, 0.0)
-        full = self._take_slots(limits, ask.lease, now) if decision.allowed else ""
+        full = ""
+        if decision.allowed and (limits.max_parallel is not None or limits.team is not None):
+            full = self._take_slots(limits, ask.lease, now)
         if decision.allowed and not full:
             self._store(ids, states, spent)
         else:
@@ -484,7 +486,11 @@ def _key_bucket(owner: KeyLimits, window: Window) -> BucketId:
 
 def _key_buckets(limits: KeyLimits) -> list[BucketId]:
     """The buckets of every window an ask of the key touches (``KeyLimits.all_windows``)."""
-    return [_key_bucket(o, w) for o in limits.owners() for w in o.windows]
+    scope, name = limits.scope, limits.name
+    ids: list[BucketId] = [(scope, name, w.name) for w in limits.windows]
+    if limits.team is not None:
+        ids += [_key_bucket(limits.team, w) for w in limits.team.windows]
+    return ids
 
 
 def _deployment_bucket(group: str, deployment_id: str, window: Window) -> BucketId:

@@ -190,10 +190,13 @@ def key_verdict(
     how many of ``spent`` are the key's own windows (the rest its team's; None: all):
     the verdict's usage (the x-ratelimit-* headers) is the key's own. ``slots_full``: the
     scope whose parallel slots were full (``key``, ``team``; empty: none)."""
-    own = len(spent) if own is None else own
+    mine, mine_states = spent, states
+    if own is None or own == len(spent):
+        own = len(spent)
+    else:  # the key's own windows come first, its team's after them (no copy without)
+        mine, mine_states = spent[:own], states[:own]
     used = tuple(
-        (s.window, usage(state, s.rate, now))
-        for s, state in zip(spent[:own], states[:own], strict=True)
+        (s.window, usage(state, s.rate, now)) for s, state in zip(mine, mine_states, strict=True)
     )
     if decision.outcome is Outcome.TOO_LARGE:
         return KeyVerdict(
