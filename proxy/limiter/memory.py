@@ -73,8 +73,9 @@ SWEEP_EVERY = 60.0
 """Seconds between sweeps forgetting refilled buckets and expired leases."""
 
 
-class Leases:
-    """max_parallel slots: per key name, lease id -> deadline (``now + ttl``).
+class Slots:
+    """Ids held per name until a deadline (``now + ttl``): a key's max_parallel slots,
+    a deployment's requests in flight.
 
     Mirrors the sorted set the Redis backend keeps, expiry included: a lease whose
     deadline has passed no longer counts, so a lost release cannot leak a slot forever.
@@ -98,7 +99,7 @@ class Leases:
         self._held.setdefault(name, {})[lease_id] = deadline
 
     def live(self, name: str, now: float) -> int:
-        """Leases not yet expired at ``now``."""
+        """Ids not yet expired at ``now``."""
         return sum(1 for deadline in self._held.get(name, {}).values() if deadline >= now)
 
     def release(self, name: str, lease_id: str) -> None:
@@ -135,11 +136,11 @@ class MemoryLimiter:
         self._clock = clock
         # Each bucket with the interval it was last used at (it is swept when drained).
         self._buckets: dict[BucketId, tuple[BucketState, float]] = {}
-        self._leases = Leases(lease_ttl)  # per key name
-        self._team_leases = Leases(lease_ttl)  # per team name
+        self._slots = Slots(lease_ttl)  # per key name
+        self._team_slots = Slots(lease_ttl)  # per team name
         # Per (group, deployment): its health and when it may be forgotten.
         self._health: dict[tuple[str, str], tuple[Health, float]] = {}
-        self._in_flight = Leases(0.0)  # per deployment: lease id -> deadline
+        self._in_flight = Slots(0.0)  # per deployment: lease id -> deadline
         # Fair share (fairness.py), per group: each key's committed turns ahead, and the
         # keys waiting without a turn.
         self._held: dict[tuple[str, str], list[float]] = {}
@@ -217,13 +218,13 @@ class MemoryLimiter:
     def acquire_key_now(self, ask: KeyAsk) -> KeyVerdict:
         now = self._now()
         limits = ask.limits
-        spent = key_spends(limits, 1.0, ask.tokens)
+        spent = key_spends(limits, ask.cost)
         ids = _key_buckets(limits)
         buckets = self._buckets_for(ids, spent)
         states, decision = take_all(buckets, now, 0.0)
         full = ""
         if decision.allowed and (limits.max_parallel is not None or limits.team is not None):
-            full = self._take_slots(limits, ask.lease, now)
+            full = self._take_slots(limits, ask.slot, now)
         if decision.allowed and not full:
             self._store(ids, states, spent)
         else:
@@ -237,23 +238,23 @@ class MemoryLimiter:
         for owner in limits.owners():
             if owner.max_parallel is None:
                 continue
-            slots = self._slots(owner)
+            slots = self._slots_of(owner)
             if not slots.acquire(owner.name, lease_id, owner.max_parallel, now):
                 for held in taken:
-                    self._slots(held).release(held.name, lease_id)
+                    self._slots_of(held).release(held.name, lease_id)
                 return owner.scope
             taken.append(owner)
         return ""
 
-    def _slots(self, owner: KeyLimits) -> Leases:
-        return self._team_leases if owner.scope == TEAM else self._leases
+    def _slots_of(self, owner: KeyLimits) -> Slots:
+        return self._team_slots if owner.scope == TEAM else self._slots
 
     def reserve_now(self, ask: GroupAsk) -> DeploymentVerdict:
         now = self._now()
         group, candidates = ask.group, ask.candidates
         healths = [self._health_of(group, c.id, now) for c in candidates]
         spent = [
-            with_learned(spends(c.windows, 1.0, ask.tokens), h, now)
+            with_learned(spends(c.windows, ask.cost), h, now)
             for c, h in zip(candidates, healths, strict=True)
         ]
         ids = [
@@ -279,13 +280,13 @@ class MemoryLimiter:
             self._store(ids[selection.index], selection.states, spent[selection.index])
             h = healths[selection.index]
             if selection.probe:
-                h = health.start_probe(h, now, probe_timeout(chosen, wait), ask.lease)
+                h = health.start_probe(h, now, probe_timeout(chosen, wait), ask.slot)
             h = health.counted(h, now + wait)
             self._store_health(group, chosen.id, h, None)
             sent = Sent(h.epoch, h.sent, now + wait)
-            if ask.lease and ask.least_busy:  # only least-busy counts requests in flight
+            if ask.slot and ask.least_busy:  # only least-busy counts requests in flight
                 deadline = in_flight_deadline(chosen, wait, now)
-                self._in_flight.put(_deployment(group, chosen.id), ask.lease, deadline)
+                self._in_flight.put(_deployment(group, chosen.id), ask.slot, deadline)
         return deployment_verdict(candidates, selection, sent)
 
     def _fair_view(self, ask: GroupAsk, now: float) -> FairView | None:
@@ -325,10 +326,10 @@ class MemoryLimiter:
             return NO_CHANGE
         s = settlement
         group, deployment = s.group, s.deployment
-        if s.lease:
-            self._in_flight.release(_deployment(group, deployment.id), s.lease)
+        if s.slot:
+            self._in_flight.release(_deployment(group, deployment.id), s.slot)
         h = self._health_of(group, deployment.id, now)
-        for spend in corrections(deployment.windows, s.requests, s.tokens):
+        for spend in corrections(deployment.windows, s.cost):
             self._adjust(_deployment_bucket(group, deployment.id, spend.window), spend, now)
         for f in floors(deployment, s.remaining, s.rule.max_hold):
             bucket_id = _deployment_bucket(group, deployment.id, f.window)
@@ -336,14 +337,14 @@ class MemoryLimiter:
             lowered = bucket.lower(self._state(bucket_id), rate, f.available, now, f.wait)
             if lowered is not None:
                 self._buckets[bucket_id] = (lowered, rate.interval)
-        if s.hold > 0.0:
+        if s.private.hold > 0.0:
             for w in pacing_windows(deployment):
                 bucket_id = _deployment_bucket(group, deployment.id, w)
-                kept = bucket.held_at_least(self._state(bucket_id), w.rate, s.hold, now)
+                kept = bucket.held_at_least(self._state(bucket_id), w.rate, s.private.hold, now)
                 if kept is not None:
                     self._buckets[bucket_id] = (kept, w.rate.interval)
         settled, change = health.settle(
-            h, s.outcome, s.rule, now, s.lease, evidence(deployment, s.sent)
+            h, s.outcome, s.rule, now, s.slot, evidence(deployment, s.sent)
         )
         if settled.epoch != h.epoch:  # learned: turns past the hold are taken again
             hold = health.hold_for(settled, now)
@@ -373,7 +374,7 @@ class MemoryLimiter:
         """The windows and slots of one owner (a key's own, or a team's)."""
         now = self._now()
         states = [self._state(_key_bucket(limits, w)) for w in limits.windows]
-        slots = self._slots(limits).live(limits.name, now)
+        slots = self._slots_of(limits).live(limits.name, now)
         return key_state(limits, states, slots, now)
 
     def holds_in_flight(self, group: str, deployment_id: str, lease_id: str) -> bool:
@@ -389,15 +390,15 @@ class MemoryLimiter:
 
     def holds_lease(self, name: str, lease_id: str) -> bool:
         """Whether ``lease_id`` is a slot of key ``name`` held here."""
-        return self._leases.holds(name, lease_id)
+        return self._slots.holds(name, lease_id)
 
     def holds_slot(self, limits: KeyLimits, lease_id: str) -> bool:
         """Whether ``lease_id`` is a slot of the key or of its team held here (the
         fallback policy routes releases)."""
-        return any(self._slots(o).holds(o.name, lease_id) for o in limits.owners())
+        return any(self._slots_of(o).holds(o.name, lease_id) for o in limits.owners())
 
     def leases_held(self, name: str) -> int:
-        return self._leases.count(name)
+        return self._slots.count(name)
 
     def bucket_count(self) -> int:
         return len(self._buckets)
@@ -406,8 +407,8 @@ class MemoryLimiter:
 
     def _settle_key(self, s: KeySettlement, now: float) -> None:
         for owner in s.limits.owners():
-            self._slots(owner).release(owner.name, s.lease)
-            for spend in corrections(owner.windows, 0.0, s.tokens):
+            self._slots_of(owner).release(owner.name, s.slot)
+            for spend in corrections(owner.windows, s.cost):
                 self._adjust(_key_bucket(owner, spend.window), spend, now)
 
     def _now(self) -> float:
@@ -426,7 +427,7 @@ class MemoryLimiter:
         for deployment, (_, expires) in list(self._health.items()):
             if now >= expires:
                 del self._health[deployment]
-        self._leases.sweep(now)
+        self._slots.sweep(now)
         self._in_flight.sweep(now)
         for held_id, held in list(self._held.items()):
             if not held or held[-1] <= now:
