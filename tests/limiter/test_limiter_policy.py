@@ -114,7 +114,7 @@ def test_share_key_divides_parallel_slots_keeping_one() -> None:
 
 def test_a_key_in_a_team_gets_its_share_of_the_teams_limits_too() -> None:
     team = KeyLimits("t", windows=(rpm(600),), max_parallel=8, scope="team")
-    shared = share_key(KeyLimits("k", team=team), 4, 0).team
+    shared = share_key(KeyLimits("k", team=team), 4, NOTHING).team
     assert shared is not None and shared.scope == "team" and shared.max_parallel == 2
     assert shared.windows[0].rate == Rate(150, 60, 150)
 
