@@ -67,6 +67,11 @@ class Call:
     upstream_time: float = 0.0  # seconds spent on upstream calls until the answer's headers
     # A stream that ended without usage: the tokens it is charged instead (never a refund).
     unreported_tokens: int | None = None
+    # A follow-up of a stored response (proxy/affinity.py): the one deployment that holds
+    # it (no other, no fallback), and the route below the shape's URL with its method.
+    pinned: str | None = None
+    upstream_method: str = "POST"
+    upstream_path: str = ""
 
     @property
     def tier(self) -> str:
