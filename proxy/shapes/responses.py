@@ -163,7 +163,7 @@ def stream_error(message: str) -> bytes:
     """The Responses API's ``error`` event; its ``error`` object is what the OpenAI SDK
     raises as an APIError."""
     error = {"message": message, "type": "api_error", "param": None, "code": "stream_error"}
-    payload = orjson.dumps({"type": "error", **error, "error": error})
+    payload = orjson.dumps({**error, "type": "error", "error": error})
     return b"event: error\ndata: " + payload + b"\n\n"
 
 
