@@ -58,7 +58,7 @@ from proxy.ratelimit_headers import format_reset
 from proxy.request_ids import new_request_id
 from proxy.routing.dispatcher import Dispatcher, Served
 from proxy.routing.settlement import Settler
-from proxy.shapes.base import Shape
+from proxy.shapes.base import Shape, api_label
 from proxy.shapes.responses import RESPONSES
 from proxy.telemetry import Telemetry
 
@@ -381,6 +381,7 @@ class Pipeline:
                 retries=call.retries,
                 error_code=call.error_code,
                 shadow_rejection=call.shadow_rejection,
+                api=api_label(call.shape.name),
             ),
             duration,
         )

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # name -> (type, labels), from docs/observability.md and ../shared/design.md.
 CONTRACT = {
-    "llmproxy_requests": ("counter", {"model", "status"}),
+    "llmproxy_requests": ("counter", {"model", "status", "api"}),
     "llmproxy_request_duration_seconds": ("histogram", {"model"}),
     "llmproxy_upstream_requests": ("counter", {"model", "deployment", "status"}),
     "llmproxy_upstream_duration_seconds": ("histogram", {"model", "deployment"}),
