@@ -20,7 +20,7 @@ import orjson
 from proxy.costs import Cost, TokenUsage
 from proxy.errors import InvalidRequest
 from proxy.shapes.base import AS_SENT, Prepared, StreamUsage
-from proxy.shapes.openai import OpenAIShape
+from proxy.shapes.openai import OpenAIShape, count, token_usage
 from proxy.shapes.tokens import text_tokens, token_cost
 
 __all__ = [
@@ -41,28 +41,10 @@ _MARKERS = tuple(f'"{name}"'.encode() for name in TERMINAL)
 MAX_FIRST_EVENT = 64 * 1024  # bytes of a stream's first event looked at for its id
 
 
-def _int(value: object) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return None
-
-
 def usage_of_response(response: object) -> TokenUsage | None:
     """The ``usage`` of a response object (None: it states no counts, as a response
     still queued or in progress does)."""
-    usage = response.get("usage") if isinstance(response, dict) else None
-    if not isinstance(usage, dict):
-        return None
-    given, made = _int(usage.get("input_tokens")), _int(usage.get("output_tokens"))
-    if given is None and made is None:
-        return None
-    details = usage.get("input_tokens_details")
-    cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
-    return TokenUsage(
-        input_tokens=given or 0,
-        output_tokens=made or 0,
-        cached_input=min(cached or 0, given or 0),  # part of the input, never more
-    )
+    return token_usage(response, "input_tokens", "output_tokens")
 
 
 def created_id(content: bytes) -> str | None:
@@ -140,7 +122,7 @@ class Responses(OpenAIShape):
         _check(body)
 
     def estimate(self, body: dict[str, Any], default_output: int) -> Cost:
-        output = _int(body.get("max_output_tokens")) or default_output
+        output = count(body.get("max_output_tokens")) or default_output
         return token_cost(input_tokens(body), output)
 
     def prepare(self, body: dict[str, Any], stream: bool) -> Prepared:
@@ -232,7 +214,7 @@ def _check(body: dict[str, Any]) -> None:
             if not isinstance(item, dict):
                 _invalid(f"input[{i}]", "an object")
     cap = body.get("max_output_tokens")
-    if cap is not None and _int(cap) is None:
+    if cap is not None and count(cap) is None:
         _invalid("max_output_tokens", "a non-negative integer")
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str | list):
