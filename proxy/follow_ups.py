@@ -66,10 +66,9 @@ class FollowUps:
 
     async def prepare(self, call: Call, group: GroupRoute) -> None:
         """A create: continuing a stored response, it goes to the deployment that holds
-        it (in the model group the request names); a background one is charged its
-        estimate (its usage is never seen here: the upstream runs it later)."""
-        if call.body.get("background") is True:
-            call.unreported_tokens = call.estimate
+        it (in the model group the request names). (A background one answers without
+        usage, the upstream runs it later: it keeps its estimate, as any 200 whose usage
+        cannot be read.)"""
         previous = call.body.get(_PREVIOUS)
         if not isinstance(previous, str):
             return
@@ -86,7 +85,7 @@ class FollowUps:
 
     async def answered(self, call: Call, route: StoredRoute | None, reply: Reply) -> Reply:
         """Remember the response a create made; forget one a DELETE removed."""
-        if reply.status != 200 or call.deployment is None:
+        if reply.status != 200 or call.trip.deployment is None:
             return reply
         if route is not None:
             if route.method == "DELETE" and route.path == f"/{route.response_id}":
@@ -94,7 +93,7 @@ class FollowUps:
             return reply
         if call.body.get("store") is False:  # not stored upstream: nothing follows it
             return reply
-        deployment = self._by_id(call.deployment)
+        deployment = self._by_id(call.trip.deployment)
         if deployment is None:
             return reply
         owner = Owner(deployment.id, deployment.group, call.key_name)

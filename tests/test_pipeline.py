@@ -5,13 +5,17 @@ Each scenario says what the client gets and what its key and the upstream were c
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import orjson
 import pytest
-from support.journey import KEY, REQUEST, Journey, Upstream, config, deployment, ok, status
+from support.journey import REQUEST, Journey, Upstream, config, deployment, ok, status
 
 from proxy.call import Reply
 from proxy.costs import TOKENS
+from proxy.limiter.base import DeploymentVerdict, GroupAsk
+from proxy.limiter.memory import MemoryLimiter
 from proxy.providers import PROVIDERS
 from proxy.providers.openai import OpenAICompatible
 from proxy.shapes.chat import CHAT
@@ -73,7 +77,6 @@ async def test_a_key_refused_by_its_gate_sends_nothing_and_gives_its_turn_back()
     assert (refused.status, error_code(refused)) == (429, "key_rpm")
     assert upstream.sent == ["a.test"]
     # The refused request's turn went back: the deployment's second turn is still free.
-    journey.pipeline.keys.authenticate(KEY)
     limits = journey.pipeline.catalog.limits(journey.pipeline.catalog.groups["m"].deployments[0])
     state = await journey.pipeline.limiter.snapshot("m", [limits])
     assert state["a"].remaining["rpm"] >= 0.9
@@ -86,6 +89,33 @@ async def test_a_full_queue_refuses_a_request_that_would_wait() -> None:
     refused = await journey.send()  # its turn is a second away; no room to wait
     assert (refused.status, error_code(refused)) == (429, "queue_full")
     assert upstream.sent == ["a.test"]
+
+
+class RoundTrip(MemoryLimiter):
+    """Reservations answered on a later loop turn, as Redis answers them: other requests
+    ask meanwhile."""
+
+    async def reserve(self, ask: GroupAsk) -> DeploymentVerdict:
+        await asyncio.sleep(0)
+        return await super().reserve(ask)
+
+
+async def test_a_turn_granted_once_the_queue_filled_is_given_back() -> None:
+    """B and C ask together with room for one waiting request: B's turn comes first and
+    B waits for it; C's turn, granted as the queue filled, goes back (429 queue_full),
+    so the next turn after B's is free for whoever asks next."""
+    data = config([deployment("a", rpm=60)], max_queue=1, max_wait="10s", lookahead="0s")
+    journey = Journey(data, Upstream({"a.test": ok()}), RoundTrip)
+    assert (await journey.send()).status == 200
+    catalog = journey.pipeline.catalog
+    limits = [catalog.limits(d) for d in catalog.groups["m"].deployments]
+    spacing = (await journey.pipeline.limiter.snapshot("m", limits))["a"].next_turn
+    b, c = await asyncio.gather(journey.send(), journey.send())
+    assert b.status == 200
+    assert (c.status, error_code(c)) == (429, "queue_full")
+    # B took the turn after A's; C's, after B's, is free again (the limiter's clock stood).
+    after = (await journey.pipeline.limiter.snapshot("m", limits))["a"].next_turn
+    assert after == pytest.approx(2 * spacing)
 
 
 async def test_a_model_none_of_whose_deployments_speaks_the_api_is_a_400(

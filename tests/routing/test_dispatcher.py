@@ -50,7 +50,11 @@ async def test_a_stream_reports_its_usage_and_the_client_sees_no_usage_it_did_no
     )
     call, read, ended = await stream_through(journey)
     assert read == CHUNK + DONE  # the usage event the proxy asked for is removed
-    assert (call.prompt_tokens, call.completion_tokens, call.charged_tokens()) == (7, 3, 10)
+    assert (call.trip.prompt_tokens, call.trip.completion_tokens, call.trip.charged_tokens()) == (
+        7,
+        3,
+        10,
+    )
     assert ended == [200]
     assert journey.counted("llmproxy_usage_unreadable_total") == 0
 
@@ -59,7 +63,7 @@ async def test_a_stream_that_completes_without_usage_is_charged_its_estimate_and
     journey = Journey(config([deployment("a")]), Upstream({"a.test": lambda _: sse(CHUNK, DONE)}))
     call, read, ended = await stream_through(journey)
     assert read == CHUNK + DONE
-    assert call.charged_tokens() == call.estimate  # never a refund
+    assert call.trip.charged_tokens() == call.estimate  # never a refund
     assert ended == [200]
     assert (
         journey.counted("llmproxy_usage_unreadable_total", shape="chat/completions", deployment="a")

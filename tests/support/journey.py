@@ -79,13 +79,18 @@ def config(
 class Journey:
     """A pipeline over the memory limiter (its clock ``clock``) and ``upstream``."""
 
-    def __init__(self, data: dict[str, Any], upstream: Upstream) -> None:
+    def __init__(
+        self,
+        data: dict[str, Any],
+        upstream: Upstream,
+        limiter: type[MemoryLimiter] = MemoryLimiter,
+    ) -> None:
         self.clock = Clock()
         self.upstream = upstream
         self.metrics = Metrics(budget_shared=False)
         self.pipeline = Pipeline(
             settings_from(data),
-            MemoryLimiter(self.clock),
+            limiter(self.clock),
             httpx.MockTransport(upstream),
             self.metrics,
             rng=random.Random(7),
