@@ -46,16 +46,21 @@ logger = logging.getLogger("proxy.affinity")
 RETENTION = 30 * 86400.0  # seconds OpenAI keeps a stored response
 CAPACITY = 100_000  # responses one process remembers (about 20 MB)
 MAX_ID = 256  # characters of an id worth looking up (OpenAI's are ~50)
+MAX_TOKENS = 100_000_000  # a conversation's tokens, bounded: more is no count we believe
 
 
 @value
 class Owner:
     """Who holds a stored response: the deployment that created it, its model group,
-    and the name of the client key it was created for (None: the proxy runs open)."""
+    and the name of the client key it was created for (None: the proxy runs open).
+    ``tokens``: the conversation so far (the response's input and output, as its usage
+    said; 0: not known yet), which the upstream counts again as the input of a request
+    that continues it."""
 
     deployment: str
     group: str
     key: str | None
+    tokens: int = 0
 
 
 class AffinityUnavailable(Exception):
@@ -150,7 +155,7 @@ class SharedAffinity:
         if not self.available():
             logger.warning("affinity store unavailable: response %s known here only", response_id)
             return
-        data = orjson.dumps([owner.deployment, owner.group, owner.key])
+        data = orjson.dumps([owner.deployment, owner.group, owner.key, owner.tokens])
         ttl = int(self.local.retention)
         try:
             await self.runner.call(lambda r: r.set(self.key(response_id), data, ex=ttl))
@@ -198,10 +203,12 @@ def _decode(data: str | bytes) -> Owner | None:
         return None
     if (
         isinstance(fields, list)
-        and len(fields) == 3
+        and len(fields) == 4
         and isinstance(fields[0], str)
         and isinstance(fields[1], str)
         and (fields[2] is None or isinstance(fields[2], str))
+        and type(fields[3]) is int
+        and 0 <= fields[3] <= MAX_TOKENS
     ):
-        return Owner(fields[0], fields[1], fields[2])
+        return Owner(fields[0], fields[1], fields[2], fields[3])
     return None

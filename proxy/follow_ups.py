@@ -17,12 +17,14 @@ it is never sent to another account, where the id does not exist.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 
-from proxy.affinity import MAX_ID, Affinity, AffinityUnavailable, Owner
+from proxy.affinity import MAX_ID, MAX_TOKENS, Affinity, AffinityUnavailable, Owner
 from proxy.call import Call, Reply, StreamSource
 from proxy.catalog import Catalog, DeploymentRoute, GroupRoute
+from proxy.costs import INPUT_TOKENS, TOKENS
 from proxy.errors import InvalidRequest, ProxyError, ServiceUnavailable
-from proxy.shapes.responses import FirstEvent, created_id
+from proxy.shapes.responses import RESPONSES, FirstEvent, created_id
 from proxy.values import value
 
 __all__ = ["FollowUps", "ResponseNotFound", "StoredRoute"]
@@ -82,6 +84,15 @@ class FollowUps:
                 param=_PREVIOUS,
             )
         call.pinned = deployment.id
+        if owner.tokens:  # the upstream reads the conversation again: its input grows
+            context = float(owner.tokens)
+            cost = call.cost
+            call.cost = {
+                **cost,
+                TOKENS: cost.get(TOKENS, 0.0) + context,
+                INPUT_TOKENS: cost.get(INPUT_TOKENS, 0.0) + context,
+            }
+            call.estimate = int(call.cost[TOKENS])
 
     async def answered(self, call: Call, route: StoredRoute | None, reply: Reply) -> Reply:
         """Remember the response a create made; forget one a DELETE removed."""
@@ -100,9 +111,22 @@ class FollowUps:
         if reply.stream is None:
             response_id = created_id(reply.body)
             if response_id is not None:
-                await self.affinity.remember(response_id, owner)
+                tokens = RESPONSES.usage(reply.body)
+                total = 0 if tokens is None else min(tokens.total, MAX_TOKENS)
+                await self.affinity.remember(response_id, replace(owner, tokens=total))
             return reply
-        reply.stream = Remembering(reply.stream, lambda rid: self.affinity.remember(rid, owner))
+
+        async def ended(response_id: str) -> None:
+            """Once the stream is over: its usage (the trip's) sizes what follows it."""
+            total = call.trip.real_tokens()
+            if total:
+                await self.affinity.remember(
+                    response_id, replace(owner, tokens=min(total, MAX_TOKENS))
+                )
+
+        reply.stream = Remembering(
+            reply.stream, lambda rid: self.affinity.remember(rid, owner), ended
+        )
         return reply
 
     async def _owner(self, response_id: str, key: str | None, param: str | None) -> Owner:
@@ -147,9 +171,16 @@ class Remembering:
     before the chunk that carries it goes on: the client cannot follow up on a response
     before every replica can route it."""
 
-    def __init__(self, stream: StreamSource, remember: Callable[[str], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        stream: StreamSource,
+        remember: Callable[[str], Awaitable[None]],
+        ended: Callable[[str], Awaitable[None]],
+    ) -> None:
         self._stream = stream
         self._remember = remember
+        self._ended = ended
+        self._id: str | None = None
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._chunks()
@@ -158,10 +189,13 @@ class Remembering:
         first = FirstEvent()
         async for chunk in self._stream:
             if not first.done:
-                response_id = first.feed(chunk)
-                if response_id is not None:
-                    await self._remember(response_id)
+                self._id = first.feed(chunk)
+                if self._id is not None:
+                    await self._remember(self._id)
             yield chunk
 
     async def aclose(self) -> None:
-        await self._stream.aclose()
+        await self._stream.aclose()  # the trip has the stream's usage then
+        response_id, self._id = self._id, None
+        if response_id is not None:
+            await self._ended(response_id)

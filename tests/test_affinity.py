@@ -19,7 +19,12 @@ from proxy.limiter.acl import COMMANDS
 from proxy.limiter.memory import MemoryLimiter
 from proxy.limiter.runner import ScriptRunner
 
-ALICE = Owner("dep-a", "gpt-4o", "alice")
+ALICE = Owner("dep-a", "gpt-4o", "alice", tokens=120)
+
+
+def patient(url: str) -> ScriptRunner:
+    """A runner that waits out a loaded machine (the defaults give up after 0.25 s)."""
+    return ScriptRunner(url, op_timeout=5.0, socket_timeout=2.0, connect_timeout=2.0)
 
 
 class Clock:
@@ -60,8 +65,8 @@ def test_the_acl_allows_what_the_shared_store_sends() -> None:
 
 
 async def test_every_replica_finds_what_one_remembered(redis_url: str) -> None:
-    one = SharedAffinity(ScriptRunner(redis_url), lambda: True)
-    other = SharedAffinity(ScriptRunner(redis_url), lambda: True)
+    one = SharedAffinity(patient(redis_url), lambda: True)
+    other = SharedAffinity(patient(redis_url), lambda: True)
     try:
         await one.remember("resp_shared", ALICE)
         assert await other.owner("resp_shared") == ALICE
@@ -77,7 +82,7 @@ async def test_every_replica_finds_what_one_remembered(redis_url: str) -> None:
 
 
 async def test_a_record_that_is_not_the_proxy_s_is_no_owner(redis_url: str) -> None:
-    store = SharedAffinity(ScriptRunner(redis_url), lambda: True)
+    store = SharedAffinity(patient(redis_url), lambda: True)
     try:
         await store.runner.call(lambda r: r.set(store.key("resp_odd"), "[1, 2]"))
         assert await store.owner("resp_odd") is None

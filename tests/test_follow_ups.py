@@ -110,3 +110,14 @@ async def test_a_background_response_is_charged_its_estimate() -> None:
     reply = await journey.send(body, RESPONSES)
     estimate = int(RESPONSES.estimate(body, 0)["tokens"])
     assert int(reply.headers["x-ratelimit-remaining-tokens"]) == 100_000 - 2 * estimate
+
+
+async def test_continuing_a_conversation_is_estimated_with_what_it_held_so_far() -> None:
+    upstream = responses_upstream()
+    journey = Journey(config([deployment("a")], key={"tpm": 100_000}), upstream)
+    rid = await create(journey)  # settles to its usage: 12 tokens
+    body = {**CREATE, "previous_response_id": rid}
+    reply = await journey.send(body, RESPONSES)
+    estimate = int(RESPONSES.estimate(body, 0)["tokens"])
+    # The upstream reads the 12 tokens of the conversation again, as input: reserved too.
+    assert int(reply.headers["x-ratelimit-remaining-tokens"]) == 100_000 - 12 - (estimate + 12)
