@@ -48,8 +48,13 @@ class UsageTap:
     def feed(self, chunk: bytes) -> bytes:
         """Bytes to forward for ``chunk`` (all of it, unless an event is removed)."""
         if not self.strip_usage_event:
-            # Fast path: no event ever needs holding back; look for usage only.
-            self._watch(chunk)
+            # Fast path: no event ever needs holding back; look for usage only. Usually
+            # a chunk ends its events: nothing to keep.
+            if not self._seen and chunk.endswith(b"\n\n"):
+                if any(m in chunk for m in self._markers):
+                    self._read(chunk)
+            else:
+                self._watch(chunk)
             return chunk
         data = self._partial + chunk
         if self._passing:  # an over-long event: passed on as it comes, until its end
