@@ -89,6 +89,7 @@ def test_every_follow_up_reaches_the_account_that_holds_the_response(
                 )
     stats = [account.stats() for account in accounts]
     assert [s["unknown_response_ids"] for s in stats] == [0, 0]
+    assert sum(s["follow_ups"] for s in stats) == 6 * 3  # every continuation found its own
     # Both accounts held conversations (6 chains, each created where the shuffle chose).
     assert all(s["by_endpoint"].get("POST /v1/responses", 0) > 0 for s in stats), stats
 
