@@ -28,7 +28,7 @@ from proxy.background import Background
 from proxy.call import Call, ClientLeft, Reply, Settlement, WatchDeparture
 from proxy.catalog import Catalog, GroupRoute
 from proxy.config import ClientKey, Settings
-from proxy.costs import TOKENS
+from proxy.costs import REQUESTS, TOKENS
 from proxy.errors import (
     InvalidRequest,
     ModelNotFound,
@@ -40,6 +40,7 @@ from proxy.follow_ups import FollowUps, StoredRoute
 from proxy.limiter.base import (
     Activity,
     CooldownRule,
+    FastPaths,
     KeyAsk,
     KeyLimits,
     KeySettlement,
@@ -51,7 +52,7 @@ from proxy.limiter.base import (
     describe,
 )
 from proxy.limiter.fairness import Claimant
-from proxy.limiter.verdicts import largest_tokens
+from proxy.limiter.verdicts import settled_cost
 from proxy.logs import RequestLog
 from proxy.metrics import Metrics
 from proxy.ratelimit_headers import format_reset
@@ -100,6 +101,8 @@ class Pipeline:
         if affinity is None:
             affinity = previous.follow_ups.affinity if previous else affinity_for(limiter)
         self.follow_ups: FollowUps = FollowUps(affinity, self.catalog)
+        # The fast paths, when the backend has them: looked for once, here.
+        self.fast: FastPaths | None = limiter if isinstance(limiter, FastPaths) else None
         self.telemetry = Telemetry(metrics)
         self.background = Background()
         routing = settings.routing
@@ -291,8 +294,8 @@ class Pipeline:
         """The key's verdict to come (the dispatcher's gate): given at once when the
         limiter can (in memory, or a lease's), else asked together with the first
         reservation, one Redis round trip for both."""
-        ask = KeyAsk(limits, call.request_id, float(call.estimate))
-        verdict = self.limiter.acquire_key_now(ask)
+        ask = KeyAsk(limits, call.request_id, call.cost)
+        verdict = None if self.fast is None else self.fast.acquire_key_now(ask)
         if verdict is None:
             return asyncio.ensure_future(self._acquire_key(call, ask, shadow))
         done: asyncio.Future[KeyVerdict] = asyncio.get_running_loop().create_future()
@@ -336,12 +339,9 @@ class Pipeline:
             if _granted(key_check) is None:
                 return None
             # Unknown usage (an error, no usage in a buffered answer) refunds the whole
-            # estimate; a stream without usage is charged at least it (charged_tokens).
-            used: float = call.trip.charged_tokens() or 0
-            if used > call.estimate:  # a count no request could use: the most one could
-                used = min(used, largest_tokens(limits.windows))
-            correction = used - call.estimate
-            return KeySettlement(limits, call.request_id, float(correction))
+            # estimate; a stream without usage is charged at least it (charged_cost).
+            correction = settled_cost(call.cost, call.trip.charged_cost(call.cost), limits.windows)
+            return KeySettlement(limits, call.request_id, correction)
 
         async def release() -> None:
             if not key_check.done():  # it is, once an answer came: spares asyncio.wait
@@ -354,7 +354,7 @@ class Pipeline:
             if not key_check.done():
                 return False
             s = settlement()
-            return s is None or self.limiter.settle_soon(s)
+            return s is None or (self.fast is not None and self.fast.settle_soon(s))
 
         return Settlement(release, release_soon)
 
@@ -456,7 +456,7 @@ def _key_headers(verdict: KeyVerdict) -> dict[str, str]:
     """OpenAI's x-ratelimit-* headers; of several windows of a kind, the one with the
     least left."""
     headers: dict[str, str] = {}
-    for kind in ("requests", "tokens"):
+    for kind in (REQUESTS, TOKENS):
         usage = verdict.tightest(kind)
         if usage is not None:
             headers.update(_usage_headers(kind, usage))

@@ -17,11 +17,11 @@ from typing import Any
 
 import orjson
 
-from proxy.costs import Cost, TokenUsage
+from proxy.costs import Cost, TokenUsage, estimate_cost
 from proxy.errors import InvalidRequest
 from proxy.shapes.base import AS_SENT, Prepared, StreamUsage
 from proxy.shapes.openai import OpenAIShape, count, token_usage
-from proxy.shapes.tokens import text_tokens, token_cost
+from proxy.shapes.tokens import text_tokens
 
 __all__ = [
     "RESPONSES",
@@ -123,7 +123,7 @@ class Responses(OpenAIShape):
 
     def estimate(self, body: dict[str, Any], default_output: int) -> Cost:
         output = count(body.get("max_output_tokens")) or default_output
-        return token_cost(input_tokens(body), output)
+        return estimate_cost(input_tokens(body), output)
 
     def prepare(self, body: dict[str, Any], stream: bool) -> Prepared:
         return AS_SENT
@@ -157,7 +157,7 @@ class StoredResponses(Responses):
     paths: tuple[str, ...] = ()
 
     def estimate(self, body: dict[str, Any], default_output: int) -> Cost:
-        return token_cost(0, 0)
+        return estimate_cost(0, 0)
 
     def usage(self, content: bytes) -> TokenUsage | None:
         return TokenUsage()

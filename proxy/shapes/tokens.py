@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.costs import INPUT_TOKENS, OUTPUT_TOKENS, REQUESTS, TOKENS
-
 _CHARS_PER_TOKEN = 4
 _PER_MESSAGE = 4  # role and framing tokens per chat message
 _PER_REQUEST = 3
@@ -64,14 +62,3 @@ def completion_tokens(body: dict[str, Any], default: int) -> int:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value * choices
     return default * choices
-
-
-def token_cost(input_tokens: int, output_tokens: int) -> dict[str, float]:
-    """A request's estimated cost in every kind a shape estimates: one request, its
-    input and output tokens, and both together (``tokens``)."""
-    return {
-        REQUESTS: 1.0,
-        TOKENS: float(input_tokens + output_tokens),
-        INPUT_TOKENS: float(input_tokens),
-        OUTPUT_TOKENS: float(output_tokens),
-    }
