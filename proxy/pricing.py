@@ -1,0 +1,61 @@
+"""What a request costs in dollars: its usage priced (pure).
+
+A price is USD per million tokens, per kind of token. OpenAI's cached prompt tokens are
+part of its input tokens at their own price; Anthropic's cache writes are part of its
+input tokens, its cache reads are not (``costs.TokenUsage``). A cache price not given is
+the input price. An unpriced deployment costs 0 (``config_warnings`` names a budget in
+dollars over one).
+"""
+
+from __future__ import annotations
+
+from proxy.costs import TokenUsage
+from proxy.values import value
+
+PER = 1_000_000.0  # prices are per million tokens
+
+
+@value
+class Price:
+    """USD per 1M tokens; None: a cache price that is the input price."""
+
+    input: float = 0.0
+    output: float = 0.0
+    cached_input: float | None = None
+    cache_read: float | None = None
+    cache_write: float | None = None
+
+    def _or_input(self, price: float | None) -> float:
+        return self.input if price is None else price
+
+
+FREE = Price()
+
+
+def usd(price: Price, usage: TokenUsage) -> float:
+    """The dollars ``usage`` costs at ``price``. Inputs the upstream says are cached or
+    cache writes are never counted twice, and no count below zero is charged."""
+    cached = min(usage.cached_input, usage.input_tokens)
+    written = min(usage.cache_write, usage.input_tokens - cached)
+    plain = usage.input_tokens - cached - written
+    total = (
+        plain * price.input
+        + cached * price._or_input(price.cached_input)
+        + written * price._or_input(price.cache_write)
+        + max(0, usage.cache_read) * price._or_input(price.cache_read)
+        + usage.output_tokens * price.output
+    )
+    return max(0.0, total) / PER
+
+
+def bound(price: Price, input_tokens: float, output_tokens: float) -> float:
+    """The most a request of at most ``input_tokens`` in and ``output_tokens`` out can
+    cost at ``price``: each input token at the dearest input price (a budget's
+    reservation must bound the real cost, whatever the cache does)."""
+    dearest = max(
+        price.input,
+        price._or_input(price.cached_input),
+        price._or_input(price.cache_write),
+        price._or_input(price.cache_read),
+    )
+    return (input_tokens * dearest + output_tokens * price.output) / PER
