@@ -33,11 +33,12 @@ budgets are not shared), refilled at the rate its health has learned.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import field
 from typing import Literal, Protocol
 
 from proxy.limiter.fairness import Claimant
+from proxy.limiter.quota import Quota, QuotaUsage
 from proxy.values import value
 
 Kind = Literal["requests", "tokens"]
@@ -123,11 +124,17 @@ def window_name(kind: Kind, per: float) -> str:
 
 @value
 class KeyLimits:
-    """A client key's own limits; no windows and no ``max_parallel``: unlimited."""
+    """A client key's own limits; no windows, budgets nor ``max_parallel``: unlimited.
+    ``quotas``: its budgets (quota.py), checked in the same step as its windows."""
 
     name: str
     windows: tuple[Window, ...] = ()
     max_parallel: int | None = None
+    quotas: tuple[Quota, ...] = ()
+
+    @property
+    def unlimited(self) -> bool:
+        return not self.windows and self.max_parallel is None and not self.quotas
 
 
 @value
@@ -205,11 +212,14 @@ class Usage:
 
 @value
 class KeyAsk:
-    """May the key send one request of ``tokens``? ``lease`` names its parallel slot."""
+    """May the key send one request of ``tokens``? ``lease`` names its parallel slot.
+    ``cost`` (kind -> amount: an upper bound) and ``model`` are what its budgets charge."""
 
     limits: KeyLimits
     lease: str
     tokens: float
+    cost: Mapping[str, float] = field(default_factory=dict)
+    model: str = ""
 
 
 @value
@@ -250,11 +260,15 @@ class Remaining:
 @value
 class KeySettlement:
     """Free the key's parallel slot ``lease``; add ``tokens`` (real minus estimated;
-    negative refunds) to its token windows."""
+    negative refunds) to its token windows, and ``cost`` (kind -> real minus reserved)
+    to its budgets' periods that ``started`` (the verdict's ``at``) falls in."""
 
     limits: KeyLimits
     lease: str
     tokens: float = 0.0
+    cost: Mapping[str, float] = field(default_factory=dict)
+    model: str = ""
+    started: float = 0.0
 
 
 @value
@@ -304,10 +318,14 @@ Settlement = KeySettlement | DeploymentSettlement
 class KeyVerdict:
     allowed: bool
     # None when allowed; else "key_<window name>" | "key_parallel" | "request_too_large"
+    # | "key_budget_<kind>_<period>"
     code: str | None = None
     retry_after: float = 0.0  # seconds; meaningful when not allowed
     usage: tuple[tuple[Window, Usage], ...] = ()  # each window after the decision
     window: Window | None = None  # the window that refused (or is too small)
+    budgets: tuple[tuple[Quota, QuotaUsage], ...] = ()  # each budget after the decision
+    budget: Quota | None = None  # the budget that refused
+    at: float = 0.0  # the limiter's time of the decision (a settlement's ``started``)
 
     def tightest(self, kind: Kind) -> Usage | None:
         """The window of ``kind`` with the least left (what x-ratelimit-* headers show)."""
@@ -366,6 +384,7 @@ class KeyState:
     remaining: dict[str, float] = field(default_factory=dict)
     reset: dict[str, float] = field(default_factory=dict)
     slots_held: int = 0
+    budgets: tuple[tuple[Quota, QuotaUsage], ...] = ()  # what is left of each budget
 
 
 @value

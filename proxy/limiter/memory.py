@@ -15,7 +15,7 @@ import time
 from bisect import insort
 from collections.abc import Callable, Sequence
 
-from proxy.limiter import bucket, health
+from proxy.limiter import bucket, health, periods, quota
 from proxy.limiter.base import (
     NO_CHANGE,
     Activity,
@@ -44,6 +44,7 @@ from proxy.limiter.bucket import (
 )
 from proxy.limiter.fairness import Claimant, FairView, Waiter, waiting_until
 from proxy.limiter.health import HEALTHY, Health
+from proxy.limiter.quota import EMPTY, Quota, QuotaState
 from proxy.limiter.selection import Candidate, Selection, select
 from proxy.limiter.verdicts import (
     LEARNED,
@@ -60,6 +61,7 @@ from proxy.limiter.verdicts import (
     learning_windows,
     pacing_windows,
     probe_timeout,
+    quota_costs,
     spends,
     with_learned,
 )
@@ -129,8 +131,13 @@ class MemoryLimiter:
         *,
         lease_ttl: float = LEASE_TTL,
         sweep_every: float = SWEEP_EVERY,
+        wall: Clock | None = None,
     ) -> None:
         self._clock = clock
+        # Budgets' periods are on the calendar: UTC seconds (the injected clock in tests).
+        self._wall = wall or (time.time if clock is time.monotonic else clock)
+        # Per (key, budget name): its state and its budget (to sweep past periods).
+        self._quotas: dict[tuple[str, str], tuple[QuotaState, Quota]] = {}
         # Each bucket with the interval it was last used at (it is swept when drained).
         self._buckets: dict[BucketId, tuple[BucketState, float]] = {}
         self._leases = Leases(lease_ttl)
@@ -218,16 +225,27 @@ class MemoryLimiter:
         ids = [_key_bucket(limits.name, s.window) for s in spent]
         buckets = self._buckets_for(ids, spent)
         states, decision = take_all(buckets, now, 0.0)
+        quotas = limits.quotas
+        wall = self._wall() if quotas else now
+        before = [self._quota(limits.name, q) for q in quotas]
+        charged, budget = quota.check(
+            quotas, before, quota_costs(limits, ask.cost, ask.model), wall
+        )
         parallel_full = False
-        if decision.allowed and limits.max_parallel is not None:
+        if decision.allowed and budget.allowed and limits.max_parallel is not None:
             parallel_full = not self._leases.acquire(
                 limits.name, ask.lease, limits.max_parallel, now
             )
-        if decision.allowed and not parallel_full:
+        if decision.allowed and budget.allowed and not parallel_full:
             self._store(ids, states, spent)
+            for q, state in zip(quotas, charged, strict=True):
+                self._quotas[(limits.name, q.name)] = (state, q)
         else:
             states = [b.state for b in buckets]
-        return key_verdict(spent, decision, parallel_full, states, now)
+            charged = before
+        return key_verdict(
+            spent, decision, parallel_full, states, now, quotas, charged, budget, wall
+        )
 
     def reserve_now(self, ask: GroupAsk) -> DeploymentVerdict:
         now = self._now()
@@ -353,7 +371,9 @@ class MemoryLimiter:
     def key_snapshot_now(self, limits: KeyLimits) -> KeyState:
         now = self._now()
         states = [self._state(_key_bucket(limits.name, w)) for w in limits.windows]
-        return key_state(limits, states, self._leases.live(limits.name, now), now)
+        budgets = [self._quota(limits.name, q) for q in limits.quotas]
+        held = self._leases.live(limits.name, now)
+        return key_state(limits, states, held, now, budgets, self._wall())
 
     def holds_in_flight(self, group: str, deployment_id: str, lease_id: str) -> bool:
         """Whether ``lease_id`` is in flight here (the fallback policy routes settlements)."""
@@ -382,6 +402,15 @@ class MemoryLimiter:
         self._leases.release(s.limits.name, s.lease)
         for spend in corrections(s.limits.windows, 0.0, s.tokens):
             self._adjust(_key_bucket(s.limits.name, spend.window), spend, now)
+        for q, units in zip(s.limits.quotas, quota_costs(s.limits, s.cost, s.model), strict=True):
+            if units != 0:
+                settled = quota.settle(self._quota(s.limits.name, q), q, s.started, units)
+                if settled is not None:
+                    self._quotas[(s.limits.name, q.name)] = (settled, q)
+
+    def _quota(self, key: str, q: Quota) -> QuotaState:
+        entry = self._quotas.get((key, q.name))
+        return EMPTY if entry is None else entry[0]
 
     def _now(self) -> float:
         now = self._clock()
@@ -396,6 +425,10 @@ class MemoryLimiter:
         for bucket_id, (state, slowest) in list(self._buckets.items()):
             if debt_at(state, slowest, now) == 0:
                 del self._buckets[bucket_id]
+        wall = self._wall()
+        for quota_id, (spent, q) in list(self._quotas.items()):
+            if spent.period < periods.index(q.period, wall):  # a past period: reads as EMPTY
+                del self._quotas[quota_id]
         for deployment, (_, expires) in list(self._health.items()):
             if now >= expires:
                 del self._health[deployment]

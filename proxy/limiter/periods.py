@@ -12,6 +12,7 @@ boundary, leap years included. Change both together.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from proxy.values import value
@@ -49,7 +50,7 @@ def civil_from_days(days: int) -> tuple[int, int, int]:
 
 def index(period: Period, t: float) -> int:
     """The period ``t`` (UTC seconds) falls in: consecutive periods, consecutive indices."""
-    days = int(t // DAY)
+    days = math.floor(t / DAY)  # as Lua computes it: the same double, the same floor
     if period == "day":
         return days
     if period == "week":

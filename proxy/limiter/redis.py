@@ -7,7 +7,8 @@ so replicas' clocks need not agree; tests pass an explicit clock instead. Keys a
 hash-tagged so each script touches one cluster slot (``P`` is ``KEY_PREFIX``,
 ``llmproxy:v<SCHEMA_VERSION>``)::
 
-    {P:k:<key name>}:<window> | :leases              a client key's windows, slots
+    {P:k:<key name>}:<window> | :leases              a client key's windows, slots,
+    {P:k:<key name>}:budget_<kind>_<period>[:models] its budgets (period index, spent)
     {P:g:<group>}:d:<deployment id>:<window>          a group's deployments...
     {P:g:<group>}:d:<deployment id>:health            ...their health (a hash)...
     {P:g:<group>}:d:<deployment id>:inflight          ...and requests in flight
@@ -59,6 +60,7 @@ from proxy.limiter.eviction import evicting
 from proxy.limiter.fairness import Claimant, Deferral
 from proxy.limiter.health import Health
 from proxy.limiter.leases import Leases
+from proxy.limiter.quota import QuotaCheck, QuotaState
 from proxy.limiter.runner import RunnerOptions, ScriptRunner
 from proxy.limiter.selection import Selection
 from proxy.limiter.verdicts import (
@@ -72,6 +74,7 @@ from proxy.limiter.verdicts import (
     key_state,
     key_verdict,
     pacing_windows,
+    quota_costs,
     spends,
 )
 
@@ -121,38 +124,54 @@ class RedisLimiter:
 
     async def acquire_key(self, ask: KeyAsk) -> KeyVerdict:
         limits = ask.limits
-        if not limits.windows and limits.max_parallel is None:
+        if limits.unlimited:
             return KeyVerdict(True)
-        if self._leases is not None and limits.max_parallel is None:
+        # A budget is never leased: each request's reservation is checked against every
+        # replica's (quota.py: why concurrency cannot overshoot).
+        if self._leases is not None and limits.max_parallel is None and not limits.quotas:
             leased = await self._leases.acquire_key(ask, partial(self._windows, limits))
             if leased is not None:
                 return leased
         spent = spends(limits.windows, 1.0, ask.tokens)
+        quotas = limits.quotas
         args = [
             self._now(),
             "" if limits.max_parallel is None else str(limits.max_parallel),
             ask.lease,
             _num(self._lease_ttl),
+            str(len(quotas)),
         ]
         for s in spent:
             args += [_num(s.rate.interval), _num(s.capacity), _num(s.amount)]
+        for q, cost in zip(quotas, quota_costs(limits, ask.cost, ask.model), strict=True):
+            args += [q.period, _num(q.limit), _num(cost)]
         keys = [
             self._key(limits.name, "leases"),
             *(self._window(limits.name, w) for w in limits.windows),
+            *(self._key(limits.name, q.name) for q in quotas),
         ]
-        reply = await self.runner.run("acquire_key", keys, args)
-        outcome, binding, wait, retry_after, parallel_full, now, *flat = reply
+        reply = iter(await self.runner.run("acquire_key", keys, args))
+        outcome, binding, wait, retry_after, parallel_full, now = (next(reply) for _ in range(6))
         decision = Decision(Result(outcome), float(wait), float(retry_after), int(binding))
-        states = [
-            BucketState(float(d), float(t)) for d, t in zip(flat[::2], flat[1::2], strict=True)
-        ]
-        return key_verdict(spent, decision, parallel_full == "1", states, float(now))
+        states = [_state(reply) for _ in spent]
+        refused, budget_retry = int(next(reply)), float(next(reply))
+        charged = [_quota_state(reply) for _ in quotas]
+        return key_verdict(
+            spent,
+            decision,
+            parallel_full == "1",
+            states,
+            float(now),
+            quotas,
+            charged,
+            QuotaCheck(refused, budget_retry),
+        )
 
     def acquire_key_now(self, ask: KeyAsk) -> KeyVerdict | None:
         limits = ask.limits
-        if not limits.windows and limits.max_parallel is None:
+        if limits.unlimited:
             return KeyVerdict(True)
-        if self._leases is None or limits.max_parallel is not None:
+        if self._leases is None or limits.max_parallel is not None or limits.quotas:
             return None
         return self._leases.acquire_key_now(ask, partial(self._windows, limits))
 
@@ -277,6 +296,9 @@ class RedisLimiter:
         ran, or its StorageError; without it, a failure is logged."""
         if not self.runner.submit_ready:
             return False
+        budgets = self._quota_settlement(settlement)
+        if budgets is not None:
+            self.runner.submit("settle_quota", *budgets, urgent=False)
         call = self._key_settlement(settlement)
         if call is None:
             if on_done is not None:
@@ -322,7 +344,7 @@ class RedisLimiter:
         return states
 
     async def key_snapshot(self, limits: KeyLimits) -> KeyState:
-        if not limits.windows and limits.max_parallel is None:
+        if limits.unlimited:
             return KeyState()
         keys = [
             self._key(limits.name, "leases"),
@@ -330,7 +352,14 @@ class RedisLimiter:
         ]
         reply = iter(await self.runner.run("key_snapshot", keys, [self._now()]))
         now, held = float(next(reply)), int(next(reply))
-        return key_state(limits, [_state(reply) for _ in limits.windows], held, now)
+        states = [_state(reply) for _ in limits.windows]
+        if not limits.quotas:
+            return key_state(limits, states, held, now)
+        budget_keys = [self._key(limits.name, q.name) for q in limits.quotas]
+        budgets = iter(await self.runner.run("quota_snapshot", budget_keys, [self._now()]))
+        wall = float(next(budgets))
+        spent = [_quota_state(budgets) for _ in limits.quotas]
+        return key_state(limits, states, held, now, spent, wall)
 
     async def aclose(self) -> None:
         if self._leases is not None:
@@ -379,9 +408,25 @@ class RedisLimiter:
     # -- plumbing --------------------------------------------------------------------
 
     async def _settle_key(self, s: KeySettlement) -> None:
+        budgets = self._quota_settlement(s)
+        if budgets is not None:
+            await self.runner.run("settle_quota", *budgets, urgent=False)
         call = self._key_settlement(s)
         if call is not None:
             await self.runner.run("settle_key", *call, urgent=False)
+
+    def _quota_settlement(self, s: KeySettlement) -> tuple[list[str], list[str]] | None:
+        """The keys and arguments of ``settle_quota`` for ``s`` (None: nothing to do)."""
+        limits = s.limits
+        if not limits.quotas:
+            return None
+        keys: list[str] = []
+        args = [self._now()]
+        for q, units in zip(limits.quotas, quota_costs(limits, s.cost, s.model), strict=True):
+            if units != 0:
+                keys.append(self._key(limits.name, q.name))
+                args += [q.period, _num(s.started), _num(units)]
+        return (keys, args) if keys else None
 
     def _key_settlement(self, s: KeySettlement) -> tuple[list[str], list[str]] | None:
         """The keys and arguments of ``settle_key`` for ``s`` (None: nothing to do)."""
@@ -533,6 +578,11 @@ def merge_key_settlements(calls: list[Call]) -> tuple[list[Call], list[int]] | N
 def _state(reply: Any) -> BucketState:
     """The next debt and time of a script's reply as a bucket state."""
     return BucketState(float(next(reply)), float(next(reply)))
+
+
+def _quota_state(reply: Any) -> QuotaState:
+    """The next period index and spent of a script's reply as a budget's state."""
+    return QuotaState(int(float(next(reply))), float(next(reply)))
 
 
 Done = Callable[[BaseException | None], None]

@@ -8,9 +8,9 @@ their verdicts agree by construction; only where the bucket states live differs.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from proxy.limiter import health
+from proxy.limiter import health, quota
 from proxy.limiter.base import (
     MINUTE,
     DeploymentLimits,
@@ -27,8 +27,11 @@ from proxy.limiter.base import (
 )
 from proxy.limiter.bucket import Bucket, BucketState, Decision, Outcome, plan, usage
 from proxy.limiter.health import Health
+from proxy.limiter.quota import Quota, QuotaCheck, QuotaState
 from proxy.limiter.selection import Selection
 from proxy.values import value
+
+QUOTA_ALLOWED = QuotaCheck()
 
 PARALLEL_RETRY_AFTER = 1.0
 """Seconds a client refused for max_parallel is told to wait. Slots free up when other
@@ -171,21 +174,40 @@ def key_verdict(
     parallel_full: bool,
     states: Sequence[BucketState],
     now: float,
+    quotas: Sequence[Quota] = (),
+    quota_states: Sequence[QuotaState] = (),
+    budget: QuotaCheck = QUOTA_ALLOWED,
+    wall: float | None = None,
 ) -> KeyVerdict:
-    """``states`` are the windows after the decision (unchanged when refused)."""
+    """``states`` and ``quota_states`` are the windows and budgets after the decision
+    (unchanged when refused). A window refuses first, then a budget, then max_parallel.
+    ``wall``: the budgets' time (UTC seconds), when the windows' ``now`` is not."""
+    at = now if wall is None else wall
     used = tuple(
         (s.window, usage(state, s.rate, now)) for s, state in zip(spent, states, strict=True)
     )
+    left = tuple(
+        (q, quota.usage(state, q, at)) for q, state in zip(quotas, quota_states, strict=True)
+    )
     if decision.outcome is Outcome.TOO_LARGE:
-        return KeyVerdict(
-            False, "request_too_large", usage=used, window=spent[decision.binding].window
-        )
+        window = spent[decision.binding].window
+        return KeyVerdict(False, "request_too_large", usage=used, window=window, budgets=left)
     if decision.outcome is Outcome.REFUSED:
         window = spent[decision.binding].window
-        return KeyVerdict(False, key_code(window), decision.retry_after, used, window)
+        return KeyVerdict(False, key_code(window), decision.retry_after, used, window, budgets=left)
+    if not budget.allowed:
+        refused = quotas[budget.refused]
+        return KeyVerdict(
+            False,
+            f"key_{refused.code}",
+            budget.retry_after,
+            used,
+            budgets=left,
+            budget=refused,
+        )
     if parallel_full:
-        return KeyVerdict(False, "key_parallel", PARALLEL_RETRY_AFTER, used)
-    return KeyVerdict(True, usage=used)
+        return KeyVerdict(False, "key_parallel", PARALLEL_RETRY_AFTER, used, budgets=left)
+    return KeyVerdict(True, usage=used, budgets=left, at=at if quotas else 0.0)
 
 
 def deployment_verdict(
@@ -257,15 +279,30 @@ def deployment_state(
 
 
 def key_state(
-    limits: KeyLimits, states: Sequence[BucketState], slots_held: int, now: float
+    limits: KeyLimits,
+    states: Sequence[BucketState],
+    slots_held: int,
+    now: float,
+    quota_states: Sequence[QuotaState] = (),
+    wall: float | None = None,
 ) -> KeyState:
-    """A key as ``key_snapshot`` reports it (states in ``limits.windows`` order)."""
+    """A key as ``key_snapshot`` reports it (states in ``limits.windows`` order, and its
+    budgets' in ``limits.quotas`` order, at ``wall``, UTC seconds, if not ``now``)."""
     used = _usages(limits.windows, states, now)
     return KeyState(
         remaining={name: u.remaining for name, u in used.items()},
         reset={name: u.reset for name, u in used.items()},
         slots_held=slots_held,
+        budgets=tuple(
+            (q, quota.usage(st, q, now if wall is None else wall))
+            for q, st in zip(limits.quotas, quota_states, strict=True)
+        ),
     )
+
+
+def quota_costs(limits: KeyLimits, cost: Mapping[str, float], model: str) -> list[float]:
+    """What a request (or a correction) of ``model`` costs in each of the key's budgets."""
+    return [quota.cost_of(q, cost, model) for q in limits.quotas]
 
 
 def _usages(
