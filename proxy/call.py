@@ -64,6 +64,9 @@ class Call:
     upstream_time: float = 0.0  # seconds spent on upstream calls until the answer's headers
     # A stream that ended without usage: the tokens it is charged instead (never a refund).
     unreported_tokens: int | None = None
+    # Its budgets' reservation (kind -> amount; empty: no budget applies).
+    reserved: dict[str, float] = field(default_factory=dict)
+    usage_read: bool = False  # a buffered answer's usage was read early (its cost header)
 
     @property
     def tier(self) -> str:

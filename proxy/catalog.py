@@ -15,8 +15,18 @@ from dataclasses import dataclass, replace
 
 import httpx
 
-from proxy.config import ClientKey, Deployment, LimitRule, ModelGroup, Settings
+from proxy.config import (
+    BudgetSpec,
+    ClientKey,
+    Deployment,
+    LimitRule,
+    ModelGroup,
+    PriceSpec,
+    Settings,
+)
 from proxy.limiter.base import MINUTE, DeploymentLimits, KeyLimits, Rate, Window, window_name
+from proxy.limiter.quota import Quota, quota_name
+from proxy.pricing import FREE, Price, dearest
 
 __all__ = ["Catalog", "DeploymentRoute", "GroupRoute", "key_limits"]
 
@@ -118,6 +128,7 @@ class DeploymentRoute:
     # extensions (the timeout, as httpx spells it, and how to reach the deployment).
     urls: dict[str, tuple[httpx.URL, str]]
     extensions: dict[str, object]
+    price: Price = FREE  # its own, else its group's; unpriced: free
 
     @property
     def id(self) -> str:
@@ -204,6 +215,32 @@ def key_limits(key: ClientKey, share: float = 1.0) -> KeyLimits:
         max_parallel=(
             max(1, int(key.max_parallel * share)) if key.max_parallel is not None else None
         ),
+        quotas=tuple(budget(b, share) for b in key.budgets),
+    )
+
+
+def budget(spec: BudgetSpec, share: float = 1.0) -> Quota:
+    """One configured budget as a limiter quota (``share`` of it: this process's part
+    when budgets are not shared)."""
+    models = tuple(sorted(spec.models or ()))
+    return Quota(
+        quota_name(spec.kind, spec.period, models),
+        spec.kind,
+        spec.limit * share,
+        spec.period,
+        models,
+    )
+
+
+def price(spec: PriceSpec | None) -> Price:
+    if spec is None:
+        return FREE
+    return Price(
+        input=spec.input,
+        output=spec.output,
+        cached_input=spec.cached_input,
+        cache_read=spec.cache_read,
+        cache_write=spec.cache_write,
     )
 
 
@@ -218,6 +255,7 @@ def _group(group: ModelGroup, share: float, pacing_margin: float) -> GroupRoute:
                 upstream_model=d.model or group.name,
                 urls=endpoint_urls(d),
                 extensions={"timeout": timeout_extension(d.timeout), EGRESS: egress(d)},
+                price=price(d.price or group.price),
             )
             for d in group.deployments
         ),
@@ -293,6 +331,20 @@ class Catalog:
         self._key_limits = _KeyLimits(settings.keys, share)
         self.key_limits: Mapping[str, KeyLimits] = self._key_limits
         self.fallbacks = settings.routing.fallbacks
+        # Per group, the dearest price a request to it may be served at (its deployments
+        # and its fallbacks'): what a budget in dollars reserves.
+        self.dearest: dict[str, Price] = {
+            name: dearest(
+                d.price
+                for g in (name, *self.fallbacks.get(name, ()))
+                if g in self.groups
+                for d in self.groups[g].deployments
+            )
+            for name in self.groups
+        }
+        self.prices: dict[str, Price] = {
+            d.id: d.price for g in self.groups.values() for d in g.deployments
+        }
         self.share = share
         self.clock = clock
         # Deployments whose upstream announced lower per-minute limits than configured,

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy import request_fields, tokens
+from proxy import budgets, request_fields, tokens
 from proxy.auth import KeyStore, RuntimeLookup
 from proxy.background import Background
 from proxy.call import Call, ClientLeft, Reply, Settlement, WatchDeparture
@@ -35,6 +35,7 @@ from proxy.errors import (
     ServiceUnavailable,
     render,
 )
+from proxy.json_splice import set_fields
 from proxy.limiter.base import (
     Activity,
     CooldownRule,
@@ -49,13 +50,16 @@ from proxy.limiter.base import (
     describe,
 )
 from proxy.limiter.fairness import Claimant
+from proxy.limiter.ledger import Ledger, MemoryLedger
 from proxy.limiter.verdicts import largest_tokens
 from proxy.logs import RequestLog
 from proxy.metrics import Metrics
+from proxy.pricing import FREE
 from proxy.ratelimit_headers import format_reset
 from proxy.request_ids import new_request_id
 from proxy.routing.dispatcher import Dispatcher
 from proxy.routing.settlement import Settler
+from proxy.spend import Owner, Spend
 from proxy.telemetry import Telemetry
 
 __all__ = ["Pipeline"]
@@ -78,12 +82,15 @@ class Pipeline:
         runtime_keys: RuntimeLookup | None = None,
         key_store: KeyStore | None = None,
         catalog: Catalog | None = None,
+        ledger: Ledger | None = None,
     ) -> None:
         """``previous``: the pipeline a reload replaces; what this process learned while
         it ran (routing averages, limits its upstreams announced) carries over, and so do
         the keys of the admin API (``runtime_keys``). ``key_store``: the config's keys
-        indexed beforehand, ``catalog`` built beforehand (a reload does both in a thread)."""
+        indexed beforehand, ``catalog`` built beforehand (a reload does both in a thread).
+        ``ledger``: where spend is reported (a reload keeps the previous pipeline's)."""
         self.settings = settings
+        self.ledger: Ledger = ledger or (previous.ledger if previous else MemoryLedger())
         self.catalog = catalog or Catalog(settings, share)
         runtime = runtime_keys
         if runtime is None and previous is not None:
@@ -174,6 +181,8 @@ class Pipeline:
                 call.body, endpoint, self.settings.server.default_max_tokens
             )
             limits = self.keys.limits(key, self.catalog.key_limits)
+            if limits is not None and limits.quotas:
+                self._reserve_budget(call, endpoint, group)
             if limits is not None:
                 key_check = self._check_key(call, limits, shadow=key is not None and key.shadow)
                 settlement = self._key_settlement(call, limits, key_check)
@@ -252,7 +261,7 @@ class Pipeline:
         """The key's verdict to come (the dispatcher's gate): given at once when the
         limiter can (in memory, or a lease's), else asked together with the first
         reservation, one Redis round trip for both."""
-        ask = KeyAsk(limits, call.request_id, float(call.estimate))
+        ask = KeyAsk(limits, call.request_id, float(call.estimate), call.reserved, call.model)
         verdict = self.limiter.acquire_key_now(ask)
         if verdict is None:
             return asyncio.ensure_future(self._acquire_key(call, ask, shadow))
@@ -272,6 +281,8 @@ class Pipeline:
         the key's windows keep counting exactly what enforcing them would let through."""
         limits = ask.limits
         call.key_verdict = verdict  # its x-ratelimit-* go on the answer, 429s included
+        for budget, left in verdict.budgets:
+            self.telemetry.budget_left(limits.name, budget.name, left.remaining)
         if verdict.allowed:
             return verdict
         code = verdict.code or "rate_limited"
@@ -294,7 +305,8 @@ class Pipeline:
         def settlement() -> KeySettlement | None:
             """What to give back once the key check is over (None: nothing was taken,
             it was refused or never answered)."""
-            if _granted(key_check) is None:
+            granted = _granted(key_check)
+            if granted is None:
                 return None
             # Unknown usage (an error, no usage in a buffered answer) refunds the whole
             # estimate; a stream without usage is charged at least it (charged_tokens).
@@ -302,7 +314,18 @@ class Pipeline:
             if used > call.estimate:  # a count no request could use: the most one could
                 used = min(used, largest_tokens(limits.windows))
             correction = used - call.estimate
-            return KeySettlement(limits, call.request_id, float(correction))
+            if not call.reserved:
+                return KeySettlement(limits, call.request_id, float(correction))
+            price = self.catalog.prices.get(call.deployment or "", FREE)
+            real = budgets.settled_cost(call, price)
+            return KeySettlement(
+                limits,
+                call.request_id,
+                float(correction),
+                budgets.correction(real, call.reserved),
+                call.model,
+                granted.at,
+            )
 
         async def release() -> None:
             if not key_check.done():  # it is, once an answer came: spares asyncio.wait
@@ -319,6 +342,21 @@ class Pipeline:
 
         return Settlement(release, release_soon)
 
+    def _reserve_budget(self, call: Call, endpoint: str, group: GroupRoute) -> None:
+        """What the key's budgets reserve for this request (an upper bound of its cost);
+        a request without an output cap goes with the one it was reserved for."""
+        reservation = budgets.reservation(
+            call.body,
+            call.raw,
+            endpoint,
+            self.settings.server.default_max_tokens,
+            self.catalog.dearest.get(group.name, FREE),
+        )
+        call.reserved = dict(reservation.cost)
+        if reservation.cap is not None:
+            call.body["max_tokens"] = reservation.cap
+            call.raw = set_fields(call.raw, {"max_tokens": reservation.cap})
+
     def _settle_soon(self, settlement: Settlement) -> None:
         if not settlement.settle_soon():
             self.background.run(settlement.settle())
@@ -330,6 +368,7 @@ class Pipeline:
 
     def _finish(self, call: Call, status: int, ended: float | None = None) -> None:
         duration = (ended or time.perf_counter()) - call.started
+        cost = self._spent(call)
         self.telemetry.request_finished(
             RequestLog(
                 request_id=call.request_id,
@@ -344,9 +383,27 @@ class Pipeline:
                 retries=call.retries,
                 error_code=call.error_code,
                 shadow_rejection=call.shadow_rejection,
+                cost_usd=cost,
             ),
             duration,
         )
+
+    def _spent(self, call: Call) -> float | None:
+        """The request's dollars, counted (metric) and reported (ledger) once its usage
+        is known: to the period its key's check was in (a stream that ends after
+        midnight is the day before's); None when no usage was reported."""
+        usage = budgets.usage_of(call)
+        if usage is None or call.deployment is None:
+            return None
+        price = self.catalog.prices.get(call.deployment, FREE)
+        cost = budgets.cost_usd(call, price) or 0.0
+        key, team = call.key_name or "", ""
+        self.telemetry.spent(key, team, call.model, cost)
+        verdict = call.key_verdict
+        started = verdict.at if verdict is not None and verdict.at else time.time()
+        spend = Spend(cost, usage.input_tokens, usage.output_tokens)
+        self.ledger.add(Owner(key, team, call.model), spend, started)
+        return cost if price != FREE else None
 
 
 def _granted(key_check: asyncio.Future[KeyVerdict] | None) -> KeyVerdict | None:
@@ -393,6 +450,8 @@ def _timing_headers(call: Call) -> dict[str, str]:
 
 def _refusal_message(verdict: KeyVerdict) -> str:
     """What refused, its limit and when it frees, in words."""
+    if verdict.budget is not None:
+        return budgets.refusal_message(verdict)
     if verdict.code == "key_parallel" or verdict.window is None:
         return "Too many parallel requests on this key."
     window = verdict.window

@@ -9,6 +9,8 @@ dollars over one).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from proxy.costs import TokenUsage
 from proxy.values import value
 
@@ -52,10 +54,21 @@ def bound(price: Price, input_tokens: float, output_tokens: float) -> float:
     """The most a request of at most ``input_tokens`` in and ``output_tokens`` out can
     cost at ``price``: each input token at the dearest input price (a budget's
     reservation must bound the real cost, whatever the cache does)."""
-    dearest = max(
-        price.input,
-        price._or_input(price.cached_input),
-        price._or_input(price.cache_write),
-        price._or_input(price.cache_read),
-    )
-    return (input_tokens * dearest + output_tokens * price.output) / PER
+    top = max((price.input, *(c for c in _caches(price) if c is not None)))
+    return (input_tokens * top + output_tokens * price.output) / PER
+
+
+def dearest(prices: Iterable[Price]) -> Price:
+    """A price at least every one of ``prices`` for every kind of token (what a
+    reservation made before the deployment is known must use)."""
+    top = FREE
+    for p in prices:
+        top = Price(
+            input=max((top.input, p.input, *(c for c in _caches(p) if c is not None))),
+            output=max(top.output, p.output),
+        )
+    return top
+
+
+def _caches(price: Price) -> tuple[float | None, ...]:
+    return (price.cached_input, price.cache_read, price.cache_write)

@@ -33,6 +33,13 @@ class Telemetry:
         self.metrics.request_finished(line.model, line.status, duration)
         log_request(line)
 
+    def spent(self, key: str, team: str, model: str, usd: float) -> None:
+        self.metrics.spend(key, team, model, usd)
+
+    def budget_left(self, key: str, budget: str, remaining: float) -> None:
+        """What a key's budget had left at its latest check."""
+        self.metrics.set_key_budget_remaining(key, budget, remaining)
+
     # -- routing.events.Events ---------------------------------------------------------
 
     def attempt_started(self, attempt: Attempt) -> None:

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.costs import TokenUsage
-from proxy.pricing import FREE, Price, bound, usd
+from proxy.pricing import FREE, Price, bound, dearest, usd
 
 GPT_4O = Price(input=2.50, cached_input=1.25, output=10.00)
 SONNET = Price(input=3.00, output=15.00, cache_read=0.30, cache_write=3.75)
@@ -46,7 +46,7 @@ def test_cache_counts_beyond_the_input_are_not_charged_twice() -> None:
 counts = st.integers(min_value=0, max_value=10**7)
 
 
-@given(counts, counts, counts, counts, counts, st.sampled_from([GPT_4O, SONNET]))
+@given(counts, counts, counts, counts, counts, st.sampled_from([GPT_4O, SONNET, FREE]))
 def test_the_bound_covers_any_usage_within_the_token_bounds(
     plain: int, cached: int, written: int, read: int, output: int, price: Price
 ) -> None:
@@ -59,3 +59,9 @@ def test_the_bound_covers_any_usage_within_the_token_bounds(
     )
     prompt = plain + cached + written + read
     assert usd(price, usage) <= bound(price, prompt, output) * (1 + 1e-12)
+
+
+def test_the_dearest_price_covers_each_kind_of_token() -> None:
+    top = dearest([GPT_4O, SONNET, FREE])
+    assert (top.input, top.output) == (3.75, 15.0)
+    assert dearest([]) == FREE

@@ -178,11 +178,15 @@ def share_windows(windows: Sequence[Window], replicas: int, tokens: float) -> tu
 
 
 def share_key(limits: KeyLimits, replicas: int, tokens: float) -> KeyLimits:
+    """The key's windows and slots shared, and its budgets: each replica may spend its
+    part of what a period allows (its local spend starts from nothing: what the shared
+    storage counted is out of reach while it is down)."""
     parallel = limits.max_parallel
     return replace(
         limits,
         windows=share_windows(limits.windows, replicas, tokens),
         max_parallel=None if parallel is None else max(1, parallel // replicas),
+        quotas=tuple(replace(q, limit=q.limit / max(1, replicas)) for q in limits.quotas),
     )
 
 
@@ -252,6 +256,11 @@ class ResilientLimiter:
         self._last_failure: BaseException | None = None
 
     # -- health ----------------------------------------------------------------------
+
+    @property
+    def shared(self) -> RedisLimiter:
+        """The shared limiter (its storage also keeps the spend report: ledger.py)."""
+        return self._shared
 
     @property
     def mode(self) -> LimiterMode:

@@ -116,6 +116,11 @@ class RedisLimiter:
         self._clock = clock
 
     @property
+    def prefix(self) -> str:
+        """What every key of this limiter's starts with (the schema's prefix)."""
+        return self._prefix
+
+    @property
     def is_cluster(self) -> bool | None:
         """True/False once known (after the first operation), None before."""
         return self.runner.is_cluster

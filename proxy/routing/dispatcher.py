@@ -27,6 +27,7 @@ from dataclasses import replace
 import httpx
 
 from proxy import tokens
+from proxy.budgets import COST_HEADER, cost_usd, format_usd
 from proxy.call import Call, ClientLeft, Reply
 from proxy.catalog import Catalog, DeploymentRoute, GroupRoute
 from proxy.config import Settings
@@ -39,6 +40,7 @@ from proxy.errors import (
     UpstreamError,
 )
 from proxy.limiter.base import NEUTRAL, SUCCESS, Activity, GroupAsk, Limiter, Outcome
+from proxy.pricing import FREE
 from proxy.routing.activity import Tally
 from proxy.routing.events import Attempt, Events
 from proxy.routing.lines import Line, Lines, Ticket, turn_spacing
@@ -569,6 +571,12 @@ class Dispatcher:
                 logger.warning("%s (%s)", shaped.message, content_type or "no content-type")
                 raise Retryable(shaped)
             raise shaped
+        if status == 200 and deployment.price != FREE:  # its cost is known: said at once
+            call.prompt_tokens, call.completion_tokens = usage_of_body(content)
+            call.usage_read = True
+            cost = cost_usd(call, deployment.price)
+            if cost is not None:
+                headers[COST_HEADER] = format_usd(cost)
         asyncio.get_running_loop().call_soon(self._answered, call, turn, attempt, status, content)
         headers.setdefault("content-type", "application/json")
         return Reply(status=status, headers=headers, body=content)
@@ -588,7 +596,7 @@ class Dispatcher:
         self, call: Call, turn: Turn, attempt: Attempt, status: int, content: bytes
     ) -> None:
         """A buffered answer was forwarded: usage, events, settlement."""
-        if status == 200:
+        if status == 200 and not call.usage_read:
             call.prompt_tokens, call.completion_tokens = usage_of_body(content)
         real = call.real_tokens()
         self._ended(

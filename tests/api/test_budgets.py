@@ -1,0 +1,180 @@
+"""Budgets in dollars and tokens through a real proxy, with the in-memory limiter and a
+real Redis: never exceeded by concurrency, refused with the budget's code until the
+reset, every priced answer's cost said, counted and reported alike."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from support.proxy_server import ProxyInThread, settings_from
+
+from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
+
+KEY = "sk-budgeted"
+ADMIN = "admin-secret"
+HEADERS = {"authorization": f"Bearer {KEY}"}
+OUTPUT = 100  # tokens every answer holds (the fake upstream's completion length)
+# Output dominates: a request's reservation (its body's bytes at the input price plus
+# its cap at the output price) is close to its real cost, ~0.1 USD.
+PRICE = {"input": 1.0, "output": 1000.0}
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": OUTPUT}
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[FakeUpstreamHandle]:
+    with run_in_thread(FakeUpstreamConfig(port=0, completion_tokens=OUTPUT)) as handle:
+        yield handle
+
+
+@pytest.fixture(params=["memory", "redis"])
+def redis(request: pytest.FixtureRequest) -> str:
+    return "" if request.param == "memory" else str(request.getfixturevalue("redis_url"))
+
+
+def config(upstream: FakeUpstreamHandle, redis: str, **key: Any) -> dict[str, Any]:
+    return {
+        "redis": {"url": redis},
+        "keys": [{"name": "alice", "key": KEY, **key}],
+        "models": [
+            {
+                "name": "m",
+                "price": PRICE,
+                "deployments": [{"id": "d1", "base_url": upstream.base_url}],
+            }
+        ],
+        "routing": {"retries": 0},
+        "server": {"default_max_tokens": 50},
+        "admin": {"keys": [ADMIN]},
+    }
+
+
+def priced(answer: dict[str, Any]) -> float:
+    usage = answer["usage"]
+    return (usage["prompt_tokens"] * PRICE["input"] + usage["completion_tokens"] * 1000.0) / 1e6
+
+
+async def burst(url: str, n: int, body: dict[str, Any] = CHAT) -> list[httpx.Response]:
+    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=n)) as client:
+        return await asyncio.gather(
+            *(client.post(f"{url}/chat/completions", json=body, headers=HEADERS) for _ in range(n))
+        )
+
+
+def spend_report(proxy: ProxyInThread, **query: str) -> httpx.Response:
+    proxy.settled()
+    return httpx.get(
+        f"{proxy.url}/admin/spend",
+        params=query,
+        headers={"authorization": f"Bearer {ADMIN}"},
+        timeout=10,
+    )
+
+
+def metric(proxy: ProxyInThread, name: str, labels: str) -> float:
+    text = httpx.get(f"{proxy.url}/metrics", timeout=5).text
+    match = re.search(rf"^{name}\{{{labels}\}} (\S+)$", text, re.M)
+    assert match is not None, f"no series {name}{{{labels}}}"
+    return float(match.group(1))
+
+
+def test_sixty_at_once_then_one_by_one_never_pass_the_budget_and_reach_it(
+    upstream: FakeUpstreamHandle, redis: str
+) -> None:
+    budget = 1.0  # about ten requests' cost
+    with ProxyInThread(
+        settings_from(config(upstream, redis, budgets=[{"usd": budget, "period": "month"}]))
+    ) as proxy:
+        answers = asyncio.run(burst(proxy.base_url, 60))
+        for _ in range(5):
+            proxy.settled()
+            answers += asyncio.run(burst(proxy.base_url, 1))
+        passed = [a for a in answers if a.status_code == 200]
+        refused = [a for a in answers if a.status_code != 200]
+        spent = sum(priced(a.json()) for a in passed)
+        one = priced(passed[0].json())
+        assert spent <= budget
+        assert spent >= budget - 2 * one
+        for a in refused:
+            assert a.status_code == 429
+            assert a.json()["error"]["code"] == "key_budget_usd_month"
+            assert "left" in a.json()["error"]["message"]
+            assert float(a.headers["retry-after"]) > 0
+        # Every answer's cost, said on it, is its usage priced.
+        for a in passed:
+            assert float(a.headers["x-llm-proxy-cost-usd"]) == pytest.approx(priced(a.json()))
+        # The metric and the report agree with the upstream's usage.
+        assert metric(proxy, "llmproxy_spend_usd_total", 'key="alice",model="m",team=""') == (
+            pytest.approx(spent)
+        )
+        report = spend_report(proxy).json()
+        [row] = report["current"]["spend"]
+        assert (row["key"], row["team"], row["model"]) == ("alice", "", "m")
+        assert row["usd"] == pytest.approx(spent)
+        assert row["requests"] == len(passed)
+        assert row["output_tokens"] == OUTPUT * len(passed)
+        assert report["current"]["total_usd"] == pytest.approx(spent)
+
+
+def test_a_request_without_a_cap_is_sent_with_the_one_it_reserved(
+    upstream: FakeUpstreamHandle,
+) -> None:
+    uncapped = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    key = {"budgets": [{"tokens": 1_000_000, "period": "day"}]}
+    with ProxyInThread(settings_from(config(upstream, "", **key))) as proxy:
+        [answer] = asyncio.run(burst(proxy.base_url, 1, uncapped))
+    assert answer.status_code == 200
+    assert answer.json()["usage"]["completion_tokens"] == 50  # server.default_max_tokens
+
+
+def test_a_token_budget_refuses_with_its_code(upstream: FakeUpstreamHandle, redis: str) -> None:
+    key = {"budgets": [{"tokens": 300, "period": "day"}]}
+    with ProxyInThread(settings_from(config(upstream, redis, **key))) as proxy:
+        first = asyncio.run(burst(proxy.base_url, 1))[0]
+        proxy.settled()
+        answers = asyncio.run(burst(proxy.base_url, 3))
+    assert first.status_code == 200
+    codes = {a.json()["error"]["code"] for a in answers if a.status_code == 429}
+    assert codes == {"key_budget_tokens_day"}
+
+
+def test_a_budget_scoped_to_other_models_does_not_count_this_one(
+    upstream: FakeUpstreamHandle,
+) -> None:
+    data = config(upstream, "", budgets=[{"usd": 0.0001, "period": "day", "models": ["other"]}])
+    data["models"].append(
+        {"name": "other", "deployments": [{"id": "d2", "base_url": upstream.base_url}]}
+    )
+    with ProxyInThread(settings_from(data)) as proxy:
+        answers = asyncio.run(burst(proxy.base_url, 3))
+    assert [a.status_code for a in answers] == [200, 200, 200]
+
+
+def test_a_shadow_key_s_budget_is_counted_not_enforced(upstream: FakeUpstreamHandle) -> None:
+    key = {"shadow": True, "budgets": [{"usd": 0.25, "period": "week"}]}
+    with ProxyInThread(settings_from(config(upstream, "", **key))) as proxy:
+        answers = asyncio.run(burst(proxy.base_url, 5))
+        assert [a.status_code for a in answers] == [200] * 5
+        count = metric(
+            proxy, "llmproxy_shadow_rejections_total", 'key="alice",limit="key_budget_usd_week"'
+        )
+    assert count == 3  # two fit in 0.25 USD
+
+
+def test_the_spend_report_as_csv(upstream: FakeUpstreamHandle) -> None:
+    with ProxyInThread(settings_from(config(upstream, ""))) as proxy:
+        answers = asyncio.run(burst(proxy.base_url, 2))
+        answer = spend_report(proxy, format="csv", period="day")
+        bad = spend_report(proxy, period="year")
+    assert answer.status_code == 200
+    assert answer.headers["content-type"].startswith("text/csv")
+    rows = list(csv.DictReader(io.StringIO(answer.text)))
+    assert [(r["key"], r["model"], r["requests"]) for r in rows] == [("alice", "m", "2")]
+    assert float(rows[0]["usd"]) == pytest.approx(sum(priced(a.json()) for a in answers))
+    assert bad.status_code == 400
