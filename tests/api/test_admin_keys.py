@@ -1,8 +1,8 @@
 """``/admin/keys`` through a real proxy (in this process, the in-memory key store) and the
 real fake upstream, with the OpenAI SDK as the client: a created key answers at once, with
 its limits, allow-list and priority; revoked, 401; rotated, the old secret works for its
-grace only; expired, 401; config keys are listed and cannot be changed; ``team`` and
-``budgets`` are refused by name; every operation is a log line and a metric, never the
+grace only; expired, 401; config keys are listed and cannot be changed; ``team`` is
+refused by name; ``budgets`` apply at once; every operation is a log line and a metric, never the
 secret."""
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ def test_a_config_keys_entry_shows_every_field_it_sets(upstream: FakeUpstreamHan
     ("body", "param"),
     [
         ({"name": "t", "team": "research"}, "team"),
-        ({"name": "t", "budgets": [{"usd": 5, "period": "month"}]}, "budgets"),
+        ({"name": "t", "budgets": [{"usd": 5, "period": "year"}]}, "budgets.0.period"),
         ({"name": "t", "key": "sk-mine"}, "key"),
         ({"name": "t", "rpm": "many"}, "rpm"),
         ({"name": "t", "models": ["no-such-model"]}, "models"),

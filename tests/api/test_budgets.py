@@ -178,3 +178,22 @@ def test_the_spend_report_as_csv(upstream: FakeUpstreamHandle) -> None:
     assert [(r["key"], r["model"], r["requests"]) for r in rows] == [("alice", "m", "2")]
     assert float(rows[0]["usd"]) == pytest.approx(sum(priced(a.json()) for a in answers))
     assert bad.status_code == 400
+
+
+def test_a_key_made_through_the_admin_api_has_its_budgets(upstream: FakeUpstreamHandle) -> None:
+    with ProxyInThread(settings_from(config(upstream, ""))) as proxy:
+        made = httpx.post(
+            f"{proxy.url}/admin/keys",
+            json={"name": "bob", "budgets": [{"requests": 2, "period": "day"}]},
+            headers={"authorization": f"Bearer {ADMIN}"},
+            timeout=10,
+        )
+        assert made.status_code == 201, made.text
+        headers = {"authorization": f"Bearer {made.json()['key']}"}
+        codes = []
+        for _ in range(3):
+            answer = httpx.post(f"{proxy.base_url}/chat/completions", json=CHAT, headers=headers)
+            codes.append(answer.status_code)
+            proxy.settled()
+        assert codes == [200, 200, 429]
+        assert answer.json()["error"]["code"] == "key_budget_requests_day"
