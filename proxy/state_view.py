@@ -24,6 +24,7 @@ from proxy.limiter.base import (
     Window,
     window_name,
 )
+from proxy.limiter.quota import Quota, QuotaUsage
 
 if TYPE_CHECKING:  # types only: this module stays free of I/O imports
     from proxy.catalog import Catalog, DeploymentRoute
@@ -165,6 +166,7 @@ def _key(
     return {
         "name": name,
         "windows": _windows(windows, key.limit_rules(), s, now),
+        "budgets": budgets(s.budgets, now),
         "max_parallel": parallel,
         "slots_held": s.slots_held if parallel is not None else None,
         "in_flight": totals["in_flight_keys"].get(name, 0),
@@ -192,6 +194,23 @@ def _windows(
             "full_in": moment(s.reset.get(w.name, 0.0), now),
         }
         for w in windows
+    ]
+
+
+def budgets(left: Iterable[tuple[Quota, QuotaUsage]], now: float) -> list[Json]:
+    """A key's budgets like its windows: the period's quota, what is left, the reset."""
+    return [
+        {
+            "name": q.name,
+            "kind": q.kind,
+            "period": q.period,
+            "models": list(q.models) or None,
+            "limit": q.limit,
+            "spent": round(q.limit - u.remaining, 10),
+            "remaining": round(u.remaining, 10),
+            "resets": moment(u.reset, now),
+        }
+        for q, u in left
     ]
 
 

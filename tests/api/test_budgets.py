@@ -197,3 +197,27 @@ def test_a_key_made_through_the_admin_api_has_its_budgets(upstream: FakeUpstream
             proxy.settled()
         assert codes == [200, 200, 429]
         assert answer.json()["error"]["code"] == "key_budget_requests_day"
+
+
+def test_the_admin_state_and_page_show_what_is_left_and_when_it_resets(
+    upstream: FakeUpstreamHandle, redis: str
+) -> None:
+    key = {"rpm": 100, "budgets": [{"usd": 1.0, "period": "month"}]}
+    with ProxyInThread(settings_from(config(upstream, redis, **key))) as proxy:
+        [answer] = asyncio.run(burst(proxy.base_url, 1))
+        proxy.settled()
+        admin = {"authorization": f"Bearer {ADMIN}"}
+        state = httpx.get(f"{proxy.url}/admin/state", headers=admin, timeout=10).json()
+        page = httpx.get(f"{proxy.url}/admin", headers=admin, timeout=10).text
+    [alice] = state["keys"]
+    [budget] = alice["budgets"]
+    assert (budget["name"], budget["kind"], budget["period"]) == (
+        "budget_usd_month",
+        "usd",
+        "month",
+    )
+    assert budget["spent"] == pytest.approx(priced(answer.json()))
+    assert budget["remaining"] == pytest.approx(1.0 - priced(answer.json()))
+    assert budget["resets"]["at"].endswith("T00:00:00.000Z")
+    assert budget["resets"]["at"][8:10] == "01"  # the first of a month
+    assert 'data-budget="budget_usd_month"' in page and "resets" in page
