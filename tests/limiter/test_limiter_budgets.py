@@ -11,6 +11,7 @@ import asyncio
 import datetime as dt
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,7 +20,7 @@ from support.limits import Clock, patient
 
 from proxy.limiter.base import KeyAsk, KeyLimits, KeySettlement, Rate, Window
 from proxy.limiter.memory import MemoryLimiter
-from proxy.limiter.periods import PERIODS
+from proxy.limiter.periods import PERIODS, Period
 from proxy.limiter.quota import EMPTY, Quota, QuotaState, check, quota_name, settle
 
 
@@ -215,3 +216,50 @@ def test_concurrent_asks_never_reserve_past_the_budget(redis_url: str, backend: 
 
     allowed = asyncio.run(main())
     assert sum(allowed) == 13  # 13 x 0.75 = 9.75 <= 10 < 14 x 0.75
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+@pytest.mark.parametrize(
+    ("period", "boundary"),
+    [
+        ("day", at(2026, 11, 26)),  # end of day
+        ("week", at(2026, 11, 30)),  # Sunday -> Monday
+        ("month", NEW_YEAR),  # Dec 31 -> Jan 1
+        ("month", at(2028, 3, 1)),  # Feb 29 -> Mar 1 (leap year)
+        ("month", at(2027, 3, 1)),  # Feb 28 -> Mar 1
+    ],
+)
+def test_a_budget_returns_whole_at_the_boundary_and_a_late_answer_settles_its_own_period(
+    redis_url: str, backend: str, period: Period, boundary: float
+) -> None:
+    budget = Quota(quota_name("usd", period), "usd", 1.0, period)
+    key = KeyLimits("k", quotas=(budget,))
+    clock = Clock(boundary - 1.0)
+
+    async def main() -> list[Any]:
+        limiter: Any = (
+            MemoryLimiter(clock)
+            if backend == "memory"
+            else patient(redis_url, clock=clock, prefix=f"bb{uuid.uuid4().hex}")
+        )
+        seen: list[Any] = []
+        try:
+            first = await limiter.acquire_key(KeyAsk(key, "a", 0.0, {"usd": 0.75}))
+            seen.append(first.allowed)
+            seen.append((await limiter.acquire_key(KeyAsk(key, "b", 0.0, {"usd": 0.5}))).code)
+            clock.now = boundary  # the period turns while the first is in flight
+            third = await limiter.acquire_key(KeyAsk(key, "c", 0.0, {"usd": 0.5}))
+            seen.append(third.allowed)
+            # The first's answer: it cost 0.25 more than reserved, in its own period.
+            late = KeySettlement(key, "a", 0.0, {"usd": 0.25}, "", first.at)
+            await limiter.settle(late)
+            [(_, left)] = (await limiter.key_snapshot(key)).budgets
+            seen.append(left.remaining)
+        finally:
+            await limiter.aclose()
+        return seen
+
+    allowed, refusal, after, remaining = asyncio.run(main())
+    assert allowed and after
+    assert refusal == f"key_budget_usd_{period}"
+    assert remaining == 0.5  # the new period holds only the third's reservation
