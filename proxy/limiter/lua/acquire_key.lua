@@ -44,4 +44,4 @@ local reply = {outcome, tostring(bind), fmt(w), fmt(retry), parallel_full and '1
 append_states(reply, buckets)
 table.insert(reply, tostring(q_refused))
 table.insert(reply, fmt(q_retry))
-return append_quotas(reply, quotas)
+return append_pairs(reply, quotas, 'p', 's')

@@ -68,12 +68,9 @@ local function period_start(period, i)
   return days_from_civil(idiv(i, 12), i % 12 + 1, 1) * 86400
 end
 
+-- A missing key is quota.EMPTY: nothing spent.
 local function load_quota(key)
-  local v = redis.call('HMGET', key, 'p', 's')
-  if v[1] then
-    return tonumber(v[1]), tonumber(v[2])
-  end
-  return -1, 0.0
+  return load_pair(key, 'p', 's', -1, 0.0)
 end
 
 local function store_quota(key, q, now)
@@ -122,12 +119,4 @@ local function unchanged_quotas(quotas)
   for _, q in ipairs(quotas) do
     q.p, q.s = q.p0, q.s0
   end
-end
-
-local function append_quotas(reply, quotas)
-  for _, q in ipairs(quotas) do
-    table.insert(reply, fmt(q.p))
-    table.insert(reply, fmt(q.s))
-  end
-  return reply
 end
