@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+import logging
 import re
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from support.proxy_server import ProxyInThread, settings_from
 
@@ -29,7 +31,8 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_toke
 
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[FakeUpstreamHandle]:
-    with run_in_thread(FakeUpstreamConfig(port=0, completion_tokens=OUTPUT)) as handle:
+    config = FakeUpstreamConfig(port=0, completion_tokens=OUTPUT, chunk_delay=0.001)
+    with run_in_thread(config) as handle:
         yield handle
 
 
@@ -221,3 +224,39 @@ def test_the_admin_state_and_page_show_what_is_left_and_when_it_resets(
     assert budget["resets"]["at"].endswith("T00:00:00.000Z")
     assert budget["resets"]["at"][8:10] == "01"  # the first of a month
     assert 'data-budget="budget_usd_month"' in page and "resets" in page
+
+
+def test_a_stream_s_cost_is_logged_and_counted_when_it_ends(
+    upstream: FakeUpstreamHandle, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = {"budgets": [{"usd": 1.0, "period": "day"}]}
+    with (
+        caplog.at_level(logging.INFO, logger="proxy.access"),
+        ProxyInThread(settings_from(config(upstream, "", **key))) as proxy,
+    ):
+        client = openai.OpenAI(base_url=proxy.base_url, api_key=KEY, max_retries=0)
+        chunks = list(
+            client.chat.completions.create(
+                model="m",
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=OUTPUT,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+        usage = chunks[-1].usage
+        assert usage is not None
+        cost = (usage.prompt_tokens * PRICE["input"] + usage.completion_tokens * 1000.0) / 1e6
+        proxy.settled()
+        assert metric(proxy, "llmproxy_spend_usd_total", 'key="alice",model="m",team=""') == (
+            pytest.approx(cost)
+        )
+        [row] = spend_report(proxy, period="day").json()["current"]["spend"]
+        state = httpx.get(
+            f"{proxy.url}/admin/state", headers={"authorization": f"Bearer {ADMIN}"}, timeout=10
+        ).json()
+    logged = [r.cost_usd for r in caplog.records if r.name == "proxy.access"]
+    assert logged == [pytest.approx(cost)]
+    assert row["usd"] == pytest.approx(cost)
+    # Its reservation was settled to its real cost.
+    assert state["keys"][0]["budgets"][0]["spent"] == pytest.approx(cost)

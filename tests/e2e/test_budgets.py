@@ -30,7 +30,8 @@ HEADERS = {"authorization": f"Bearer {KEY}"}
 
 @pytest.fixture
 def upstream() -> Iterator[FakeUpstreamHandle]:
-    with run_in_thread(FakeUpstreamConfig(port=0, completion_tokens=OUTPUT)) as handle:
+    config = FakeUpstreamConfig(port=0, completion_tokens=OUTPUT, chunk_delay=0.001)
+    with run_in_thread(config) as handle:
         yield handle
 
 
