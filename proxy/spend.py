@@ -56,31 +56,53 @@ def parse_field(name: str) -> tuple[str, Owner] | None:
     return parts[0], Owner(parts[1], parts[2], parts[3])
 
 
+Totals = dict[tuple[Period, int], dict[str, float]]  # (period, index) -> field -> sum
+
+
 class Tally:
-    """Spend not yet written: per (period, index), per field name, the sum."""
+    """Spend summed per owner and UTC day: adding one is a dict lookup and four additions
+    (on every answered request); ``totals`` spreads the days over their periods."""
 
     def __init__(self) -> None:
-        self.totals: dict[tuple[Period, int], dict[str, float]] = {}
+        self.days: dict[tuple[Owner, int], list[float]] = {}
 
     def add(self, owner: Owner, spend: Spend, started: float) -> None:
-        for period in periods.PERIODS:
-            bucket = self.totals.setdefault((period, periods.index(period, started)), {})
-            for metric, amount in zip(FIELDS, spend.amounts(), strict=True):
-                if amount:
-                    name = field_name(metric, owner)
-                    bucket[name] = bucket.get(name, 0.0) + amount
+        slot = (owner, periods.index("day", started))
+        sums = self.days.get(slot)
+        if sums is None:
+            sums = self.days[slot] = [0.0] * len(FIELDS)
+        for i, amount in enumerate(spend.amounts()):
+            sums[i] += amount
 
-    def take(self) -> dict[tuple[Period, int], dict[str, float]]:
-        """Everything summed so far; the tally starts empty again."""
-        totals, self.totals = self.totals, {}
-        return totals
+    def totals(self) -> Totals:
+        """What the days sum to, per period (day, week, month) and field name."""
+        out: Totals = {}
+        for (owner, day), sums in self.days.items():
+            t = day * periods.DAY
+            for period in periods.PERIODS:
+                fields = out.setdefault((period, periods.index(period, t)), {})
+                for metric, amount in zip(FIELDS, sums, strict=True):
+                    if amount:
+                        name = field_name(metric, owner)
+                        fields[name] = fields.get(name, 0.0) + amount
+        return out
 
-    def merge(self, totals: Mapping[tuple[Period, int], Mapping[str, float]]) -> None:
+    def take(self) -> Tally:
+        """Everything summed so far, as a tally of its own; this one starts empty."""
+        taken = Tally()
+        taken.days, self.days = self.days, {}
+        return taken
+
+    def merge(self, other: Tally) -> None:
         """Put back what could not be written (added to whatever came since)."""
-        for slot, fields in totals.items():
-            bucket = self.totals.setdefault(slot, {})
-            for name, amount in fields.items():
-                bucket[name] = bucket.get(name, 0.0) + amount
+        for slot, sums in other.days.items():
+            mine = self.days.setdefault(slot, [0.0] * len(FIELDS))
+            for i, amount in enumerate(sums):
+                mine[i] += amount
+
+    def forget_before(self, day: int) -> None:
+        for slot in [s for s in self.days if s[1] < day]:
+            del self.days[slot]
 
 
 def rows(stored: Mapping[str, float]) -> list[dict[str, Any]]:

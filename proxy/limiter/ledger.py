@@ -51,28 +51,26 @@ class Ledger(Protocol):
 class MemoryLedger:
     """The totals in this process (no Redis)."""
 
-    def __init__(self, clock: Clock = time.time) -> None:
+    def __init__(self) -> None:
         self._tally = Tally()
-        self._clock = clock
+        self._today = -1
 
     def add(self, owner: Owner, spend: Spend, started: float) -> None:
         self._tally.add(owner, spend, started)
-        self._forget(started)
+        today = periods.index("day", started)
+        if today != self._today:  # once a day: days no report reads are forgotten
+            self._today = today
+            last_month = periods.index("month", started) - 1
+            self._tally.forget_before(int(periods.start("month", last_month) // periods.DAY))
 
     async def totals(self, period: Period, index: int) -> dict[str, float]:
-        return dict(self._tally.totals.get((period, index), {}))
+        return self._tally.totals().get((period, index), {})
 
     async def start(self) -> None:
         pass
 
     async def aclose(self) -> None:
         pass
-
-    def _forget(self, now: float) -> None:
-        """Periods older than the previous one are reported by nobody."""
-        for period, index in list(self._tally.totals):
-            if index < periods.index(period, now) - 1:
-                del self._tally.totals[(period, index)]
 
 
 class RedisLedger:
@@ -107,13 +105,13 @@ class RedisLedger:
 
     async def flush(self) -> None:
         """Write what is pending; on failure keep it for the next write."""
-        totals = self._pending.take()
-        if not totals:
+        taken = self._pending.take()
+        if not taken.days:
             return
         keys: list[str] = []
         args: list[str] = []
         now = self._clock()
-        for (period, index), fields in totals.items():
+        for (period, index), fields in taken.totals().items():
             keep = periods.start(period, index + 2) - now + KEEP_SLACK
             keys.append(self._key(period, index))
             args += [str(max(1000, int(keep * 1000))), str(len(fields))]
@@ -123,7 +121,7 @@ class RedisLedger:
             await self._runner.run("record_spend", keys, args, urgent=False)
         except Exception as exc:  # StorageError and the like: kept, tried again
             log.warning("spend report not written yet (kept for the next try): %s", exc)
-            self._pending.merge(totals)
+            self._pending.merge(taken)
 
     async def _loop(self) -> None:
         while True:
