@@ -11,8 +11,8 @@ from proxy.limiter import periods
 from proxy.spend import Owner, Spend, Tally, field_name, parse_field, report, to_csv
 
 
-def at(*fields: int) -> float:
-    return dt.datetime(*fields, tzinfo=dt.UTC).timestamp()  # type: ignore[misc]
+def at(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> float:
+    return dt.datetime(year, month, day, hour, minute, second, tzinfo=dt.UTC).timestamp()
 
 
 ALICE = Owner("alice", "research", "gpt-4o")

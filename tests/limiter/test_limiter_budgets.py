@@ -17,15 +17,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.limits import Clock, patient
+from support.ports import free_port
 
-from proxy.limiter.base import KeyAsk, KeyLimits, KeySettlement, Rate, Window
+from proxy.limiter.base import KeyAsk, KeyLimits, KeySettlement, LimiterUnavailable, Rate, Window
 from proxy.limiter.memory import MemoryLimiter
 from proxy.limiter.periods import PERIODS, Period
+from proxy.limiter.policy import OnError, ResilientLimiter
 from proxy.limiter.quota import EMPTY, Quota, QuotaState, check, quota_name, settle
+from proxy.limiter.redis import RedisLimiter
 
 
-def at(*fields: int) -> float:
-    return dt.datetime(*fields, tzinfo=dt.UTC).timestamp()  # type: ignore[misc]
+def at(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> float:
+    return dt.datetime(year, month, day, hour, minute, second, tzinfo=dt.UTC).timestamp()
 
 
 USD_MONTH = Quota(quota_name("usd", "month"), "usd", 10.0, "month")
@@ -263,3 +266,36 @@ def test_a_budget_returns_whole_at_the_boundary_and_a_late_answer_settles_its_ow
     assert allowed and after
     assert refusal == f"key_budget_usd_{period}"
     assert remaining == 0.5  # the new period holds only the third's reservation
+
+
+@pytest.mark.parametrize("on_error", ["local", "reject"])
+def test_with_redis_down_a_budget_follows_on_error(on_error: OnError) -> None:
+    """``local``: each replica may spend its share of the budget (here one of two
+    replicas: half); ``reject``: no verdict (the HTTP layer answers 503)."""
+    key = KeyLimits("k", quotas=(USD_MONTH,))
+
+    async def main() -> list[object]:
+        nothing_there = RedisLimiter(f"redis://127.0.0.1:{free_port()}", op_timeout=0.2)
+        limiter = ResilientLimiter(
+            nothing_there,
+            on_error=on_error,
+            replica_id="a",
+            initial_replicas=2,
+        )
+        seen: list[object] = []
+        try:
+            for _ in range(3):
+                try:
+                    verdict = await limiter.acquire_key(KeyAsk(key, "l", 0.0, {"usd": 2.0}))
+                    seen.append(verdict.allowed)
+                except LimiterUnavailable:
+                    seen.append("unavailable")
+        finally:
+            await limiter.aclose()
+        return seen
+
+    seen = asyncio.run(main())
+    if on_error == "local":
+        assert seen == [True, True, False]  # 2 + 2 <= 5, the half of 10
+    else:
+        assert seen == ["unavailable"] * 3

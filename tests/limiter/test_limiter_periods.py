@@ -20,8 +20,8 @@ from proxy.limiter.periods import (
 )
 
 
-def at(*fields: int) -> float:
-    return dt.datetime(*fields, tzinfo=dt.UTC).timestamp()  # type: ignore[misc]
+def at(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> float:
+    return dt.datetime(year, month, day, hour, minute, second, tzinfo=dt.UTC).timestamp()
 
 
 @pytest.mark.parametrize(
