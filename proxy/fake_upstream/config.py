@@ -27,6 +27,10 @@ RUNTIME_FIELDS: frozenset[str] = frozenset(
         "latency",
         "rpm",
         "tpm",
+        "itpm",
+        "otpm",
+        "cache_read_tokens",
+        "cache_write_tokens",
         "window",
         "quantum",
         "ratelimit_headers",
@@ -36,6 +40,7 @@ RUNTIME_FIELDS: frozenset[str] = frozenset(
         "hang_rate",
         "drop_rate",
         "fail_after_chunks",
+        "error_after_chunks",
         "stream_chunks",
         "chunk_delay",
         "completion_tokens",
@@ -62,6 +67,11 @@ class FakeUpstreamConfig:
     completion_tokens: int = 16
     rpm: int | None = None
     tpm: int | None = None
+    # Input and output tokens per window, apart (Anthropic's ITPM / OTPM), on every API:
+    # input counts uncached input and cache writes, not cache reads; output is checked
+    # against the request's max tokens at admission and counts the tokens produced.
+    itpm: int | None = None
+    otpm: int | None = None
     window: float = 60.0
     # Limits also enforced over every `quantum` seconds, pro rata (OpenAI's "quantized"
     # limits: 60,000 a minute may be enforced as 1,000 a second). None: off.
@@ -76,6 +86,10 @@ class FakeUpstreamConfig:
     hang_rate: float = 0.0
     drop_rate: float = 0.0
     fail_after_chunks: int = 0
+    # End every stream after K events with the API's in-stream error (chat: an `error`
+    # chunk; Responses: `response.failed`; Messages: `event: error`, overloaded_error),
+    # the body complete. 0: off.
+    error_after_chunks: int = 0
     seed: int | None = None
     api_key: str | None = None
     models: tuple[str, ...] = field(default=DEFAULT_MODELS)
@@ -84,6 +98,10 @@ class FakeUpstreamConfig:
     azure: bool = False
     azure_api_versions: tuple[str, ...] = field(default=DEFAULT_API_VERSIONS)
     embedding_dims: int = 8
+    # Input tokens every answer reports as read from / written to a prompt cache (Responses:
+    # `cached_tokens`, at most the input; Messages: the cache counts, on top of the input).
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
     access_log: bool = False
     _latency_range: tuple[float, float] = field(init=False, repr=False, compare=False)
 
@@ -93,6 +111,8 @@ class FakeUpstreamConfig:
         self._latency_range = (low_high[0], low_high[1])
         self.rpm = _optional_limit("rpm", self.rpm)
         self.tpm = _optional_limit("tpm", self.tpm)
+        self.itpm = _optional_limit("itpm", self.itpm)
+        self.otpm = _optional_limit("otpm", self.otpm)
         self.models = tuple(self.models)
         self.azure_api_versions = tuple(self.azure_api_versions)
         _validate(self)
@@ -125,6 +145,8 @@ class FakeUpstreamConfig:
         parts = [
             f"rpm={self.rpm or 'off'}",
             f"tpm={self.tpm or 'off'}",
+            *([f"itpm={self.itpm}"] if self.itpm else []),
+            *([f"otpm={self.otpm}"] if self.otpm else []),
             f"window={self.window:g}s",
             *([f"quantum={self.quantum:g}s"] if self.quantum else []),
             f"latency={latency}",
@@ -136,6 +158,7 @@ class FakeUpstreamConfig:
             "hang_rate": self.hang_rate,
             "drop_rate": self.drop_rate,
             "fail_after_chunks": self.fail_after_chunks,
+            "error_after_chunks": self.error_after_chunks,
         }
         parts.extend(f"{name}={value:g}" for name, value in faults.items() if value)
         if self.api_key is not None:
@@ -179,12 +202,22 @@ def _optional_limit(name: str, value: int | None) -> int | None:
 
 
 def _validate(config: FakeUpstreamConfig) -> None:
-    for name in ("port", "stream_chunks", "completion_tokens", "fail_after_chunks"):
+    for name in (
+        "port",
+        "stream_chunks",
+        "completion_tokens",
+        "fail_after_chunks",
+        "error_after_chunks",
+    ):
         _require(_is_int(getattr(config, name)), f"{name} must be an integer")
+    for name in ("cache_read_tokens", "cache_write_tokens"):
+        value = getattr(config, name)
+        _require(_is_int(value) and value >= 0, f"{name} must be an integer >= 0")
     _require(0 <= config.port <= 65535, "port must be in 0..65535")
     _require(config.stream_chunks >= 1, "stream_chunks must be >= 1")
     _require(config.completion_tokens >= 1, "completion_tokens must be >= 1")
     _require(config.fail_after_chunks >= 0, "fail_after_chunks must be >= 0 (0 = off)")
+    _require(config.error_after_chunks >= 0, "error_after_chunks must be >= 0 (0 = off)")
     _require(_is_number(config.window) and config.window > 0, "window must be > 0")
     _require(
         config.quantum is None
