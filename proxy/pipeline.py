@@ -261,7 +261,13 @@ class Pipeline:
         """The key's verdict to come (the dispatcher's gate): given at once when the
         limiter can (in memory, or a lease's), else asked together with the first
         reservation, one Redis round trip for both."""
-        ask = KeyAsk(limits, call.request_id, float(call.estimate), call.reserved, call.model)
+        ask = KeyAsk(
+            limits,
+            call.request_id,
+            float(call.estimate),
+            budget_cost=call.reserved,
+            model=call.model,
+        )
         verdict = self.limiter.acquire_key_now(ask)
         if verdict is None:
             return asyncio.ensure_future(self._acquire_key(call, ask, shadow))
@@ -322,9 +328,9 @@ class Pipeline:
                 limits,
                 call.request_id,
                 float(correction),
-                budgets.correction(real, call.reserved),
-                call.model,
-                granted.at,
+                budget_cost=budgets.correction(real, call.reserved),
+                model=call.model,
+                started=granted.at,
             )
 
         async def release() -> None:

@@ -213,12 +213,13 @@ class Usage:
 @value
 class KeyAsk:
     """May the key send one request of ``tokens``? ``lease`` names its parallel slot.
-    ``cost`` (kind -> amount: an upper bound) and ``model`` are what its budgets charge."""
+    ``budget_cost`` (kind -> amount: an upper bound of the request's cost) and ``model``
+    are what its budgets charge (quota.py)."""
 
     limits: KeyLimits
     lease: str
     tokens: float
-    cost: Mapping[str, float] = field(default_factory=dict)
+    budget_cost: Mapping[str, float] = field(default_factory=dict)
     model: str = ""
 
 
@@ -260,13 +261,13 @@ class Remaining:
 @value
 class KeySettlement:
     """Free the key's parallel slot ``lease``; add ``tokens`` (real minus estimated;
-    negative refunds) to its token windows, and ``cost`` (kind -> real minus reserved)
-    to its budgets' periods that ``started`` (the verdict's ``at``) falls in."""
+    negative refunds) to its token windows, and ``budget_cost`` (kind -> real minus
+    reserved) to its budgets' periods that ``started`` (the verdict's ``at``) falls in."""
 
     limits: KeyLimits
     lease: str
     tokens: float = 0.0
-    cost: Mapping[str, float] = field(default_factory=dict)
+    budget_cost: Mapping[str, float] = field(default_factory=dict)
     model: str = ""
     started: float = 0.0
 

@@ -229,7 +229,7 @@ class MemoryLimiter:
         wall = self._wall() if quotas else now
         before = [self._quota(limits.name, q) for q in quotas]
         charged, budget = quota.check(
-            quotas, before, quota_costs(limits, ask.cost, ask.model), wall
+            quotas, before, quota_costs(limits, ask.budget_cost, ask.model), wall
         )
         parallel_full = False
         if decision.allowed and budget.allowed and limits.max_parallel is not None:
@@ -402,7 +402,9 @@ class MemoryLimiter:
         self._leases.release(s.limits.name, s.lease)
         for spend in corrections(s.limits.windows, 0.0, s.tokens):
             self._adjust(_key_bucket(s.limits.name, spend.window), spend, now)
-        for q, units in zip(s.limits.quotas, quota_costs(s.limits, s.cost, s.model), strict=True):
+        for q, units in zip(
+            s.limits.quotas, quota_costs(s.limits, s.budget_cost, s.model), strict=True
+        ):
             if units != 0:
                 settled = quota.settle(self._quota(s.limits.name, q), q, s.started, units)
                 if settled is not None:

@@ -148,7 +148,7 @@ class RedisLimiter:
         ]
         for s in spent:
             args += [_num(s.rate.interval), _num(s.capacity), _num(s.amount)]
-        for q, cost in zip(quotas, quota_costs(limits, ask.cost, ask.model), strict=True):
+        for q, cost in zip(quotas, quota_costs(limits, ask.budget_cost, ask.model), strict=True):
             args += [q.period, _num(q.limit), _num(cost)]
         keys = [
             self._key(limits.name, "leases"),
@@ -427,7 +427,9 @@ class RedisLimiter:
             return None
         keys: list[str] = []
         args = [self._now()]
-        for q, units in zip(limits.quotas, quota_costs(limits, s.cost, s.model), strict=True):
+        for q, units in zip(
+            limits.quotas, quota_costs(limits, s.budget_cost, s.model), strict=True
+        ):
             if units != 0:
                 keys.append(self._key(limits.name, q.name))
                 args += [q.period, _num(s.started), _num(units)]

@@ -154,7 +154,7 @@ async def run_both(url: str, key: KeyLimits, start: float, sequence: list[Op]) -
                 clock.now += op.seconds
             elif isinstance(op, Ask):
                 cost = {"usd": op.usd, "tokens": op.tokens, "requests": 1.0}
-                ask = KeyAsk(key, f"lease{op.lease}", op.tokens, cost, op.model)
+                ask = KeyAsk(key, f"lease{op.lease}", op.tokens, budget_cost=cost, model=op.model)
                 want = memory.acquire_key_now(ask)
                 assert await shared.acquire_key(ask) == want, (step, op)
                 if want.allowed:
@@ -164,9 +164,9 @@ async def run_both(url: str, key: KeyLimits, start: float, sequence: list[Op]) -
                     key,
                     f"lease{op.lease}",
                     op.tokens,
-                    {"usd": op.usd, "tokens": op.tokens},
-                    op.model,
-                    started.get(op.lease, clock.now),
+                    budget_cost={"usd": op.usd, "tokens": op.tokens},
+                    model=op.model,
+                    started=started.get(op.lease, clock.now),
                 )
                 await shared.settle(s)
                 memory.settle_now(s)
@@ -210,7 +210,7 @@ def test_concurrent_asks_never_reserve_past_the_budget(redis_url: str, backend: 
             if backend == "memory"
             else patient(redis_url, prefix=f"bc{uuid.uuid4().hex}")
         )
-        asks = [KeyAsk(key, f"l{i}", 0.0, {"usd": 0.75}) for i in range(40)]
+        asks = [KeyAsk(key, f"l{i}", 0.0, budget_cost={"usd": 0.75}) for i in range(40)]
         try:
             verdicts = await asyncio.gather(*(limiter.acquire_key(a) for a in asks))
         finally:
@@ -247,14 +247,16 @@ def test_a_budget_returns_whole_at_the_boundary_and_a_late_answer_settles_its_ow
         )
         seen: list[Any] = []
         try:
-            first = await limiter.acquire_key(KeyAsk(key, "a", 0.0, {"usd": 0.75}))
+            first = await limiter.acquire_key(KeyAsk(key, "a", 0.0, budget_cost={"usd": 0.75}))
             seen.append(first.allowed)
-            seen.append((await limiter.acquire_key(KeyAsk(key, "b", 0.0, {"usd": 0.5}))).code)
+            seen.append(
+                (await limiter.acquire_key(KeyAsk(key, "b", 0.0, budget_cost={"usd": 0.5}))).code
+            )
             clock.now = boundary  # the period turns while the first is in flight
-            third = await limiter.acquire_key(KeyAsk(key, "c", 0.0, {"usd": 0.5}))
+            third = await limiter.acquire_key(KeyAsk(key, "c", 0.0, budget_cost={"usd": 0.5}))
             seen.append(third.allowed)
             # The first's answer: it cost 0.25 more than reserved, in its own period.
-            late = KeySettlement(key, "a", 0.0, {"usd": 0.25}, "", first.at)
+            late = KeySettlement(key, "a", 0.0, budget_cost={"usd": 0.25}, started=first.at)
             await limiter.settle(late)
             [(_, left)] = (await limiter.key_snapshot(key)).budgets
             seen.append(left.remaining)
@@ -286,7 +288,9 @@ def test_with_redis_down_a_budget_follows_on_error(on_error: OnError) -> None:
         try:
             for _ in range(3):
                 try:
-                    verdict = await limiter.acquire_key(KeyAsk(key, "l", 0.0, {"usd": 2.0}))
+                    verdict = await limiter.acquire_key(
+                        KeyAsk(key, "l", 0.0, budget_cost={"usd": 2.0})
+                    )
                     seen.append(verdict.allowed)
                 except LimiterUnavailable:
                     seen.append("unavailable")
