@@ -303,7 +303,9 @@ class RedisLimiter:
             return False
         budgets = self._quota_settlement(settlement)
         if budgets is not None:
-            self.runner.submit("settle_quota", *budgets, urgent=False)
+            corrected = self.runner.submit("settle_quota", *budgets, urgent=False)
+            assert corrected is not None  # submit_ready
+            corrected.add_done_callback(partial(_report, _log_failure))
         call = self._key_settlement(settlement)
         if call is None:
             if on_done is not None:
