@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from support.limits import Clock, patient
 from support.ports import free_port
 
+from proxy.costs import NOTHING
 from proxy.limiter.base import KeyAsk, KeyLimits, KeySettlement, LimiterUnavailable, Rate, Window
 from proxy.limiter.memory import MemoryLimiter
 from proxy.limiter.periods import PERIODS, Period
@@ -154,7 +155,7 @@ async def run_both(url: str, key: KeyLimits, start: float, sequence: list[Op]) -
                 clock.now += op.seconds
             elif isinstance(op, Ask):
                 cost = {"usd": op.usd, "tokens": op.tokens, "requests": 1.0}
-                ask = KeyAsk(key, f"lease{op.lease}", op.tokens, budget_cost=cost, model=op.model)
+                ask = KeyAsk(key, f"lease{op.lease}", cost, budget_cost=cost, model=op.model)
                 want = memory.acquire_key_now(ask)
                 assert await shared.acquire_key(ask) == want, (step, op)
                 if want.allowed:
@@ -163,7 +164,7 @@ async def run_both(url: str, key: KeyLimits, start: float, sequence: list[Op]) -
                 s = KeySettlement(
                     key,
                     f"lease{op.lease}",
-                    op.tokens,
+                    {"tokens": op.tokens},
                     budget_cost={"usd": op.usd, "tokens": op.tokens},
                     model=op.model,
                     started=started.get(op.lease, clock.now),
@@ -210,7 +211,7 @@ def test_concurrent_asks_never_reserve_past_the_budget(redis_url: str, backend: 
             if backend == "memory"
             else patient(redis_url, prefix=f"bc{uuid.uuid4().hex}")
         )
-        asks = [KeyAsk(key, f"l{i}", 0.0, budget_cost={"usd": 0.75}) for i in range(40)]
+        asks = [KeyAsk(key, f"l{i}", NOTHING, budget_cost={"usd": 0.75}) for i in range(40)]
         try:
             verdicts = await asyncio.gather(*(limiter.acquire_key(a) for a in asks))
         finally:
@@ -247,16 +248,18 @@ def test_a_budget_returns_whole_at_the_boundary_and_a_late_answer_settles_its_ow
         )
         seen: list[Any] = []
         try:
-            first = await limiter.acquire_key(KeyAsk(key, "a", 0.0, budget_cost={"usd": 0.75}))
+            first = await limiter.acquire_key(KeyAsk(key, "a", NOTHING, budget_cost={"usd": 0.75}))
             seen.append(first.allowed)
             seen.append(
-                (await limiter.acquire_key(KeyAsk(key, "b", 0.0, budget_cost={"usd": 0.5}))).code
+                (
+                    await limiter.acquire_key(KeyAsk(key, "b", NOTHING, budget_cost={"usd": 0.5}))
+                ).code
             )
             clock.now = boundary  # the period turns while the first is in flight
-            third = await limiter.acquire_key(KeyAsk(key, "c", 0.0, budget_cost={"usd": 0.5}))
+            third = await limiter.acquire_key(KeyAsk(key, "c", NOTHING, budget_cost={"usd": 0.5}))
             seen.append(third.allowed)
             # The first's answer: it cost 0.25 more than reserved, in its own period.
-            late = KeySettlement(key, "a", 0.0, budget_cost={"usd": 0.25}, started=first.at)
+            late = KeySettlement(key, "a", NOTHING, budget_cost={"usd": 0.25}, started=first.at)
             await limiter.settle(late)
             [(_, left)] = (await limiter.key_snapshot(key)).budgets
             seen.append(left.remaining)
@@ -289,7 +292,7 @@ def test_with_redis_down_a_budget_follows_on_error(on_error: OnError) -> None:
             for _ in range(3):
                 try:
                     verdict = await limiter.acquire_key(
-                        KeyAsk(key, "l", 0.0, budget_cost={"usd": 2.0})
+                        KeyAsk(key, "l", NOTHING, budget_cost={"usd": 2.0})
                     )
                     seen.append(verdict.allowed)
                 except LimiterUnavailable:
