@@ -215,13 +215,13 @@ def key_limits(key: ClientKey, share: float = 1.0) -> KeyLimits:
         max_parallel=(
             max(1, int(key.max_parallel * share)) if key.max_parallel is not None else None
         ),
-        quotas=tuple(budget(b, share) for b in key.budgets),
+        quotas=tuple(budget(b, share, owner=key.name) for b in key.budgets),
     )
 
 
-def budget(spec: BudgetSpec, share: float = 1.0) -> Quota:
-    """One configured budget as a limiter quota (``share`` of it: this process's part
-    when budgets are not shared)."""
+def budget(spec: BudgetSpec, share: float = 1.0, *, owner: str, scope: str = "key") -> Quota:
+    """One configured budget of ``owner`` (a key's, or a ``scope`` ``team``'s) as a
+    limiter quota (``share`` of it: this process's part when budgets are not shared)."""
     models = tuple(sorted(spec.models or ()))
     return Quota(
         quota_name(spec.kind, spec.period, models),
@@ -229,6 +229,8 @@ def budget(spec: BudgetSpec, share: float = 1.0) -> Quota:
         spec.limit * share,
         spec.period,
         models,
+        scope,
+        owner,
     )
 
 

@@ -305,11 +305,12 @@ class Metrics:
             ["key", "team", "model"],
             registry=reg,
         )
-        self._key_budget_remaining = Gauge(
-            "llmproxy_key_budget_remaining",
-            "What is left of a key's budget in its current period (usd, tokens...) at the"
-            " key's last request, by key and budget (budget_usd_month...).",
-            ["key", "budget"],
+        self._owner_budget_remaining = Gauge(
+            "llmproxy_budget_remaining",
+            "What is left of a budget in its current period (usd, tokens...) at its last"
+            " check, by owner (a key's or a team's name) and budget (its 429 code:"
+            " key_budget_usd_month, team_budget_tokens_day...).",
+            ["owner", "budget"],
             multiprocess_mode=_BUDGET_MODES[budget_shared],
             registry=reg,
         )
@@ -360,7 +361,7 @@ class Metrics:
         self._c_upstream_remaining = _Children(self._upstream_remaining)
         self._c_shadow = _Children(self._shadow_rejections_total)
         self._c_spend = _Children(self._spend_usd_total)
-        self._c_key_budget = _Children(self._key_budget_remaining)
+        self._c_owner_budget = _Children(self._owner_budget_remaining)
         # Zero series from the start: "errors by operation" reads 0, not "no data".
         for operation in LIMITER_OPERATIONS:
             self._c_limiter_error(operation)
@@ -407,8 +408,9 @@ class Metrics:
         if usd > 0:
             self._c_spend.writer(key, team, model)(usd)
 
-    def set_key_budget_remaining(self, key: str, budget: str, remaining: float) -> None:
-        self._c_key_budget(key, budget).set(remaining)
+    def set_owner_budget_remaining(self, owner: str, budget: str, remaining: float) -> None:
+        """What a key's or a team's budget had left at its latest check."""
+        self._c_owner_budget(owner, budget).set(remaining)
 
     def shadow_rejection(self, key: str, limit: str) -> None:
         """A shadow-mode key's request that ``limit`` would have refused went on."""

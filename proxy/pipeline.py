@@ -53,6 +53,7 @@ from proxy.limiter.base import (
 )
 from proxy.limiter.fairness import Claimant
 from proxy.limiter.ledger import Ledger, MemoryLedger
+from proxy.limiter.quota import budget_label
 from proxy.limiter.verdicts import settled_cost
 from proxy.logs import RequestLog
 from proxy.metrics import Metrics
@@ -289,7 +290,7 @@ class Pipeline:
         limits = ask.limits
         call.key_verdict = verdict  # its x-ratelimit-* go on the answer, 429s included
         for budget, left in verdict.budgets:
-            self.telemetry.budget_left(limits.name, budget.name, left.remaining)
+            self.telemetry.budget_left(budget.owner, budget_label(budget), left.remaining)
         if verdict.allowed:
             return verdict
         code = verdict.code or "rate_limited"

@@ -36,9 +36,9 @@ class Telemetry:
     def spent(self, key: str, team: str, model: str, usd: float) -> None:
         self.metrics.spend(key, team, model, usd)
 
-    def budget_left(self, key: str, budget: str, remaining: float) -> None:
-        """What a key's budget had left at its latest check."""
-        self.metrics.set_key_budget_remaining(key, budget, remaining)
+    def budget_left(self, owner: str, budget: str, remaining: float) -> None:
+        """What a budget (a key's, a team's) had left at its latest check."""
+        self.metrics.set_owner_budget_remaining(owner, budget, remaining)
 
     # -- routing.events.Events ---------------------------------------------------------
 

@@ -34,21 +34,31 @@ from proxy.values import value
 @value
 class Quota:
     """At most ``limit`` ``kind`` per calendar ``period``; ``models`` (empty: every
-    model) scopes it to those models' requests. ``name`` names its storage."""
+    model) scopes it to those models' requests. ``name`` names its storage among its
+    owner's; ``scope`` (``key``, ``team``) and ``owner`` (the key's or team's name) say
+    whose it is (its 429 code, its gauge)."""
 
     name: str
     kind: str
     limit: float
     period: Period
     models: tuple[str, ...] = ()
+    scope: str = "key"
+    owner: str = ""
 
     @property
     def code(self) -> str:
-        """The 429 code's tail: ``budget_usd_month`` (``key_budget_usd_month``)."""
-        return f"budget_{self.kind}_{self.period}"
+        """Its 429 code: ``key_budget_usd_month``, ``team_budget_tokens_day``."""
+        return f"{self.scope}_budget_{self.kind}_{self.period}"
 
     def applies(self, model: str) -> bool:
         return not self.models or model in self.models
+
+
+def budget_label(quota: Quota) -> str:
+    """How metrics name a budget: its 429 code, and its models when it has some
+    (``key_budget_tokens_day:gpt-4o``)."""
+    return f"{quota.code}:{','.join(quota.models)}" if quota.models else quota.code
 
 
 def quota_name(kind: str, period: Period, models: Sequence[str] = ()) -> str:

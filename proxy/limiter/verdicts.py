@@ -242,7 +242,7 @@ def key_verdict(
         refused = quotas[budget.refused]
         return KeyVerdict(
             False,
-            f"key_{refused.code}",
+            refused.code,
             budget.retry_after,
             used,
             budgets=left,

@@ -212,6 +212,10 @@ def test_the_admin_state_and_page_show_what_is_left_and_when_it_resets(
         admin = {"authorization": f"Bearer {ADMIN}"}
         state = httpx.get(f"{proxy.url}/admin/state", headers=admin, timeout=10).json()
         page = httpx.get(f"{proxy.url}/admin", headers=admin, timeout=10).text
+        # At its check: what was left once this request's bound was reserved.
+        gauge = metric(
+            proxy, "llmproxy_budget_remaining", 'budget="key_budget_usd_month",owner="alice"'
+        )
     [alice] = state["keys"]
     [budget] = alice["budgets"]
     assert (budget["name"], budget["kind"], budget["period"]) == (
@@ -224,6 +228,7 @@ def test_the_admin_state_and_page_show_what_is_left_and_when_it_resets(
     assert budget["resets"]["at"].endswith("T00:00:00.000Z")
     assert budget["resets"]["at"][8:10] == "01"  # the first of a month
     assert 'data-budget="budget_usd_month"' in page and "resets" in page
+    assert 0.85 < gauge < 1.0 - priced(answer.json())
 
 
 def test_a_stream_s_cost_is_logged_and_counted_when_it_ends(
