@@ -29,31 +29,41 @@ from proxy.costs import TokenUsage
 from proxy.limiter.base import KeyVerdict
 from proxy.pricing import Price, bound, usd
 from proxy.ratelimit_headers import format_reset
-from proxy.tokens import completion_tokens
+from proxy.shapes.base import Shape
 from proxy.values import value
 
 COST_HEADER = "x-llm-proxy-cost-usd"
-CAP_FIELDS = ("max_completion_tokens", "max_tokens")
-GENERATING = frozenset({"chat/completions", "completions"})
+# The field a request's output cap is sent in, per API shape (``Shape.name``). A request
+# of a shape not named here that sets no cap is reserved at the default cap but sent as
+# it is (docs/limiter.md).
+CAP_FIELDS = {
+    "chat/completions": "max_tokens",
+    "completions": "max_tokens",
+    "responses": "max_output_tokens",
+    "messages": "max_tokens",
+}
 
 
 @value
 class Reservation:
     """What the budgets reserve (kind -> amount), and the cap the request must be sent
-    with when it set none (None: it set its own, or generates nothing)."""
+    with when it set none (``cap_field``: None when it set its own, or generates
+    nothing)."""
 
     cost: Mapping[str, float]
-    cap: int | None = None
+    cap: int = 0
+    cap_field: str | None = None
 
 
 def reservation(
-    body: dict[str, Any], raw: bytes, endpoint: str, default_cap: int, price: Price
+    body: dict[str, Any], raw: bytes, shape: Shape, default_cap: int, price: Price
 ) -> Reservation:
-    """An upper bound of what the request can cost, at ``price`` (the dearest it can meet)."""
+    """An upper bound of what the request can cost, at ``price`` (the dearest it can
+    meet): its body's bytes in, its shape's output estimate (its cap, or ``default_cap``,
+    per choice) out."""
     input_bound = float(len(raw))
-    generates = endpoint in GENERATING
-    output_bound = float(completion_tokens(body, default_cap)) if generates else 0.0
-    capped = any(_positive_int(body.get(field)) for field in CAP_FIELDS)
+    output_bound = float(shape.estimate(body, default_cap).get(costs.OUTPUT_TOKENS, 0.0))
+    uncapped = output_bound > 0 and not shape.estimate(body, 0).get(costs.OUTPUT_TOKENS, 0.0)
     return Reservation(
         cost={
             costs.REQUESTS: 1.0,
@@ -62,7 +72,8 @@ def reservation(
             costs.OUTPUT_TOKENS: output_bound,
             costs.USD: bound(price, input_bound, output_bound),
         },
-        cap=default_cap if generates and not capped else None,
+        cap=default_cap,
+        cap_field=CAP_FIELDS.get(shape.name) if uncapped else None,
     )
 
 
@@ -72,12 +83,9 @@ def real_cost(usage: TokenUsage, price: Price) -> dict[str, float]:
 
 
 def usage_of(call: Call) -> TokenUsage | None:
-    """What the upstream reported the request used (None: it did not say)."""
-    if call.real_tokens() is None:
-        return None
-    return TokenUsage(
-        input_tokens=call.prompt_tokens or 0, output_tokens=call.completion_tokens or 0
-    )
+    """What the upstream reported the request used, as its shape read it (None: it did
+    not say)."""
+    return call.trip.usage
 
 
 def cost_usd(call: Call, price: Price) -> float | None:
@@ -96,7 +104,7 @@ def settled_cost(call: Call, price: Price) -> dict[str, float] | None:
     its reservation; None: no usage known (the reservation goes back)."""
     usage = usage_of(call)
     if usage is None:
-        return dict(call.reserved) if call.unreported_tokens is not None else None
+        return dict(call.reserved) if call.trip.unreported_tokens is not None else None
     return real_cost(usage, price)
 
 
@@ -122,7 +130,3 @@ def refusal_message(verdict: KeyVerdict) -> str:
         f" ({amount} {unit} left, less than this request may cost); it resets in"
         f" {format_reset(verdict.retry_after)}, at {resets}."
     )
-
-
-def _positive_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0

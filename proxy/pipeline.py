@@ -16,12 +16,13 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import orjson
 
-from proxy import budgets, request_fields, tokens
+from proxy import budgets
 from proxy.auth import KeyStore, RuntimeLookup
 from proxy.background import Background
 from proxy.call import Call, ClientLeft, Reply, Settlement, WatchDeparture
@@ -34,7 +35,6 @@ from proxy.errors import (
     ProxyError,
     RateLimited,
     ServiceUnavailable,
-    render,
 )
 from proxy.json_splice import set_fields
 from proxy.limiter.base import (
@@ -60,8 +60,9 @@ from proxy.metrics import Metrics
 from proxy.pricing import FREE
 from proxy.ratelimit_headers import format_reset
 from proxy.request_ids import new_request_id
-from proxy.routing.dispatcher import Dispatcher
+from proxy.routing.dispatcher import Dispatcher, Served
 from proxy.routing.settlement import Settler
+from proxy.shapes.base import Shape
 from proxy.spend import Owner, Spend
 from proxy.telemetry import Telemetry
 
@@ -152,7 +153,7 @@ class Pipeline:
 
     async def handle(
         self,
-        endpoint: str,
+        shape: Shape,
         raw: bytes,
         headers: list[tuple[str, str]],
         key: ClientKey | None,
@@ -162,11 +163,12 @@ class Pipeline:
         """The answer to one request of ``key`` (``keys.authenticate``: checked from the
         headers before the body was read). ``client_left`` returns once the client has
         gone: a request waiting for its turn or for the upstream stops then."""
-        call = _new_call(endpoint, headers)
+        call = _new_call(shape, headers)
         call.client_left = client_left
         call.watch_departure = watch_departure
         key_check: asyncio.Future[KeyVerdict] | None = None
         settlement: Settlement | None = None
+        served: Served | None = None
         reply: Reply | None = None
         try:
             call.max_wait = self.settings.routing.max_wait
@@ -180,15 +182,14 @@ class Pipeline:
             group = self._group(call.body)
             call.model = group.name
             self.keys.authorize(key, group.name)
-            request_fields.check(call.body)
+            _check_speaks(group, shape)
+            shape.check(call.body)
             call.stream = call.body.get("stream") is True
-            call.cost = tokens.estimate_cost(
-                call.body, endpoint, self.settings.server.default_max_tokens
-            )
+            call.cost = shape.estimate(call.body, self.settings.server.default_max_tokens)
             call.estimate = int(call.cost[TOKENS])
             limits = self.keys.limits(key, self.catalog.key_limits)
             if limits is not None and limits.quotas:
-                self._reserve_budget(call, endpoint, group)
+                self._reserve_budget(call, shape, group)
             if limits is not None:
                 key_check = self._check_key(call, limits, shadow=key is not None and key.shadow)
                 settlement = self._key_settlement(call, limits, key_check)
@@ -198,7 +199,8 @@ class Pipeline:
                     await settlement.settle()
                 self._finish(call, status)
 
-            reply = await self.dispatcher.run(call, group, stream_done, gate=key_check)
+            served = await self.dispatcher.run(call, group, stream_done, gate=key_check)
+            reply = served.reply
         except ProxyError as error:
             reply = self._error_reply(call, error)
         except (LimiterUnavailable, StorageError):
@@ -212,26 +214,45 @@ class Pipeline:
             logger.exception("unexpected error", extra={"request_id": call.request_id})
             reply = self._error_reply(call, ProxyError("Internal proxy error."))
         finally:
-            # Also when cancelled: a buffered answer (or none) settles the key now.
-            # After the answer's usage is read (a callback the dispatcher scheduled
-            # first), and without a task when the limiter can take it at once.
-            if settlement is not None and (reply is None or reply.stream is None):
-                asyncio.get_running_loop().call_soon(self._settle_soon, settlement)
+            if reply is None or reply.stream is None:
+                # A buffered answer (or none: cancelled) is done once on its way: one
+                # callback, no task (a stream is done when it ends: ``stream_done``).
+                after = served.after if served is not None else None
+                status = reply.status if reply is not None else None
+                asyncio.get_running_loop().call_soon(
+                    self._answered, call, after, settlement, status, time.perf_counter()
+                )
         reply.headers["x-request-id"] = call.request_id
         reply.headers.update(_timing_headers(call))
         if call.key_verdict is not None:
             reply.headers.update(_key_headers(call.key_verdict))
-        if reply.stream is None:
-            # Metrics and the log line once the answer is on its way (the next loop turn).
-            asyncio.get_running_loop().call_soon(
-                self._finish, call, reply.status, time.perf_counter()
-            )
         return reply
 
-    def reject(self, endpoint: str, error: ProxyError, *, close: bool = False) -> Reply:
+    def _answered(
+        self,
+        call: Call,
+        after: Callable[[], None] | None,
+        settlement: Settlement | None,
+        status: int | None,
+        ended: float,
+    ) -> None:
+        """A buffered answer is on its way, in this order: its attempt's bookkeeping
+        (``Served.after``: the usage its shape reads), the key settled from that usage,
+        then the request's metrics and log line (``status`` None: it was cancelled,
+        nobody hears an answer)."""
+        try:
+            if after is not None:
+                after()
+        finally:  # the key is settled whatever became of the attempt's bookkeeping
+            if settlement is not None:
+                self._settle_soon(settlement)
+            if status is not None:
+                self._finish(call, status, ended)
+
+    def reject(self, shape: Shape, error: ProxyError, *, close: bool = False) -> Reply:
         """The reply for a request refused before its body was read (key, size, type,
         time); ``close``: the connection closes after it (its body stopped arriving)."""
-        call = _new_call(endpoint, [])
+        call = _new_call(shape, [])
         reply = self._error_reply(call, error)
         if close:
             reply.headers["connection"] = "close"
@@ -318,10 +339,10 @@ class Pipeline:
                 return None
             # Unknown usage (an error, no usage in a buffered answer) refunds the whole
             # estimate; a stream without usage is charged at least it (charged_cost).
-            correction = settled_cost(call.cost, call.charged_cost(), limits.windows)
+            correction = settled_cost(call.cost, call.trip.charged_cost(call.cost), limits.windows)
             if not call.reserved:
                 return KeySettlement(limits, call.request_id, correction)
-            price = self.catalog.prices.get(call.deployment or "", FREE)
+            price = self.catalog.prices.get(call.trip.deployment or "", FREE)
             real = budgets.settled_cost(call, price)
             return KeySettlement(
                 limits,
@@ -347,29 +368,29 @@ class Pipeline:
 
         return Settlement(release, release_soon)
 
-    def _reserve_budget(self, call: Call, endpoint: str, group: GroupRoute) -> None:
+    def _reserve_budget(self, call: Call, shape: Shape, group: GroupRoute) -> None:
         """What the key's budgets reserve for this request (an upper bound of its cost);
         a request without an output cap goes with the one it was reserved for."""
         reservation = budgets.reservation(
             call.body,
             call.raw,
-            endpoint,
+            shape,
             self.settings.server.default_max_tokens,
             self.catalog.dearest.get(group.name, FREE),
         )
         call.reserved = dict(reservation.cost)
-        if reservation.cap is not None:
-            call.body["max_tokens"] = reservation.cap
-            call.raw = set_fields(call.raw, {"max_tokens": reservation.cap})
+        if reservation.cap_field is not None:
+            call.body[reservation.cap_field] = reservation.cap
+            call.raw = set_fields(call.raw, {reservation.cap_field: reservation.cap})
 
     def _settle_soon(self, settlement: Settlement) -> None:
         if not settlement.settle_soon():
             self.background.run(settlement.settle())
 
     def _error_reply(self, call: Call, error: ProxyError) -> Reply:
-        status, body, headers = render(error)
         call.error_code = error.code
-        return Reply(status=status, headers={**_JSON, **headers}, body=body)
+        body = call.shape.error_body(error)
+        return Reply(status=error.status, headers={**_JSON, **error.headers()}, body=body)
 
     def _finish(self, call: Call, status: int, ended: float | None = None) -> None:
         duration = (ended or time.perf_counter()) - call.started
@@ -379,14 +400,14 @@ class Pipeline:
                 request_id=call.request_id,
                 key_name=call.key_name,
                 model=call.model,
-                deployment=call.deployment,
+                deployment=call.trip.deployment,
                 status=status,
                 latency_ms=round(duration * 1000, 2),
-                queue_wait_ms=round(call.queue_wait * 1000, 2),
-                prompt_tokens=call.prompt_tokens,
-                completion_tokens=call.completion_tokens,
-                retries=call.retries,
-                error_code=call.error_code,
+                queue_wait_ms=round(call.trip.queue_wait * 1000, 2),
+                prompt_tokens=call.trip.prompt_tokens,
+                completion_tokens=call.trip.completion_tokens,
+                retries=call.trip.retries,
+                error_code=call.error_code or call.trip.stream_error,
                 shadow_rejection=call.shadow_rejection,
                 cost_usd=cost,
             ),
@@ -398,15 +419,15 @@ class Pipeline:
         is known: to the period its key's check was in (a stream that ends after
         midnight is the day before's); None when no usage was reported."""
         usage = budgets.usage_of(call)
-        if usage is None or call.deployment is None:
+        if usage is None or call.trip.deployment is None:
             return None
-        price = self.catalog.prices.get(call.deployment, FREE)
+        price = self.catalog.prices.get(call.trip.deployment, FREE)
         cost = budgets.cost_usd(call, price) or 0.0
-        key, team = call.key_name or "", ""
+        key, team = call.key_name or "", call.team
         self.telemetry.spent(key, team, call.model, cost)
         verdict = call.key_verdict
         started = verdict.at if verdict is not None and verdict.at else time.time()
-        spend = Spend(cost, usage.input_tokens, usage.output_tokens)
+        spend = Spend(cost, usage.input_tokens + usage.cache_read, usage.output_tokens)
         self.ledger.add(Owner(key, team, call.model), spend, started)
         return cost if price != FREE else None
 
@@ -422,10 +443,20 @@ def _granted(key_check: asyncio.Future[KeyVerdict] | None) -> KeyVerdict | None:
     return verdict if verdict.allowed else None
 
 
-def _new_call(endpoint: str, headers: list[tuple[str, str]]) -> Call:
+def _check_speaks(group: GroupRoute, shape: Shape) -> None:
+    """A model none of whose deployments serves the request's API: the client's error."""
+    if not any(d.speaks(shape.name) for d in group.deployments):
+        raise InvalidRequest(
+            f"The model '{group.name}' is not served through the {shape.name} API.",
+            code="unsupported_api",
+            param="model",
+        )
+
+
+def _new_call(shape: Shape, headers: list[tuple[str, str]]) -> Call:
     return Call(
         request_id=new_request_id(),
-        endpoint=endpoint,
+        shape=shape,
         started=time.perf_counter(),
         headers=headers,
     )
@@ -446,10 +477,10 @@ def _parse_body(raw: bytes) -> dict[str, Any]:
 def _timing_headers(call: Call) -> dict[str, str]:
     """The proxy's own time so far (without the upstream and the wait for a turn), and
     the wait when there was one (design.md)."""
-    spent = time.perf_counter() - call.started - call.queue_wait - call.upstream_time
+    spent = time.perf_counter() - call.started - call.trip.queue_wait - call.trip.upstream_time
     headers = {"x-llm-proxy-overhead-ms": f"{max(spent, 0.0) * 1000:.2f}"}
-    if call.queue_wait > 0:
-        headers["x-llm-proxy-queue-ms"] = f"{call.queue_wait * 1000:.2f}"
+    if call.trip.queue_wait > 0:
+        headers["x-llm-proxy-queue-ms"] = f"{call.trip.queue_wait * 1000:.2f}"
     return headers
 
 
