@@ -8,8 +8,9 @@ cost (quota.py says why that suffices):
   covers the few framing tokens per message), priced at the dearest input price the
   request can meet (its group's deployments and fallbacks, cache prices included);
 * output: the request's own cap (``max_completion_tokens`` / ``max_tokens``) for each
-  of its ``n`` choices; a request with no cap is forwarded *with* the cap it was
-  reserved for (``server.default_max_tokens``), so the bound holds.
+  of its ``n`` choices, as its API shape estimates it; a request with no cap is
+  forwarded *with* the cap it was reserved for (``server.default_max_tokens``, in its
+  shape's ``CAP_FIELDS``), so the bound holds.
 
 Settled, the correction is the real cost (the usage priced at the deployment that
 answered) less the reservation; an answer without usage gives it all back, a stream
