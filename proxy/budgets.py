@@ -126,8 +126,9 @@ def refusal_message(verdict: KeyVerdict) -> str:
     amount = format_usd(remaining) if refused.kind == costs.USD else f"{remaining:g}"
     resets = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + verdict.retry_after))
     scope = f" on {', '.join(refused.models)}" if refused.models else ""
+    whose = f"this key's team {refused.owner}" if refused.scope == "team" else "this key"
     return (
-        f"Budget reached for this key: {refused.limit:g} {unit} per {refused.period}{scope}"
+        f"Budget reached for {whose}: {refused.limit:g} {unit} per {refused.period}{scope}"
         f" ({amount} {unit} left, less than this request may cost); it resets in"
         f" {format_reset(verdict.retry_after)}, at {resets}."
     )

@@ -208,7 +208,7 @@ def budgets(left: Iterable[tuple[Quota, QuotaUsage]], now: float) -> list[Json]:
             "limit": q.limit,
             "spent": round(q.limit - u.remaining, 10),
             "remaining": round(u.remaining, 10),
-            "resets": moment(u.reset, now),
+            "resets": moment(u.resets_at - now, now),  # the period's end, exactly
         }
         for q, u in left
     ]

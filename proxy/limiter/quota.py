@@ -80,11 +80,13 @@ EMPTY = QuotaState()
 
 @value
 class QuotaUsage:
-    """A budget after a decision: what is left now, and seconds until it all returns."""
+    """A budget after a decision: what is left now, seconds until it all returns, and
+    when that is (UTC seconds: the period's end)."""
 
     limit: float
     remaining: float
     reset: float
+    resets_at: float = 0.0
 
 
 @value
@@ -142,8 +144,10 @@ def settle(state: QuotaState, quota: Quota, started: float, units: float) -> Quo
 
 def usage(state: QuotaState, quota: Quota, now: float) -> QuotaUsage:
     i = periods.index(quota.period, now)
+    end = periods.start(quota.period, i + 1)
     return QuotaUsage(
         limit=quota.limit,
         remaining=max(0.0, quota.limit - spent_in(state, i)),
-        reset=periods.start(quota.period, i + 1) - now,
+        reset=end - now,
+        resets_at=end,
     )

@@ -9,6 +9,7 @@ import csv
 import io
 import logging
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -71,18 +72,29 @@ async def burst(url: str, n: int, body: dict[str, Any] = CHAT) -> list[httpx.Res
 
 
 def spend_report(proxy: ProxyInThread, **query: str) -> httpx.Response:
+    """The report once it counts every request answered 200: with Redis, a replica
+    writes its spend once a second (ledger.py)."""
     proxy.settled()
-    return httpx.get(
-        f"{proxy.url}/admin/spend",
-        params=query,
-        headers={"authorization": f"Bearer {ADMIN}"},
-        timeout=10,
-    )
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    url = f"{proxy.url}/admin/spend"
+    period = {"period": query.get("period", "month")}
+    served = metric(proxy, "llmproxy_requests_total", 'model="m",status="200"', missing=0.0)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        current = httpx.get(url, params=period, headers=admin, timeout=10)
+        if current.status_code != 200:
+            break
+        if sum(r["requests"] for r in current.json()["current"]["spend"]) >= served:
+            break
+        time.sleep(0.1)
+    return httpx.get(url, params=query, headers=admin, timeout=10)
 
 
-def metric(proxy: ProxyInThread, name: str, labels: str) -> float:
+def metric(proxy: ProxyInThread, name: str, labels: str, missing: float | None = None) -> float:
     text = httpx.get(f"{proxy.url}/metrics", timeout=5).text
     match = re.search(rf"^{name}\{{{labels}\}} (\S+)$", text, re.M)
+    if match is None and missing is not None:
+        return missing
     assert match is not None, f"no series {name}{{{labels}}}"
     return float(match.group(1))
 
