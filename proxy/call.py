@@ -131,6 +131,11 @@ class Call:
     team: str = ""  # its key's team ("" for none): the spend report's and metric's label
     # Its budgets' reservation (kind -> amount; empty: no budget applies).
     reserved: dict[str, float] = field(default_factory=dict)
+    # A follow-up of a stored response (proxy/affinity.py): the one deployment that holds
+    # it (no other, no fallback), and the route below the shape's URL with its method.
+    pinned: str | None = None
+    upstream_method: str = "POST"
+    upstream_path: str = ""
 
     @property
     def input_estimate(self) -> int:

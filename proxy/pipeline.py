@@ -23,6 +23,7 @@ import httpx
 import orjson
 
 from proxy import budgets
+from proxy.affinity import Affinity, affinity_for
 from proxy.auth import KeyStore, RuntimeLookup
 from proxy.background import Background
 from proxy.call import Call, ClientLeft, Reply, Settlement, WatchDeparture
@@ -36,6 +37,7 @@ from proxy.errors import (
     RateLimited,
     ServiceUnavailable,
 )
+from proxy.follow_ups import FollowUps, StoredRoute
 from proxy.json_splice import set_fields
 from proxy.limiter.base import (
     Activity,
@@ -54,7 +56,7 @@ from proxy.limiter.base import (
 from proxy.limiter.fairness import Claimant
 from proxy.limiter.ledger import Ledger, MemoryLedger
 from proxy.limiter.quota import budget_label
-from proxy.limiter.verdicts import settled_cost
+from proxy.limiter.verdicts import key_quotas, settled_cost
 from proxy.logs import RequestLog
 from proxy.metrics import Metrics
 from proxy.pricing import FREE
@@ -62,7 +64,8 @@ from proxy.ratelimit_headers import format_reset
 from proxy.request_ids import new_request_id
 from proxy.routing.dispatcher import Dispatcher, Served
 from proxy.routing.settlement import Settler
-from proxy.shapes.base import Shape
+from proxy.shapes.base import Shape, api_label
+from proxy.shapes.responses import RESPONSES
 from proxy.spend import Owner, Spend
 from proxy.telemetry import Telemetry
 
@@ -87,6 +90,7 @@ class Pipeline:
         key_store: KeyStore | None = None,
         catalog: Catalog | None = None,
         ledger: Ledger | None = None,
+        affinity: Affinity | None = None,
     ) -> None:
         """``previous``: the pipeline a reload replaces; what this process learned while
         it ran (routing averages, limits its upstreams announced) carries over, and so do
@@ -102,6 +106,10 @@ class Pipeline:
         self.keys: KeyStore = key_store or KeyStore(settings.keys)
         self.keys.runtime = runtime
         self.limiter = limiter
+        # Where stored responses live: one store per process, kept across reloads.
+        if affinity is None:
+            affinity = previous.follow_ups.affinity if previous else affinity_for(limiter)
+        self.follow_ups: FollowUps = FollowUps(affinity, self.catalog)
         # The fast paths, when the backend has them: looked for once, here.
         self.fast: FastPaths | None = limiter if isinstance(limiter, FastPaths) else None
         self.telemetry = Telemetry(metrics)
@@ -159,10 +167,12 @@ class Pipeline:
         key: ClientKey | None,
         client_left: ClientLeft | None = None,
         watch_departure: WatchDeparture | None = None,
+        route: StoredRoute | None = None,
     ) -> Reply:
         """The answer to one request of ``key`` (``keys.authenticate``: checked from the
         headers before the body was read). ``client_left`` returns once the client has
-        gone: a request waiting for its turn or for the upstream stops then."""
+        gone: a request waiting for its turn or for the upstream stops then. ``route``:
+        a stored response's route (no body, no model: follow_ups.py)."""
         call = _new_call(shape, headers)
         call.client_left = client_left
         call.watch_departure = watch_departure
@@ -174,12 +184,16 @@ class Pipeline:
             call.max_wait = self.settings.routing.max_wait
             if key is not None:
                 call.key_name = key.name
+                call.team = key.team or ""
                 call.allowed_models = key.models
                 call.claimant = Claimant(key.name, key.priority, key.weight)
                 if key.max_wait is not None:
                     call.max_wait = key.max_wait
-            call.body, call.raw = _parse_body(raw), raw
-            group = self._group(call.body)
+            if route is None:
+                call.body, call.raw = _parse_body(raw), raw
+                group = self._group(call.body)
+            else:
+                group = await self.follow_ups.stored(call, route)
             call.model = group.name
             self.keys.authorize(key, group.name)
             _check_speaks(group, shape)
@@ -187,10 +201,13 @@ class Pipeline:
             call.stream = call.body.get("stream") is True
             call.cost = shape.estimate(call.body, self.settings.server.default_max_tokens)
             call.estimate = int(call.cost[TOKENS])
+            if shape.name == RESPONSES.name:
+                await self.follow_ups.prepare(call, group)
             limits = self.keys.limits(key, self.catalog.key_limits)
-            if limits is not None and limits.quotas:
+            if limits is not None and key is not None:
+                limits = self.catalog.ask_limits(key, limits, group.name)
+            if limits is not None and key_quotas(limits):
                 self._reserve_budget(call, shape, group)
-            if limits is not None:
                 key_check = self._check_key(call, limits, shadow=key is not None and key.shadow)
                 settlement = self._key_settlement(call, limits, key_check)
 
@@ -201,6 +218,8 @@ class Pipeline:
 
             served = await self.dispatcher.run(call, group, stream_done, gate=key_check)
             reply = served.reply
+            if shape.name == RESPONSES.name:
+                reply = await self.follow_ups.answered(call, route, reply)
         except ProxyError as error:
             reply = self._error_reply(call, error)
         except (LimiterUnavailable, StorageError):
@@ -339,7 +358,9 @@ class Pipeline:
                 return None
             # Unknown usage (an error, no usage in a buffered answer) refunds the whole
             # estimate; a stream without usage is charged at least it (charged_cost).
-            correction = settled_cost(call.cost, call.trip.charged_cost(call.cost), limits.windows)
+            correction = settled_cost(
+                call.cost, call.trip.charged_cost(call.cost), limits.all_windows()
+            )
             if not call.reserved:
                 return KeySettlement(limits, call.request_id, correction)
             price = self.catalog.prices.get(call.trip.deployment or "", FREE)
@@ -410,6 +431,7 @@ class Pipeline:
                 error_code=call.error_code or call.trip.stream_error,
                 shadow_rejection=call.shadow_rejection,
                 cost_usd=cost,
+                api=api_label(call.shape.name),
             ),
             duration,
         )
@@ -488,11 +510,12 @@ def _refusal_message(verdict: KeyVerdict) -> str:
     """What refused, its limit and when it frees, in words."""
     if verdict.budget is not None:
         return budgets.refusal_message(verdict)
-    if verdict.code == "key_parallel" or verdict.window is None:
-        return "Too many parallel requests on this key."
+    owner = "this key's team" if (verdict.code or "").startswith("team_") else "this key"
+    if verdict.window is None:
+        return f"Too many parallel requests on {owner}."
     window = verdict.window
     return (
-        f"Rate limit reached for {describe(window)} on this key (limit"
+        f"Rate limit reached for {describe(window)} on {owner} (limit"
         f" {window.rate.limit:g}); retry in {format_reset(verdict.retry_after)}."
     )
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from proxy.limiter import bucket, health, periods, quota
 from proxy.limiter.base import (
     NO_CHANGE,
+    TEAM,
     Activity,
     DeploymentLimits,
     DeploymentState,
@@ -56,6 +57,8 @@ from proxy.limiter.verdicts import (
     evidence,
     floors,
     in_flight_deadline,
+    key_quotas,
+    key_spends,
     key_state,
     key_verdict,
     learning_windows,
@@ -137,11 +140,12 @@ class MemoryLimiter:
         self._clock = clock
         # Budgets' periods are on the calendar: UTC seconds (the injected clock in tests).
         self._wall = wall or (time.time if clock is time.monotonic else clock)
-        # Per (key, budget name): its state and its budget (to sweep past periods).
-        self._quotas: dict[tuple[str, str], tuple[QuotaState, Quota]] = {}
+        # Per (scope, owner, budget name): its state and its budget (to sweep past periods).
+        self._quotas: dict[tuple[str, str, str], tuple[QuotaState, Quota]] = {}
         # Each bucket with the interval it was last used at (it is swept when drained).
         self._buckets: dict[BucketId, tuple[BucketState, float]] = {}
-        self._slots = Slots(lease_ttl)
+        self._slots = Slots(lease_ttl)  # per key name
+        self._team_slots = Slots(lease_ttl)  # per team name
         # Per (group, deployment): its health and when it may be forgotten.
         self._health: dict[tuple[str, str], tuple[Health, float]] = {}
         self._in_flight = Slots(0.0)  # per deployment: lease id -> deadline
@@ -222,29 +226,57 @@ class MemoryLimiter:
     def acquire_key_now(self, ask: KeyAsk) -> KeyVerdict:
         now = self._now()
         limits = ask.limits
-        spent = spends(limits.windows, ask.cost)
-        ids = [_key_bucket(limits.name, s.window) for s in spent]
+        spent = key_spends(limits, ask.cost)
+        ids = _key_buckets(limits)
         buckets = self._buckets_for(ids, spent)
         states, decision = take_all(buckets, now, 0.0)
-        quotas = limits.quotas
+        quotas = key_quotas(limits)
         wall = self._wall() if quotas else now
-        before = [self._quota(limits.name, q) for q in quotas]
+        before = [self._quota(q) for q in quotas]
         charged, budget = quota.check(
             quotas, before, quota_costs(limits, ask.budget_cost, ask.model), wall
         )
-        parallel_full = False
-        if decision.allowed and budget.allowed and limits.max_parallel is not None:
-            parallel_full = not self._slots.acquire(limits.name, ask.slot, limits.max_parallel, now)
-        if decision.allowed and budget.allowed and not parallel_full:
+        full = ""
+        admitted = decision.allowed and budget.allowed
+        if admitted and (limits.max_parallel is not None or limits.team is not None):
+            full = self._take_slots(limits, ask.slot, now)
+        if admitted and not full:
             self._store(ids, states, spent)
             for q, state in zip(quotas, charged, strict=True):
-                self._quotas[(limits.name, q.name)] = (state, q)
+                self._quotas[_quota_id(q)] = (state, q)
         else:
             states = [b.state for b in buckets]
             charged = before
         return key_verdict(
-            spent, decision, parallel_full, states, now, quotas, charged, budget, wall
+            spent,
+            decision,
+            full,
+            states,
+            now,
+            len(limits.windows),
+            quotas,
+            charged,
+            budget,
+            wall,
         )
+
+    def _take_slots(self, limits: KeyLimits, lease_id: str, now: float) -> str:
+        """A parallel slot of every owner with ``max_parallel`` (the key's, its team's),
+        or none: the scope whose slots are full ("" when every owner had one)."""
+        taken: list[KeyLimits] = []
+        for owner in limits.owners():
+            if owner.max_parallel is None:
+                continue
+            slots = self._slots_of(owner)
+            if not slots.acquire(owner.name, lease_id, owner.max_parallel, now):
+                for held in taken:
+                    self._slots_of(held).release(held.name, lease_id)
+                return owner.scope
+            taken.append(owner)
+        return ""
+
+    def _slots_of(self, owner: KeyLimits) -> Slots:
+        return self._team_slots if owner.scope == TEAM else self._slots
 
     def reserve_now(self, ask: GroupAsk) -> DeploymentVerdict:
         now = self._now()
@@ -368,11 +400,12 @@ class MemoryLimiter:
         }
 
     def key_snapshot_now(self, limits: KeyLimits) -> KeyState:
+        """The windows and slots of one owner (a key's own, or a team's)."""
         now = self._now()
-        states = [self._state(_key_bucket(limits.name, w)) for w in limits.windows]
-        budgets = [self._quota(limits.name, q) for q in limits.quotas]
-        held = self._slots.live(limits.name, now)
-        return key_state(limits, states, held, now, budgets, self._wall())
+        states = [self._state(_key_bucket(limits, w)) for w in limits.windows]
+        budgets = [self._quota(q) for q in limits.quotas]
+        slots = self._slots_of(limits).live(limits.name, now)
+        return key_state(limits, states, slots, now, budgets, self._wall())
 
     def holds_in_flight(self, group: str, deployment_id: str, lease_id: str) -> bool:
         """Whether ``lease_id`` is in flight here (the fallback policy routes settlements)."""
@@ -386,8 +419,13 @@ class MemoryLimiter:
         return self._health_of(group, deployment_id, self._clock())
 
     def holds_lease(self, name: str, lease_id: str) -> bool:
-        """Whether ``lease_id`` is a slot held here (the fallback policy routes releases)."""
+        """Whether ``lease_id`` is a slot of key ``name`` held here."""
         return self._slots.holds(name, lease_id)
+
+    def holds_slot(self, limits: KeyLimits, lease_id: str) -> bool:
+        """Whether ``lease_id`` is a slot of the key or of its team held here (the
+        fallback policy routes releases)."""
+        return any(self._slots_of(o).holds(o.name, lease_id) for o in limits.owners())
 
     def leases_held(self, name: str) -> int:
         return self._slots.count(name)
@@ -398,19 +436,19 @@ class MemoryLimiter:
     # -- state -----------------------------------------------------------------------
 
     def _settle_key(self, s: KeySettlement, now: float) -> None:
-        self._slots.release(s.limits.name, s.slot)
-        for spend in corrections(s.limits.windows, s.cost):
-            self._adjust(_key_bucket(s.limits.name, spend.window), spend, now)
-        for q, units in zip(
-            s.limits.quotas, quota_costs(s.limits, s.budget_cost, s.model), strict=True
-        ):
+        for owner in s.limits.owners():
+            self._slots_of(owner).release(owner.name, s.slot)
+            for spend in corrections(owner.windows, s.cost):
+                self._adjust(_key_bucket(owner, spend.window), spend, now)
+        quotas = key_quotas(s.limits)
+        for q, units in zip(quotas, quota_costs(s.limits, s.budget_cost, s.model), strict=True):
             if units != 0:
-                settled = quota.settle(self._quota(s.limits.name, q), q, s.started, units)
+                settled = quota.settle(self._quota(q), q, s.started, units)
                 if settled is not None:
-                    self._quotas[(s.limits.name, q.name)] = (settled, q)
+                    self._quotas[_quota_id(q)] = (settled, q)
 
-    def _quota(self, key: str, q: Quota) -> QuotaState:
-        entry = self._quotas.get((key, q.name))
+    def _quota(self, q: Quota) -> QuotaState:
+        entry = self._quotas.get(_quota_id(q))
         return EMPTY if entry is None else entry[0]
 
     def _now(self) -> float:
@@ -485,8 +523,23 @@ class MemoryLimiter:
             self._health[key] = (h, expires)
 
 
-def _key_bucket(name: str, window: Window) -> BucketId:
-    return ("key", name, window.name)
+def _key_bucket(owner: KeyLimits, window: Window) -> BucketId:
+    """A key's or a team's window (``owner.scope``): a team's windows are one bucket
+    whichever of its keys asks."""
+    return (owner.scope, owner.name, window.name)
+
+
+def _key_buckets(limits: KeyLimits) -> list[BucketId]:
+    """The buckets of every window an ask of the key touches (``KeyLimits.all_windows``)."""
+    scope, name = limits.scope, limits.name
+    ids: list[BucketId] = [(scope, name, w.name) for w in limits.windows]
+    if limits.team is not None:
+        ids += [_key_bucket(limits.team, w) for w in limits.team.windows]
+    return ids
+
+
+def _quota_id(q: Quota) -> tuple[str, str, str]:
+    return (q.scope, q.owner, q.name)
 
 
 def _deployment_bucket(group: str, deployment_id: str, window: Window) -> BucketId:

@@ -181,15 +181,17 @@ def share_windows(windows: Sequence[Window], replicas: int, cost: Cost) -> tuple
 
 
 def share_key(limits: KeyLimits, replicas: int, cost: Cost) -> KeyLimits:
-    """The key's windows and slots shared, and its budgets: each replica may spend its
-    part of what a period allows (its local spend starts from nothing: what the shared
-    storage counted is out of reach while it is down)."""
+    """The key's share of its windows, slots and budgets, and of its team's: each
+    replica may spend its part of what a budget's period allows (its local spend starts
+    from nothing: what the shared storage counted is out of reach while it is down)."""
     parallel = limits.max_parallel
+    team = limits.team
     return replace(
         limits,
         windows=share_windows(limits.windows, replicas, cost),
         max_parallel=None if parallel is None else max(1, parallel // replicas),
         quotas=tuple(replace(q, limit=q.limit / max(1, replicas)) for q in limits.quotas),
+        team=None if team is None else share_key(team, replicas, cost),
     )
 
 
@@ -259,11 +261,6 @@ class ResilientLimiter:
     # -- health ----------------------------------------------------------------------
 
     @property
-    def shared(self) -> RedisLimiter:
-        """The shared limiter (its storage also keeps the spend report: ledger.py)."""
-        return self._shared
-
-    @property
     def mode(self) -> LimiterMode:
         if self._breaker.state is CircuitState.CLOSED:
             return LimiterMode.SHARED
@@ -286,6 +283,12 @@ class ResilientLimiter:
     def live_replicas(self) -> int:
         """Replicas seen alive at the last successful heartbeat (sizes the local share)."""
         return self._replicas
+
+    @property
+    def shared(self) -> RedisLimiter:
+        """The Redis limiter behind the policy (its runner also serves the stores kept
+        beside the limiter's state: affinity.py, the spend report's ledger.py)."""
+        return self._shared
 
     @property
     def circuit(self) -> CircuitState:
@@ -574,7 +577,7 @@ class ResilientLimiter:
     def _held_locally(self, s: Settlement) -> bool:
         """Whether the settled request's slot or in-flight slot was taken here."""
         if isinstance(s, KeySettlement):
-            return self._local.holds_lease(s.limits.name, s.slot)
+            return self._local.holds_slot(s.limits, s.slot)
         return self._local.holds_in_flight(s.group, s.deployment.id, s.slot)
 
     def _local_share(self, s: Settlement) -> Settlement:

@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from proxy.costs import NOTHING, REQUESTS, Cost
 from proxy.limiter import health, quota
 from proxy.limiter.base import (
+    KEY,
     MINUTE,
+    TEAM,
     DeploymentLimits,
     DeploymentState,
     DeploymentVerdict,
@@ -25,6 +27,7 @@ from proxy.limiter.base import (
     Sent,
     Usage,
     Window,
+    base_name,
 )
 from proxy.limiter.bucket import Admission, Bucket, BucketState, Decision, plan, usage
 from proxy.limiter.health import Health
@@ -200,34 +203,54 @@ def floors(
     return out
 
 
-def key_code(window: Window) -> str:
-    """The code of a key's 429 from ``window``: ``key_rpm``, ``key_tokens_30d``..."""
-    return f"key_{window.name}"
+def key_code(window: Window, scope: str = KEY) -> str:
+    """The code of a 429 from an owner's ``window``: ``key_rpm``, ``key_tokens_30d``,
+    ``team_rpm``... (a window counting only some models' requests: its window's code)."""
+    return f"{scope}_{base_name(window.name)}"
 
 
 def key_codes(limits: KeyLimits) -> list[str]:
-    """Every code a key's own limits can refuse with (``key_parallel`` included)."""
-    codes = [key_code(w) for w in limits.windows]
-    return codes + (["key_parallel"] if limits.max_parallel is not None else [])
+    """Every code a key's limits and its team's can refuse with (``key_parallel``,
+    ``team_parallel`` included)."""
+    codes: list[str] = []
+    for owner in limits.owners():
+        codes += [key_code(w, owner.scope) for w in owner.windows]
+        codes += [f"{owner.scope}_parallel"] if owner.max_parallel is not None else []
+    return list(dict.fromkeys(codes))
+
+
+def key_spends(limits: KeyLimits, cost: Cost) -> list[Spend]:
+    """What an ask of the key costs in every window: its own, then its team's."""
+    return spends(limits.all_windows(), cost)
 
 
 def key_verdict(
     spent: Sequence[Spend],
     decision: Decision,
-    parallel_full: bool,
+    slots_full: str,
     states: Sequence[BucketState],
     now: float,
+    own: int | None = None,
     quotas: Sequence[Quota] = (),
     quota_states: Sequence[QuotaState] = (),
     budget: QuotaCheck = QUOTA_ALLOWED,
     wall: float | None = None,
 ) -> KeyVerdict:
-    """``states`` and ``quota_states`` are the windows and budgets after the decision
-    (unchanged when refused). A window refuses first, then a budget, then max_parallel.
-    ``wall``: the budgets' time (UTC seconds), when the windows' ``now`` is not."""
+    """``states`` and ``quota_states`` are the windows and budgets (the key's, then its
+    team's) after the decision (unchanged when refused). ``own``: how many of ``spent``
+    are the key's own windows (the rest its team's; None: all): the verdict's usage (the
+    x-ratelimit-* headers) is the key's own. ``slots_full``: the scope whose parallel
+    slots were full (``key``, ``team``; empty: none). A window refuses first, then a
+    budget, then the slots. ``wall``: the budgets' time (UTC seconds), when the windows'
+    ``now`` is not."""
     at = now if wall is None else wall
+    mine, mine_states = spent, states
+    if own is None or own == len(spent):
+        own = len(spent)
+    else:  # the key's own windows come first, its team's after them (no copy without)
+        mine, mine_states = spent[:own], states[:own]
     used = tuple(
-        (s.window, usage(state, s.rate, now)) for s, state in zip(spent, states, strict=True)
+        (s.window, usage(state, s.rate, now)) for s, state in zip(mine, mine_states, strict=True)
     )
     left = tuple(
         (q, quota.usage(state, q, at)) for q, state in zip(quotas, quota_states, strict=True)
@@ -237,7 +260,8 @@ def key_verdict(
         return KeyVerdict(False, "request_too_large", usage=used, window=window, budgets=left)
     if decision.admission is Admission.REFUSED:
         window = spent[decision.binding].window
-        return KeyVerdict(False, key_code(window), decision.retry_after, used, window, budgets=left)
+        code = key_code(window, KEY if decision.binding < own else TEAM)
+        return KeyVerdict(False, code, decision.retry_after, used, window, budgets=left)
     if not budget.allowed:
         refused = quotas[budget.refused]
         return KeyVerdict(
@@ -248,8 +272,8 @@ def key_verdict(
             budgets=left,
             budget=refused,
         )
-    if parallel_full:
-        return KeyVerdict(False, "key_parallel", PARALLEL_RETRY_AFTER, used, budgets=left)
+    if slots_full:
+        return KeyVerdict(False, f"{slots_full}_parallel", PARALLEL_RETRY_AFTER, used, budgets=left)
     return KeyVerdict(True, usage=used, budgets=left, at=at if quotas else 0.0)
 
 
@@ -341,9 +365,15 @@ def key_state(
     )
 
 
+def key_quotas(limits: KeyLimits) -> list[Quota]:
+    """Every budget an ask of this key touches: its own, then its team's."""
+    return [q for owner in limits.owners() for q in owner.quotas]
+
+
 def quota_costs(limits: KeyLimits, cost: Cost, model: str) -> list[float]:
-    """What a request (or a correction) of ``model`` costs in each of the key's budgets."""
-    return [quota.cost_of(q, cost, model) for q in limits.quotas]
+    """What a request (or a correction) of ``model`` costs in each budget of the key and
+    its team (``key_quotas``' order)."""
+    return [quota.cost_of(q, cost, model) for q in key_quotas(limits)]
 
 
 def _usages(

@@ -78,7 +78,9 @@ def spend_report(proxy: ProxyInThread, **query: str) -> httpx.Response:
     admin = {"authorization": f"Bearer {ADMIN}"}
     url = f"{proxy.url}/admin/spend"
     period = {"period": query.get("period", "month")}
-    served = metric(proxy, "llmproxy_requests_total", 'model="m",status="200"', missing=0.0)
+    text = httpx.get(f"{proxy.url}/metrics", timeout=5).text
+    pattern = r'^llmproxy_requests_total\{[^}]*status="200"[^}]*\} (\S+)$'
+    served = sum(float(n) for n in re.findall(pattern, text, re.M))
     deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline:
         current = httpx.get(url, params=period, headers=admin, timeout=10)
@@ -90,11 +92,9 @@ def spend_report(proxy: ProxyInThread, **query: str) -> httpx.Response:
     return httpx.get(url, params=query, headers=admin, timeout=10)
 
 
-def metric(proxy: ProxyInThread, name: str, labels: str, missing: float | None = None) -> float:
+def metric(proxy: ProxyInThread, name: str, labels: str) -> float:
     text = httpx.get(f"{proxy.url}/metrics", timeout=5).text
     match = re.search(rf"^{name}\{{{labels}\}} (\S+)$", text, re.M)
-    if match is None and missing is not None:
-        return missing
     assert match is not None, f"no series {name}{{{labels}}}"
     return float(match.group(1))
 
@@ -277,3 +277,26 @@ def test_a_stream_s_cost_is_logged_and_counted_when_it_ends(
     assert row["usd"] == pytest.approx(cost)
     # Its reservation was settled to its real cost.
     assert state["keys"][0]["budgets"][0]["spent"] == pytest.approx(cost)
+
+
+def test_a_team_s_budget_is_shared_by_its_keys_and_reported_under_the_team(
+    upstream: FakeUpstreamHandle, redis: str
+) -> None:
+    data = config(upstream, redis, team="research")
+    data["keys"].append({"name": "bob", "key": "sk-bob", "team": "research"})
+    data["teams"] = [{"name": "research", "budgets": [{"usd": 0.25, "period": "month"}]}]
+    bob = {"authorization": "Bearer sk-bob"}
+    with ProxyInThread(settings_from(data)) as proxy:
+        answers = []
+        for headers in (HEADERS, bob, HEADERS, bob):
+            answers.append(
+                httpx.post(f"{proxy.base_url}/chat/completions", json=CHAT, headers=headers)
+            )
+            proxy.settled()
+        rows = spend_report(proxy).json()["current"]["spend"]
+        spent = metric(proxy, "llmproxy_spend_usd_total", 'key="bob",model="m",team="research"')
+    assert [a.status_code for a in answers] == [200, 200, 429, 429]  # two fit in 0.25
+    assert {a.json()["error"]["code"] for a in answers[2:]} == {"team_budget_usd_month"}
+    assert "team" in answers[2].json()["error"]["message"]
+    assert [(r["key"], r["team"]) for r in rows] == [("alice", "research"), ("bob", "research")]
+    assert spent == pytest.approx(priced(answers[1].json()))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -20,7 +20,15 @@ from support.limits import Clock, patient
 from support.ports import free_port
 
 from proxy.costs import NOTHING
-from proxy.limiter.base import KeyAsk, KeyLimits, KeySettlement, LimiterUnavailable, Rate, Window
+from proxy.limiter.base import (
+    TEAM,
+    KeyAsk,
+    KeyLimits,
+    KeySettlement,
+    LimiterUnavailable,
+    Rate,
+    Window,
+)
 from proxy.limiter.memory import MemoryLimiter
 from proxy.limiter.periods import PERIODS, Period
 from proxy.limiter.policy import OnError, ResilientLimiter
@@ -186,6 +194,7 @@ async def run_both(url: str, key: KeyLimits, start: float, sequence: list[Op]) -
     quotas=budget_sets,
     windows=st.sampled_from([(), (RPM,)]),
     parallel=st.sampled_from([None, 2]),
+    team_quotas=st.one_of(st.none(), budget_sets),
     start=starts,
     sequence=st.lists(ops, min_size=1, max_size=30),
 )
@@ -194,10 +203,15 @@ def test_lua_budgets_match_the_pure_core(
     quotas: tuple[Quota, ...],
     windows: tuple[Window, ...],
     parallel: int | None,
+    team_quotas: tuple[Quota, ...] | None,
     start: float,
     sequence: list[Op],
 ) -> None:
-    key = KeyLimits("k", windows, parallel, quotas)
+    team = None
+    if team_quotas is not None:
+        owned = tuple(replace(q, scope=TEAM, owner="t") for q in team_quotas)
+        team = KeyLimits("t", (RPM,), 3, scope=TEAM, quotas=owned)
+    key = KeyLimits("k", windows, parallel, team=team, quotas=quotas)
     asyncio.run(run_both(redis_url, key, start, sequence))
 
 
@@ -306,3 +320,34 @@ def test_with_redis_down_a_budget_follows_on_error(on_error: OnError) -> None:
         assert seen == [True, True, False]  # 2 + 2 <= 5, the half of 10
     else:
         assert seen == ["unavailable"] * 3
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+def test_a_team_s_budget_is_shared_by_its_keys_and_names_the_team(
+    redis_url: str, backend: str
+) -> None:
+    team_budget = replace(USD_MONTH, scope=TEAM, owner="research")
+    team = KeyLimits("research", scope=TEAM, quotas=(team_budget,))
+    alice = KeyLimits("alice", team=team)
+    bob = KeyLimits("bob", team=team, quotas=(replace(USD_MONTH, owner="bob", limit=100.0),))
+
+    async def main() -> list[str | None]:
+        limiter: Any = (
+            MemoryLimiter(Clock(NEW_YEAR - 3600))
+            if backend == "memory"
+            else patient(redis_url, prefix=f"bt{uuid.uuid4().hex}")
+        )
+        codes: list[str | None] = []
+        try:
+            for i, key in enumerate([alice, bob, alice, bob, bob]):
+                ask = KeyAsk(key, f"r{i}", NOTHING, budget_cost={"usd": 3.0})
+                codes.append((await limiter.acquire_key(ask)).code)
+            [(_, left)] = (await limiter.key_snapshot(team)).budgets
+            codes.append(str(left.remaining))
+        finally:
+            await limiter.aclose()
+        return codes
+
+    codes = asyncio.run(main())
+    # 3 + 3 + 3 of the team's 10; the fourth does not fit, whoever sends it.
+    assert codes == [None, None, None, "team_budget_usd_month", "team_budget_usd_month", "1.0"]
