@@ -208,6 +208,7 @@ class Pipeline:
                 limits = self.catalog.ask_limits(key, limits, group.name)
             if limits is not None and key_quotas(limits):
                 self._reserve_budget(call, shape, group)
+            if limits is not None:
                 key_check = self._check_key(call, limits, shadow=key is not None and key.shadow)
                 settlement = self._key_settlement(call, limits, key_check)
 
