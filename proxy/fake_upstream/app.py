@@ -1,4 +1,8 @@
-"""The aiohttp application: OpenAI-compatible endpoints plus /stats and /control.
+"""The aiohttp application: OpenAI-compatible endpoints (chat, completions, embeddings,
+the Responses API), Anthropic's Messages API, plus /stats and /control.
+
+A request's API (`request[API]`: openai, responses or anthropic) decides the shape of
+its errors and rate-limit headers.
 
 Everything runs on one event loop, so the state needs no locks. The hot path does one
 JSON parse, one sliding-window check and one orjson dump; no logging, no middleware.
@@ -20,7 +24,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from . import azure, bodies
+from . import anthropic, azure, bodies, responses
 from .bodies import Job
 from .config import FakeUpstreamConfig
 from .ratelimit import Rejection, SlidingWindowLog, ceil_millis, ceil_seconds, format_duration
@@ -28,6 +32,8 @@ from .stats import LastRequest, Stats
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+# Which API a request speaks: "openai" (the default), "responses" or "anthropic".
+API: web.RequestKey[str] = web.RequestKey("api", str)
 HANG_POLL_SECONDS = 0.05  # how often a hung request looks whether its client went away
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
@@ -59,6 +65,9 @@ class FakeUpstream:
         self.stats = Stats()
         self.window_log = SlidingWindowLog(config.window)
         self.quantum_log = SlidingWindowLog(config.quantum or config.window)
+        self.input_log = SlidingWindowLog(config.window)  # itpm
+        self.output_log = SlidingWindowLog(config.window)  # otpm
+        self.responses = responses.ResponseStore()
         self.rng = random.Random(config.seed)
         self._ids = itertools.count(1)
         self._id_prefix = os.urandom(4).hex()  # distinct ids across instances
@@ -74,6 +83,7 @@ class FakeUpstream:
             self.rng.seed(config.seed)
         self.window_log.window = config.window
         self.quantum_log.window = config.quantum or config.window
+        self.input_log.window = self.output_log.window = config.window
         self.config = config
         return config.runtime_options()
 
@@ -84,21 +94,61 @@ class FakeUpstream:
         self.stats = self.stats.fresh()
         self.window_log.clear()
         self.quantum_log.clear()
+        self.input_log.clear()
+        self.output_log.clear()
 
     # ------------------------------------------------------------ endpoints
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._inference(
-            request, _parse_chat, bodies.chat_completion, bodies.chat_chunks, "chatcmpl"
+            request, _parse_chat, bodies.chat_completion, bodies.chat_chunks, "chatcmpl-"
         )
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._inference(
-            request, _parse_completion, bodies.text_completion, bodies.completion_chunks, "cmpl"
+            request, _parse_completion, bodies.text_completion, bodies.completion_chunks, "cmpl-"
         )
 
     async def embeddings(self, request: web.Request) -> web.StreamResponse:
-        return await self._inference(request, _parse_embedding, _render_embeddings, None, "emb")
+        return await self._inference(request, _parse_embedding, _render_embeddings, None, "emb-")
+
+    async def create_response(self, request: web.Request) -> web.StreamResponse:
+        request[API] = "responses"
+        return await self._inference(
+            request, self._parse_response, self._render_response, self._response_events, "resp_"
+        )
+
+    async def get_response(self, request: web.Request) -> web.StreamResponse:
+        return await self._stored_response(request, self._answer_get)
+
+    async def delete_response(self, request: web.Request) -> web.StreamResponse:
+        return await self._stored_response(request, self._answer_delete)
+
+    async def cancel_response(self, request: web.Request) -> web.StreamResponse:
+        return await self._stored_response(request, self._answer_cancel)
+
+    async def list_input_items(self, request: web.Request) -> web.StreamResponse:
+        return await self._stored_response(request, self._answer_input_items)
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        request[API] = "anthropic"
+        return await self._inference(
+            request, _parse_message, anthropic.message, anthropic.events, "msg_"
+        )
+
+    async def count_tokens(self, request: web.Request) -> web.StreamResponse:
+        request[API] = "anthropic"
+        arrival = self._note_arrival(request)
+        try:
+            self._check_anthropic_headers(request)
+            body = await self._read_body(request, arrival)
+        except _Answered as answered:
+            return answered.response
+        tokens = anthropic.input_tokens(body)
+        if isinstance(tokens, str):
+            return self._bad_request(tokens, api="anthropic")
+        self.stats.served += 1
+        return self._json(200, orjson.dumps({"input_tokens": tokens}))
 
     async def models(self, request: web.Request) -> web.StreamResponse:
         self._note_arrival(request)
@@ -149,8 +199,10 @@ class FakeUpstream:
         self.stats.enter()
         try:
             job, headers = await self._admit(request, parse, arrival)
-            rid = f"{id_prefix}-{self._id_prefix}{next(self._ids):x}"
+            rid = f"{id_prefix}{self._id_prefix}{next(self._ids):x}"
             headers["x-request-id"] = rid
+            if request.get(API) == "anthropic":
+                headers["request-id"] = self._request_id()
             created = int(time.time())
             if job.stream and render_chunks is not None:
                 events = render_chunks(job, rid, created, self.config.stream_chunks)
@@ -172,10 +224,15 @@ class FakeUpstream:
         self, request: web.Request, parse: Parser, arrival: LastRequest
     ) -> tuple[Job, dict[str, str]]:
         """Auth, body, rate limit, latency and faults; raises _Answered to answer early."""
-        if not self._authorized(request):
+        api = request.get(API, "openai")
+        if api == "anthropic":
+            self._check_anthropic_headers(request)
+        elif not self._authorized(request):
             raise _Answered(self._unauthorized())
         body = await self._read_body(request, arrival)
-        if self.config.azure:
+        if self.config.azure and api == "responses":
+            self._check_azure_responses(request, body.get("model") or "")
+        elif self.config.azure:
             # The deployment in the path decides; Azure ignores the body's model.
             deployment = request.match_info["deployment"]
             config = self.config
@@ -190,14 +247,14 @@ class FakeUpstream:
             body = {**body, "model": deployment}
         job = parse(body, self.config)
         if isinstance(job, str):
-            raise _Answered(self._bad_request(job))
+            raise _Answered(self._bad_request(job, api=api))
         if self.config.echo_status is not None:
             raise _Answered(await self._echo(request, job, self.config.echo_status))
         headers = self._take_budget(job, request)
         await self._sleep_latency()
         fault = self._draw_fault()
         if fault is not None:
-            raise _Answered(await self._inject(request, fault, headers))
+            raise _Answered(await self._inject(request, fault, headers, api))
         return job, headers
 
     async def _read_body(self, request: web.Request, arrival: LastRequest) -> dict[str, Any]:
@@ -206,35 +263,57 @@ class FakeUpstream:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
             message = "We could not parse the JSON body of your request."
-            raise _Answered(self._bad_request(message)) from None
+            raise _Answered(self._bad_request(message, api=request.get(API, "openai"))) from None
         if not isinstance(body, dict):
-            raise _Answered(self._bad_request("The request body must be a JSON object."))
+            message = "The request body must be a JSON object."
+            raise _Answered(self._bad_request(message, api=request.get(API, "openai")))
         arrival.body = body  # shown in /stats while this is still the latest request
         model = body.get("model")
-        if not self.config.azure and (not isinstance(model, str) or not model):
+        anthropic_api = request.get(API) == "anthropic"  # anthropic.parse checks it
+        if (
+            not self.config.azure
+            and not anthropic_api
+            and (not isinstance(model, str) or not model)
+        ):
             raise _Answered(self._bad_request("you must provide a model parameter", "model"))
         return body
 
     def _take_budget(self, job: Job, request: web.Request) -> dict[str, str]:
-        """Record the request in the sliding window, or answer 429 if it does not fit."""
+        """Record the request in the sliding windows, or answer 429 if it does not fit."""
         config = self.config
         now = time.monotonic()
-        if config.rpm is None and config.tpm is None:
+        if config.rpm is None and config.tpm is None and not config.itpm and not config.otpm:
             self.window_log.add(now, job.cost)  # only for peak_window_requests
             self.stats.admitted(now, job.cost)
             return dict(JSON_HEADERS)
-        rejection = self.window_log.check(now, job.cost, config.rpm, config.tpm)
-        if rejection is None and config.quantum:
-            rejection = self.quantum_log.check(
-                now, job.cost, _pro_rata(config.rpm, config), _pro_rata(config.tpm, config)
-            )
+        rejection = self._check_windows(now, job)
         if rejection is not None:
             raise _Answered(self._rate_limited(rejection, job, now, request))
         self.window_log.add(now, job.cost)
         if config.quantum:
             self.quantum_log.add(now, job.cost)
+        if config.itpm is not None:
+            self.input_log.add(now, _input_cost(job))
+        if config.otpm is not None:
+            # Checked against the output cap, counted at what is produced (known here).
+            self.output_log.add(now, job.completion_tokens)
         self.stats.admitted(now, job.cost)
-        return {**JSON_HEADERS, **self._limit_headers(now)}
+        return {**JSON_HEADERS, **self._limit_headers(now, request)}
+
+    def _check_windows(self, now: float, job: Job) -> Rejection | None:
+        config = self.config
+        rejection = self.window_log.check(now, job.cost, config.rpm, config.tpm)
+        if rejection is None and config.quantum:
+            rejection = self.quantum_log.check(
+                now, job.cost, _pro_rata(config.rpm, config), _pro_rata(config.tpm, config)
+            )
+        if rejection is None and config.itpm is not None:
+            cost = _input_cost(job)
+            rejection = self.input_log.check(now, cost, None, config.itpm, "input_tokens")
+        if rejection is None and config.otpm is not None:
+            cost = job.max_output
+            rejection = self.output_log.check(now, cost, None, config.otpm, "output_tokens")
+        return rejection
 
     async def _sleep_latency(self) -> None:
         low, high = self.config.latency_range
@@ -256,11 +335,11 @@ class FakeUpstream:
         return None
 
     async def _inject(
-        self, request: web.Request, fault: Fault, headers: dict[str, str]
+        self, request: web.Request, fault: Fault, headers: dict[str, str], api: str
     ) -> web.StreamResponse:
         if fault is Fault.FAIL:
             self.stats.failed += 1
-            return self._server_error(self.config.fail_status, headers)
+            return self._server_error(self.config.fail_status, headers, api)
         if fault is Fault.HANG:
             self.stats.hung += 1
             self._hanging.add(id(request))
@@ -327,11 +406,117 @@ class FakeUpstream:
         await response.write_eof()
         return response
 
+    # ------------------------------------------------------------ the Responses API
+
+    async def _stored_response(
+        self, request: web.Request, answer: Callable[[web.Request, str], web.Response]
+    ) -> web.StreamResponse:
+        """Auth, Azure's path checks, then `answer` for a response this instance stored."""
+        request[API] = "responses"
+        self._note_arrival(request)
+        if not self._authorized(request):
+            return self._unauthorized()
+        try:
+            if self.config.azure:
+                self._check_azure_responses(request, None)
+        except _Answered as answered:
+            return answered.response
+        rid = request.match_info["response_id"]
+        if self.responses.peek(rid) is None:
+            self.stats.unknown_response_ids += 1
+            message = f"Response with id '{rid}' not found."
+            return self._json(404, bodies.error_body(message, "invalid_request_error"))
+        self.stats.served += 1
+        return answer(request, rid)
+
+    def _answer_get(self, request: web.Request, rid: str) -> web.Response:
+        stored = self.responses.get(rid)
+        assert stored is not None  # checked by _stored_response
+        return self._json(200, orjson.dumps(stored.response))
+
+    def _answer_delete(self, request: web.Request, rid: str) -> web.Response:
+        self.responses.delete(rid)
+        return self._json(200, orjson.dumps(responses.deleted(rid)))
+
+    def _answer_cancel(self, request: web.Request, rid: str) -> web.Response:
+        result = self.responses.cancel(rid)
+        if isinstance(result, responses.Invalid):
+            return self._bad_request(result.message, result.param, result.code)
+        return self._json(200, orjson.dumps(result))
+
+    def _answer_input_items(self, request: web.Request, rid: str) -> web.Response:
+        stored = self.responses.peek(rid)
+        assert stored is not None
+        order = request.query.get("order", "desc")
+        return self._json(200, orjson.dumps(responses.item_list(stored.items, order)))
+
+    def _parse_response(self, body: dict[str, Any], config: FakeUpstreamConfig) -> Job | str:
+        previous = None
+        previous_id = body.get("previous_response_id")
+        if previous_id is not None:
+            previous = self.responses.peek(previous_id) if isinstance(previous_id, str) else None
+            if previous is None:  # created by another account, deleted, or never stored
+                self.stats.unknown_response_ids += 1
+                message = f"Previous response with id '{previous_id}' not found."
+                param, code = "previous_response_id", "previous_response_not_found"
+                raise _Answered(self._bad_request(message, param, code))
+        job = responses.parse(body, config.completion_tokens, previous)
+        if isinstance(job, responses.Invalid):
+            raise _Answered(self._bad_request(job.message, job.param, job.code))
+        job.cache_read = config.cache_read_tokens
+        return job
+
+    def _render_response(self, job: Job, rid: str, created: int) -> bytes:
+        done = responses.finished(job, rid, created)
+        if job.request is not None and job.request.get("background") is True:
+            queued = responses.response_object(job, rid, created, "queued", [])
+            self._remember(job, rid, queued, done)  # done once it is next looked at
+            return orjson.dumps(queued)
+        self._remember(job, rid, done, None)
+        return orjson.dumps(done)
+
+    def _response_events(self, job: Job, rid: str, created: int, parts: int) -> list[bytes]:
+        self._remember(job, rid, responses.finished(job, rid, created), None)
+        return responses.events(job, rid, created, parts)
+
+    def _remember(
+        self, job: Job, rid: str, response: dict[str, Any], finished: dict[str, Any] | None
+    ) -> None:
+        body = job.request or {}
+        if body.get("store") is False:
+            return
+        items = responses.input_items(body, f"msg_{rid.removeprefix('resp_')}i")
+        self.responses.put(rid, responses.Stored(response, items, finished))
+
+    def _check_azure_responses(self, request: web.Request, model: object) -> None:
+        config = self.config
+        problem = azure.responses_problem(
+            request.path.startswith("/openai/v1/"),
+            request.query.get("api-version"),
+            model,
+            config.models,
+        )
+        if problem is not None:
+            raise _Answered(self._json(*problem))
+
+    # ------------------------------------------------------------ the Messages API
+
+    def _check_anthropic_headers(self, request: web.Request) -> None:
+        if not anthropic.authorized(request.headers, self.config.api_key):
+            raise _Answered(self._unauthorized("anthropic"))
+        problem = anthropic.version_problem(request.headers.get("anthropic-version"))
+        if problem is not None:
+            raise _Answered(self._bad_request(problem, api="anthropic"))
+
+    def _request_id(self) -> str:
+        return f"req_{self._id_prefix}{next(self._ids):x}"
+
     # ------------------------------------------------------------ answers
 
     def _note_arrival(self, request: web.Request) -> LastRequest:
         stats = self.stats
         stats.requests += 1
+        stats.count_endpoint(request)
         arrival = LastRequest(request.method, request.path, request.headers)
         stats.last_request = arrival
         return arrival
@@ -339,7 +524,12 @@ class FakeUpstream:
     def _authorized(self, request: web.Request) -> bool:
         key = self.config.api_key
         if self.config.azure:
-            return azure.authorized(request.headers.get("api-key"), key)
+            sent = request.headers.get("api-key")
+            bearer = request.headers.get("Authorization", "")
+            if sent is None and request.path.startswith("/openai/v1/"):
+                # Azure's v1 API also takes the key as a bearer token (the openai client)
+                sent = bearer.removeprefix("Bearer ") if bearer.startswith("Bearer ") else None
+            return azure.authorized(sent, key)
         return key is None or request.headers.get("Authorization") == f"Bearer {key}"
 
     def _json(
@@ -348,28 +538,53 @@ class FakeUpstream:
         self.stats.count_status(status)
         return web.Response(status=status, body=body, headers=headers or JSON_HEADERS)
 
-    def _unauthorized(self) -> web.Response:
+    def _anthropic_error(
+        self, status: int, message: str, headers: dict[str, str] | None = None
+    ) -> web.Response:
+        rid = self._request_id()
+        body = anthropic.error_body(status, message, rid)
+        return self._json(status, body, {**JSON_HEADERS, **(headers or {}), "request-id": rid})
+
+    def _unauthorized(self, api: str = "openai") -> web.Response:
+        if api == "anthropic":
+            return self._anthropic_error(401, "invalid x-api-key")
         if self.config.azure:
             return self._json(401, azure.error_body("401", azure.ACCESS_DENIED))
         message = "Incorrect API key provided. You can find your API key in your account."
         body = bodies.error_body(message, "invalid_request_error", "invalid_api_key")
         return self._json(401, body)
 
-    def _bad_request(self, message: str, param: str | None = None) -> web.Response:
-        return self._json(400, bodies.error_body(message, "invalid_request_error", None, param))
+    def _bad_request(
+        self,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        api: str = "openai",
+    ) -> web.Response:
+        if api == "anthropic":
+            return self._anthropic_error(400, message)
+        return self._json(400, bodies.error_body(message, "invalid_request_error", code, param))
 
-    def _server_error(self, status: int, headers: dict[str, str]) -> web.Response:
+    def _server_error(self, status: int, headers: dict[str, str], api: str) -> web.Response:
+        if api == "anthropic":
+            return self._anthropic_error(
+                status, "Overloaded" if status == 529 else "Internal server error", headers
+            )
         message = "The server had an error while processing your request. Sorry about that!"
         return self._json(status, bodies.error_body(message, "server_error"), headers)
 
     def _rate_limited(
         self, rejection: Rejection, job: Job, now: float, request: web.Request
     ) -> web.Response:
-        self.stats.rejected += 1
-        headers = self._limit_headers(now)
+        self.stats.count_rejection(rejection.kind)
+        headers = self._limit_headers(now, request)
         headers.update(JSON_HEADERS)
         seconds = ceil_seconds(rejection.retry_after)
         headers["retry-after"] = str(seconds)
+        if request.get(API) == "anthropic":
+            per_minute = 60.0 / self.config.window
+            text = anthropic.rate_limit_message(rejection.kind, rejection.limit, per_minute)
+            return self._anthropic_error(429, text, headers)
         headers["retry-after-ms"] = str(ceil_millis(rejection.retry_after))
         if self.config.azure:
             endpoint = request.path.split("/", 4)[-1]  # /openai/deployments/{d}/{endpoint}
@@ -380,13 +595,16 @@ class FakeUpstream:
         body = bodies.error_body(message, rejection.kind, "rate_limit_exceeded")
         return self._json(429, body, headers)
 
-    def _limit_headers(self, now: float) -> dict[str, str]:
-        """OpenAI's x-ratelimit-* headers; a reset is when the window is empty again."""
+    def _limit_headers(self, now: float, request: web.Request) -> dict[str, str]:
+        """The API's rate-limit headers: Anthropic's, or OpenAI's x-ratelimit-* (a reset is
+        when the window is empty again)."""
         config = self.config
         headers: dict[str, str] = {}
         if not config.ratelimit_headers:
             return headers
         state = self.window_log.state(now)
+        if request.get(API) == "anthropic":
+            return self._anthropic_limit_headers(now)
         if config.azure:  # Azure says only what is left, per minute as OpenAI does
             if config.rpm is not None:
                 headers["x-ratelimit-remaining-requests"] = str(max(0, config.rpm - state.requests))
@@ -404,6 +622,26 @@ class FakeUpstream:
             headers["x-ratelimit-remaining-tokens"] = str(max(0, config.tpm - state.tokens))
             headers["x-ratelimit-reset-tokens"] = format_duration(state.tokens_reset)
         return headers
+
+    def _anthropic_limit_headers(self, now: float) -> dict[str, str]:
+        config = self.config
+        windows: dict[str, tuple[int, int, float]] = {}
+        if config.rpm is not None:
+            state = self.window_log.state(now)
+            windows["requests"] = (config.rpm, state.requests, state.requests_reset)
+        if config.itpm is not None:
+            state = self.input_log.state(now)
+            windows["input_tokens"] = (config.itpm, state.tokens, state.tokens_reset)
+        if config.otpm is not None:
+            state = self.output_log.state(now)
+            windows["output_tokens"] = (config.otpm, state.tokens, state.tokens_reset)
+        return anthropic.limit_headers(windows, 60.0 / config.window)
+
+
+def _input_cost(job: Job) -> int:
+    """What counts toward an input-token limit: uncached input and cache writes, not cache
+    reads (Anthropic's rule for current models)."""
+    return job.prompt_tokens + job.cache_write
 
 
 def _pro_rata(limit: int | None, config: FakeUpstreamConfig) -> int | None:
@@ -454,6 +692,11 @@ def _parse_completion(body: dict[str, Any], config: FakeUpstreamConfig) -> Job |
     return bodies.parse_completion(body, config.completion_tokens)
 
 
+def _parse_message(body: dict[str, Any], config: FakeUpstreamConfig) -> Job | str:
+    cache = (config.cache_read_tokens, config.cache_write_tokens)
+    return anthropic.parse(body, config.completion_tokens, cache)
+
+
 def _parse_embedding(body: dict[str, Any], config: FakeUpstreamConfig) -> Job | str:
     return bodies.parse_embedding(body, config.embedding_dims)
 
@@ -466,6 +709,18 @@ def _render_embeddings(job: Job, rid: str, created: int) -> bytes:
 _AZURE_PATH = "/openai/deployments/{deployment}"
 
 UPSTREAM_KEY: web.AppKey[FakeUpstream] = web.AppKey("fake_upstream", FakeUpstream)
+
+Route = tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]
+
+
+def _responses_routes(upstream: FakeUpstream, base: str) -> list[Route]:
+    return [
+        ("POST", base, upstream.create_response),
+        ("GET", base + "/{response_id}", upstream.get_response),
+        ("DELETE", base + "/{response_id}", upstream.delete_response),
+        ("POST", base + "/{response_id}/cancel", upstream.cancel_response),
+        ("GET", base + "/{response_id}/input_items", upstream.list_input_items),
+    ]
 
 
 def build_app(config: FakeUpstreamConfig | None = None) -> web.Application:
@@ -482,6 +737,8 @@ def build_app(config: FakeUpstreamConfig | None = None) -> web.Application:
             ("POST", f"{_AZURE_PATH}/chat/completions", upstream.chat_completions),
             ("POST", f"{_AZURE_PATH}/completions", upstream.completions),
             ("POST", f"{_AZURE_PATH}/embeddings", upstream.embeddings),
+            *_responses_routes(upstream, "/openai/v1/responses"),
+            *_responses_routes(upstream, "/openai/responses"),
             ("*", "/openai/{tail:.*}", upstream.not_found),
         ]
         if upstream.config.azure
@@ -490,9 +747,13 @@ def build_app(config: FakeUpstreamConfig | None = None) -> web.Application:
             ("POST", "/v1/completions", upstream.completions),
             ("POST", "/v1/embeddings", upstream.embeddings),
             ("GET", "/v1/models", upstream.models),
+            *_responses_routes(upstream, "/v1/responses"),
+            # Anthropic's Messages API, always on: its paths are its own.
+            ("POST", "/v1/messages", upstream.messages),
+            ("POST", "/v1/messages/count_tokens", upstream.count_tokens),
         ]
     )
-    routes: list[tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]] = [
+    routes: list[Route] = [
         *api,
         ("GET", "/stats", upstream.get_stats),
         ("POST", "/stats/reset", upstream.reset_stats),

@@ -22,6 +22,7 @@ __all__ = [
     "not_found",
     "path_problem",
     "rate_limit_message",
+    "responses_problem",
 ]
 
 # api-version values Azure OpenAI serves for chat, completions and embeddings (GA first).
@@ -34,11 +35,17 @@ DEFAULT_API_VERSIONS: tuple[str, ...] = (
     "2024-12-01-preview",
 )
 
+# Azure serves the Responses API at /openai/v1/responses (the v1 API: no api-version, or
+# "preview" / "latest") and at /openai/responses?api-version=... (these preview versions).
+RESPONSES_API_VERSIONS: tuple[str, ...] = ("2025-04-01-preview", "2025-03-01-preview")
+V1_API_VERSIONS: tuple[str, ...] = ("preview", "latest")
+
 # Azure names each endpoint's operation in its 429 messages.
 OPERATIONS = {
     "chat/completions": "ChatCompletions_Create",
     "completions": "Completions_Create",
     "embeddings": "Embeddings_Create",
+    "responses": "Responses_Create",
 }
 
 ACCESS_DENIED = (
@@ -77,6 +84,23 @@ def path_problem(
     if api_version not in versions:
         return 400, error_body("BadRequest", _BAD_VERSION)
     if deployment not in deployments:
+        return 404, error_body("DeploymentNotFound", _NO_DEPLOYMENT)
+    return None
+
+
+def responses_problem(
+    v1: bool, api_version: str | None, model: object, deployments: tuple[str, ...]
+) -> tuple[int, bytes] | None:
+    """Azure's answer to a wrong api-version, or (`model` not None: a create) to a model
+    that names no deployment; None: fine. The v1 path needs no api-version."""
+    if v1:
+        if api_version is not None and api_version not in V1_API_VERSIONS:
+            return 400, error_body("BadRequest", _BAD_VERSION)
+    elif not api_version:
+        return 404, error_body("404", _NOT_FOUND)
+    elif api_version not in RESPONSES_API_VERSIONS:
+        return 400, error_body("BadRequest", _BAD_VERSION)
+    if model is not None and model not in deployments:
         return 404, error_body("DeploymentNotFound", _NO_DEPLOYMENT)
     return None
 

@@ -42,6 +42,10 @@ class Job:
     inputs: tuple[Any, ...] = ()  # embeddings only
     dims: int = 0
     base64: bool = False
+    max_output: int = 0  # the output cap at admission (max_tokens or the default)
+    cache_read: int = 0  # input tokens reported as read from a prompt cache
+    cache_write: int = 0  # input tokens reported as written to it (Anthropic only)
+    request: dict[str, Any] | None = None  # the body, for answers that quote it
 
 
 # ---------------------------------------------------------------- request parsing
@@ -85,13 +89,35 @@ def _generation_job(
     requested = body.get(max_field, body.get("max_tokens"))
     if requested is not None and (not _is_int(requested) or requested < 1):
         return f"'{max_field}' must be a positive integer"
-    stream = body.get("stream") is True
     options = body.get("stream_options")
+    stream = body.get("stream") is True
     include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
-    completion = default_completion if requested is None else min(requested, default_completion)
-    finish = "length" if requested is not None and requested < default_completion else "stop"
-    cost = prompt + (default_completion if requested is None else requested)
-    return Job(body["model"], prompt, completion, cost, stream, include_usage, finish)
+    return capped_job(body, prompt, requested, default_completion, include_usage=include_usage)
+
+
+def capped_job(
+    body: dict[str, Any],
+    prompt: int,
+    requested: int | None,
+    default_completion: int,
+    finish: tuple[str, str] = ("length", "stop"),
+    **extra: Any,
+) -> Job:
+    """A generation: `default_completion` tokens, cut to the cap the request sets (then
+    the first `finish` reason, else the second); the tpm cost counts the cap."""
+    max_output = default_completion if requested is None else requested
+    completion = min(max_output, default_completion)
+    cut, whole = finish
+    return Job(
+        body["model"],
+        prompt,
+        completion,
+        prompt + max_output,
+        body.get("stream") is True,
+        finish_reason=cut if completion < default_completion else whole,
+        max_output=max_output,
+        **extra,
+    )
 
 
 def estimate_chat_prompt_tokens(messages: list[Any]) -> int:
@@ -335,3 +361,8 @@ SSE_DONE = b"data: [DONE]\n\n"
 
 def sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def named_sse(event: str, payload: dict[str, Any]) -> bytes:
+    """An SSE event with an `event:` line (the Responses and Messages APIs name theirs)."""
+    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"

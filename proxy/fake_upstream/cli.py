@@ -19,8 +19,9 @@ def build_parser(prog: str = "python -m proxy.fake_upstream") -> argparse.Argume
     defaults = FakeUpstreamConfig()
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="A fast fake OpenAI-compatible upstream with a strict rate limit, "
-        "latency and failure injection. Options can be changed at runtime with POST /control.",
+        description="A fast fake OpenAI-compatible (and Anthropic Messages) upstream with a "
+        "strict rate limit, latency and failure injection. Options can be changed at runtime "
+        "with POST /control.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add = parser.add_argument
@@ -37,6 +38,8 @@ def build_parser(prog: str = "python -m proxy.fake_upstream") -> argparse.Argume
     add("--completion-tokens", type=int, default=defaults.completion_tokens, help="per answer")
     add("--rpm", type=int, default=None, help="requests per window (unset: unlimited)")
     add("--tpm", type=int, default=None, help="tokens per window (unset: unlimited)")
+    add("--itpm", type=int, default=None, help="input tokens per window (unset: unlimited)")
+    add("--otpm", type=int, default=None, help="output tokens per window (unset: unlimited)")
     add("--window", type=float, default=defaults.window, help="limit window in seconds")
     add(
         "--quantum",
@@ -70,6 +73,8 @@ def build_parser(prog: str = "python -m proxy.fake_upstream") -> argparse.Argume
         help="the api-version values accepted in Azure mode",
     )
     add("--embedding-dims", type=int, default=defaults.embedding_dims, help="vector size")
+    add("--cache-read-tokens", type=int, default=0, help="input tokens reported as cache reads")
+    add("--cache-write-tokens", type=int, default=0, help="input tokens reported as cache writes")
     add("--access-log", action="store_true", help="log every request (slower)")
     add("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="")
     return parser
@@ -86,6 +91,8 @@ def config_from_args(args: argparse.Namespace) -> FakeUpstreamConfig:
         completion_tokens=args.completion_tokens,
         rpm=args.rpm,
         tpm=args.tpm,
+        itpm=args.itpm,
+        otpm=args.otpm,
         window=args.window,
         quantum=args.quantum,
         ratelimit_headers=args.ratelimit_headers,
@@ -102,6 +109,8 @@ def config_from_args(args: argparse.Namespace) -> FakeUpstreamConfig:
             v.strip() for v in args.azure_api_versions.split(",") if v.strip()
         ),
         embedding_dims=args.embedding_dims,
+        cache_read_tokens=args.cache_read_tokens,
+        cache_write_tokens=args.cache_write_tokens,
         access_log=args.access_log,
     )
 

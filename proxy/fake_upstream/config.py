@@ -27,6 +27,10 @@ RUNTIME_FIELDS: frozenset[str] = frozenset(
         "latency",
         "rpm",
         "tpm",
+        "itpm",
+        "otpm",
+        "cache_read_tokens",
+        "cache_write_tokens",
         "window",
         "quantum",
         "ratelimit_headers",
@@ -62,6 +66,11 @@ class FakeUpstreamConfig:
     completion_tokens: int = 16
     rpm: int | None = None
     tpm: int | None = None
+    # Input and output tokens per window, apart (Anthropic's ITPM / OTPM), on every API:
+    # input counts uncached input and cache writes, not cache reads; output is checked
+    # against the request's max tokens at admission and counts the tokens produced.
+    itpm: int | None = None
+    otpm: int | None = None
     window: float = 60.0
     # Limits also enforced over every `quantum` seconds, pro rata (OpenAI's "quantized"
     # limits: 60,000 a minute may be enforced as 1,000 a second). None: off.
@@ -84,6 +93,10 @@ class FakeUpstreamConfig:
     azure: bool = False
     azure_api_versions: tuple[str, ...] = field(default=DEFAULT_API_VERSIONS)
     embedding_dims: int = 8
+    # Input tokens every answer reports as read from / written to a prompt cache (Responses:
+    # `cached_tokens`, at most the input; Messages: the cache counts, on top of the input).
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
     access_log: bool = False
     _latency_range: tuple[float, float] = field(init=False, repr=False, compare=False)
 
@@ -93,6 +106,8 @@ class FakeUpstreamConfig:
         self._latency_range = (low_high[0], low_high[1])
         self.rpm = _optional_limit("rpm", self.rpm)
         self.tpm = _optional_limit("tpm", self.tpm)
+        self.itpm = _optional_limit("itpm", self.itpm)
+        self.otpm = _optional_limit("otpm", self.otpm)
         self.models = tuple(self.models)
         self.azure_api_versions = tuple(self.azure_api_versions)
         _validate(self)
@@ -125,6 +140,8 @@ class FakeUpstreamConfig:
         parts = [
             f"rpm={self.rpm or 'off'}",
             f"tpm={self.tpm or 'off'}",
+            *([f"itpm={self.itpm}"] if self.itpm else []),
+            *([f"otpm={self.otpm}"] if self.otpm else []),
             f"window={self.window:g}s",
             *([f"quantum={self.quantum:g}s"] if self.quantum else []),
             f"latency={latency}",
@@ -181,6 +198,9 @@ def _optional_limit(name: str, value: int | None) -> int | None:
 def _validate(config: FakeUpstreamConfig) -> None:
     for name in ("port", "stream_chunks", "completion_tokens", "fail_after_chunks"):
         _require(_is_int(getattr(config, name)), f"{name} must be an integer")
+    for name in ("cache_read_tokens", "cache_write_tokens"):
+        value = getattr(config, name)
+        _require(_is_int(value) and value >= 0, f"{name} must be an integer >= 0")
     _require(0 <= config.port <= 65535, "port must be in 0..65535")
     _require(config.stream_chunks >= 1, "stream_chunks must be >= 1")
     _require(config.completion_tokens >= 1, "completion_tokens must be >= 1")

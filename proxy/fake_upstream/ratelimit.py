@@ -21,7 +21,7 @@ _COMPACT_AFTER = 1024
 class Rejection:
     """Why a request does not fit: which limit, and when it would fit."""
 
-    kind: str  # "requests" or "tokens", as OpenAI's error `type`
+    kind: str  # "requests", "tokens" (OpenAI's error `type`), "input_tokens", "output_tokens"
     limit: int
     used: int
     requested: int
@@ -65,8 +65,11 @@ class SlidingWindowLog:
         reset = self._times[-1] + self.window - now if count else 0.0
         return WindowState(count, self._tokens(), reset, reset)
 
-    def check(self, now: float, cost: int, rpm: int | None, tpm: int | None) -> Rejection | None:
-        """Whether a request of `cost` tokens fits now; records nothing."""
+    def check(
+        self, now: float, cost: int, rpm: int | None, tpm: int | None, kind: str = "tokens"
+    ) -> Rejection | None:
+        """Whether a request of `cost` tokens fits now; records nothing. `kind` names the
+        token limit in a rejection (one log per token kind: tokens, input, output)."""
         self._prune(now)
         count = len(self._times) - self._head
         if rpm is not None and count + 1 > rpm:
@@ -74,7 +77,7 @@ class SlidingWindowLog:
             expires = self._times[self._head + count - rpm] + self.window
             return Rejection("requests", rpm, count, 1, expires - now)
         if tpm is not None:
-            return self._check_tokens(now, cost, tpm)
+            return self._check_tokens(now, cost, tpm, kind)
         return None
 
     def add(self, now: float, cost: int) -> int:
@@ -88,17 +91,17 @@ class SlidingWindowLog:
             self.peak = count
         return count
 
-    def _check_tokens(self, now: float, cost: int, tpm: int) -> Rejection | None:
+    def _check_tokens(self, now: float, cost: int, tpm: int, kind: str) -> Rejection | None:
         used = self._tokens()
         if used + cost <= tpm:
             return None
         if cost > tpm:
             wait = self._times[-1] + self.window - now if used else self.window
-            return Rejection("tokens", tpm, used, cost, wait, too_large=True)
+            return Rejection(kind, tpm, used, cost, wait, too_large=True)
         # Expire the oldest entries until the remaining tokens plus `cost` fit.
         needed = self._cum[-1] + cost - tpm
         index = bisect_left(self._cum, needed, self._head)
-        return Rejection("tokens", tpm, used, cost, self._times[index] + self.window - now)
+        return Rejection(kind, tpm, used, cost, self._times[index] + self.window - now)
 
     def _tokens(self) -> int:
         if len(self._times) == self._head:

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiohttp import web
+
 
 @dataclass(slots=True)
 class LastRequest:
@@ -48,6 +50,12 @@ class Stats:
     first_admitted: float | None = None  # monotonic time of the first admission
     last_admitted: float | None = None
     by_status: dict[int, int] = field(default_factory=dict)
+    # "METHOD /route/{template}": which instance got which call
+    by_endpoint: dict[str, int] = field(default_factory=dict)
+    # 429s per window kind: requests, tokens, input_tokens, output_tokens
+    rejected_by_kind: dict[str, int] = field(default_factory=dict)
+    # response ids (GET/DELETE/cancel/input_items, previous_response_id) not created here
+    unknown_response_ids: int = 0
     last_request: LastRequest | None = None
 
     def enter(self) -> None:
@@ -57,6 +65,16 @@ class Stats:
 
     def count_status(self, status: int) -> None:
         self.by_status[status] = self.by_status.get(status, 0) + 1
+
+    def count_endpoint(self, request: web.Request) -> None:
+        resource = request.match_info.route.resource
+        path = resource.canonical if resource is not None else request.path
+        key = f"{request.method} {path}"
+        self.by_endpoint[key] = self.by_endpoint.get(key, 0) + 1
+
+    def count_rejection(self, kind: str) -> None:
+        self.rejected += 1
+        self.rejected_by_kind[kind] = self.rejected_by_kind.get(kind, 0) + 1
 
     def admitted(self, now: float, cost: int) -> None:
         """A request passed the rate limit at ``now``, costing ``cost`` tokens."""
@@ -86,6 +104,9 @@ class Stats:
             "streams_cut": self.streams_cut,
             "client_disconnects": self.client_disconnects,
             "by_status": {str(status): n for status, n in sorted(self.by_status.items())},
+            "by_endpoint": dict(sorted(self.by_endpoint.items())),
+            "rejected_by_kind": dict(sorted(self.rejected_by_kind.items())),
+            "unknown_response_ids": self.unknown_response_ids,
             "in_flight": self.in_flight,
             "max_in_flight": self.max_in_flight,
             "peak_window_requests": peak_window_requests,

@@ -116,3 +116,67 @@ def test_azure_mode_from_the_command_line() -> None:
     assert config.azure and config.azure_api_versions == ("2024-10-21", "2024-06-01")
     assert config.models == ("dep-a",)
     assert "azure (deployments: dep-a)" in config.describe()
+
+
+# ------------------------------------------------------------------ the Responses API
+
+RESPONSES_VERSION = "2025-04-01-preview"
+
+
+def test_azure_sdk_responses_at_openai_responses_with_an_api_version(
+    upstream: FakeUpstreamHandle,
+) -> None:
+    sdk = openai.AzureOpenAI(
+        azure_endpoint=upstream.url, api_key=KEY, api_version=RESPONSES_VERSION, max_retries=0
+    )
+    created = sdk.responses.create(model="gpt-4o", input="Hello there, Azure!")
+    assert created.status == "completed" and created.model == "gpt-4o"
+    assert upstream.stats()["last_request"]["path"] == "/openai/responses"
+    assert sdk.responses.retrieve(created.id).id == created.id
+    with sdk.responses.stream(model="gpt-4o", input="x") as stream:
+        assert stream.get_final_response().status == "completed"
+    sdk.responses.delete(created.id)
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.retrieve(created.id)
+
+
+def test_the_v1_path_needs_no_api_version_and_takes_a_bearer_key(
+    upstream: FakeUpstreamHandle,
+) -> None:
+    sdk = openai.OpenAI(base_url=f"{upstream.url}/openai/v1/", api_key=KEY, max_retries=0)
+    created = sdk.responses.create(model="gpt-4o-mini", input="x")
+    assert created.status == "completed"
+    assert upstream.stats()["last_request"]["path"] == "/openai/v1/responses"
+    follow_up = sdk.responses.create(
+        model="gpt-4o-mini", input="y", previous_response_id=created.id
+    )
+    assert follow_up.previous_response_id == created.id
+
+
+def test_responses_paths_check_version_deployment_and_key(client: httpx.Client) -> None:
+    key = {"api-key": KEY}
+    body = {"model": "gpt-4o", "input": "x"}
+    missing = client.post("/openai/responses", json=body, headers=key)
+    assert _azure_error(missing, 404, "404") == "Resource not found"
+    wrong = client.post("/openai/responses?api-version=2024-10-21", json=body, headers=key)
+    _azure_error(wrong, 400, "BadRequest")
+    unknown = {"model": "nope", "input": "x"}
+    _azure_error(
+        client.post("/openai/v1/responses", json=unknown, headers=key), 404, "DeploymentNotFound"
+    )
+    _azure_error(client.post("/openai/v1/responses", json=body), 401, "401")
+    assert client.post(
+        "/openai/v1/responses?api-version=preview", json=body, headers=key
+    ).is_success
+    gone = client.get("/openai/v1/responses/resp_other", headers=key)
+    assert gone.status_code == 404
+
+
+def test_azure_responses_429_names_the_operation() -> None:
+    config = FakeUpstreamConfig(port=0, azure=True, rpm=1, window=60)
+    with run_in_thread(config) as upstream, httpx.Client(base_url=upstream.url) as http:
+        path = f"/openai/responses?api-version={RESPONSES_VERSION}"
+        body = {"model": "gpt-4o", "input": "x"}
+        assert http.post(path, json=body, headers={"api-key": "any"}).status_code == 200
+        refused = http.post(path, json=body, headers={"api-key": "any"})
+        assert "Responses_Create Operation" in _azure_error(refused, 429, "429")

@@ -71,3 +71,16 @@ def test_cli_serves_until_sigterm() -> None:
         assert httpx.get(url + "/v1/models", timeout=5).status_code == 200
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=10) == 0
+
+
+def test_cli_flags_for_the_input_output_windows_and_cache_counts() -> None:
+    argv = ["--itpm", "500", "--otpm", "100", "--cache-read-tokens", "7"]
+    argv += ["--cache-write-tokens", "3"]
+    config = config_from_args(build_parser().parse_args(argv))
+    assert (config.itpm, config.otpm) == (500, 100)
+    assert (config.cache_read_tokens, config.cache_write_tokens) == (7, 3)
+    assert "itpm=500" in config.describe() and "otpm=100" in config.describe()
+    for bad in ({"itpm": -1}, {"cache_read_tokens": -1}, {"cache_write_tokens": 1.5}):
+        with pytest.raises(ValueError):
+            FakeUpstreamConfig(**bad)  # type: ignore[arg-type]
+    assert FakeUpstreamConfig().updated({"otpm": 10}).otpm == 10

@@ -1,0 +1,300 @@
+"""OpenAI's Responses API, pure: request parsing, response objects, their SSE events and
+the per-instance store that `GET /v1/responses/{id}` and `previous_response_id` read.
+
+A response lives in the account that created it; one fake upstream is one account, so an
+id it did not create is unknown to it (404, or 400 `previous_response_not_found`), as it
+is to OpenAI. Token counts use the chat estimate (bodies.py): `instructions` and each input
+item count as messages; a follow-up's input also counts the previous response's input and
+output, as OpenAI bills the whole conversation.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from .bodies import (
+    Job,
+    capped_job,
+    completion_text,
+    estimate_chat_prompt_tokens,
+    named_sse,
+    split_text,
+)
+
+MIN_MAX_OUTPUT_TOKENS = 16  # OpenAI rejects a smaller max_output_tokens
+STORE_CAPACITY = 100_000  # responses kept per instance; the oldest go first
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid:
+    """A 400 `invalid_request_error` with OpenAI's `param` and `code`."""
+
+    message: str
+    param: str | None = None
+    code: str | None = None
+
+
+@dataclass(slots=True)
+class Stored:
+    """A response as `GET` returns it, with the input items it was created from."""
+
+    response: dict[str, Any]
+    items: list[dict[str, Any]]
+    finished: dict[str, Any] | None = None  # a queued background response, once done
+
+
+@dataclass
+class ResponseStore:
+    """The responses this instance created (`store` not false), oldest first."""
+
+    capacity: int = STORE_CAPACITY
+    _by_id: OrderedDict[str, Stored] = field(default_factory=OrderedDict)
+
+    def put(self, rid: str, stored: Stored) -> None:
+        self._by_id[rid] = stored
+        if len(self._by_id) > self.capacity:
+            self._by_id.popitem(last=False)
+
+    def peek(self, rid: str) -> Stored | None:
+        """The response as stored, without finishing a queued one."""
+        return self._by_id.get(rid)
+
+    def get(self, rid: str) -> Stored | None:
+        """The response; a queued background one has finished by the time it is read."""
+        stored = self._by_id.get(rid)
+        if stored is not None and stored.finished is not None:
+            stored.response, stored.finished = stored.finished, None
+        return stored
+
+    def cancel(self, rid: str) -> dict[str, Any] | Invalid | None:
+        """Cancel a queued background response; None if unknown."""
+        stored = self._by_id.get(rid)
+        if stored is None:
+            return None
+        if not stored.response.get("background"):
+            return Invalid("Only responses created with background=true can be cancelled.")
+        if stored.finished is not None:
+            stored.response = {**stored.response, "status": "cancelled"}
+            stored.finished = None
+        return stored.response
+
+    def delete(self, rid: str) -> bool:
+        return self._by_id.pop(rid, None) is not None
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+
+def parse(body: dict[str, Any], default_completion: int, previous: Stored | None) -> Job | Invalid:
+    """A Job for `POST /v1/responses` (`previous`: the stored `previous_response_id`)."""
+    messages = input_messages(body.get("input"))
+    if messages is None:
+        return Invalid(
+            "Invalid type for 'input': expected a string or an array of input items.",
+            "input",
+            "invalid_type",
+        )
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        return Invalid("Invalid type for 'instructions': expected a string.", "instructions")
+    if isinstance(instructions, str):
+        messages = [{"content": instructions}, *messages]
+    requested = body.get("max_output_tokens")
+    if requested is not None:
+        if not isinstance(requested, int) or isinstance(requested, bool):
+            return Invalid(
+                "Invalid type for 'max_output_tokens': expected an integer.",
+                "max_output_tokens",
+                "invalid_type",
+            )
+        if requested < MIN_MAX_OUTPUT_TOKENS:
+            return Invalid(
+                "Invalid 'max_output_tokens': integer below minimum value. Expected a value"
+                f" >= {MIN_MAX_OUTPUT_TOKENS}, but got {requested} instead.",
+                "max_output_tokens",
+                "integer_below_min_value",
+            )
+    prompt = estimate_chat_prompt_tokens(messages) if messages else 0
+    if previous is not None:
+        usage = previous.response.get("usage") or {}
+        prompt += int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
+    return capped_job(body, prompt, requested, default_completion, request=body)
+
+
+def input_messages(value: object) -> list[dict[str, Any]] | None:
+    """The input as chat-like messages for the token estimate; None if malformed."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [{"content": value}]
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        return None
+    # Tool results carry their text in `output`, messages in `content`.
+    return [{"content": item.get("content", item.get("output"))} for item in value]
+
+
+def input_items(body: dict[str, Any], item_prefix: str) -> list[dict[str, Any]]:
+    """The input as the items `GET /v1/responses/{id}/input_items` lists (with ids)."""
+    value = body.get("input")
+    raw: list[Any] = [{"role": "user", "content": value}] if isinstance(value, str) else []
+    if isinstance(value, list):
+        raw = value
+    items = []
+    for index, item in enumerate(raw):
+        content = item.get("content")
+        if isinstance(content, str):
+            content = [{"type": "input_text", "text": content}]
+        items.append(
+            {
+                "id": f"{item_prefix}{index:x}",
+                "type": item.get("type", "message"),
+                "role": item.get("role", "user"),
+                "status": "completed",
+                "content": content,
+            }
+            if "content" in item
+            else {"id": f"{item_prefix}{index:x}", **item}
+        )
+    return items
+
+
+def usage(job: Job) -> dict[str, Any]:
+    return {
+        "input_tokens": job.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": min(job.cache_read, job.prompt_tokens)},
+        "output_tokens": job.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": job.prompt_tokens + job.completion_tokens,
+    }
+
+
+def response_object(
+    job: Job, rid: str, created: int, status: str, output: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The `response` object in any state (`usage` only once it ended)."""
+    body = job.request or {}
+    ended = status in ("completed", "incomplete")
+    incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+    return {
+        "id": rid,
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "background": body.get("background") is True,
+        "error": None,
+        "incomplete_details": incomplete,
+        "instructions": body.get("instructions"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "max_tool_calls": None,
+        "model": job.model,
+        "output": output,
+        "parallel_tool_calls": True,
+        "previous_response_id": body.get("previous_response_id"),
+        "reasoning": {"effort": None, "summary": None},
+        "service_tier": "default",
+        "store": body.get("store") is not False,
+        "temperature": 1.0,
+        "text": {"format": {"type": "text"}, "verbosity": "medium"},
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": 1.0,
+        "truncation": "disabled",
+        "usage": usage(job) if ended else None,
+        "user": None,
+        "metadata": body.get("metadata") or {},
+    }
+
+
+def final_status(job: Job) -> str:
+    return "incomplete" if job.finish_reason == "length" else "completed"
+
+
+def message_item(item_id: str, status: str, text: str | None) -> dict[str, Any]:
+    content = [] if text is None else [output_text(text)]
+    return {
+        "id": item_id,
+        "type": "message",
+        "status": status,
+        "role": "assistant",
+        "content": content,
+    }
+
+
+def output_text(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def finished(job: Job, rid: str, created: int) -> dict[str, Any]:
+    """The response as it is once generated."""
+    status = final_status(job)
+    item = message_item(message_id(rid), status, completion_text(job.completion_tokens))
+    return response_object(job, rid, created, status, [item])
+
+
+def message_id(rid: str) -> str:
+    return "msg_" + rid.removeprefix("resp_")
+
+
+def events(job: Job, rid: str, created: int, parts: int) -> list[bytes]:
+    """The semantic SSE events of a streamed response, as OpenAI sends them (no [DONE])."""
+    item_id = message_id(rid)
+    status = final_status(job)
+    text = completion_text(job.completion_tokens)
+    where = {"item_id": item_id, "output_index": 0, "content_index": 0}
+    payloads: list[dict[str, Any]] = [
+        {
+            "type": "response.created",
+            "response": response_object(job, rid, created, "in_progress", []),
+        },
+        {
+            "type": "response.in_progress",
+            "response": response_object(job, rid, created, "in_progress", []),
+        },
+        {
+            "type": "response.output_item.added",
+            "output_index": 0,
+            "item": message_item(item_id, "in_progress", None),
+        },
+        {"type": "response.content_part.added", **where, "part": output_text("")},
+    ]
+    payloads.extend(
+        {"type": "response.output_text.delta", **where, "delta": delta, "logprobs": []}
+        for delta in split_text(job.completion_tokens, parts)
+    )
+    payloads.extend(
+        [
+            {"type": "response.output_text.done", **where, "text": text, "logprobs": []},
+            {"type": "response.content_part.done", **where, "part": output_text(text)},
+            {
+                "type": "response.output_item.done",
+                "output_index": 0,
+                "item": message_item(item_id, status, text),
+            },
+            {
+                "type": f"response.{status}",
+                "response": finished(job, rid, created),
+            },
+        ]
+    )
+    return [
+        named_sse(payload["type"], {**payload, "sequence_number": number})
+        for number, payload in enumerate(payloads)
+    ]
+
+
+def deleted(rid: str) -> dict[str, Any]:
+    return {"id": rid, "object": "response.deleted", "deleted": True}
+
+
+def item_list(items: list[dict[str, Any]], order: str) -> dict[str, Any]:
+    """`input_items` as OpenAI lists them: newest first unless `order=asc`."""
+    data = items if order == "asc" else items[::-1]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": False,
+    }
