@@ -360,9 +360,10 @@ RESERVED_HEADERS = frozenset(
 )
 
 
-# How a deployment is reached (catalog.py): OpenAI's paths and bearer key, or Azure
-# OpenAI's /openai/deployments/{deployment}/... with ?api-version= and an api-key header.
-Provider = Literal["openai", "azure"]
+# How a deployment is reached (proxy/providers/): OpenAI's paths and bearer key, Azure
+# OpenAI's /openai/deployments/{deployment}/... with ?api-version= and an api-key header,
+# or Anthropic's /v1/messages with x-api-key.
+Provider = Literal["openai", "azure", "anthropic"]
 _AZURE_FIELDS = ("deployment", "api_version")
 # What may appear in an Azure URL's path segment or query value without escaping.
 _URL_SAFE = r"^[A-Za-z0-9_.-]+$"

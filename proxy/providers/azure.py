@@ -23,6 +23,7 @@ _VERSION_REFUSED = b"API version not supported"
 class AzureOpenAI:
     name = "azure"
     shapes = OPENAI_SHAPES
+    default_headers: tuple[tuple[str, str], ...] = ()
 
     def url(self, deployment: Deployment, shape: str) -> str:
         base = f"{deployment.base_url}/openai/deployments/{deployment.deployment}"

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from proxy.costs import INPUT_TOKENS, OUTPUT_TOKENS, REQUESTS, TOKENS
 
 _CHARS_PER_TOKEN = 4
@@ -51,6 +53,23 @@ def prompt_tokens(body: dict[str, Any]) -> int:
     if "prompt" in body:
         return _text_tokens(body["prompt"])
     return _text_tokens(body.get("input"))
+
+
+def messages_input_tokens(body: dict[str, Any]) -> int:
+    """Estimated input tokens of an Anthropic Messages request: its ``messages`` as chat
+    messages, its ``system`` prompt as one more, its ``tools`` by their JSON's size (a
+    tool's schema is read by the model too)."""
+    total = prompt_tokens(body) if isinstance(body.get("messages"), list) else _PER_REQUEST
+    system = body.get("system")
+    if system is not None:
+        total += _PER_MESSAGE + _text_tokens(system)
+    tools = body.get("tools")
+    if isinstance(tools, list) and tools:
+        try:
+            total += len(orjson.dumps(tools)) // _CHARS_PER_TOKEN + 1
+        except orjson.JSONEncodeError:  # nested deeper than orjson dumps: still some
+            total += _text_tokens(tools)
+    return total
 
 
 def completion_tokens(body: dict[str, Any], default: int) -> int:

@@ -44,6 +44,38 @@ def test_anthropic_headers_with_rfc3339_resets() -> None:
     assert budget.reset_requests is not None and budget.reset_requests > 0
 
 
+def test_anthropics_input_and_output_token_limits_are_read_apart() -> None:
+    budget = parse_budget(
+        {
+            "anthropic-ratelimit-input-tokens-limit": "40000",
+            "anthropic-ratelimit-input-tokens-remaining": "1200",
+            "anthropic-ratelimit-input-tokens-reset": "2027-01-15T08:00:30Z",
+            "anthropic-ratelimit-output-tokens-limit": "8000",
+            "anthropic-ratelimit-output-tokens-remaining": "8000",
+            "anthropic-ratelimit-output-tokens-reset": "2027-01-15T08:00:00+00:00",
+        },
+        NOW,
+    )
+    assert budget.limit_input_tokens == 40_000 and budget.remaining_input_tokens == 1200
+    assert budget.limit_output_tokens == 8000 and budget.remaining_output_tokens == 8000
+    assert budget.reset_input_tokens is not None and budget.reset_output_tokens is not None
+    assert not budget.empty and len(budget.resets) == 2
+
+
+@pytest.mark.parametrize(
+    "reset", ["30s", "1e3", "2027-01-15", "2027-01-15T08:00:30", "2027-13-15T08:00:30Z", "soon"]
+)
+def test_an_anthropic_reset_is_an_rfc3339_time_or_unknown(reset: str) -> None:
+    budget = parse_budget(
+        {
+            "anthropic-ratelimit-requests-remaining": "0",
+            "anthropic-ratelimit-requests-reset": reset,
+        },
+        NOW,
+    )
+    assert budget.remaining_requests == 0 and budget.reset_requests is None
+
+
 def test_no_headers_is_empty() -> None:
     assert parse_budget({"content-type": "application/json"}, NOW).empty
 
