@@ -16,6 +16,7 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -52,7 +53,7 @@ from proxy.logs import RequestLog
 from proxy.metrics import Metrics
 from proxy.ratelimit_headers import format_reset
 from proxy.request_ids import new_request_id
-from proxy.routing.dispatcher import Dispatcher
+from proxy.routing.dispatcher import Dispatcher, Served
 from proxy.routing.settlement import Settler
 from proxy.shapes.base import Shape
 from proxy.telemetry import Telemetry
@@ -154,6 +155,7 @@ class Pipeline:
         call.watch_departure = watch_departure
         key_check: asyncio.Future[KeyVerdict] | None = None
         settlement: Settlement | None = None
+        served: Served | None = None
         reply: Reply | None = None
         try:
             call.max_wait = self.settings.routing.max_wait
@@ -182,7 +184,8 @@ class Pipeline:
                     await settlement.settle()
                 self._finish(call, status)
 
-            reply = await self.dispatcher.run(call, group, stream_done, gate=key_check)
+            served = await self.dispatcher.run(call, group, stream_done, gate=key_check)
+            reply = served.reply
         except ProxyError as error:
             reply = self._error_reply(call, error)
         except (LimiterUnavailable, StorageError):
@@ -196,21 +199,38 @@ class Pipeline:
             logger.exception("unexpected error", extra={"request_id": call.request_id})
             reply = self._error_reply(call, ProxyError("Internal proxy error."))
         finally:
-            # Also when cancelled: a buffered answer (or none) settles the key now.
-            # After the answer's usage is read (a callback the dispatcher scheduled
-            # first), and without a task when the limiter can take it at once.
-            if settlement is not None and (reply is None or reply.stream is None):
-                asyncio.get_running_loop().call_soon(self._settle_soon, settlement)
+            if reply is None or reply.stream is None:
+                # A buffered answer (or none: cancelled) is done once on its way: one
+                # callback, no task (a stream is done when it ends: ``stream_done``).
+                after = served.after if served is not None else None
+                status = reply.status if reply is not None else None
+                asyncio.get_running_loop().call_soon(
+                    self._answered, call, after, settlement, status, time.perf_counter()
+                )
         reply.headers["x-request-id"] = call.request_id
         reply.headers.update(_timing_headers(call))
         if call.key_verdict is not None:
             reply.headers.update(call.shape.key_headers(call.key_verdict, time.time()))
-        if reply.stream is None:
-            # Metrics and the log line once the answer is on its way (the next loop turn).
-            asyncio.get_running_loop().call_soon(
-                self._finish, call, reply.status, time.perf_counter()
-            )
         return reply
+
+    def _answered(
+        self,
+        call: Call,
+        after: Callable[[], None] | None,
+        settlement: Settlement | None,
+        status: int | None,
+        ended: float,
+    ) -> None:
+        """A buffered answer is on its way, in this order: its attempt's bookkeeping
+        (``Served.after``: the usage its shape reads), the key settled from that usage,
+        then the request's metrics and log line (``status`` None: it was cancelled,
+        nobody hears an answer)."""
+        if after is not None:
+            after()
+        if settlement is not None:
+            self._settle_soon(settlement)
+        if status is not None:
+            self._finish(call, status, ended)
 
     def reject(self, shape: Shape, error: ProxyError, *, close: bool = False) -> Reply:
         """The reply for a request refused before its body was read (key, size, type,

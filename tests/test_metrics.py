@@ -54,6 +54,7 @@ CONTRACT = {
     "llmproxy_deployment_budget_remaining": ("gauge", {"model", "deployment", "kind"}),
     "llmproxy_upstream_ratelimit_remaining": ("gauge", {"model", "deployment", "kind"}),
     "llmproxy_limiter_errors": ("counter", {"operation"}),
+    "llmproxy_usage_unreadable": ("counter", {"shape", "deployment"}),
 }
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
