@@ -1,10 +1,10 @@
 """What upstreams announce of their limits, and for how long it holds (pure).
 
-An upstream's ``x-ratelimit-limit-*`` can lower a deployment's per-minute pacing below its
-configured limit; the catalog's limits (``Catalog.limits``, the one place they come from)
-read them here. This is the only state about limits that changes while the proxy serves,
-so it has its own owner; a reload carries it over for deployments whose config did not
-change.
+An upstream's ``x-ratelimit-limit-*`` (Anthropic's ``anthropic-ratelimit-*-limit``, per
+kind) can lower a deployment's per-minute pacing below its configured limit of that kind;
+the catalog's limits (``Catalog.limits``, the one place they come from) read them here.
+This is the only state about limits that changes while the proxy serves, so it has its
+own owner; a reload carries it over for deployments whose config did not change.
 """
 
 from __future__ import annotations
@@ -15,12 +15,19 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from proxy.config import Deployment
-from proxy.limiter.base import DeploymentLimits
+from proxy.limiter.base import MINUTE, DeploymentLimits, window_name
 
 if TYPE_CHECKING:
     from proxy.catalog import DeploymentRoute, GroupRoute
 
-__all__ = ["ANNOUNCED_FLOOR", "ANNOUNCED_FOR", "Announced", "announced_limits", "announced_lower"]
+__all__ = [
+    "ANNOUNCED_FLOOR",
+    "ANNOUNCED_FOR",
+    "Announced",
+    "announced_limits",
+    "announced_lower",
+    "minute_rules",
+]
 
 # What an upstream announces (x-ratelimit-limit-*) can lower a deployment's per-minute
 # pacing, but not below this share of its configured limit (one lying answer of "1"
@@ -34,7 +41,7 @@ ANNOUNCED_FOR = 60.0
 def announced_limits(
     limits: DeploymentLimits, share: float, lower: dict[str, int], headroom: float
 ) -> DeploymentLimits:
-    """``limits`` with the per-minute windows ``lower`` names (``rpm``, ``tpm``) refilled
+    """``limits`` with the per-minute windows ``lower`` names (``rpm``, ``tpm``...) refilled
     at that many a minute instead: pacing only. Capacities and the largest request a
     window admits stay the configured ones."""
     windows = []
@@ -47,19 +54,34 @@ def announced_limits(
     return replace(limits, windows=tuple(windows))
 
 
+MinuteRule = tuple[str, int, str]  # a per-minute window's kind, configured limit, name
+
+
+def minute_rules(configured: Deployment) -> tuple[MinuteRule, ...]:
+    """The deployment's per-minute windows, the ones an upstream's announcement may
+    lower (upstreams announce per-minute limits)."""
+    return tuple(
+        (rule.kind, rule.amount, window_name(rule.kind, rule.per))
+        for rule in configured.limit_rules()
+        if rule.per == MINUTE
+    )
+
+
 def announced_lower(
-    configured: Deployment, requests: float | None, tokens: float | None
+    rules: tuple[MinuteRule, ...], announced: Mapping[str, float | None]
 ) -> dict[str, int]:
-    """The per-minute limits an upstream's announcement lowers (``rpm``, ``tpm``): what
-    it announces, never below ``ANNOUNCED_FLOOR`` of the configured limit."""
+    """The per-minute windows (``rules``) an upstream's announcement lowers, by name
+    (``rpm``, ``tpm``, ``input_tokens_1m``...): what it announces for their kind
+    (``announced``: kind -> per-minute limit, None: not said), never below
+    ``ANNOUNCED_FLOOR`` of the configured limit."""
     lower: dict[str, int] = {}
-    for field, announced in (("rpm", requests), ("tpm", tokens)):
-        limit = getattr(configured, field)
-        if announced is None or not limit:
+    for kind, limit, name in rules:
+        said = announced.get(kind)
+        if said is None:
             continue
-        amount = max(int(announced), math.ceil(limit * ANNOUNCED_FLOOR))
+        amount = max(int(said), math.ceil(limit * ANNOUNCED_FLOOR))
         if amount < limit:
-            lower[field] = amount
+            lower[name] = amount
     return lower
 
 
@@ -73,6 +95,7 @@ class Announced:
         self.headroom = headroom
         self.clock = clock
         self._lowered: dict[str, tuple[DeploymentLimits, float]] = {}
+        self._rules: dict[str, tuple[MinuteRule, ...]] = {}  # by deployment, built once
 
     def limits(self, deployment: DeploymentRoute) -> DeploymentLimits:
         """The deployment's limits: configured, or paced as its upstream announces."""
@@ -86,14 +109,29 @@ class Announced:
         return deployment.limits
 
     def announce(
-        self, deployment: DeploymentRoute, requests: float | None, tokens: float | None
+        self,
+        deployment: DeploymentRoute,
+        requests: float | None,
+        tokens: float | None,
+        input_tokens: float | None = None,
+        output_tokens: float | None = None,
     ) -> dict[str, int]:
-        """The upstream says its per-minute limits are ``requests`` and ``tokens`` (None:
-        not said): a configured limit above it paces at it (``announced_lower``) for
-        ``ANNOUNCED_FOR``. Returns what changed (nothing when it says it again)."""
-        lower = announced_lower(deployment.config, requests, tokens)
+        """The upstream says its per-minute limits are these, per kind (None: not said;
+        Anthropic says input and output tokens apart): a configured per-minute window of
+        that kind above it paces at it (``announced_lower``) for ``ANNOUNCED_FOR``.
+        Returns what changed (nothing when it says it again)."""
+        announced = {
+            "requests": requests,
+            "tokens": tokens,
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+        }
+        rules = self._rules.get(deployment.id)
+        if rules is None:
+            rules = self._rules[deployment.id] = minute_rules(deployment.config)
+        lower = announced_lower(rules, announced)
         if not lower:
-            if requests is not None or tokens is not None:  # what it says now is no lower
+            if any(said is not None for said in announced.values()):  # no lower now
                 self._lowered.pop(deployment.id, None)
             return {}
         until = self.clock() + ANNOUNCED_FOR
