@@ -21,6 +21,7 @@ UPSTREAM_KEY = "sk-ant-upstream-secret"
 CLIENT = "sk-client-claude"
 LIMITED = "sk-client-limited"
 GPT_ONLY = "sk-client-gpt-only"
+METERED = "sk-client-metered"
 MESSAGES: list[Any] = [{"role": "user", "content": "Hello there, fake!"}]
 BODY = {"model": "claude", "max_tokens": 100, "messages": MESSAGES}
 
@@ -45,6 +46,7 @@ def _config(upstream: FakeUpstreamHandle) -> dict[str, Any]:
             {"name": "app", "key": CLIENT, "limits": [{"tokens": 100_000, "per": "1d"}]},
             {"name": "limited", "key": LIMITED, "rpm": 2},
             {"name": "gpt-only", "key": GPT_ONLY, "models": ["gpt"]},
+            {"name": "metered", "key": METERED, "limits": [{"tokens": 100_000, "per": "1d"}]},
         ],
         "models": [
             {
@@ -268,3 +270,33 @@ def test_upstream_request_errors_pass_through_as_they_are(
     message = _anthropic_error(answer, 400, "invalid_request_error")
     assert message.startswith("messages:")  # the fake's words, not the proxy's
     assert answer.json()["request_id"].startswith("req_")
+
+
+def test_the_keys_token_window_ends_at_the_real_usage(
+    proxy: ProxyInThread, client: anthropic.Anthropic
+) -> None:
+    """Each message is estimated at 12 input + 100 max_tokens; it used 11 + 16. After a
+    plain and a streamed one, a third shows the window holding their real usage and its
+    own estimate (a day's window refills about one token a second meanwhile)."""
+    metered = anthropic.Anthropic(base_url=proxy.url, api_key=METERED, max_retries=0)
+    metered.messages.create(model="claude", max_tokens=100, messages=MESSAGES)
+    with metered.messages.stream(model="claude", max_tokens=100, messages=MESSAGES) as stream:
+        stream.get_final_message()
+    proxy.settled()
+    third = _post(proxy, "/v1/messages", key=METERED, json=BODY)
+    used = 100_000 - int(third.headers["anthropic-ratelimit-tokens-remaining"])
+    assert 2 * (11 + 16) + 112 - 10 <= used <= 2 * (11 + 16) + 112, used
+
+
+def test_a_stream_broken_off_upstream_ends_with_an_error_event(
+    client: anthropic.Anthropic, upstream: FakeUpstreamHandle
+) -> None:
+    upstream.control(fail_after_chunks=4)
+    try:
+        with (
+            pytest.raises(anthropic.APIStatusError, match="stream"),
+            client.messages.stream(model="claude", max_tokens=100, messages=MESSAGES) as stream,
+        ):
+            stream.get_final_message()
+    finally:
+        upstream.control(fail_after_chunks=0)
