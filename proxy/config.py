@@ -714,6 +714,11 @@ def config_warnings(settings: Settings) -> list[str]:
                     f"models[{i}].deployments[{j}].base_url: OpenAI's API is under /v1"
                     f" ({d.base_url}/v1); requests would go to {d.base_url}/chat/completions"
                 )
+            if d.provider == "anthropic" and url.endswith("/v1"):
+                warnings.append(
+                    f"models[{i}].deployments[{j}].base_url: give Anthropic's URL without /v1;"
+                    f" requests would go to {d.base_url}/v1/messages"
+                )
     return warnings
 
 

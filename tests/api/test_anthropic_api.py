@@ -300,3 +300,19 @@ def test_a_stream_broken_off_upstream_ends_with_an_error_event(
             stream.get_final_message()
     finally:
         upstream.control(fail_after_chunks=0)
+
+
+def test_x_api_key_counts_before_authorization_and_twice_is_refused(
+    proxy: ProxyInThread,
+) -> None:
+    both = _post(
+        proxy, "/v1/messages", json=BODY, headers={"authorization": "Bearer sk-someone-else"}
+    )
+    assert both.status_code == 200, both.text
+    twice = httpx.post(
+        f"{proxy.url}/v1/messages",
+        json=BODY,
+        headers=[("x-api-key", CLIENT), ("x-api-key", CLIENT)],
+        timeout=10,
+    )
+    assert "x-api-key" in _anthropic_error(twice, 400, "invalid_request_error")
