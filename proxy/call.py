@@ -13,7 +13,15 @@ from proxy.shapes.base import Shape
 if TYPE_CHECKING:
     from proxy.limiter.base import KeyVerdict
 
-__all__ = ["Call", "ClientLeft", "Reply", "Settlement", "StreamSource", "WatchDeparture"]
+__all__ = [
+    "Call",
+    "ClientLeft",
+    "Reply",
+    "Settlement",
+    "StreamSource",
+    "Trip",
+    "WatchDeparture",
+]
 
 # Returns once the client has gone away (its connection closed).
 ClientLeft = Callable[[], Coroutine[Any, Any, None]]
@@ -39,6 +47,42 @@ class Reply:
 
 
 @dataclass(slots=True)
+class Trip:
+    """What the dispatcher learns on a request's journey: the pipeline reads it (the reply's
+    timing headers, the key's settlement, the log line) and never writes it."""
+
+    deployment: str | None = None  # the last one tried
+    retries: int = 0
+    queue_wait: float = 0.0  # seconds spent waiting for turns
+    upstream_time: float = 0.0  # seconds spent on upstream calls until the answer's headers
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    # A stream that ended without usage: the tokens it is charged instead (never a refund).
+    unreported_tokens: int | None = None
+    stream_error: str | None = None  # how a stream that broke off ended (its error code)
+
+    def reported(self, usage: TokenUsage | None) -> None:
+        """The usage the upstream reported (None: none it could read), as logged."""
+        if usage is None:
+            self.prompt_tokens = self.completion_tokens = None
+        else:
+            self.prompt_tokens = usage.input_tokens + usage.cache_read
+            self.completion_tokens = usage.output_tokens
+
+    def real_tokens(self) -> int | None:
+        """Tokens the upstream reported (prompt + completion), if it did."""
+        if self.prompt_tokens is None and self.completion_tokens is None:
+            return None
+        return (self.prompt_tokens or 0) + (self.completion_tokens or 0)
+
+    def charged_tokens(self) -> int | None:
+        """What its budgets are charged: the reported usage, else what a stream without
+        usage counts as (``unreported_tokens``); None, unknown: the estimate goes back."""
+        real = self.real_tokens()
+        return self.unreported_tokens if real is None else real
+
+
+@dataclass(slots=True)
 class Call:
     request_id: str
     shape: Shape  # the API it came through
@@ -54,49 +98,22 @@ class Call:
     stream: bool = False
     estimate: int = 0  # tokens (the cost's ``tokens``)
     cost: Cost = field(default_factory=dict)  # its estimated cost, every kind
-    deployment: str | None = None
-    queue_wait: float = 0.0
-    retries: int = 0
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
+    trip: Trip = field(default_factory=Trip)  # the dispatcher's: what it learned
     error_code: str | None = None
     shadow_rejection: str | None = None  # the limit a shadow key's request went past
     client_left: ClientLeft | None = None  # watched while the request waits for a turn
     watch_departure: WatchDeparture | None = None  # else client_left, during upstream calls
     key_verdict: KeyVerdict | None = None  # the client key's check, granted or refused
-    upstream_time: float = 0.0  # seconds spent on upstream calls until the answer's headers
-    # A stream that ended without usage: the tokens it is charged instead (never a refund).
-    unreported_tokens: int | None = None
-
-    @property
-    def tier(self) -> str:
-        """Its key's priority tier, a metric label (a configured number)."""
-        return str(self.claimant.tier)
-
-    def reported(self, usage: TokenUsage | None) -> None:
-        """The usage the upstream reported (None: none it could read), as logged."""
-        if usage is None:
-            self.prompt_tokens = self.completion_tokens = None
-        else:
-            self.prompt_tokens = usage.input_tokens + usage.cache_read
-            self.completion_tokens = usage.output_tokens
 
     @property
     def input_estimate(self) -> int:
         """Its estimated input tokens."""
         return int(self.cost.get(INPUT_TOKENS, 0))
 
-    def real_tokens(self) -> int | None:
-        """Tokens the upstream reported (prompt + completion), if it did."""
-        if self.prompt_tokens is None and self.completion_tokens is None:
-            return None
-        return (self.prompt_tokens or 0) + (self.completion_tokens or 0)
-
-    def charged_tokens(self) -> int | None:
-        """What its budgets are charged: the reported usage, else what a stream without
-        usage counts as (``unreported_tokens``); None, unknown: the estimate goes back."""
-        real = self.real_tokens()
-        return self.unreported_tokens if real is None else real
+    @property
+    def tier(self) -> str:
+        """Its key's priority tier, a metric label (a configured number)."""
+        return str(self.claimant.tier)
 
 
 class Settlement:

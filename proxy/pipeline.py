@@ -225,12 +225,14 @@ class Pipeline:
         (``Served.after``: the usage its shape reads), the key settled from that usage,
         then the request's metrics and log line (``status`` None: it was cancelled,
         nobody hears an answer)."""
-        if after is not None:
-            after()
-        if settlement is not None:
-            self._settle_soon(settlement)
-        if status is not None:
-            self._finish(call, status, ended)
+        try:
+            if after is not None:
+                after()
+        finally:  # the key is settled whatever became of the attempt's bookkeeping
+            if settlement is not None:
+                self._settle_soon(settlement)
+            if status is not None:
+                self._finish(call, status, ended)
 
     def reject(self, shape: Shape, error: ProxyError, *, close: bool = False) -> Reply:
         """The reply for a request refused before its body was read (key, size, type,
@@ -317,7 +319,7 @@ class Pipeline:
                 return None
             # Unknown usage (an error, no usage in a buffered answer) refunds the whole
             # estimate; a stream without usage is charged at least it (charged_tokens).
-            used: float = call.charged_tokens() or 0
+            used: float = call.trip.charged_tokens() or 0
             if used > call.estimate:  # a count no request could use: the most one could
                 used = min(used, largest_tokens(limits.windows))
             correction = used - call.estimate
@@ -354,14 +356,14 @@ class Pipeline:
                 request_id=call.request_id,
                 key_name=call.key_name,
                 model=call.model,
-                deployment=call.deployment,
+                deployment=call.trip.deployment,
                 status=status,
                 latency_ms=round(duration * 1000, 2),
-                queue_wait_ms=round(call.queue_wait * 1000, 2),
-                prompt_tokens=call.prompt_tokens,
-                completion_tokens=call.completion_tokens,
-                retries=call.retries,
-                error_code=call.error_code,
+                queue_wait_ms=round(call.trip.queue_wait * 1000, 2),
+                prompt_tokens=call.trip.prompt_tokens,
+                completion_tokens=call.trip.completion_tokens,
+                retries=call.trip.retries,
+                error_code=call.error_code or call.trip.stream_error,
                 shadow_rejection=call.shadow_rejection,
             ),
             duration,
@@ -413,10 +415,10 @@ def _parse_body(raw: bytes) -> dict[str, Any]:
 def _timing_headers(call: Call) -> dict[str, str]:
     """The proxy's own time so far (without the upstream and the wait for a turn), and
     the wait when there was one (design.md)."""
-    spent = time.perf_counter() - call.started - call.queue_wait - call.upstream_time
+    spent = time.perf_counter() - call.started - call.trip.queue_wait - call.trip.upstream_time
     headers = {"x-llm-proxy-overhead-ms": f"{max(spent, 0.0) * 1000:.2f}"}
-    if call.queue_wait > 0:
-        headers["x-llm-proxy-queue-ms"] = f"{call.queue_wait * 1000:.2f}"
+    if call.trip.queue_wait > 0:
+        headers["x-llm-proxy-queue-ms"] = f"{call.trip.queue_wait * 1000:.2f}"
     return headers
 
 

@@ -188,7 +188,7 @@ class Dispatcher:
                     return await self._attempt(call, turn, stream_done)
                 except Retryable as failure:
                     last_error = failure.error
-                    call.retries += 1
+                    call.trip.retries += 1
                     if failure.learning is not None and asks_after_429 > 0:
                         # Ask again once the limiter knows the hold: a turn within
                         # max_wait is waited for (this deployment's or another's).
@@ -198,7 +198,7 @@ class Dispatcher:
                         await asyncio.wait((failure.learning,))
                         continue
                     tried.add(turn.deployment.id)
-        call.retries = max(call.retries - 1, 0)
+        call.trip.retries = max(call.trip.retries - 1, 0)
         error = last_error or refusal
         assert error is not None
         raise error
@@ -228,7 +228,7 @@ class Dispatcher:
                 ordered = order_candidates(self.routing.strategy, candidates, self.rng, self.state)
                 # A full queue still lets through a request that needs no waiting.
                 queue_full = self.waiting >= self.routing.max_queue
-                budget = 0.0 if queue_full else max(call.max_wait - call.queue_wait, 0.0)
+                budget = 0.0 if queue_full else max(call.max_wait - call.trip.queue_wait, 0.0)
                 if line is None and budget > 0.0 and self.lines.busy(group.name, call.claimant.key):
                     # Others of this key wait here for their share: join them, do not ask.
                     if gate is not None:
@@ -236,7 +236,7 @@ class Dispatcher:
                         gate = None
                     line = await self._queue(call, group, budget, None)
                     continue
-                lease = f"{call.request_id}.{call.retries}"
+                lease = f"{call.request_id}.{call.trip.retries}"
                 verdict = await self.limiter.reserve(
                     GroupAsk(
                         group.name,
@@ -431,7 +431,7 @@ class Dispatcher:
             self.waiting -= 1
             self.tally.wait_ended(model, deployment, call.key_name)
             self.events.queued(call.model, -1, call.tier)
-            call.queue_wait += time.perf_counter() - started
+            call.trip.queue_wait += time.perf_counter() - started
         self.events.waited(call.model, time.perf_counter() - started, call.tier)
 
     async def _wait_in_line(
@@ -453,7 +453,7 @@ class Dispatcher:
             self.waiting -= 1
             self.tally.wait_ended(group, None, call.key_name)
             self.events.queued(call.model, -1, call.tier)
-            call.queue_wait += time.perf_counter() - started
+            call.trip.queue_wait += time.perf_counter() - started
         self.events.waited(call.model, time.perf_counter() - started, call.tier)
         if not ticket.done():  # its max_wait ran out in line
             return time.monotonic() + max(budget - (time.perf_counter() - started), 0.0)
@@ -466,7 +466,7 @@ class Dispatcher:
         client that leaves before the answer ends the call (its connection closed): the
         in-flight count and the key's slot come back at once (``ClientClosedRequest``)."""
         deployment = turn.deployment
-        call.deployment = deployment.id
+        call.trip.deployment = deployment.id
         try:
             request, strip_usage = build_request(
                 call.shape, call.body, call.raw, call.headers, deployment, call.stream
@@ -514,7 +514,7 @@ class Dispatcher:
         """What an exchange came to: a failure ends the attempt now (retried elsewhere
         when it may be); a stream's end comes later (``_stream_ended``); a buffered
         answer's bookkeeping waits until it is on its way (``Served.after``)."""
-        call.upstream_time += answer.upstream_time
+        call.trip.upstream_time += answer.upstream_time
         self._learn(turn.deployment, answer)
         reply = answer.reply
         if reply is None:
@@ -540,9 +540,9 @@ class Dispatcher:
     def _buffered_ended(self, call: Call, turn: Turn, attempt: Attempt, answer: Answer) -> None:
         """A buffered answer is on its way: its usage (read by its shape now), events,
         settlement. A 200 whose usage cannot be read is charged its estimate."""
-        call.reported(answer.usage)
+        call.trip.reported(answer.usage)
         if answer.unreadable:
-            call.unreported_tokens = call.estimate  # never a refund: no way around a budget
+            call.trip.unreported_tokens = call.estimate  # never a refund: no way around a budget
             self.events.usage_unreadable(call.shape.name, attempt)
         self._ended(
             call,
@@ -550,7 +550,7 @@ class Dispatcher:
             attempt,
             answer.label,
             answer.outcome,
-            real_tokens=call.real_tokens(),
+            real_tokens=call.trip.real_tokens(),
             ended=answer.ended,
             refund=answer.refund,
         )
@@ -567,16 +567,16 @@ class Dispatcher:
         """A stream ended: its usage, events, settlement. Without usage (cut, or never
         told) at least its estimate: reading a stream and leaving before the usage event
         is no way around a token budget."""
-        call.reported(usage)
+        call.trip.reported(usage)
         if usage is None:
-            call.unreported_tokens = unreported_tokens(call, events)
+            call.trip.unreported_tokens = unreported_tokens(call, events)
             if end == "completed":  # whole, and still no usage its shape could read
                 self.events.usage_unreadable(call.shape.name, attempt)
         outcome = {"completed": SUCCESS, "interrupted": INTERRUPTED}.get(end, NEUTRAL)
         label = "200" if end == "completed" else end
-        self._ended(call, turn, attempt, label, outcome, real_tokens=call.charged_tokens())
+        self._ended(call, turn, attempt, label, outcome, real_tokens=call.trip.charged_tokens())
         if end == "interrupted":
-            call.error_code = "stream_interrupted"
+            call.trip.stream_error = "stream_interrupted"
 
     # --- bookkeeping ------------------------------------------------------------------
 
@@ -604,8 +604,8 @@ class Dispatcher:
         attempt.ended = ended or time.perf_counter()
         attempt.label, attempt.outcome = label, outcome
         attempt.prompt_tokens, attempt.completion_tokens = (
-            call.prompt_tokens,
-            call.completion_tokens,
+            call.trip.prompt_tokens,
+            call.trip.completion_tokens,
         )
         self.in_flight[attempt.deployment] -= 1
         self.tally.call_ended(call.key_name)
