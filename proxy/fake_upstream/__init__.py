@@ -1,5 +1,6 @@
-"""A fast fake OpenAI-compatible upstream: latency, streaming, a strict sliding-window
-rate limit with OpenAI's 429s and headers, failure injection, and counters.
+"""A fast fake upstream: OpenAI's APIs (chat, completions, embeddings, the Responses API),
+Azure OpenAI's paths and Anthropic's Messages API; latency, streaming, strict sliding-window
+rate limits with each API's 429s and headers, failure injection, and counters.
 
 Standalone (imports nothing else from `proxy`). See docs/fake_upstream.md.
 

@@ -91,7 +91,10 @@ def version_problem(version: str | None) -> str | None:
 
 
 def input_tokens(body: dict[str, Any]) -> int | str:
-    """The uncached input estimate: `system` and `messages` as chat messages; or a 400."""
+    """The uncached input estimate: `system` and `messages` as chat messages; or a 400
+    (for `count_tokens` too: it needs `model` and `messages`)."""
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        return "model: Field required"
     messages = body.get("messages")
     if messages is None:
         return "messages: Field required"
@@ -107,8 +110,6 @@ def input_tokens(body: dict[str, Any]) -> int | str:
 def parse(body: dict[str, Any], default_completion: int, cache: tuple[int, int]) -> Job | str:
     """A Job for `POST /v1/messages` (`cache`: the read and written cache tokens to
     report), or a 400 message."""
-    if not isinstance(body.get("model"), str) or not body["model"]:
-        return "model: Field required"
     requested = body.get("max_tokens")
     if requested is None:
         return "max_tokens: Field required"
@@ -202,6 +203,12 @@ def events(job: Job, mid: str, created: int, parts: int) -> list[bytes]:
         ),
         named_sse("message_stop", {"type": "message_stop"}),
     ]
+
+
+def stream_error() -> bytes:
+    """`event: error`: how a Messages stream ends when Anthropic is overloaded midway."""
+    error = {"type": "overloaded_error", "message": "Overloaded"}
+    return named_sse("error", {"type": "error", "error": error})
 
 
 def rate_limit_message(kind: str, limit: int, per_minute: float) -> str:

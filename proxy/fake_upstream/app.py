@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-import math
 import os
 import random
 import time
@@ -27,8 +26,9 @@ from aiohttp import web
 from . import anthropic, azure, bodies, responses
 from .bodies import Job
 from .config import FakeUpstreamConfig
-from .ratelimit import Rejection, SlidingWindowLog, ceil_millis, ceil_seconds, format_duration
+from .ratelimit import Rejection, ceil_millis, ceil_seconds
 from .stats import LastRequest, Stats
+from .windows import Windows, limited, rate_limit_message
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
@@ -63,10 +63,7 @@ class FakeUpstream:
     def __init__(self, config: FakeUpstreamConfig) -> None:
         self.config = config
         self.stats = Stats()
-        self.window_log = SlidingWindowLog(config.window)
-        self.quantum_log = SlidingWindowLog(config.quantum or config.window)
-        self.input_log = SlidingWindowLog(config.window)  # itpm
-        self.output_log = SlidingWindowLog(config.window)  # otpm
+        self.windows = Windows(config)
         self.responses = responses.ResponseStore()
         self.rng = random.Random(config.seed)
         self._ids = itertools.count(1)
@@ -81,21 +78,16 @@ class FakeUpstream:
         config = self.config.updated(changes)
         if "seed" in changes:
             self.rng.seed(config.seed)
-        self.window_log.window = config.window
-        self.quantum_log.window = config.quantum or config.window
-        self.input_log.window = self.output_log.window = config.window
+        self.windows.resize(config)
         self.config = config
         return config.runtime_options()
 
     def snapshot(self) -> dict[str, Any]:
-        return self.stats.snapshot(self.window_log.peak)
+        return self.stats.snapshot(self.windows.peak)
 
     def reset(self) -> None:
         self.stats = self.stats.fresh()
-        self.window_log.clear()
-        self.quantum_log.clear()
-        self.input_log.clear()
-        self.output_log.clear()
+        self.windows.clear()
 
     # ------------------------------------------------------------ endpoints
 
@@ -206,7 +198,10 @@ class FakeUpstream:
             created = int(time.time())
             if job.stream and render_chunks is not None:
                 events = render_chunks(job, rid, created, self.config.stream_chunks)
-                return await self._stream(request, job, events, headers)
+                errored = 0 < self.config.error_after_chunks < len(events)
+                if errored:
+                    events = self._end_in_error(events, request, job, rid, created)
+                return await self._stream(request, job, events, headers, errored)
             self.stats.count_served(job.prompt_tokens, job.completion_tokens)
             return self._json(200, render(job, rid, created), headers)
         except _Answered as answered:
@@ -282,38 +277,16 @@ class FakeUpstream:
         """Record the request in the sliding windows, or answer 429 if it does not fit."""
         config = self.config
         now = time.monotonic()
-        if config.rpm is None and config.tpm is None and not config.itpm and not config.otpm:
-            self.window_log.add(now, job.cost)  # only for peak_window_requests
+        if not limited(config):
+            self.windows.main.add(now, job.cost)  # only for peak_window_requests
             self.stats.admitted(now, job.cost)
             return dict(JSON_HEADERS)
-        rejection = self._check_windows(now, job)
+        rejection = self.windows.check(now, job, config)
         if rejection is not None:
             raise _Answered(self._rate_limited(rejection, job, now, request))
-        self.window_log.add(now, job.cost)
-        if config.quantum:
-            self.quantum_log.add(now, job.cost)
-        if config.itpm is not None:
-            self.input_log.add(now, _input_cost(job))
-        if config.otpm is not None:
-            # Checked against the output cap, counted at what is produced (known here).
-            self.output_log.add(now, job.completion_tokens)
+        self.windows.add(now, job, config)
         self.stats.admitted(now, job.cost)
         return {**JSON_HEADERS, **self._limit_headers(now, request)}
-
-    def _check_windows(self, now: float, job: Job) -> Rejection | None:
-        config = self.config
-        rejection = self.window_log.check(now, job.cost, config.rpm, config.tpm)
-        if rejection is None and config.quantum:
-            rejection = self.quantum_log.check(
-                now, job.cost, _pro_rata(config.rpm, config), _pro_rata(config.tpm, config)
-            )
-        if rejection is None and config.itpm is not None:
-            cost = _input_cost(job)
-            rejection = self.input_log.check(now, cost, None, config.itpm, "input_tokens")
-        if rejection is None and config.otpm is not None:
-            cost = job.max_output
-            rejection = self.output_log.check(now, cost, None, config.otpm, "output_tokens")
-        return rejection
 
     async def _sleep_latency(self) -> None:
         low, high = self.config.latency_range
@@ -349,8 +322,27 @@ class FakeUpstream:
         _close_connection(request)
         return web.Response()  # never sent: the connection is already closed
 
+    def _end_in_error(
+        self, events: list[bytes], request: web.Request, job: Job, rid: str, created: int
+    ) -> list[bytes]:
+        """The first `error_after_chunks` events, then the API's in-stream error."""
+        kept = events[: self.config.error_after_chunks]
+        api = request.get(API)
+        if api == "anthropic":
+            return [*kept, anthropic.stream_error()]
+        if api == "responses":
+            response = responses.failed(job, rid, created)
+            self._remember(job, rid, orjson.dumps(response), None)  # stored as failed
+            return [*kept, responses.failed_event(response, len(kept))]
+        return [*kept, bodies.stream_error()]
+
     async def _stream(
-        self, request: web.Request, job: Job, events: list[bytes], headers: dict[str, str]
+        self,
+        request: web.Request,
+        job: Job,
+        events: list[bytes],
+        headers: dict[str, str],
+        errored: bool = False,
     ) -> web.StreamResponse:
         headers.update(SSE_HEADERS)
         response = web.StreamResponse(headers=headers)
@@ -371,16 +363,22 @@ class FakeUpstream:
         except ConnectionError:
             self.stats.client_disconnects += 1
             return response
-        self.stats.count_served(job.prompt_tokens, job.completion_tokens)
+        if errored:
+            self.stats.streams_errored += 1
+        else:
+            self.stats.count_served(job.prompt_tokens, job.completion_tokens)
         return response
 
     async def _echo(self, request: web.Request, job: Job, status: int) -> web.StreamResponse:
         """The credentials received, quoted back (``echo_status``)."""
-        received = request.headers.get("api-key" if self.config.azure else "Authorization", "")
+        anthropic_api = request.get(API) == "anthropic"
+        received = request.headers.get(_credential_header(request, self.config.azure), "")
         # openai-model is one of the headers a proxy passes on
         headers = {"x-echo-authorization": received, "openai-model": f"echo {received}"}
         if status != 200 or not job.stream:
             message = f"Incorrect API key provided: {received}."
+            if anthropic_api:
+                return self._anthropic_error(status, message, headers)
             body = bodies.error_body(message, "invalid_request_error", "echo")
             return self._json(status, body, {**JSON_HEADERS, **headers})
         event = bodies.sse(
@@ -432,7 +430,7 @@ class FakeUpstream:
     def _answer_get(self, request: web.Request, rid: str) -> web.Response:
         stored = self.responses.get(rid)
         assert stored is not None  # checked by _stored_response
-        return self._json(200, orjson.dumps(stored.response))
+        return self._json(200, stored.response)
 
     def _answer_delete(self, request: web.Request, rid: str) -> web.Response:
         self.responses.delete(rid)
@@ -440,9 +438,10 @@ class FakeUpstream:
 
     def _answer_cancel(self, request: web.Request, rid: str) -> web.Response:
         result = self.responses.cancel(rid)
+        assert result is not None  # checked by _stored_response
         if isinstance(result, responses.Invalid):
             return self._bad_request(result.message, result.param, result.code)
-        return self._json(200, orjson.dumps(result))
+        return self._json(200, result)
 
     def _answer_input_items(self, request: web.Request, rid: str) -> web.Response:
         stored = self.responses.peek(rid)
@@ -460,6 +459,7 @@ class FakeUpstream:
                 message = f"Previous response with id '{previous_id}' not found."
                 param, code = "previous_response_id", "previous_response_not_found"
                 raise _Answered(self._bad_request(message, param, code))
+            self.stats.follow_ups += 1
         job = responses.parse(body, config.completion_tokens, previous)
         if isinstance(job, responses.Invalid):
             raise _Answered(self._bad_request(job.message, job.param, job.code))
@@ -467,26 +467,27 @@ class FakeUpstream:
         return job
 
     def _render_response(self, job: Job, rid: str, created: int) -> bytes:
-        done = responses.finished(job, rid, created)
+        done = orjson.dumps(responses.finished(job, rid, created))
         if job.request is not None and job.request.get("background") is True:
-            queued = responses.response_object(job, rid, created, "queued", [])
+            queued = orjson.dumps(responses.response_object(job, rid, created, "queued", []))
             self._remember(job, rid, queued, done)  # done once it is next looked at
-            return orjson.dumps(queued)
+            return queued
         self._remember(job, rid, done, None)
-        return orjson.dumps(done)
+        return done
 
     def _response_events(self, job: Job, rid: str, created: int, parts: int) -> list[bytes]:
-        self._remember(job, rid, responses.finished(job, rid, created), None)
+        self._remember(job, rid, orjson.dumps(responses.finished(job, rid, created)), None)
         return responses.events(job, rid, created, parts)
 
-    def _remember(
-        self, job: Job, rid: str, response: dict[str, Any], finished: dict[str, Any] | None
-    ) -> None:
+    def _remember(self, job: Job, rid: str, response: bytes, finished: bytes | None) -> None:
         body = job.request or {}
         if body.get("store") is False:
             return
         items = responses.input_items(body, f"msg_{rid.removeprefix('resp_')}i")
-        self.responses.put(rid, responses.Stored(response, items, finished))
+        tokens = job.prompt_tokens + job.completion_tokens
+        background = finished is not None
+        stored = responses.Stored(response, orjson.dumps(items), tokens, background, finished)
+        self.responses.put(rid, stored)
 
     def _check_azure_responses(self, request: web.Request, model: object) -> None:
         config = self.config
@@ -570,8 +571,8 @@ class FakeUpstream:
             return self._anthropic_error(
                 status, "Overloaded" if status == 529 else "Internal server error", headers
             )
-        message = "The server had an error while processing your request. Sorry about that!"
-        return self._json(status, bodies.error_body(message, "server_error"), headers)
+        body = bodies.error_body(bodies.SERVER_ERROR, "server_error")
+        return self._json(status, body, headers)
 
     def _rate_limited(
         self, rejection: Rejection, job: Job, now: float, request: web.Request
@@ -591,81 +592,29 @@ class FakeUpstream:
             version = request.query.get("api-version", "")
             text = azure.rate_limit_message(endpoint, version, rejection.kind, seconds)
             return self._json(429, azure.error_body("429", text), headers)
-        message = _rate_limit_message(rejection, job.model, self.config.window)
+        message = rate_limit_message(rejection, job.model, self.config.window)
         body = bodies.error_body(message, rejection.kind, "rate_limit_exceeded")
         return self._json(429, body, headers)
 
     def _limit_headers(self, now: float, request: web.Request) -> dict[str, str]:
-        """The API's rate-limit headers: Anthropic's, or OpenAI's x-ratelimit-* (a reset is
-        when the window is empty again)."""
+        """The rate-limit headers of the request's API."""
         config = self.config
-        headers: dict[str, str] = {}
         if not config.ratelimit_headers:
-            return headers
-        state = self.window_log.state(now)
+            return {}
         if request.get(API) == "anthropic":
-            return self._anthropic_limit_headers(now)
-        if config.azure:  # Azure says only what is left, per minute as OpenAI does
-            if config.rpm is not None:
-                headers["x-ratelimit-remaining-requests"] = str(max(0, config.rpm - state.requests))
-            if config.tpm is not None:
-                headers["x-ratelimit-remaining-tokens"] = str(max(0, config.tpm - state.tokens))
-            return headers
-        # OpenAI announces its limits per minute; so does the fake, whatever its window.
-        per_minute = 60.0 / config.window
-        if config.rpm is not None:
-            headers["x-ratelimit-limit-requests"] = str(round(config.rpm * per_minute))
-            headers["x-ratelimit-remaining-requests"] = str(max(0, config.rpm - state.requests))
-            headers["x-ratelimit-reset-requests"] = format_duration(state.requests_reset)
-        if config.tpm is not None:
-            headers["x-ratelimit-limit-tokens"] = str(round(config.tpm * per_minute))
-            headers["x-ratelimit-remaining-tokens"] = str(max(0, config.tpm - state.tokens))
-            headers["x-ratelimit-reset-tokens"] = format_duration(state.tokens_reset)
-        return headers
-
-    def _anthropic_limit_headers(self, now: float) -> dict[str, str]:
-        config = self.config
-        windows: dict[str, tuple[int, int, float]] = {}
-        if config.rpm is not None:
-            state = self.window_log.state(now)
-            windows["requests"] = (config.rpm, state.requests, state.requests_reset)
-        if config.itpm is not None:
-            state = self.input_log.state(now)
-            windows["input_tokens"] = (config.itpm, state.tokens, state.tokens_reset)
-        if config.otpm is not None:
-            state = self.output_log.state(now)
-            windows["output_tokens"] = (config.otpm, state.tokens, state.tokens_reset)
-        return anthropic.limit_headers(windows, 60.0 / config.window)
+            return self.windows.anthropic_headers(now, config)
+        if config.azure:
+            return self.windows.azure_headers(now, config)
+        return self.windows.openai_headers(now, config)
 
 
-def _input_cost(job: Job) -> int:
-    """What counts toward an input-token limit: uncached input and cache writes, not cache
-    reads (Anthropic's rule for current models)."""
-    return job.prompt_tokens + job.cache_write
-
-
-def _pro_rata(limit: int | None, config: FakeUpstreamConfig) -> int | None:
-    """A limit per window as a limit per quantum (at least one)."""
-    if limit is None or not config.quantum:
-        return limit
-    return max(1, math.floor(limit * config.quantum / config.window))
-
-
-def _rate_limit_message(rejection: Rejection, model: str, window: float) -> str:
-    unit = "min" if window == 60 else format_duration(window)
-    label = "requests per {} (RPM)" if rejection.kind == "requests" else "tokens per {} (TPM)"
-    scope = label.format(unit)
-    if rejection.too_large:
-        return (
-            f"Request too large for {model} in organization org-fake on {scope}: "
-            f"Limit {rejection.limit}, Requested {rejection.requested}. "
-            "The input or output tokens must be reduced in order to run successfully."
-        )
-    return (
-        f"Rate limit reached for {model} in organization org-fake on {scope}: "
-        f"Limit {rejection.limit}, Used {rejection.used}, Requested {rejection.requested}. "
-        f"Please try again in {format_duration(rejection.retry_after)}."
-    )
+def _credential_header(request: web.Request, azure_mode: bool) -> str:
+    """The header that carried the key (what `echo_status` quotes)."""
+    if azure_mode:
+        return "api-key"
+    if request.get(API) == "anthropic" and "x-api-key" in request.headers:
+        return "x-api-key"
+    return "Authorization"
 
 
 async def _wait_for_disconnect(request: web.Request) -> None:

@@ -357,6 +357,12 @@ def error_body(
 
 
 SSE_DONE = b"data: [DONE]\n\n"
+SERVER_ERROR = "The server had an error while processing your request. Sorry about that!"
+
+
+def stream_error() -> bytes:
+    """The error chunk OpenAI sends when a chat or completions stream fails midway."""
+    return sse(orjson.loads(error_body(SERVER_ERROR, "server_error")))
 
 
 def sse(payload: dict[str, Any]) -> bytes:

@@ -58,6 +58,12 @@ def build_parser(prog: str = "python -m proxy.fake_upstream") -> argparse.Argume
     add("--hang-rate", type=float, default=0.0, help="share of requests never answered")
     add("--drop-rate", type=float, default=0.0, help="share of connections closed unanswered")
     add("--fail-after-chunks", type=int, default=0, help="cut streams after K chunks (0 = off)")
+    add(
+        "--error-after-chunks",
+        type=int,
+        default=0,
+        help="end streams after K events with the API's in-stream error (0 = off)",
+    )
     add("--seed", type=int, default=None, help="seed of the random draws")
     add("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
     add("--models", default=",".join(defaults.models), help="what GET /v1/models lists")
@@ -101,6 +107,7 @@ def config_from_args(args: argparse.Namespace) -> FakeUpstreamConfig:
         hang_rate=args.hang_rate,
         drop_rate=args.drop_rate,
         fail_after_chunks=args.fail_after_chunks,
+        error_after_chunks=args.error_after_chunks,
         seed=args.seed,
         api_key=args.api_key,
         models=models,

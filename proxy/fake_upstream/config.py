@@ -40,6 +40,7 @@ RUNTIME_FIELDS: frozenset[str] = frozenset(
         "hang_rate",
         "drop_rate",
         "fail_after_chunks",
+        "error_after_chunks",
         "stream_chunks",
         "chunk_delay",
         "completion_tokens",
@@ -85,6 +86,10 @@ class FakeUpstreamConfig:
     hang_rate: float = 0.0
     drop_rate: float = 0.0
     fail_after_chunks: int = 0
+    # End every stream after K events with the API's in-stream error (chat: an `error`
+    # chunk; Responses: `response.failed`; Messages: `event: error`, overloaded_error),
+    # the body complete. 0: off.
+    error_after_chunks: int = 0
     seed: int | None = None
     api_key: str | None = None
     models: tuple[str, ...] = field(default=DEFAULT_MODELS)
@@ -153,6 +158,7 @@ class FakeUpstreamConfig:
             "hang_rate": self.hang_rate,
             "drop_rate": self.drop_rate,
             "fail_after_chunks": self.fail_after_chunks,
+            "error_after_chunks": self.error_after_chunks,
         }
         parts.extend(f"{name}={value:g}" for name, value in faults.items() if value)
         if self.api_key is not None:
@@ -196,7 +202,13 @@ def _optional_limit(name: str, value: int | None) -> int | None:
 
 
 def _validate(config: FakeUpstreamConfig) -> None:
-    for name in ("port", "stream_chunks", "completion_tokens", "fail_after_chunks"):
+    for name in (
+        "port",
+        "stream_chunks",
+        "completion_tokens",
+        "fail_after_chunks",
+        "error_after_chunks",
+    ):
         _require(_is_int(getattr(config, name)), f"{name} must be an integer")
     for name in ("cache_read_tokens", "cache_write_tokens"):
         value = getattr(config, name)
@@ -205,6 +217,7 @@ def _validate(config: FakeUpstreamConfig) -> None:
     _require(config.stream_chunks >= 1, "stream_chunks must be >= 1")
     _require(config.completion_tokens >= 1, "completion_tokens must be >= 1")
     _require(config.fail_after_chunks >= 0, "fail_after_chunks must be >= 0 (0 = off)")
+    _require(config.error_after_chunks >= 0, "error_after_chunks must be >= 0 (0 = off)")
     _require(_is_number(config.window) and config.window > 0, "window must be > 0")
     _require(
         config.quantum is None

@@ -14,7 +14,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from .bodies import (
+    SERVER_ERROR,
     Job,
     capped_job,
     completion_text,
@@ -24,7 +27,8 @@ from .bodies import (
 )
 
 MIN_MAX_OUTPUT_TOKENS = 16  # OpenAI rejects a smaller max_output_tokens
-STORE_CAPACITY = 100_000  # responses kept per instance; the oldest go first
+# Responses kept per instance, the oldest dropped first: ~1.5 KB each, as JSON bytes.
+STORE_CAPACITY = 50_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +42,13 @@ class Invalid:
 
 @dataclass(slots=True)
 class Stored:
-    """A response as `GET` returns it, with the input items it was created from."""
+    """A response as `GET` returns it (JSON), kept compact for long benchmarks."""
 
-    response: dict[str, Any]
-    items: list[dict[str, Any]]
-    finished: dict[str, Any] | None = None  # a queued background response, once done
+    response: bytes
+    items: bytes  # the input items, a JSON list
+    tokens: int  # input plus output: what a follow-up adds to its own input
+    background: bool = False
+    finished: bytes | None = None  # a queued background response, once done
 
 
 @dataclass
@@ -68,16 +74,16 @@ class ResponseStore:
             stored.response, stored.finished = stored.finished, None
         return stored
 
-    def cancel(self, rid: str) -> dict[str, Any] | Invalid | None:
+    def cancel(self, rid: str) -> bytes | Invalid | None:
         """Cancel a queued background response; None if unknown."""
         stored = self._by_id.get(rid)
         if stored is None:
             return None
-        if not stored.response.get("background"):
+        if not stored.background:
             return Invalid("Only responses created with background=true can be cancelled.")
         if stored.finished is not None:
-            stored.response = {**stored.response, "status": "cancelled"}
-            stored.finished = None
+            cancelled = {**orjson.loads(stored.response), "status": "cancelled"}
+            stored.response, stored.finished = orjson.dumps(cancelled), None
         return stored.response
 
     def delete(self, rid: str) -> bool:
@@ -118,8 +124,7 @@ def parse(body: dict[str, Any], default_completion: int, previous: Stored | None
             )
     prompt = estimate_chat_prompt_tokens(messages) if messages else 0
     if previous is not None:
-        usage = previous.response.get("usage") or {}
-        prompt += int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
+        prompt += previous.tokens
     return capped_job(body, prompt, requested, default_completion, request=body)
 
 
@@ -284,13 +289,27 @@ def events(job: Job, rid: str, created: int, parts: int) -> list[bytes]:
     ]
 
 
+def failed(job: Job, rid: str, created: int) -> dict[str, Any]:
+    """The response as it is when the server failed while generating it."""
+    response = response_object(job, rid, created, "failed", [])
+    response["error"] = {"code": "server_error", "message": SERVER_ERROR}
+    return response
+
+
+def failed_event(response: dict[str, Any], sequence_number: int) -> bytes:
+    """`response.failed`: how a Responses stream ends when the server fails midway."""
+    payload = {"type": "response.failed", "response": response}
+    return named_sse("response.failed", {**payload, "sequence_number": sequence_number})
+
+
 def deleted(rid: str) -> dict[str, Any]:
     return {"id": rid, "object": "response.deleted", "deleted": True}
 
 
-def item_list(items: list[dict[str, Any]], order: str) -> dict[str, Any]:
+def item_list(items: bytes, order: str) -> dict[str, Any]:
     """`input_items` as OpenAI lists them: newest first unless `order=asc`."""
-    data = items if order == "asc" else items[::-1]
+    stored: list[dict[str, Any]] = orjson.loads(items)
+    data = stored if order == "asc" else stored[::-1]
     return {
         "object": "list",
         "data": data,

@@ -41,6 +41,7 @@ class Stats:
     hung: int = 0  # injected hangs (hang_rate)
     dropped: int = 0  # connections closed without any answer (drop_rate)
     streams_cut: int = 0  # streams cut after `fail_after_chunks` chunks
+    streams_errored: int = 0  # streams ended by an in-stream error (`error_after_chunks`)
     client_disconnects: int = 0  # clients that went away before the answer ended
     in_flight: int = 0
     max_in_flight: int = 0
@@ -56,6 +57,7 @@ class Stats:
     rejected_by_kind: dict[str, int] = field(default_factory=dict)
     # response ids (GET/DELETE/cancel/input_items, previous_response_id) not created here
     unknown_response_ids: int = 0
+    follow_ups: int = 0  # requests whose previous_response_id this instance created
     last_request: LastRequest | None = None
 
     def enter(self) -> None:
@@ -102,11 +104,13 @@ class Stats:
             "hung": self.hung,
             "dropped": self.dropped,
             "streams_cut": self.streams_cut,
+            "streams_errored": self.streams_errored,
             "client_disconnects": self.client_disconnects,
             "by_status": {str(status): n for status, n in sorted(self.by_status.items())},
             "by_endpoint": dict(sorted(self.by_endpoint.items())),
             "rejected_by_kind": dict(sorted(self.rejected_by_kind.items())),
             "unknown_response_ids": self.unknown_response_ids,
+            "follow_ups": self.follow_ups,
             "in_flight": self.in_flight,
             "max_in_flight": self.max_in_flight,
             "peak_window_requests": peak_window_requests,

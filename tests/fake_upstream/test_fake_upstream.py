@@ -490,3 +490,16 @@ def wait_until(condition: Any, timeout: float = 2.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(0.01)
+
+
+def test_error_after_chunks_ends_a_chat_stream_with_an_error_chunk(
+    upstream: FakeUpstreamHandle,
+) -> None:
+    upstream.control(error_after_chunks=2)
+    sdk = openai.OpenAI(base_url=upstream.base_url, api_key="x", max_retries=0)
+    stream = sdk.chat.completions.create(
+        model="gpt-4o-mini", messages=CHAT["messages"], stream=True
+    )
+    with pytest.raises(openai.APIError, match="server had an error"):
+        list(stream)
+    assert upstream.stats()["streams_errored"] == 1

@@ -11,8 +11,8 @@ from typing import Any
 
 import anthropic
 import httpx
-import orjson
 import pytest
+from support.sse import named_events
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 from proxy.fake_upstream.anthropic import limit_headers, rfc3339
@@ -87,13 +87,7 @@ def test_max_tokens_cuts_the_answer_with_stop_reason_max_tokens(
 def test_a_stream_has_anthropics_events_in_order(http: httpx.Client) -> None:
     answer = http.post("/v1/messages", json={**BODY, "stream": True})
     assert answer.headers["content-type"].startswith("text/event-stream")
-    events = []
-    for block in answer.text.split("\n\n"):
-        if block:
-            event_line, data_line = block.split("\n")
-            data = orjson.loads(data_line.removeprefix("data: "))
-            assert data["type"] == event_line.removeprefix("event: ")
-            events.append(data)
+    events = [data for _, data in named_events(answer.text)]
     assert [event["type"] for event in events] == [
         "message_start",
         "content_block_start",
@@ -276,7 +270,9 @@ def test_every_answer_carries_the_configured_windows_headers(
     upstream: FakeUpstreamHandle, http: httpx.Client
 ) -> None:
     upstream.control(rpm=10, itpm=1000, otpm=500, window=60)
+    before = time.time()
     answer = http.post("/v1/messages", json=BODY)
+    after = time.time()
     headers = answer.headers
     assert headers["anthropic-ratelimit-requests-limit"] == "10"
     assert headers["anthropic-ratelimit-requests-remaining"] == "9"
@@ -289,7 +285,8 @@ def test_every_answer_carries_the_configured_windows_headers(
     assert headers["anthropic-ratelimit-tokens-remaining"] == str(500 - 16)
     reset = datetime.fromisoformat(headers["anthropic-ratelimit-requests-reset"])
     assert reset.tzinfo is not None
-    assert time.time() - 1 < reset.timestamp() <= time.time() + 61
+    # the window empties 60 s after this request, rounded up to the second
+    assert before + 60 <= reset.timestamp() <= after + 61
     assert "x-ratelimit-limit-requests" not in headers  # OpenAI's are for OpenAI's paths
 
 
@@ -330,3 +327,28 @@ def test_limits_are_announced_per_minute_whatever_the_window() -> None:
     assert headers["anthropic-ratelimit-input-tokens-remaining"] == "70"
     assert headers["anthropic-ratelimit-input-tokens-reset"] == "1970-01-01T00:00:05Z"
     assert headers["anthropic-ratelimit-tokens-remaining"] == "70"
+
+
+def test_echo_status_quotes_the_x_api_key_in_an_anthropic_error(
+    upstream: FakeUpstreamHandle, http: httpx.Client
+) -> None:
+    upstream.control(echo_status=401)
+    answer = http.post("/v1/messages", json=BODY)
+    assert KEY in anthropic_error(answer, 401, "authentication_error")
+    assert answer.headers["x-echo-authorization"] == KEY
+
+
+def test_count_tokens_needs_model_and_messages(http: httpx.Client) -> None:
+    for body, field in (({"messages": MESSAGES}, "model"), ({"model": MODEL}, "messages")):
+        answer = http.post("/v1/messages/count_tokens", json=body)
+        assert anthropic_error(answer, 400, "invalid_request_error").startswith(f"{field}:")
+
+
+def test_error_after_chunks_ends_the_stream_with_an_overloaded_error_event(
+    upstream: FakeUpstreamHandle, client: anthropic.Anthropic
+) -> None:
+    upstream.control(error_after_chunks=4)
+    stream = client.messages.create(model=MODEL, max_tokens=100, messages=MESSAGES, stream=True)
+    with pytest.raises(anthropic.APIStatusError, match="overloaded_error"):
+        list(stream)
+    assert upstream.stats()["streams_errored"] == 1

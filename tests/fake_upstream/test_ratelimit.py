@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.fake_upstream import SlidingWindowLog, format_duration
+from proxy.fake_upstream import FakeUpstreamConfig, SlidingWindowLog, format_duration
+from proxy.fake_upstream.bodies import Job
 from proxy.fake_upstream.ratelimit import ceil_millis, ceil_seconds
+from proxy.fake_upstream.windows import Windows
 
 
 def accept(log: SlidingWindowLog, now: float, cost: int, rpm: int | None, tpm: int | None) -> bool:
@@ -98,3 +100,58 @@ def test_retry_after_values_round_up() -> None:
     assert ceil_seconds(1.01) == 2
     assert ceil_millis(0.1234) == 124
     assert ceil_millis(0.5) == 500
+
+
+# ------------------------------------------------------------------ input and output windows
+
+
+def _message_job(prompt: int, max_tokens: int, produced: int, cache_write: int = 0) -> Job:
+    return Job(
+        "claude-x",
+        prompt,
+        produced,
+        prompt + max_tokens,
+        max_output=max_tokens,
+        cache_read=1000,
+        cache_write=cache_write,
+    )
+
+
+def test_input_window_counts_uncached_input_and_cache_writes_until_they_expire() -> None:
+    config = FakeUpstreamConfig(itpm=100, window=10)
+    windows = Windows(config)
+    job = _message_job(prompt=30, max_tokens=5, produced=5, cache_write=10)  # 40, reads free
+    for now in (0.0, 1.0):
+        assert windows.check(now, job, config) is None
+        windows.add(now, job, config)
+    rejection = windows.check(2.0, job, config)
+    assert rejection is not None and rejection.kind == "input_tokens"
+    assert rejection.used == 80 and rejection.retry_after == pytest.approx(8.0)
+    assert windows.check(10.0, job, config) is None  # the first one left the window
+
+
+def test_output_window_checks_the_cap_and_counts_what_was_produced() -> None:
+    config = FakeUpstreamConfig(otpm=100, window=10)
+    windows = Windows(config)
+    job = _message_job(prompt=1, max_tokens=60, produced=30)
+    windows.add(0.0, job, config)
+    assert windows.check(0.5, job, config) is None  # 30 used + cap 60 fits
+    windows.add(0.5, job, config)
+    rejection = windows.check(1.0, job, config)  # 60 used + cap 60 does not
+    assert rejection is not None and rejection.kind == "output_tokens"
+    assert rejection.retry_after == pytest.approx(9.0)
+    too_large = windows.check(1.0, _message_job(1, 101, 1), config)
+    assert too_large is not None and too_large.too_large
+
+
+def test_anthropic_headers_count_resets_from_the_wall_clock() -> None:
+    config = FakeUpstreamConfig(rpm=5, itpm=100, otpm=50, window=60)
+    windows = Windows(config)
+    windows.add(0.0, _message_job(prompt=30, max_tokens=40, produced=10), config)
+    headers = windows.anthropic_headers(20.0, config, wall=1_700_000_000.0)
+    assert headers["anthropic-ratelimit-requests-remaining"] == "4"
+    assert headers["anthropic-ratelimit-input-tokens-remaining"] == "70"
+    assert headers["anthropic-ratelimit-output-tokens-remaining"] == "40"
+    assert headers["anthropic-ratelimit-tokens-remaining"] == "40"  # the least left
+    # the request leaves the window at 60, 40 s after `now`
+    assert headers["anthropic-ratelimit-input-tokens-reset"] == "2023-11-14T22:14:00Z"

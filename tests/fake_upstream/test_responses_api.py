@@ -5,14 +5,14 @@ the limits and faults it shares with chat, and its stats."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import openai
-import orjson
 import pytest
+from support.sse import named_events
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
+from proxy.fake_upstream.responses import ResponseStore, Stored
 
 MODEL = "gpt-4o-mini"
 KEY = "sk-upstream"
@@ -34,20 +34,6 @@ def http(upstream: FakeUpstreamHandle) -> Iterator[httpx.Client]:
     headers = {"Authorization": f"Bearer {KEY}"}
     with httpx.Client(base_url=upstream.base_url, headers=headers, timeout=5) as session:
         yield session
-
-
-def events_of(response: httpx.Response) -> list[tuple[str, dict[str, Any]]]:
-    """(event name, data) of each SSE event, checking that both lines name the same type."""
-    events = []
-    for block in response.text.split("\n\n"):
-        if not block:
-            continue
-        event_line, data_line = block.split("\n")
-        name = event_line.removeprefix("event: ")
-        data = orjson.loads(data_line.removeprefix("data: "))
-        assert data["type"] == name
-        events.append((name, data))
-    return events
 
 
 # ------------------------------------------------------------------ create
@@ -106,7 +92,7 @@ def test_a_stream_is_semantic_events_ending_in_response_completed_without_done(
     answer = http.post("/responses", json={"model": MODEL, "input": "hi", "stream": True})
     assert answer.headers["content-type"].startswith("text/event-stream")
     assert "[DONE]" not in answer.text
-    events = events_of(answer)
+    events = named_events(answer.text)
     names = [name for name, _ in events]
     assert names == [
         "response.created",
@@ -209,13 +195,16 @@ def test_an_id_this_instance_did_not_create_is_an_openai_shaped_404(
         assert "resp_other" in error["message"]
 
 
-def test_a_follow_up_counts_the_previous_turn_as_input(client: openai.OpenAI) -> None:
+def test_a_follow_up_counts_the_previous_turn_as_input(
+    upstream: FakeUpstreamHandle, client: openai.OpenAI
+) -> None:
     first = client.responses.create(model=MODEL, input="Hello there, fake!")
     second = client.responses.create(model=MODEL, input="abcd", previous_response_id=first.id)
     assert first.usage is not None and second.usage is not None
     assert second.previous_response_id == first.id
     expected = first.usage.input_tokens + first.usage.output_tokens + (1 + 3 + 3)
     assert second.usage.input_tokens == expected
+    assert upstream.stats()["follow_ups"] == 1
 
 
 def test_a_follow_up_to_another_accounts_response_is_an_error_counted_in_stats(
@@ -295,3 +284,36 @@ def test_stats_count_each_route(upstream: FakeUpstreamHandle, client: openai.Ope
         "GET /v1/responses/{response_id}": 1,
         "POST /v1/responses": 1,
     }
+
+
+def test_the_store_drops_the_oldest_response_beyond_its_capacity() -> None:
+    store = ResponseStore(capacity=2)
+    for rid in ("resp_a", "resp_b", "resp_c"):
+        store.put(rid, Stored(b"{}", b"[]", tokens=1))
+    assert store.peek("resp_a") is None
+    assert store.peek("resp_b") is not None and store.peek("resp_c") is not None
+
+
+def test_error_after_chunks_ends_the_stream_with_response_failed(
+    upstream: FakeUpstreamHandle, http: httpx.Client
+) -> None:
+    upstream.control(error_after_chunks=5)
+    answer = http.post("/responses", json={"model": MODEL, "input": "x", "stream": True})
+    events = named_events(answer.text)
+    assert len(events) == 6
+    name, data = events[-1]
+    assert name == "response.failed" and data["sequence_number"] == 5
+    assert data["response"]["status"] == "failed"
+    assert data["response"]["error"]["code"] == "server_error"
+    assert data["response"]["usage"] is None
+    stats = upstream.stats()
+    assert (stats["streams_errored"], stats["served"]) == (1, 0)
+
+
+def test_a_failed_stream_is_stored_as_failed(
+    upstream: FakeUpstreamHandle, client: openai.OpenAI
+) -> None:
+    upstream.control(error_after_chunks=3)
+    events = list(client.responses.create(model=MODEL, input="x", stream=True))
+    assert events[-1].type == "response.failed"
+    assert client.responses.retrieve(events[0].response.id).status == "failed"
