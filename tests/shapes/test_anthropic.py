@@ -150,3 +150,24 @@ def test_a_token_count_costs_one_request_and_no_tokens() -> None:
     cost = COUNT_TOKENS.estimate({"messages": [{"role": "user", "content": "x" * 400}]}, 16)
     assert cost["requests"] == 1 and cost["tokens"] == 0
     assert COUNT_TOKENS.usage(b'{"input_tokens": 104}') == TokenUsage()
+
+
+def test_tool_results_and_tool_calls_count_by_their_size() -> None:
+    """An agent's turns carry their input in tool results and tool calls, not text."""
+    output = "line of a file\n" * 400  # 6,000 characters
+    body: dict[str, Any] = {
+        "max_tokens": 10,
+        "messages": [
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "tool_use", "id": "t1", "name": "read", "input": {"p": "x" * 400}}
+                ],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "t1", "content": output}],
+            },
+        ],
+    }
+    assert MESSAGES.estimate(body, 16)["input_tokens"] >= (6000 + 400) / 4
