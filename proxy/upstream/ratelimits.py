@@ -175,6 +175,8 @@ def remaining_report(budget: UpstreamBudget, max_hold: float) -> Remaining | Non
     if not (
         _low(budget.remaining_requests, budget.limit_requests)
         or _low(budget.remaining_tokens, budget.limit_tokens)
+        or _low(budget.remaining_input_tokens, budget.limit_input_tokens)
+        or _low(budget.remaining_output_tokens, budget.limit_output_tokens)
     ):
         return None
     return Remaining(
@@ -184,6 +186,8 @@ def remaining_report(budget: UpstreamBudget, max_hold: float) -> Remaining | Non
             max_hold,
         ),
         tokens=budget.remaining_tokens,
+        input_tokens=budget.remaining_input_tokens,
+        output_tokens=budget.remaining_output_tokens,
     )
 
 

@@ -62,6 +62,30 @@ def test_anthropics_input_and_output_token_limits_are_read_apart() -> None:
     assert not budget.empty and len(budget.resets) == 2
 
 
+def test_anthropics_input_tokens_running_low_floor_the_input_token_windows() -> None:
+    from proxy.limiter.base import MINUTE, DeploymentLimits, Rate, Window
+    from proxy.limiter.verdicts import floors
+
+    budget = parse_budget(
+        {
+            "anthropic-ratelimit-input-tokens-limit": "40000",
+            "anthropic-ratelimit-input-tokens-remaining": "1200",  # 3%: low
+            "anthropic-ratelimit-output-tokens-limit": "8000",
+            "anthropic-ratelimit-output-tokens-remaining": "8000",
+        },
+        NOW,
+    )
+    report = remaining_report(budget, MAX_HOLD)
+    assert report is not None and report.input_tokens == 1200 and report.output_tokens == 8000
+    windows = tuple(
+        Window(name, kind, Rate(40_000, MINUTE, 1.0))
+        for name, kind in (("itpm", "input_tokens"), ("otpm", "output_tokens"), ("rpm", "requests"))
+    )
+    lowered = floors(DeploymentLimits("d", windows), report, MAX_HOLD)
+    assert [(f.window.name, f.available) for f in lowered] == [("itpm", 1200), ("otpm", 8000)]
+    assert report.shared(2).input_tokens == 600
+
+
 @pytest.mark.parametrize(
     "reset", ["30s", "1e3", "2027-01-15", "2027-01-15T08:00:30", "2027-13-15T08:00:30Z", "soon"]
 )
