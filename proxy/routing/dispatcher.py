@@ -30,7 +30,7 @@ import httpx
 from proxy.call import Call, ClientLeft, Reply
 from proxy.catalog import Catalog, DeploymentRoute, GroupRoute
 from proxy.config import Settings
-from proxy.costs import TokenUsage
+from proxy.costs import Cost, TokenUsage
 from proxy.errors import (
     ClientClosedRequest,
     InvalidRequest,
@@ -241,7 +241,7 @@ class Dispatcher:
                     GroupAsk(
                         group.name,
                         [self.catalog.limits(d) for d in ordered],
-                        float(call.estimate),
+                        call.cost,
                         budget,
                         lease,
                         self.settler.least_busy,
@@ -253,9 +253,7 @@ class Dispatcher:
                 deferred = verdict.deferred and verdict.retry_after <= budget
                 if line is not None and not deferred:
                     if verdict.wait > 0.0:  # the next in line asks when its turn would fit
-                        spacing = turn_spacing(
-                            [self.catalog.limits(d) for d in ordered], call.estimate
-                        )
+                        spacing = turn_spacing([self.catalog.limits(d) for d in ordered], call.cost)
                         line.not_before = time.monotonic() + max(
                             verdict.wait + spacing - self.routing.lookahead, 0.0
                         )
@@ -271,7 +269,7 @@ class Dispatcher:
                 if queued and self.waiting >= self.routing.max_queue:
                     # The queue filled up while we asked: give the turn back.
                     assert turn is not None
-                    self.settler.give_back(turn, call.estimate)
+                    self.settler.give_back(turn, call.cost)
                     turn, queued, queue_full = None, False, True
                     verdict = replace(verdict, deployment_id=None, retry_after=verdict.wait)
                 if queued:
@@ -288,7 +286,7 @@ class Dispatcher:
                     if queued:
                         assert verdict.sent is not None
                         sent = verdict.sent
-                        clock = (group.name, sent.fallback, sent.lease != 0)
+                        clock = (group.name, *sent.clock)
                         due = handled + self.turn_clock.sleep(clock, sent.at, verdict.wait, handled)
                         await self._wait(call, due - time.monotonic(), turn, queued=True)
                         if self.settler.stale(turn):
@@ -367,7 +365,7 @@ class Dispatcher:
             await gate
         except BaseException as exc:
             if reserved is not None:
-                self.settler.give_back(reserved, call.estimate)
+                self.settler.give_back(reserved, call.cost)
             if isinstance(exc, Exception):
                 raise GateClosed(exc) from exc
             raise
@@ -425,7 +423,7 @@ class Dispatcher:
                 raise ClientClosedRequest("The client closed the request while it waited.")
         except BaseException:
             if give_back is not None:
-                self.settler.give_back(give_back, call.estimate)
+                self.settler.give_back(give_back, call.cost)
             raise
         finally:
             self.waiting -= 1
@@ -472,7 +470,7 @@ class Dispatcher:
                 call.shape, call.body, call.raw, call.headers, deployment, call.stream
             )
         except InvalidRequest:  # the body cannot be sent as it is: its turn goes back
-            self.settler.give_back(turn, call.estimate)
+            self.settler.give_back(turn, call.cost)
             raise
         attempt = Attempt(call.request_id, deployment.group, deployment.id, time.perf_counter())
         self._started(attempt)
@@ -500,7 +498,7 @@ class Dispatcher:
             served = self._answered(call, turn, attempt, answer)
         except BaseException as exc:
             if not attempt.label:  # not ended yet: the turn and in-flight count go back
-                self._ended(call, turn, attempt, "abandoned", NEUTRAL, real_tokens=None)
+                self._ended(call, turn, attempt, "abandoned", NEUTRAL, used=None)
             if not departure.stop():
                 raise
             if not isinstance(exc, asyncio.CancelledError):
@@ -525,7 +523,7 @@ class Dispatcher:
                 attempt,
                 answer.label,
                 answer.outcome,
-                real_tokens=None,
+                used=None,
                 refund=answer.refund,
             )
             if not answer.retry:
@@ -550,7 +548,7 @@ class Dispatcher:
             attempt,
             answer.label,
             answer.outcome,
-            real_tokens=call.trip.real_tokens(),
+            used=call.trip.used,
             ended=answer.ended,
             refund=answer.refund,
         )
@@ -574,7 +572,7 @@ class Dispatcher:
                 self.events.usage_unreadable(call.shape.name, attempt)
         outcome = {"completed": SUCCESS, "interrupted": INTERRUPTED}.get(end, NEUTRAL)
         label = "200" if end == "completed" else end
-        self._ended(call, turn, attempt, label, outcome, real_tokens=call.trip.charged_tokens())
+        self._ended(call, turn, attempt, label, outcome, used=call.charged_cost())
         if end == "interrupted":
             call.trip.stream_error = "stream_interrupted"
 
@@ -592,14 +590,14 @@ class Dispatcher:
         label: str,
         outcome: Outcome,
         *,
-        real_tokens: int | None,
+        used: Cost | None,
         ended: float | None = None,
         refund: bool = False,
     ) -> asyncio.Task[None] | None:
         """An upstream call ended (at ``ended``, default now): one event, the routing
         state, and the deployment's settlement in the background (its task, None when
-        there is nothing to settle). ``real_tokens``: what it used (None: unknown; beyond
-        the estimate, it is charged); ``refund``: the upstream did not admit it
+        there is nothing to settle). ``used``: what it used per kind (None: unknown;
+        beyond the estimate, it is charged); ``refund``: the upstream did not admit it
         (``outcomes.admitted``), its token charge is returned."""
         attempt.ended = ended or time.perf_counter()
         attempt.label, attempt.outcome = label, outcome
@@ -615,9 +613,7 @@ class Dispatcher:
                 attempt.duration - previous
             )
         self.events.attempt_ended(attempt)
-        return self.settler.settle(
-            turn, outcome, estimate=call.estimate, real_tokens=real_tokens, refund=refund
-        )
+        return self.settler.settle(turn, outcome, estimate=call.cost, used=used, refund=refund)
 
     def _learn(self, deployment: DeploymentRoute, answer: Answer) -> None:
         """What the upstream's rate-limit headers said: its announced limits, and, when

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from proxy.costs import INPUT_TOKENS, OUTPUT_TOKENS, REQUESTS, TOKENS
+from proxy.costs import estimate_cost
 
 _CHARS_PER_TOKEN = 4
 _PER_MESSAGE = 4  # role and framing tokens per chat message
@@ -113,11 +113,6 @@ def completion_tokens(body: dict[str, Any], default: int) -> int:
 
 
 def token_cost(input_tokens: int, output_tokens: int) -> dict[str, float]:
-    """A request's estimated cost in every kind a shape estimates: one request, its
-    input and output tokens, and both together (``tokens``)."""
-    return {
-        REQUESTS: 1.0,
-        TOKENS: float(input_tokens + output_tokens),
-        INPUT_TOKENS: float(input_tokens),
-        OUTPUT_TOKENS: float(output_tokens),
-    }
+    """A request's estimated cost in every kind a shape estimates (``costs.estimate_cost``):
+    one request, its input and output tokens, and both together (``tokens``)."""
+    return estimate_cost(float(input_tokens), float(output_tokens))
