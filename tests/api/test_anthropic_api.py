@@ -22,6 +22,7 @@ CLIENT = "sk-client-claude"
 LIMITED = "sk-client-limited"
 GPT_ONLY = "sk-client-gpt-only"
 METERED = "sk-client-metered"
+CACHED = "sk-client-cached"
 MESSAGES: list[Any] = [{"role": "user", "content": "Hello there, fake!"}]
 BODY = {"model": "claude", "max_tokens": 100, "messages": MESSAGES}
 
@@ -37,7 +38,7 @@ def upstream() -> Iterator[FakeUpstreamHandle]:
 
 @pytest.fixture(autouse=True)
 def _fresh(upstream: FakeUpstreamHandle) -> None:
-    upstream.control(fail_rate=0.0, fail_status=500)
+    upstream.control(fail_rate=0.0, fail_status=500, cache_read_tokens=0, cache_write_tokens=0)
 
 
 def _config(upstream: FakeUpstreamHandle) -> dict[str, Any]:
@@ -46,7 +47,16 @@ def _config(upstream: FakeUpstreamHandle) -> dict[str, Any]:
             {"name": "app", "key": CLIENT, "limits": [{"tokens": 100_000, "per": "1d"}]},
             {"name": "limited", "key": LIMITED, "rpm": 2},
             {"name": "gpt-only", "key": GPT_ONLY, "models": ["gpt"]},
-            {"name": "metered", "key": METERED, "limits": [{"tokens": 100_000, "per": "1d"}]},
+            {"name": "cached", "key": CACHED, "limits": [{"input_tokens": 100_000, "per": "1d"}]},
+            {
+                "name": "metered",
+                "key": METERED,
+                "limits": [
+                    {"tokens": 100_000, "per": "1d"},
+                    {"input_tokens": 100_000, "per": "1d"},
+                    {"output_tokens": 100_000, "per": "1d"},
+                ],
+            },
         ],
         "models": [
             {
@@ -276,16 +286,22 @@ def test_the_keys_token_window_ends_at_the_real_usage(
     proxy: ProxyInThread, client: anthropic.Anthropic
 ) -> None:
     """Each message is estimated at 12 input + 100 max_tokens; it used 11 + 16. After a
-    plain and a streamed one, a third shows the window holding their real usage and its
-    own estimate (a day's window refills about one token a second meanwhile)."""
+    plain and a streamed one, a third shows each window (tokens, input, output) holding
+    their real usage and its own estimate (a day's window refills about one token a
+    second meanwhile)."""
     metered = anthropic.Anthropic(base_url=proxy.url, api_key=METERED, max_retries=0)
     metered.messages.create(model="claude", max_tokens=100, messages=MESSAGES)
     with metered.messages.stream(model="claude", max_tokens=100, messages=MESSAGES) as stream:
         stream.get_final_message()
     proxy.settled()
     third = _post(proxy, "/v1/messages", key=METERED, json=BODY)
-    used = 100_000 - int(third.headers["anthropic-ratelimit-tokens-remaining"])
-    assert 2 * (11 + 16) + 112 - 10 <= used <= 2 * (11 + 16) + 112, used
+
+    def used(kind: str) -> int:
+        return 100_000 - int(third.headers[f"anthropic-ratelimit-{kind}-remaining"])
+
+    assert 2 * (11 + 16) + 112 - 10 <= used("tokens") <= 2 * (11 + 16) + 112
+    assert 2 * 11 + 12 - 10 <= used("input-tokens") <= 2 * 11 + 12
+    assert 2 * 16 + 100 - 10 <= used("output-tokens") <= 2 * 16 + 100
 
 
 def test_a_stream_broken_off_upstream_ends_with_an_error_event(
@@ -316,3 +332,18 @@ def test_x_api_key_counts_before_authorization_and_twice_is_refused(
         timeout=10,
     )
     assert "x-api-key" in _anthropic_error(twice, 400, "invalid_request_error")
+
+
+def test_cache_writes_count_as_input_and_cache_reads_do_not(
+    proxy: ProxyInThread, upstream: FakeUpstreamHandle
+) -> None:
+    """Anthropic's rule for its input-token limits, kept by the key's input window: a
+    message of 11 uncached input tokens, 50 written to the cache and 3,000 read from it
+    is charged 61 (docs/limiter.md)."""
+    upstream.control(cache_read_tokens=3000, cache_write_tokens=50)
+    first = _post(proxy, "/v1/messages", key=CACHED, json=BODY)
+    assert first.json()["usage"]["cache_read_input_tokens"] == 3000
+    proxy.settled()
+    second = _post(proxy, "/v1/messages", key=CACHED, json=BODY)
+    used = 100_000 - int(second.headers["anthropic-ratelimit-input-tokens-remaining"])
+    assert 11 + 50 + 12 - 10 <= used <= 11 + 50 + 12, used
