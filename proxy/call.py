@@ -6,7 +6,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from proxy.costs import INPUT_TOKENS, NOTHING, OUTPUT_TOKENS, TOKENS, Cost, TokenUsage, usage_cost
+from proxy.costs import (
+    INPUT_TOKENS,
+    NOTHING,
+    OUTPUT_TOKENS,
+    TOKENS,
+    Cost,
+    TokenUsage,
+    usage_cost,
+)
 from proxy.limiter.fairness import Claimant
 from proxy.shapes.base import Shape
 
@@ -57,20 +65,19 @@ class Trip:
     upstream_time: float = 0.0  # seconds spent on upstream calls until the answer's headers
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
-    used: Cost | None = None  # the reported usage per kind (``usage_cost``), once read
+    used: Cost | None = None  # the reported usage per kind, once read
     # A stream that ended without usage: the tokens it is charged instead (never a refund).
     unreported_tokens: int | None = None
     stream_error: str | None = None  # how a stream that broke off ended (its error code)
 
     def reported(self, usage: TokenUsage | None) -> None:
-        """The usage the upstream reported (None: none it could read), as logged."""
+        """The usage the upstream reported (None: none it could read)."""
         if usage is None:
-            self.prompt_tokens = self.completion_tokens = self.used = None
+            self.prompt_tokens = self.completion_tokens = None
+            self.used = None
         else:
             self.prompt_tokens = usage.input_tokens + usage.cache_read
             self.completion_tokens = usage.output_tokens
-            # Per kind from the shape's own counts: an input-token window is settled to
-            # what the upstream counts as input (Anthropic's cache reads apart).
             self.used = usage_cost(usage)
 
     def real_tokens(self) -> int | None:
@@ -84,6 +91,17 @@ class Trip:
         usage counts as (``unreported_tokens``); None, unknown: the estimate goes back."""
         real = self.real_tokens()
         return self.unreported_tokens if real is None else real
+
+    def charged_cost(self, estimate: Cost) -> Cost | None:
+        """``charged_tokens`` per token kind: the reported usage, else the
+        ``unreported_tokens`` (of a stream without usage, of a 200 its shape could not
+        read), ``estimate``'s input as input and the rest as output."""
+        used = self.used
+        if used is not None or self.unreported_tokens is None:
+            return used
+        total = self.unreported_tokens
+        read = min(estimate.get(INPUT_TOKENS, 0.0), total)
+        return {TOKENS: float(total), INPUT_TOKENS: read, OUTPUT_TOKENS: total - read}
 
 
 @dataclass(slots=True)
@@ -100,8 +118,8 @@ class Call:
     body: dict[str, Any] = field(default_factory=dict)
     raw: bytes = b""
     stream: bool = False
-    estimate: int = 0  # tokens (the cost's ``tokens``)
-    cost: Cost = NOTHING  # its estimated cost, every kind (``Shape.estimate``)
+    estimate: int = 0  # tokens (``cost``'s)
+    cost: Cost = NOTHING  # the estimate per limit kind (``Shape.estimate``)
     trip: Trip = field(default_factory=Trip)  # the dispatcher's: what it learned
     error_code: str | None = None
     shadow_rejection: str | None = None  # the limit a shadow key's request went past
@@ -118,17 +136,6 @@ class Call:
     def tier(self) -> str:
         """Its key's priority tier, a metric label (a configured number)."""
         return str(self.claimant.tier)
-
-    def charged_cost(self) -> Cost | None:
-        """What its budgets are charged per kind: the reported usage, else a stream's
-        ``unreported_tokens``, its input's estimate as input and the rest as output;
-        None, unknown: the estimate goes back."""
-        trip = self.trip
-        if trip.used is not None or trip.unreported_tokens is None:
-            return trip.used
-        total = trip.unreported_tokens
-        read = min(self.cost.get(INPUT_TOKENS, 0.0), total)
-        return {TOKENS: float(total), INPUT_TOKENS: read, OUTPUT_TOKENS: total - read}
 
 
 class Settlement:

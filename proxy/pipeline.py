@@ -322,7 +322,7 @@ class Pipeline:
                 return None
             # Unknown usage (an error, no usage in a buffered answer) refunds the whole
             # estimate; a stream without usage is charged at least it (charged_cost).
-            correction = settled_cost(call.cost, call.charged_cost(), limits.windows)
+            correction = settled_cost(call.cost, call.trip.charged_cost(call.cost), limits.windows)
             return KeySettlement(limits, call.request_id, correction)
 
         async def release() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.call import Call
+from proxy.call import Trip
 from proxy.costs import NOTHING, TokenUsage, estimate_cost, negated, usage_cost
 from proxy.shapes.chat import CHAT
 from proxy.shapes.embeddings import EMBEDDINGS
@@ -40,17 +40,30 @@ def test_real_usage_settles_every_token_kind() -> None:
 
 
 def test_a_call_is_charged_its_reported_usage_else_a_streams_unreported_count() -> None:
-    call = Call("r", CHAT, 0.0, cost=estimate_cost(30, 100))
-    assert call.charged_cost() is None  # unknown: the estimate goes back
-    call.trip.unreported_tokens = 50  # a stream cut before its usage: input, then output
-    assert call.charged_cost() == {"tokens": 50.0, "input_tokens": 30.0, "output_tokens": 20.0}
-    call.trip.reported(TokenUsage(12, 7))  # where the answer's usage is read
-    assert call.charged_cost() == {"tokens": 19.0, "input_tokens": 12.0, "output_tokens": 7.0}
+    estimate = estimate_cost(30, 100)
+    trip = Trip()
+    assert trip.charged_cost(estimate) is None  # unknown: the estimate goes back
+    trip.unreported_tokens = 50  # a stream cut before its usage: input first, then output
+    assert trip.charged_cost(estimate) == {
+        "tokens": 50.0,
+        "input_tokens": 30.0,
+        "output_tokens": 20.0,
+    }
+    trip.reported(TokenUsage(input_tokens=12, output_tokens=7))  # where usage is read
+    assert trip.charged_cost(estimate) == {
+        "tokens": 19.0,
+        "input_tokens": 12.0,
+        "output_tokens": 7.0,
+    }
 
 
 def test_cache_reads_are_not_charged_as_input_but_count_in_tokens() -> None:
     """Anthropic's rule: uncached input and cache writes count toward its input-token
     limit, cache reads do not (docs/limiter.md)."""
-    call = Call("r", CHAT, 0.0, cost=estimate_cost(400, 100))
-    call.trip.reported(TokenUsage(25, 16, cache_read=300, cache_write=5))
-    assert call.charged_cost() == {"tokens": 341.0, "input_tokens": 25.0, "output_tokens": 16.0}
+    trip = Trip()
+    trip.reported(TokenUsage(25, 16, cache_read=300, cache_write=5))
+    assert trip.charged_cost(estimate_cost(400, 100)) == {
+        "tokens": 341.0,
+        "input_tokens": 25.0,
+        "output_tokens": 16.0,
+    }

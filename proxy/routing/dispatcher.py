@@ -548,7 +548,7 @@ class Dispatcher:
             attempt,
             answer.label,
             answer.outcome,
-            used=call.trip.used,
+            used=call.trip.charged_cost(call.cost),
             ended=answer.ended,
             refund=answer.refund,
         )
@@ -572,7 +572,7 @@ class Dispatcher:
                 self.events.usage_unreadable(call.shape.name, attempt)
         outcome = {"completed": SUCCESS, "interrupted": INTERRUPTED}.get(end, NEUTRAL)
         label = "200" if end == "completed" else end
-        self._ended(call, turn, attempt, label, outcome, used=call.charged_cost())
+        self._ended(call, turn, attempt, label, outcome, used=call.trip.charged_cost(call.cost))
         if end == "interrupted":
             call.trip.stream_error = "stream_interrupted"
 

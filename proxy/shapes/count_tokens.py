@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.costs import Cost, TokenUsage
+from proxy.costs import Cost, TokenUsage, estimate_cost
 from proxy.shapes.anthropic import AnthropicShape
-from proxy.shapes.tokens import token_cost
 
 __all__ = ["COUNT_TOKENS"]
 
@@ -24,7 +23,7 @@ class CountTokens(AnthropicShape):
     paths = ("/v1/messages/count_tokens",)
 
     def estimate(self, body: dict[str, Any], default_output: int) -> Cost:
-        return token_cost(0, 0)
+        return estimate_cost(0.0)
 
     def usage(self, content: bytes) -> TokenUsage | None:
         return _NOTHING  # used no tokens, as estimated

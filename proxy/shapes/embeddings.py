@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.costs import Cost
+from proxy.costs import Cost, estimate_cost
 from proxy.shapes.openai import OpenAIShape
-from proxy.shapes.tokens import prompt_tokens, token_cost
+from proxy.shapes.tokens import prompt_tokens
 
 __all__ = ["EMBEDDINGS"]
 
@@ -17,7 +17,7 @@ class Embeddings(OpenAIShape):
     paths = ("/v1/embeddings",)
 
     def estimate(self, body: dict[str, Any], default_output: int) -> Cost:
-        return token_cost(prompt_tokens(body), 0)
+        return estimate_cost(prompt_tokens(body))
 
 
 EMBEDDINGS = Embeddings()

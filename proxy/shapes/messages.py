@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.costs import Cost
+from proxy.costs import Cost, estimate_cost
 from proxy.shapes.anthropic import AnthropicShape, check_fields
-from proxy.shapes.tokens import messages_input_tokens, token_cost
+from proxy.shapes.tokens import messages_input_tokens
 
 __all__ = ["MESSAGES"]
 
@@ -23,7 +23,7 @@ class Messages(AnthropicShape):
         check_fields(body, max_tokens=True)
 
     def estimate(self, body: dict[str, Any], default_output: int) -> Cost:
-        return token_cost(messages_input_tokens(body), body["max_tokens"])  # checked
+        return estimate_cost(messages_input_tokens(body), body["max_tokens"])  # checked
 
 
 MESSAGES = Messages()

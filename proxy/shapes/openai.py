@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from proxy.costs import Cost, TokenUsage, count
+from proxy.costs import Cost, TokenUsage, count, estimate_cost
 from proxy.errors import ProxyError, error_body
 from proxy.ratelimit_headers import format_reset
 from proxy.shapes import openai_fields
 from proxy.shapes.base import AS_SENT, ClientCredential, Prepared, StreamUsage
 from proxy.shapes.credentials import BEARER
-from proxy.shapes.tokens import completion_tokens, prompt_tokens, token_cost
+from proxy.shapes.tokens import completion_tokens, prompt_tokens
 
 if TYPE_CHECKING:
     from proxy.limiter.base import KeyVerdict, Kind
@@ -125,7 +125,7 @@ class OpenAIShape:
         openai_fields.check(body)
 
     def estimate(self, body: dict[str, Any], default_output: int) -> Cost:
-        return token_cost(prompt_tokens(body), completion_tokens(body, default_output))
+        return estimate_cost(prompt_tokens(body), completion_tokens(body, default_output))
 
     def prepare(self, body: dict[str, Any], stream: bool) -> Prepared:
         return stream_usage_request(body, stream)

@@ -11,8 +11,6 @@ from typing import Any
 
 import orjson
 
-from proxy.costs import estimate_cost
-
 _CHARS_PER_TOKEN = 4
 _PER_MESSAGE = 4  # role and framing tokens per chat message
 _PER_REQUEST = 3
@@ -110,9 +108,3 @@ def completion_tokens(body: dict[str, Any], default: int) -> int:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value * choices
     return default * choices
-
-
-def token_cost(input_tokens: int, output_tokens: int) -> dict[str, float]:
-    """A request's estimated cost in every kind a shape estimates (``costs.estimate_cost``):
-    one request, its input and output tokens, and both together (``tokens``)."""
-    return estimate_cost(float(input_tokens), float(output_tokens))
