@@ -72,6 +72,17 @@ def _config(upstream: FakeUpstreamHandle) -> dict[str, Any]:
                 ],
             },
             {
+                "name": "claude-bad-key",
+                "deployments": [
+                    {
+                        "id": "anthropic-bad-key",
+                        "provider": "anthropic",
+                        "base_url": upstream.url,
+                        "api_key": "sk-ant-revoked",
+                    }
+                ],
+            },
+            {
                 "name": "gpt",
                 "deployments": [{"id": "openai-a", "base_url": upstream.base_url}],
             },
@@ -347,3 +358,10 @@ def test_cache_writes_count_as_input_and_cache_reads_do_not(
     second = _post(proxy, "/v1/messages", key=CACHED, json=BODY)
     used = 100_000 - int(second.headers["anthropic-ratelimit-input-tokens-remaining"])
     assert 11 + 50 + 12 - 10 <= used <= 11 + 50 + 12, used
+
+
+def test_an_upstream_refusing_the_deployments_key_is_an_api_error(proxy: ProxyInThread) -> None:
+    """Anthropic's 401 authentication_error is the proxy's config at fault, never the
+    client's key: 502, naming the deployment, not passed through as a 401."""
+    answer = _post(proxy, "/v1/messages", json={**BODY, "model": "claude-bad-key"})
+    assert "anthropic-bad-key" in _anthropic_error(answer, 502, "api_error")
