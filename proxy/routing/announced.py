@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ANNOUNCED_FLOOR",
     "ANNOUNCED_FOR",
+    "ANNOUNCED_KINDS",
     "Announced",
     "announced_limits",
     "announced_lower",
@@ -54,35 +55,49 @@ def announced_limits(
     return replace(limits, windows=tuple(windows))
 
 
-MinuteRule = tuple[str, int, str]  # a per-minute window's kind, configured limit, name
+# The kinds an announcement names, in the order ``Announced.announce`` takes them.
+ANNOUNCED_KINDS = ("requests", "tokens", "input_tokens", "output_tokens")
+# A per-minute window: its kind's place in ANNOUNCED_KINDS, its configured limit, the
+# lowest an announcement takes it to (ANNOUNCED_FLOOR of it), its name.
+MinuteRule = tuple[int, int, int, str]
 
 
 def minute_rules(configured: Deployment) -> tuple[MinuteRule, ...]:
-    """The deployment's per-minute windows, the ones an upstream's announcement may
-    lower (upstreams announce per-minute limits)."""
+    """The deployment's per-minute windows of a kind upstreams announce (they announce
+    per-minute limits), built once per deployment: an announcement is read on every
+    answer."""
     return tuple(
-        (rule.kind, rule.amount, window_name(rule.kind, rule.per))
+        (
+            ANNOUNCED_KINDS.index(rule.kind),
+            rule.amount,
+            math.ceil(rule.amount * ANNOUNCED_FLOOR),
+            window_name(rule.kind, rule.per),
+        )
         for rule in configured.limit_rules()
-        if rule.per == MINUTE
+        if rule.per == MINUTE and rule.kind in ANNOUNCED_KINDS
     )
 
 
 def announced_lower(
-    rules: tuple[MinuteRule, ...], announced: Mapping[str, float | None]
-) -> dict[str, int]:
+    rules: tuple[MinuteRule, ...], said: tuple[float | None, ...]
+) -> dict[str, int] | None:
     """The per-minute windows (``rules``) an upstream's announcement lowers, by name
     (``rpm``, ``tpm``, ``input_tokens_1m``...): what it announces for their kind
-    (``announced``: kind -> per-minute limit, None: not said), never below
-    ``ANNOUNCED_FLOOR`` of the configured limit."""
-    lower: dict[str, int] = {}
-    for kind, limit, name in rules:
-        said = announced.get(kind)
-        if said is None:
-            continue
-        amount = max(int(said), math.ceil(limit * ANNOUNCED_FLOOR))
-        if amount < limit:
-            lower[name] = amount
+    (``said``: per-minute limits in the order of ``ANNOUNCED_KINDS``, None: not said),
+    never below ``ANNOUNCED_FLOOR`` of the configured limit. None: it lowers nothing."""
+    lower: dict[str, int] | None = None
+    for index, limit, floor, name in rules:
+        value = said[index]
+        if value is not None and value < limit:
+            amount = max(int(value), floor)
+            if amount < limit:
+                if lower is None:
+                    lower = {}
+                lower[name] = amount
     return lower
+
+
+_NOTHING_SAID = (None, None, None, None)
 
 
 class Announced:
@@ -120,18 +135,13 @@ class Announced:
         Anthropic says input and output tokens apart): a configured per-minute window of
         that kind above it paces at it (``announced_lower``) for ``ANNOUNCED_FOR``.
         Returns what changed (nothing when it says it again)."""
-        announced = {
-            "requests": requests,
-            "tokens": tokens,
-            "input_tokens": input_tokens,
-            "output_tokens": output_tokens,
-        }
+        said = (requests, tokens, input_tokens, output_tokens)
         rules = self._rules.get(deployment.id)
         if rules is None:
             rules = self._rules[deployment.id] = minute_rules(deployment.config)
-        lower = announced_lower(rules, announced)
-        if not lower:
-            if any(said is not None for said in announced.values()):  # no lower now
+        lower = announced_lower(rules, said)
+        if lower is None:
+            if said != _NOTHING_SAID:  # what it says now is no lower
                 self._lowered.pop(deployment.id, None)
             return {}
         until = self.clock() + ANNOUNCED_FOR
