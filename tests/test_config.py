@@ -395,7 +395,8 @@ def test_azure_fields_must_be_safe_in_a_url_and_the_provider_known() -> None:
     ]
     problems = _problems(_azure(provider="bedrock"))
     assert problems == [
-        "models[0].deployments[0].provider: must be one of 'openai' or 'azure' (got 'bedrock')"
+        "models[0].deployments[0].provider: must be one of 'openai', 'azure' or 'anthropic'"
+        " (got 'bedrock')"
     ]
 
 
