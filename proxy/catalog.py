@@ -7,6 +7,7 @@ every budget when budgets are not shared (the in-memory backend under N workers)
 
 from __future__ import annotations
 
+import dataclasses
 import ssl
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -57,6 +58,13 @@ def shape_urls(d: Deployment) -> dict[str, tuple[httpx.URL, str]]:
     return {shape: (url, str(url)) for shape, url in urls.items()}
 
 
+def body_models(d: Deployment) -> dict[str, str]:
+    """The body's ``model`` per shape where the provider names it (``Provider.body_model``)."""
+    provider = provider_of(d.provider)
+    models = {shape: provider.body_model(d, shape) for shape in sorted(provider.shapes)}
+    return {shape: model for shape, model in models.items() if model is not None}
+
+
 @dataclass(frozen=True, slots=True)
 class Egress:
     """How the transport reaches a deployment beyond its URL. ``ssl`` None: the system's
@@ -102,6 +110,9 @@ class DeploymentRoute:
     # request's extensions (the timeout, as httpx spells it, and how to reach it).
     urls: dict[str, tuple[httpx.URL, str]]
     extensions: dict[str, object]
+    # The body's ``model`` for the shapes whose provider names it otherwise (Azure's
+    # Responses API: the Azure deployment): ``model_for``.
+    body_models: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -110,6 +121,12 @@ class DeploymentRoute:
     @property
     def weight(self) -> float:
         return self.config.weight
+
+    def model_for(self, shape: str) -> str:
+        """The ``model`` the forwarded body of the shape named ``shape`` names."""
+        if not self.body_models:  # the usual case: one model for every shape
+            return self.upstream_model
+        return self.body_models.get(shape, self.upstream_model)
 
     def target(self, shape: str) -> tuple[httpx.URL, str]:
         """The URL of the shape named ``shape``, parsed and as text."""
@@ -210,6 +227,7 @@ def _group(group: ModelGroup, share: float, pacing_margin: float) -> GroupRoute:
                 upstream_model=d.model or group.name,
                 urls=shape_urls(d),
                 extensions={"timeout": timeout_extension(d.timeout), EGRESS: egress(d)},
+                body_models=body_models(d),
             )
             for d in group.deployments
         ),

@@ -91,7 +91,7 @@ class ForwardingEndpoint:
         server = pipeline.settings.server
         credential = self.shape.credential
         try:
-            header, presented = _presented(credential.headers, lookup, raw_headers)
+            header, presented = presented_key(credential.headers, raw_headers, lookup)
             key = pipeline.keys.authenticate(presented, credential, header)
             _check_content_type(lookup.get("content-type"))
             declared, limit = lookup.get("content-length"), server.max_body_size
@@ -119,14 +119,17 @@ class ForwardingEndpoint:
         )
 
 
-def _presented(
-    names: tuple[str, ...], lookup: dict[str, str], raw_headers: list[tuple[bytes, bytes]]
+def presented_key(
+    names: tuple[str, ...],
+    raw_headers: list[tuple[bytes, bytes]],
+    lookup: dict[str, str] | None = None,
 ) -> tuple[str, str | None]:
     """The first of the credential's headers ``names`` the request carries, and its value
-    (the last name and None: none)."""
-    twice = len(lookup) < len(raw_headers)  # a header came twice: was it one of these?
+    (the last name and None: none); each of them sent twice is refused (``_single``).
+    ``lookup``: the headers as a dict, when the caller has it (fewer scans)."""
+    twice = lookup is None or len(lookup) < len(raw_headers)  # one of these twice?
     for name in names:
-        value = _single(raw_headers, name) if twice else lookup.get(name)
+        value = _single(raw_headers, name) if twice or lookup is None else lookup.get(name)
         if value is not None:
             return name, value
     return names[-1], None

@@ -278,6 +278,12 @@ class ResilientLimiter:
         return self._replicas
 
     @property
+    def shared(self) -> RedisLimiter:
+        """The Redis limiter behind the policy (its runner also serves the stores kept
+        beside the limiter's state: affinity.py)."""
+        return self._shared
+
+    @property
     def circuit(self) -> CircuitState:
         return self._breaker.state
 

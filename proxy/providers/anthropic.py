@@ -30,6 +30,9 @@ class Anthropic:
     def url(self, deployment: Deployment, shape: str) -> str:
         return f"{deployment.base_url}/v1/{shape}"
 
+    def body_model(self, deployment: Deployment, shape: str) -> str | None:
+        return None  # the deployment's model, as configured
+
     def credential(self, deployment: Deployment) -> tuple[str, str] | None:
         key = deployment.api_key.get_secret_value()
         return ("x-api-key", key) if key else None

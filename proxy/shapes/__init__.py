@@ -12,6 +12,7 @@ from proxy.shapes.completions import COMPLETIONS
 from proxy.shapes.count_tokens import COUNT_TOKENS
 from proxy.shapes.embeddings import EMBEDDINGS
 from proxy.shapes.messages import MESSAGES
+from proxy.shapes.responses import RESPONSES
 
 __all__ = ["BY_NAME", "BY_PATH", "SHAPES", "Shape", "surface"]
 
@@ -21,6 +22,7 @@ SHAPES: tuple[Shape, ...] = (
     EMBEDDINGS,
     MESSAGES,
     COUNT_TOKENS,
+    RESPONSES,
 )
 
 BY_PATH: dict[str, Shape] = {path: shape for shape in SHAPES for path in shape.paths}

@@ -29,6 +29,7 @@ __all__ = [
     "key_headers",
     "stream_error",
     "stream_usage_request",
+    "token_usage",
     "usage_of_body",
     "usage_of_payload",
 ]
@@ -40,18 +41,26 @@ def usage_of_payload(payload: object) -> TokenUsage | None:
     """The ``usage`` of an OpenAI object: ``prompt_tokens`` (its
     ``prompt_tokens_details.cached_tokens`` part of them: ``cached_input``) and
     ``completion_tokens``; None when it states neither count."""
+    return token_usage(payload, "prompt_tokens", "completion_tokens")
+
+
+def token_usage(payload: object, given: str, made: str) -> TokenUsage | None:
+    """The ``usage`` of an OpenAI object whose input and output counts are named
+    ``given`` and ``made`` (chat's ``prompt_tokens``, the Responses API's
+    ``input_tokens``...), ``{given}_details.cached_tokens`` the cached part of the input;
+    None when it states neither count."""
     usage = payload.get("usage") if isinstance(payload, dict) else None
     if not isinstance(usage, dict):
         return None
-    prompt, completion = count(usage.get("prompt_tokens")), count(usage.get("completion_tokens"))
+    prompt, completion = count(usage.get(given)), count(usage.get(made))
     if prompt is None and completion is None:
         return None
-    details = usage.get("prompt_tokens_details")
+    details = usage.get(f"{given}_details")
     cached = count(details.get("cached_tokens")) if isinstance(details, dict) else None
     return TokenUsage(
         input_tokens=prompt or 0,
         output_tokens=completion or 0,
-        cached_input=min(cached or 0, prompt or 0),  # part of the prompt, never more
+        cached_input=min(cached or 0, prompt or 0),  # part of the input, never more
     )
 
 

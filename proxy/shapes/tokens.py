@@ -16,9 +16,10 @@ _PER_MESSAGE = 4  # role and framing tokens per chat message
 _PER_REQUEST = 3
 
 
-def _text_tokens(value: Any) -> int:
-    """Walked with an explicit stack: content nested thousands of levels deep (an
-    attack, not a prompt) costs time in proportion to its size, never a RecursionError."""
+def text_tokens(value: Any) -> int:
+    """Estimated tokens of text, content parts or token ids, however nested. Walked
+    with an explicit stack: content nested thousands of levels deep (an attack, not a
+    prompt) costs time in proportion to its size, never a RecursionError."""
     total = 0
     stack = [value]
     while stack:
@@ -46,11 +47,11 @@ def prompt_tokens(body: dict[str, Any]) -> int:
         total = _PER_REQUEST
         for message in messages:
             if isinstance(message, dict):
-                total += _PER_MESSAGE + _text_tokens(message.get("content"))
+                total += _PER_MESSAGE + text_tokens(message.get("content"))
         return total
     if "prompt" in body:
-        return _text_tokens(body["prompt"])
-    return _text_tokens(body.get("input"))
+        return text_tokens(body["prompt"])
+    return text_tokens(body.get("input"))
 
 
 def messages_input_tokens(body: dict[str, Any]) -> int:
@@ -84,7 +85,7 @@ def _block_tokens(content: Any) -> int:
         elif isinstance(item, dict) and "text" not in item and "input" in item:
             total += _json_tokens(item["input"])
         else:
-            total += _text_tokens(item)
+            total += text_tokens(item)
     return total
 
 
@@ -95,7 +96,7 @@ def _json_tokens(value: Any) -> int:
     try:
         return len(orjson.dumps(value)) // _CHARS_PER_TOKEN + 1
     except orjson.JSONEncodeError:  # nested deeper than orjson dumps: still some
-        return _text_tokens(value)
+        return text_tokens(value)
 
 
 def completion_tokens(body: dict[str, Any], default: int) -> int:

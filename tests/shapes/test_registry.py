@@ -14,6 +14,7 @@ def test_each_client_path_leads_to_one_shape() -> None:
         "/v1/embeddings": "embeddings",
         "/v1/messages": "messages",
         "/v1/messages/count_tokens": "messages/count_tokens",
+        "/v1/responses": "responses",
     }
     assert len(shapes.BY_NAME) == len(shapes.SHAPES)  # one name each: a metric label
 
