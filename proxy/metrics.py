@@ -70,7 +70,10 @@ LIMIT_KINDS: Final = frozenset({"requests", "tokens"})
 RATE_LIMIT_SCOPES: Final = (
     "key_rpm",
     "key_tpm",
-    "key_parallel",
+    "key_parallel",  # and key_<window> of any other window of a key
+    "team_rpm",
+    "team_tpm",
+    "team_parallel",  # and team_<window> of any other window of a team
     "model_capacity",
     "queue_full",
     "model_unavailable",  # 503: every deployment cooling down

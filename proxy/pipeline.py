@@ -193,7 +193,8 @@ class Pipeline:
             if shape.name == RESPONSES.name:
                 await self.follow_ups.prepare(call, group)
             limits = self.keys.limits(key, self.catalog.key_limits)
-            if limits is not None:
+            if limits is not None and key is not None:
+                limits = self.catalog.ask_limits(key, limits, group.name)
                 key_check = self._check_key(call, limits, shadow=key is not None and key.shadow)
                 settlement = self._key_settlement(call, limits, key_check)
 
@@ -339,7 +340,9 @@ class Pipeline:
                 return None
             # Unknown usage (an error, no usage in a buffered answer) refunds the whole
             # estimate; a stream without usage is charged at least it (charged_cost).
-            correction = settled_cost(call.cost, call.trip.charged_cost(call.cost), limits.windows)
+            correction = settled_cost(
+                call.cost, call.trip.charged_cost(call.cost), limits.all_windows()
+            )
             return KeySettlement(limits, call.request_id, correction)
 
         async def release() -> None:
@@ -442,10 +445,11 @@ def _timing_headers(call: Call) -> dict[str, str]:
 
 def _refusal_message(verdict: KeyVerdict) -> str:
     """What refused, its limit and when it frees, in words."""
-    if verdict.code == "key_parallel" or verdict.window is None:
-        return "Too many parallel requests on this key."
+    owner = "this key's team" if (verdict.code or "").startswith("team_") else "this key"
+    if verdict.window is None:
+        return f"Too many parallel requests on {owner}."
     window = verdict.window
     return (
-        f"Rate limit reached for {describe(window)} on this key (limit"
+        f"Rate limit reached for {describe(window)} on {owner} (limit"
         f" {window.rate.limit:g}); retry in {format_reset(verdict.retry_after)}."
     )

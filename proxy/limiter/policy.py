@@ -180,11 +180,14 @@ def share_windows(windows: Sequence[Window], replicas: int, cost: Cost) -> tuple
 
 
 def share_key(limits: KeyLimits, replicas: int, cost: Cost) -> KeyLimits:
+    """The key's share of its windows and slots, and of its team's."""
     parallel = limits.max_parallel
+    team = limits.team
     return replace(
         limits,
         windows=share_windows(limits.windows, replicas, cost),
         max_parallel=None if parallel is None else max(1, parallel // replicas),
+        team=None if team is None else share_key(team, replicas, cost),
     )
 
 
@@ -570,7 +573,7 @@ class ResilientLimiter:
     def _held_locally(self, s: Settlement) -> bool:
         """Whether the settled request's slot or in-flight slot was taken here."""
         if isinstance(s, KeySettlement):
-            return self._local.holds_lease(s.limits.name, s.slot)
+            return self._local.holds_slot(s.limits, s.slot)
         return self._local.holds_in_flight(s.group, s.deployment.id, s.slot)
 
     def _local_share(self, s: Settlement) -> Settlement:
