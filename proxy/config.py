@@ -35,6 +35,7 @@ from pydantic import (
     model_validator,
 )
 
+from proxy import yaml_load
 from proxy.upstream.redact import redaction_warning
 
 __all__ = [
@@ -806,7 +807,7 @@ def read_document(path: str | Path) -> Any:
     except OSError as exc:
         raise ConfigError(source, [f"cannot read file: {exc.strerror}"]) from None
     try:
-        data = yaml.load(text, Loader=_YAML_LOADER)  # noqa: S506 (a safe loader)
+        data = yaml_load.load(text)
     except yaml.YAMLError:
         # Again with the pure-Python parser, whose messages _yaml_problem knows.
         try:
@@ -814,12 +815,6 @@ def read_document(path: str | Path) -> Any:
         except yaml.YAMLError as exc:
             raise ConfigError(source, [_yaml_problem(exc)]) from None
     return data
-
-
-# libyaml's parser when PyYAML has it (the same safe constructor): a file of 100,000
-# client keys reads several times faster than with the pure-Python one. An invalid file
-# is read again by the latter, for its messages.
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
