@@ -459,3 +459,10 @@ def test_a_variable_is_substituted_wherever_the_document_is_unusual(
 ) -> None:
     problems = _problems(document)
     assert any(p.endswith(": environment variable A_KEY is not set") for p in problems), problems
+
+
+def test_a_variable_deep_in_a_long_key_list_is_substituted() -> None:
+    keys: list[dict[str, Any]] = [{"name": f"k{i}", "key": f"sk-{i}"} for i in range(2500)]
+    keys[2100]["key"] = "${KEY_2100}"
+    settings = parse_settings({"keys": keys, **MINIMAL}, env={"KEY_2100": "sk-from-env"})
+    assert settings.keys[2100].digest() == hashlib.sha256(b"sk-from-env").digest()
