@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from proxy.costs import INPUT_TOKENS, NOTHING, OUTPUT_TOKENS, TOKENS, Cost, TokenUsage, usage_cost
 from proxy.limiter.fairness import Claimant
 
 if TYPE_CHECKING:
@@ -50,7 +51,9 @@ class Call:
     body: dict[str, Any] = field(default_factory=dict)
     raw: bytes = b""
     stream: bool = False
-    estimate: int = 0
+    estimate: int = 0  # tokens (``cost``'s)
+    cost: Cost = NOTHING  # the estimate per limit kind (tokens.estimate_cost)
+    used: Cost | None = None  # the reported usage per kind, once read (``used_cost``)
     deployment: str | None = None
     queue_wait: float = 0.0
     retries: int = 0
@@ -81,6 +84,22 @@ class Call:
         usage counts as (``unreported_tokens``); None, unknown: the estimate goes back."""
         real = self.real_tokens()
         return self.unreported_tokens if real is None else real
+
+    def used_cost(self) -> Cost | None:
+        """The reported usage per token kind (None: not reported)."""
+        if self.prompt_tokens is None and self.completion_tokens is None:
+            return None
+        return usage_cost(TokenUsage(self.prompt_tokens or 0, self.completion_tokens or 0))
+
+    def charged_cost(self) -> Cost | None:
+        """``charged_tokens`` per token kind: the reported usage, else a stream's
+        ``unreported_tokens``, its prompt's estimate as input and the rest as output."""
+        used = self.used
+        if used is not None or self.unreported_tokens is None:
+            return used
+        total = self.unreported_tokens
+        read = min(self.cost.get(INPUT_TOKENS, 0.0), total)
+        return {TOKENS: float(total), INPUT_TOKENS: read, OUTPUT_TOKENS: total - read}
 
 
 class Settlement:

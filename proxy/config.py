@@ -17,7 +17,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import orjson
 import yaml
@@ -196,7 +196,9 @@ class RedisConfig(_Strict):
         return value
 
 
-LimitKind = Literal["requests", "tokens"]
+# The kinds a rate window may count (proxy/costs.py; usd is for budgets, not windows).
+LimitKind = Literal["requests", "tokens", "input_tokens", "output_tokens"]
+_LIMIT_KINDS: tuple[LimitKind, ...] = get_args(LimitKind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,23 +211,29 @@ class LimitRule:
 
 
 class LimitSpec(_Strict):
-    """The general form of a limit: ``{requests: N, per: 1d}`` or ``{tokens: N, per: 30d}``."""
+    """The general form of a limit: ``{requests: N, per: 1d}``, ``{tokens: N, per: 30d}``,
+    ``{input_tokens: N, per: 1m}``, ``{output_tokens: N, per: 1m}``: one kind each."""
 
     requests: PositiveInt | None = None
     tokens: PositiveInt | None = None
+    input_tokens: PositiveInt | None = None
+    output_tokens: PositiveInt | None = None
     per: Annotated[Duration, Field(ge=1.0)]
 
     @model_validator(mode="after")
     def _one_kind(self) -> LimitSpec:
-        if (self.requests is None) == (self.tokens is None):
-            raise ValueError("give exactly one of 'requests' or 'tokens' (with 'per')")
+        given = [kind for kind in _LIMIT_KINDS if getattr(self, kind) is not None]
+        if len(given) != 1:
+            *others, last = (f"'{kind}'" for kind in _LIMIT_KINDS)
+            raise ValueError(f"give exactly one of {', '.join(others)} or {last} (with 'per')")
         return self
 
     def rule(self) -> LimitRule:
-        if self.requests is not None:
-            return LimitRule("requests", self.requests, self.per)
-        assert self.tokens is not None
-        return LimitRule("tokens", self.tokens, self.per)
+        for kind in _LIMIT_KINDS:
+            amount = getattr(self, kind)
+            if amount is not None:
+                return LimitRule(kind, amount, self.per)
+        raise AssertionError("validated: one kind is given")
 
 
 # The shorthands, as (field, kind, seconds): rpm/tpm per minute, rpd/tpd per day.

@@ -10,7 +10,7 @@ shapes read; ``usage_cost`` turns it into the cost the windows are settled to.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from proxy.values import value
 
@@ -56,3 +56,43 @@ def usage_cost(usage: TokenUsage) -> dict[str, float]:
         INPUT_TOKENS: float(usage.input_tokens),
         OUTPUT_TOKENS: float(usage.output_tokens),
     }
+
+
+class _Nothing(Mapping[str, float]):
+    """The empty cost, immutable and hashable (a value class's default)."""
+
+    __slots__ = ()
+
+    def __getitem__(self, kind: str) -> float:
+        raise KeyError(kind)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return "NOTHING"
+
+
+NOTHING: Cost = _Nothing()
+
+
+def estimate_cost(input_tokens: float, output_tokens: float = 0.0) -> dict[str, float]:
+    """One request's estimate before it is sent: one request, and at most
+    ``input_tokens`` read and ``output_tokens`` written (the completion's cap)."""
+    return {
+        REQUESTS: 1.0,
+        TOKENS: input_tokens + output_tokens,
+        INPUT_TOKENS: input_tokens,
+        OUTPUT_TOKENS: output_tokens,
+    }
+
+
+def negated(cost: Cost) -> dict[str, float]:
+    """``cost`` given back (a turn nobody used, a request the upstream did not admit)."""
+    return {kind: -amount for kind, amount in cost.items()}

@@ -27,6 +27,7 @@ from proxy.background import Background
 from proxy.call import Call, ClientLeft, Reply, Settlement, WatchDeparture
 from proxy.catalog import Catalog, GroupRoute
 from proxy.config import ClientKey, Settings
+from proxy.costs import REQUESTS, TOKENS
 from proxy.errors import (
     InvalidRequest,
     ModelNotFound,
@@ -38,6 +39,7 @@ from proxy.errors import (
 from proxy.limiter.base import (
     Activity,
     CooldownRule,
+    FastPaths,
     KeyAsk,
     KeyLimits,
     KeySettlement,
@@ -49,7 +51,7 @@ from proxy.limiter.base import (
     describe,
 )
 from proxy.limiter.fairness import Claimant
-from proxy.limiter.verdicts import largest_tokens
+from proxy.limiter.verdicts import settled_cost
 from proxy.logs import RequestLog
 from proxy.metrics import Metrics
 from proxy.ratelimit_headers import format_reset
@@ -91,6 +93,8 @@ class Pipeline:
         self.keys: KeyStore = key_store or KeyStore(settings.keys)
         self.keys.runtime = runtime
         self.limiter = limiter
+        # The fast paths, when the backend has them: looked for once, here.
+        self.fast: FastPaths | None = limiter if isinstance(limiter, FastPaths) else None
         self.telemetry = Telemetry(metrics)
         self.background = Background()
         routing = settings.routing
@@ -170,9 +174,10 @@ class Pipeline:
             self.keys.authorize(key, group.name)
             request_fields.check(call.body)
             call.stream = call.body.get("stream") is True
-            call.estimate = tokens.estimate(
+            call.cost = tokens.estimate_cost(
                 call.body, endpoint, self.settings.server.default_max_tokens
             )
+            call.estimate = int(call.cost[TOKENS])
             limits = self.keys.limits(key, self.catalog.key_limits)
             if limits is not None:
                 key_check = self._check_key(call, limits, shadow=key is not None and key.shadow)
@@ -252,8 +257,8 @@ class Pipeline:
         """The key's verdict to come (the dispatcher's gate): given at once when the
         limiter can (in memory, or a lease's), else asked together with the first
         reservation, one Redis round trip for both."""
-        ask = KeyAsk(limits, call.request_id, float(call.estimate))
-        verdict = self.limiter.acquire_key_now(ask)
+        ask = KeyAsk(limits, call.request_id, call.cost)
+        verdict = None if self.fast is None else self.fast.acquire_key_now(ask)
         if verdict is None:
             return asyncio.ensure_future(self._acquire_key(call, ask, shadow))
         done: asyncio.Future[KeyVerdict] = asyncio.get_running_loop().create_future()
@@ -297,12 +302,9 @@ class Pipeline:
             if _granted(key_check) is None:
                 return None
             # Unknown usage (an error, no usage in a buffered answer) refunds the whole
-            # estimate; a stream without usage is charged at least it (charged_tokens).
-            used: float = call.charged_tokens() or 0
-            if used > call.estimate:  # a count no request could use: the most one could
-                used = min(used, largest_tokens(limits.windows))
-            correction = used - call.estimate
-            return KeySettlement(limits, call.request_id, float(correction))
+            # estimate; a stream without usage is charged at least it (charged_cost).
+            correction = settled_cost(call.cost, call.charged_cost(), limits.windows)
+            return KeySettlement(limits, call.request_id, correction)
 
         async def release() -> None:
             if not key_check.done():  # it is, once an answer came: spares asyncio.wait
@@ -315,7 +317,7 @@ class Pipeline:
             if not key_check.done():
                 return False
             s = settlement()
-            return s is None or self.limiter.settle_soon(s)
+            return s is None or (self.fast is not None and self.fast.settle_soon(s))
 
         return Settlement(release, release_soon)
 
@@ -406,7 +408,7 @@ def _key_headers(verdict: KeyVerdict) -> dict[str, str]:
     """OpenAI's x-ratelimit-* headers; of several windows of a kind, the one with the
     least left."""
     headers: dict[str, str] = {}
-    for kind in ("requests", "tokens"):
+    for kind in (REQUESTS, TOKENS):
         usage = verdict.tightest(kind)
         if usage is not None:
             headers.update(_usage_headers(kind, usage))

@@ -189,8 +189,11 @@ def test_limits_as_data_shorthands_and_windows() -> None:
 @pytest.mark.parametrize(
     ("limits", "message"),
     [
-        ([{"requests": 5, "tokens": 5, "per": "1m"}], "exactly one of 'requests' or 'tokens'"),
-        ([{"per": "1m"}], "exactly one of 'requests' or 'tokens'"),
+        (
+            [{"requests": 5, "tokens": 5, "per": "1m"}],
+            "exactly one of 'requests', 'tokens', 'input_tokens' or 'output_tokens'",
+        ),
+        ([{"per": "1m"}], "exactly one of 'requests', 'tokens', 'input_tokens' or 'output_tokens'"),
         ([{"requests": 5, "per": "500ms"}], "per"),
         ([{"requests": 0, "per": "1m"}], "requests"),
         ([{"requests": 5, "per": "1m"}], "two limits on requests per 60s"),  # rpm: 10 too

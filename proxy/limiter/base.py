@@ -1,20 +1,20 @@
 """The limiter's contract: limits as data in, verdicts out, whatever the storage.
 
-A limit is a :class:`Window`: at most ``rate.limit`` units of one kind (requests or
-tokens) per ``rate.period`` seconds, at most ``rate.capacity`` at once. A client key and a
-deployment each carry any number of windows (a minute, a day, thirty days...); a new
-window is data, not code. Every backend answers these questions, each in one step (one
-Redis round trip):
+A limit is a :class:`Window`: at most ``rate.limit`` units of one kind (requests, tokens,
+input or output tokens, or any other name: proxy/costs.py) per ``rate.period`` seconds, at
+most ``rate.capacity`` at once. A client key and a deployment each carry any number of
+windows (a minute, a day, thirty days...); a new window is data, not code. Every backend
+answers these questions, each in one step (one Redis round trip):
 
-* ``acquire_key(KeyAsk)``: may this client key send one more request costing ``tokens``?
+* ``acquire_key(KeyAsk)``: may this client key send one more request costing ``cost``?
   Client keys get an answer at once (they never wait): every window and the parallel
   slots pass, or nothing is charged and the verdict names the window that refused.
 * ``reserve(GroupAsk)``: which deployment of one model group can take the request
   soonest, and when? Its windows are charged for that exact turn; the caller sleeps
   ``wait`` seconds and then forwards (no polling).
 * ``settle(KeySettlement | DeploymentSettlement)``: after the fact. A key's parallel slot
-  is freed and its token estimate corrected; a deployment's estimate is corrected, a turn
-  nobody used is given back, its in-flight lease freed, the upstream's answer recorded in
+  is freed and its estimate corrected; a deployment's estimate is corrected, a turn
+  nobody used is given back, its in-flight slot freed, the upstream's answer recorded in
   its health (cooldowns, half-open probes, the rate learned from 429s), and what the
   upstream says it has left lowers its per-minute windows (``Remaining``).
 * ``snapshot(group, deployments)``: what is left in each deployment's windows and how
@@ -35,12 +35,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
+from proxy.costs import NOTHING, Cost
 from proxy.limiter.fairness import Claimant
 from proxy.values import value
 
-Kind = Literal["requests", "tokens"]
+Kind = str  # a limit kind: "requests", "tokens", ... (proxy/costs.py); any name works
 
 MINUTE = 60.0
 DAY = 86400.0
@@ -93,9 +94,10 @@ class Window:
     kind: Kind
     rate: Rate
 
-    def cost(self, requests: float, tokens: float) -> float:
-        """What a request (or a correction) of ``requests`` and ``tokens`` costs here."""
-        return requests if self.kind == "requests" else tokens
+    def cost(self, cost: Cost) -> float:
+        """What a request (or a correction) of ``cost`` costs here: its amount of this
+        window's kind (none: 0)."""
+        return cost.get(self.kind, 0.0)
 
 
 _UNITS = (("d", DAY), ("h", 3600.0), ("m", MINUTE), ("s", 1.0))
@@ -104,16 +106,20 @@ _UNITS = (("d", DAY), ("h", 3600.0), ("m", MINUTE), ("s", 1.0))
 def describe(window: Window) -> str:
     """``requests per minute``, ``tokens per day``, ``tokens per 30d``: for messages."""
     per = window.rate.period
-    span = {MINUTE: "minute", DAY: "day"}.get(per) or window_name(window.kind, per).split("_")[1]
-    return f"{window.kind} per {span}"
+    span = {MINUTE: "minute", DAY: "day"}.get(per) or window_name(window.kind, per).rsplit("_")[-1]
+    return f"{window.kind.replace('_', ' ')} per {span}"
+
+
+_SHORT_KINDS = {"requests": "r", "tokens": "t"}
 
 
 def window_name(kind: Kind, per: float) -> str:
     """``rpm``/``tpm`` for a minute, ``rpd``/``tpd`` for a day, else ``requests_10s``,
-    ``tokens_30d``: the largest unit that divides ``per`` exactly."""
+    ``tokens_30d``, ``input_tokens_1m``: the largest unit that divides ``per`` exactly
+    (only requests and tokens have the short forms)."""
     short = {MINUTE: "m", DAY: "d"}.get(per)
-    if short is not None:
-        return f"{kind[0]}p{short}"
+    if short is not None and kind in _SHORT_KINDS:
+        return f"{_SHORT_KINDS[kind]}p{short}"
     for unit, seconds in _UNITS:
         count = per / seconds
         if count >= 1 and count == int(count):
@@ -136,7 +142,7 @@ class DeploymentLimits:
 
     ``probe_timeout``: the longest one upstream call may take (the deployment's timeout).
     A half-open probe blocks the deployment at most that long after its turn, and an
-    in-flight lease stops counting a little after it."""
+    in-flight slot stops counting a little after it."""
 
     id: str
     windows: tuple[Window, ...] = ()
@@ -205,30 +211,32 @@ class Usage:
 
 @value
 class KeyAsk:
-    """May the key send one request of ``tokens``? ``lease`` names its parallel slot."""
+    """May the key send one request of ``cost`` (its estimate, ``requests: 1``
+    included)? ``slot`` names the request in the key's parallel slots."""
 
     limits: KeyLimits
-    lease: str
-    tokens: float
+    slot: str
+    cost: Cost
 
 
 @value
 class GroupAsk:
-    """Reserve 1 request and ``tokens`` on the candidate whose turn comes soonest (the
-    first in ``candidates`` order among equals; one that can go now always beats one
-    that must wait). Nothing is charged when no candidate's turn is within ``max_wait``.
+    """Reserve ``cost`` (a request's estimate, ``requests: 1`` included) on the candidate whose
+    turn comes soonest (the first in ``candidates`` order among equals; one that can go now
+    always beats one that must wait). Nothing is charged when no candidate's turn is within
+    ``max_wait``.
 
     A candidate that is cooling down or has a probe out is not reservable at all; one
     whose cooldown is over takes exactly one request, its probe (``verdict.probe``).
     ``least_busy``: among those that can go now, the one with the fewest requests in
-    flight across replicas. ``lease`` counts the request in the chosen deployment's
+    flight across replicas. ``slot`` counts the request in the chosen deployment's
     in-flight set until settled (or ``probe_timeout`` plus a margin after its turn)."""
 
     group: str
     candidates: Sequence[DeploymentLimits]
-    tokens: float
+    cost: Cost
     max_wait: float
-    lease: str = ""
+    slot: str = ""
     least_busy: bool = False
     # With both: fair share between client keys (fairness.py). A turn that must wait is
     # committed only within ``lookahead`` seconds and the claimant's share; otherwise the
@@ -249,12 +257,32 @@ class Remaining:
 
 @value
 class KeySettlement:
-    """Free the key's parallel slot ``lease``; add ``tokens`` (real minus estimated;
-    negative refunds) to its token windows."""
+    """Free the key's parallel slot ``slot``; add ``cost`` (real minus estimated, per
+    kind; negative refunds) to its windows."""
 
     limits: KeyLimits
-    lease: str
-    tokens: float = 0.0
+    slot: str
+    cost: Cost = NOTHING
+
+
+@value
+class Private:
+    """What a backend or the fallback policy carries through its caller and back: the
+    caller passes it on (in ``Sent``, in a settlement), never reads it."""
+
+    # Granted by the local fallback (policy.py): its epoch, sequence and time are the
+    # fallback's, so only the fallback may learn from it, and vice versa.
+    fallback: bool = False
+    # Granted from this replica's lease (leases.py): the lease's serial (0: not leased).
+    # Its settlements go back to the lease while it is open (the Settler passes it on).
+    lease: int = 0
+    # A settlement's: give the windows of a minute or less no turn before ``hold``
+    # seconds from now (a share of the budget carried between the shared and the local
+    # limiter, policy.py).
+    hold: float = 0.0
+
+
+SHARED = Private()  # a turn the shared storage granted; a settlement with nothing private
 
 
 @value
@@ -265,33 +293,37 @@ class Sent:
     epoch: int = 0
     sequence: int = 0
     at: float = 0.0  # the turn, in the limiter's time
-    # Granted by the local fallback (policy.py): its epoch, sequence and time are the
-    # fallback's, so only the fallback may learn from it, and vice versa.
-    fallback: bool = False
-    # Granted from this replica's lease (leases.py): the lease's serial (0: not leased).
-    # Its settlements go back to the lease while it is open (the Settler passes it on).
-    lease: int = 0
+    private: Private = SHARED
+
+    @property
+    def clock(self) -> tuple[bool, bool]:
+        """Which clock ``at`` is on (to compare, not to read): the shared storage's, the
+        local fallback's, or this replica's lease's."""
+        return self.private.fallback, self.private.lease != 0
+
+    @property
+    def settles_back(self) -> bool:
+        """Its settlements must carry it (a lease's turn: they go back to the lease)."""
+        return self.private.lease != 0
 
 
 @value
 class DeploymentSettlement:
-    """After the upstream answered (or the request was abandoned): free ``lease`` from
-    the in-flight set; add ``requests`` (-1: a reserved turn nobody used) and ``tokens``
-    to the windows; record ``outcome`` in the health (a 429 learns from ``sent``); lower
-    the per-minute windows to ``remaining`` (never raise them); with ``hold``, give the
-    windows of a minute or less no turn before ``hold`` seconds from now (a share of the
-    budget carried between the shared and the local limiter, policy.py). One step."""
+    """After the upstream answered (or the request was abandoned): free ``slot`` from the
+    in-flight set; add ``cost`` to the windows (real minus estimated per kind; ``requests:
+    -1``: a reserved turn nobody used); record ``outcome`` in the health (a 429 learns from
+    ``sent``); lower the per-minute windows to ``remaining`` (never raise them); and what
+    ``private`` carries (the policy's hold). One step."""
 
     group: str
     deployment: DeploymentLimits
     rule: CooldownRule
     outcome: Outcome = NEUTRAL
-    lease: str = ""
-    requests: float = 0.0
-    tokens: float = 0.0
+    slot: str = ""
+    cost: Cost = NOTHING
     remaining: Remaining | None = None
     sent: Sent | None = None
-    hold: float = 0.0
+    private: Private = SHARED
 
 
 Settlement = KeySettlement | DeploymentSettlement
@@ -403,14 +435,11 @@ class LimiterMode(enum.Enum):
 
 
 class Limiter(Protocol):
-    async def acquire_key(self, ask: KeyAsk) -> KeyVerdict:
-        """All-or-nothing check of every window of the key (requests cost 1, tokens
-        ``ask.tokens``) and of its parallel slots. Never waits."""
-        ...
+    """The calls a request needs: the contract every backend implements."""
 
-    def acquire_key_now(self, ask: KeyAsk) -> KeyVerdict | None:
-        """``acquire_key``'s verdict when it can be given at once, without the storage
-        (in memory, or from a lease of the key's windows); None: await ``acquire_key``."""
+    async def acquire_key(self, ask: KeyAsk) -> KeyVerdict:
+        """All-or-nothing check of every window of the key (each charged its kind's
+        amount of ``ask.cost``) and of its parallel slots. Never waits."""
         ...
 
     async def reserve(self, ask: GroupAsk) -> DeploymentVerdict:
@@ -422,11 +451,27 @@ class Limiter(Protocol):
         settlement changes no health (``NO_CHANGE``)."""
         ...
 
+
+@runtime_checkable
+class FastPaths(Protocol):
+    """An optional capability: answers without an await when the backend can give them
+    at once. A caller checks for it once (``isinstance``), not per request."""
+
+    def acquire_key_now(self, ask: KeyAsk) -> KeyVerdict | None:
+        """``acquire_key``'s verdict when it can be given at once, without the storage
+        (in memory, or from a lease of the key's windows); None: await ``acquire_key``."""
+        ...
+
     def settle_soon(self, settlement: KeySettlement) -> bool:
         """A key's settlement nobody awaits, handed over now without a task when that is
         possible (True: done or on its way, its failure handled as ``settle``'s would
         be); False: nothing was done, await ``settle`` instead."""
         ...
+
+
+class Observable(Protocol):
+    """The reads: what the budgets and the replicas look like now (dashboards,
+    readiness, the admin state), off any request's path."""
 
     async def snapshot(
         self, group: str, deployments: Sequence[DeploymentLimits]
@@ -438,11 +483,19 @@ class Limiter(Protocol):
         """The key's windows and parallel slots now."""
         ...
 
-    async def aclose(self) -> None: ...
+    def publish(self, source: Callable[[], Activity]) -> None:
+        """Carry ``source()`` (this replica's activity) with every heartbeat."""
+        ...
+
+    async def activity(self) -> list[Activity]:
+        """Every live replica's activity: their last heartbeat's, and this one's now
+        (only this one's when nothing is shared)."""
+        ...
 
 
-class ManagedLimiter(Limiter, Protocol):
-    """What ``create_limiter`` returns: a Limiter plus its lifecycle and health."""
+class Lifecycle(Protocol):
+    """Where verdicts come from (mode, readiness, the storage's health), and starting
+    and stopping the background work."""
 
     @property
     def mode(self) -> LimiterMode: ...
@@ -477,15 +530,13 @@ class ManagedLimiter(Limiter, Protocol):
         been read: at start-up and after each reconnect (eviction.py)."""
         ...
 
-    def publish(self, source: Callable[[], Activity]) -> None:
-        """Carry ``source()`` (this replica's activity) with every heartbeat."""
-        ...
-
-    async def activity(self) -> list[Activity]:
-        """Every live replica's activity: their last heartbeat's, and this one's now
-        (only this one's when nothing is shared)."""
-        ...
-
     async def start(self) -> None:
         """Start background work (replica heartbeats). Pair with ``aclose``."""
         ...
+
+    async def aclose(self) -> None: ...
+
+
+class ManagedLimiter(Limiter, FastPaths, Observable, Lifecycle, Protocol):
+    """What ``create_limiter`` returns: the request's calls, the fast paths, the reads
+    and the lifecycle, in one object."""

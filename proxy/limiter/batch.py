@@ -30,15 +30,15 @@ from proxy.limiter.base import StorageError
 
 __all__ = ["Batcher"]
 
-Call = tuple[str, list[str], list[str]]  # script name, keys, args
-Runner = Callable[[list[Call]], Awaitable[list[Any]]]
+ScriptCall = tuple[str, list[str], list[str]]  # script name, keys, args
+Runner = Callable[[list[ScriptCall]], Awaitable[list[Any]]]
 # The batch's results (or its failure), handed over as soon as they are known.
 Deliver = Callable[[list[Any] | BaseException], None]
 # Sends a batch at once, without a task, when it can (connected): True if it did.
-SendNow = Callable[[list[Call], Deliver], bool]
+SendNow = Callable[[list[ScriptCall], Deliver], bool]
 # The calls to send instead of a batch, and for each call of the batch the index of the
 # call whose result is its own; None: send the batch as it is.
-Merge = Callable[[list[Call]], tuple[list[Call], list[int]] | None]
+Merge = Callable[[list[ScriptCall]], tuple[list[ScriptCall], list[int]] | None]
 
 LINGER = 0.005  # seconds a call that is not urgent may wait for company
 
@@ -55,7 +55,7 @@ class Batcher:
         self._send_now = send_now
         self._merge = merge
         self._linger = linger
-        self._calls: list[Call] = []
+        self._calls: list[ScriptCall] = []
         self._futures: list[asyncio.Future[Any]] = []
         self._lingering = 0  # calls of this batch that are not urgent
         self._tasks: set[asyncio.Task[None]] = set()
@@ -109,7 +109,7 @@ class Batcher:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _send(self, calls: list[Call], deliver: Deliver) -> None:
+    async def _send(self, calls: list[ScriptCall], deliver: Deliver) -> None:
         try:
             results = await self._run(calls)
         except BaseException as exc:

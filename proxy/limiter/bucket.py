@@ -51,7 +51,7 @@ FULL = BucketState()
 """A bucket nobody has used (or that has refilled): no debt."""
 
 
-class Outcome(enum.Enum):
+class Admission(enum.Enum):
     ALLOWED = "allowed"  # charged; go after ``wait`` seconds (0 = now)
     REFUSED = "refused"  # nothing charged; try again after ``retry_after``
     TOO_LARGE = "too_large"  # cost > capacity: can never pass, do not retry
@@ -59,7 +59,7 @@ class Outcome(enum.Enum):
 
 @value
 class Decision:
-    outcome: Outcome
+    admission: Admission
     wait: float = 0.0  # ALLOWED: seconds until the reserved turn
     retry_after: float = 0.0  # REFUSED: seconds until the same request would be admitted
     # Index of the bucket that decided: the one with the longest wait (REFUSED, or ALLOWED
@@ -68,7 +68,7 @@ class Decision:
 
     @property
     def allowed(self) -> bool:
-        return self.outcome is Outcome.ALLOWED
+        return self.admission is Admission.ALLOWED
 
 
 @value
@@ -130,12 +130,12 @@ def plan(buckets: Sequence[Bucket], now: float) -> Plan:
 
 def decide(p: Plan, max_wait: float) -> Decision:
     if p.too_large >= 0:
-        return Decision(Outcome.TOO_LARGE, binding=p.too_large)
+        return Decision(Admission.TOO_LARGE, binding=p.too_large)
     if p.wait <= max_wait:
-        return Decision(Outcome.ALLOWED, wait=p.wait, binding=p.binding)
+        return Decision(Admission.ALLOWED, wait=p.wait, binding=p.binding)
     # Every bucket's wait shrinks by one second per second, so after this long the
     # longest one is exactly max_wait: the same request then gets a reservation.
-    return Decision(Outcome.REFUSED, retry_after=p.wait - max_wait, binding=p.binding)
+    return Decision(Admission.REFUSED, retry_after=p.wait - max_wait, binding=p.binding)
 
 
 def charge(buckets: Sequence[Bucket], p: Plan, now: float) -> list[BucketState]:

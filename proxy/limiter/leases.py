@@ -28,25 +28,27 @@ from dataclasses import replace
 from functools import partial
 from typing import Any, TypeVar
 
+from proxy.costs import Cost
 from proxy.limiter.allowance import FIRST_REQUESTS, REFUSED_FOR, Allowance, lease_size
 from proxy.limiter.base import (
+    SHARED,
     DeploymentLimits,
     DeploymentSettlement,
     DeploymentVerdict,
     KeyAsk,
     KeySettlement,
     KeyVerdict,
+    Private,
     Sent,
     Window,
 )
-from proxy.limiter.bucket import BucketState, Decision
-from proxy.limiter.bucket import Outcome as Result
+from proxy.limiter.bucket import Admission, BucketState, Decision
 from proxy.limiter.runner import ScriptRunner
-from proxy.limiter.verdicts import Spend, key_verdict, spends
+from proxy.limiter.verdicts import Spend, excess_cost, key_verdict, spends
 
 Num = Callable[[float], str]
 
-_NOW = Decision(Result.ALLOWED)
+_NOW = Decision(Admission.ALLOWED)
 RENEWALS = 3  # a request asks for a new lease at most this many times, then per request
 T = TypeVar("T")
 
@@ -59,6 +61,7 @@ class Owner:
         "allowance",
         "keys",
         "names",
+        "private",
         "refused_until",
         "renewing",
         "size",
@@ -76,6 +79,7 @@ class Owner:
         self.refused_until = 0.0
         self.size = FIRST_REQUESTS
         self.timer: asyncio.TimerHandle | None = None  # gives the open lease back when idle
+        self.private = SHARED  # what the open lease's turns carry back (its serial)
 
 
 class Leases:
@@ -94,11 +98,11 @@ class Leases:
         ``acquire_key`` per request."""
         limits = ask.limits
         owner = self._owner(("k", limits.name), limits.windows, names)
-        spent = spends(limits.windows, 1.0, ask.tokens)
+        spent = spends(limits.windows, ask.cost)
         got = await self._admit(owner, spent, partial(self._renew_key, owner, spent))
         if isinstance(got, tuple):
             a, now = got
-            return _admitted(owner, a, spent, ask.lease, now)
+            return _admitted(owner, a, spent, ask.slot, now)
         return got
 
     def acquire_key_now(self, ask: KeyAsk, names: Callable[[], list[str]]) -> KeyVerdict | None:
@@ -108,13 +112,13 @@ class Leases:
         a = owner.allowance
         if a is None:
             return None
-        spent = spends(limits.windows, 1.0, ask.tokens)
+        spent = spends(limits.windows, ask.cost)
         costs = [s.amount for s in spent]
         now = time.monotonic()
         if not a.covers(costs, now):
             return None
         a.take(costs, now)
-        return _admitted(owner, a, spent, ask.lease, now)
+        return _admitted(owner, a, spent, ask.slot, now)
 
     async def _renew_key(
         self, owner: Owner, spent: list[Spend], now: float
@@ -141,7 +145,7 @@ class Leases:
             return self._open(owner, a)
         owner.refused_until = received + REFUSED_FOR
         outcome, binding, wait, retry_after, at, *flat = reply[1:]
-        decision = Decision(Result(outcome), float(wait), float(retry_after), int(binding))
+        decision = Decision(Admission(outcome), float(wait), float(retry_after), int(binding))
         states = [
             BucketState(float(d), float(t)) for d, t in zip(flat[::2], flat[1::2], strict=True)
         ]
@@ -177,24 +181,24 @@ class Leases:
         """What of ``s`` is left for the shared buckets (None: nothing) once the lease
         that admitted its request, if still open, took its part."""
         owner = self._owners.get(("k", s.limits.name))
-        if owner is None or s.lease not in owner.admitted:
+        if owner is None or s.slot not in owner.admitted:
             return s
-        owner.admitted.discard(s.lease)
+        owner.admitted.discard(s.slot)
         a = owner.allowance
         if a is None or a.closed:
             return s
-        if s.tokens == 0.0:
+        if not s.cost:
             return None
-        excess = a.correct([w.cost(0.0, s.tokens) for w in owner.windows], time.monotonic())
+        excess = a.correct([w.cost(s.cost) for w in owner.windows], time.monotonic())
         if excess is None:
             return s
-        extra = max(excess, default=0.0)
-        return None if extra == 0.0 else replace(s, tokens=extra)
+        extra = excess_cost(owner.windows, excess)
+        return replace(s, cost=extra) if extra else None
 
     # -- deployments ---------------------------------------------------------------------
 
     async def reserve(
-        self, group: str, d: DeploymentLimits, tokens: float, names: Callable[[], list[str]]
+        self, group: str, d: DeploymentLimits, cost: Cost, names: Callable[[], list[str]]
     ) -> DeploymentVerdict | None:
         """A turn now on ``d`` from its lease (renewed if need be); None: reserve per
         request (the lease was refused, or ``d`` is not healthy, or states no limit: then
@@ -203,12 +207,12 @@ class Leases:
         if not d.windows:
             return None
         owner = self._owner(("d", group, d.id), d.windows, names)
-        spent = spends(d.windows, 1.0, tokens)
+        spent = spends(d.windows, cost)
         got = await self._admit(owner, spent, partial(self._renew_deployment, owner, spent))
         if got is None:
             return None
         a, now = got
-        sent = Sent(a.epoch, a.sequence + a.uses - 1, a.at + (now - a.asked), lease=a.serial)
+        sent = Sent(a.epoch, a.sequence + a.uses - 1, a.at + (now - a.asked), owner.private)
         return DeploymentVerdict(d.id, 0.0, waits={d.id: 0.0}, sent=sent)
 
     async def _renew_deployment(
@@ -241,25 +245,22 @@ class Leases:
         granted its turn, if still open, took its part. An answer that tells something
         of the deployment (a failure, a 429, a budget running low) closes the lease."""
         sent = s.sent
-        if sent is None or not sent.lease:
+        if sent is None or not sent.private.lease:
             return s
         owner = self._owners.get(("d", s.group, s.deployment.id))
         a = None if owner is None else owner.allowance
-        if owner is None or a is None or a.serial != sent.lease or a.closed:
+        if owner is None or a is None or a.serial != sent.private.lease or a.closed:
             return s
-        excess = a.correct([w.cost(s.requests, s.tokens) for w in owner.windows], time.monotonic())
+        excess = a.correct([w.cost(s.cost) for w in owner.windows], time.monotonic())
         assert excess is not None  # open
-        # What the lease could not hold, back in requests and tokens (the largest of each
-        # kind: a window that held its part is charged again, which errs on the safe side).
-        pairs = list(zip(excess, owner.windows, strict=True))
-        requests = max((e for e, w in pairs if w.kind == "requests"), default=0.0)
-        tokens = max((e for e, w in pairs if w.kind == "tokens"), default=0.0)
-        telling = s.outcome.kind == "failure" or s.remaining is not None or s.hold > 0.0
+        # What the lease could not hold goes to the shared buckets.
+        extra = excess_cost(owner.windows, excess)
+        telling = s.outcome.kind == "failure" or s.remaining is not None or s.private.hold > 0.0
         if telling:
             self._give_back(owner, a)
-        elif requests == 0.0 and tokens == 0.0:
+        elif not extra:
             return None
-        return replace(s, requests=requests, tokens=tokens)
+        return replace(s, cost=extra)
 
     # -- both ----------------------------------------------------------------------------
 
@@ -314,6 +315,7 @@ class Leases:
         """``a`` is the owner's lease from now on."""
         owner.allowance = a
         owner.admitted = set()
+        owner.private = Private(lease=a.serial)
         # Idle at the end of its use: give it back while it still can be.
         delay = max(a.until - time.monotonic(), 0.0)
         if owner.timer is not None:

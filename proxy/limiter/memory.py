@@ -71,8 +71,9 @@ SWEEP_EVERY = 60.0
 """Seconds between sweeps forgetting refilled buckets and expired leases."""
 
 
-class Leases:
-    """max_parallel slots: per key name, lease id -> deadline (``now + ttl``).
+class Slots:
+    """Ids held per name until a deadline (``now + ttl``): a key's max_parallel slots,
+    a deployment's requests in flight.
 
     Mirrors the sorted set the Redis backend keeps, expiry included: a lease whose
     deadline has passed no longer counts, so a lost release cannot leak a slot forever.
@@ -96,7 +97,7 @@ class Leases:
         self._held.setdefault(name, {})[lease_id] = deadline
 
     def live(self, name: str, now: float) -> int:
-        """Leases not yet expired at ``now``."""
+        """Ids not yet expired at ``now``."""
         return sum(1 for deadline in self._held.get(name, {}).values() if deadline >= now)
 
     def release(self, name: str, lease_id: str) -> None:
@@ -133,10 +134,10 @@ class MemoryLimiter:
         self._clock = clock
         # Each bucket with the interval it was last used at (it is swept when drained).
         self._buckets: dict[BucketId, tuple[BucketState, float]] = {}
-        self._leases = Leases(lease_ttl)
+        self._slots = Slots(lease_ttl)
         # Per (group, deployment): its health and when it may be forgotten.
         self._health: dict[tuple[str, str], tuple[Health, float]] = {}
-        self._in_flight = Leases(0.0)  # per deployment: lease id -> deadline
+        self._in_flight = Slots(0.0)  # per deployment: lease id -> deadline
         # Fair share (fairness.py), per group: each key's committed turns ahead, and the
         # keys waiting without a turn.
         self._held: dict[tuple[str, str], list[float]] = {}
@@ -214,15 +215,13 @@ class MemoryLimiter:
     def acquire_key_now(self, ask: KeyAsk) -> KeyVerdict:
         now = self._now()
         limits = ask.limits
-        spent = spends(limits.windows, 1.0, ask.tokens)
+        spent = spends(limits.windows, ask.cost)
         ids = [_key_bucket(limits.name, s.window) for s in spent]
         buckets = self._buckets_for(ids, spent)
         states, decision = take_all(buckets, now, 0.0)
         parallel_full = False
         if decision.allowed and limits.max_parallel is not None:
-            parallel_full = not self._leases.acquire(
-                limits.name, ask.lease, limits.max_parallel, now
-            )
+            parallel_full = not self._slots.acquire(limits.name, ask.slot, limits.max_parallel, now)
         if decision.allowed and not parallel_full:
             self._store(ids, states, spent)
         else:
@@ -234,7 +233,7 @@ class MemoryLimiter:
         group, candidates = ask.group, ask.candidates
         healths = [self._health_of(group, c.id, now) for c in candidates]
         spent = [
-            with_learned(spends(c.windows, 1.0, ask.tokens), h, now)
+            with_learned(spends(c.windows, ask.cost), h, now)
             for c, h in zip(candidates, healths, strict=True)
         ]
         ids = [
@@ -260,13 +259,13 @@ class MemoryLimiter:
             self._store(ids[selection.index], selection.states, spent[selection.index])
             h = healths[selection.index]
             if selection.probe:
-                h = health.start_probe(h, now, probe_timeout(chosen, wait), ask.lease)
+                h = health.start_probe(h, now, probe_timeout(chosen, wait), ask.slot)
             h = health.counted(h, now + wait)
             self._store_health(group, chosen.id, h, None)
             sent = Sent(h.epoch, h.sent, now + wait)
-            if ask.lease and ask.least_busy:  # only least-busy counts requests in flight
+            if ask.slot and ask.least_busy:  # only least-busy counts requests in flight
                 deadline = in_flight_deadline(chosen, wait, now)
-                self._in_flight.put(_deployment(group, chosen.id), ask.lease, deadline)
+                self._in_flight.put(_deployment(group, chosen.id), ask.slot, deadline)
         return deployment_verdict(candidates, selection, sent)
 
     def _fair_view(self, ask: GroupAsk, now: float) -> FairView | None:
@@ -306,10 +305,10 @@ class MemoryLimiter:
             return NO_CHANGE
         s = settlement
         group, deployment = s.group, s.deployment
-        if s.lease:
-            self._in_flight.release(_deployment(group, deployment.id), s.lease)
+        if s.slot:
+            self._in_flight.release(_deployment(group, deployment.id), s.slot)
         h = self._health_of(group, deployment.id, now)
-        for spend in corrections(deployment.windows, s.requests, s.tokens):
+        for spend in corrections(deployment.windows, s.cost):
             self._adjust(_deployment_bucket(group, deployment.id, spend.window), spend, now)
         for f in floors(deployment, s.remaining, s.rule.max_hold):
             bucket_id = _deployment_bucket(group, deployment.id, f.window)
@@ -317,14 +316,14 @@ class MemoryLimiter:
             lowered = bucket.lower(self._state(bucket_id), rate, f.available, now, f.wait)
             if lowered is not None:
                 self._buckets[bucket_id] = (lowered, rate.interval)
-        if s.hold > 0.0:
+        if s.private.hold > 0.0:
             for w in pacing_windows(deployment):
                 bucket_id = _deployment_bucket(group, deployment.id, w)
-                kept = bucket.held_at_least(self._state(bucket_id), w.rate, s.hold, now)
+                kept = bucket.held_at_least(self._state(bucket_id), w.rate, s.private.hold, now)
                 if kept is not None:
                     self._buckets[bucket_id] = (kept, w.rate.interval)
         settled, change = health.settle(
-            h, s.outcome, s.rule, now, s.lease, evidence(deployment, s.sent)
+            h, s.outcome, s.rule, now, s.slot, evidence(deployment, s.sent)
         )
         if settled.epoch != h.epoch:  # learned: turns past the hold are taken again
             hold = health.hold_for(settled, now)
@@ -353,7 +352,7 @@ class MemoryLimiter:
     def key_snapshot_now(self, limits: KeyLimits) -> KeyState:
         now = self._now()
         states = [self._state(_key_bucket(limits.name, w)) for w in limits.windows]
-        return key_state(limits, states, self._leases.live(limits.name, now), now)
+        return key_state(limits, states, self._slots.live(limits.name, now), now)
 
     def holds_in_flight(self, group: str, deployment_id: str, lease_id: str) -> bool:
         """Whether ``lease_id`` is in flight here (the fallback policy routes settlements)."""
@@ -368,10 +367,10 @@ class MemoryLimiter:
 
     def holds_lease(self, name: str, lease_id: str) -> bool:
         """Whether ``lease_id`` is a slot held here (the fallback policy routes releases)."""
-        return self._leases.holds(name, lease_id)
+        return self._slots.holds(name, lease_id)
 
     def leases_held(self, name: str) -> int:
-        return self._leases.count(name)
+        return self._slots.count(name)
 
     def bucket_count(self) -> int:
         return len(self._buckets)
@@ -379,8 +378,8 @@ class MemoryLimiter:
     # -- state -----------------------------------------------------------------------
 
     def _settle_key(self, s: KeySettlement, now: float) -> None:
-        self._leases.release(s.limits.name, s.lease)
-        for spend in corrections(s.limits.windows, 0.0, s.tokens):
+        self._slots.release(s.limits.name, s.slot)
+        for spend in corrections(s.limits.windows, s.cost):
             self._adjust(_key_bucket(s.limits.name, spend.window), spend, now)
 
     def _now(self) -> float:
@@ -399,7 +398,7 @@ class MemoryLimiter:
         for deployment, (_, expires) in list(self._health.items()):
             if now >= expires:
                 del self._health[deployment]
-        self._leases.sweep(now)
+        self._slots.sweep(now)
         self._in_flight.sweep(now)
         for held_id, held in list(self._held.items()):
             if not held or held[-1] <= now:

@@ -38,7 +38,7 @@ Settlements and snapshots never raise for storage trouble: with ``on_error="reje
 give up (neutral results: no health change, every deployment usable), since a lease that
 cannot be released expires on its own and a lost correction only errs on one request's
 estimate. A settlement goes where its request's budget was taken when that was here (a
-slot or in-flight lease held locally), otherwise where requests currently go.
+slot or in-flight slot held locally), otherwise where requests currently go.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from dataclasses import replace
 from typing import Literal, TypeVar
 
 from proxy.background import stop
+from proxy.costs import NOTHING, Cost
 from proxy.limiter.base import (
     NO_CHANGE,
     Activity,
@@ -71,6 +72,7 @@ from proxy.limiter.base import (
     KeyVerdict,
     LimiterMode,
     LimiterUnavailable,
+    Private,
     Rate,
     Remaining,
     Settlement,
@@ -93,6 +95,7 @@ OUTAGE_MARGIN = 0.5
 other replicas keep reserving turns this one did not see until their calls fail too."""
 
 _CARRY = CooldownRule(allowed_fails=1, window=0.0, time=0.0)  # a neutral settlement's rule
+FALLBACK = Private(fallback=True)  # what a turn the local fallback granted carries
 
 
 class CircuitState(enum.Enum):
@@ -172,24 +175,22 @@ def share(rate: Rate, replicas: int, cost: float) -> Rate:
     return replace(rate, limit=rate.limit / replicas, capacity=capacity)
 
 
-def share_windows(windows: Sequence[Window], replicas: int, tokens: float) -> tuple[Window, ...]:
-    """Every window's share (a request costs 1 in requests windows, ``tokens`` in others)."""
-    return tuple(replace(w, rate=share(w.rate, replicas, w.cost(1.0, tokens))) for w in windows)
+def share_windows(windows: Sequence[Window], replicas: int, cost: Cost) -> tuple[Window, ...]:
+    """Every window's share (for a request of ``cost``)."""
+    return tuple(replace(w, rate=share(w.rate, replicas, w.cost(cost))) for w in windows)
 
 
-def share_key(limits: KeyLimits, replicas: int, tokens: float) -> KeyLimits:
+def share_key(limits: KeyLimits, replicas: int, cost: Cost) -> KeyLimits:
     parallel = limits.max_parallel
     return replace(
         limits,
-        windows=share_windows(limits.windows, replicas, tokens),
+        windows=share_windows(limits.windows, replicas, cost),
         max_parallel=None if parallel is None else max(1, parallel // replicas),
     )
 
 
-def share_deployment(
-    deployment: DeploymentLimits, replicas: int, tokens: float
-) -> DeploymentLimits:
-    return replace(deployment, windows=share_windows(deployment.windows, replicas, tokens))
+def share_deployment(deployment: DeploymentLimits, replicas: int, cost: Cost) -> DeploymentLimits:
+    return replace(deployment, windows=share_windows(deployment.windows, replicas, cost))
 
 
 class _Skipped:
@@ -341,7 +342,7 @@ class ResilientLimiter:
     async def acquire_key(self, ask: KeyAsk) -> KeyVerdict:
         def local() -> KeyVerdict:
             self._require_fallback()
-            limits = share_key(ask.limits, self._replicas, ask.tokens)
+            limits = share_key(ask.limits, self._replicas, ask.cost)
             return self._local.acquire_key_now(replace(ask, limits=limits))
 
         return await self._route("acquire_key", lambda: self._shared.acquire_key(ask), local)
@@ -367,7 +368,7 @@ class ResilientLimiter:
         def local() -> DeploymentVerdict:
             self._require_fallback()
             n = self._replicas
-            candidates = [share_deployment(c, n, ask.tokens) for c in ask.candidates]
+            candidates = [share_deployment(c, n, ask.cost) for c in ask.candidates]
             self._start_locally(ask.group, candidates)
             verdict = self._local.reserve_now(replace(ask, candidates=candidates))
             chosen = next((c for c in ask.candidates if c.id == verdict.deployment_id), None)
@@ -377,7 +378,7 @@ class ResilientLimiter:
             tail = self._clock() + verdict.wait
             _, latest = self._local_tails.get(key, (chosen, tail))
             self._local_tails[key] = (chosen, max(tail, latest))
-            return replace(verdict, sent=replace(verdict.sent, fallback=True))
+            return replace(verdict, sent=replace(verdict.sent, private=FALLBACK))
 
         verdict = await self._via_shared("reserve", shared)
         # A failed call while the circuit stays closed is no outage (yet): the other
@@ -438,7 +439,7 @@ class ResilientLimiter:
     async def key_snapshot(self, limits: KeyLimits) -> KeyState:
         def local() -> KeyState:
             if self._on_error == "local":
-                return self._local.key_snapshot_now(share_key(limits, self._replicas, 0.0))
+                return self._local.key_snapshot_now(share_key(limits, self._replicas, NOTHING))
             return KeyState()
 
         return await self._route("key_snapshot", lambda: self._shared.key_snapshot(limits), local)
@@ -534,7 +535,9 @@ class ResilientLimiter:
             # Nothing seen of it: light traffic, whose last turns are past (or none).
             hold = self._shared_tails.get(key, -math.inf) + OUTAGE_MARGIN - now
             if hold > 0.0:
-                self._local.settle_now(DeploymentSettlement(group, d, _CARRY, hold=hold))
+                self._local.settle_now(
+                    DeploymentSettlement(group, d, _CARRY, private=Private(hold=hold))
+                )
 
     async def _carry_over(self) -> None:
         """Before the first shared call after local turns (the probe, after an outage):
@@ -547,7 +550,7 @@ class ResilientLimiter:
             for (group, _), (limits, tail) in tails.items():
                 hold = tail + self._reset_after + OUTAGE_MARGIN - now
                 if hold > 0.0:
-                    carry = DeploymentSettlement(group, limits, _CARRY, hold=hold)
+                    carry = DeploymentSettlement(group, limits, _CARRY, private=Private(hold=hold))
                     await self._shared.settle(carry)
         except BaseException:
             for key, (limits, tail) in tails.items():
@@ -560,16 +563,16 @@ class ResilientLimiter:
             raise LimiterUnavailable("rate-limit storage unavailable")
 
     def _held_locally(self, s: Settlement) -> bool:
-        """Whether the settled request's slot or in-flight lease was taken here."""
+        """Whether the settled request's slot or in-flight slot was taken here."""
         if isinstance(s, KeySettlement):
-            return self._local.holds_lease(s.limits.name, s.lease)
-        return self._local.holds_in_flight(s.group, s.deployment.id, s.lease)
+            return self._local.holds_lease(s.limits.name, s.slot)
+        return self._local.holds_in_flight(s.group, s.deployment.id, s.slot)
 
     def _local_share(self, s: Settlement) -> Settlement:
         """The settlement against this replica's share of the budgets."""
         n = self._replicas
         if isinstance(s, KeySettlement):
-            return replace(s, limits=share_key(s.limits, n, 0.0))
+            return replace(s, limits=share_key(s.limits, n, NOTHING))
         remaining = s.remaining
         if remaining is not None and n > 1:  # this replica's share of what is left
             remaining = Remaining(
@@ -577,7 +580,9 @@ class ResilientLimiter:
                 remaining.requests_wait,
                 None if remaining.tokens is None else remaining.tokens / n,
             )
-        return replace(s, deployment=share_deployment(s.deployment, n, 0.0), remaining=remaining)
+        return replace(
+            s, deployment=share_deployment(s.deployment, n, NOTHING), remaining=remaining
+        )
 
     def _circuit_changed(self, state: CircuitState) -> None:
         if state is CircuitState.CLOSED:
@@ -609,7 +614,11 @@ class ResilientLimiter:
 def _told(s: Settlement, *, local: bool) -> Settlement:
     """``s`` as one side may hear it: a turn the other side granted teaches it nothing
     (its epoch and sequence count another side's turns); a 429 on it only holds."""
-    if isinstance(s, DeploymentSettlement) and s.sent is not None and s.sent.fallback != local:
+    if (
+        isinstance(s, DeploymentSettlement)
+        and s.sent is not None
+        and s.sent.private.fallback != local
+    ):
         return replace(s, sent=None)
     return s
 

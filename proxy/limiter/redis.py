@@ -52,9 +52,8 @@ from proxy.limiter.base import (
     Settlement,
     Window,
 )
-from proxy.limiter.batch import Call
-from proxy.limiter.bucket import BucketState, Decision
-from proxy.limiter.bucket import Outcome as Result
+from proxy.limiter.batch import ScriptCall
+from proxy.limiter.bucket import Admission, BucketState, Decision
 from proxy.limiter.eviction import evicting
 from proxy.limiter.fairness import Claimant, Deferral
 from proxy.limiter.health import Health
@@ -127,11 +126,11 @@ class RedisLimiter:
             leased = await self._leases.acquire_key(ask, partial(self._windows, limits))
             if leased is not None:
                 return leased
-        spent = spends(limits.windows, 1.0, ask.tokens)
+        spent = spends(limits.windows, ask.cost)
         args = [
             self._now(),
             "" if limits.max_parallel is None else str(limits.max_parallel),
-            ask.lease,
+            ask.slot,
             _num(self._lease_ttl),
         ]
         for s in spent:
@@ -142,7 +141,7 @@ class RedisLimiter:
         ]
         reply = await self.runner.run("acquire_key", keys, args)
         outcome, binding, wait, retry_after, parallel_full, now, *flat = reply
-        decision = Decision(Result(outcome), float(wait), float(retry_after), int(binding))
+        decision = Decision(Admission(outcome), float(wait), float(retry_after), int(binding))
         states = [
             BucketState(float(d), float(t)) for d, t in zip(flat[::2], flat[1::2], strict=True)
         ]
@@ -163,7 +162,7 @@ class RedisLimiter:
         if self._leases is not None and not ask.least_busy:
             first = ask.candidates[0]
             names = partial(self._lease_keys, group, first)
-            leased = await self._leases.reserve(group, first, ask.tokens, names)
+            leased = await self._leases.reserve(group, first, ask.cost, names)
             if leased is not None:
                 return leased
         claimant = ask.claimant or Claimant()
@@ -175,7 +174,7 @@ class RedisLimiter:
         args = [
             self._now(),
             _num(ask.max_wait),
-            ask.lease,
+            ask.slot,
             "1" if ask.least_busy else "0",
             claimant.key,
             str(claimant.tier),
@@ -183,7 +182,7 @@ class RedisLimiter:
             _num(lookahead),
         ]
         for c in ask.candidates:
-            spent = spends(c.windows, 1.0, ask.tokens)
+            spent = spends(c.windows, ask.cost)
             keys += [
                 self._deployment(group, c.id, "health"),
                 self._deployment(group, c.id, "inflight"),
@@ -196,7 +195,7 @@ class RedisLimiter:
         reply = await self.runner.run("reserve_deployment", keys, args)
         outcome, index, wait, retry_after, binding, probe, cooling, epoch, seq, at, *rest = reply
         deferred, *waits = rest
-        decision = Decision(Result(outcome), float(wait), float(retry_after), int(binding))
+        decision = Decision(Admission(outcome), float(wait), float(retry_after), int(binding))
         selection = Selection(
             int(index),
             [],
@@ -220,7 +219,7 @@ class RedisLimiter:
                 return NO_CHANGE
             s = left
         d = s.deployment
-        corrected = corrections(d.windows, s.requests, s.tokens)
+        corrected = corrections(d.windows, s.cost)
         lowered = floors(d, s.remaining, s.rule.max_hold)
         pacing = pacing_windows(d)
         keys = [
@@ -234,7 +233,7 @@ class RedisLimiter:
         ev = evidence(d, s.sent)
         args = [
             self._now(),
-            s.lease,
+            s.slot,
             s.outcome.kind,
             "" if s.outcome.cool_for is None else _num(s.outcome.cool_for),
             "1" if s.outcome.rate_limited else "0",
@@ -248,7 +247,7 @@ class RedisLimiter:
             ),
             str(len(corrected)),
             str(len(lowered)),
-            _num(s.hold),
+            _num(s.private.hold),
             _num(s.rule.max_hold),
         ]
         for c in corrected:
@@ -260,7 +259,7 @@ class RedisLimiter:
         for w in pacing:
             args += [_num(w.rate.interval), _num(w.rate.capacity)]
         # A cooldown must start at once; other settlements ride along with the next call.
-        urgent = s.outcome.kind == "failure" or bool(lowered) or s.hold > 0.0
+        urgent = s.outcome.kind == "failure" or bool(lowered) or s.private.hold > 0.0
         cooled, recovered, left, epoch = await self.runner.run(
             "settle_deployment", keys, args, urgent=urgent
         )
@@ -391,8 +390,8 @@ class RedisLimiter:
                 return None
             s = left
         limits = s.limits
-        lease = s.lease if limits.max_parallel is not None else ""
-        corrected = corrections(limits.windows, 0.0, s.tokens)
+        lease = s.slot if limits.max_parallel is not None else ""
+        corrected = corrections(limits.windows, s.cost)
         if not lease and not corrected:
             return None
         args = [self._now(), lease]
@@ -450,7 +449,7 @@ class _Settlements:
 
     __slots__ = ("call", "count", "index", "keys", "sums")
 
-    def __init__(self, index: int, call: Call) -> None:
+    def __init__(self, index: int, call: ScriptCall) -> None:
         self.index = index  # the merged call's place in the batch
         self.call = call  # the first settlement, sent as it is when it stays alone
         self.count = 0
@@ -465,7 +464,7 @@ class _Settlements:
             units = float(args[2 * i + 1])
             sums[1 if units > 0.0 else 0] += units
 
-    def merged(self) -> Call:
+    def merged(self) -> ScriptCall:
         name, keys, args = self.call
         if self.count == 1:
             return self.call
@@ -481,7 +480,7 @@ class _Settlements:
         return name, out_keys, out_args
 
 
-def merge_key_settlements(calls: list[Call]) -> tuple[list[Call], list[int]] | None:
+def merge_key_settlements(calls: list[ScriptCall]) -> tuple[list[ScriptCall], list[int]] | None:
     """A batch (batch.py ``Merge``) with the key settlements of one key that follow each
     other (no other call of the batch touches the key between them: its check, its
     snapshot, a settlement releasing one of its slots) as one ``settle_key`` call, in the
@@ -493,7 +492,7 @@ def merge_key_settlements(calls: list[Call]) -> tuple[list[Call], list[int]] | N
     different explicit clocks (tests) too. None when nothing merges."""
     if sum(1 for name, _, args in calls if name == "settle_key" and not args[1]) < 2:
         return None
-    out: list[Call] = []
+    out: list[ScriptCall] = []
     owners: list[int] = []
     merging: list[_Settlements] = []
     open_: dict[str, _Settlements] = {}  # every key of a merge that may still grow

@@ -43,7 +43,7 @@ from redis.retry import Retry
 
 from proxy.limiter import resp, scripts
 from proxy.limiter.base import StorageError
-from proxy.limiter.batch import LINGER, Batcher, Call, Deliver, Merge
+from proxy.limiter.batch import LINGER, Batcher, Deliver, Merge, ScriptCall
 from proxy.limiter.sentinel import SentinelTarget, open_primary
 
 __all__ = ["Client", "RunnerOptions", "ScriptRunner", "is_cluster", "redis_target", "shown"]
@@ -219,7 +219,7 @@ class ScriptRunner:
 
     # -- batches ---------------------------------------------------------------------
 
-    async def _run_batch(self, calls: list[Call]) -> list[Any]:
+    async def _run_batch(self, calls: list[ScriptCall]) -> list[Any]:
         """Several scripts in one pipelined round trip (single Redis only: a cluster
         would split the pipeline per node anyway). Entries are results or exceptions."""
         try:
@@ -230,7 +230,7 @@ class ScriptRunner:
         except Exception as exc:
             raise _storage_error(exc) from exc
 
-    def _send_now(self, calls: list[Call], deliver: Deliver) -> bool:
+    def _send_now(self, calls: list[ScriptCall], deliver: Deliver) -> bool:
         """The batcher's fast path: write the batch at once on the pipelined connection
         (if connected) and hand the replies over from the connection's own callback."""
         connection = self._pipelined
@@ -258,7 +258,7 @@ class ScriptRunner:
         else:
             deliver(task.result())
 
-    def _commands(self, calls: list[Call], indices: Iterable[int]) -> list[resp.Command]:
+    def _commands(self, calls: list[ScriptCall], indices: Iterable[int]) -> list[resp.Command]:
         """Bucket scripts as the library's functions (FCALL) while the server has
         functions (Redis 7+), else EVALSHA."""
         out: list[resp.Command] = []
@@ -275,7 +275,7 @@ class ScriptRunner:
             return await self._pipelined.execute(commands)
         return list(await self.call(lambda client: _pipeline(client, commands)))
 
-    async def _complete(self, calls: list[Call], results: list[Any]) -> list[Any]:
+    async def _complete(self, calls: list[ScriptCall], results: list[Any]) -> list[Any]:
         """``results`` with the calls that did not run for want of their script or
         function loaded and run again. A restarted or flushed Redis forgot them (or never
         had functions); the call did not run, so running it again is safe. At most twice:
@@ -290,7 +290,9 @@ class ScriptRunner:
                 results[i] = result
         return results
 
-    async def _load(self, what: set[str | None], missing: list[int], calls: list[Call]) -> None:
+    async def _load(
+        self, what: set[str | None], missing: list[int], calls: list[ScriptCall]
+    ) -> None:
         if "fcall" in what:
             self._functions = False  # Redis before 7: scripts only
         elif "function" in what:

@@ -30,10 +30,10 @@ import math
 from collections.abc import Sequence
 
 from proxy.limiter.bucket import (
+    Admission,
     Bucket,
     BucketState,
     Decision,
-    Outcome,
     Plan,
     charge,
     decide,
@@ -117,16 +117,18 @@ def select(
                 best = i
     if best < 0:
         if not cooling:
-            return Selection(-1, [], Decision(Outcome.TOO_LARGE, binding=plans[0].too_large), waits)
+            return Selection(
+                -1, [], Decision(Admission.TOO_LARGE, binding=plans[0].too_large), waits
+            )
         return Selection(
-            -1, [], Decision(Outcome.REFUSED, retry_after=cooling_retry), waits, cooling=True
+            -1, [], Decision(Admission.REFUSED, retry_after=cooling_retry), waits, cooling=True
         )
     best_plan = plans[best]
     turn = Plan(best_plan.debts, waits[best], best_plan.binding, best_plan.too_large)
     decision = decide(turn, max_wait)
     if not decision.allowed:
         retry = min(decision.retry_after, cooling_retry)
-        refused = Decision(Outcome.REFUSED, retry_after=retry, binding=decision.binding)
+        refused = Decision(Admission.REFUSED, retry_after=retry, binding=decision.binding)
         return Selection(-1, [], refused, waits, cooling=cooling or held_back[best])
     if fair is not None and decision.wait > 0.0:
         paces = [pace(c.buckets) for c, ok in zip(candidates, reservable, strict=True) if ok]
@@ -136,7 +138,7 @@ def select(
         )
         if deferral is not None:
             refused = Decision(
-                Outcome.REFUSED, retry_after=deferral.retry_after, binding=decision.binding
+                Admission.REFUSED, retry_after=deferral.retry_after, binding=decision.binding
             )
             return Selection(-1, [], refused, waits, deferral=deferral)
     chosen = candidates[best]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from proxy.costs import NOTHING, REQUESTS, Cost
 from proxy.limiter import health
 from proxy.limiter.base import (
     MINUTE,
@@ -25,7 +26,7 @@ from proxy.limiter.base import (
     Usage,
     Window,
 )
-from proxy.limiter.bucket import Bucket, BucketState, Decision, Outcome, plan, usage
+from proxy.limiter.bucket import Admission, Bucket, BucketState, Decision, plan, usage
 from proxy.limiter.health import Health
 from proxy.limiter.selection import Selection
 from proxy.values import value
@@ -35,7 +36,7 @@ PARALLEL_RETRY_AFTER = 1.0
 requests finish, which nothing can predict; one second is a short, polite guess."""
 
 IN_FLIGHT_MARGIN = 60.0
-"""Seconds an in-flight lease outlives its request's deadline (its turn plus the
+"""Seconds an in-flight slot outlives its request's deadline (its turn plus the
 deployment's ``probe_timeout``) unless settled. A replica that dies mid-request never
 settles; its requests stop counting for ``least_busy`` after this. A stream that outlasts
 it (the timeout bounds each read, not a whole stream) silently stops counting."""
@@ -63,16 +64,58 @@ class Spend:
         return self.window.rate.capacity_for(self.amount)
 
 
-def largest_tokens(windows: Sequence[Window]) -> float:
-    """The most tokens one request can take in ``windows`` (inf: no token window): what
-    their smallest admits at once. An upstream's usage beyond it is no usage it could
-    have admitted (a lie or a bug), and is charged only that far."""
-    return min((w.rate.largest for w in windows if w.kind == "tokens"), default=math.inf)
+def largest(windows: Sequence[Window], kind: str) -> float:
+    """The most of ``kind`` one request can take in ``windows`` (inf: no window of it):
+    what their smallest admits at once. An upstream's usage beyond it is no usage it
+    could have admitted (a lie or a bug), and is charged only that far."""
+    return min((w.rate.largest for w in windows if w.kind == kind), default=math.inf)
 
 
-def spends(windows: Sequence[Window], requests: float, tokens: float) -> list[Spend]:
-    """Every window with its cost: requests windows ``requests``, token windows ``tokens``."""
-    return [Spend(w, w.cost(requests, tokens)) for w in windows]
+def too_large(windows: Sequence[Window], cost: Cost) -> bool:
+    """Whether some window of ``windows`` can never take a request of ``cost``."""
+    return any(w.cost(cost) > w.rate.largest for w in windows)
+
+
+def spends(windows: Sequence[Window], cost: Cost) -> list[Spend]:
+    """Every window with what ``cost`` costs in it (its kind's amount)."""
+    return [Spend(w, cost.get(w.kind, 0.0)) for w in windows]
+
+
+def settled_cost(
+    estimate: Cost, used: Cost | None, windows: Sequence[Window], *, refund: bool = True
+) -> Cost:
+    """The correction of a request charged ``estimate`` that used ``used`` (None:
+    unknown, as nothing), per kind but requests (a request is one whatever it used): a
+    use beyond the estimate is believed only as far as ``windows`` could admit it
+    (``largest``); without ``refund`` an estimate is never given back (a deployment's
+    tokens were spent upstream once it admitted the request). Kinds with nothing to
+    correct are left out."""
+    out: dict[str, float] | None = None  # made only when something is corrected
+    for kind, charged in estimate.items():
+        if kind == REQUESTS:
+            continue
+        real = 0.0 if used is None else used.get(kind, 0.0)
+        if real > charged:
+            real = max(charged, min(real, largest(windows, kind)))
+        if real != charged and (refund or real > charged):
+            out = {} if out is None else out
+            out[kind] = real - charged
+    if used is not None:
+        for kind, real in used.items():
+            if kind not in estimate and kind != REQUESTS and real:
+                out = {} if out is None else out
+                out[kind] = min(real, largest(windows, kind))
+    return NOTHING if out is None else out
+
+
+def excess_cost(windows: Sequence[Window], excess: Sequence[float]) -> dict[str, float]:
+    """Per-window amounts (a lease's excess) back as a cost: the largest of each kind
+    (a window that held its part is charged again, which errs on the safe side)."""
+    out: dict[str, float] = {}
+    for w, amount in zip(windows, excess, strict=True):
+        if amount != 0.0 and (w.kind not in out or amount > out[w.kind]):
+            out[w.kind] = amount
+    return out
 
 
 LEARNED = "learned"
@@ -117,9 +160,9 @@ def evidence(deployment: DeploymentLimits, sent: Sent | None) -> health.Evidence
     return health.Evidence(sent.epoch, sent.sequence, sent.at, pace(deployment))
 
 
-def corrections(windows: Sequence[Window], requests: float, tokens: float) -> list[Spend]:
+def corrections(windows: Sequence[Window], cost: Cost) -> list[Spend]:
     """Only the windows with something to correct: no round trip for zero corrections."""
-    return [s for s in spends(windows, requests, tokens) if s.amount != 0]
+    return [s for s in spends(windows, cost) if s.amount != 0]
 
 
 @value
@@ -176,11 +219,11 @@ def key_verdict(
     used = tuple(
         (s.window, usage(state, s.rate, now)) for s, state in zip(spent, states, strict=True)
     )
-    if decision.outcome is Outcome.TOO_LARGE:
+    if decision.admission is Admission.TOO_LARGE:
         return KeyVerdict(
             False, "request_too_large", usage=used, window=spent[decision.binding].window
         )
-    if decision.outcome is Outcome.REFUSED:
+    if decision.admission is Admission.REFUSED:
         window = spent[decision.binding].window
         return KeyVerdict(False, key_code(window), decision.retry_after, used, window)
     if parallel_full:
@@ -199,7 +242,7 @@ def deployment_verdict(
         return DeploymentVerdict(
             chosen, decision.wait, waits=waits, probe=selection.probe, sent=sent
         )
-    if decision.outcome is Outcome.TOO_LARGE:
+    if decision.admission is Admission.TOO_LARGE:
         return DeploymentVerdict(None, code="request_too_large", waits=waits)
     return DeploymentVerdict(
         None,
@@ -234,10 +277,8 @@ def deployment_state(
     state and call this, so they agree by construction."""
     windows = deployment.windows
     used = _usages(windows, states, now)
-    buckets = [
-        Bucket(state, s.rate, s.amount)
-        for state, s in zip(states, spends(windows, 1.0, 1.0), strict=True)
-    ]
+    # The smallest request: one unit of every window's kind.
+    buckets = [Bucket(state, w.rate, 1.0) for state, w in zip(states, windows, strict=True)]
     rate = health.learned_window_rate(h, now)
     if rate is not None:
         buckets.append(Bucket(learned, rate, 1.0))

@@ -30,6 +30,7 @@ from proxy import tokens
 from proxy.call import Call, ClientLeft, Reply
 from proxy.catalog import Catalog, DeploymentRoute, GroupRoute
 from proxy.config import Settings
+from proxy.costs import Cost
 from proxy.errors import (
     ClientClosedRequest,
     InvalidRequest,
@@ -244,7 +245,7 @@ class Dispatcher:
                     GroupAsk(
                         group.name,
                         [self.catalog.limits(d) for d in ordered],
-                        float(call.estimate),
+                        call.cost,
                         budget,
                         lease,
                         self.settler.least_busy,
@@ -256,9 +257,7 @@ class Dispatcher:
                 deferred = verdict.deferred and verdict.retry_after <= budget
                 if line is not None and not deferred:
                     if verdict.wait > 0.0:  # the next in line asks when its turn would fit
-                        spacing = turn_spacing(
-                            [self.catalog.limits(d) for d in ordered], call.estimate
-                        )
+                        spacing = turn_spacing([self.catalog.limits(d) for d in ordered], call.cost)
                         line.not_before = time.monotonic() + max(
                             verdict.wait + spacing - self.routing.lookahead, 0.0
                         )
@@ -274,7 +273,7 @@ class Dispatcher:
                 if queued and self.waiting >= self.routing.max_queue:
                     # The queue filled up while we asked: give the turn back.
                     assert turn is not None
-                    self.settler.give_back(turn, call.estimate)
+                    self.settler.give_back(turn, call.cost)
                     turn, queued, queue_full = None, False, True
                     verdict = replace(verdict, deployment_id=None, retry_after=verdict.wait)
                 if queued:
@@ -291,7 +290,7 @@ class Dispatcher:
                     if queued:
                         assert verdict.sent is not None
                         sent = verdict.sent
-                        clock = (group.name, sent.fallback, sent.lease != 0)
+                        clock = (group.name, *sent.clock)
                         due = handled + self.turn_clock.sleep(clock, sent.at, verdict.wait, handled)
                         await self._wait(call, due - time.monotonic(), turn, queued=True)
                         if self.settler.stale(turn):
@@ -370,7 +369,7 @@ class Dispatcher:
             await gate
         except BaseException as exc:
             if reserved is not None:
-                self.settler.give_back(reserved, call.estimate)
+                self.settler.give_back(reserved, call.cost)
             if isinstance(exc, Exception):
                 raise GateClosed(exc) from exc
             raise
@@ -428,7 +427,7 @@ class Dispatcher:
                 raise ClientClosedRequest("The client closed the request while it waited.")
         except BaseException:
             if give_back is not None:
-                self.settler.give_back(give_back, call.estimate)
+                self.settler.give_back(give_back, call.cost)
             raise
         finally:
             self.waiting -= 1
@@ -475,7 +474,7 @@ class Dispatcher:
                 call.endpoint, call.body, call.raw, call.headers, deployment, call.stream
             )
         except InvalidRequest:  # the body cannot be sent as it is: its turn goes back
-            self.settler.give_back(turn, call.estimate)
+            self.settler.give_back(turn, call.cost)
             raise
         attempt = Attempt(call.request_id, deployment.group, deployment.id, time.perf_counter())
         self._started(attempt)
@@ -485,7 +484,7 @@ class Dispatcher:
             reply = await self._exchange(call, turn, attempt, request, added_usage, stream_done)
         except BaseException as exc:
             if not attempt.label:  # not ended yet: the turn and in-flight count go back
-                self._ended(call, turn, attempt, "abandoned", NEUTRAL, real_tokens=None)
+                self._ended(call, turn, attempt, "abandoned", NEUTRAL, used=None)
             if not departure.stop():
                 raise
             if not isinstance(exc, asyncio.CancelledError):
@@ -524,7 +523,7 @@ class Dispatcher:
             outcome = classify_status(
                 status, upstream_headers, time.time(), rule.time, rule.max_hold
             )
-            settled = self._ended(call, turn, attempt, str(status), outcome, real_tokens=0)
+            settled = self._ended(call, turn, attempt, str(status), outcome, used=None)
             error = status_error(status, deployment.id)
             error.retry_after = outcome.cool_for if status == 429 else None
             raise Retryable(error, settled if outcome.rate_limited else None)
@@ -558,13 +557,13 @@ class Dispatcher:
         wrong = misconfigured(deployment.config.provider, status, content, rule_time)
         if wrong is not None:  # not the client's fault: cool it as a bad key is cooled
             self._ended(
-                call, turn, attempt, str(status), wrong, real_tokens=0, refund=not admitted(status)
+                call, turn, attempt, str(status), wrong, used=None, refund=not admitted(status)
             )
             raise Retryable(misconfigured_error(status, deployment.id))
         odd = unshaped(status, content, rule_time)
         if odd is not None:  # no OpenAI-compatible answer: the contract's shape instead
             shaped = unshaped_error(status, deployment.id, _shown(request.url))
-            self._ended(call, turn, attempt, str(status), odd, real_tokens=0)
+            self._ended(call, turn, attempt, str(status), odd, used=None)
             if isinstance(shaped, UpstreamError):  # no LLM API there: try another
                 logger.warning("%s (%s)", shaped.message, content_type or "no content-type")
                 raise Retryable(shaped)
@@ -581,7 +580,7 @@ class Dispatcher:
         its tokens were spent upstream (the estimate stays charged)."""
         call.error_code = unusable.error.code
         outcome = Outcome("neutral", unusable.reason)
-        self._ended(call, turn, attempt, unusable.reason, outcome, real_tokens=None)
+        self._ended(call, turn, attempt, unusable.reason, outcome, used=None)
         return unusable.error
 
     def _answered(
@@ -590,14 +589,14 @@ class Dispatcher:
         """A buffered answer was forwarded: usage, events, settlement."""
         if status == 200:
             call.prompt_tokens, call.completion_tokens = usage_of_body(content)
-        real = call.real_tokens()
+            call.used = call.used_cost()
         self._ended(
             call,
             turn,
             attempt,
             str(status),
             SUCCESS,
-            real_tokens=real,
+            used=call.used,
             ended=attempt.ended,
             refund=not admitted(status),
         )
@@ -619,11 +618,12 @@ class Dispatcher:
 
         async def on_close(end: StreamEnd) -> None:
             call.prompt_tokens, call.completion_tokens = tap.prompt_tokens, tap.completion_tokens
+            call.used = call.used_cost()
             if call.real_tokens() is None:  # cut (or never told) before its usage chunk
                 call.unreported_tokens = unreported_tokens(call, body.events)
             outcome = {"completed": SUCCESS, "interrupted": INTERRUPTED}.get(end, NEUTRAL)
             label = "200" if end == "completed" else end
-            self._ended(call, turn, attempt, label, outcome, real_tokens=call.charged_tokens())
+            self._ended(call, turn, attempt, label, outcome, used=call.charged_cost())
             if end == "interrupted":
                 call.error_code = "stream_interrupted"
             await stream_done(200 if end != "abandoned" else 499)
@@ -640,7 +640,7 @@ class Dispatcher:
 
     def _failed(self, call: Call, turn: Turn, attempt: Attempt, failure: TransportFailure) -> None:
         outcome = Outcome("failure", failure.reason)
-        self._ended(call, turn, attempt, failure.reason, outcome, real_tokens=0)
+        self._ended(call, turn, attempt, failure.reason, outcome, used=None)
 
     def _ended(
         self,
@@ -650,14 +650,14 @@ class Dispatcher:
         label: str,
         outcome: Outcome,
         *,
-        real_tokens: int | None,
+        used: Cost | None,
         ended: float | None = None,
         refund: bool = False,
     ) -> asyncio.Task[None] | None:
         """An upstream call ended (at ``ended``, default now): one event, the routing
         state, and the deployment's settlement in the background (its task, None when
-        there is nothing to settle). ``real_tokens``: what it used (None: unknown; beyond
-        the estimate, it is charged); ``refund``: the upstream did not admit it
+        there is nothing to settle). ``used``: what it used per kind (None: unknown;
+        beyond the estimate, it is charged); ``refund``: the upstream did not admit it
         (``outcomes.admitted``), its token charge is returned."""
         attempt.ended = ended or time.perf_counter()
         attempt.label, attempt.outcome = label, outcome
@@ -673,9 +673,7 @@ class Dispatcher:
                 attempt.duration - previous
             )
         self.events.attempt_ended(attempt)
-        return self.settler.settle(
-            turn, outcome, estimate=call.estimate, real_tokens=real_tokens, refund=refund
-        )
+        return self.settler.settle(turn, outcome, estimate=call.cost, used=used, refund=refund)
 
     def _learn(self, deployment: DeploymentRoute, headers: dict[str, str]) -> None:
         """What the upstream's rate-limit headers say: its announced limits, and, when

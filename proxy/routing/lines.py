@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from proxy.costs import Cost
 from proxy.limiter.base import DeploymentLimits
 from proxy.limiter.fairness import depth
 
@@ -124,15 +125,14 @@ class Lines:
         return len(self._lines)
 
 
-def turn_spacing(candidates: Sequence[DeploymentLimits], tokens: float) -> float:
+def turn_spacing(candidates: Sequence[DeploymentLimits], cost: Cost) -> float:
     """About how far apart a saturated group's turns come for a request like this one,
     across its deployments (0: unlimited). When a head gets a turn ``wait`` ahead, the
     next in line asks ``wait + spacing - lookahead`` later: when its own turn would fit
     in the lookahead, so it is not deferred once more for asking too soon (the count of
     round trips stays about one per request)."""
     paces = [
-        max((w.cost(1.0, tokens) * w.rate.interval for w in c.windows), default=0.0)
-        for c in candidates
+        max((w.cost(cost) * w.rate.interval for w in c.windows), default=0.0) for c in candidates
     ]
     per_second = depth(paces, 1.0)
     return 0.0 if per_second in (0.0, float("inf")) else 1.0 / per_second

@@ -32,7 +32,7 @@ from proxy.errors import (
     UpstreamError,
     UpstreamUnavailable,
 )
-from proxy.limiter.base import Outcome
+from proxy.limiter.base import SUCCESS, Outcome
 from proxy.limiter.health import bounded_hold
 from proxy.upstream.ratelimits import parse_budget, retry_after
 
@@ -47,8 +47,6 @@ __all__ = [
     "unshaped",
     "unshaped_error",
 ]
-
-SUCCESS = Outcome(kind="success")
 
 
 def is_failure(status: int) -> bool:

@@ -7,7 +7,7 @@ what it did not use), charged more only when it used more than estimated (up to 
 request can take there: a larger count is no usage it could have admitted); a request
 the upstream refused uncounted (``outcomes.admitted``: 400, 404, 413, 422) has its token
 charge returned (one huge refused request would otherwise hold the deployment for every
-key). The in-flight lease is freed and the answer's meaning recorded in the deployment's
+key). The in-flight slot is freed and the answer's meaning recorded in the deployment's
 health. The common case, a success that would change nothing, costs no storage call.
 """
 
@@ -17,6 +17,7 @@ import asyncio
 
 from proxy.background import Background
 from proxy.catalog import Catalog, DeploymentRoute
+from proxy.costs import NOTHING, Cost, negated
 from proxy.limiter.base import (
     NEUTRAL,
     CooldownRule,
@@ -27,7 +28,7 @@ from proxy.limiter.base import (
     Remaining,
     Sent,
 )
-from proxy.limiter.verdicts import largest_tokens
+from proxy.limiter.verdicts import settled_cost
 from proxy.routing.events import Events
 from proxy.values import value
 
@@ -36,10 +37,10 @@ __all__ = ["Settler", "Turn"]
 
 @value
 class Turn:
-    """A reserved turn on a deployment, named by its lease."""
+    """A reserved turn on a deployment, named by its slot (in the in-flight set)."""
 
     deployment: DeploymentRoute
-    lease: str
+    slot: str
     probe: bool = False  # a half-open probe of a cooled deployment: its answer must count
     sent: Sent | None = None  # what the limiter said of the turn (a 429 learns from it)
 
@@ -60,7 +61,7 @@ class Settler:
         self.rule = rule
         self.background = background
         self.events = events
-        # Only least-busy routing keeps in-flight leases, which every answer must free.
+        # Only least-busy routing keeps in-flight slots, which every answer must free.
         self.least_busy = least_busy
         # The learning epoch (health.py) each deployment was last seen at: a turn of an
         # older epoch was reserved at a pace since found too fast. The latest, not the
@@ -109,50 +110,43 @@ class Settler:
         turn: Turn,
         outcome: Outcome,
         *,
-        estimate: int,
-        real_tokens: int | None,
+        estimate: Cost,
+        used: Cost | None,
         refund: bool = False,
     ) -> asyncio.Task[None] | None:
-        """Settle the turn of a request that went upstream, in the background:
-        ``real_tokens`` beyond the ``estimate`` are charged (None: unknown), up to what
+        """Settle the turn of a request that went upstream, in the background: what it
+        ``used`` beyond its ``estimate`` is charged, per kind (None: unknown), up to what
         one request can cost there; ``refund``: the upstream did not admit it, its
-        estimate is returned. Returns the settlement's task (None: nothing to settle),
-        done once the limiter knows."""
+        estimate (but the request) is returned. Returns the settlement's task (None:
+        nothing to settle), done once the limiter knows."""
         limits = self.catalog.limits(turn.deployment)
+        windows = limits.windows
         if refund:
-            extra = -float(estimate)
+            extra = settled_cost(estimate, None, windows)
         else:
-            extra = max(0.0, float((real_tokens or 0) - estimate))
-            if extra > 0:  # an upstream's count, believed only as far as it could be true
-                extra = min(extra, max(0.0, largest_tokens(limits.windows) - estimate))
-        corrects_tokens = extra != 0 and any(w.kind == "tokens" for w in limits.windows)
-        if (
-            outcome.kind == "success"
-            and not turn.probe
-            and not self.least_busy
-            and not corrects_tokens
-        ):
+            extra = settled_cost(estimate, used, windows, refund=False)
+        corrects = bool(extra) and any(w.kind in extra for w in windows)
+        if outcome.kind == "success" and not turn.probe and not self.least_busy and not corrects:
             return None  # the common case: it would change nothing
         sent = turn.sent if outcome.rate_limited or _leased(turn) else None
         return self._send(
             turn.deployment,
-            turn.lease,
+            turn.slot,
             outcome,
-            tokens=extra,
+            cost=extra,
             sent=sent,
             probe=turn.probe,
             limits=limits,
         )
 
-    def give_back(self, turn: Turn, estimate: int) -> None:
+    def give_back(self, turn: Turn, estimate: Cost) -> None:
         """A reserved turn goes unused (nothing was sent): return it whole, so the next
         request can take it."""
         self._send(
             turn.deployment,
-            turn.lease,
+            turn.slot,
             NEUTRAL,
-            requests=-1.0,
-            tokens=-float(estimate),
+            cost=negated(estimate),
             sent=turn.sent if _leased(turn) else None,
             probe=turn.probe,
         )
@@ -167,8 +161,7 @@ class Settler:
         lease: str,
         outcome: Outcome,
         *,
-        requests: float = 0.0,
-        tokens: float = 0.0,
+        cost: Cost = NOTHING,
         remaining: Remaining | None = None,
         sent: Sent | None = None,
         probe: bool = False,
@@ -178,7 +171,7 @@ class Settler:
         if limits is None:
             limits = self.catalog.limits(deployment)
         settlement = DeploymentSettlement(
-            deployment.group, limits, self.rule, outcome, lease, requests, tokens, remaining, sent
+            deployment.group, limits, self.rule, outcome, lease, cost, remaining, sent
         )
 
         async def run() -> None:
@@ -199,4 +192,4 @@ class Settler:
 
 def _leased(turn: Turn) -> bool:
     """Granted from the replica's lease: its settlements must say so (limiter/leases.py)."""
-    return turn.sent is not None and turn.sent.lease != 0
+    return turn.sent is not None and turn.sent.settles_back

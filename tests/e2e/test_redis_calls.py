@@ -16,6 +16,7 @@ import pytest
 import redis
 from support.proxy_server import ProxyInThread, settings_from
 
+from proxy.costs import estimate_cost
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 from proxy.keys import redis_backend
 from proxy.limiter import scripts
@@ -132,15 +133,15 @@ def test_concurrent_settlements_of_one_key_run_as_one_settle_key_call(redis_url:
         try:
             # Connects and loads the functions; leases "a" and "b" of p.
             for limits in (key, other, slotted):
-                await limiter.acquire_key(KeyAsk(limits, "a", 100))
-            await limiter.acquire_key(KeyAsk(slotted, "b", 100))
+                await limiter.acquire_key(KeyAsk(limits, "a", estimate_cost(100)))
+            await limiter.acquire_key(KeyAsk(slotted, "b", estimate_cost(100)))
             settlements = [
-                KeySettlement(key, "", -40.0),
-                KeySettlement(other, "", 5.0),
-                KeySettlement(key, "", 12.0),
-                KeySettlement(slotted, "a", -10.0),
-                KeySettlement(key, "", -3.0),
-                KeySettlement(slotted, "b", -10.0),
+                KeySettlement(key, "", {"tokens": -40.0}),
+                KeySettlement(other, "", {"tokens": 5.0}),
+                KeySettlement(key, "", {"tokens": 12.0}),
+                KeySettlement(slotted, "a", {"tokens": -10.0}),
+                KeySettlement(key, "", {"tokens": -3.0}),
+                KeySettlement(slotted, "b", {"tokens": -10.0}),
             ]
             with ScriptMonitor(redis_url) as monitor:
                 settling = [asyncio.ensure_future(limiter.settle(s)) for s in settlements]

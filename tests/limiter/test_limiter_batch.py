@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from proxy.limiter.base import StorageError
-from proxy.limiter.batch import Batcher, Call, Deliver
+from proxy.limiter.batch import Batcher, Deliver, ScriptCall
 
 
 class Recorder:
@@ -19,7 +19,7 @@ class Recorder:
         self.batches: list[list[str]] = []
         self.fail = fail
 
-    async def __call__(self, calls: list[Call]) -> list[Any]:
+    async def __call__(self, calls: list[ScriptCall]) -> list[Any]:
         self.batches.append([name for name, _, _ in calls])
         if self.fail is not None:
             raise self.fail
@@ -79,7 +79,7 @@ async def test_a_sender_that_can_send_at_once_answers_without_the_runner() -> No
     run = Recorder()
     sent: list[list[str]] = []
 
-    def send_now(calls: list[Call], deliver: Deliver) -> bool:
+    def send_now(calls: list[ScriptCall], deliver: Deliver) -> bool:
         sent.append([name for name, _, _ in calls])
         asyncio.get_running_loop().call_soon(deliver, [f"{name}!" for name, _, _ in calls])
         return True
@@ -100,7 +100,7 @@ async def test_a_sender_that_cannot_send_now_leaves_the_batch_to_the_runner() ->
 
 
 async def test_a_failure_handed_over_by_the_sender_fails_every_call() -> None:
-    def send_now(calls: list[Call], deliver: Deliver) -> bool:
+    def send_now(calls: list[ScriptCall], deliver: Deliver) -> bool:
         deliver(ConnectionError("lost"))
         return True
 
@@ -110,9 +110,9 @@ async def test_a_failure_handed_over_by_the_sender_fails_every_call() -> None:
         assert isinstance(outcome, StorageError)
 
 
-def merge_bs(calls: list[Call]) -> tuple[list[Call], list[int]] | None:
+def merge_bs(calls: list[ScriptCall]) -> tuple[list[ScriptCall], list[int]] | None:
     """Every "b" of a batch as one "B" in place of the first."""
-    out: list[Call] = []
+    out: list[ScriptCall] = []
     owners: list[int] = []
     first_b = -1
     for name, keys, args in calls:
@@ -145,7 +145,7 @@ async def test_merged_calls_each_get_their_merged_calls_result() -> None:
 
 
 async def test_merged_calls_through_a_sender_that_sends_at_once() -> None:
-    def send_now(calls: list[Call], deliver: Deliver) -> bool:
+    def send_now(calls: list[ScriptCall], deliver: Deliver) -> bool:
         asyncio.get_running_loop().call_soon(deliver, [f"{name}!" for name, _, _ in calls])
         return True
 
@@ -157,7 +157,7 @@ async def test_merged_calls_through_a_sender_that_sends_at_once() -> None:
 async def test_a_batch_without_two_calls_that_are_not_urgent_is_not_offered_to_merge() -> None:
     offered: list[list[str]] = []
 
-    def merge(calls: list[Call]) -> tuple[list[Call], list[int]] | None:
+    def merge(calls: list[ScriptCall]) -> tuple[list[ScriptCall], list[int]] | None:
         offered.append([name for name, _, _ in calls])
         return merge_bs(calls)
 

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from proxy.limiter.base import Rate, Usage
 from proxy.limiter.bucket import (
     FULL,
+    Admission,
     Bucket,
     BucketState,
     Decision,
-    Outcome,
     adjust,
     lower,
     take,
@@ -42,7 +42,7 @@ def test_state_is_gcra_tat() -> None:
     state, _ = take(FULL, RPM, 1, now=100.0, max_wait=0)
     assert state.tat(RPM) == 101.0
     state, decision = take(state, RPM, 1, now=100.0, max_wait=5)
-    assert decision == Decision(Outcome.ALLOWED, wait=1.0, binding=0)
+    assert decision == Decision(Admission.ALLOWED, wait=1.0, binding=0)
     assert state.tat(RPM) == 102.0
 
 
@@ -50,7 +50,7 @@ def test_multi_bucket_waits_for_the_slowest_and_charges_both() -> None:
     rpm = BucketState(0.0, 0.0)
     tpm = BucketState(100.0, 0.0)  # empty: 50 tokens take 5 s
     states, decision = take_all([Bucket(rpm, RPM, 1), Bucket(tpm, TPM, 50)], 0.0, max_wait=10)
-    assert decision == Decision(Outcome.ALLOWED, wait=5.0, binding=1)
+    assert decision == Decision(Admission.ALLOWED, wait=5.0, binding=1)
     # rpm is charged as of the turn (t=5), not now: its next turn is t=6, not t=1.
     assert states[0].tat(RPM) == 6.0
     assert states[1].tat(TPM) == 15.0
@@ -61,18 +61,18 @@ def test_multi_bucket_is_all_or_nothing() -> None:
     tpm = BucketState(100.0, 0.0)
     buckets = [Bucket(rpm, RPM, 1), Bucket(tpm, TPM, 50)]
     states, decision = take_all(buckets, 0.0, max_wait=1)
-    assert decision == Decision(Outcome.REFUSED, retry_after=4.0, binding=1)
+    assert decision == Decision(Admission.REFUSED, retry_after=4.0, binding=1)
     assert states == [rpm, tpm]
 
 
 def test_multi_bucket_too_large_in_any_bucket() -> None:
     states, decision = take_all([Bucket(FULL, RPM, 1), Bucket(FULL, TPM, 101)], 0.0, 100)
-    assert decision.outcome is Outcome.TOO_LARGE and decision.binding == 1
+    assert decision.admission is Admission.TOO_LARGE and decision.binding == 1
     assert states == [FULL, FULL]
 
 
 def test_no_buckets_means_unlimited() -> None:
-    assert take_all([], 0.0, 0.0) == ([], Decision(Outcome.ALLOWED))
+    assert take_all([], 0.0, 0.0) == ([], Decision(Admission.ALLOWED))
 
 
 def test_adjust_refunds_down_to_full_and_charges_past_capacity() -> None:
@@ -124,7 +124,7 @@ def test_select_picks_the_shortest_wait() -> None:
 def test_select_refuses_when_none_fits_and_charges_nothing() -> None:
     choice = select(cands(9.0, 5.0), 0.0, 2.0)
     assert choice.index == -1 and choice.states == []
-    assert choice.decision == Decision(Outcome.REFUSED, retry_after=3.0, binding=0)
+    assert choice.decision == Decision(Admission.REFUSED, retry_after=3.0, binding=0)
 
 
 def test_select_skips_candidates_too_small() -> None:
@@ -133,7 +133,7 @@ def test_select_skips_candidates_too_small() -> None:
     choice = select([small, big], 0.0, 0.0)
     assert choice.index == 1 and choice.waits == [math.inf, 0.0]
     none_fits = select([small, small], 0.0, 0.0)
-    assert none_fits.decision.outcome is Outcome.TOO_LARGE and none_fits.index == -1
+    assert none_fits.decision.admission is Admission.TOO_LARGE and none_fits.index == -1
 
 
 def test_select_needs_candidates() -> None:
@@ -205,12 +205,12 @@ def test_retrying_after_retry_after_succeeds(
         now += dt
         state, _ = take(state, rate, c, now, mw)
     _, decision = take(state, rate, cost, now, max_wait)
-    if decision.outcome is Outcome.REFUSED:
+    if decision.admission is Admission.REFUSED:
         later = now + decision.retry_after + 1e-9
         _, retried = take(state, rate, cost, later, max_wait)
         assert retried.allowed
         assert retried.wait == pytest.approx(max_wait, abs=1e-6)
-    elif decision.outcome is Outcome.TOO_LARGE:
+    elif decision.admission is Admission.TOO_LARGE:
         assert cost > rate.capacity
 
 
@@ -259,7 +259,7 @@ def test_a_paced_bucket_lets_a_request_go_alone_once_drained() -> None:
 
 def test_a_paced_bucket_refuses_only_beyond_its_ceiling() -> None:
     assert take(FULL, PACED, 600, 0.0, 0.0)[1].allowed
-    assert take(FULL, PACED, 601, 0.0, 0.0)[1].outcome is Outcome.TOO_LARGE
+    assert take(FULL, PACED, 601, 0.0, 0.0)[1].admission is Admission.TOO_LARGE
     assert PACED.largest == 600 and Rate(10, 60, 5).largest == 5
 
 

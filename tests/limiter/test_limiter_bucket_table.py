@@ -17,6 +17,7 @@ from typing import Protocol
 import pytest
 from support.limits import patient
 
+from proxy.costs import estimate_cost
 from proxy.limiter import bucket
 from proxy.limiter.base import (
     CooldownRule,
@@ -171,9 +172,9 @@ class PureDriver:
 
     async def take(self, at: float, cost: float, max_wait: float) -> Result:
         self.state, decision = bucket.take(self.state, self.rate, cost, at, max_wait)
-        if decision.outcome is bucket.Outcome.ALLOWED:
+        if decision.admission is bucket.Admission.ALLOWED:
             return ("go", decision.wait)
-        if decision.outcome is bucket.Outcome.REFUSED:
+        if decision.admission is bucket.Admission.REFUSED:
             return ("refused", decision.retry_after)
         return ("too_large", 0.0)
 
@@ -191,13 +192,15 @@ class LimiterDriver:
 
     async def take(self, at: float, cost: float, max_wait: float) -> Result:
         self.now = at
-        verdict = await self.limiter.reserve(GroupAsk("g", [self.deployment], cost, max_wait))
+        verdict = await self.limiter.reserve(
+            GroupAsk("g", [self.deployment], estimate_cost(cost), max_wait)
+        )
         return _result(verdict)
 
     async def adjust(self, at: float, units: float) -> None:
         self.now = at
         await self.limiter.settle(
-            DeploymentSettlement("g", self.deployment, RULE, requests=0.0, tokens=units)
+            DeploymentSettlement("g", self.deployment, RULE, cost={"tokens": units})
         )
 
 

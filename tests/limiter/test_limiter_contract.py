@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import pytest
-from support.limits import Clock, patient, rpm, tpm, window
+from support.limits import URL_FIXTURES, Subject, rpm, subject_of, tpm, window
 
+from proxy.costs import estimate_cost
 from proxy.limiter.base import (
     CooldownRule,
     DeploymentLimits,
@@ -22,38 +22,17 @@ from proxy.limiter.base import (
     KeyAsk,
     KeyLimits,
     KeySettlement,
-    Limiter,
 )
 from proxy.limiter.fairness import Claimant
-from proxy.limiter.memory import MemoryLimiter
 from proxy.limiter.verdicts import LEASE_TTL, PARALLEL_RETRY_AFTER
 
 RULE = CooldownRule(allowed_fails=3, window=60.0, time=30.0)  # a settlement's rule
 
 
-@dataclass
-class Subject:
-    limiter: Limiter
-    clock: Clock
-
-
-URL_FIXTURES = {
-    "redis": "redis_url",
-    "redis-cluster": "redis_cluster_url",
-    "redis-tls-acl": "tls_redis_url",
-}
-
-
 @pytest.fixture(params=["memory", *URL_FIXTURES])
 async def subject(request: pytest.FixtureRequest) -> AsyncIterator[Subject]:
-    clock = Clock(1_700_000_000.0)
-    limiter: Limiter
-    if request.param == "memory":
-        limiter = MemoryLimiter(clock)
-    else:
-        limiter = patient(request.getfixturevalue(URL_FIXTURES[request.param]), clock=clock)
-    yield Subject(limiter, clock)
-    await limiter.aclose()
+    async for subject in subject_of(request):
+        yield subject
 
 
 # -- client keys -----------------------------------------------------------------------
@@ -62,7 +41,7 @@ async def subject(request: pytest.FixtureRequest) -> AsyncIterator[Subject]:
 async def test_200_concurrent_requests_on_a_key_of_50_pass_exactly_50(s: Subject) -> None:
     key = KeyLimits("team-a", windows=(rpm(50),))
     verdicts = await asyncio.gather(
-        *(s.limiter.acquire_key(KeyAsk(key, f"req-{i}", 10)) for i in range(200))
+        *(s.limiter.acquire_key(KeyAsk(key, f"req-{i}", estimate_cost(10))) for i in range(200))
     )
     allowed = [v for v in verdicts if v.allowed]
     refused = [v for v in verdicts if not v.allowed]
@@ -83,19 +62,19 @@ async def test_key_rpm_and_tpm_are_all_or_nothing(s: Subject) -> None:
             tpm(100),
         ),
     )  # 0.6 s per token
-    first = await s.limiter.acquire_key(KeyAsk(key, "a", 60))
+    first = await s.limiter.acquire_key(KeyAsk(key, "a", estimate_cost(60)))
     assert (
         first.allowed
         and first.tightest("tokens") is not None
         and first.tightest("tokens").remaining == 40
     )
-    second = await s.limiter.acquire_key(KeyAsk(key, "b", 60))
+    second = await s.limiter.acquire_key(KeyAsk(key, "b", estimate_cost(60)))
     assert not second.allowed and second.code == "key_tpm"
     assert second.retry_after == pytest.approx(12.0)  # 20 tokens short at 0.6 s each
     # The refused request charged no request either.
     assert second.tightest("requests") is not None and second.tightest("requests").remaining == 9
     s.clock.now += 12.0
-    assert (await s.limiter.acquire_key(KeyAsk(key, "b", 60))).allowed
+    assert (await s.limiter.acquire_key(KeyAsk(key, "b", estimate_cost(60)))).allowed
 
 
 async def test_key_request_larger_than_the_bucket_is_not_retryable(s: Subject) -> None:
@@ -106,7 +85,7 @@ async def test_key_request_larger_than_the_bucket_is_not_retryable(s: Subject) -
             tpm(100),
         ),
     )
-    verdict = await s.limiter.acquire_key(KeyAsk(key, "a", 101))
+    verdict = await s.limiter.acquire_key(KeyAsk(key, "a", estimate_cost(101)))
     assert not verdict.allowed and verdict.code == "request_too_large"
     assert verdict.retry_after == 0
     assert verdict.tightest("tokens") is not None and verdict.tightest("tokens").remaining == 100
@@ -121,7 +100,7 @@ async def test_key_usage_reports_limit_remaining_and_reset(s: Subject) -> None:
             tpm(6000),
         ),
     )
-    verdict = await s.limiter.acquire_key(KeyAsk(key, "a", 600))
+    verdict = await s.limiter.acquire_key(KeyAsk(key, "a", estimate_cost(600)))
     assert verdict.tightest("requests") is not None and verdict.tightest("tokens") is not None
     assert (verdict.tightest("requests").limit, verdict.tightest("requests").remaining) == (60, 59)
     assert verdict.tightest("requests").reset == pytest.approx(1.0)
@@ -131,17 +110,17 @@ async def test_key_usage_reports_limit_remaining_and_reset(s: Subject) -> None:
 
 async def test_release_corrects_the_token_estimate(s: Subject) -> None:
     key = KeyLimits("k", windows=(tpm(100),))
-    assert (await s.limiter.acquire_key(KeyAsk(key, "a", 60))).allowed
-    await s.limiter.settle(KeySettlement(key, "a", -50))  # used 10 of the 60 estimated
-    verdict = await s.limiter.acquire_key(KeyAsk(key, "b", 0))
+    assert (await s.limiter.acquire_key(KeyAsk(key, "a", estimate_cost(60)))).allowed
+    await s.limiter.settle(KeySettlement(key, "a", {"tokens": -50}))  # used 10 of the 60 estimated
+    verdict = await s.limiter.acquire_key(KeyAsk(key, "b", estimate_cost(0)))
     assert verdict.tightest("tokens") is not None and verdict.tightest("tokens").remaining == 90
-    await s.limiter.settle(KeySettlement(key, "b", 30))  # used 30 more than estimated
-    verdict = await s.limiter.acquire_key(KeyAsk(key, "c", 0))
+    await s.limiter.settle(KeySettlement(key, "b", {"tokens": 30}))  # used 30 more than estimated
+    verdict = await s.limiter.acquire_key(KeyAsk(key, "c", estimate_cost(0)))
     assert verdict.tightest("tokens") is not None and verdict.tightest("tokens").remaining == 60
 
 
 async def test_unlimited_key_always_passes(s: Subject) -> None:
-    verdict = await s.limiter.acquire_key(KeyAsk(KeyLimits("free"), "a", 1e9))
+    verdict = await s.limiter.acquire_key(KeyAsk(KeyLimits("free"), "a", estimate_cost(1e9)))
     assert (
         verdict.allowed
         and verdict.tightest("requests") is None
@@ -155,7 +134,7 @@ async def test_unlimited_key_always_passes(s: Subject) -> None:
 async def test_parallel_slots_never_exceed_max_parallel(s: Subject) -> None:
     key = KeyLimits("k", windows=(rpm(1000),), max_parallel=5)
     verdicts = await asyncio.gather(
-        *(s.limiter.acquire_key(KeyAsk(key, f"l{i}", 1)) for i in range(20))
+        *(s.limiter.acquire_key(KeyAsk(key, f"l{i}", estimate_cost(1))) for i in range(20))
     )
     held = [f"l{i}" for i, v in enumerate(verdicts) if v.allowed]
     assert len(held) == 5
@@ -163,7 +142,9 @@ async def test_parallel_slots_never_exceed_max_parallel(s: Subject) -> None:
     assert {v.code for v in refused} == {"key_parallel"}
     assert {v.retry_after for v in refused} == {PARALLEL_RETRY_AFTER}
     # Refused requests charged nothing: only the 5 passes count against rpm.
-    probe = await s.limiter.acquire_key(KeyAsk(key, held[0], 1))  # re-acquiring a held slot
+    probe = await s.limiter.acquire_key(
+        KeyAsk(key, held[0], estimate_cost(1))
+    )  # re-acquiring a held slot
     assert (
         probe.allowed
         and probe.tightest("requests") is not None
@@ -171,20 +152,20 @@ async def test_parallel_slots_never_exceed_max_parallel(s: Subject) -> None:
     )
 
     for lease in held[:2]:
-        await s.limiter.settle(KeySettlement(key, lease, 0))
+        await s.limiter.settle(KeySettlement(key, lease, {}))
     again = await asyncio.gather(
-        *(s.limiter.acquire_key(KeyAsk(key, f"m{i}", 1)) for i in range(5))
+        *(s.limiter.acquire_key(KeyAsk(key, f"m{i}", estimate_cost(1))) for i in range(5))
     )
     assert sum(v.allowed for v in again) == 2
 
 
 async def test_parallel_slots_of_crashed_requests_expire(s: Subject) -> None:
     key = KeyLimits("k", max_parallel=2)
-    assert (await s.limiter.acquire_key(KeyAsk(key, "a", 0))).allowed
-    assert (await s.limiter.acquire_key(KeyAsk(key, "b", 0))).allowed
-    assert not (await s.limiter.acquire_key(KeyAsk(key, "c", 0))).allowed
+    assert (await s.limiter.acquire_key(KeyAsk(key, "a", estimate_cost(0)))).allowed
+    assert (await s.limiter.acquire_key(KeyAsk(key, "b", estimate_cost(0)))).allowed
+    assert not (await s.limiter.acquire_key(KeyAsk(key, "c", estimate_cost(0)))).allowed
     s.clock.now += LEASE_TTL + 1  # "a" and "b" were never released
-    assert (await s.limiter.acquire_key(KeyAsk(key, "c", 0))).allowed
+    assert (await s.limiter.acquire_key(KeyAsk(key, "c", estimate_cost(0)))).allowed
 
 
 # -- deployments -----------------------------------------------------------------------
@@ -206,27 +187,32 @@ B = DeploymentLimits(
 
 
 async def test_deployment_first_in_order_among_those_that_can_go_now(s: Subject) -> None:
-    verdict = await s.limiter.reserve(GroupAsk("g", [B, A], 10, max_wait=30))
+    verdict = await s.limiter.reserve(GroupAsk("g", [B, A], estimate_cost(10), max_wait=30))
     assert (verdict.deployment_id, verdict.wait) == ("b", 0.0)
     assert verdict.waits == {"b": 0.0, "a": 0.0}
     # b now waits 1 s for its next turn; a can go now and wins whatever the order.
-    verdict = await s.limiter.reserve(GroupAsk("g", [B, A], 10, max_wait=30))
+    verdict = await s.limiter.reserve(GroupAsk("g", [B, A], estimate_cost(10), max_wait=30))
     assert (verdict.deployment_id, verdict.wait) == ("a", 0.0)
     assert verdict.waits == {"b": pytest.approx(1.0), "a": 0.0}
 
 
 async def test_deployment_soonest_turn_is_reserved(s: Subject) -> None:
     for _ in range(3):
-        await s.limiter.reserve(GroupAsk("g", [A], 10, max_wait=30))  # a: turns 0, 1, 2
-    await s.limiter.reserve(GroupAsk("g", [B], 10, max_wait=30))  # b: turn 0
-    verdict = await s.limiter.reserve(GroupAsk("g", [A, B], 10, max_wait=30))
+        await s.limiter.reserve(
+            GroupAsk("g", [A], estimate_cost(10), max_wait=30)
+        )  # a: turns 0, 1, 2
+    await s.limiter.reserve(GroupAsk("g", [B], estimate_cost(10), max_wait=30))  # b: turn 0
+    verdict = await s.limiter.reserve(GroupAsk("g", [A, B], estimate_cost(10), max_wait=30))
     assert verdict.deployment_id == "b" and verdict.wait == pytest.approx(1.0)
     assert verdict.waits == {"a": pytest.approx(3.0), "b": pytest.approx(1.0)}
 
 
 async def test_100_concurrent_reservations_get_distinct_turns(s: Subject) -> None:
     verdicts = await asyncio.gather(
-        *(s.limiter.reserve(GroupAsk("g", [A], 1, max_wait=1000)) for _ in range(100))
+        *(
+            s.limiter.reserve(GroupAsk("g", [A], estimate_cost(1), max_wait=1000))
+            for _ in range(100)
+        )
     )
     waits = sorted(v.wait for v in verdicts)
     assert waits == pytest.approx([float(i) for i in range(100)])
@@ -234,63 +220,63 @@ async def test_100_concurrent_reservations_get_distinct_turns(s: Subject) -> Non
 
 async def test_deployment_rpm_and_tpm_are_reserved_together(s: Subject) -> None:
     # tpm allows 1000 at once, then 100 a second: 1500 tokens wait 5 s for tpm.
-    first = await s.limiter.reserve(GroupAsk("g", [A], 1000, max_wait=30))
+    first = await s.limiter.reserve(GroupAsk("g", [A], estimate_cost(1000), max_wait=30))
     assert first.wait == 0.0
-    second = await s.limiter.reserve(GroupAsk("g", [A], 500, max_wait=30))
+    second = await s.limiter.reserve(GroupAsk("g", [A], estimate_cost(500), max_wait=30))
     assert second.deployment_id == "a" and second.wait == pytest.approx(5.0)
     # rpm was charged as of that turn (t=5), so the next request waits past it.
-    third = await s.limiter.reserve(GroupAsk("g", [A], 0, max_wait=30))
+    third = await s.limiter.reserve(GroupAsk("g", [A], estimate_cost(0), max_wait=30))
     assert third.wait == pytest.approx(6.0)
 
 
 async def test_deployment_none_fits_charges_nothing(s: Subject) -> None:
-    await s.limiter.reserve(GroupAsk("g", [A], 1000, max_wait=0))
-    refused = await s.limiter.reserve(GroupAsk("g", [A], 800, max_wait=2))
+    await s.limiter.reserve(GroupAsk("g", [A], estimate_cost(1000), max_wait=0))
+    refused = await s.limiter.reserve(GroupAsk("g", [A], estimate_cost(800), max_wait=2))
     assert refused.deployment_id is None and refused.code == "model_capacity"
     assert refused.retry_after == pytest.approx(6.0)  # 8 s until a turn, minus max_wait
     s.clock.now += 6.0
-    retried = await s.limiter.reserve(GroupAsk("g", [A], 800, max_wait=2))
+    retried = await s.limiter.reserve(GroupAsk("g", [A], estimate_cost(800), max_wait=2))
     assert retried.deployment_id == "a" and retried.wait == pytest.approx(2.0)
 
 
 async def test_deployment_retry_after_is_the_soonest_candidate(s: Subject) -> None:
-    await s.limiter.reserve(GroupAsk("g", [A], 1000, max_wait=0))  # a: 10 s for 1000
-    await s.limiter.reserve(GroupAsk("g", [B], 600, max_wait=0))  # b: 6 s for 1000
-    refused = await s.limiter.reserve(GroupAsk("g", [A, B], 1000, max_wait=1))
+    await s.limiter.reserve(GroupAsk("g", [A], estimate_cost(1000), max_wait=0))  # a: 10 s for 1000
+    await s.limiter.reserve(GroupAsk("g", [B], estimate_cost(600), max_wait=0))  # b: 6 s for 1000
+    refused = await s.limiter.reserve(GroupAsk("g", [A, B], estimate_cost(1000), max_wait=1))
     assert refused.code == "model_capacity" and refused.retry_after == pytest.approx(5.0)
     assert refused.waits == {"a": pytest.approx(10.0), "b": pytest.approx(6.0)}
 
 
 async def test_deployment_request_too_large_for_every_candidate(s: Subject) -> None:
-    verdict = await s.limiter.reserve(GroupAsk("g", [A, B], 1001, max_wait=30))
+    verdict = await s.limiter.reserve(GroupAsk("g", [A, B], estimate_cost(1001), max_wait=30))
     assert verdict.deployment_id is None and verdict.code == "request_too_large"
     big = DeploymentLimits("big", windows=(tpm(60000),))
-    verdict = await s.limiter.reserve(GroupAsk("g", [A, big], 1001, max_wait=30))
+    verdict = await s.limiter.reserve(GroupAsk("g", [A, big], estimate_cost(1001), max_wait=30))
     assert verdict.deployment_id == "big"
 
 
 async def test_unused_turn_is_given_back(s: Subject) -> None:
-    await s.limiter.reserve(GroupAsk("g", [A], 1, max_wait=30))  # turn 0
-    mine = await s.limiter.reserve(GroupAsk("g", [A], 1, max_wait=30))  # turn 1
+    await s.limiter.reserve(GroupAsk("g", [A], estimate_cost(1), max_wait=30))  # turn 0
+    mine = await s.limiter.reserve(GroupAsk("g", [A], estimate_cost(1), max_wait=30))  # turn 1
     assert mine.wait == pytest.approx(1.0)
     await s.limiter.settle(
-        DeploymentSettlement("g", A, RULE, requests=-1, tokens=-1)
+        DeploymentSettlement("g", A, RULE, cost={"requests": -1, "tokens": -1})
     )  # client left
-    again = await s.limiter.reserve(GroupAsk("g", [A], 1, max_wait=30))
+    again = await s.limiter.reserve(GroupAsk("g", [A], estimate_cost(1), max_wait=30))
     assert again.wait == pytest.approx(1.0)
 
 
 async def test_unlimited_deployment_goes_now(s: Subject) -> None:
     free = DeploymentLimits("free")
-    verdict = await s.limiter.reserve(GroupAsk("g", [free, A], 1e9, max_wait=0))
+    verdict = await s.limiter.reserve(GroupAsk("g", [free, A], estimate_cost(1e9), max_wait=0))
     assert (verdict.deployment_id, verdict.wait) == ("free", 0.0)
     assert verdict.waits == {"free": 0.0, "a": float("inf")}
     assert verdict.sent is not None and verdict.sent.sequence == 1  # counted all the same
 
 
 async def test_groups_do_not_share_budgets(s: Subject) -> None:
-    await s.limiter.reserve(GroupAsk("g1", [A], 1, max_wait=0))
-    verdict = await s.limiter.reserve(GroupAsk("g2", [A], 1, max_wait=0))
+    await s.limiter.reserve(GroupAsk("g1", [A], estimate_cost(1), max_wait=0))
+    verdict = await s.limiter.reserve(GroupAsk("g2", [A], estimate_cost(1), max_wait=0))
     assert verdict.deployment_id == "a" and verdict.wait == 0.0
 
 
@@ -308,7 +294,9 @@ MONTH = 30 * DAY
 async def test_a_day_window_caps_a_key_across_minutes(s: Subject) -> None:
     key = KeyLimits("k", (rpm(10), window("requests", 25, DAY)))
     for minute in range(3):
-        verdicts = [await s.limiter.acquire_key(KeyAsk(key, "x", 0)) for _ in range(11)]
+        verdicts = [
+            await s.limiter.acquire_key(KeyAsk(key, "x", estimate_cost(0))) for _ in range(11)
+        ]
         passed = sum(v.allowed for v in verdicts)
         if minute < 2:  # the minute's window refuses the 11th
             assert passed == 10 and verdicts[-1].code == "key_rpm"
@@ -324,23 +312,26 @@ async def test_a_30_day_token_budget_refuses_and_refunds(s: Subject) -> None:
     budget = window("tokens", 5000, MONTH)
     key = KeyLimits("k", (tpm(1000), budget))
     for _ in range(5):
-        assert (await s.limiter.acquire_key(KeyAsk(key, "x", 1000))).allowed
+        assert (await s.limiter.acquire_key(KeyAsk(key, "x", estimate_cost(1000)))).allowed
         s.clock.now += 60.0
-    refused = await s.limiter.acquire_key(KeyAsk(key, "x", 1000))
+    refused = await s.limiter.acquire_key(KeyAsk(key, "x", estimate_cost(1000)))
     assert not refused.allowed and refused.code == "key_tokens_30d"
     assert refused.retry_after > 5 * DAY  # 1000 tokens take 6 days to come back
     assert refused.tightest("tokens") is not None
     assert refused.tightest("tokens").remaining < 2  # type: ignore[union-attr]
     # The last request used 400 of its 1000: the refund reaches every token window.
-    await s.limiter.settle(KeySettlement(key, "x", -600))
-    assert (await s.limiter.acquire_key(KeyAsk(key, "y", 500))).allowed
+    await s.limiter.settle(KeySettlement(key, "x", {"tokens": -600}))
+    assert (await s.limiter.acquire_key(KeyAsk(key, "y", estimate_cost(500)))).allowed
 
 
 async def test_a_day_window_caps_a_deployment(s: Subject) -> None:
     daily = DeploymentLimits("d", (rpm(60, 1), window("requests", 3, DAY)))
-    waits = [(await s.limiter.reserve(GroupAsk("g", [daily], 0, 30))).wait for _ in range(3)]
+    waits = [
+        (await s.limiter.reserve(GroupAsk("g", [daily], estimate_cost(0), 30))).wait
+        for _ in range(3)
+    ]
     assert waits == pytest.approx([0.0, 1.0, 2.0])  # paced by the minute's window
-    refused = await s.limiter.reserve(GroupAsk("g", [daily], 0, 30))
+    refused = await s.limiter.reserve(GroupAsk("g", [daily], estimate_cost(0), 30))
     assert refused.deployment_id is None and refused.code == "model_capacity"
     assert refused.retry_after > 3600  # the day's window binds
     state = (await s.limiter.snapshot("g", [daily]))["d"]
@@ -358,9 +349,9 @@ def _fair(key: str, tier: int = 0, weight: float = 1.0, lease: str = "") -> Grou
     return GroupAsk(
         "g",
         [TEN_A_SECOND],
-        1,
+        estimate_cost(1),
         max_wait=30,
-        lease=lease or key,
+        slot=lease or key,
         claimant=Claimant(key, tier, weight),
         lookahead=LOOKAHEAD,
     )
@@ -423,9 +414,9 @@ async def test_a_turn_that_can_go_now_is_never_deferred(s: Subject) -> None:
 async def test_a_reload_keeps_the_state_of_a_window_it_did_not_change(s: Subject) -> None:
     before = KeyLimits("team", windows=(rpm(10), tpm(1000)))
     for i in range(10):
-        assert (await s.limiter.acquire_key(KeyAsk(before, f"r{i}", 1))).allowed
+        assert (await s.limiter.acquire_key(KeyAsk(before, f"r{i}", estimate_cost(1)))).allowed
     after = KeyLimits("team", windows=(rpm(10), tpm(5000)))  # only tpm changed
-    verdict = await s.limiter.acquire_key(KeyAsk(after, "r10", 1))
+    verdict = await s.limiter.acquire_key(KeyAsk(after, "r10", estimate_cost(1)))
     assert not verdict.allowed and verdict.code == "key_rpm"
 
 
@@ -434,10 +425,10 @@ async def test_a_reload_that_lowers_a_limit_counts_what_was_spent_against_it(
 ) -> None:
     before = KeyLimits("team", windows=(rpm(10),))
     for i in range(5):
-        await s.limiter.acquire_key(KeyAsk(before, f"r{i}", 1))
+        await s.limiter.acquire_key(KeyAsk(before, f"r{i}", estimate_cost(1)))
     after = KeyLimits("team", windows=(rpm(6),))
-    assert (await s.limiter.acquire_key(KeyAsk(after, "r5", 1))).allowed
-    refused = await s.limiter.acquire_key(KeyAsk(after, "r6", 1))
+    assert (await s.limiter.acquire_key(KeyAsk(after, "r5", estimate_cost(1)))).allowed
+    refused = await s.limiter.acquire_key(KeyAsk(after, "r6", estimate_cost(1)))
     assert not refused.allowed and refused.code == "key_rpm"
     assert refused.window is not None and refused.window.rate.limit == 6
 
@@ -445,10 +436,12 @@ async def test_a_reload_that_lowers_a_limit_counts_what_was_spent_against_it(
 async def test_a_reload_that_raises_a_limit_lets_the_difference_through(s: Subject) -> None:
     before = KeyLimits("team", windows=(rpm(5),))
     for i in range(5):
-        await s.limiter.acquire_key(KeyAsk(before, f"r{i}", 1))
-    assert not (await s.limiter.acquire_key(KeyAsk(before, "r5", 1))).allowed
+        await s.limiter.acquire_key(KeyAsk(before, f"r{i}", estimate_cost(1)))
+    assert not (await s.limiter.acquire_key(KeyAsk(before, "r5", estimate_cost(1)))).allowed
     after = KeyLimits("team", windows=(rpm(8),))
-    verdicts = [await s.limiter.acquire_key(KeyAsk(after, f"n{i}", 1)) for i in range(4)]
+    verdicts = [
+        await s.limiter.acquire_key(KeyAsk(after, f"n{i}", estimate_cost(1))) for i in range(4)
+    ]
     assert [v.allowed for v in verdicts] == [True, True, True, False]
 
 
@@ -456,9 +449,11 @@ async def test_a_reload_keeps_a_deployments_turns_and_paces_at_its_new_rate(
     s: Subject,
 ) -> None:
     paced = DeploymentLimits("a", windows=(rpm(60, 1),))  # one turn a second
-    assert (await s.limiter.reserve(GroupAsk("g", [paced], 1, max_wait=30))).wait == 0.0
-    same = await s.limiter.reserve(GroupAsk("g", [paced], 1, max_wait=30))
+    assert (
+        await s.limiter.reserve(GroupAsk("g", [paced], estimate_cost(1), max_wait=30))
+    ).wait == 0.0
+    same = await s.limiter.reserve(GroupAsk("g", [paced], estimate_cost(1), max_wait=30))
     assert same.wait == pytest.approx(1.0)  # unchanged: the turn taken still counts
     faster = DeploymentLimits("a", windows=(rpm(120, 1),))  # a turn every 0.5 s
-    verdict = await s.limiter.reserve(GroupAsk("g", [faster], 1, max_wait=30))
+    verdict = await s.limiter.reserve(GroupAsk("g", [faster], estimate_cost(1), max_wait=30))
     assert verdict.wait == pytest.approx(1.0)  # two units of debt at 0.5 s each

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from support.limits import Clock, patient
 
+from proxy.costs import estimate_cost
 from proxy.limiter.base import (
     CooldownRule,
     DeploymentLimits,
@@ -32,6 +33,7 @@ from proxy.limiter.base import (
     KeySettlement,
     Kind,
     Outcome,
+    Private,
     Rate,
     Remaining,
     Sent,
@@ -282,20 +284,20 @@ async def run_both(
             if isinstance(op, Advance):
                 clock.now += op.seconds
             elif isinstance(op, Acquire):
-                ask = KeyAsk(key, f"lease{op.lease}", op.tokens)
+                ask = KeyAsk(key, f"lease{op.lease}", estimate_cost(op.tokens))
                 assert await shared.acquire_key(ask) == memory.acquire_key_now(ask), (step, op)
             elif isinstance(op, Release):
-                settlement = KeySettlement(key, f"lease{op.lease}", op.correction)
+                settlement = KeySettlement(key, f"lease{op.lease}", {"tokens": op.correction})
                 await shared.settle(settlement)
                 memory.settle_now(settlement)
             elif isinstance(op, KeyQuery):
                 assert await shared.key_snapshot(key) == memory.key_snapshot_now(key), (step, op)
             elif isinstance(op, Reserve | FairReserve):
                 chosen = [candidates[i] for i in op.order if i < len(candidates)]
-                group_ask = GroupAsk("g", chosen, op.tokens, op.max_wait)
+                group_ask = GroupAsk("g", chosen, estimate_cost(op.tokens), op.max_wait)
                 if isinstance(op, FairReserve):
                     group_ask = replace(
-                        group_ask, lease=f"r{step}", claimant=op.claimant, lookahead=op.lookahead
+                        group_ask, slot=f"r{step}", claimant=op.claimant, lookahead=op.lookahead
                     )
                 got = await shared.reserve(group_ask)
                 want = memory.reserve_now(group_ask)
@@ -332,14 +334,24 @@ async def run_health_op(
         target = candidates[op.deployment % len(candidates)]
         if isinstance(op, Correct):
             settlement = DeploymentSettlement(
-                "g", target, rule, requests=op.requests, tokens=op.tokens, hold=op.hold
+                "g",
+                target,
+                rule,
+                cost={"requests": op.requests, "tokens": op.tokens},
+                private=Private(hold=op.hold),
             )
         elif isinstance(op, Sync):
             settlement = DeploymentSettlement("g", target, rule, remaining=op.remaining)
         else:
             sent = turns.get(target.id) if op.with_turn else None
             settlement = DeploymentSettlement(
-                "g", target, rule, op.outcome, _lease(op.lease), op.requests, op.tokens, sent=sent
+                "g",
+                target,
+                rule,
+                op.outcome,
+                _lease(op.lease),
+                {"requests": op.requests, "tokens": op.tokens},
+                sent=sent,
             )
         got_change = await shared.settle(settlement)
         want_change = memory.settle_now(settlement)
@@ -349,7 +361,9 @@ async def run_health_op(
         assert got_change == want_change, (step, op)
     elif isinstance(op, Book):
         chosen = [candidates[i] for i in op.order if i < len(candidates)] or candidates[:1]
-        ask = GroupAsk("g", chosen, op.tokens, op.max_wait, _lease(op.lease), op.least_busy)
+        ask = GroupAsk(
+            "g", chosen, estimate_cost(op.tokens), op.max_wait, _lease(op.lease), op.least_busy
+        )
         got = await shared.reserve(ask)
         want = memory.reserve_now(ask)
         event(f"reserve: {_kind(want)}")  # --hypothesis-show-statistics shows coverage

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support.limits import Clock, rpm
 
+from proxy.costs import estimate_cost
 from proxy.limiter.base import DeploymentLimits, GroupAsk
 from proxy.limiter.fairness import MIN_RETRY, Claimant, Waiter, defer, depth
 from proxy.limiter.memory import MemoryLimiter
@@ -123,7 +124,9 @@ def simulate(
         if at >= NOW + seconds:
             break
         clock.now = at
-        ask = GroupAsk("g", [TEN_A_SECOND], 1, 60.0, f"r{n}", False, claimant, lookahead)
+        ask = GroupAsk(
+            "g", [TEN_A_SECOND], estimate_cost(1), 60.0, f"r{n}", False, claimant, lookahead
+        )
         verdict = limiter.reserve_now(ask)
         if verdict.deferred:
             heapq.heappush(events, (at + verdict.retry_after, n, claimant, sent))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import pytest
 from support.limits import patient, rpm, tpm
 
+from proxy.costs import estimate_cost
 from proxy.limiter.base import (
     CooldownRule,
     DeploymentLimits,
@@ -395,9 +396,9 @@ class Driver:
                 GroupAsk(
                     "g",
                     candidates,
-                    step.tokens,
+                    estimate_cost(step.tokens),
                     step.max_wait,
-                    lease=step.lease,
+                    slot=step.lease,
                     least_busy=step.least_busy,
                 )
             )
@@ -407,11 +408,10 @@ class Driver:
                 DeploymentSettlement(
                     "g",
                     DEPLOYMENTS[step.id],
-                    lease=step.lease,
+                    slot=step.lease,
                     outcome=step.outcome,
                     rule=RULE,
-                    requests=step.requests,
-                    tokens=step.tokens,
+                    cost={"requests": step.requests, "tokens": step.tokens},
                     sent=step.sent,
                 )
             )

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from support.limits import patient, window
 from support.redis_server import RedisServer
 
+from proxy.costs import estimate_cost
 from proxy.limiter import scripts
 from proxy.limiter.allowance import HOLD, lease_hold, lease_refund
 from proxy.limiter.base import (
@@ -97,9 +98,9 @@ async def test_far_from_its_limits_a_key_costs_a_round_trip_per_lease(redis_url:
     lim = await warm(redis_url)
     before = calls(redis_url)
     for i in range(40):
-        verdict = await lim.acquire_key(KeyAsk(BIG, f"r{i}", 100.0))
+        verdict = await lim.acquire_key(KeyAsk(BIG, f"r{i}", estimate_cost(100.0)))
         assert verdict.allowed
-        await lim.settle(KeySettlement(BIG, f"r{i}", tokens=-50.0))
+        await lim.settle(KeySettlement(BIG, f"r{i}", cost={"tokens": -50.0}))
     # Leases of 8, 16, 32 requests: three round trips (and two give-backs riding along).
     assert calls(redis_url) - before <= 6
     await lim.aclose()
@@ -108,7 +109,7 @@ async def test_far_from_its_limits_a_key_costs_a_round_trip_per_lease(redis_url:
 async def test_a_replica_alone_leaves_the_key_as_if_it_asked_per_request(redis_url: str) -> None:
     lim = patient(redis_url)
     for i in range(50):
-        assert (await lim.acquire_key(KeyAsk(DAILY, f"r{i}", 0.0))).allowed
+        assert (await lim.acquire_key(KeyAsk(DAILY, f"r{i}", estimate_cost(0)))).allowed
     await lim.aclose()  # gives its lease back
     reader = patient(redis_url, leases=False)
     state = await reader.key_snapshot(DAILY)
@@ -121,7 +122,10 @@ async def test_replicas_leasing_from_one_key_pass_exactly_its_limit(redis_url: s
 
     async def ask(lim: RedisLimiter, n: int) -> int:
         verdicts = await asyncio.gather(
-            *(lim.acquire_key(KeyAsk(DAILY, f"{id(lim)}-{n}-{i}", 0.0)) for i in range(10))
+            *(
+                lim.acquire_key(KeyAsk(DAILY, f"{id(lim)}-{n}-{i}", estimate_cost(0)))
+                for i in range(10)
+            )
         )
         return sum(v.allowed for v in verdicts)
 
@@ -135,7 +139,7 @@ async def test_replicas_leasing_from_one_key_pass_exactly_its_limit(redis_url: s
     # refill they reserved), the rest is there to take.
     await asyncio.sleep(HOLD)
     last = patient(redis_url, leases=False)
-    while (await last.acquire_key(KeyAsk(DAILY, f"last-{allowed}", 0.0))).allowed:
+    while (await last.acquire_key(KeyAsk(DAILY, f"last-{allowed}", estimate_cost(0)))).allowed:
         allowed += 1
     await last.aclose()
     assert allowed == 2000
@@ -145,13 +149,13 @@ async def test_a_healthy_deployment_gives_turns_from_its_lease_until_it_fails(
     redis_url: str,
 ) -> None:
     lim = await warm(redis_url)
-    ask = GroupAsk("g", [DEP], 10.0, max_wait=0.0, lease="r")
+    ask = GroupAsk("g", [DEP], estimate_cost(10.0), max_wait=0.0, slot="r")
     before = calls(redis_url)
     turns = [await lim.reserve(ask) for _ in range(8)]
     assert all(t.deployment_id == "openai-a" and t.wait == 0.0 for t in turns)
     assert calls(redis_url) - before == 1
     sent = turns[-1].sent
-    assert sent is not None and sent.lease
+    assert sent is not None and sent.private.lease
     # A failure closes the lease: the shared health hears of it and cools the deployment.
     failure = Outcome("failure", "server_error")
     await lim.settle(DeploymentSettlement("g", DEP, RULE, failure, "r", sent=sent))
@@ -162,10 +166,12 @@ async def test_a_healthy_deployment_gives_turns_from_its_lease_until_it_fails(
 
 async def test_a_turn_given_back_returns_to_the_lease(redis_url: str) -> None:
     lim = patient(redis_url)
-    ask = GroupAsk("g", [DEP], 0.0, max_wait=0.0, lease="r")
+    ask = GroupAsk("g", [DEP], estimate_cost(0), max_wait=0.0, slot="r")
     first = await lim.reserve(ask)
     before = calls(redis_url)
-    unused = DeploymentSettlement("g", DEP, RULE, lease="r", requests=-1.0, sent=first.sent)
+    unused = DeploymentSettlement(
+        "g", DEP, RULE, slot="r", cost={"requests": -1.0}, sent=first.sent
+    )
     await lim.settle(unused)
     assert calls(redis_url) == before
     await lim.aclose()
@@ -174,7 +180,7 @@ async def test_a_turn_given_back_returns_to_the_lease(redis_url: str) -> None:
 async def test_a_429_on_a_leased_turn_teaches_as_a_reserved_one_would(redis_url: str) -> None:
     free = DeploymentLimits("free", windows=(window("requests", 1e6, 60.0, 1e5),))
     lim = patient(redis_url)
-    ask = GroupAsk("g", [free], 0.0, max_wait=5.0, lease="r")
+    ask = GroupAsk("g", [free], estimate_cost(0), max_wait=5.0, slot="r")
     turns = [await lim.reserve(ask) for _ in range(8)]
     assert [t.sent.sequence for t in turns if t.sent] == list(range(1, 9))
     limited = Outcome("failure", "rate_limited", cool_for=1.0, rate_limited=True)
@@ -183,7 +189,7 @@ async def test_a_429_on_a_leased_turn_teaches_as_a_reserved_one_would(redis_url:
     assert state.learned > 0.0 and state.hold_for > 0.0
     # Learned: its turns go one by one again, paced, through the shared state.
     verdict = await lim.reserve(ask)
-    assert verdict.wait > 0.0 and verdict.sent is not None and not verdict.sent.lease
+    assert verdict.wait > 0.0 and verdict.sent is not None and not verdict.sent.private.lease
     await lim.aclose()
 
 
@@ -191,8 +197,8 @@ async def test_a_deployment_without_limits_is_never_leased(redis_url: str) -> No
     """Only its 429s tell its rate: every replica must hear of the first at once."""
     free = DeploymentLimits("free", probe_timeout=10.0)
     lim = patient(redis_url)
-    verdict = await lim.reserve(GroupAsk("g", [free], 0.0, max_wait=5.0, lease="r"))
-    assert verdict.sent is not None and not verdict.sent.lease
+    verdict = await lim.reserve(GroupAsk("g", [free], estimate_cost(0), max_wait=5.0, slot="r"))
+    assert verdict.sent is not None and not verdict.sent.private.lease
     await lim.aclose()
 
 
@@ -252,9 +258,11 @@ def test_lua_leases_match_the_pure_core(
 
 async def test_a_key_check_its_lease_covers_is_answered_at_once(redis_url: str) -> None:
     lim = patient(redis_url)
-    assert lim.acquire_key_now(KeyAsk(BIG, "r0", 10.0)) is None  # no lease yet: ask
-    assert (await lim.acquire_key(KeyAsk(BIG, "r0", 10.0))).allowed  # which takes one
-    verdict = lim.acquire_key_now(KeyAsk(BIG, "r1", 10.0))
+    assert lim.acquire_key_now(KeyAsk(BIG, "r0", estimate_cost(10.0))) is None  # no lease yet: ask
+    assert (
+        await lim.acquire_key(KeyAsk(BIG, "r0", estimate_cost(10.0)))
+    ).allowed  # which takes one
+    verdict = lim.acquire_key_now(KeyAsk(BIG, "r1", estimate_cost(10.0)))
     assert verdict is not None and verdict.allowed
     await lim.aclose()
 
@@ -264,11 +272,13 @@ async def test_leases_answer_at_once_only_while_the_storage_is_trusted(
 ) -> None:
     shared = RedisLimiter(disposable_redis.url, op_timeout=0.5, connect_timeout=0.5)
     resilient = ResilientLimiter(shared, on_error="local", replica_id="r", failure_threshold=1)
-    assert (await resilient.acquire_key(KeyAsk(BIG, "r0", 10.0))).allowed
-    assert resilient.acquire_key_now(KeyAsk(BIG, "r1", 10.0)) is not None
+    assert (await resilient.acquire_key(KeyAsk(BIG, "r0", estimate_cost(10.0)))).allowed
+    assert resilient.acquire_key_now(KeyAsk(BIG, "r1", estimate_cost(10.0))) is not None
     disposable_redis.kill()
     # A call that needs the storage fails: the breaker opens, and the lease it still
     # holds answers no more (its verdicts would tell the breaker nothing).
-    await resilient.reserve(GroupAsk("g", [DeploymentLimits("free")], 0.0, max_wait=0.0))
-    assert resilient.acquire_key_now(KeyAsk(BIG, "r2", 10.0)) is None
+    await resilient.reserve(
+        GroupAsk("g", [DeploymentLimits("free")], estimate_cost(0), max_wait=0.0)
+    )
+    assert resilient.acquire_key_now(KeyAsk(BIG, "r2", estimate_cost(10.0))) is None
     await resilient.aclose()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from support.limits import Clock, rpm
 
+from proxy.costs import estimate_cost
 from proxy.limiter.base import (
     CooldownRule,
     DeploymentLimits,
@@ -28,19 +29,19 @@ async def test_refilled_buckets_and_expired_leases_are_forgotten() -> None:
     limiter = MemoryLimiter(clock)
     keys = [KeyLimits(f"k{i}", windows=(rpm(60, 60),), max_parallel=2) for i in range(100)]
     for key in keys:
-        assert (await limiter.acquire_key(KeyAsk(key, "never-released", 1))).allowed
+        assert (await limiter.acquire_key(KeyAsk(key, "never-released", estimate_cost(1)))).allowed
     dep = DeploymentLimits("d", windows=(rpm(60, 1),))
-    await limiter.reserve(GroupAsk("g", [dep], 1, max_wait=0))
+    await limiter.reserve(GroupAsk("g", [dep], estimate_cost(1), max_wait=0))
     assert limiter.bucket_count() == 101
     assert limiter.leases_held("k0") == 1
 
     clock.now += SWEEP_EVERY  # everything has refilled; the next call sweeps
-    await limiter.reserve(GroupAsk("g", [dep], 1, max_wait=0))
+    await limiter.reserve(GroupAsk("g", [dep], estimate_cost(1), max_wait=0))
     assert limiter.bucket_count() == 1  # only the bucket just charged
     assert limiter.leases_held("k0") == 1  # leases live for LEASE_TTL
 
     clock.now += LEASE_TTL + SWEEP_EVERY
-    await limiter.settle(DeploymentSettlement("g", dep, RULE, requests=0, tokens=0))
+    await limiter.settle(DeploymentSettlement("g", dep, RULE, cost={}))
     assert limiter.bucket_count() == 0
     assert limiter.leases_held("k0") == 0
 
@@ -51,9 +52,9 @@ async def test_a_bucket_in_debt_is_kept() -> None:
     slow = DeploymentLimits(
         "slow", windows=(Window("rpm", "requests", Rate(1, 3600, 1)),)
     )  # one an hour
-    await limiter.reserve(GroupAsk("g", [slow], 0, max_wait=0))
+    await limiter.reserve(GroupAsk("g", [slow], estimate_cost(0), max_wait=0))
     clock.now += SWEEP_EVERY
-    verdict = await limiter.reserve(GroupAsk("g", [slow], 0, max_wait=0))
+    verdict = await limiter.reserve(GroupAsk("g", [slow], estimate_cost(0), max_wait=0))
     assert verdict.deployment_id is None  # the debt survived the sweep
     assert verdict.retry_after == pytest.approx(3600 - SWEEP_EVERY)
 
@@ -64,11 +65,11 @@ async def test_health_and_in_flight_leases_are_forgotten_when_they_no_longer_mat
     rule = CooldownRule(allowed_fails=3, window=60.0, time=30.0)
     dep = DeploymentLimits("d", probe_timeout=10.0)
     await limiter.reserve(
-        GroupAsk("g", [dep], 0, max_wait=0, lease="never-settled", least_busy=True)
+        GroupAsk("g", [dep], estimate_cost(0), max_wait=0, slot="never-settled", least_busy=True)
     )
     await limiter.settle(
         DeploymentSettlement(
-            "g", dep, lease="", outcome=Outcome("failure", "auth", cool_for=5.0), rule=rule
+            "g", dep, slot="", outcome=Outcome("failure", "auth", cool_for=5.0), rule=rule
         )
     )
     assert limiter.in_flight("g", "d") == 1

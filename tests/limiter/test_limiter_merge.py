@@ -17,9 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.limits import Clock, patient, rpm, window
 
+from proxy.costs import estimate_cost
 from proxy.limiter import bucket
 from proxy.limiter.base import KeyAsk, KeyLimits, KeySettlement, Rate
-from proxy.limiter.batch import Call
+from proxy.limiter.batch import ScriptCall
 from proxy.limiter.bucket import BucketState
 from proxy.limiter.redis import merge_key_settlements
 
@@ -105,7 +106,7 @@ def test_refunds_first_is_the_most_conservative_order(
 # -- the merge of a batch ----------------------------------------------------------------
 
 
-def settle(name: str, *units: float, lease: str = "", now: str = "") -> Call:
+def settle(name: str, *units: float, lease: str = "", now: str = "") -> ScriptCall:
     keys = [f"{{p:k:{name}}}:leases"] + [f"{{p:k:{name}}}:tpm"] * len(units)
     args = [now, lease]
     for u in units:
@@ -113,7 +114,7 @@ def settle(name: str, *units: float, lease: str = "", now: str = "") -> Call:
     return "settle_key", keys, args
 
 
-def acquire(name: str) -> Call:
+def acquire(name: str) -> ScriptCall:
     return "acquire_key", [f"{{p:k:{name}}}:leases", f"{{p:k:{name}}}:tpm"], ["", "", "l", "1"]
 
 
@@ -165,17 +166,18 @@ async def settle_merged_and_one_by_one(
     alone = patient(url, clock=clock, prefix=prefixes[1])
     try:
         for lim in (together, alone):
-            assert (await lim.acquire_key(KeyAsk(limits, "x", spent))).allowed
+            assert (await lim.acquire_key(KeyAsk(limits, "x", estimate_cost(spent)))).allowed
         clock.now += elapsed
         settling = [
-            asyncio.ensure_future(together.settle(KeySettlement(limits, "", t))) for t in tokens
+            asyncio.ensure_future(together.settle(KeySettlement(limits, "", {"tokens": t})))
+            for t in tokens
         ]
         for _ in range(3):
             await asyncio.sleep(0)  # every settlement waits in the batch
         await together.key_snapshot(limits)  # urgent: takes them along
         done = sum(1 for _ in await asyncio.gather(*settling))
         for t in refunds_first(tokens):
-            await alone.settle(KeySettlement(limits, "", t))
+            await alone.settle(KeySettlement(limits, "", {"tokens": t}))
     finally:
         await together.aclose()
         await alone.aclose()

@@ -11,6 +11,7 @@ import pytest
 from support.limits import Clock, rpm, tpm, unusable
 from support.redis_server import RedisServer
 
+from proxy.costs import NOTHING, estimate_cost
 from proxy.limiter.base import (
     CooldownRule,
     DeploymentLimits,
@@ -107,8 +108,8 @@ def test_share_keeps_room_for_one_request_the_whole_budget_accepts() -> None:
 
 def test_share_key_divides_parallel_slots_keeping_one() -> None:
     key = KeyLimits("k", max_parallel=5)
-    assert share_key(key, 2, 0).max_parallel == 2
-    assert share_key(key, 10, 0).max_parallel == 1
+    assert share_key(key, 2, NOTHING).max_parallel == 2
+    assert share_key(key, 10, NOTHING).max_parallel == 1
 
 
 # -- against a Redis that dies ---------------------------------------------------------
@@ -165,23 +166,23 @@ async def test_local_fallback_uses_this_replicas_share_then_recovers(
     assert a.live_replicas == 2
     modes: list[LimiterMode] = []
     a.on_mode_change(modes.append)
-    assert (await a.acquire_key(KeyAsk(KEY, "r0", 0))).allowed
+    assert (await a.acquire_key(KeyAsk(KEY, "r0", estimate_cost(0)))).allowed
     assert a.mode is LimiterMode.SHARED and not a.fallback_active
 
     disposable_redis.kill()
-    verdicts = [await a.acquire_key(KeyAsk(KEY, f"r{i}", 0)) for i in range(1, 11)]
+    verdicts = [await a.acquire_key(KeyAsk(KEY, f"r{i}", estimate_cost(0))) for i in range(1, 11)]
     # Every call is answered, from the local half: 10 RPM / 2 replicas = 5 at once.
     assert sum(v.allowed for v in verdicts) == 5
     assert {v.code for v in verdicts if not v.allowed} == {"key_rpm"}
     assert a.fallback_active and a.ready and not a.storage_available
     assert a.circuit is CircuitState.OPEN
     assert modes == [LimiterMode.FALLBACK]
-    deployment = await a.reserve(GroupAsk("g", [DEP], 0, max_wait=0))
+    deployment = await a.reserve(GroupAsk("g", [DEP], estimate_cost(0), max_wait=0))
     assert deployment.deployment_id == "d"  # local share of the deployment too
 
     disposable_redis.start()  # empty: the shared budget is whole again
     clock.now += 1.0  # reset_after: the next call probes
-    verdicts = [await a.acquire_key(KeyAsk(KEY, f"s{i}", 0)) for i in range(10)]
+    verdicts = [await a.acquire_key(KeyAsk(KEY, f"s{i}", estimate_cost(0))) for i in range(10)]
     assert all(v.allowed for v in verdicts)  # shared budget, not the local 5
     assert a.mode is LimiterMode.SHARED and a.storage_available
     assert modes == [LimiterMode.FALLBACK, LimiterMode.SHARED]
@@ -193,21 +194,21 @@ async def test_reject_raises_limiter_unavailable(
     clock: Clock,
 ) -> None:
     a = make("reject", "a")
-    assert (await a.acquire_key(KeyAsk(KEY, "r0", 0))).allowed
+    assert (await a.acquire_key(KeyAsk(KEY, "r0", estimate_cost(0)))).allowed
     disposable_redis.kill()
     for _ in range(4):  # erroring calls and then the open circuit: all rejected
         with pytest.raises(LimiterUnavailable):
-            await a.acquire_key(KeyAsk(KEY, "r1", 0))
+            await a.acquire_key(KeyAsk(KEY, "r1", estimate_cost(0)))
     with pytest.raises(LimiterUnavailable):
-        await a.reserve(GroupAsk("g", [DEP], 0, max_wait=0))
+        await a.reserve(GroupAsk("g", [DEP], estimate_cost(0), max_wait=0))
     assert a.mode is LimiterMode.UNAVAILABLE and not a.ready and not a.fallback_active
     # Settlements never raise: leases expire, corrections are best effort.
-    await a.settle(KeySettlement(KEY, "r0", -5))
-    await a.settle(DeploymentSettlement("g", DEP, RULE, requests=-1, tokens=0))
+    await a.settle(KeySettlement(KEY, "r0", {"tokens": -5}))
+    await a.settle(DeploymentSettlement("g", DEP, RULE, cost={"requests": -1}))
 
     disposable_redis.start()
     clock.now += 1.0
-    assert (await a.acquire_key(KeyAsk(KEY, "r2", 0))).allowed
+    assert (await a.acquire_key(KeyAsk(KEY, "r2", estimate_cost(0)))).allowed
     assert a.mode.value == "shared" and a.ready
 
 
@@ -223,10 +224,10 @@ async def test_a_key_settlement_without_a_task_lands_as_an_awaited_one(
         KeyLimits("awaited", TOKENS_KEY.windows),
     )
     for key in (sooner, awaited):
-        assert (await a.acquire_key(KeyAsk(key, "r", 600))).allowed  # estimated 600
+        assert (await a.acquire_key(KeyAsk(key, "r", estimate_cost(600)))).allowed  # estimated 600
     # Used 100 of them: 500 back, one way without a task (it lingers for the next batch).
-    assert a.settle_soon(KeySettlement(sooner, "r", -500))
-    await a.settle(KeySettlement(awaited, "r", -500))
+    assert a.settle_soon(KeySettlement(sooner, "r", {"tokens": -500}))
+    await a.settle(KeySettlement(awaited, "r", {"tokens": -500}))
     soon_state, awaited_state = await a.key_snapshot(sooner), await a.key_snapshot(awaited)
     assert soon_state == awaited_state
     assert list(soon_state.remaining.values()) == [900]
@@ -239,10 +240,12 @@ async def test_a_key_settlement_without_a_task_that_fails_counts_and_falls_back(
     a = make("local", "a")
     failed: list[str] = []
     a.on_storage_error(failed.append)
-    assert (await a.acquire_key(KeyAsk(TOKENS_KEY, "r", 600))).allowed
+    assert (await a.acquire_key(KeyAsk(TOKENS_KEY, "r", estimate_cost(600)))).allowed
     disposable_redis.kill()
-    assert a.settle_soon(KeySettlement(TOKENS_KEY, "r", -500))  # handed over: no raise
-    await a.acquire_key(KeyAsk(KEY, "next", 0))  # its batch carries the settlement: fails
+    assert a.settle_soon(KeySettlement(TOKENS_KEY, "r", {"tokens": -500}))  # handed over: no raise
+    await a.acquire_key(
+        KeyAsk(KEY, "next", estimate_cost(0))
+    )  # its batch carries the settlement: fails
     assert failed[:2] == ["settle", "acquire_key"]
 
 
@@ -252,10 +255,10 @@ async def test_no_key_settlement_goes_without_a_task_while_an_outage_is_carried_
     a = make("local", "a")
     disposable_redis.kill()
     for _ in range(3):  # open the circuit: reservations are local now
-        await a.reserve(GroupAsk("g", [DEP], 0, max_wait=0))
+        await a.reserve(GroupAsk("g", [DEP], estimate_cost(0), max_wait=0))
     disposable_redis.start()
     # The local turns must reach the shared windows first: that needs the awaited path.
-    assert not a.settle_soon(KeySettlement(TOKENS_KEY, "r", -1))
+    assert not a.settle_soon(KeySettlement(TOKENS_KEY, "r", {"tokens": -1}))
 
 
 async def test_leases_taken_locally_are_released_locally(
@@ -267,14 +270,14 @@ async def test_leases_taken_locally_are_released_locally(
     key = KeyLimits("p", max_parallel=1)
     disposable_redis.kill()
     for _ in range(3):  # open the circuit
-        await a.acquire_key(KeyAsk(KeyLimits("other"), "x", 0))
-    assert (await a.acquire_key(KeyAsk(key, "held", 0))).allowed
-    assert not (await a.acquire_key(KeyAsk(key, "second", 0))).allowed
+        await a.acquire_key(KeyAsk(KeyLimits("other"), "x", estimate_cost(0)))
+    assert (await a.acquire_key(KeyAsk(key, "held", estimate_cost(0)))).allowed
+    assert not (await a.acquire_key(KeyAsk(key, "second", estimate_cost(0)))).allowed
     disposable_redis.start()
     clock.now += 1.0
     await a.heartbeat()  # the heartbeat probes and closes the circuit
     assert a.mode is LimiterMode.SHARED
-    await a.settle(KeySettlement(key, "held", 0))
+    await a.settle(KeySettlement(key, "held", {}))
     assert a.local.leases_held("p") == 0
 
 
@@ -308,7 +311,7 @@ async def test_mode_listener_errors_do_not_break_the_limiter(
     a.on_mode_change(broken)
     disposable_redis.kill()
     for i in range(4):
-        assert (await a.acquire_key(KeyAsk(KEY, f"r{i}", 0))).allowed
+        assert (await a.acquire_key(KeyAsk(KEY, f"r{i}", estimate_cost(0)))).allowed
     assert a.fallback_active
 
 
@@ -323,15 +326,19 @@ async def test_health_and_in_flight_are_shared_by_replicas(
     make: Callable[[OnError, str], ResilientLimiter],
 ) -> None:
     a, b = make("local", "a"), make("local", "b")
-    first = await a.reserve(GroupAsk("g", [DEP, OTHER], 0, 0, lease="r1", least_busy=True))
+    first = await a.reserve(
+        GroupAsk("g", [DEP, OTHER], estimate_cost(0), 0, slot="r1", least_busy=True)
+    )
     assert first.deployment_id == "d"
     # b sees a's request in flight on d...
-    second = await b.reserve(GroupAsk("g", [DEP, OTHER], 0, 0, lease="r2", least_busy=True))
+    second = await b.reserve(
+        GroupAsk("g", [DEP, OTHER], estimate_cost(0), 0, slot="r2", least_busy=True)
+    )
     assert second.deployment_id == "e"
     # ...and the cooldown a's settlement started.
-    change = await a.settle(DeploymentSettlement("g", DEP, lease="r1", outcome=AUTH, rule=RULE))
+    change = await a.settle(DeploymentSettlement("g", DEP, slot="r1", outcome=AUTH, rule=RULE))
     assert change == HealthChange(cooled=True, cool_for=5.0)
-    verdict = await b.reserve(GroupAsk("g", [DEP], 0, max_wait=0))
+    verdict = await b.reserve(GroupAsk("g", [DEP], estimate_cost(0), max_wait=0))
     assert verdict.deployment_id is None and verdict.cooling and verdict.retry_after == 5.0
     assert await unusable(b, "g", [DEP, OTHER]) == {"d": 5.0, "e": 0.0}
     await b.settle(
@@ -339,7 +346,9 @@ async def test_health_and_in_flight_are_shared_by_replicas(
             "g", OTHER, RULE, remaining=Remaining(requests=0, requests_wait=30, tokens=None)
         )
     )
-    assert (await a.reserve(GroupAsk("g", [OTHER], 0, max_wait=0))).deployment_id is None
+    assert (
+        await a.reserve(GroupAsk("g", [OTHER], estimate_cost(0), max_wait=0))
+    ).deployment_id is None
 
 
 async def test_local_fallback_keeps_health_and_in_flight_locally(
@@ -352,22 +361,26 @@ async def test_local_fallback_keeps_health_and_in_flight_locally(
     for _ in range(3):  # failing calls: answered locally, and they open the circuit
         assert await unusable(a, "g", [DEP]) == {"d": 0.0}
     assert a.fallback_active
-    verdict = await a.reserve(GroupAsk("g", [DEP, OTHER], 0, 0, lease="r1", least_busy=True))
+    verdict = await a.reserve(
+        GroupAsk("g", [DEP, OTHER], estimate_cost(0), 0, slot="r1", least_busy=True)
+    )
     assert verdict.deployment_id == "d" and a.local.in_flight("g", "d") == 1
-    change = await a.settle(DeploymentSettlement("g", DEP, lease="r1", outcome=AUTH, rule=RULE))
+    change = await a.settle(DeploymentSettlement("g", DEP, slot="r1", outcome=AUTH, rule=RULE))
     assert change == HealthChange(cooled=True, cool_for=5.0)
     assert a.local.in_flight("g", "d") == 0
     assert await unusable(a, "g", [DEP, OTHER]) == {"d": 5.0, "e": 0.0}
-    refused = await a.reserve(GroupAsk("g", [DEP], 0, max_wait=1))
+    refused = await a.reserve(GroupAsk("g", [DEP], estimate_cost(0), max_wait=1))
     assert refused.deployment_id is None and refused.cooling and refused.retry_after == 5.0
     await a.settle(
         DeploymentSettlement(
             "g", OTHER, RULE, remaining=Remaining(requests=0, requests_wait=30, tokens=0)
         )
     )
-    assert (await a.reserve(GroupAsk("g", [OTHER], 0, max_wait=0))).retry_after == 30.0
+    assert (
+        await a.reserve(GroupAsk("g", [OTHER], estimate_cost(0), max_wait=0))
+    ).retry_after == 30.0
     clock.now += 5.0
-    probe = await a.reserve(GroupAsk("g", [DEP], 0, max_wait=0, lease="p"))
+    probe = await a.reserve(GroupAsk("g", [DEP], estimate_cost(0), max_wait=0, slot="p"))
     assert probe.deployment_id == "d" and probe.probe
 
 
@@ -379,14 +392,14 @@ async def test_a_request_reserved_locally_is_settled_locally(
     a = make("local", "a")
     disposable_redis.kill()
     for _ in range(3):
-        await a.reserve(GroupAsk("g", [OTHER], 0, max_wait=0))
-    reserved = await a.reserve(GroupAsk("g", [DEP], 0, 0, lease="r", least_busy=True))
+        await a.reserve(GroupAsk("g", [OTHER], estimate_cost(0), max_wait=0))
+    reserved = await a.reserve(GroupAsk("g", [DEP], estimate_cost(0), 0, slot="r", least_busy=True))
     assert reserved.deployment_id == "d"
     disposable_redis.start()
     clock.now += 1.0
     await a.heartbeat()  # closes the circuit
     assert a.mode is LimiterMode.SHARED
-    change = await a.settle(DeploymentSettlement("g", DEP, lease="r", outcome=AUTH, rule=RULE))
+    change = await a.settle(DeploymentSettlement("g", DEP, slot="r", outcome=AUTH, rule=RULE))
     assert change.cooled and a.local.in_flight("g", "d") == 0
     # The cooldown was decided locally: the shared health never heard of it.
     assert await unusable(a, "g", [DEP]) == {"d": 0.0}
@@ -399,10 +412,12 @@ async def test_reject_refuses_reservations_and_settles_nothing(
     disposable_redis.kill()
     for _ in range(4):  # erroring calls and then the open circuit
         with pytest.raises(LimiterUnavailable):
-            await a.reserve(GroupAsk("g", [DEP], 0, max_wait=0, lease="r", least_busy=True))
+            await a.reserve(
+                GroupAsk("g", [DEP], estimate_cost(0), max_wait=0, slot="r", least_busy=True)
+            )
     # Never raise: give up with neutral answers.
     change = await a.settle(
-        DeploymentSettlement("g", DEP, lease="r", outcome=AUTH, rule=RULE, tokens=-5)
+        DeploymentSettlement("g", DEP, slot="r", outcome=AUTH, rule=RULE, cost={"tokens": -5})
     )
     assert change == HealthChange()
     await a.settle(
@@ -418,11 +433,11 @@ async def test_new_operations_failing_in_the_storage_are_answered_locally(
     make: Callable[[OnError, str], ResilientLimiter], disposable_redis: RedisServer
 ) -> None:
     a = make("local", "a")
-    reserved = await a.reserve(GroupAsk("g", [DEP], 0, 0, lease="r", least_busy=True))
+    reserved = await a.reserve(GroupAsk("g", [DEP], estimate_cost(0), 0, slot="r", least_busy=True))
     assert reserved.deployment_id == "d"
     disposable_redis.kill()
     # The circuit is still closed: each call tries Redis, fails, and falls back.
-    change = await a.settle(DeploymentSettlement("g", DEP, lease="r", outcome=AUTH, rule=RULE))
+    change = await a.settle(DeploymentSettlement("g", DEP, slot="r", outcome=AUTH, rule=RULE))
     assert change.cooled
     await a.settle(
         DeploymentSettlement(
@@ -456,7 +471,7 @@ async def test_create_limiter_with_redis(redis_url: str) -> None:
     limiter = create_limiter(redis_url, "reject", "r1", timeout=0.5)
     assert isinstance(limiter, ResilientLimiter)
     await limiter.start()
-    assert (await limiter.acquire_key(KeyAsk(KEY, "a", 0))).allowed
+    assert (await limiter.acquire_key(KeyAsk(KEY, "a", estimate_cost(0)))).allowed
     assert limiter.mode is LimiterMode.SHARED
     await limiter.aclose()
 
@@ -473,11 +488,11 @@ async def test_storage_errors_are_reported_by_operation(
     a = make("local", "a")
     failed: list[str] = []
     a.on_storage_error(failed.append)
-    assert (await a.acquire_key(KeyAsk(KEY, "r0", 0))).allowed
+    assert (await a.acquire_key(KeyAsk(KEY, "r0", estimate_cost(0)))).allowed
     assert failed == []
     disposable_redis.kill()
-    await a.acquire_key(KeyAsk(KEY, "r1", 0))
-    await a.reserve(GroupAsk("g", [DEP], 0, max_wait=0))
+    await a.acquire_key(KeyAsk(KEY, "r1", estimate_cost(0)))
+    await a.reserve(GroupAsk("g", [DEP], estimate_cost(0), max_wait=0))
     # Each call that reached the storage and failed is named; an open circuit asks none.
     assert failed[:2] == ["acquire_key", "reserve"]
 
@@ -495,13 +510,15 @@ async def test_a_local_share_starts_after_the_turns_redis_handed_out(
     """Turns already granted in Redis still go out during the outage: the local share
     hands out none before the last of them (plus the margin for other replicas')."""
     a = make("local", "a")
-    shared = [await a.reserve(GroupAsk("g", [PACED], 0, max_wait=10)) for _ in range(5)]
+    shared = [
+        await a.reserve(GroupAsk("g", [PACED], estimate_cost(0), max_wait=10)) for _ in range(5)
+    ]
     assert [v.wait for v in shared] == [0.0, 1.0, 2.0, 3.0, 4.0]
     disposable_redis.kill()
-    first_local = await a.reserve(GroupAsk("g", [PACED], 0, max_wait=10))
+    first_local = await a.reserve(GroupAsk("g", [PACED], estimate_cost(0), max_wait=10))
     assert first_local.wait == pytest.approx(4.0 + OUTAGE_MARGIN)
-    assert first_local.sent is not None and first_local.sent.fallback
-    second = await a.reserve(GroupAsk("g", [PACED], 0, max_wait=10))
+    assert first_local.sent is not None and first_local.sent.private.fallback
+    second = await a.reserve(GroupAsk("g", [PACED], estimate_cost(0), max_wait=10))
     assert second.wait == pytest.approx(5.0 + OUTAGE_MARGIN)  # then at the share's pace
 
 
@@ -515,13 +532,15 @@ async def test_back_from_an_outage_redis_hands_out_no_turn_before_the_local_ones
     another replica may still hand out local turns, and the margin)."""
     a = make("local", "a")
     disposable_redis.kill()
-    local = [await a.reserve(GroupAsk("g", [PACED], 0, max_wait=10)) for _ in range(4)]
+    local = [
+        await a.reserve(GroupAsk("g", [PACED], estimate_cost(0), max_wait=10)) for _ in range(4)
+    ]
     assert [v.wait for v in local] == [0.0, 1.0, 2.0, 3.0]
     disposable_redis.start()
     clock.now += 1.0  # reset_after: the next call probes
-    back = await a.reserve(GroupAsk("g", [PACED], 0, max_wait=10))
+    back = await a.reserve(GroupAsk("g", [PACED], estimate_cost(0), max_wait=10))
     assert a.mode is LimiterMode.SHARED
-    assert back.sent is not None and not back.sent.fallback
+    assert back.sent is not None and not back.sent.private.fallback
     # The last local turn is 2 s from now; then reset_after (1 s) and the margin.
     assert back.wait == pytest.approx(2.0 + 1.0 + OUTAGE_MARGIN)
 
@@ -534,7 +553,9 @@ async def test_a_429_on_a_turn_the_other_side_granted_only_holds(
     """Its epoch and sequence count Redis's turns: the local health must not learn a
     rate from them (it would pace from a count it never kept)."""
     a = make("local", "a")
-    turns = [await a.reserve(GroupAsk("g", [PACED], 0, max_wait=10)) for _ in range(5)]
+    turns = [
+        await a.reserve(GroupAsk("g", [PACED], estimate_cost(0), max_wait=10)) for _ in range(5)
+    ]
     disposable_redis.kill()
     rate_limited = Outcome("failure", "rate_limited", cool_for=2.0, rate_limited=True)
     change = await a.settle(
@@ -572,11 +593,11 @@ async def test_a_reservation_whose_reply_is_lost_is_asked_again_not_answered_loc
     shared = _LostReplies(disposable_redis.url, op_timeout=1.0, clock=clock)
     a = ResilientLimiter(shared, on_error="local", replica_id="a", clock=clock)
     try:
-        ask = GroupAsk("g", [PACED], 0, max_wait=10)
+        ask = GroupAsk("g", [PACED], estimate_cost(0), max_wait=10)
         assert (await a.reserve(ask)).wait == 0.0
         shared.lose = 1
         again = await a.reserve(ask)
-        assert again.sent is not None and not again.sent.fallback
+        assert again.sent is not None and not again.sent.private.fallback
         assert again.wait == 2.0  # turn 1 was taken by the lost call: wasted, not doubled
         assert (await a.reserve(ask)).wait == 3.0  # no hold carried over: paced on
         assert a.mode is LimiterMode.SHARED
@@ -585,9 +606,9 @@ async def test_a_reservation_whose_reply_is_lost_is_asked_again_not_answered_loc
         assert a.mode is LimiterMode.SHARED
         # Three calls of one batch lost together: one failure, and each asked again.
         shared.lose, shared.batch = 3, StorageError("redis limiter: TimeoutError: batch")
-        patient = GroupAsk("g", [PACED], 0, max_wait=30)
+        patient = GroupAsk("g", [PACED], estimate_cost(0), max_wait=30)
         verdicts = await asyncio.gather(*(a.reserve(patient) for _ in range(3)))
         assert a.mode is LimiterMode.SHARED
-        assert all(v.sent is not None and not v.sent.fallback for v in verdicts)
+        assert all(v.sent is not None and not v.sent.private.fallback for v in verdicts)
     finally:
         await a.aclose()

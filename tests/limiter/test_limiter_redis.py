@@ -14,6 +14,7 @@ from redis.crc import key_slot
 from support.limits import patient, rpm, tpm
 from support.redis_server import RedisServer
 
+from proxy.costs import estimate_cost
 from proxy.limiter import health, scripts
 from proxy.limiter.base import (
     CooldownRule,
@@ -63,13 +64,13 @@ def sync_client(url: str) -> redis.Redis:
 async def test_keys_are_hash_tagged_one_slot_per_key_and_per_group(
     limiter: RedisLimiter, redis_url: str
 ) -> None:
-    await limiter.acquire_key(KeyAsk(KEY, "lease-1", 100))
+    await limiter.acquire_key(KeyAsk(KEY, "lease-1", estimate_cost(100)))
     await limiter.reserve(
-        GroupAsk("gpt-4o-mini", [DEP], 100, max_wait=5, lease="r1", least_busy=True)
+        GroupAsk("gpt-4o-mini", [DEP], estimate_cost(100), max_wait=5, slot="r1", least_busy=True)
     )
     await limiter.settle(
         DeploymentSettlement(
-            "gpt-4o-mini", DEP, lease="", outcome=Outcome("failure", "timeout"), rule=RULE
+            "gpt-4o-mini", DEP, slot="", outcome=Outcome("failure", "timeout"), rule=RULE
         )
     )
     with sync_client(redis_url) as c:
@@ -90,9 +91,13 @@ async def test_keys_are_hash_tagged_one_slot_per_key_and_per_group(
 async def test_idle_keys_expire_a_little_after_they_refill(
     limiter: RedisLimiter, redis_url: str
 ) -> None:
-    await limiter.acquire_key(KeyAsk(KEY, "lease-1", 600))  # tpm: 600 tokens take 6 s to refill
+    await limiter.acquire_key(
+        KeyAsk(KEY, "lease-1", estimate_cost(600))
+    )  # tpm: 600 tokens take 6 s to refill
     # rpm: 1 s to refill (a rate learned from 429s is a window of its own)
-    await limiter.reserve(GroupAsk("g", [DEP], 0, max_wait=5, lease="r1", least_busy=True))
+    await limiter.reserve(
+        GroupAsk("g", [DEP], estimate_cost(0), max_wait=5, slot="r1", least_busy=True)
+    )
     with sync_client(redis_url) as c:
         tpm_ttl = c.pttl("{llmproxy:v2:k:team-a}:tpm")
         rpm_ttl = c.pttl("{llmproxy:v2:g:g}:d:openai-a:rpm")
@@ -110,12 +115,12 @@ async def test_health_keys_expire_when_nothing_in_them_matters(
 ) -> None:
     key = "{llmproxy:v2:g:g}:d:openai-a:health"
     timeout = Outcome("failure", "timeout")
-    await limiter.settle(DeploymentSettlement("g", DEP, lease="", outcome=timeout, rule=RULE))
+    await limiter.settle(DeploymentSettlement("g", DEP, slot="", outcome=timeout, rule=RULE))
     with sync_client(redis_url) as c:
         # one failure: it matters for the window (60 s)
         assert 60000 + 9000 < c.pttl(key) <= 61000 + 10000
     cooling = Outcome("failure", "auth", cool_for=5.0)
-    await limiter.settle(DeploymentSettlement("g", DEP, lease="", outcome=cooling, rule=RULE))
+    await limiter.settle(DeploymentSettlement("g", DEP, slot="", outcome=cooling, rule=RULE))
     with sync_client(redis_url) as c:
         # cooling: forgotten FORGET_AFTER after the cooldown ends
         forget = (5 + health.FORGET_AFTER) * 1000
@@ -126,7 +131,9 @@ async def test_a_success_of_a_healthy_deployment_writes_no_health(
     limiter: RedisLimiter, redis_url: str
 ) -> None:
     await limiter.settle(
-        DeploymentSettlement("g", DEP, lease="r", outcome=Outcome("success"), rule=RULE, tokens=-10)
+        DeploymentSettlement(
+            "g", DEP, slot="r", outcome=Outcome("success"), rule=RULE, cost={"tokens": -10}
+        )
     )
     with sync_client(redis_url) as c:
         assert c.keys("*health*") == []
@@ -148,22 +155,28 @@ def test_deployment_scripts_carry_the_python_constants() -> None:
 async def test_scripts_are_reloaded_after_script_flush(
     limiter: RedisLimiter, redis_url: str
 ) -> None:
-    assert (await limiter.acquire_key(KeyAsk(KEY, "a", 1))).allowed
+    assert (await limiter.acquire_key(KeyAsk(KEY, "a", estimate_cost(1)))).allowed
     with sync_client(redis_url) as c:
         c.script_flush()
-    assert (await limiter.acquire_key(KeyAsk(KEY, "b", 1))).allowed  # NOSCRIPT, load, retry
+    assert (
+        await limiter.acquire_key(KeyAsk(KEY, "b", estimate_cost(1)))
+    ).allowed  # NOSCRIPT, load, retry
 
 
 async def test_bucket_scripts_run_as_one_function_library_reloaded_when_flushed(
     limiter: RedisLimiter, redis_url: str
 ) -> None:
-    assert (await limiter.acquire_key(KeyAsk(KEY, "a", 1))).allowed  # connects
-    assert (await limiter.acquire_key(KeyAsk(KEY, "b", 1))).allowed  # FCALL: loads the library
+    assert (await limiter.acquire_key(KeyAsk(KEY, "a", estimate_cost(1)))).allowed  # connects
+    assert (
+        await limiter.acquire_key(KeyAsk(KEY, "b", estimate_cost(1)))
+    ).allowed  # FCALL: loads the library
     name, _ = scripts.library()
     with sync_client(redis_url) as c:
         assert _libraries(c) == [name]
         c.function_flush()
-    assert (await limiter.acquire_key(KeyAsk(KEY, "c", 1))).allowed  # not found, load, retry
+    assert (
+        await limiter.acquire_key(KeyAsk(KEY, "c", estimate_cost(1)))
+    ).allowed  # not found, load, retry
     with sync_client(redis_url) as c:
         assert _libraries(c) == [name]
 
@@ -181,8 +194,8 @@ async def test_a_redis_without_functions_gets_scripts(tmp_path: Path) -> None:
     lim = patient(server.url, clock=lambda: 1000.0)
     try:
         for lease in ("a", "b", "c"):
-            assert (await lim.acquire_key(KeyAsk(KEY, lease, 1))).allowed
-        verdict = await lim.acquire_key(KeyAsk(KEY, "d", 1))
+            assert (await lim.acquire_key(KeyAsk(KEY, lease, estimate_cost(1)))).allowed
+        verdict = await lim.acquire_key(KeyAsk(KEY, "d", estimate_cost(1)))
         assert (
             verdict.tightest("requests") is not None
             and verdict.tightest("requests").remaining == 56
@@ -197,12 +210,14 @@ async def test_settlements_wait_for_the_next_reservation_and_go_out_first(
 ) -> None:
     lim = patient(redis_url, linger=3600, clock=lambda: 1000.0)  # no timer sends them alone
     try:
-        assert (await lim.acquire_key(KeyAsk(KEY, "a", 100))).allowed  # connects
-        settled = asyncio.ensure_future(lim.settle(KeySettlement(KEY, "a", -100.0)))
+        assert (await lim.acquire_key(KeyAsk(KEY, "a", estimate_cost(100)))).allowed  # connects
+        settled = asyncio.ensure_future(lim.settle(KeySettlement(KEY, "a", {"tokens": -100.0})))
         for _ in range(5):
             await asyncio.sleep(0)
         assert not settled.done()  # waiting for company
-        verdict = await lim.acquire_key(KeyAsk(KEY, "b", 100))  # urgent: takes the release along
+        verdict = await lim.acquire_key(
+            KeyAsk(KEY, "b", estimate_cost(100))
+        )  # urgent: takes the release along
         assert settled.done()
         # The refund ran first: only b's 100 tokens are taken from the 6,000.
         assert (
@@ -216,28 +231,28 @@ async def test_script_errors_become_storage_errors(limiter: RedisLimiter, redis_
     with sync_client(redis_url) as c:
         c.set("{llmproxy:v2:k:team-a}:rpm", "not a hash")
     with pytest.raises(StorageError, match="WRONGTYPE"):
-        await limiter.acquire_key(KeyAsk(KEY, "a", 1))
+        await limiter.acquire_key(KeyAsk(KEY, "a", estimate_cost(1)))
 
 
 async def test_unreachable_redis_is_a_storage_error_fast(disposable_redis: RedisServer) -> None:
     lim = RedisLimiter(disposable_redis.url)
-    assert (await lim.acquire_key(KeyAsk(KEY, "a", 1))).allowed
+    assert (await lim.acquire_key(KeyAsk(KEY, "a", estimate_cost(1)))).allowed
     disposable_redis.kill()
     started = time.monotonic()
     with pytest.raises(StorageError):
-        await lim.acquire_key(KeyAsk(KEY, "b", 1))
+        await lim.acquire_key(KeyAsk(KEY, "b", estimate_cost(1)))
     assert time.monotonic() - started < 0.5
     await lim.aclose()
 
 
 async def test_a_stalled_redis_times_out(disposable_redis: RedisServer) -> None:
     lim = RedisLimiter(disposable_redis.url, op_timeout=0.2, socket_timeout=0.1)
-    assert (await lim.acquire_key(KeyAsk(KEY, "a", 1))).allowed
+    assert (await lim.acquire_key(KeyAsk(KEY, "a", estimate_cost(1)))).allowed
     with disposable_redis.client() as c:
         c.execute_command("CLIENT", "PAUSE", "1000", "ALL")  # the server stops answering
     started = time.monotonic()
     with pytest.raises(StorageError):
-        await lim.acquire_key(KeyAsk(KEY, "b", 1))
+        await lim.acquire_key(KeyAsk(KEY, "b", estimate_cost(1)))
     assert time.monotonic() - started < 0.5
     await lim.aclose()
 
@@ -246,21 +261,23 @@ async def test_construction_does_not_connect() -> None:
     lim = RedisLimiter("redis://127.0.0.1:1", connect_timeout=0.05)
     assert lim.is_cluster is None
     with pytest.raises(StorageError):
-        await lim.reserve(GroupAsk("g", [DEP], 1, max_wait=0))
+        await lim.reserve(GroupAsk("g", [DEP], estimate_cost(1), max_wait=0))
     await lim.aclose()
 
 
 async def test_single_redis_is_detected(limiter: RedisLimiter) -> None:
-    await limiter.acquire_key(KeyAsk(KEY, "a", 1))
+    await limiter.acquire_key(KeyAsk(KEY, "a", estimate_cost(1)))
     assert limiter.is_cluster is False
 
 
 async def test_cluster_is_detected_from_a_plain_url(redis_cluster_url: str) -> None:
     lim = patient(redis_cluster_url)
     assert redis_cluster_url.startswith("redis://")
-    assert (await lim.acquire_key(KeyAsk(KEY, "a", 1))).allowed
+    assert (await lim.acquire_key(KeyAsk(KEY, "a", estimate_cost(1)))).allowed
     assert lim.is_cluster is True
-    assert (await lim.reserve(GroupAsk("g", [DEP], 1, max_wait=0))).deployment_id == DEP.id
+    assert (
+        await lim.reserve(GroupAsk("g", [DEP], estimate_cost(1), max_wait=0))
+    ).deployment_id == DEP.id
     await lim.aclose()
 
 
@@ -268,16 +285,20 @@ async def test_cluster_scheme_skips_detection(redis_cluster_url: str) -> None:
     url = redis_cluster_url.replace("redis://", "redis+cluster://")
     lim = patient(url)
     assert lim.is_cluster is True
-    assert (await lim.acquire_key(KeyAsk(KEY, "a", 1))).allowed
+    assert (await lim.acquire_key(KeyAsk(KEY, "a", estimate_cost(1)))).allowed
     await lim.aclose()
 
 
 async def test_keys_spread_over_cluster_slots(redis_cluster_url: str) -> None:
     lim = patient(redis_cluster_url)
     keys = [KeyLimits(f"team-{i}", windows=(rpm(1, 1),)) for i in range(20)]
-    verdicts = await asyncio.gather(*(lim.acquire_key(KeyAsk(k, "a", 0)) for k in keys))
+    verdicts = await asyncio.gather(
+        *(lim.acquire_key(KeyAsk(k, "a", estimate_cost(0))) for k in keys)
+    )
     assert all(v.allowed for v in verdicts)
-    verdicts = await asyncio.gather(*(lim.acquire_key(KeyAsk(k, "b", 0)) for k in keys))
+    verdicts = await asyncio.gather(
+        *(lim.acquire_key(KeyAsk(k, "b", estimate_cost(0))) for k in keys)
+    )
     assert not any(v.allowed for v in verdicts)
     await lim.aclose()
 

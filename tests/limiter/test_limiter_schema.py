@@ -8,6 +8,7 @@ from __future__ import annotations
 import redis
 from support.limits import patient, rpm, tpm
 
+from proxy.costs import estimate_cost
 from proxy.limiter.base import DeploymentLimits, GroupAsk, KeyAsk, KeyLimits
 from proxy.limiter.redis import KEY_PREFIX, SCHEMA_VERSION
 
@@ -31,16 +32,18 @@ async def test_a_schema_1_fleet_spending_a_budget_leaves_this_versions_budget_wh
     old, new = patient(redis_url, prefix=SCHEMA_1), patient(redis_url)
     try:
         for lease in ("a", "b"):
-            assert (await old.acquire_key(KeyAsk(KEY, lease, 10))).allowed
-        assert not (await old.acquire_key(KeyAsk(KEY, "c", 10))).allowed  # the old one's spent
-        await old.reserve(GroupAsk("g", [DEP], 0, max_wait=5, lease="r1"))
-        await old.reserve(GroupAsk("g", [DEP], 0, max_wait=5, lease="r2"))
+            assert (await old.acquire_key(KeyAsk(KEY, lease, estimate_cost(10)))).allowed
+        assert not (
+            await old.acquire_key(KeyAsk(KEY, "c", estimate_cost(10)))
+        ).allowed  # the old one's spent
+        await old.reserve(GroupAsk("g", [DEP], estimate_cost(0), max_wait=5, slot="r1"))
+        await old.reserve(GroupAsk("g", [DEP], estimate_cost(0), max_wait=5, slot="r2"))
         old_state = _keys(redis_url)
 
         # The new version starts from its own, full buckets...
-        assert (await new.acquire_key(KeyAsk(KEY, "d", 10))).allowed
-        assert (await new.acquire_key(KeyAsk(KEY, "e", 10))).allowed
-        turn = await new.reserve(GroupAsk("g", [DEP], 0, max_wait=5, lease="r3"))
+        assert (await new.acquire_key(KeyAsk(KEY, "d", estimate_cost(10)))).allowed
+        assert (await new.acquire_key(KeyAsk(KEY, "e", estimate_cost(10)))).allowed
+        turn = await new.reserve(GroupAsk("g", [DEP], estimate_cost(0), max_wait=5, slot="r3"))
         assert turn.deployment_id == "openai-a" and turn.wait == 0.0
     finally:
         await old.aclose()

@@ -12,6 +12,7 @@ from support.redis_server import SENTINEL_MASTER, SentinelGroup, redis_available
 from support.tls import CertificateAuthority, openssl_available
 
 from proxy.config import SentinelConfig, parse_settings
+from proxy.costs import estimate_cost
 from proxy.limiter.base import KeyAsk, KeyLimits, StorageError
 from proxy.limiter.factory import sentinel_target
 from proxy.limiter.redis import KEY_PREFIX, RedisLimiter
@@ -42,7 +43,7 @@ async def test_budgets_live_on_the_primary_the_sentinels_name(
 ) -> None:
     limiter = _limiter(sentinel_group)
     try:
-        assert (await limiter.acquire_key(KeyAsk(KEY, "a", 0))).allowed
+        assert (await limiter.acquire_key(KeyAsk(KEY, "a", estimate_cost(0)))).allowed
     finally:
         await limiter.aclose()
     with sentinel_group.primary.client() as c:
@@ -54,14 +55,14 @@ async def test_a_failover_is_an_outage_then_the_new_primary_shares_budgets(
 ) -> None:
     limiter = _limiter(sentinel_group)
     try:
-        assert (await limiter.acquire_key(KeyAsk(KEY, "a", 0))).allowed
+        assert (await limiter.acquire_key(KeyAsk(KEY, "a", estimate_cost(0)))).allowed
         sentinel_group.primary.kill()
         with pytest.raises(StorageError):  # no primary yet: an outage (redis.on_error)
-            await limiter.acquire_key(KeyAsk(KEY, "b", 0))
+            await limiter.acquire_key(KeyAsk(KEY, "b", estimate_cost(0)))
         # Resumes once the sentinels have promoted the replica (a generous deadline).
         for _ in range(300):
             try:
-                verdict = await limiter.acquire_key(KeyAsk(KEY, "c", 0))
+                verdict = await limiter.acquire_key(KeyAsk(KEY, "c", estimate_cost(0)))
                 break
             except StorageError:
                 await asyncio.sleep(0.1)
@@ -98,7 +99,7 @@ def test_the_primarys_user_and_the_sentinels_own_password(tmp_path: Path) -> Non
         async def acquire() -> bool:
             limiter = RedisLimiter("", sentinel=sentinel_target(config), op_timeout=2.0)
             try:
-                return (await limiter.acquire_key(KeyAsk(KEY, "a", 0))).allowed
+                return (await limiter.acquire_key(KeyAsk(KEY, "a", estimate_cost(0)))).allowed
             finally:
                 await limiter.aclose()
 
@@ -147,6 +148,6 @@ def test_tls_to_the_sentinels_and_the_primary(tmp_path: Path) -> None:
 
 async def _acquire_once(limiter: RedisLimiter) -> bool:
     try:
-        return (await limiter.acquire_key(KeyAsk(KEY, "a", 0))).allowed
+        return (await limiter.acquire_key(KeyAsk(KEY, "a", estimate_cost(0)))).allowed
     finally:
         await limiter.aclose()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from proxy.costs import estimate_cost
 from proxy.limiter.base import DeploymentLimits, Rate, Window
 from proxy.routing.lines import Lines, turn_spacing
 
@@ -66,9 +67,9 @@ def test_a_waiter_that_leaves_gives_up_its_place_and_a_new_head_passes_it_on() -
 def test_turn_spacing_is_the_groups_turn_interval_across_its_deployments() -> None:
     ten_a_second = Window("rpm", "requests", Rate(600, 60.0, 1))
     tokens = Window("tpm", "tokens", Rate(60_000, 60.0, 1000))
-    assert turn_spacing([DeploymentLimits("a", (ten_a_second,))], 10) == 0.1
+    assert turn_spacing([DeploymentLimits("a", (ten_a_second,))], estimate_cost(10)) == 0.1
     both = [DeploymentLimits("a", (ten_a_second,)), DeploymentLimits("b", (ten_a_second,))]
-    assert abs(turn_spacing(both, 10) - 0.05) < 1e-9
+    assert abs(turn_spacing(both, estimate_cost(10)) - 0.05) < 1e-9
     # 500 tokens at 1000 a second: half a second per request, slower than its rpm.
-    assert turn_spacing([DeploymentLimits("a", (ten_a_second, tokens))], 500) == 0.5
-    assert turn_spacing([DeploymentLimits("a", ())], 10) == 0.0  # unlimited
+    assert turn_spacing([DeploymentLimits("a", (ten_a_second, tokens))], estimate_cost(500)) == 0.5
+    assert turn_spacing([DeploymentLimits("a", ())], estimate_cost(10)) == 0.0  # unlimited

@@ -12,6 +12,7 @@ from support.proxy_server import settings_from
 
 from proxy.background import Background
 from proxy.catalog import Catalog, pacing_headroom
+from proxy.costs import estimate_cost
 from proxy.limiter.base import SUCCESS, CooldownRule, DeploymentState, GroupAsk, Sent
 from proxy.limiter.memory import MemoryLimiter
 from proxy.routing.settlement import Settler, Turn
@@ -83,10 +84,13 @@ def _settled(estimate: int, real_tokens: int | None, refund: bool = False) -> De
 
     async def scenario() -> DeploymentState:
         limits = TOKENS_CATALOG.limits(route)
-        verdict = await limiter.reserve(GroupAsk("m", [limits], float(estimate), 60.0))
+        verdict = await limiter.reserve(
+            GroupAsk("m", [limits], estimate_cost(float(estimate)), 60.0)
+        )
         assert verdict.deployment_id == "d" and verdict.wait == 0.0
         turn = Turn(route, "", sent=verdict.sent)
-        settler.settle(turn, SUCCESS, estimate=estimate, real_tokens=real_tokens, refund=refund)
+        used = None if real_tokens is None else {"tokens": float(real_tokens)}
+        settler.settle(turn, SUCCESS, estimate=estimate_cost(estimate), used=used, refund=refund)
         await background.drain()
         [state] = (await limiter.snapshot("m", [limits])).values()
         return state

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import pytest
+
 from proxy.limiter.base import DeploymentLimits, Limiter, Rate, Window, window_name
+from proxy.limiter.memory import MemoryLimiter
 from proxy.limiter.redis import RedisLimiter
 
 
 def window(kind: str, limit: float, period: float = 60.0, capacity: float | None = None) -> Window:
-    """``limit`` per ``period`` seconds, ``capacity`` at once (default: all of it)."""
-    assert kind in ("requests", "tokens")
+    """``limit`` of ``kind`` per ``period`` seconds, ``capacity`` at once (default: all
+    of it)."""
     rate = Rate(limit, period, limit if capacity is None else capacity)
-    return Window(window_name(kind, period), kind, rate)  # type: ignore[arg-type]
+    return Window(window_name(kind, period), kind, rate)
 
 
 def rpm(limit: float, capacity: float | None = None) -> Window:
@@ -46,3 +50,32 @@ def patient(url: str, **options: Any) -> RedisLimiter:
     """A Redis limiter with generous timeouts: tests check results, not latency, on a
     possibly busy machine."""
     return RedisLimiter(url, op_timeout=5.0, socket_timeout=2.0, connect_timeout=2.0, **options)
+
+
+# The Redis fixtures a contract test runs a backend on, by backend.
+URL_FIXTURES = {
+    "redis": "redis_url",
+    "redis-cluster": "redis_cluster_url",
+    "redis-tls-acl": "tls_redis_url",
+}
+
+
+@dataclass
+class Subject:
+    """A limiter under test and the clock it reads."""
+
+    limiter: Limiter
+    clock: Clock
+
+
+async def subject_of(request: pytest.FixtureRequest) -> AsyncIterator[Subject]:
+    """A fixture's body: the backend ``request.param`` names ("memory" or one of
+    ``URL_FIXTURES``) on an injected clock, closed after the test."""
+    clock = Clock(1_700_000_000.0)
+    limiter: Limiter
+    if request.param == "memory":
+        limiter = MemoryLimiter(clock)
+    else:
+        limiter = patient(request.getfixturevalue(URL_FIXTURES[request.param]), clock=clock)
+    yield Subject(limiter, clock)
+    await limiter.aclose()

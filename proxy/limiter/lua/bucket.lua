@@ -111,7 +111,7 @@ local function adjust(key, interval, units, now, ttl_interval)
   store_state(key, d, now, ttl_interval or interval)
 end
 
--- memory.Leases.acquire: a sorted set of lease ids scored by their deadline
+-- memory.Slots.acquire: a sorted set of lease ids scored by their deadline
 local function acquire_lease(key, lease_id, limit, now, ttl)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. fmt(now))
   if not redis.call('ZSCORE', key, lease_id) and redis.call('ZCARD', key) >= limit then

@@ -2,7 +2,7 @@
 -- constants MARGIN, GROWTH, LEARNED_SPAN, DECREASE, MIN_RATE, HOLD_WITHOUT_HINT,
 -- PERIOD_IDLE, FORGET_AFTER, FORGET_SLACK and IN_FLIGHT_MARGIN taken from the Python
 -- modules, so they cannot drift).
--- A line-by-line mirror of proxy/limiter/health.py, and of the in-flight leases, the
+-- A line-by-line mirror of proxy/limiter/health.py, and of the in-flight slots, the
 -- learned window and the health storage in memory.py and verdicts.py: same formulas in
 -- the same order. Change them together.
 
@@ -288,7 +288,7 @@ local function learned_bucket(key, h, now)
   return bucket(key, 1.0 / rate, 1.0, 1.0, now)
 end
 
--- memory.Leases.put for in-flight requests: a sorted set of lease ids scored by their
+-- memory.Slots.put for in-flight requests: a sorted set of lease ids scored by their
 -- deadline; the key lives as long as its latest deadline
 local function add_in_flight(key, lease_id, deadline, now)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. fmt(now))
@@ -299,7 +299,7 @@ local function add_in_flight(key, lease_id, deadline, now)
   end
 end
 
--- memory.Leases.live: leases whose deadline is not yet past
+-- memory.Slots.live: leases whose deadline is not yet past
 local function in_flight(key, now)
   return redis.call('ZCOUNT', key, fmt(now), '+inf')
 end

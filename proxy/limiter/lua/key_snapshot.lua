@@ -1,4 +1,4 @@
--- A client key as stored now: its live parallel slots (memory.Leases.live) and the raw
+-- A client key as stored now: its live parallel slots (memory.Slots.live) and the raw
 -- state of each window's bucket (the figures: verdicts.key_state, in Python).
 -- KEYS: the key's leases, then one bucket per window
 -- ARGV: now ('' = server time)

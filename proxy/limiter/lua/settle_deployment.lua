@@ -1,4 +1,4 @@
--- After the upstream answered: free the in-flight lease, correct the buckets, lower the
+-- After the upstream answered: free the in-flight slot, correct the buckets, lower the
 -- per-minute ones to what the upstream has left (bucket.lower), hold the pacing ones for a
 -- carried-over share (bucket.held_at_least), record the outcome in the health
 -- (health.settle, a 429 learning from its turn), and after a learning event hold the
