@@ -9,8 +9,10 @@ records how late it wakes. The first reload keeps the start-up keys alive (the a
 the settings it was created with); the later ones free the keys of the reload before
 theirs, so they measure that too. Prints one JSON object: per reload, its time (and
 with the old pipeline retired and its keys freed), the probe's worst lateness in each
-phase: reading to the swap, and retiring and freeing, and this process's CPU time during
-the worst (``LagProbe``); and the control's (``_busy``).
+phase: reading to the swap, and retiring and freeing, this process's CPU time during
+the worst, and the longest lateness this process's own threads can account for (the
+least of a wake-up's lateness and the CPU used meanwhile: ``LagProbe``); and the same
+for the control (``_busy``).
 Not a CI test: figures depend on the machine.
 """
 
@@ -69,6 +71,11 @@ class LagProbe:
     def worst(self, since: float = 0.0, until: float = math.inf) -> float:
         return self.worst_tick(since, until)[1]
 
+    def worst_own(self) -> float:
+        """The longest any thread of this process can have kept the loop waiting: over
+        the wake-ups, the least of the lateness and the CPU time used meanwhile."""
+        return max((min(late, cpu) for _, late, cpu in self.ticks), default=0.0)
+
     def worst_tick(self, since: float = 0.0, until: float = math.inf) -> tuple[float, float, float]:
         ticks = [tick for tick in self.ticks if since <= tick[0] < until]
         return max(ticks, key=lambda tick: tick[1], default=(0.0, 0.0, 0.0))
@@ -109,6 +116,7 @@ async def _measure(keys: int, reloads: int) -> dict[str, Any]:
             await probe.stop()
             control_lag = probe.worst()
             control_cpu = probe.worst_tick()[2]
+            control_own = probe.worst_own()
             for i in range(reloads):
                 config["keys"][0]["rpm"] = 99_000 - i
                 text = yaml.dump(config, Dumper=_DUMPER)
@@ -138,6 +146,7 @@ async def _measure(keys: int, reloads: int) -> dict[str, Any]:
                         ),
                         # This process's CPU time during its worst stall (see LagProbe).
                         "cpu_during_worst_lag_ms": round(1000 * probe.worst_tick()[2], 1),
+                        "worst_lag_with_this_process_on_cpu_ms": round(1000 * probe.worst_own(), 1),
                     }
                 )
         return {
@@ -145,6 +154,7 @@ async def _measure(keys: int, reloads: int) -> dict[str, Any]:
             "load_settings_s": round(loaded_s, 2),
             "control_worst_loop_lag_ms": round(1000 * control_lag, 1),
             "cpu_during_control_worst_lag_ms": round(1000 * control_cpu, 1),
+            "control_worst_lag_with_this_process_on_cpu_ms": round(1000 * control_own, 1),
             "reloads": results,
         }
 
