@@ -1,12 +1,13 @@
 # The two commands of the README:
 #   make demo   install and start the proxy on the embedded demo (fake upstream, no Redis)
 #   make test   install what the tests need and run the whole suite
+#   (make test-fast: the same without the long load scenarios, marked slow)
 # and what the proxy is for, measured: make showcase (a table and showcase.png, here).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint format install install-dev bench bench-compare stack clean showcase
+.PHONY: demo test test-fast lint format install install-dev bench bench-compare stack clean showcase
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +38,9 @@ showcase: $(VENV)/.showcase
 
 test: install-dev
 	$(BIN)/pytest -q
+
+test-fast: install-dev
+	$(BIN)/pytest -q -m "not slow"
 
 lint: install-dev
 	$(BIN)/ruff check .

@@ -22,8 +22,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from proxy import shapes
 from proxy.api import admin, routes
-from proxy.api.forwarding import ENDPOINTS, ForwardingEndpoint, HotPathRouter
+from proxy.api.forwarding import ForwardingEndpoint, HotPathRouter
 from proxy.api.responses import error_response
 from proxy.config import Settings, config_warnings, load_settings
 from proxy.config_watch import ConfigWatcher, FileSignature, file_signature
@@ -146,8 +147,8 @@ def create_app(
     app.state.metrics = metrics
     app.state.readiness = lambda: _readiness(app)
     forwarding = {
-        path: ForwardingEndpoint(endpoint, lambda: app.state.pipeline)
-        for path, endpoint in ENDPOINTS.items()
+        path: ForwardingEndpoint(shape, lambda: app.state.pipeline)
+        for path, shape in shapes.BY_PATH.items()
     }
     # Plain Starlette routes: the hot path reads raw bytes, no per-request model parsing.
     app.router.routes.extend(

@@ -11,6 +11,8 @@ from typing import Protocol
 from proxy.config import ClientKey
 from proxy.errors import AuthenticationFailed, ModelNotAllowed
 from proxy.limiter.base import KeyLimits
+from proxy.shapes.base import ClientCredential
+from proxy.shapes.credentials import BEARER, bearer_secret
 
 __all__ = ["KeyStore", "RuntimeLookup", "bearer_matches"]
 
@@ -46,16 +48,16 @@ class KeyStore:
     def open_access(self) -> bool:
         return not self._names and (self.runtime is None or len(self.runtime) == 0)
 
-    def authenticate(self, authorization: str | None) -> ClientKey | None:
-        """The key behind an ``Authorization: Bearer KEY`` header; ``None`` in open access."""
+    def authenticate(
+        self, presented: str | None, credential: ClientCredential = BEARER
+    ) -> ClientKey | None:
+        """The key behind the header value ``presented`` (``credential``: the API shape's
+        scheme, ``Authorization: Bearer KEY`` by default); ``None`` in open access."""
         if self.open_access:
             return None
-        secret = _bearer(authorization)
+        secret = credential.secret(presented)
         if secret is None:
-            raise AuthenticationFailed(
-                "Missing API key: send 'Authorization: Bearer YOUR_KEY'.",
-                code="missing_api_key",
-            )
+            raise AuthenticationFailed(credential.missing, code="missing_api_key")
         digest = hashlib.sha256(secret.encode()).digest()
         found = self._by_digest.get(digest)
         if found is None and self.runtime is not None:
@@ -89,16 +91,6 @@ class KeyStore:
             )
 
 
-def _bearer(authorization: str | None) -> str | None:
-    if not authorization:
-        return None
-    scheme, _, secret = authorization.strip().partition(" ")
-    secret = secret.strip()
-    if scheme.lower() != "bearer" or not secret:
-        return None
-    return secret
-
-
 def bearer_matches(
     authorization: str | None, secrets: Sequence[str], *, basic: bool = False
 ) -> bool:
@@ -106,7 +98,7 @@ def bearer_matches(
     /metrics, /admin); with ``basic``, ``Basic`` credentials whose password is one of them
     count too (what a browser sends after its login prompt). Digests are compared, every
     one of them, in constant time."""
-    presented = _bearer(authorization)
+    presented = bearer_secret(authorization)
     if presented is None and basic:
         presented = _basic_password(authorization)
     given = hashlib.sha256((presented or "").encode()).digest()

@@ -6,13 +6,30 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from proxy.costs import INPUT_TOKENS, NOTHING, OUTPUT_TOKENS, TOKENS, Cost, TokenUsage, usage_cost
+from proxy.costs import (
+    INPUT_TOKENS,
+    NOTHING,
+    OUTPUT_TOKENS,
+    TOKENS,
+    Cost,
+    TokenUsage,
+    usage_cost,
+)
 from proxy.limiter.fairness import Claimant
+from proxy.shapes.base import Shape
 
 if TYPE_CHECKING:
     from proxy.limiter.base import KeyVerdict
 
-__all__ = ["Call", "ClientLeft", "Reply", "Settlement", "StreamSource", "WatchDeparture"]
+__all__ = [
+    "Call",
+    "ClientLeft",
+    "Reply",
+    "Settlement",
+    "StreamSource",
+    "Trip",
+    "WatchDeparture",
+]
 
 # Returns once the client has gone away (its connection closed).
 ClientLeft = Callable[[], Coroutine[Any, Any, None]]
@@ -38,40 +55,30 @@ class Reply:
 
 
 @dataclass(slots=True)
-class Call:
-    request_id: str
-    endpoint: str
-    started: float
-    headers: list[tuple[str, str]] = field(default_factory=list)
-    key_name: str | None = None
-    allowed_models: list[str] | None = None  # its key's allow-list (fallbacks too): None, all
-    claimant: Claimant = field(default_factory=Claimant)  # fair share: tier and weight
-    max_wait: float = 0.0  # the longest this request may wait for a turn, in all
-    model: str = "unknown"  # a configured name once known: safe as a metric label
-    body: dict[str, Any] = field(default_factory=dict)
-    raw: bytes = b""
-    stream: bool = False
-    estimate: int = 0  # tokens (``cost``'s)
-    cost: Cost = NOTHING  # the estimate per limit kind (tokens.estimate_cost)
-    used: Cost | None = None  # the reported usage per kind, once read (``used_cost``)
-    deployment: str | None = None
-    queue_wait: float = 0.0
+class Trip:
+    """What the dispatcher learns on a request's journey: the pipeline reads it (the reply's
+    timing headers, the key's settlement, the log line) and never writes it."""
+
+    deployment: str | None = None  # the last one tried
     retries: int = 0
+    queue_wait: float = 0.0  # seconds spent waiting for turns
+    upstream_time: float = 0.0  # seconds spent on upstream calls until the answer's headers
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
-    error_code: str | None = None
-    shadow_rejection: str | None = None  # the limit a shadow key's request went past
-    client_left: ClientLeft | None = None  # watched while the request waits for a turn
-    watch_departure: WatchDeparture | None = None  # else client_left, during upstream calls
-    key_verdict: KeyVerdict | None = None  # the client key's check, granted or refused
-    upstream_time: float = 0.0  # seconds spent on upstream calls until the answer's headers
+    used: Cost | None = None  # the reported usage per kind, once read
     # A stream that ended without usage: the tokens it is charged instead (never a refund).
     unreported_tokens: int | None = None
+    stream_error: str | None = None  # how a stream that broke off ended (its error code)
 
-    @property
-    def tier(self) -> str:
-        """Its key's priority tier, a metric label (a configured number)."""
-        return str(self.claimant.tier)
+    def reported(self, usage: TokenUsage | None) -> None:
+        """The usage the upstream reported (None: none it could read)."""
+        if usage is None:
+            self.prompt_tokens = self.completion_tokens = None
+            self.used = None
+        else:
+            self.prompt_tokens = usage.input_tokens + usage.cache_read
+            self.completion_tokens = usage.output_tokens
+            self.used = usage_cost(usage)
 
     def real_tokens(self) -> int | None:
         """Tokens the upstream reported (prompt + completion), if it did."""
@@ -85,21 +92,50 @@ class Call:
         real = self.real_tokens()
         return self.unreported_tokens if real is None else real
 
-    def used_cost(self) -> Cost | None:
-        """The reported usage per token kind (None: not reported)."""
-        if self.prompt_tokens is None and self.completion_tokens is None:
-            return None
-        return usage_cost(TokenUsage(self.prompt_tokens or 0, self.completion_tokens or 0))
-
-    def charged_cost(self) -> Cost | None:
-        """``charged_tokens`` per token kind: the reported usage, else a stream's
-        ``unreported_tokens``, its prompt's estimate as input and the rest as output."""
+    def charged_cost(self, estimate: Cost) -> Cost | None:
+        """``charged_tokens`` per token kind: the reported usage, else the
+        ``unreported_tokens`` (of a stream without usage, of a 200 its shape could not
+        read), ``estimate``'s input as input and the rest as output."""
         used = self.used
         if used is not None or self.unreported_tokens is None:
             return used
         total = self.unreported_tokens
-        read = min(self.cost.get(INPUT_TOKENS, 0.0), total)
+        read = min(estimate.get(INPUT_TOKENS, 0.0), total)
         return {TOKENS: float(total), INPUT_TOKENS: read, OUTPUT_TOKENS: total - read}
+
+
+@dataclass(slots=True)
+class Call:
+    request_id: str
+    shape: Shape  # the API it came through
+    started: float
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    key_name: str | None = None
+    allowed_models: list[str] | None = None  # its key's allow-list (fallbacks too): None, all
+    claimant: Claimant = field(default_factory=Claimant)  # fair share: tier and weight
+    max_wait: float = 0.0  # the longest this request may wait for a turn, in all
+    model: str = "unknown"  # a configured name once known: safe as a metric label
+    body: dict[str, Any] = field(default_factory=dict)
+    raw: bytes = b""
+    stream: bool = False
+    estimate: int = 0  # tokens (``cost``'s)
+    cost: Cost = NOTHING  # the estimate per limit kind (``Shape.estimate``)
+    trip: Trip = field(default_factory=Trip)  # the dispatcher's: what it learned
+    error_code: str | None = None
+    shadow_rejection: str | None = None  # the limit a shadow key's request went past
+    client_left: ClientLeft | None = None  # watched while the request waits for a turn
+    watch_departure: WatchDeparture | None = None  # else client_left, during upstream calls
+    key_verdict: KeyVerdict | None = None  # the client key's check, granted or refused
+
+    @property
+    def input_estimate(self) -> int:
+        """Its estimated input tokens."""
+        return int(self.cost.get(INPUT_TOKENS, 0))
+
+    @property
+    def tier(self) -> str:
+        """Its key's priority tier, a metric label (a configured number)."""
+        return str(self.claimant.tier)
 
 
 class Settlement:

@@ -7,16 +7,17 @@ every budget when budgets are not shared (the in-memory backend under N workers)
 
 from __future__ import annotations
 
-import math
 import ssl
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import httpx
 
 from proxy.config import ClientKey, Deployment, LimitRule, ModelGroup, Settings
 from proxy.limiter.base import MINUTE, DeploymentLimits, KeyLimits, Rate, Window, window_name
+from proxy.providers import Provider, provider_of
+from proxy.routing.announced import Announced
 
 __all__ = ["Catalog", "DeploymentRoute", "GroupRoute", "key_limits"]
 
@@ -44,41 +45,16 @@ def pacing_headroom(margin: float) -> float:
     return 1.0 - (1.0 - DEPLOYMENT_HEADROOM) * late
 
 
-# What an upstream announces (x-ratelimit-limit-*) can lower a deployment's per-minute
-# pacing, but not below this share of its configured limit (one lying answer of "1"
-# must not stall it: the 429s teach a real lower limit, health.py)...
-ANNOUNCED_FLOOR = 0.1
-# ...and only while it is announced again: upstreams announce on every answer, so an
-# announcement not repeated for this long is forgotten (the configured limits return).
-ANNOUNCED_FOR = 60.0
-
-
-_ENDPOINTS = ("chat/completions", "completions", "embeddings")
-
-
 EGRESS = "proxy.egress"  # the request extension the upstream transport reads
 
 
-def endpoint_urls(d: Deployment) -> dict[str, tuple[httpx.URL, str]]:
-    """Where each endpoint of a deployment is, parsed and as text: ``{base_url}/{endpoint}``
-    (OpenAI and compatible servers), or Azure OpenAI's
-    ``{base_url}/openai/deployments/{deployment}/{endpoint}?api-version={api_version}``."""
-    if d.provider == "azure":
-        base = f"{d.base_url}/openai/deployments/{d.deployment}"
-        query = f"?api-version={d.api_version}"
-        urls = {e: httpx.URL(f"{base}/{e}{query}") for e in _ENDPOINTS}
-    else:
-        urls = {e: httpx.URL(f"{d.base_url}/{e}") for e in _ENDPOINTS}
-    return {e: (url, str(url)) for e, url in urls.items()}
-
-
-def credential(d: Deployment) -> tuple[str, str] | None:
-    """The header carrying the deployment's key: ``Authorization: Bearer`` (OpenAI), or
-    ``api-key`` (Azure); None without a key."""
-    key = d.api_key.get_secret_value()
-    if not key:
-        return None
-    return ("api-key", key) if d.provider == "azure" else ("authorization", f"Bearer {key}")
+def shape_urls(d: Deployment) -> dict[str, tuple[httpx.URL, str]]:
+    """Where the deployment serves each API shape its provider speaks, parsed and as
+    text, by shape name (``providers``: OpenAI's ``{base_url}/{shape}``, Azure's
+    ``{base_url}/openai/deployments/{deployment}/{shape}?api-version=...``)."""
+    provider = provider_of(d.provider)
+    urls = {shape: httpx.URL(provider.url(d, shape)) for shape in sorted(provider.shapes)}
+    return {shape: (url, str(url)) for shape, url in urls.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +66,7 @@ class Egress:
     ssl: ssl.SSLContext | None = None
     proxy: str | None = None
     headers: tuple[tuple[str, str], ...] = ()
-    credential: tuple[str, str] | None = None  # the key's header (``credential``)
+    credential: tuple[str, str] | None = None  # the key's header (its provider's)
 
 
 def egress(d: Deployment) -> Egress:
@@ -105,7 +81,8 @@ def egress(d: Deployment) -> Egress:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
     headers = tuple((name, value.get_secret_value()) for name, value in d.headers.items())
-    return Egress(context, d.proxy_url.get_secret_value() or None, headers, credential(d))
+    credential = provider_of(d.provider).credential(d)
+    return Egress(context, d.proxy_url.get_secret_value() or None, headers, credential)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +91,8 @@ class DeploymentRoute:
     group: str
     limits: DeploymentLimits
     upstream_model: str
-    # Built once: the upstream URL per endpoint (parsed, and as text) and the request's
-    # extensions (the timeout, as httpx spells it, and how to reach the deployment).
+    # Built once: the upstream URL per API shape it speaks (parsed, and as text) and the
+    # request's extensions (the timeout, as httpx spells it, and how to reach it).
     urls: dict[str, tuple[httpx.URL, str]]
     extensions: dict[str, object]
 
@@ -127,9 +104,17 @@ class DeploymentRoute:
     def weight(self) -> float:
         return self.config.weight
 
-    def target(self, endpoint: str) -> tuple[httpx.URL, str]:
-        """The endpoint's URL, parsed and as text."""
-        return self.urls[endpoint]
+    def target(self, shape: str) -> tuple[httpx.URL, str]:
+        """The URL of the shape named ``shape``, parsed and as text."""
+        return self.urls[shape]
+
+    @property
+    def provider(self) -> Provider:
+        return provider_of(self.config.provider)
+
+    def speaks(self, shape: str) -> bool:
+        """Whether its provider serves the shape named ``shape``."""
+        return shape in self.urls
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,44 +201,12 @@ def _group(group: ModelGroup, share: float, pacing_margin: float) -> GroupRoute:
                 group=group.name,
                 limits=deployment_limits(d, share, pacing_margin),
                 upstream_model=d.model or group.name,
-                urls=endpoint_urls(d),
+                urls=shape_urls(d),
                 extensions={"timeout": timeout_extension(d.timeout), EGRESS: egress(d)},
             )
             for d in group.deployments
         ),
     )
-
-
-def announced_limits(
-    limits: DeploymentLimits, share: float, lower: dict[str, int], pacing_margin: float
-) -> DeploymentLimits:
-    """``limits`` with the per-minute windows ``lower`` names (``rpm``, ``tpm``) refilled
-    at that many a minute instead: pacing only. Capacities and the largest request a
-    window admits stay the configured ones."""
-    windows = []
-    for w in limits.windows:
-        amount = lower.get(w.name)
-        if amount is not None:
-            paced = amount * share * (1.0 - pacing_headroom(pacing_margin))
-            w = replace(w, rate=replace(w.rate, limit=paced))
-        windows.append(w)
-    return replace(limits, windows=tuple(windows))
-
-
-def announced_lower(
-    configured: Deployment, requests: float | None, tokens: float | None
-) -> dict[str, int]:
-    """The per-minute limits an upstream's announcement lowers (``rpm``, ``tpm``): what
-    it announces, never below ``ANNOUNCED_FLOOR`` of the configured limit."""
-    lower: dict[str, int] = {}
-    for field, announced in (("rpm", requests), ("tpm", tokens)):
-        limit = getattr(configured, field)
-        if announced is None or not limit:
-            continue
-        amount = max(int(announced), math.ceil(limit * ANNOUNCED_FLOOR))
-        if amount < limit:
-            lower[field] = amount
-    return lower
 
 
 class _KeyLimits(Mapping[str, KeyLimits]):
@@ -294,10 +247,9 @@ class Catalog:
         self.key_limits: Mapping[str, KeyLimits] = self._key_limits
         self.fallbacks = settings.routing.fallbacks
         self.share = share
-        self.clock = clock
-        # Deployments whose upstream announced lower per-minute limits than configured,
-        # and until when (``ANNOUNCED_FOR`` after it last said so).
-        self._announced: dict[str, tuple[DeploymentLimits, float]] = {}
+        # What upstreams announce of their limits, lowering the configured ones for a
+        # while: the one part of the catalog that changes as it serves (announced.py).
+        self.announced = Announced(share, pacing_headroom(self.pacing_margin), clock)
 
     def held(self) -> list[object]:
         """The key limits built so far (a retired catalog's are freed off the event loop:
@@ -307,39 +259,11 @@ class Catalog:
     def carry_over(self, previous: Catalog) -> None:
         """After a reload: what upstreams announced still holds for deployments whose
         config did not change."""
-        configs = {d.id: d.config for g in self.groups.values() for d in g.deployments}
-        old = {d.id: d.config for g in previous.groups.values() for d in g.deployments}
-        for deployment_id, limits in previous._announced.items():
-            if deployment_id in configs and configs[deployment_id] == old.get(deployment_id):
-                self._announced[deployment_id] = limits
+        self.announced.carry_over(previous.announced, previous.groups, self.groups)
 
     def limits(self, deployment: DeploymentRoute) -> DeploymentLimits:
         """The one place a deployment's limits come from, for every limiter operation:
         configured, this process's share of them, paced no faster than its upstream
-        announces (``announce``). How fast its windows refill after 429s is the
+        announces (``announced``). How fast its windows refill after 429s is the
         limiter's (health) business."""
-        announced = self._announced.get(deployment.id)
-        if announced is None:
-            return deployment.limits
-        limits, until = announced
-        if self.clock() < until:
-            return limits
-        del self._announced[deployment.id]  # not announced again: forgotten
-        return deployment.limits
-
-    def announce(
-        self, deployment: DeploymentRoute, requests: float | None, tokens: float | None
-    ) -> dict[str, int]:
-        """The upstream says its per-minute limits are ``requests`` and ``tokens`` (None:
-        not said): a configured limit above it paces at it (``announced_lower``) for
-        ``ANNOUNCED_FOR``. Returns what changed (nothing when it says it again)."""
-        lower = announced_lower(deployment.config, requests, tokens)
-        if not lower:
-            if requests is not None or tokens is not None:  # what it says now is no lower
-                self._announced.pop(deployment.id, None)
-            return {}
-        until = self.clock() + ANNOUNCED_FOR
-        limits = announced_limits(deployment.limits, self.share, lower, self.pacing_margin)
-        previous = self._announced.get(deployment.id)
-        self._announced[deployment.id] = (limits, until)
-        return {} if previous is not None and previous[0] == limits else lower
+        return self.announced.limits(deployment)

@@ -42,6 +42,7 @@ __all__ = [
     "UpstreamError",
     "UpstreamTimeout",
     "UpstreamUnavailable",
+    "error_body",
     "render",
 ]
 
@@ -156,7 +157,12 @@ class UpstreamTimeout(UpstreamError):
 
 def render(error: ProxyError) -> tuple[int, bytes, dict[str, str]]:
     """Status, JSON body and extra headers for an error response."""
-    body = orjson.dumps(
+    return error.status, error_body(error), error.headers()
+
+
+def error_body(error: ProxyError) -> bytes:
+    """The contract's (OpenAI's) error body."""
+    return orjson.dumps(
         {
             "error": {
                 "message": error.message,
@@ -166,4 +172,3 @@ def render(error: ProxyError) -> tuple[int, bytes, dict[str, str]]:
             }
         }
     )
-    return error.status, body, error.headers()

@@ -290,6 +290,13 @@ class Metrics:
             multiprocess_mode=_BUDGET_MODES[budget_shared],
             registry=reg,
         )
+        self._usage_unreadable_total = Counter(
+            "llmproxy_usage_unreadable_total",
+            "Answers with status 200 whose usage their API shape could not read (settled at "
+            "the estimate), by shape and deployment.",
+            ["shape", "deployment"],
+            registry=reg,
+        )
         self._shadow_rejections_total = Counter(
             "llmproxy_shadow_rejections_total",
             "Requests of a key in shadow mode that its own limit would have refused (they "
@@ -344,6 +351,7 @@ class Metrics:
         self._c_budget = _Children(self._budget_remaining)
         self._c_upstream_remaining = _Children(self._upstream_remaining)
         self._c_shadow = _Children(self._shadow_rejections_total)
+        self._c_unreadable = _Children(self._usage_unreadable_total)
         # Zero series from the start: "errors by operation" reads 0, not "no data".
         for operation in LIMITER_OPERATIONS:
             self._c_limiter_error(operation)
@@ -415,6 +423,9 @@ class Metrics:
 
     def failure(self, model: str, deployment: str, reason: str) -> None:
         self._c_failure(model, deployment, reason).inc()
+
+    def usage_unreadable(self, shape: str, deployment: str) -> None:
+        self._c_unreadable(shape, deployment).inc()
 
     # -- limiter ----------------------------------------------------------------------------
 

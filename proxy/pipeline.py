@@ -16,12 +16,12 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import orjson
 
-from proxy import request_fields, tokens
 from proxy.auth import KeyStore, RuntimeLookup
 from proxy.background import Background
 from proxy.call import Call, ClientLeft, Reply, Settlement, WatchDeparture
@@ -34,7 +34,6 @@ from proxy.errors import (
     ProxyError,
     RateLimited,
     ServiceUnavailable,
-    render,
 )
 from proxy.limiter.base import (
     Activity,
@@ -56,8 +55,9 @@ from proxy.logs import RequestLog
 from proxy.metrics import Metrics
 from proxy.ratelimit_headers import format_reset
 from proxy.request_ids import new_request_id
-from proxy.routing.dispatcher import Dispatcher
+from proxy.routing.dispatcher import Dispatcher, Served
 from proxy.routing.settlement import Settler
+from proxy.shapes.base import Shape
 from proxy.telemetry import Telemetry
 
 __all__ = ["Pipeline"]
@@ -144,7 +144,7 @@ class Pipeline:
 
     async def handle(
         self,
-        endpoint: str,
+        shape: Shape,
         raw: bytes,
         headers: list[tuple[str, str]],
         key: ClientKey | None,
@@ -154,11 +154,12 @@ class Pipeline:
         """The answer to one request of ``key`` (``keys.authenticate``: checked from the
         headers before the body was read). ``client_left`` returns once the client has
         gone: a request waiting for its turn or for the upstream stops then."""
-        call = _new_call(endpoint, headers)
+        call = _new_call(shape, headers)
         call.client_left = client_left
         call.watch_departure = watch_departure
         key_check: asyncio.Future[KeyVerdict] | None = None
         settlement: Settlement | None = None
+        served: Served | None = None
         reply: Reply | None = None
         try:
             call.max_wait = self.settings.routing.max_wait
@@ -172,11 +173,10 @@ class Pipeline:
             group = self._group(call.body)
             call.model = group.name
             self.keys.authorize(key, group.name)
-            request_fields.check(call.body)
+            _check_speaks(group, shape)
+            shape.check(call.body)
             call.stream = call.body.get("stream") is True
-            call.cost = tokens.estimate_cost(
-                call.body, endpoint, self.settings.server.default_max_tokens
-            )
+            call.cost = shape.estimate(call.body, self.settings.server.default_max_tokens)
             call.estimate = int(call.cost[TOKENS])
             limits = self.keys.limits(key, self.catalog.key_limits)
             if limits is not None:
@@ -188,7 +188,8 @@ class Pipeline:
                     await settlement.settle()
                 self._finish(call, status)
 
-            reply = await self.dispatcher.run(call, group, stream_done, gate=key_check)
+            served = await self.dispatcher.run(call, group, stream_done, gate=key_check)
+            reply = served.reply
         except ProxyError as error:
             reply = self._error_reply(call, error)
         except (LimiterUnavailable, StorageError):
@@ -202,26 +203,45 @@ class Pipeline:
             logger.exception("unexpected error", extra={"request_id": call.request_id})
             reply = self._error_reply(call, ProxyError("Internal proxy error."))
         finally:
-            # Also when cancelled: a buffered answer (or none) settles the key now.
-            # After the answer's usage is read (a callback the dispatcher scheduled
-            # first), and without a task when the limiter can take it at once.
-            if settlement is not None and (reply is None or reply.stream is None):
-                asyncio.get_running_loop().call_soon(self._settle_soon, settlement)
+            if reply is None or reply.stream is None:
+                # A buffered answer (or none: cancelled) is done once on its way: one
+                # callback, no task (a stream is done when it ends: ``stream_done``).
+                after = served.after if served is not None else None
+                status = reply.status if reply is not None else None
+                asyncio.get_running_loop().call_soon(
+                    self._answered, call, after, settlement, status, time.perf_counter()
+                )
         reply.headers["x-request-id"] = call.request_id
         reply.headers.update(_timing_headers(call))
         if call.key_verdict is not None:
             reply.headers.update(_key_headers(call.key_verdict))
-        if reply.stream is None:
-            # Metrics and the log line once the answer is on its way (the next loop turn).
-            asyncio.get_running_loop().call_soon(
-                self._finish, call, reply.status, time.perf_counter()
-            )
         return reply
 
-    def reject(self, endpoint: str, error: ProxyError, *, close: bool = False) -> Reply:
+    def _answered(
+        self,
+        call: Call,
+        after: Callable[[], None] | None,
+        settlement: Settlement | None,
+        status: int | None,
+        ended: float,
+    ) -> None:
+        """A buffered answer is on its way, in this order: its attempt's bookkeeping
+        (``Served.after``: the usage its shape reads), the key settled from that usage,
+        then the request's metrics and log line (``status`` None: it was cancelled,
+        nobody hears an answer)."""
+        try:
+            if after is not None:
+                after()
+        finally:  # the key is settled whatever became of the attempt's bookkeeping
+            if settlement is not None:
+                self._settle_soon(settlement)
+            if status is not None:
+                self._finish(call, status, ended)
+
+    def reject(self, shape: Shape, error: ProxyError, *, close: bool = False) -> Reply:
         """The reply for a request refused before its body was read (key, size, type,
         time); ``close``: the connection closes after it (its body stopped arriving)."""
-        call = _new_call(endpoint, [])
+        call = _new_call(shape, [])
         reply = self._error_reply(call, error)
         if close:
             reply.headers["connection"] = "close"
@@ -303,7 +323,7 @@ class Pipeline:
                 return None
             # Unknown usage (an error, no usage in a buffered answer) refunds the whole
             # estimate; a stream without usage is charged at least it (charged_cost).
-            correction = settled_cost(call.cost, call.charged_cost(), limits.windows)
+            correction = settled_cost(call.cost, call.trip.charged_cost(call.cost), limits.windows)
             return KeySettlement(limits, call.request_id, correction)
 
         async def release() -> None:
@@ -326,9 +346,9 @@ class Pipeline:
             self.background.run(settlement.settle())
 
     def _error_reply(self, call: Call, error: ProxyError) -> Reply:
-        status, body, headers = render(error)
         call.error_code = error.code
-        return Reply(status=status, headers={**_JSON, **headers}, body=body)
+        body = call.shape.error_body(error)
+        return Reply(status=error.status, headers={**_JSON, **error.headers()}, body=body)
 
     def _finish(self, call: Call, status: int, ended: float | None = None) -> None:
         duration = (ended or time.perf_counter()) - call.started
@@ -337,14 +357,14 @@ class Pipeline:
                 request_id=call.request_id,
                 key_name=call.key_name,
                 model=call.model,
-                deployment=call.deployment,
+                deployment=call.trip.deployment,
                 status=status,
                 latency_ms=round(duration * 1000, 2),
-                queue_wait_ms=round(call.queue_wait * 1000, 2),
-                prompt_tokens=call.prompt_tokens,
-                completion_tokens=call.completion_tokens,
-                retries=call.retries,
-                error_code=call.error_code,
+                queue_wait_ms=round(call.trip.queue_wait * 1000, 2),
+                prompt_tokens=call.trip.prompt_tokens,
+                completion_tokens=call.trip.completion_tokens,
+                retries=call.trip.retries,
+                error_code=call.error_code or call.trip.stream_error,
                 shadow_rejection=call.shadow_rejection,
             ),
             duration,
@@ -362,10 +382,20 @@ def _granted(key_check: asyncio.Future[KeyVerdict] | None) -> KeyVerdict | None:
     return verdict if verdict.allowed else None
 
 
-def _new_call(endpoint: str, headers: list[tuple[str, str]]) -> Call:
+def _check_speaks(group: GroupRoute, shape: Shape) -> None:
+    """A model none of whose deployments serves the request's API: the client's error."""
+    if not any(d.speaks(shape.name) for d in group.deployments):
+        raise InvalidRequest(
+            f"The model '{group.name}' is not served through the {shape.name} API.",
+            code="unsupported_api",
+            param="model",
+        )
+
+
+def _new_call(shape: Shape, headers: list[tuple[str, str]]) -> Call:
     return Call(
         request_id=new_request_id(),
-        endpoint=endpoint,
+        shape=shape,
         started=time.perf_counter(),
         headers=headers,
     )
@@ -386,10 +416,10 @@ def _parse_body(raw: bytes) -> dict[str, Any]:
 def _timing_headers(call: Call) -> dict[str, str]:
     """The proxy's own time so far (without the upstream and the wait for a turn), and
     the wait when there was one (design.md)."""
-    spent = time.perf_counter() - call.started - call.queue_wait - call.upstream_time
+    spent = time.perf_counter() - call.started - call.trip.queue_wait - call.trip.upstream_time
     headers = {"x-llm-proxy-overhead-ms": f"{max(spent, 0.0) * 1000:.2f}"}
-    if call.queue_wait > 0:
-        headers["x-llm-proxy-queue-ms"] = f"{call.queue_wait * 1000:.2f}"
+    if call.trip.queue_wait > 0:
+        headers["x-llm-proxy-queue-ms"] = f"{call.trip.queue_wait * 1000:.2f}"
     return headers
 
 

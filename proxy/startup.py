@@ -267,10 +267,10 @@ def wrong_paths(settings: Settings, timeout: float = 3.0) -> list[str]:
 def _wrong_path(deployment: Deployment, timeout: float) -> str | None:
     import httpx  # here: the supervisor's process never needs it
 
-    from proxy.catalog import egress, endpoint_urls
+    from proxy.catalog import egress, shape_urls
 
     try:
-        urls = [text for _, text in endpoint_urls(deployment).values()]
+        urls = [text for _, text in shape_urls(deployment).values()]
         context = egress(deployment).ssl
         with httpx.Client(verify=context or True, timeout=timeout, trust_env=False) as client:
             for url in urls:

@@ -41,6 +41,18 @@ class Telemetry:
     def first_token(self, attempt: Attempt, seconds: float) -> None:
         self.metrics.first_token(attempt.model, attempt.deployment, seconds)
 
+    def usage_unreadable(self, shape: str, attempt: Attempt) -> None:
+        self.metrics.usage_unreadable(shape, attempt.deployment)
+        logger.warning(
+            "usage unreadable",
+            extra={
+                "request_id": attempt.request_id,
+                "shape": shape,
+                "model": attempt.model,
+                "deployment": attempt.deployment,
+            },
+        )
+
     def attempt_ended(self, attempt: Attempt) -> None:
         model, deployment = attempt.model, attempt.deployment
         self.metrics.in_flight_add(model, deployment, -1)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from support.proxy_server import settings_from
 
-from proxy.catalog import ANNOUNCED_FOR, Catalog, credential, pacing_headroom
+from proxy.catalog import Catalog, pacing_headroom
 from proxy.limiter.base import DAY, Rate, Window, describe, window_name
+from proxy.routing.announced import ANNOUNCED_FOR
 
 
 class Clock:
@@ -92,7 +93,7 @@ def test_windows_of_a_minute_or_less_are_paced_for_turns_up_to_the_pacing_margin
     assert 1000 * windows["tpm"].interval == pytest.approx((1.0 + 0.05) / 0.99)
     assert windows["rpd"] == Rate(10_000.0, DAY, 10_000.0)
     catalog = _catalog(pacing_margin=0.05)  # an announced limit is paced the same
-    catalog.announce(route, requests=300, tokens=None)
+    catalog.announced.announce(route, requests=300, tokens=None)
     [rpm] = [w.rate for w in catalog.limits(route).windows if w.name == "rpm"]
     assert 5 * rpm.interval == pytest.approx((1.0 + 0.05) / 0.99)
     default = Catalog(settings_from({"models": [{"name": "m", "deployments": [{
@@ -111,10 +112,10 @@ def test_keys_hold_their_whole_allowance_and_workers_their_share() -> None:
 def test_an_announced_lower_limit_replaces_the_configured_one_everywhere() -> None:
     catalog = _catalog()
     [route] = catalog.groups["m"].deployments
-    assert catalog.announce(route, requests=300, tokens=None) == {"rpm": 300}
+    assert catalog.announced.announce(route, requests=300, tokens=None) == {"rpm": 300}
     rates = {w.name: w.rate.limit for w in catalog.limits(route).windows}
     assert rates == {"rpm": 297.0, "tpm": 59_400.0, "rpd": 10_000.0}
-    assert catalog.announce(route, requests=300, tokens=90_000) == {}  # nothing lower
+    assert catalog.announced.announce(route, requests=300, tokens=90_000) == {}  # nothing lower
 
 
 def test_an_announced_limit_paces_no_lower_than_a_tenth_and_refuses_nothing() -> None:
@@ -123,7 +124,7 @@ def test_an_announced_limit_paces_no_lower_than_a_tenth_and_refuses_nothing() ->
     minute's allowance still goes (alone)."""
     catalog = _catalog()
     [route] = catalog.groups["m"].deployments
-    assert catalog.announce(route, requests=1, tokens=1) == {"rpm": 60, "tpm": 6000}
+    assert catalog.announced.announce(route, requests=1, tokens=1) == {"rpm": 60, "tpm": 6000}
     rates = {w.name: w.rate for w in catalog.limits(route).windows}
     assert rates["rpm"] == Rate(59.4, 60.0, 2.0)
     assert rates["tpm"] == Rate(5_940.0, 60.0, 1.0, ceiling=60_000.0)
@@ -134,15 +135,15 @@ def test_an_announcement_not_repeated_is_forgotten() -> None:
     clock = Clock()
     catalog = _catalog(clock=clock)
     [route] = catalog.groups["m"].deployments
-    assert catalog.announce(route, requests=300, tokens=None) == {"rpm": 300}
+    assert catalog.announced.announce(route, requests=300, tokens=None) == {"rpm": 300}
     clock.now += ANNOUNCED_FOR - 1.0
-    assert catalog.announce(route, requests=300, tokens=None) == {}  # said again: kept
+    assert catalog.announced.announce(route, requests=300, tokens=None) == {}  # said again: kept
     clock.now += ANNOUNCED_FOR - 1.0
     assert catalog.limits(route) != route.limits
     clock.now += 1.0
     assert catalog.limits(route) == route.limits  # not said for ANNOUNCED_FOR: configured
-    assert catalog.announce(route, requests=300, tokens=None) == {"rpm": 300}
-    assert catalog.announce(route, requests=600, tokens=None) == {}  # no lower any more
+    assert catalog.announced.announce(route, requests=300, tokens=None) == {"rpm": 300}
+    assert catalog.announced.announce(route, requests=600, tokens=None) == {}  # no lower any more
     assert catalog.limits(route) == route.limits
 
 
@@ -164,6 +165,6 @@ def test_azure_deployments_are_reached_by_deployment_name_api_version_and_api_ke
     )
     embeddings, _ = az.target("embeddings")
     assert str(embeddings).endswith("/gpt-4o-prod/embeddings?api-version=2024-10-21")
-    assert credential(az.config) == ("api-key", "azure-secret")
+    assert az.provider.credential(az.config) == ("api-key", "azure-secret")
     assert str(oa.target("completions")[0]) == "https://api.openai.com/v1/completions"
-    assert credential(oa.config) == ("authorization", "Bearer sk-1")
+    assert oa.provider.credential(oa.config) == ("authorization", "Bearer sk-1")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from proxy.call import Call
+from proxy.call import Trip
 from proxy.costs import NOTHING, TokenUsage, estimate_cost, negated, usage_cost
-from proxy.tokens import estimate_cost as estimate_request
+from proxy.shapes.chat import CHAT
+from proxy.shapes.embeddings import EMBEDDINGS
 
 
 def test_an_estimate_is_one_request_its_input_and_its_output_apart_and_together() -> None:
@@ -18,9 +19,9 @@ def test_an_estimate_is_one_request_its_input_and_its_output_apart_and_together(
 
 def test_a_request_body_is_estimated_prompt_as_input_and_its_cap_as_output() -> None:
     body = {"messages": [], "max_tokens": 10, "n": 2}
-    cost = estimate_request(body, "chat/completions", 256)
+    cost = CHAT.estimate(body, 256)
     assert (cost["input_tokens"], cost["output_tokens"], cost["tokens"]) == (3.0, 20.0, 23.0)
-    embedding = estimate_request({"input": "abcd"}, "embeddings", 256)
+    embedding = EMBEDDINGS.estimate({"input": "abcd"}, 256)
     assert (embedding["output_tokens"], embedding["tokens"]) == (0.0, 2.0)
 
 
@@ -39,10 +40,18 @@ def test_real_usage_settles_every_token_kind() -> None:
 
 
 def test_a_call_is_charged_its_reported_usage_else_a_streams_unreported_count() -> None:
-    call = Call("r", "chat/completions", 0.0, cost=estimate_cost(30, 100))
-    assert call.charged_cost() is None  # unknown: the estimate goes back
-    call.unreported_tokens = 50  # a stream cut before its usage: input first, then output
-    assert call.charged_cost() == {"tokens": 50.0, "input_tokens": 30.0, "output_tokens": 20.0}
-    call.prompt_tokens, call.completion_tokens = 12, 7
-    call.used = call.used_cost()  # read once, where the answer's usage is read
-    assert call.charged_cost() == {"tokens": 19.0, "input_tokens": 12.0, "output_tokens": 7.0}
+    estimate = estimate_cost(30, 100)
+    trip = Trip()
+    assert trip.charged_cost(estimate) is None  # unknown: the estimate goes back
+    trip.unreported_tokens = 50  # a stream cut before its usage: input first, then output
+    assert trip.charged_cost(estimate) == {
+        "tokens": 50.0,
+        "input_tokens": 30.0,
+        "output_tokens": 20.0,
+    }
+    trip.reported(TokenUsage(input_tokens=12, output_tokens=7))  # where usage is read
+    assert trip.charged_cost(estimate) == {
+        "tokens": 19.0,
+        "input_tokens": 12.0,
+        "output_tokens": 7.0,
+    }

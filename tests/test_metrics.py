@@ -54,6 +54,7 @@ CONTRACT = {
     "llmproxy_deployment_budget_remaining": ("gauge", {"model", "deployment", "kind"}),
     "llmproxy_upstream_ratelimit_remaining": ("gauge", {"model", "deployment", "kind"}),
     "llmproxy_limiter_errors": ("counter", {"operation"}),
+    "llmproxy_usage_unreadable": ("counter", {"shape", "deployment"}),
 }
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -97,6 +98,7 @@ def test_every_contract_metric_is_exposed_with_its_type_help_and_labels(
     metrics.cooldown("m", "d", "rate_limited")
     metrics.failure("m", "d", "timeout")
     metrics.limiter_error("take")
+    metrics.usage_unreadable("chat/completions", "d")
     metrics.set_budget_remaining("m", "d", "requests", 1)
     metrics.set_upstream_remaining("m", "d", "requests", 1)
 
@@ -268,6 +270,7 @@ def test_limiter_fallback_is_0_from_the_start_and_follows_the_limiter(
     assert sample(scrape(metrics), "llmproxy_limiter_fallback_active") == 0
     metrics.set_fallback_active(True)
     metrics.limiter_error("take")
+    metrics.usage_unreadable("chat/completions", "d")
     s = scrape(metrics)
     assert sample(s, "llmproxy_limiter_fallback_active") == 1
     assert sample(s, "llmproxy_limiter_errors_total", operation="take") == 1

@@ -32,14 +32,9 @@ from proxy.errors import (
 )
 from proxy.pipeline import Pipeline
 from proxy.request_ids import HEADER, new_request_id
+from proxy.shapes.base import Shape
 
-__all__ = ["ENDPOINTS", "ForwardingEndpoint", "HotPathRouter"]
-
-ENDPOINTS = {
-    "/v1/chat/completions": "chat/completions",
-    "/v1/completions": "completions",
-    "/v1/embeddings": "embeddings",
-}
+__all__ = ["ForwardingEndpoint", "HotPathRouter"]
 
 
 class ClientGone(Exception):
@@ -47,10 +42,10 @@ class ClientGone(Exception):
 
 
 class ForwardingEndpoint:
-    """One OpenAI endpoint that the proxy forwards (an ASGI app)."""
+    """One path of an API shape that the proxy forwards (an ASGI app)."""
 
-    def __init__(self, endpoint: str, pipeline: Callable[[], Pipeline]) -> None:
-        self.endpoint = endpoint
+    def __init__(self, shape: Shape, pipeline: Callable[[], Pipeline]) -> None:
+        self.shape = shape
         self._pipeline = pipeline
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -94,11 +89,12 @@ class ForwardingEndpoint:
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw_headers]
         lookup = dict(headers)
         server = pipeline.settings.server
+        credential = self.shape.credential
         try:
-            authorization = lookup.get("authorization")
+            presented = lookup.get(credential.header)
             if len(lookup) < len(headers):  # a header came twice: was it this one?
-                authorization = _authorization(raw_headers)
-            key = pipeline.keys.authenticate(authorization)
+                presented = _single(raw_headers, credential.header)
+            key = pipeline.keys.authenticate(presented, credential)
             _check_content_type(lookup.get("content-type"))
             declared, limit = lookup.get("content-length"), server.max_body_size
             if arrived:  # nothing to wait for: no timer
@@ -112,11 +108,11 @@ class ForwardingEndpoint:
             timeout = RequestTimeout(
                 f"The request body did not arrive within {server.body_timeout:g} seconds."
             )
-            return pipeline.reject(self.endpoint, timeout, close=True)
+            return pipeline.reject(self.shape, timeout, close=True)
         except ProxyError as error:
-            return pipeline.reject(self.endpoint, error)
+            return pipeline.reject(self.shape, error)
         return await pipeline.handle(
-            self.endpoint,
+            self.shape,
             raw,
             headers,
             key,
@@ -125,13 +121,15 @@ class ForwardingEndpoint:
         )
 
 
-def _authorization(raw_headers: list[tuple[bytes, bytes]]) -> str | None:
-    """The one ``Authorization`` header; two are refused (which one counts is ambiguous
-    between the proxy and whatever stands before it)."""
-    found = [v for k, v in raw_headers if k.lower() == b"authorization"]  # any ASGI server
+def _single(raw_headers: list[tuple[bytes, bytes]], name: str) -> str | None:
+    """The one header ``name`` (a credential's); two are refused (which one counts is
+    ambiguous between the proxy and whatever stands before it)."""
+    wanted = name.encode("latin-1")
+    found = [v for k, v in raw_headers if k.lower() == wanted]  # any ASGI server
     if len(found) > 1:
+        shown = "Authorization" if name == "authorization" else name
         raise InvalidRequest(
-            "Send one Authorization header, not several.", code="duplicate_authorization"
+            f"Send one {shown} header, not several.", code=f"duplicate_{name.replace('-', '_')}"
         )
     return found[0].decode("latin-1") if found else None
 
@@ -161,7 +159,7 @@ class HotPathRouter:
                 )  # never forwarded
             if _encoded_slash(scope):
                 raise ModelNotFound(f"Unknown path {scope['path'][:200]}.", code="unknown_url")
-            _authorization(scope["headers"])  # one, on every route
+            _single(scope["headers"], "authorization")  # one, on every route
         except ProxyError as error:
             await error_response(error)(scope, receive, send)
             return

@@ -22,15 +22,15 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from functools import partial
 
 import httpx
 
-from proxy import tokens
 from proxy.call import Call, ClientLeft, Reply
 from proxy.catalog import Catalog, DeploymentRoute, GroupRoute
 from proxy.config import Settings
-from proxy.costs import Cost
+from proxy.costs import Cost, TokenUsage
 from proxy.errors import (
     ClientClosedRequest,
     InvalidRequest,
@@ -43,37 +43,12 @@ from proxy.limiter.base import NEUTRAL, SUCCESS, Activity, GroupAsk, Limiter, Ou
 from proxy.routing.activity import Tally
 from proxy.routing.events import Attempt, Events
 from proxy.routing.lines import Line, Lines, Ticket, turn_spacing
-from proxy.routing.outcomes import (
-    admitted,
-    classify_status,
-    is_failure,
-    misconfigured,
-    misconfigured_error,
-    status_error,
-    unshaped,
-    unshaped_error,
-)
 from proxy.routing.settlement import Settler, Turn
 from proxy.routing.strategies import RoutingState, order_candidates
 from proxy.routing.turn_clock import TurnClock
-from proxy.upstream.client import HEADER_MAP
-from proxy.upstream.encoding import Decoder, Undecodable, decoder_for
-from proxy.upstream.forward import (
-    TransportFailure,
-    UnusableAnswer,
-    build_request,
-    discard,
-    read_body,
-    send,
-    undecodable,
-)
-from proxy.upstream.headers import response_headers
-from proxy.upstream.ratelimits import parse_budget, remaining_report
-from proxy.upstream.redact import StreamRedactor, redact, redact_headers, redactable
-from proxy.upstream.sse import UsageTap, usage_of_body
-from proxy.upstream.stream import StreamBody, StreamEnd
+from proxy.upstream.exchange import Answer, Exchange, StreamEnd, build_request
 
-__all__ = ["Dispatcher", "StreamDone"]
+__all__ = ["Dispatcher", "Served", "StreamDone"]
 
 logger = logging.getLogger("proxy.routing")
 
@@ -83,7 +58,19 @@ LATENCY_SMOOTHING = 0.2  # weight of the newest sample in the moving average
 ASKS_AFTER_429 = 3
 INTERRUPTED = Outcome(kind="failure", reason="protocol")
 
+# A stream ended with this status (499: its client left); its usage is reported in the
+# call before (``Dispatcher._stream_ended``), so the key settles from it.
 StreamDone = Callable[[int], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class Served:
+    """The answer for the client, and the bookkeeping its attempt still owes once the
+    answer is on its way (a buffered one's usage, event and settlement): the pipeline
+    runs ``after`` first, then settles the key from what it read (``Call``)."""
+
+    reply: Reply
+    after: Callable[[], None] | None = None
 
 
 class Retryable(Exception):
@@ -116,10 +103,15 @@ class Dispatcher:
         rng: random.Random | None = None,
     ) -> None:
         self.routing = settings.routing
-        self.max_answer = settings.server.max_upstream_body_size  # a buffered body's bound
         self.catalog = catalog
         self.limiter = limiter
-        self.transport = transport
+        # The upstream calls (build, send, classify, read budget and usage, redact).
+        self.exchange = Exchange(
+            transport,
+            settings.server.max_upstream_body_size,
+            settler.rule.max_hold,
+            settler.rule.time,
+        )
         self.settler = settler
         self.events = events
         self.rng = rng or random.Random()
@@ -154,7 +146,7 @@ class Dispatcher:
         group: GroupRoute,
         stream_done: StreamDone,
         gate: Awaitable[object] | None = None,
-    ) -> Reply:
+    ) -> Served:
         """The first good answer from ``group`` or its fallbacks; else the right error.
 
         ``gate`` (the client key's check) runs alongside the first reservation and must
@@ -168,7 +160,11 @@ class Dispatcher:
         for current in self._groups(group, call.allowed_models):
             tried: set[str] = set()
             while attempts_left > 0:
-                candidates = [d for d in current.deployments if d.id not in tried]
+                candidates = [
+                    d
+                    for d in current.deployments
+                    if d.id not in tried and d.speaks(call.shape.name)
+                ]
                 if not candidates:
                     break
                 try:
@@ -192,7 +188,7 @@ class Dispatcher:
                     return await self._attempt(call, turn, stream_done)
                 except Retryable as failure:
                     last_error = failure.error
-                    call.retries += 1
+                    call.trip.retries += 1
                     if failure.learning is not None and asks_after_429 > 0:
                         # Ask again once the limiter knows the hold: a turn within
                         # max_wait is waited for (this deployment's or another's).
@@ -202,7 +198,7 @@ class Dispatcher:
                         await asyncio.wait((failure.learning,))
                         continue
                     tried.add(turn.deployment.id)
-        call.retries = max(call.retries - 1, 0)
+        call.trip.retries = max(call.trip.retries - 1, 0)
         error = last_error or refusal
         assert error is not None
         raise error
@@ -232,7 +228,7 @@ class Dispatcher:
                 ordered = order_candidates(self.routing.strategy, candidates, self.rng, self.state)
                 # A full queue still lets through a request that needs no waiting.
                 queue_full = self.waiting >= self.routing.max_queue
-                budget = 0.0 if queue_full else max(call.max_wait - call.queue_wait, 0.0)
+                budget = 0.0 if queue_full else max(call.max_wait - call.trip.queue_wait, 0.0)
                 if line is None and budget > 0.0 and self.lines.busy(group.name, call.claimant.key):
                     # Others of this key wait here for their share: join them, do not ask.
                     if gate is not None:
@@ -240,7 +236,7 @@ class Dispatcher:
                         gate = None
                     line = await self._queue(call, group, budget, None)
                     continue
-                lease = f"{call.request_id}.{call.retries}"
+                lease = f"{call.request_id}.{call.trip.retries}"
                 verdict = await self.limiter.reserve(
                     GroupAsk(
                         group.name,
@@ -433,7 +429,7 @@ class Dispatcher:
             self.waiting -= 1
             self.tally.wait_ended(model, deployment, call.key_name)
             self.events.queued(call.model, -1, call.tier)
-            call.queue_wait += time.perf_counter() - started
+            call.trip.queue_wait += time.perf_counter() - started
         self.events.waited(call.model, time.perf_counter() - started, call.tier)
 
     async def _wait_in_line(
@@ -455,7 +451,7 @@ class Dispatcher:
             self.waiting -= 1
             self.tally.wait_ended(group, None, call.key_name)
             self.events.queued(call.model, -1, call.tier)
-            call.queue_wait += time.perf_counter() - started
+            call.trip.queue_wait += time.perf_counter() - started
         self.events.waited(call.model, time.perf_counter() - started, call.tier)
         if not ticket.done():  # its max_wait ran out in line
             return time.monotonic() + max(budget - (time.perf_counter() - started), 0.0)
@@ -463,15 +459,15 @@ class Dispatcher:
 
     # --- one upstream call ------------------------------------------------------------
 
-    async def _attempt(self, call: Call, turn: Turn, stream_done: StreamDone) -> Reply:
+    async def _attempt(self, call: Call, turn: Turn, stream_done: StreamDone) -> Served:
         """One upstream call, raced against the client's departure (as the wait is): a
         client that leaves before the answer ends the call (its connection closed): the
         in-flight count and the key's slot come back at once (``ClientClosedRequest``)."""
         deployment = turn.deployment
-        call.deployment = deployment.id
+        call.trip.deployment = deployment.id
         try:
-            request, added_usage = build_request(
-                call.endpoint, call.body, call.raw, call.headers, deployment, call.stream
+            request, strip_usage = build_request(
+                call.shape, call.body, call.raw, call.headers, deployment, call.stream
             )
         except InvalidRequest:  # the body cannot be sent as it is: its turn goes back
             self.settler.give_back(turn, call.cost)
@@ -480,8 +476,26 @@ class Dispatcher:
         self._started(attempt)
         self.tally.call_started(call.key_name)
         departure = Departure(call)
+
+        def on_first_chunk() -> None:
+            self.events.first_token(attempt, time.perf_counter() - attempt.started)
+
+        async def on_stream_end(end: StreamEnd, usage: TokenUsage | None, events: int) -> None:
+            self._stream_ended(call, turn, attempt, end, usage, events)
+            await stream_done(200 if end != "abandoned" else 499)
+
         try:
-            reply = await self._exchange(call, turn, attempt, request, added_usage, stream_done)
+            answer = await self.exchange.call(
+                call.shape,
+                deployment,
+                request,
+                strip_usage,
+                call.stream,
+                attempt.started,
+                on_first_chunk,
+                on_stream_end,
+            )
+            served = self._answered(call, turn, attempt, answer)
         except BaseException as exc:
             if not attempt.label:  # not ended yet: the turn and in-flight count go back
                 self._ended(call, turn, attempt, "abandoned", NEUTRAL, used=None)
@@ -492,155 +506,81 @@ class Dispatcher:
             raise _client_closed() from None
         if departure.stop():  # it left as the answer came: the writer finds it gone
             await _absorb_cancellation()
-        return reply
+        return served
 
-    async def _exchange(
-        self,
-        call: Call,
-        turn: Turn,
-        attempt: Attempt,
-        request: httpx.Request,
-        added_usage: bool,
-        stream_done: StreamDone,
-    ) -> Reply:
-        deployment = turn.deployment
-        try:
-            response = await send(self.transport, request, deployment.id)
-        except TransportFailure as failure:
-            call.upstream_time += time.perf_counter() - attempt.started
-            self._failed(call, turn, attempt, failure)
-            raise Retryable(failure.error) from None
-        call.upstream_time += time.perf_counter() - attempt.started  # to its headers
-        status = response.status_code
-        # One plain dict: httpx's Headers scan and decode their list at every lookup.
-        upstream_headers = response.extensions.get(HEADER_MAP) or dict(
-            response.headers.multi_items()
-        )
-        self._learn(deployment, upstream_headers)
-        if is_failure(status):
-            await discard(response)
-            rule = self.settler.rule
-            outcome = classify_status(
-                status, upstream_headers, time.time(), rule.time, rule.max_hold
+    def _answered(self, call: Call, turn: Turn, attempt: Attempt, answer: Answer) -> Served:
+        """What an exchange came to: a failure ends the attempt now (retried elsewhere
+        when it may be); a stream's end comes later (``_stream_ended``); a buffered
+        answer's bookkeeping waits until it is on its way (``Served.after``)."""
+        call.trip.upstream_time += answer.upstream_time
+        self._learn(turn.deployment, answer)
+        reply = answer.reply
+        if reply is None:
+            assert answer.error is not None
+            settled = self._ended(
+                call,
+                turn,
+                attempt,
+                answer.label,
+                answer.outcome,
+                used=None,
+                refund=answer.refund,
             )
-            settled = self._ended(call, turn, attempt, str(status), outcome, used=None)
-            error = status_error(status, deployment.id)
-            error.retry_after = outcome.cool_for if status == 429 else None
-            raise Retryable(error, settled if outcome.rate_limited else None)
-        secret = redactable(deployment.config.api_key.get_secret_value())
-        headers = redact_headers(response_headers(upstream_headers.items()), secret.decode())
-        content_type = upstream_headers.get("content-type", "")
-        if call.stream and status == 200 and "event-stream" in content_type:
-            try:
-                decoder = decoder_for(upstream_headers.get("content-encoding"))
-            except Undecodable as exc:
-                await discard(response)
-                raise self._unusable(call, turn, attempt, undecodable(deployment.id, exc)) from None
-            tap = UsageTap(strip_usage_event=added_usage)
-            redactor = StreamRedactor(secret)
-            return self._stream(
-                call, turn, attempt, response, tap, redactor, decoder, headers, stream_done
-            )
-        headers_at = time.perf_counter()
-        try:
-            content = await read_body(response, deployment.id, self.max_answer)
-        except TransportFailure as failure:
-            self._failed(call, turn, attempt, failure)
-            raise Retryable(failure.error) from None
-        except UnusableAnswer as unusable:
-            raise self._unusable(call, turn, attempt, unusable) from None
-        content = redact(content, secret)
-        # Its bookkeeping waits until the answer is on its way to the client.
-        attempt.ended = time.perf_counter()
-        call.upstream_time += attempt.ended - headers_at  # and its body
-        rule_time = self.settler.rule.time
-        wrong = misconfigured(deployment.config.provider, status, content, rule_time)
-        if wrong is not None:  # not the client's fault: cool it as a bad key is cooled
-            self._ended(
-                call, turn, attempt, str(status), wrong, used=None, refund=not admitted(status)
-            )
-            raise Retryable(misconfigured_error(status, deployment.id))
-        odd = unshaped(status, content, rule_time)
-        if odd is not None:  # no OpenAI-compatible answer: the contract's shape instead
-            shaped = unshaped_error(status, deployment.id, _shown(request.url))
-            self._ended(call, turn, attempt, str(status), odd, used=None)
-            if isinstance(shaped, UpstreamError):  # no LLM API there: try another
-                logger.warning("%s (%s)", shaped.message, content_type or "no content-type")
-                raise Retryable(shaped)
-            raise shaped
-        asyncio.get_running_loop().call_soon(self._answered, call, turn, attempt, status, content)
-        headers.setdefault("content-type", "application/json")
-        return Reply(status=status, headers=headers, body=content)
+            if not answer.retry:
+                raise answer.error
+            assert isinstance(answer.error, UpstreamError)  # only an upstream's is retried
+            learning = settled if answer.outcome.rate_limited else None
+            raise Retryable(answer.error, learning)
+        if reply.stream is not None:
+            return Served(reply)
+        return Served(reply, partial(self._buffered_ended, call, turn, attempt, answer))
 
-    def _unusable(
-        self, call: Call, turn: Turn, attempt: Attempt, unusable: UnusableAnswer
-    ) -> UpstreamError:
-        """An answer that cannot be passed on (over the size bound, undecodable): another
-        deployment would send the same, so no retry and no harm to this one's health;
-        its tokens were spent upstream (the estimate stays charged)."""
-        call.error_code = unusable.error.code
-        outcome = Outcome("neutral", unusable.reason)
-        self._ended(call, turn, attempt, unusable.reason, outcome, used=None)
-        return unusable.error
-
-    def _answered(
-        self, call: Call, turn: Turn, attempt: Attempt, status: int, content: bytes
-    ) -> None:
-        """A buffered answer was forwarded: usage, events, settlement."""
-        if status == 200:
-            call.prompt_tokens, call.completion_tokens = usage_of_body(content)
-            call.used = call.used_cost()
+    def _buffered_ended(self, call: Call, turn: Turn, attempt: Attempt, answer: Answer) -> None:
+        """A buffered answer is on its way: its usage (read by its shape now), events,
+        settlement. A 200 whose usage cannot be read is charged its estimate."""
+        call.trip.reported(answer.usage)
+        if answer.unreadable:
+            call.trip.unreported_tokens = call.estimate  # never a refund: no way around a budget
+            self.events.usage_unreadable(call.shape.name, attempt)
         self._ended(
             call,
             turn,
             attempt,
-            str(status),
-            SUCCESS,
-            used=call.used,
-            ended=attempt.ended,
-            refund=not admitted(status),
+            answer.label,
+            answer.outcome,
+            used=call.trip.charged_cost(call.cost),
+            ended=answer.ended,
+            refund=answer.refund,
         )
 
-    def _stream(
+    def _stream_ended(
         self,
         call: Call,
         turn: Turn,
         attempt: Attempt,
-        response: httpx.Response,
-        tap: UsageTap,
-        redactor: StreamRedactor,
-        decoder: Decoder | None,
-        headers: dict[str, str],
-        stream_done: StreamDone,
-    ) -> Reply:
-        def on_first_chunk() -> None:
-            self.events.first_token(attempt, time.perf_counter() - attempt.started)
-
-        async def on_close(end: StreamEnd) -> None:
-            call.prompt_tokens, call.completion_tokens = tap.prompt_tokens, tap.completion_tokens
-            call.used = call.used_cost()
-            if call.real_tokens() is None:  # cut (or never told) before its usage chunk
-                call.unreported_tokens = unreported_tokens(call, body.events)
-            outcome = {"completed": SUCCESS, "interrupted": INTERRUPTED}.get(end, NEUTRAL)
-            label = "200" if end == "completed" else end
-            self._ended(call, turn, attempt, label, outcome, used=call.charged_cost())
-            if end == "interrupted":
-                call.error_code = "stream_interrupted"
-            await stream_done(200 if end != "abandoned" else 499)
-
-        headers.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
-        body = StreamBody(response, tap, redactor, on_first_chunk, on_close, decoder)
-        return Reply(status=200, headers=headers, stream=body)
+        end: StreamEnd,
+        usage: TokenUsage | None,
+        events: int,
+    ) -> None:
+        """A stream ended: its usage, events, settlement. Without usage (cut, or never
+        told) at least its estimate: reading a stream and leaving before the usage event
+        is no way around a token budget."""
+        call.trip.reported(usage)
+        if usage is None:
+            call.trip.unreported_tokens = unreported_tokens(call, events)
+            if end == "completed":  # whole, and still no usage its shape could read
+                self.events.usage_unreadable(call.shape.name, attempt)
+        outcome = {"completed": SUCCESS, "interrupted": INTERRUPTED}.get(end, NEUTRAL)
+        label = "200" if end == "completed" else end
+        self._ended(call, turn, attempt, label, outcome, used=call.trip.charged_cost(call.cost))
+        if end == "interrupted":
+            call.trip.stream_error = "stream_interrupted"
 
     # --- bookkeeping ------------------------------------------------------------------
 
     def _started(self, attempt: Attempt) -> None:
         self.in_flight[attempt.deployment] = self.in_flight.get(attempt.deployment, 0) + 1
         self.events.attempt_started(attempt)
-
-    def _failed(self, call: Call, turn: Turn, attempt: Attempt, failure: TransportFailure) -> None:
-        outcome = Outcome("failure", failure.reason)
-        self._ended(call, turn, attempt, failure.reason, outcome, used=None)
 
     def _ended(
         self,
@@ -662,8 +602,8 @@ class Dispatcher:
         attempt.ended = ended or time.perf_counter()
         attempt.label, attempt.outcome = label, outcome
         attempt.prompt_tokens, attempt.completion_tokens = (
-            call.prompt_tokens,
-            call.completion_tokens,
+            call.trip.prompt_tokens,
+            call.trip.completion_tokens,
         )
         self.in_flight[attempt.deployment] -= 1
         self.tally.call_ended(call.key_name)
@@ -675,23 +615,20 @@ class Dispatcher:
         self.events.attempt_ended(attempt)
         return self.settler.settle(turn, outcome, estimate=call.cost, used=used, refund=refund)
 
-    def _learn(self, deployment: DeploymentRoute, headers: dict[str, str]) -> None:
-        """What the upstream's rate-limit headers say: its announced limits, and, when
+    def _learn(self, deployment: DeploymentRoute, answer: Answer) -> None:
+        """What the upstream's rate-limit headers said: its announced limits, and, when
         it is getting low, what it has left (our windows come down to it)."""
-        budget = parse_budget(headers, time.time())
+        budget = answer.budget
         if budget.empty:
             return
-        lowered = self.catalog.announce(deployment, budget.limit_requests, budget.limit_tokens)
+        lowered = self.catalog.announced.announce(
+            deployment, budget.limit_requests, budget.limit_tokens
+        )
         if lowered:
             self.events.limits_announced(deployment.id, lowered)
         self.events.upstream_budget(deployment.group, deployment.id, budget)
-        # Azure announces no limits: what is left is judged against the configured ones.
-        config = deployment.config
-        remaining = remaining_report(
-            budget.assuming(config.rpm, config.tpm), self.settler.rule.max_hold
-        )
-        if remaining is not None:
-            self.settler.report(deployment, remaining)
+        if answer.remaining is not None:
+            self.settler.report(deployment, answer.remaining)
 
 
 class Departure:
@@ -736,7 +673,7 @@ def unreported_tokens(call: Call, events: int) -> int:
     """What a stream that ended without usage is charged: its estimate, or its prompt's
     plus an event per token passed to the client if that is more. Never less: reading a
     stream and leaving before the usage chunk is no way around a token budget."""
-    return max(call.estimate, tokens.prompt_tokens(call.body) + events)
+    return max(call.estimate, call.input_estimate + events)
 
 
 def _client_closed() -> ClientClosedRequest:
@@ -782,9 +719,3 @@ async def _watched(waited: Awaitable[object], client_left: ClientLeft | None) ->
         for task in (waiting, watching):
             task.cancel()
     return not watching.done() or watching.cancelled()
-
-
-def _shown(url: httpx.URL) -> str:
-    """An upstream URL as messages and logs show it: without credentials or a query."""
-    port = f":{url.port}" if url.port is not None else ""
-    return f"{url.scheme}://{url.host}{port}{url.path}"

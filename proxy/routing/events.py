@@ -53,6 +53,10 @@ class Events(Protocol):
         """What an upstream's rate-limit headers said it has left."""
         ...
 
+    def usage_unreadable(self, shape: str, attempt: Attempt) -> None:
+        """A 200 whose usage its API shape could not read: settled at the estimate."""
+        ...
+
     def limits_announced(self, deployment: str, lowered: dict[str, int]) -> None:
         """Configured limits were lowered to what the upstream announces."""
         ...

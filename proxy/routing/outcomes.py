@@ -6,9 +6,9 @@
                           reset (at most server.max_upstream_hold), lower the effective
                           rate; retry elsewhere
     401, 403              failure "auth": a bad upstream key; cool for cooldown.time
-    Azure 404, Azure 400  failure "misconfigured": the deployment name, base_url or
-      of an api-version   api_version is wrong (the proxy builds the path, not the client);
-                          cool for cooldown.time
+    "misconfigured"       failure "misconfigured", as its provider says
+      (providers/)        (Azure's 404, or 400 of an api-version: the deployment name,
+                          base_url or api_version is wrong); cool for cooldown.time
     3xx, 4xx not JSON     failure "misconfigured" (no LLM API answers there: a base_url
       (or a framework's   missing its /v1); but 400, 409, 413, 414, 415, 422 are about the
       404 {"detail"})     client's request: its own status, wrapped in the contract's shape
@@ -34,14 +34,13 @@ from proxy.errors import (
 )
 from proxy.limiter.base import SUCCESS, Outcome
 from proxy.limiter.health import bounded_hold
-from proxy.upstream.ratelimits import parse_budget, retry_after
+from proxy.upstream.ratelimits import UpstreamBudget, retry_after
 
 __all__ = [
     "SUCCESS",
     "admitted",
     "classify_status",
     "is_failure",
-    "misconfigured",
     "misconfigured_error",
     "status_error",
     "unshaped",
@@ -64,16 +63,21 @@ def admitted(status: int) -> bool:
 
 
 def classify_status(
-    status: int, headers: Mapping[str, str], now: float, cooldown_time: float, max_hold: float
+    status: int,
+    headers: Mapping[str, str],
+    budget: UpstreamBudget,
+    now: float,
+    cooldown_time: float,
+    max_hold: float,
 ) -> Outcome:
-    """The outcome of an upstream HTTP answer; ``now`` is the wall clock (epoch); a 429
+    """The outcome of an upstream HTTP answer (``budget``: what its headers say of the
+    upstream's budget, read by its provider); ``now`` is the wall clock (epoch); a 429
     holds the deployment at most ``max_hold`` seconds."""
     if not is_failure(status):
         return SUCCESS
     if status == 429:
         wait = retry_after(headers, now)
         if wait is None:
-            budget = parse_budget(headers, now)
             resets = [r for r in (budget.reset_requests, budget.reset_tokens) if r]
             wait = max(resets) if resets else None
         wait = bounded_hold(wait, max_hold)
@@ -81,22 +85,6 @@ def classify_status(
     if status in (401, 403):
         return Outcome(kind="failure", reason="auth", cool_for=cooldown_time)
     return Outcome(kind="failure", reason="server_error")
-
-
-# What Azure says of an api-version it does not serve (a 400 otherwise like the client's).
-_AZURE_VERSION_REFUSED = b"API version not supported"
-
-
-def misconfigured(provider: str, status: int, body: bytes, cooldown_time: float) -> Outcome | None:
-    """An answer that says the deployment's own config is wrong, read from its body;
-    None: an ordinary answer. Only for Azure, whose path (deployment name, api-version)
-    comes from the config: its 404 (no such deployment, no api-version) and its 400 of an
-    unsupported api-version are never the client's fault."""
-    if provider != "azure" or status not in (400, 404):
-        return None
-    if status == 400 and _AZURE_VERSION_REFUSED not in body[:1024]:
-        return None
-    return Outcome(kind="failure", reason="misconfigured", cool_for=cooldown_time)
 
 
 def misconfigured_error(status: int, deployment: str) -> UpstreamError:

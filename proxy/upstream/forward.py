@@ -10,6 +10,7 @@ import orjson
 from proxy.catalog import EGRESS, DeploymentRoute, Egress
 from proxy.errors import InvalidRequest, UpstreamError, UpstreamUnavailable
 from proxy.json_splice import set_fields
+from proxy.shapes.base import Shape
 from proxy.upstream.encoding import Undecodable, decoder_for
 from proxy.upstream.errors import map_transport_error
 from proxy.upstream.headers import request_headers
@@ -56,25 +57,23 @@ class UnusableAnswer(Exception):
 
 
 def build_request(
-    endpoint: str,
+    shape: Shape,
     body: dict[str, Any],
     raw: bytes,
     client_headers: list[tuple[str, str]],
     deployment: DeploymentRoute,
     stream: bool,
 ) -> tuple[UpstreamRequest, bool]:
-    """The upstream request, and whether the proxy added the usage chunk to a stream.
+    """The upstream request, and whether the proxy added the usage event to a stream.
 
-    The client's bytes go as they are unless ``model`` must change or the proxy needs the
-    stream's usage (to settle the token budget), which the client did not ask for.
+    The client's bytes go as they are unless ``model`` must change or the shape needs
+    more of the upstream (a stream's usage, to settle the token budgets) than the client
+    asked for (``Shape.prepare``).
     """
-    add_usage = stream and not _asks_usage(body)
+    prepared = shape.prepare(body, stream)
     payload = raw
-    if deployment.upstream_model != body.get("model") or add_usage:
-        changed: dict[str, Any] = {"model": deployment.upstream_model}
-        if add_usage:
-            options = body.get("stream_options") or {}
-            changed["stream_options"] = {**options, "include_usage": True}
+    if deployment.upstream_model != body.get("model") or prepared.changed:
+        changed: dict[str, Any] = {"model": deployment.upstream_model, **prepared.changed}
         try:
             payload = orjson.dumps({**body, **changed})
         except orjson.JSONEncodeError:  # nested deeper than orjson dumps: splice instead
@@ -83,9 +82,9 @@ def build_request(
     assert isinstance(egress, Egress)
     headers = request_headers(client_headers, egress.credential, egress.headers)
     headers["content-length"] = str(len(payload))
-    url, target = deployment.target(endpoint)
+    url, target = deployment.target(shape.name)
     request = UpstreamRequest(url, target, headers, payload, deployment.extensions)
-    return request, add_usage
+    return request, prepared.strip_usage
 
 
 async def send(
@@ -165,12 +164,8 @@ def _declared(length: str | None, limit: int | None) -> int | None:
 def _spliced(raw: bytes, changed: dict[str, Any]) -> bytes:
     try:
         return set_fields(raw, changed)
-    except orjson.JSONEncodeError:  # what changes is itself too deep: stream_options
+    except orjson.JSONEncodeError:  # what changes is itself too deep (stream_options)
+        param = next((name for name in changed if name != "model"), "model")
         raise InvalidRequest(
-            "'stream_options' is nested too deeply.", code="invalid_type", param="stream_options"
+            f"'{param}' is nested too deeply.", code="invalid_type", param=param
         ) from None
-
-
-def _asks_usage(body: dict[str, Any]) -> bool:
-    options = body.get("stream_options")
-    return isinstance(options, dict) and options.get("include_usage") is True

@@ -6,11 +6,10 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
-import orjson
 
+from proxy.shapes.sse import UsageTap
 from proxy.upstream.encoding import Decoder, Undecodable
 from proxy.upstream.redact import StreamRedactor
-from proxy.upstream.sse import UsageTap
 
 __all__ = ["StreamBody", "StreamEnd"]
 
@@ -34,6 +33,7 @@ class StreamBody:
         redactor: StreamRedactor,
         on_first_chunk: Callable[[], None],
         on_close: Callable[[StreamEnd], Awaitable[None]],
+        stream_error: Callable[[str], bytes],
         decoder: Decoder | None = None,
     ) -> None:
         self._response = response
@@ -42,6 +42,7 @@ class StreamBody:
         self._on_first_chunk = on_first_chunk
         self._on_close = on_close
         self._decoder = decoder
+        self._stream_error = stream_error  # the API shape's error event
         self._closed = False
         self._end: StreamEnd = "abandoned"
         self.events = 0  # SSE events passed to the client (about a token each)
@@ -67,12 +68,13 @@ class StreamBody:
             self._end = "completed"
         except httpx.HTTPError:
             # The upstream broke off mid-stream. A stream is never retried after its first
-            # byte, so it ends with an SSE error event the OpenAI SDK raises as an APIError.
+            # byte, so it ends with the shape's error event (OpenAI's SDK raises it as an
+            # APIError).
             self._end = "interrupted"
-            yield sse_error("The upstream stream was interrupted.")
+            yield self._stream_error("The upstream stream was interrupted.")
         except Undecodable:
             self._end = "interrupted"
-            yield sse_error("The upstream stream could not be decoded.")
+            yield self._stream_error("The upstream stream could not be decoded.")
         finally:
             await self.aclose()
 
@@ -85,10 +87,3 @@ class StreamBody:
         except Exception:  # closing a broken connection may fail; nothing to return
             logger.debug("closing an upstream stream failed", exc_info=True)
         await self._on_close(self._end)
-
-
-def sse_error(message: str) -> bytes:
-    payload = orjson.dumps(
-        {"error": {"message": message, "type": "api_error", "param": None, "code": "stream_error"}}
-    )
-    return b"data: " + payload + b"\n\n"

@@ -106,6 +106,7 @@ def _assert_upstream_clean(upstream: FakeUpstreamHandle, *loads: LoadResult) -> 
     assert served >= 0.97 * PACED * (DURATION - SETTLED), stats
 
 
+@pytest.mark.slow  # bounded load for many seconds: `make test-fast` skips it
 @pytest.mark.parametrize(
     "replicas",
     [
@@ -141,6 +142,7 @@ def test_a_light_key_beside_a_heavy_one_is_served_promptly_and_the_heavy_key_get
     _assert_upstream_clean(upstream, heavy, light)
 
 
+@pytest.mark.slow  # bounded load for many seconds: `make test-fast` skips it
 def test_two_saturating_keys_share_the_model_by_weight(
     tmp_path: Path, upstream: FakeUpstreamHandle
 ) -> None:
@@ -166,6 +168,7 @@ def test_two_saturating_keys_share_the_model_by_weight(
     _assert_upstream_clean(upstream, three, one)
 
 
+@pytest.mark.slow  # bounded load for many seconds: `make test-fast` skips it
 def test_a_higher_tier_is_served_promptly_while_a_lower_one_saturates_the_model(
     tmp_path: Path, upstream: FakeUpstreamHandle
 ) -> None:

@@ -24,7 +24,10 @@ from support.stalled_proxy import STALLED
 
 from proxy.fake_upstream import FakeUpstreamConfig, run_in_thread
 
-pytestmark = pytest.mark.skipif(not redis_available(), reason="redis-server is not installed")
+pytestmark = [
+    pytest.mark.skipif(not redis_available(), reason="redis-server is not installed"),
+    pytest.mark.slow,  # bounded load for many seconds: `make test-fast` skips it
+]
 
 WINDOW = 1.0  # the upstream's sliding window, seconds
 LIMIT = 10  # requests it takes in any window

@@ -78,6 +78,7 @@ def _report(name: str, result: LoadResult, stats: dict[str, Any]) -> None:
     )
 
 
+@pytest.mark.slow  # bounded load for many seconds: `make test-fast` skips it
 @pytest.mark.parametrize(
     "configured",
     [
@@ -112,6 +113,7 @@ ADMITTED = 27
 TOKEN_DURATION = 20.0
 
 
+@pytest.mark.slow  # bounded load for many seconds: `make test-fast` skips it
 @pytest.mark.parametrize(
     ("upstream_limits", "tokens_per_second"),
     [
@@ -254,6 +256,7 @@ def _outage_config(redis_url: str, upstream: FakeUpstreamHandle) -> dict[str, An
     return config
 
 
+@pytest.mark.slow  # bounded load for many seconds: `make test-fast` skips it
 @pytest.mark.parametrize(
     ("outage", "window"),
     [

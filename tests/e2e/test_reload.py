@@ -98,6 +98,7 @@ def _sighup(proxy: ProxyProcess) -> None:
     os.kill(proxy.process.pid, signal.SIGHUP)
 
 
+@pytest.mark.slow  # bounded load for many seconds: `make test-fast` skips it
 def test_a_reload_under_load_rotates_a_key_changes_a_limit_and_adds_a_deployment(
     tmp_path: Path, upstreams: list[FakeUpstreamHandle]
 ) -> None:

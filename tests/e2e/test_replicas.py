@@ -20,7 +20,10 @@ from support.waiting import wait_until
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 
-pytestmark = pytest.mark.skipif(not redis_available(), reason="redis-server is not installed")
+pytestmark = [
+    pytest.mark.skipif(not redis_available(), reason="redis-server is not installed"),
+    pytest.mark.slow,  # bounded load for many seconds: `make test-fast` skips it
+]
 
 WINDOW = 10.0  # seconds of the upstream's sliding window
 LIMIT = 100  # requests per window: 10 per second

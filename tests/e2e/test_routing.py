@@ -103,6 +103,7 @@ def test_a_failing_deployment_is_cooled_on_every_replica_probed_and_restored(
     assert phases[-1][1] > 10  # back in rotation
 
 
+@pytest.mark.slow  # bounded load for many seconds: `make test-fast` skips it
 def test_a_limit_configured_too_high_is_learned_from_the_upstream(
     upstreams: tuple[FakeUpstreamHandle, FakeUpstreamHandle],
 ) -> None:

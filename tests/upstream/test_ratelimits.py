@@ -89,13 +89,20 @@ def test_an_azure_429_without_retry_after_says_when_in_x_rate_limit_reset_tokens
     headers = {"x-rate-limit-reset-tokens": "55", "x-ratelimit-remaining-requests": "79"}
     assert retry_after(headers, NOW) is None
     assert parse_budget(headers, NOW).reset_tokens == 55.0
-    outcome = classify_status(429, headers, NOW, cooldown_time=30.0, max_hold=MAX_HOLD)
+    outcome = classify_status(
+        429, headers, parse_budget(headers, NOW), NOW, cooldown_time=30.0, max_hold=MAX_HOLD
+    )
     assert outcome.cool_for == 55.0 and outcome.rate_limited
 
 
 def test_an_azure_429_with_retry_after_ms_and_retry_after() -> None:
     headers = {"retry-after-ms": "2500", "retry-after": "3"}
-    assert classify_status(429, headers, NOW, cooldown_time=30.0, max_hold=MAX_HOLD).cool_for == 2.5
+    assert (
+        classify_status(
+            429, headers, parse_budget(headers, NOW), NOW, cooldown_time=30.0, max_hold=MAX_HOLD
+        ).cool_for
+        == 2.5
+    )
 
 
 @pytest.mark.parametrize(
@@ -110,7 +117,9 @@ def test_an_azure_429_with_retry_after_ms_and_retry_after() -> None:
 )
 def test_a_non_finite_retry_hint_is_as_if_not_sent(headers: dict[str, str]) -> None:
     assert retry_after(headers, NOW) is None
-    outcome = classify_status(429, headers, NOW, cooldown_time=30.0, max_hold=MAX_HOLD)
+    outcome = classify_status(
+        429, headers, parse_budget(headers, NOW), NOW, cooldown_time=30.0, max_hold=MAX_HOLD
+    )
     assert outcome.cool_for is None and outcome.rate_limited  # the hold without a hint
 
 
@@ -130,7 +139,9 @@ def test_a_non_finite_retry_hint_is_as_if_not_sent(headers: dict[str, str]) -> N
     ],
 )
 def test_a_429_holds_at_most_max_upstream_hold(headers: dict[str, str]) -> None:
-    outcome = classify_status(429, headers, NOW, cooldown_time=30.0, max_hold=MAX_HOLD)
+    outcome = classify_status(
+        429, headers, parse_budget(headers, NOW), NOW, cooldown_time=30.0, max_hold=MAX_HOLD
+    )
     assert outcome.cool_for == MAX_HOLD
 
 
@@ -229,7 +240,9 @@ def test_whatever_an_upstream_sends_every_figure_is_finite_and_every_hold_bounde
         assert figure is None or (math.isfinite(figure) and figure >= 0), budget
     hint = retry_after(headers, NOW)
     assert hint is None or (math.isfinite(hint) and hint >= 0)
-    outcome = classify_status(429, headers, NOW, cooldown_time=30.0, max_hold=MAX_HOLD)
+    outcome = classify_status(
+        429, headers, parse_budget(headers, NOW), NOW, cooldown_time=30.0, max_hold=MAX_HOLD
+    )
     assert outcome.cool_for is None or 0 <= outcome.cool_for <= MAX_HOLD
     report = remaining_report(budget.assuming(100, 1000), MAX_HOLD)
     if report is not None and report.requests_wait is not None:

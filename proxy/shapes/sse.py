@@ -1,8 +1,9 @@
-"""Reading usage out of an OpenAI server-sent event stream as it passes (pure).
+"""Reading usage out of a server-sent event stream as it passes (pure).
 
-Chunks are forwarded as they arrive; only events that carry a ``usage`` object are
-parsed. When the proxy itself asked for usage (``stream_options.include_usage``) and
-the client did not, the usage-only event is removed so the client sees the stream it
+Chunks are forwarded as they arrive; only events that may carry usage (they hold one of
+the shape's ``StreamUsage.markers``) are parsed, and the shape reads them. When the
+proxy itself asked for usage (OpenAI's ``stream_options.include_usage``) and the client
+did not, the usage-only event is removed so the client sees the stream it
 asked for: events are then held until they end, each at most ``MAX_HELD`` bytes (a
 longer run without an event's end, which is no usage event, is passed on as it comes).
 """
@@ -11,25 +12,32 @@ from __future__ import annotations
 
 import orjson
 
-__all__ = ["UsageTap", "usage_counts", "usage_of_body"]
+from proxy.costs import TokenUsage
+from proxy.shapes.base import StreamUsage
 
-_USAGE_MARKERS = (b'"usage":{', b'"usage": {')
+__all__ = ["MAX_HELD", "UsageTap"]
+
 MAX_HELD = 1 << 20  # bytes of an unfinished event held back: memory stays bounded
 
 
 class UsageTap:
-    def __init__(self, strip_usage_event: bool) -> None:
+    def __init__(self, reader: StreamUsage, strip_usage_event: bool) -> None:
+        self.reader = reader
         self.strip_usage_event = strip_usage_event
-        self.prompt_tokens: int | None = None
-        self.completion_tokens: int | None = None
+        self._markers = reader.markers
         self._partial = b""
         self._passing = False  # inside an event longer than MAX_HELD
+
+    @property
+    def usage(self) -> TokenUsage | None:
+        """The usage the stream reported so far (None: none)."""
+        return self.reader.usage
 
     def feed(self, chunk: bytes) -> bytes:
         """Bytes to forward for ``chunk`` (all of it, unless an event is removed)."""
         if not self.strip_usage_event and not self._partial:
             # Fast path: no event ever needs holding back; look for usage only.
-            if any(m in chunk for m in _USAGE_MARKERS):
+            if any(m in chunk for m in self._markers):
                 self._scan(chunk)
             return chunk
         data = self._partial + chunk
@@ -49,7 +57,7 @@ class UsageTap:
             self._passing, self._partial = True, b""  # no usage event is that long
             return self.feed(data)
         complete, self._partial = data[: end + 2], data[end + 2 :]
-        if not any(m in complete for m in _USAGE_MARKERS):
+        if not any(m in complete for m in self._markers):
             return complete
         kept = [e for e in complete.split(b"\n\n") if e and not self._take_usage_event(e)]
         return b"".join(e + b"\n\n" for e in kept)
@@ -61,15 +69,19 @@ class UsageTap:
 
     def _scan(self, chunk: bytes) -> None:
         for event in chunk.split(b"\n\n"):
-            if any(m in event for m in _USAGE_MARKERS):
+            if any(m in event for m in self._markers):
                 self._record(event)
 
     def _take_usage_event(self, event: bytes) -> bool:
         """Record usage from ``event``; true if it is a usage-only event to remove."""
-        if not any(m in event for m in _USAGE_MARKERS):
+        if not any(m in event for m in self._markers):
             return False
         payload = self._record(event)
-        return self.strip_usage_event and isinstance(payload, dict) and payload.get("choices") == []
+        return (
+            self.strip_usage_event
+            and isinstance(payload, dict)
+            and self.reader.added_by_proxy(payload)
+        )
 
     def _record(self, event: bytes) -> object:
         for line in event.split(b"\n"):
@@ -78,30 +90,7 @@ class UsageTap:
                     payload = orjson.loads(line[5:].strip())
                 except orjson.JSONDecodeError:
                     return None
-                if isinstance(payload, dict) and isinstance(payload.get("usage"), dict):
-                    self.prompt_tokens, self.completion_tokens = usage_counts(payload)
+                if isinstance(payload, dict):
+                    self.reader.record(payload)
                 return payload
         return None
-
-
-def usage_counts(payload: object) -> tuple[int | None, int | None]:
-    """(prompt_tokens, completion_tokens) of an OpenAI object's ``usage``, where given."""
-    usage = payload.get("usage") if isinstance(payload, dict) else None
-    if not isinstance(usage, dict):
-        return None, None
-    return _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
-
-
-def usage_of_body(content: bytes) -> tuple[int | None, int | None]:
-    """The usage counts of a buffered JSON answer (None where it has none)."""
-    try:
-        return usage_counts(orjson.loads(content))
-    except orjson.JSONDecodeError:
-        return None, None
-
-
-def _int(value: object) -> int | None:
-    """A count: an int, not negative (anything else is not a count an upstream means)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return None

@@ -1,6 +1,9 @@
 """Token estimates reserve prompt plus the most the completion may use."""
 
-from proxy.tokens import completion_tokens, estimate, prompt_tokens
+from proxy.costs import INPUT_TOKENS, OUTPUT_TOKENS, REQUESTS, TOKENS
+from proxy.shapes.chat import CHAT
+from proxy.shapes.embeddings import EMBEDDINGS
+from proxy.shapes.tokens import completion_tokens, prompt_tokens
 
 
 def test_chat_prompt_grows_with_text() -> None:
@@ -31,5 +34,11 @@ def test_n_choices_multiply_the_default_too() -> None:
 
 
 def test_embeddings_reserve_no_completion() -> None:
-    assert estimate({"input": "abcd"}, "embeddings", 256) == 2
-    assert estimate({"messages": [], "max_tokens": 10}, "chat/completions", 256) == 13
+    assert EMBEDDINGS.estimate({"input": "abcd"}, 256)[TOKENS] == 2
+    assert CHAT.estimate({"messages": [], "max_tokens": 10}, 256)[TOKENS] == 13
+
+
+def test_an_estimate_is_a_cost_in_every_kind_a_shape_estimates() -> None:
+    cost = CHAT.estimate({"messages": [], "max_tokens": 10}, 256)
+    assert cost == {REQUESTS: 1.0, TOKENS: 13.0, INPUT_TOKENS: 3.0, OUTPUT_TOKENS: 10.0}
+    assert EMBEDDINGS.estimate({"input": "abcd"}, 256)[OUTPUT_TOKENS] == 0

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.costs import TOKENS
-from proxy.costs import estimate_cost as estimate_cost_of
-
 _CHARS_PER_TOKEN = 4
 _PER_MESSAGE = 4  # role and framing tokens per chat message
 _PER_REQUEST = 3
@@ -64,17 +61,3 @@ def completion_tokens(body: dict[str, Any], default: int) -> int:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value * choices
     return default * choices
-
-
-def estimate(body: dict[str, Any], endpoint: str, default_completion: int) -> int:
-    """Tokens to reserve for a request: prompt plus the completion it may generate."""
-    return int(estimate_cost(body, endpoint, default_completion)[TOKENS])
-
-
-def estimate_cost(body: dict[str, Any], endpoint: str, default_completion: int) -> dict[str, float]:
-    """What to reserve for a request, per limit kind: one request, its prompt as input
-    tokens, the completion it may generate as output tokens, and both as tokens."""
-    prompt = prompt_tokens(body)
-    if endpoint == "embeddings":
-        return estimate_cost_of(prompt)
-    return estimate_cost_of(prompt, completion_tokens(body, default_completion))

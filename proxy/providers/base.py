@@ -1,0 +1,51 @@
+"""What a provider is: one upstream dialect the proxy speaks (pure).
+
+A provider knows what depends on who answers, whatever the API shape: where each shape
+is served (URLs from a deployment's config), the header that carries the deployment's key,
+which shapes it speaks, how its answers announce their rate limits, and how it says that
+the deployment's own config is wrong. The registry (``proxy/providers/__init__.py``) maps
+the config's ``provider`` names to providers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from proxy.config import Deployment
+    from proxy.limiter.base import Outcome
+    from proxy.upstream.ratelimits import UpstreamBudget
+
+__all__ = ["Provider"]
+
+
+class Provider(Protocol):
+    """One upstream dialect. Implementations are stateless singletons, registered once."""
+
+    @property
+    def name(self) -> str:
+        """Its name in the config (``provider:``)."""
+        ...
+
+    @property
+    def shapes(self) -> frozenset[str]:
+        """The names of the API shapes its deployments serve (``Shape.name``)."""
+        ...
+
+    def url(self, deployment: Deployment, shape: str) -> str:
+        """Where ``deployment`` serves the shape named ``shape`` (one of ``shapes``)."""
+        ...
+
+    def credential(self, deployment: Deployment) -> tuple[str, str] | None:
+        """The header carrying the deployment's key (name, value); None without a key."""
+        ...
+
+    def budget(self, headers: Mapping[str, str], now: float) -> UpstreamBudget:
+        """What an answer's headers say of the upstream's budget (``now``: epoch)."""
+        ...
+
+    def misconfigured(self, status: int, body: bytes, cooldown_time: float) -> Outcome | None:
+        """An answer that says the deployment's own config is wrong (cooled as a bad key
+        is, for ``cooldown_time``); None: an ordinary answer."""
+        ...

@@ -1,0 +1,40 @@
+"""OpenAI and OpenAI-compatible servers (vLLM, LiteLLM, Ollama...): ``{base_url}/{shape}``,
+``Authorization: Bearer``, OpenAI's ``x-ratelimit-*`` headers (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from proxy.upstream.ratelimits import UpstreamBudget, parse_budget
+
+if TYPE_CHECKING:
+    from proxy.config import Deployment
+    from proxy.limiter.base import Outcome
+
+__all__ = ["OPENAI", "OPENAI_SHAPES"]
+
+OPENAI_SHAPES = frozenset(("chat/completions", "completions", "embeddings"))
+
+
+class OpenAICompatible:
+    name = "openai"
+    shapes = OPENAI_SHAPES
+
+    def url(self, deployment: Deployment, shape: str) -> str:
+        return f"{deployment.base_url}/{shape}"
+
+    def credential(self, deployment: Deployment) -> tuple[str, str] | None:
+        key = deployment.api_key.get_secret_value()
+        return ("authorization", f"Bearer {key}") if key else None
+
+    def budget(self, headers: Mapping[str, str], now: float) -> UpstreamBudget:
+        # Compatible servers in front of other APIs may pass Anthropic's headers on:
+        # parse_budget reads both dialects.
+        return parse_budget(headers, now)
+
+    def misconfigured(self, status: int, body: bytes, cooldown_time: float) -> Outcome | None:
+        return None  # the client's path is the proxy's: an error is about the request
+
+
+OPENAI = OpenAICompatible()

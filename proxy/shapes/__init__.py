@@ -1,0 +1,23 @@
+"""The API shapes the proxy serves, one module each, and the registry (path -> shape).
+
+To serve a new API shape: its module here (a class following ``base.Shape``) and one line
+in ``SHAPES``. Providers say which shapes they speak (``proxy/providers/``).
+"""
+
+from __future__ import annotations
+
+from proxy.shapes.base import Shape
+from proxy.shapes.chat import CHAT
+from proxy.shapes.completions import COMPLETIONS
+from proxy.shapes.embeddings import EMBEDDINGS
+
+__all__ = ["BY_NAME", "BY_PATH", "SHAPES", "Shape"]
+
+SHAPES: tuple[Shape, ...] = (
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+)
+
+BY_PATH: dict[str, Shape] = {path: shape for shape in SHAPES for path in shape.paths}
+BY_NAME: dict[str, Shape] = {shape.name: shape for shape in SHAPES}

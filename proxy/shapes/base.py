@@ -1,0 +1,122 @@
+"""What an API shape is: one request format the proxy serves (pure).
+
+A shape knows everything about its requests and answers that is not about routing or an
+upstream's dialect: the client paths it is served at, the fields the proxy reads (checked
+first), what a request costs before it is sent, what the forwarded body needs (usage in
+streams), the real usage of a plain answer and of a stream, its error body and stream error
+event, and how a client presents its key. The registry (``proxy/shapes/__init__.py``) maps
+paths to shapes; a provider (``proxy/providers/``) says where each shape is served upstream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from proxy.costs import Cost, TokenUsage
+from proxy.errors import ProxyError
+from proxy.values import value
+
+__all__ = ["AS_SENT", "ClientCredential", "Prepared", "Shape", "StreamUsage"]
+
+
+class ClientCredential(Protocol):
+    """How a client presents its key to the proxy (the header and its scheme)."""
+
+    @property
+    def header(self) -> str:
+        """The header's name, lower case: ``authorization``."""
+        ...
+
+    @property
+    def missing(self) -> str:
+        """What a request without it is told."""
+        ...
+
+    def secret(self, value: str | None) -> str | None:
+        """The key in the header's ``value``; None: none presented."""
+        ...
+
+
+class StreamUsage(Protocol):
+    """What a shape reads of its stream's events as they pass (sse.UsageTap feeds it)."""
+
+    @property
+    def markers(self) -> tuple[bytes, ...]:
+        """Bytes one of which an event that may hold usage contains."""
+        ...
+
+    def record(self, payload: dict[str, Any]) -> None:
+        """Read the usage a parsed event carries (events may add up, as Anthropic's do)."""
+        ...
+
+    def added_by_proxy(self, payload: dict[str, Any]) -> bool:
+        """Whether ``payload`` is the usage-only event the proxy asked for (removed when
+        the client did not ask for it)."""
+        ...
+
+    @property
+    def usage(self) -> TokenUsage | None:
+        """The usage read so far; None: none yet."""
+        ...
+
+
+@value
+class Prepared:
+    """What the forwarded body needs beyond the client's (``Shape.prepare``)."""
+
+    changed: Mapping[str, Any]  # top-level fields to set (empty: the body goes as it is)
+    strip_usage: bool = False  # the proxy asked the stream for usage the client did not
+
+
+AS_SENT = Prepared({})
+
+
+class Shape(Protocol):
+    """One API shape. Implementations are stateless singletons, registered once."""
+
+    @property
+    def name(self) -> str:
+        """Its label in metrics and logs, and the key of its URL at a provider."""
+        ...
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """The client paths it is served at (POST)."""
+        ...
+
+    @property
+    def credential(self) -> ClientCredential:
+        """How its clients present their key."""
+        ...
+
+    def check(self, body: dict[str, Any]) -> None:
+        """Raise InvalidRequest (naming the param) for a field the proxy reads whose
+        shape is wrong."""
+        ...
+
+    def estimate(self, body: dict[str, Any], default_output: int) -> Cost:
+        """What the request costs before the upstream counts: ``requests``, ``tokens``,
+        ``input_tokens``, ``output_tokens`` (``default_output``: the output tokens of a
+        request that sets no cap)."""
+        ...
+
+    def prepare(self, body: dict[str, Any], stream: bool) -> Prepared:
+        """The fields the forwarded body needs changed (beyond ``model``)."""
+        ...
+
+    def usage(self, content: bytes) -> TokenUsage | None:
+        """The usage a plain (buffered) answer reports; None: it cannot be read."""
+        ...
+
+    def stream_usage(self) -> StreamUsage:
+        """A reader for one stream's usage."""
+        ...
+
+    def error_body(self, error: ProxyError) -> bytes:
+        """The body of an error answer, in this API's error shape."""
+        ...
+
+    def stream_error(self, message: str) -> bytes:
+        """The event that ends a stream broken off upstream, in this API's shape."""
+        ...

@@ -1,0 +1,131 @@
+"""What OpenAI's API shapes share (pure): usage as OpenAI reports it, the error body
+(``errors.error_body``, the contract's shape) and the stream's error event, the stream's
+usage request (``stream_options.include_usage``).
+
+Chat completions, completions and embeddings are each a module of their own
+(``chat.py``, ``completions.py``, ``embeddings.py``) built on these.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from proxy.costs import Cost, TokenUsage, estimate_cost
+from proxy.errors import ProxyError, error_body
+from proxy.shapes import openai_fields
+from proxy.shapes.base import AS_SENT, ClientCredential, Prepared, StreamUsage
+from proxy.shapes.credentials import BEARER
+from proxy.shapes.tokens import completion_tokens, prompt_tokens
+
+__all__ = [
+    "OpenAIShape",
+    "OpenAIStreamUsage",
+    "stream_error",
+    "stream_usage_request",
+    "usage_of_body",
+    "usage_of_payload",
+]
+
+_USAGE_MARKERS = (b'"usage":{', b'"usage": {')
+
+
+def usage_of_payload(payload: object) -> TokenUsage | None:
+    """The ``usage`` of an OpenAI object: ``prompt_tokens`` (its
+    ``prompt_tokens_details.cached_tokens`` part of them: ``cached_input``) and
+    ``completion_tokens``; None when it states neither count."""
+    usage = payload.get("usage") if isinstance(payload, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    prompt, completion = _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
+    if prompt is None and completion is None:
+        return None
+    details = usage.get("prompt_tokens_details")
+    cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
+    return TokenUsage(
+        input_tokens=prompt or 0,
+        output_tokens=completion or 0,
+        cached_input=min(cached or 0, prompt or 0),  # part of the prompt, never more
+    )
+
+
+def usage_of_body(content: bytes) -> TokenUsage | None:
+    """The usage of a buffered JSON answer (None where it has none)."""
+    try:
+        return usage_of_payload(orjson.loads(content))
+    except orjson.JSONDecodeError:
+        return None
+
+
+class OpenAIStreamUsage:
+    """A stream's usage: the last event carrying a ``usage`` object (the proxy's own
+    usage-only event, ``choices: []``, when it asked for one)."""
+
+    markers = _USAGE_MARKERS
+
+    def __init__(self) -> None:
+        self.usage: TokenUsage | None = None
+
+    def record(self, payload: dict[str, Any]) -> None:
+        if isinstance(payload.get("usage"), dict):
+            self.usage = usage_of_payload(payload)
+
+    def added_by_proxy(self, payload: dict[str, Any]) -> bool:
+        return payload.get("choices") == []
+
+
+def stream_usage_request(body: dict[str, Any], stream: bool) -> Prepared:
+    """A stream's usage, asked for (``stream_options.include_usage``) when the client did
+    not: the proxy needs it to settle the token budgets, the client does not see it."""
+    options = body.get("stream_options")
+    if not stream or (isinstance(options, dict) and options.get("include_usage") is True):
+        return AS_SENT
+    return Prepared({"stream_options": {**(options or {}), "include_usage": True}}, True)
+
+
+def stream_error(message: str) -> bytes:
+    """An SSE error event the OpenAI SDK raises as an APIError."""
+    payload = orjson.dumps(
+        {"error": {"message": message, "type": "api_error", "param": None, "code": "stream_error"}}
+    )
+    return b"data: " + payload + b"\n\n"
+
+
+class OpenAIShape:
+    """An OpenAI API shape: its fields checked as ``openai_fields`` does, its prompt
+    estimated from ``messages``, ``prompt`` or ``input`` and its output up to its cap,
+    usage as OpenAI reports it, errors in OpenAI's shape, a bearer key. A subclass names
+    its paths (and may estimate otherwise)."""
+
+    name: str = ""
+    paths: tuple[str, ...] = ()
+    credential: ClientCredential = BEARER
+
+    def check(self, body: dict[str, Any]) -> None:
+        openai_fields.check(body)
+
+    def estimate(self, body: dict[str, Any], default_output: int) -> Cost:
+        return estimate_cost(prompt_tokens(body), completion_tokens(body, default_output))
+
+    def prepare(self, body: dict[str, Any], stream: bool) -> Prepared:
+        return stream_usage_request(body, stream)
+
+    def usage(self, content: bytes) -> TokenUsage | None:
+        return usage_of_body(content)
+
+    def stream_usage(self) -> StreamUsage:
+        return OpenAIStreamUsage()
+
+    def error_body(self, error: ProxyError) -> bytes:
+        return error_body(error)
+
+    def stream_error(self, message: str) -> bytes:
+        return stream_error(message)
+
+
+def _int(value: object) -> int | None:
+    """A count: an int, not negative (anything else is not a count an upstream means)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None

@@ -1,0 +1,38 @@
+"""A provider says where a deployment serves each shape, with which key header, and which
+of its answers mean the deployment's own config is wrong."""
+
+from proxy.config import Deployment
+from proxy.providers import provider_of
+
+AZURE = Deployment.model_validate(
+    {
+        "id": "az",
+        "provider": "azure",
+        "base_url": "https://r.openai.azure.com",
+        "deployment": "gpt-4o-prod",
+        "api_version": "2024-10-21",
+        "api_key": "azure-secret",
+    }
+)
+OPENAI = Deployment.model_validate({"id": "oa", "base_url": "https://api.openai.com/v1"})
+
+
+def test_urls_per_shape() -> None:
+    assert provider_of("openai").url(OPENAI, "embeddings") == "https://api.openai.com/v1/embeddings"
+    assert provider_of("azure").url(AZURE, "chat/completions") == (
+        "https://r.openai.azure.com/openai/deployments/gpt-4o-prod/chat/completions"
+        "?api-version=2024-10-21"
+    )
+
+
+def test_the_key_header_and_none_without_a_key() -> None:
+    assert provider_of("azure").credential(AZURE) == ("api-key", "azure-secret")
+    assert provider_of("openai").credential(OPENAI) is None
+
+
+def test_only_azure_says_its_config_is_wrong() -> None:
+    azure = provider_of("azure")
+    assert azure.misconfigured(404, b"{}", 30.0) is not None
+    assert azure.misconfigured(400, b'{"error": "API version not supported"}', 30.0) is not None
+    assert azure.misconfigured(400, b'{"error": "bad messages"}', 30.0) is None
+    assert provider_of("openai").misconfigured(404, b"{}", 30.0) is None

@@ -1,0 +1,103 @@
+"""The dispatcher's journey without servers (support/journey.py): streams and their
+usage, and a turn dropped once its deployment learned a slower rate."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import orjson
+from support.journey import REQUEST, Journey, Upstream, config, deployment
+
+from proxy.call import Call
+from proxy.shapes.chat import CHAT
+
+CHUNK = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
+USAGE_EVENT = b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3}}\n\n'
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(*events: bytes) -> httpx.Response:
+    stream = httpx.ByteStream(b"".join(events))  # streamed, not read beforehand
+    return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=stream)
+
+
+async def stream_through(journey: Journey) -> tuple[Call, bytes, list[int]]:
+    """One streamed request through the dispatcher: the call, what the client read, and
+    the statuses the stream ended with."""
+    pipeline = journey.pipeline
+    body = {**REQUEST, "stream": True}
+    call = Call(request_id="r", shape=CHAT, started=time.perf_counter(), max_wait=1.0)
+    call.body, call.raw, call.stream, call.model = body, orjson.dumps(body), True, "m"
+    call.cost = CHAT.estimate(body, 256)
+    call.estimate = int(call.cost["tokens"])
+    ended: list[int] = []
+
+    async def stream_done(status: int) -> None:
+        ended.append(status)
+
+    served = await pipeline.dispatcher.run(call, pipeline.catalog.groups["m"], stream_done)
+    assert served.reply.stream is not None
+    read = b"".join([chunk async for chunk in served.reply.stream])
+    await pipeline.drain()
+    return call, read, ended
+
+
+async def test_a_stream_reports_its_usage_and_the_client_sees_no_usage_it_did_not_ask() -> None:
+    journey = Journey(
+        config([deployment("a")]), Upstream({"a.test": lambda _: sse(CHUNK, USAGE_EVENT, DONE)})
+    )
+    call, read, ended = await stream_through(journey)
+    assert read == CHUNK + DONE  # the usage event the proxy asked for is removed
+    assert (call.trip.prompt_tokens, call.trip.completion_tokens, call.trip.charged_tokens()) == (
+        7,
+        3,
+        10,
+    )
+    assert ended == [200]
+    assert journey.counted("llmproxy_usage_unreadable_total") == 0
+
+
+async def test_a_stream_that_completes_without_usage_is_charged_its_estimate_and_counted() -> None:
+    journey = Journey(config([deployment("a")]), Upstream({"a.test": lambda _: sse(CHUNK, DONE)}))
+    call, read, ended = await stream_through(journey)
+    assert read == CHUNK + DONE
+    assert call.trip.charged_tokens() == call.estimate  # never a refund
+    assert ended == [200]
+    assert (
+        journey.counted("llmproxy_usage_unreadable_total", shape="chat/completions", deployment="a")
+        == 1
+    )
+
+
+async def test_a_turn_reserved_before_its_deployment_learned_a_slower_rate_is_dropped() -> None:
+    """A waits for the upstream; B's turn, a second later, is reserved meanwhile. A's
+    answer is a 429 holding the deployment longer than either may wait: once that is
+    learned, B's turn is stale and B asks again (held: refused) instead of being sent
+    at a pace the upstream just refused."""
+    answered = asyncio.Event()
+    sent: list[str] = []
+
+    async def upstream(request: httpx.Request) -> httpx.Response:
+        sent.append(request.url.host)
+        await answered.wait()
+        return httpx.Response(429, headers={"retry-after": "30"}, json={"error": {}})
+
+    data = config([deployment("a", rpm=60)], retries=0, max_wait="3s", lookahead="0s")
+    journey = Journey(data, Upstream({}))
+    journey.pipeline.dispatcher.exchange.transport = httpx.MockTransport(upstream)
+    first = asyncio.create_task(journey.send())
+    while not sent:
+        await asyncio.sleep(0.01)
+    second = asyncio.create_task(journey.send())
+    for _ in range(500):  # B sleeps for its turn on a (not a step of time: a bound)
+        if journey.pipeline.dispatcher.tally.waiting_on:
+            break
+        await asyncio.sleep(0.01)
+    assert journey.pipeline.dispatcher.tally.waiting_on == {"a": 1}
+    answered.set()
+    replies = await asyncio.gather(first, second)
+    codes = [orjson.loads(r.body)["error"]["code"] for r in replies]
+    assert codes == ["upstream_rate_limited", "model_unavailable"]
+    assert sent == ["a.test"]  # B's stale turn never went upstream

@@ -1,0 +1,135 @@
+"""One request's journey through the pipeline and the dispatcher, without servers: the
+memory limiter on an injected clock and a scripted upstream (support/journey.py).
+
+Each scenario says what the client gets and what its key and the upstream were charged."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import orjson
+import pytest
+from support.journey import REQUEST, Journey, Upstream, config, deployment, ok, status
+
+from proxy.call import Reply
+from proxy.costs import TOKENS
+from proxy.limiter.base import DeploymentVerdict, GroupAsk
+from proxy.limiter.memory import MemoryLimiter
+from proxy.providers import PROVIDERS
+from proxy.providers.openai import OpenAICompatible
+from proxy.shapes.chat import CHAT
+from proxy.shapes.embeddings import EMBEDDINGS
+
+
+def remaining_tokens(reply: Reply) -> int:
+    return int(reply.headers["x-ratelimit-remaining-tokens"])
+
+
+def error_code(reply: Reply) -> str:
+    return str(orjson.loads(reply.body)["error"]["code"])
+
+
+async def test_a_200_whose_usage_cannot_be_read_is_charged_its_estimate_not_refunded() -> None:
+    read = Journey(config([deployment("a")], {"tpm": 100_000}), Upstream({"a.test": ok()}))
+    await read.send()
+    after_read = remaining_tokens(await read.send())
+    blind = Journey(config([deployment("a")], {"tpm": 100_000}), Upstream({"a.test": ok(None)}))
+    await blind.send()
+    after_blind = remaining_tokens(await blind.send())
+    estimate = int(CHAT.estimate(REQUEST, 0)[TOKENS])
+    # Each reply shows the key after its own estimate is held: the first request was
+    # settled to its real usage (10), or kept its whole estimate.
+    assert after_read == 100_000 - 10 - estimate
+    assert after_blind == 100_000 - 2 * estimate
+    assert blind.counted("llmproxy_usage_unreadable_total", shape="chat/completions") == 2
+    assert read.counted("llmproxy_usage_unreadable_total") == 0
+
+
+async def test_a_failing_deployment_is_retried_on_the_next() -> None:
+    calls: list[int] = []
+
+    def first_fails(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        return status(500)(request) if len(calls) == 1 else ok()(request)
+
+    upstream = Upstream({"a.test": first_fails, "b.test": first_fails})
+    reply = await Journey(config([deployment("a"), deployment("b")]), upstream).send()
+    assert reply.status == 200
+    assert sorted(upstream.sent) == ["a.test", "b.test"]  # not the failed one again
+
+
+async def test_a_fallback_group_serves_what_its_own_group_cannot() -> None:
+    data = config([deployment("a")], retries=1)
+    data["models"].append({"name": "backup", "deployments": [deployment("b")]})
+    data["routing"]["fallbacks"] = {"m": ["backup"]}
+    upstream = Upstream({"a.test": status(503), "b.test": ok()})
+    reply = await Journey(data, upstream).send()
+    assert reply.status == 200
+    assert upstream.sent == ["a.test", "b.test"]
+
+
+async def test_a_key_refused_by_its_gate_sends_nothing_and_gives_its_turn_back() -> None:
+    upstream = Upstream({"a.test": ok()})
+    journey = Journey(config([deployment("a", rpm=60, burst=2)], {"rpm": 1}), upstream)
+    assert (await journey.send()).status == 200
+    refused = await journey.send()
+    assert (refused.status, error_code(refused)) == (429, "key_rpm")
+    assert upstream.sent == ["a.test"]
+    # The refused request's turn went back: the deployment's second turn is still free.
+    limits = journey.pipeline.catalog.limits(journey.pipeline.catalog.groups["m"].deployments[0])
+    state = await journey.pipeline.limiter.snapshot("m", [limits])
+    assert state["a"].remaining["rpm"] >= 0.9
+
+
+async def test_a_full_queue_refuses_a_request_that_would_wait() -> None:
+    upstream = Upstream({"a.test": ok()})
+    journey = Journey(config([deployment("a", rpm=60)], max_queue=0, max_wait="10s"), upstream)
+    assert (await journey.send()).status == 200
+    refused = await journey.send()  # its turn is a second away; no room to wait
+    assert (refused.status, error_code(refused)) == (429, "queue_full")
+    assert upstream.sent == ["a.test"]
+
+
+class RoundTrip(MemoryLimiter):
+    """Reservations answered on a later loop turn, as Redis answers them: other requests
+    ask meanwhile."""
+
+    async def reserve(self, ask: GroupAsk) -> DeploymentVerdict:
+        await asyncio.sleep(0)
+        return await super().reserve(ask)
+
+
+async def test_a_turn_granted_once_the_queue_filled_is_given_back() -> None:
+    """B and C ask together with room for one waiting request: B's turn comes first and
+    B waits for it; C's turn, granted as the queue filled, goes back (429 queue_full),
+    so the next turn after B's is free for whoever asks next."""
+    data = config([deployment("a", rpm=60)], max_queue=1, max_wait="10s", lookahead="0s")
+    journey = Journey(data, Upstream({"a.test": ok()}), RoundTrip)
+    assert (await journey.send()).status == 200
+    catalog = journey.pipeline.catalog
+    limits = [catalog.limits(d) for d in catalog.groups["m"].deployments]
+    spacing = (await journey.pipeline.limiter.snapshot("m", limits))["a"].next_turn
+    b, c = await asyncio.gather(journey.send(), journey.send())
+    assert b.status == 200
+    assert (c.status, error_code(c)) == (429, "queue_full")
+    # B took the turn after A's; C's, after B's, is free again (the limiter's clock stood).
+    after = (await journey.pipeline.limiter.snapshot("m", limits))["a"].next_turn
+    assert after == pytest.approx(2 * spacing)
+
+
+async def test_a_model_none_of_whose_deployments_speaks_the_api_is_a_400(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class ChatOnly(OpenAICompatible):
+        shapes = frozenset({"chat/completions"})
+
+    monkeypatch.setitem(PROVIDERS, "openai", ChatOnly())
+    upstream = Upstream({"a.test": ok()})
+    journey = Journey(config([deployment("a")]), upstream)
+    reply = await journey.send({"model": "m", "input": "hello"}, EMBEDDINGS)
+    body = orjson.loads(reply.body)["error"]
+    assert (reply.status, body["code"], body["param"]) == (400, "unsupported_api", "model")
+    assert "embeddings" in body["message"] and "'m'" in body["message"]
+    assert upstream.sent == []
+    assert (await journey.send()).status == 200  # chat, which it speaks
