@@ -23,7 +23,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy import shapes
-from proxy.api import admin, routes
+from proxy.api import admin, routes, stored_responses
 from proxy.api.forwarding import ForwardingEndpoint, HotPathRouter
 from proxy.api.responses import error_response
 from proxy.config import Settings, config_warnings, load_settings
@@ -154,6 +154,7 @@ def create_app(
     app.router.routes.extend(
         [
             *(Route(path, endpoint, methods=["POST"]) for path, endpoint in forwarding.items()),
+            *stored_responses.routes(lambda: app.state.pipeline),
             Route("/v1/models", routes.list_models, methods=["GET"]),
             Route("/v1/models/{model:path}", routes.retrieve_model, methods=["GET"]),
             Route("/health/live", routes.live, methods=["GET"]),

@@ -126,6 +126,11 @@ class Call:
     client_left: ClientLeft | None = None  # watched while the request waits for a turn
     watch_departure: WatchDeparture | None = None  # else client_left, during upstream calls
     key_verdict: KeyVerdict | None = None  # the client key's check, granted or refused
+    # A follow-up of a stored response (proxy/affinity.py): the one deployment that holds
+    # it (no other, no fallback), and the route below the shape's URL with its method.
+    pinned: str | None = None
+    upstream_method: str = "POST"
+    upstream_path: str = ""
 
     @property
     def input_estimate(self) -> int:

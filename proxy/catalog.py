@@ -7,19 +7,30 @@ every budget when budgets are not shared (the in-memory backend under N workers)
 
 from __future__ import annotations
 
+import dataclasses
 import ssl
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 
-from proxy.config import ClientKey, Deployment, LimitRule, ModelGroup, Settings
-from proxy.limiter.base import MINUTE, DeploymentLimits, KeyLimits, Rate, Window, window_name
+from proxy.config import ClientKey, Deployment, LimitRule, ModelGroup, Settings, Team
+from proxy.limiter.base import (
+    KEY,
+    MINUTE,
+    TEAM,
+    DeploymentLimits,
+    KeyLimits,
+    Rate,
+    Window,
+    scoped_name,
+    window_name,
+)
 from proxy.providers import Provider, provider_of
 from proxy.routing.announced import Announced
 
-__all__ = ["Catalog", "DeploymentRoute", "GroupRoute", "key_limits"]
+__all__ = ["Catalog", "DeploymentRoute", "GroupRoute", "for_model", "key_limits"]
 
 # A deployment's request bucket holds one request unless configured: requests then go
 # 60/rpm seconds apart, which no sliding-window upstream limit can reject...
@@ -55,6 +66,13 @@ def shape_urls(d: Deployment) -> dict[str, tuple[httpx.URL, str]]:
     provider = provider_of(d.provider)
     urls = {shape: httpx.URL(provider.url(d, shape)) for shape in sorted(provider.shapes)}
     return {shape: (url, str(url)) for shape, url in urls.items()}
+
+
+def body_models(d: Deployment) -> dict[str, str]:
+    """The body's ``model`` per shape where the provider names it (``Provider.body_model``)."""
+    provider = provider_of(d.provider)
+    models = {shape: provider.body_model(d, shape) for shape in sorted(provider.shapes)}
+    return {shape: model for shape, model in models.items() if model is not None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +113,9 @@ class DeploymentRoute:
     # request's extensions (the timeout, as httpx spells it, and how to reach it).
     urls: dict[str, tuple[httpx.URL, str]]
     extensions: dict[str, object]
+    # The body's ``model`` for the shapes whose provider names it otherwise (Azure's
+    # Responses API: the Azure deployment): ``model_for``.
+    body_models: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -103,6 +124,12 @@ class DeploymentRoute:
     @property
     def weight(self) -> float:
         return self.config.weight
+
+    def model_for(self, shape: str) -> str:
+        """The ``model`` the forwarded body of the shape named ``shape`` names."""
+        if not self.body_models:  # the usual case: one model for every shape
+            return self.upstream_model
+        return self.body_models.get(shape, self.upstream_model)
 
     def target(self, shape: str) -> tuple[httpx.URL, str]:
         """The URL of the shape named ``shape``, parsed and as text."""
@@ -144,7 +171,7 @@ def window(
         capacity=max(capacity or limit, 1.0),
         ceiling=allowance if paced else None,
     )
-    return Window(window_name(rule.kind, rule.per), rule.kind, rate)
+    return Window(scoped_name(window_name(rule.kind, rule.per), rule.models), rule.kind, rate)
 
 
 def timeout_extension(seconds: float) -> dict[str, float]:
@@ -181,15 +208,57 @@ def deployment_limits(
     )
 
 
-def key_limits(key: ClientKey, share: float = 1.0) -> KeyLimits:
-    """A key's windows hold their whole allowance (50 RPM: 50 at once)."""
+def key_limits(
+    key: ClientKey | Team, share: float = 1.0, team: KeyLimits | None = None
+) -> KeyLimits:
+    """An owner's windows (a key's, or a team's: ``Team``), holding their whole allowance
+    (50 RPM: 50 at once); a key in a team carries ``team``'s."""
     return KeyLimits(
         name=key.name,
         windows=tuple(window(rule, share, None) for rule in key.limit_rules()),
         max_parallel=(
             max(1, int(key.max_parallel * share)) if key.max_parallel is not None else None
         ),
+        team=team,
+        scope=TEAM if isinstance(key, Team) else KEY,
     )
+
+
+def for_model(limits: KeyLimits, rules: Sequence[LimitRule], model: str) -> KeyLimits:
+    """``limits`` (built from ``rules``, in order) without the windows that count other
+    models' requests than ``model``'s (itself when none is left out)."""
+    windows = tuple(
+        w for w, rule in zip(limits.windows, rules, strict=True) if _counts(rule, model)
+    )
+    return limits if len(windows) == len(limits.windows) else replace(limits, windows=windows)
+
+
+def _counts(rule: LimitRule, model: str) -> bool:
+    return not rule.models or model in rule.models
+
+
+def _model_scoped(owner: ClientKey | Team) -> bool:
+    return any(spec.models for spec in owner.limits)
+
+
+class _TeamLimits:
+    """A team's limits, and per model group the windows that apply (built on first use)."""
+
+    __slots__ = ("_by_model", "_rules", "_scoped", "limits")
+
+    def __init__(self, team: Team, share: float) -> None:
+        self.limits = key_limits(team, share)
+        self._rules = team.limit_rules()
+        self._scoped = _model_scoped(team)
+        self._by_model: dict[str, KeyLimits] = {}
+
+    def for_model(self, model: str) -> KeyLimits:
+        if not self._scoped:
+            return self.limits
+        built = self._by_model.get(model)
+        if built is None:
+            built = self._by_model[model] = for_model(self.limits, self._rules, model)
+        return built
 
 
 def _group(group: ModelGroup, share: float, pacing_margin: float) -> GroupRoute:
@@ -203,6 +272,7 @@ def _group(group: ModelGroup, share: float, pacing_margin: float) -> GroupRoute:
                 upstream_model=d.model or group.name,
                 urls=shape_urls(d),
                 extensions={"timeout": timeout_extension(d.timeout), EGRESS: egress(d)},
+                body_models=body_models(d),
             )
             for d in group.deployments
         ),
@@ -210,18 +280,25 @@ def _group(group: ModelGroup, share: float, pacing_margin: float) -> GroupRoute:
 
 
 class _KeyLimits(Mapping[str, KeyLimits]):
-    """The config keys' limits by name, each built on first use: a config of 100,000 keys
-    costs a dict of names at start-up and reload, not 100,000 sets of windows."""
+    """The config keys' limits by name (their team's included), each built on first use:
+    a config of 100,000 keys costs a dict of names at start-up and reload, not 100,000
+    sets of windows."""
 
-    def __init__(self, keys: Sequence[ClientKey], share: float) -> None:
+    def __init__(
+        self, keys: Sequence[ClientKey], share: float, teams: Mapping[str, _TeamLimits]
+    ) -> None:
         self._keys = {key.name: key for key in keys}
         self._share = share
+        self._teams = teams
         self._built: dict[str, KeyLimits] = {}
 
     def __getitem__(self, name: str) -> KeyLimits:
         built = self._built.get(name)
         if built is None:
-            built = self._built[name] = key_limits(self._keys[name], self._share)
+            key = self._keys[name]
+            team = self._teams.get(key.team) if key.team is not None else None
+            limits = key_limits(key, self._share, None if team is None else team.limits)
+            built = self._built[name] = limits
         return built
 
     def __iter__(self) -> Iterator[str]:
@@ -243,8 +320,15 @@ class Catalog:
     ) -> None:
         self.pacing_margin = settings.routing.pacing_margin
         self.groups = {g.name: _group(g, share, self.pacing_margin) for g in settings.models}
-        self._key_limits = _KeyLimits(settings.keys, share)
+        self._teams = {t.name: _TeamLimits(t, share) for t in settings.teams}
+        self.team_limits: Mapping[str, KeyLimits] = {
+            name: t.limits for name, t in self._teams.items()
+        }
+        self._key_limits = _KeyLimits(settings.keys, share, self._teams)
         self.key_limits: Mapping[str, KeyLimits] = self._key_limits
+        # Per (key, model group): the limits its requests are checked against, and the
+        # key's limits they were made from (an API key's change makes new ones).
+        self._asks: dict[tuple[str, str], tuple[KeyLimits, KeyLimits]] = {}
         self.fallbacks = settings.routing.fallbacks
         self.share = share
         # What upstreams announce of their limits, lowering the configured ones for a
@@ -254,7 +338,32 @@ class Catalog:
     def held(self) -> list[object]:
         """The key limits built so far (a retired catalog's are freed off the event loop:
         release.py)."""
-        return list(self._key_limits.built())
+        return [*self._key_limits.built(), *self._asks.values()]
+
+    def with_team(self, key: ClientKey, limits: KeyLimits) -> KeyLimits:
+        """``limits`` (``key``'s own) with its team's as this config has them (an API
+        key names a team of the config in force; one no longer in it: none)."""
+        team = self._teams.get(key.team) if key.team is not None else None
+        team_limits = None if team is None else team.limits
+        return limits if limits.team is team_limits else replace(limits, team=team_limits)
+
+    def ask_limits(self, key: ClientKey, limits: KeyLimits, model: str) -> KeyLimits:
+        """What a request of ``key`` for model group ``model`` is checked against: the
+        windows of the key (``limits``) and of its team that count ``model``'s requests,
+        computed once per (key, model) and only for keys with model-scoped windows or a
+        team (the limiter never sees the ``models`` filters)."""
+        if key.team is None and limits.team is None and (not key.limits or not _model_scoped(key)):
+            return limits  # the usual key: its own windows, every one counting
+        team = self._teams.get(key.team) if key.team is not None else None
+        cached = self._asks.get((key.name, model))
+        if cached is not None and cached[0] is limits:
+            return cached[1]
+        built = replace(
+            for_model(limits, key.limit_rules(), model),
+            team=None if team is None else team.for_model(model),
+        )
+        self._asks[(key.name, model)] = (limits, built)
+        return built
 
     def carry_over(self, previous: Catalog) -> None:
         """After a reload: what upstreams announced still holds for deployments whose

@@ -204,6 +204,8 @@ def _summary(path: str, settings: Settings) -> str:
     deployments = sum(len(m.deployments) for m in settings.models)
     limiter = "redis" if settings.redis.shared else "in-memory"
     keys = f"{len(settings.keys)} client key(s)" if settings.keys else "no client keys (open)"
+    if settings.teams:
+        keys += f", {len(settings.teams)} team(s)"
     lines = [
         f"{path}: OK",
         f"  {len(settings.models)} model(s), {deployments} deployment(s), {keys}",

@@ -43,6 +43,7 @@ __all__ = [
     "ConfigError",
     "LimitRule",
     "Settings",
+    "Team",
     "config_warnings",
     "load_settings",
     "parse_settings",
@@ -203,11 +204,13 @@ _LIMIT_KINDS: tuple[LimitKind, ...] = get_args(LimitKind)
 
 @dataclass(frozen=True, slots=True)
 class LimitRule:
-    """One configured window: at most ``amount`` ``kind`` per ``per`` seconds."""
+    """One configured window: at most ``amount`` ``kind`` per ``per`` seconds; with
+    ``models``, counting only the requests of those model groups (empty: every one)."""
 
     kind: LimitKind
     amount: int
     per: float
+    models: tuple[str, ...] = ()
 
 
 class LimitSpec(_Strict):
@@ -219,6 +222,9 @@ class LimitSpec(_Strict):
     input_tokens: PositiveInt | None = None
     output_tokens: PositiveInt | None = None
     per: Annotated[Duration, Field(ge=1.0)]
+    # Counts and limits only these model groups' requests (a filter, not a new window
+    # kind: docs/limiter.md); unset, every request of its owner.
+    models: list[str] | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
     def _one_kind(self) -> LimitSpec:
@@ -229,10 +235,11 @@ class LimitSpec(_Strict):
         return self
 
     def rule(self) -> LimitRule:
+        models = tuple(sorted(set(self.models or ())))
         for kind in _LIMIT_KINDS:
             amount = getattr(self, kind)
             if amount is not None:
-                return LimitRule(kind, amount, self.per)
+                return LimitRule(kind, amount, self.per, models)
         raise AssertionError("validated: one kind is given")
 
 
@@ -258,14 +265,15 @@ class _Limited(_Strict):
     def _distinct_windows(self) -> _Limited:
         if not self.limits:  # the shorthands alone are distinct windows (a test says so)
             return self
-        seen: set[tuple[str, float]] = set()
+        seen: set[tuple[str, float, tuple[str, ...]]] = set()
         for rule in self.limit_rules():
-            if (rule.kind, rule.per) in seen:
+            if (rule.kind, rule.per, rule.models) in seen:
+                models = f" for models {list(rule.models)}" if rule.models else ""
                 raise ValueError(
-                    f"two limits on {rule.kind} per {rule.per:g}s: give each window once"
-                    " (rpm/tpm are per 1m, rpd/tpd per 1d)"
+                    f"two limits on {rule.kind} per {rule.per:g}s{models}: give each window"
+                    " once (rpm/tpm are per 1m, rpd/tpd per 1d)"
                 )
-            seen.add((rule.kind, rule.per))
+            seen.add((rule.kind, rule.per, rule.models))
         return self
 
     def limit_rules(self) -> list[LimitRule]:
@@ -278,11 +286,22 @@ class _Limited(_Strict):
         return rules + [spec.rule() for spec in self.limits]
 
 
-class ClientKey(_Limited):
+class _Owner(_Limited):
+    """An owner of windows: a client key or a team (the same limit fields, the same
+    windows; a key in a team is checked against both in one step)."""
+
     name: str = Field(min_length=1)
+    max_parallel: PositiveInt | None = None
+
+
+class Team(_Owner):
+    """Limits shared by every key naming it (``keys[].team``)."""
+
+
+class ClientKey(_Owner):
     key: SecretStr | None = None
     key_sha256: str | None = None
-    max_parallel: PositiveInt | None = None
+    team: str | None = Field(default=None, min_length=1)
     models: list[str] | None = None
     # Fair share of a saturated model (docs/limiter.md): a higher priority's waiting
     # requests go first; within a priority, turns in proportion to weight.
@@ -403,6 +422,15 @@ class Deployment(_Limited):
     def _strip_slash(cls, value: str) -> str:
         return value.rstrip("/")
 
+    @field_validator("limits")
+    @classmethod
+    def _no_model_filter(cls, value: list[LimitSpec]) -> list[LimitSpec]:
+        if any(spec.models is not None for spec in value):
+            raise ValueError(
+                "'models' filters a key's or a team's window; a deployment serves one model"
+            )
+        return value
+
     @field_validator(*_AZURE_FIELDS)
     @classmethod
     def _azure_only(cls, value: str, info: ValidationInfo) -> str:
@@ -511,6 +539,7 @@ class AdminConfig(_Strict):
 
 class Settings(_Strict):
     redis: RedisConfig = RedisConfig()
+    teams: list[Team] = Field(default_factory=list)
     keys: list[ClientKey] = Field(default_factory=list)
     models: list[ModelGroup] = Field(min_length=1)
     routing: RoutingConfig = RoutingConfig()
@@ -519,6 +548,9 @@ class Settings(_Strict):
 
     def group(self, name: str) -> ModelGroup | None:
         return next((m for m in self.models if m.name == name), None)
+
+    def team(self, name: str) -> Team | None:
+        return next((t for t in self.teams if t.name == name), None)
 
 
 def _reference_problems(data: Mapping[str, Any]) -> list[str]:
@@ -537,6 +569,9 @@ def _reference_problems(data: Mapping[str, Any]) -> list[str]:
         if isinstance(d, dict) and isinstance(d.get("id"), str)
     ]
     problems += _duplicates("models[].deployments", ids, "id")
+    teams = [t for t in _items(data.get("teams")) if isinstance(t, dict)]
+    team_names: list[str] = [t["name"] for t in teams if isinstance(t.get("name"), str)]
+    problems += _duplicates("teams", team_names, "name")
     known: set[str] = set(names)
     for i, key in enumerate(_items(data.get("keys"))):
         allowed = key.get("models") if isinstance(key, dict) else None
@@ -545,6 +580,12 @@ def _reference_problems(data: Mapping[str, Any]) -> list[str]:
             for m in _items(allowed)
             if isinstance(m, str) and m not in known
         ]
+        team = key.get("team") if isinstance(key, dict) else None
+        if isinstance(team, str) and team and team not in team_names:
+            problems.append(f"keys[{i}].team: unknown team {team!r}{_suggest(team, team_names)}")
+    for section in ("teams", "keys"):
+        for i, owner in enumerate(_items(data.get(section))):
+            problems += _window_model_problems(f"{section}[{i}]", owner, known)
     routing = data.get("routing")
     fallbacks = routing.get("fallbacks") if isinstance(routing, dict) else None
     for source, targets in fallbacks.items() if isinstance(fallbacks, dict) else []:
@@ -554,6 +595,18 @@ def _reference_problems(data: Mapping[str, Any]) -> list[str]:
             if isinstance(m, str) and m not in known
         ]
     return problems
+
+
+def _window_model_problems(where: str, owner: object, known: set[str]) -> list[str]:
+    """A window's ``models`` naming no configured group is an error: the window would
+    count nothing, silently (a typo must not leave a limit unenforced)."""
+    limits = owner.get("limits") if isinstance(owner, dict) else None
+    return [
+        f"{where}.limits[{j}].models: unknown model {m!r}{_suggest(m, known)}"
+        for j, spec in enumerate(_items(limits))
+        for m in _items(spec.get("models") if isinstance(spec, dict) else None)
+        if isinstance(m, str) and m not in known
+    ]
 
 
 def _items(value: object) -> list[Any]:

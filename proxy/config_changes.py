@@ -57,14 +57,16 @@ class ConfigChanges:
     deployments: Changed  # "model/deployment"
     other: tuple[str, ...]  # top-level sections that changed: routing, admin, server...
     restart_needed: tuple[str, ...]  # of RESTART_ONLY, what differs (kept as it was)
+    teams: Changed = Changed()
 
     @property
     def any(self) -> bool:
-        return bool(self.keys or self.models or self.deployments or self.other)
+        return bool(self.keys or self.teams or self.models or self.deployments or self.other)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "keys": self.keys.as_dict(),
+            "teams": self.teams.as_dict(),
             "models": self.models.as_dict(),
             "deployments": self.deployments.as_dict(),
             "other": list(self.other),
@@ -92,6 +94,7 @@ def config_changes(old: Settings, new: Settings) -> ConfigChanges:
         deployments=_changed(deployments_old, deployments_new),
         other=other,
         restart_needed=restart,
+        teams=_changed({t.name: t for t in old.teams}, {t.name: t for t in new.teams}),
     )
 
 

@@ -70,7 +70,10 @@ LIMIT_KINDS: Final = frozenset({"requests", "tokens"})
 RATE_LIMIT_SCOPES: Final = (
     "key_rpm",
     "key_tpm",
-    "key_parallel",
+    "key_parallel",  # and key_<window> of any other window of a key
+    "team_rpm",
+    "team_tpm",
+    "team_parallel",  # and team_<window> of any other window of a team
     "model_capacity",
     "queue_full",
     "model_unavailable",  # 503: every deployment cooling down
@@ -151,8 +154,8 @@ class Metrics:
         reg = self.registry
         self._requests_total = Counter(
             "llmproxy_requests_total",
-            "Client requests answered by the proxy, by model and HTTP status.",
-            ["model", "status"],
+            "Client requests answered by the proxy, by model, HTTP status and API.",
+            ["model", "status", "api"],
             registry=reg,
         )
         self._request_duration = Histogram(
@@ -365,9 +368,10 @@ class Metrics:
 
     # -- request pipeline -------------------------------------------------------------------
 
-    def request_finished(self, model: str, status: int, duration: float) -> None:
-        """A client request was answered with ``status`` after ``duration`` seconds."""
-        self._c_requests.writer(model, status)(1.0)
+    def request_finished(self, model: str, status: int, duration: float, api: str = "") -> None:
+        """A client request through ``api`` (``shapes.base.api_label``) was answered with
+        ``status`` after ``duration`` seconds."""
+        self._c_requests.writer(model, status, api)(1.0)
         self._c_request_duration.writer(model)(duration)
 
     def upstream_finished(self, model: str, deployment: str, status: str, duration: float) -> None:

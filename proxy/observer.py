@@ -120,6 +120,8 @@ def publish_configured_state(
         metrics.forget_deployment(model, deployment_id)
     for key in shadow_keys_of(settings) if shadow_keys is None else shadow_keys:
         # Its would-be refusals read 0, not "no data", before the first.
-        metrics.init_shadow_key(key.name, key_codes(key_limits(key)))
+        team = settings.team(key.team) if key.team is not None else None
+        limits = key_limits(key, team=None if team is None else key_limits(team))
+        metrics.init_shadow_key(key.name, key_codes(limits))
     if previous is None:
         metrics.set_fallback_active(False)

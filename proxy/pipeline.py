@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import orjson
 
+from proxy.affinity import Affinity, affinity_for
 from proxy.auth import KeyStore, RuntimeLookup
 from proxy.background import Background
 from proxy.call import Call, ClientLeft, Reply, Settlement, WatchDeparture
@@ -35,6 +36,7 @@ from proxy.errors import (
     RateLimited,
     ServiceUnavailable,
 )
+from proxy.follow_ups import FollowUps, StoredRoute
 from proxy.limiter.base import (
     Activity,
     CooldownRule,
@@ -57,7 +59,8 @@ from proxy.ratelimit_headers import format_reset
 from proxy.request_ids import new_request_id
 from proxy.routing.dispatcher import Dispatcher, Served
 from proxy.routing.settlement import Settler
-from proxy.shapes.base import Shape
+from proxy.shapes.base import Shape, api_label
+from proxy.shapes.responses import RESPONSES
 from proxy.telemetry import Telemetry
 
 __all__ = ["Pipeline"]
@@ -80,6 +83,7 @@ class Pipeline:
         runtime_keys: RuntimeLookup | None = None,
         key_store: KeyStore | None = None,
         catalog: Catalog | None = None,
+        affinity: Affinity | None = None,
     ) -> None:
         """``previous``: the pipeline a reload replaces; what this process learned while
         it ran (routing averages, limits its upstreams announced) carries over, and so do
@@ -93,6 +97,10 @@ class Pipeline:
         self.keys: KeyStore = key_store or KeyStore(settings.keys)
         self.keys.runtime = runtime
         self.limiter = limiter
+        # Where stored responses live: one store per process, kept across reloads.
+        if affinity is None:
+            affinity = previous.follow_ups.affinity if previous else affinity_for(limiter)
+        self.follow_ups: FollowUps = FollowUps(affinity, self.catalog)
         # The fast paths, when the backend has them: looked for once, here.
         self.fast: FastPaths | None = limiter if isinstance(limiter, FastPaths) else None
         self.telemetry = Telemetry(metrics)
@@ -150,10 +158,12 @@ class Pipeline:
         key: ClientKey | None,
         client_left: ClientLeft | None = None,
         watch_departure: WatchDeparture | None = None,
+        route: StoredRoute | None = None,
     ) -> Reply:
         """The answer to one request of ``key`` (``keys.authenticate``: checked from the
         headers before the body was read). ``client_left`` returns once the client has
-        gone: a request waiting for its turn or for the upstream stops then."""
+        gone: a request waiting for its turn or for the upstream stops then. ``route``:
+        a stored response's route (no body, no model: follow_ups.py)."""
         call = _new_call(shape, headers)
         call.client_left = client_left
         call.watch_departure = watch_departure
@@ -169,8 +179,11 @@ class Pipeline:
                 call.claimant = Claimant(key.name, key.priority, key.weight)
                 if key.max_wait is not None:
                     call.max_wait = key.max_wait
-            call.body, call.raw = _parse_body(raw), raw
-            group = self._group(call.body)
+            if route is None:
+                call.body, call.raw = _parse_body(raw), raw
+                group = self._group(call.body)
+            else:
+                group = await self.follow_ups.stored(call, route)
             call.model = group.name
             self.keys.authorize(key, group.name)
             _check_speaks(group, shape)
@@ -178,8 +191,11 @@ class Pipeline:
             call.stream = call.body.get("stream") is True
             call.cost = shape.estimate(call.body, self.settings.server.default_max_tokens)
             call.estimate = int(call.cost[TOKENS])
+            if shape.name == RESPONSES.name:
+                await self.follow_ups.prepare(call, group)
             limits = self.keys.limits(key, self.catalog.key_limits)
-            if limits is not None:
+            if limits is not None and key is not None:
+                limits = self.catalog.ask_limits(key, limits, group.name)
                 key_check = self._check_key(call, limits, shadow=key is not None and key.shadow)
                 settlement = self._key_settlement(call, limits, key_check)
 
@@ -190,6 +206,8 @@ class Pipeline:
 
             served = await self.dispatcher.run(call, group, stream_done, gate=key_check)
             reply = served.reply
+            if shape.name == RESPONSES.name:
+                reply = await self.follow_ups.answered(call, route, reply)
         except ProxyError as error:
             reply = self._error_reply(call, error)
         except (LimiterUnavailable, StorageError):
@@ -323,7 +341,9 @@ class Pipeline:
                 return None
             # Unknown usage (an error, no usage in a buffered answer) refunds the whole
             # estimate; a stream without usage is charged at least it (charged_cost).
-            correction = settled_cost(call.cost, call.trip.charged_cost(call.cost), limits.windows)
+            correction = settled_cost(
+                call.cost, call.trip.charged_cost(call.cost), limits.all_windows()
+            )
             return KeySettlement(limits, call.request_id, correction)
 
         async def release() -> None:
@@ -366,6 +386,7 @@ class Pipeline:
                 retries=call.trip.retries,
                 error_code=call.error_code or call.trip.stream_error,
                 shadow_rejection=call.shadow_rejection,
+                api=api_label(call.shape.name),
             ),
             duration,
         )
@@ -425,11 +446,12 @@ def _timing_headers(call: Call) -> dict[str, str]:
 
 def _refusal_message(verdict: KeyVerdict) -> str:
     """What refused, its limit and when it frees, in words."""
-    if verdict.code == "key_parallel" or verdict.window is None:
-        return "Too many parallel requests on this key."
+    owner = "this key's team" if (verdict.code or "").startswith("team_") else "this key"
+    if verdict.window is None:
+        return f"Too many parallel requests on {owner}."
     window = verdict.window
     return (
-        f"Rate limit reached for {describe(window)} on this key (limit"
+        f"Rate limit reached for {describe(window)} on {owner} (limit"
         f" {window.rate.limit:g}); retry in {format_reset(verdict.retry_after)}."
     )
 

@@ -11,7 +11,7 @@ announced); ``remaining`` and ``full_in`` are the limiter's.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -22,12 +22,13 @@ from proxy.limiter.base import (
     KeyState,
     LimiterMode,
     Window,
+    scoped_name,
     window_name,
 )
 
 if TYPE_CHECKING:  # types only: this module stays free of I/O imports
     from proxy.catalog import Catalog, DeploymentRoute
-    from proxy.config import ClientKey, LimitRule, Settings
+    from proxy.config import ClientKey, LimitRule, Settings, Team
 
 __all__ = ["Reading", "health_state", "moment", "state"]
 
@@ -43,6 +44,7 @@ class Reading:
     deployments: Mapping[str, Mapping[str, DeploymentState]]  # group -> id -> state
     keys: Mapping[str, KeyState]  # key name -> state
     activity: Sequence[Activity]  # one per live replica
+    teams: Mapping[str, KeyState] = field(default_factory=dict)  # team name -> state
 
 
 # The farthest moment shown: beyond it (a state written before holds were bounded, or
@@ -77,8 +79,9 @@ def state(
     keys: Sequence[tuple[ClientKey, KeyLimits | None]] | None = None,
     keys_page: Json | None = None,
 ) -> Json:
-    """The whole view: ``limiter``, ``models`` (their deployments) and ``keys``: those
-    given with their limits (a page: ``keys_page`` says which), or every config key."""
+    """The whole view: ``limiter``, ``models`` (their deployments), ``teams`` and
+    ``keys``: those given with their limits (a page: ``keys_page`` says which), or every
+    config key."""
     now = reading.now
     totals = _sum(reading.activity)
     models = [
@@ -100,6 +103,10 @@ def state(
         _key(key, limits, reading.keys.get(key.name, KeyState()), totals, now)
         for key, limits in keys
     ]
+    teams = [
+        _owner(team, catalog.team_limits.get(team.name), reading.teams.get(team.name), now)
+        for team in settings.teams
+    ]
     anonymous = totals["waiting_keys"].get("", 0), totals["in_flight_keys"].get("", 0)
     shared = reading.mode is LimiterMode.SHARED
     return {
@@ -113,6 +120,7 @@ def state(
         },
         "waiting": sum(totals["waiting"].values()),
         "models": models,
+        "teams": teams,
         "keys": shown,
         **({"keys_page": keys_page} if keys_page is not None else {}),
         "without_key": {"waiting": anonymous[0], "in_flight": anonymous[1]},
@@ -152,6 +160,21 @@ def _deployment(
     }
 
 
+def _owner(
+    owner: ClientKey | Team, limits: KeyLimits | None, s: KeyState | None, now: float
+) -> Json:
+    """A key's or a team's windows and parallel slots."""
+    s = s or KeyState()
+    windows = limits.windows if limits is not None else ()
+    parallel = limits.max_parallel if limits is not None else None
+    return {
+        "name": owner.name,
+        "windows": _windows(windows, owner.limit_rules(), s, now),
+        "max_parallel": parallel,
+        "slots_held": s.slots_held if parallel is not None else None,
+    }
+
+
 def _key(
     key: ClientKey,
     limits: KeyLimits | None,
@@ -160,13 +183,9 @@ def _key(
     now: float,
 ) -> Json:
     name = key.name
-    windows = limits.windows if limits is not None else ()
-    parallel = limits.max_parallel if limits is not None else None
     return {
-        "name": name,
-        "windows": _windows(windows, key.limit_rules(), s, now),
-        "max_parallel": parallel,
-        "slots_held": s.slots_held if parallel is not None else None,
+        **_owner(key, limits, s, now),
+        "team": key.team,
         "in_flight": totals["in_flight_keys"].get(name, 0),
         "waiting": totals["waiting_keys"].get(name, 0),
         "priority": key.priority,
@@ -180,19 +199,23 @@ def _windows(
     s: DeploymentState | KeyState,
     now: float,
 ) -> list[Json]:
-    configured = {window_name(r.kind, r.per): r.amount for r in rules}
-    return [
-        {
-            "name": w.name,
-            "kind": w.kind,
-            "per_seconds": w.rate.period,
-            "configured": configured.get(w.name),
-            "limit": round(w.rate.limit, 3),
-            "remaining": round(s.remaining.get(w.name, w.rate.largest), 3),
-            "full_in": moment(s.reset.get(w.name, 0.0), now),
-        }
-        for w in windows
-    ]
+    configured = {scoped_name(window_name(r.kind, r.per), r.models): r for r in rules}
+    return [_window(w, configured.get(w.name), s, now) for w in windows]
+
+
+def _window(w: Window, rule: LimitRule | None, s: DeploymentState | KeyState, now: float) -> Json:
+    """A window as configured (``rule``: None for one the config no longer has) and now;
+    ``models``: the model groups it counts (None: every one)."""
+    return {
+        "name": w.name,
+        "kind": w.kind,
+        "models": list(rule.models) if rule is not None and rule.models else None,
+        "per_seconds": w.rate.period,
+        "configured": rule.amount if rule is not None else None,
+        "limit": round(w.rate.limit, 3),
+        "remaining": round(s.remaining.get(w.name, w.rate.largest), 3),
+        "full_in": moment(s.reset.get(w.name, 0.0), now),
+    }
 
 
 _FIELDS = ("waiting", "waiting_on", "waiting_keys", "in_flight", "in_flight_keys")

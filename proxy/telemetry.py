@@ -30,7 +30,7 @@ class Telemetry:
     # -- one request -----------------------------------------------------------------
 
     def request_finished(self, line: RequestLog, duration: float) -> None:
-        self.metrics.request_finished(line.model, line.status, duration)
+        self.metrics.request_finished(line.model, line.status, duration, line.api)
         log_request(line)
 
     # -- routing.events.Events ---------------------------------------------------------

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 from support.proxy_server import settings_from
 
-from proxy.catalog import Catalog, pacing_headroom
+from proxy.catalog import Catalog, key_limits, pacing_headroom
+from proxy.config import ClientKey, Settings
 from proxy.limiter.base import DAY, Rate, Window, describe, window_name
+from proxy.limiter.verdicts import key_code
 from proxy.routing.announced import ANNOUNCED_FOR
 
 
@@ -168,3 +170,89 @@ def test_azure_deployments_are_reached_by_deployment_name_api_version_and_api_ke
     assert az.provider.credential(az.config) == ("api-key", "azure-secret")
     assert str(oa.target("completions")[0]) == "https://api.openai.com/v1/completions"
     assert oa.provider.credential(oa.config) == ("authorization", "Bearer sk-1")
+
+
+# -- teams and model-scoped windows ---------------------------------------------------
+
+
+def _teams_settings() -> Settings:
+    deployment = {"id": "d", "base_url": "http://127.0.0.1:1/v1"}
+    models = [{"name": n, "deployments": [{**deployment, "id": n}]} for n in ("big", "small")]
+    teams = [
+        {
+            "name": "research",
+            "rpm": 100,
+            "max_parallel": 8,
+            "limits": [{"tokens": 500, "per": "1m", "models": ["big"]}],
+        }
+    ]
+    keys = [
+        {
+            "name": "alice",
+            "key": "a",
+            "team": "research",
+            "rpm": 10,
+            "limits": [{"requests": 2, "per": "1m", "models": ["big"]}],
+        },
+        {"name": "bob", "key": "b", "rpm": 5},
+    ]
+    return settings_from({"teams": teams, "keys": keys, "models": models})
+
+
+def _teams_catalog(share: float = 1.0) -> Catalog:
+    return Catalog(_teams_settings(), share)
+
+
+def _key(_: Catalog, name: str) -> ClientKey:
+    return next(k for k in _teams_settings().keys if k.name == name)
+
+
+def test_a_key_in_a_team_carries_the_teams_windows() -> None:
+    catalog = _teams_catalog(share=0.5)
+    alice = catalog.key_limits["alice"]
+    assert alice.team is catalog.team_limits["research"]
+    assert alice.team.scope == "team" and alice.team.max_parallel == 4  # a worker's share
+    assert [w.name for w in alice.all_windows()] == ["rpm", "rpm@big", "rpm", "tpm@big"]
+    assert catalog.key_limits["bob"].team is None
+
+
+def test_a_request_is_checked_against_the_windows_counting_its_model() -> None:
+    catalog = _teams_catalog()
+    key = _key(catalog, "alice")
+    alice = catalog.key_limits["alice"]
+    big = catalog.ask_limits(key, alice, "big")
+    small = catalog.ask_limits(key, alice, "small")
+    assert [w.name for w in big.windows] == ["rpm", "rpm@big"]
+    assert [w.name for w in small.windows] == ["rpm"]
+    assert big.team is not None and [w.name for w in big.team.windows] == ["rpm", "tpm@big"]
+    assert small.team is not None and [w.name for w in small.team.windows] == ["rpm"]
+    # Computed once per key and model; a key without a team or filters is itself.
+    assert catalog.ask_limits(key, alice, "big") is big
+    bob = catalog.key_limits["bob"]
+    assert catalog.ask_limits(_key(catalog, "bob"), bob, "big") is bob
+
+
+def test_a_model_scoped_window_refuses_with_its_windows_code() -> None:
+    catalog = _teams_catalog()
+    [_, scoped] = catalog.key_limits["alice"].windows
+    assert (scoped.name, key_code(scoped), describe(scoped)) == (
+        "rpm@big",
+        "key_rpm",
+        "requests per minute",
+    )
+    [_, team_scoped] = catalog.team_limits["research"].windows
+    assert key_code(team_scoped, "team") == "team_tpm"
+
+
+def test_an_api_key_gets_its_team_from_the_config_in_force() -> None:
+    catalog = _teams_catalog()
+    entry = {"name": "carol", "key_sha256": "0" * 64, "team": "research"}
+    carol = ClientKey.model_validate(entry)
+    own = key_limits(carol)
+    assert own.team is None
+    asked = catalog.ask_limits(carol, own, "big")  # every window of the team counts
+    assert asked.team is catalog.team_limits["research"]
+    assert catalog.with_team(carol, own).team is catalog.team_limits["research"]
+    # A team the config no longer has: none.
+    gone = ClientKey.model_validate({**entry, "team": "gone"})
+    assert catalog.ask_limits(gone, key_limits(gone), "small").team is None

@@ -186,6 +186,71 @@ def test_limits_as_data_shorthands_and_windows() -> None:
     ]
 
 
+def test_teams_are_owners_of_windows_like_keys() -> None:
+    team = {
+        "name": "research",
+        "rpm": 2000,
+        "max_parallel": 20,
+        "limits": [{"tokens": 1_000_000, "per": "1d", "models": ["m"]}],
+    }
+    key = {"name": "alice", "key": "k", "team": "research", "rpm": 10}
+    settings = parse_settings({"teams": [team], "keys": [key], **MINIMAL}, env={})
+    research = settings.team("research")
+    assert research is not None and research.max_parallel == 20
+    assert [(r.kind, r.amount, r.per, r.models) for r in research.limit_rules()] == [
+        ("requests", 2000, 60.0, ()),
+        ("tokens", 1_000_000, 86400.0, ("m",)),
+    ]
+    assert settings.keys[0].team == "research"
+
+
+def test_a_window_may_be_given_again_for_other_models() -> None:
+    limits = [{"requests": 2, "per": "1m", "models": ["m"]}]
+    key = {"name": "a", "key": "k", "rpm": 10, "limits": limits}
+    settings = parse_settings({"keys": [key], **MINIMAL}, env={})
+    assert [r.models for r in settings.keys[0].limit_rules()] == [(), ("m",)]
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (
+            {"teams": [{"name": "t"}], "keys": [{"name": "a", "key": "k", "team": "tt"}]},
+            "keys[0].team: unknown team 'tt'; did you mean 't'?",
+        ),
+        ({"teams": [{"name": "t"}, {"name": "t"}]}, "teams: duplicate name 't'"),
+        ({"teams": [{"name": "t", "rpm": 0}]}, "teams[0].rpm: must be greater than 0"),
+        ({"teams": [{"rpm": 5}]}, "teams[0].name: is required"),
+        (
+            {"keys": [{"name": "a", "key": "k", "limits": [{"requests": 1, "per": "1m",
+                                                             "models": ["mm"]}]}]},
+            "keys[0].limits[0].models: unknown model 'mm'; did you mean 'm'?",
+        ),
+        (
+            {"teams": [{"name": "t", "limits": [{"requests": 1, "per": "1m", "models": ["x"]}]}]},
+            "teams[0].limits[0].models: unknown model 'x'",
+        ),
+        (
+            {"keys": [{"name": "a", "key": "k", "limits": [{"requests": 1, "per": "1m",
+                                                             "models": []}]}]},
+            "keys[0].limits[0].models: needs at least one item",
+        ),
+    ],
+)  # fmt: skip
+def test_team_and_model_filter_errors_name_the_field(data: dict[str, object], problem: str) -> None:
+    assert problem in _problems({**data, **MINIMAL})
+
+
+def test_a_deployments_window_takes_no_models_filter() -> None:
+    deployment = {
+        "id": "d",
+        "base_url": "http://127.0.0.1:1/v1",
+        "limits": [{"requests": 1, "per": "1m", "models": ["m"]}],
+    }
+    problems = _problems({"models": [{"name": "m", "deployments": [deployment]}]})
+    assert any(p.startswith("models[0].deployments[0].limits: 'models' filters") for p in problems)
+
+
 @pytest.mark.parametrize(
     ("limits", "message"),
     [

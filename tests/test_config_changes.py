@@ -30,6 +30,17 @@ def test_the_same_file_changes_nothing() -> None:
     assert not changes.any and changes.restart_needed == ()
 
 
+def test_teams_are_listed_by_name() -> None:
+    old = _settings(teams=[{"name": "t1", "rpm": 5}, {"name": "t2"}])
+    new = _settings(teams=[{"name": "t1", "rpm": 6}, {"name": "t3"}])
+    changes = config_changes(old, new)
+    assert changes.any and changes.as_dict()["teams"] == {
+        "added": ["t3"],
+        "removed": ["t2"],
+        "changed": ["t1"],
+    }
+
+
 def test_keys_are_listed_by_name_added_removed_and_changed_never_by_secret() -> None:
     new = _settings(
         keys=[{"name": "a", "key": "sk-rotated", "rpm": 10}, {"name": "c", "key": "sk-c"}]

@@ -62,6 +62,7 @@ def request_entry(**overrides: Any) -> RequestLog:
         "completion_tokens": 34,
         "retries": 1,
         "error_code": None,
+        "api": "responses",
     }
     return RequestLog(**(fields | overrides))
 
@@ -145,6 +146,7 @@ def test_a_rejected_request_logs_its_error_code(stream: io.StringIO) -> None:
     log_request(request_entry(status=429, deployment=None, error_code="key_rpm"))
     (line,) = lines(stream)
     assert (line["status"], line["deployment"], line["error_code"]) == (429, None, "key_rpm")
+    assert line["api"] == "responses"  # the API it came through
 
 
 def test_the_request_log_has_no_place_for_a_key_or_a_prompt() -> None:
@@ -162,6 +164,7 @@ def test_the_request_log_has_no_place_for_a_key_or_a_prompt() -> None:
         "retries",
         "error_code",
         "shadow_rejection",
+        "api",
     }
 
 

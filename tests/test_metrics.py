@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # name -> (type, labels), from docs/observability.md and ../shared/design.md.
 CONTRACT = {
-    "llmproxy_requests": ("counter", {"model", "status"}),
+    "llmproxy_requests": ("counter", {"model", "status", "api"}),
     "llmproxy_request_duration_seconds": ("histogram", {"model"}),
     "llmproxy_upstream_requests": ("counter", {"model", "deployment", "status"}),
     "llmproxy_upstream_duration_seconds": ("histogram", {"model", "deployment"}),
@@ -154,8 +154,8 @@ def test_a_finished_request_counts_by_status_and_observes_its_duration(
     metrics.request_finished("m", 429, 0.001)
     s = scrape(metrics)
 
-    assert sample(s, "llmproxy_requests_total", model="m", status="200") == 2
-    assert sample(s, "llmproxy_requests_total", model="m", status="429") == 1
+    assert sample(s, "llmproxy_requests_total", model="m", status="200", api="") == 2
+    assert sample(s, "llmproxy_requests_total", model="m", status="429", api="") == 1
     assert sample(s, "llmproxy_request_duration_seconds_count", model="m") == 3
     assert sample(s, "llmproxy_request_duration_seconds_sum", model="m") == pytest.approx(1.001)
 
@@ -323,7 +323,7 @@ def test_the_hot_path_reuses_labelled_children(
     metrics.request_finished("m", 200, 0.1)
     metrics.in_flight_add("m", "d", -1)
 
-    assert sample(scrape(metrics), "llmproxy_requests_total", model="m", status="200") == 2
+    assert sample(scrape(metrics), "llmproxy_requests_total", model="m", status="200", api="") == 2
 
 
 def test_the_hot_path_writes_exactly_what_prometheus_clients_own_methods_write() -> None:
@@ -337,7 +337,7 @@ def test_the_hot_path_writes_exactly_what_prometheus_clients_own_methods_write()
         ours.first_token("m", "d", amount)
         ours.queue_wait("m", amount, tier="1")
         ours.in_flight_add("m", "d", 1)
-        theirs._requests_total.labels("m", "200").inc()
+        theirs._requests_total.labels("m", "200", "").inc()
         theirs._request_duration.labels("m").observe(amount)
         theirs._upstream_total.labels("m", "d", "200").inc()
         theirs._upstream_duration.labels("m", "d").observe(amount)
@@ -412,7 +412,7 @@ def test_env_set_after_prometheus_client_was_imported_stays_single_process(
     assert metrics.multiprocess_dir is None
     assert "imported before" in caplog.text
     metrics.request_finished("m", 200, 0.1)
-    assert sample(scrape(metrics), "llmproxy_requests_total", model="m", status="200") == 1
+    assert sample(scrape(metrics), "llmproxy_requests_total", model="m", status="200", api="") == 1
 
 
 # A worker: records what its arguments say, prints "ready", and stays alive (its live gauges
@@ -498,7 +498,7 @@ def test_workers_sharing_a_dir_are_rendered_as_one_replica(
 
     labels = {"model": "m", "deployment": "d"}
     # Counters and histograms: summed, each request once.
-    assert sample(s, "llmproxy_requests_total", model="m", status="200") == 7
+    assert sample(s, "llmproxy_requests_total", model="m", status="200", api="") == 7
     assert sample(s, "llmproxy_request_duration_seconds_count", model="m") == 7
     assert sample(s, "llmproxy_request_duration_seconds_sum", model="m") == 3.5
     assert sample(s, "llmproxy_tokens_total", kind="prompt", **labels) == 70
@@ -521,7 +521,7 @@ FORKER = textwrap.dedent(
     import os, sys
     from proxy.metrics import Metrics
     m = Metrics()
-    value_class = type(m._requests_total.labels("m", "200")._value).__name__
+    value_class = type(m._requests_total.labels("m", "200", "")._value).__name__
     m.request_finished("m", 200, 0.5)
     pid = os.fork()
     if pid == 0:
@@ -547,7 +547,7 @@ def test_multiprocess_values_skip_the_per_write_pid_check_yet_a_fork_writes_its_
     assert int(files) >= 2  # the parent's files and the child's (other pid)
 
     s = render_in_another_worker(multiproc_env)
-    assert sample(s, "llmproxy_requests_total", model="m", status="200") == 3
+    assert sample(s, "llmproxy_requests_total", model="m", status="200", api="") == 3
     assert sample(s, "llmproxy_request_duration_seconds_sum", model="m") == 1.25
     # The child is gone: its in-flight request is not counted.
     assert sample(s, "llmproxy_in_flight_requests", model="m", deployment="d") in (None, 0)
@@ -563,7 +563,7 @@ def test_a_dead_worker_keeps_its_counts_but_not_its_in_flight_requests(
     s = render_in_another_worker(multiproc_env)
 
     labels = {"model": "m", "deployment": "d"}
-    assert sample(s, "llmproxy_requests_total", model="m", status="200") == 7
+    assert sample(s, "llmproxy_requests_total", model="m", status="200", api="") == 7
     assert sample(s, "llmproxy_in_flight_requests", **labels) == 1
     assert sample(s, "llmproxy_deployment_state", **labels) == 0
 
@@ -635,7 +635,7 @@ def test_uvicorn_workers_count_every_request_exactly_once(tmp_path: Path) -> Non
             pids.add(httpx.get(f"{url}/hit", timeout=5).text)
         s = parse(httpx.get(f"{url}/metrics", timeout=5).content)
 
-        assert sample(s, "llmproxy_requests_total", model="m", status="200") == 40
+        assert sample(s, "llmproxy_requests_total", model="m", status="200", api="") == 40
         assert pids  # which workers served is up to the kernel; the sum must not care
     finally:
         server.send_signal(signal.SIGINT)

@@ -72,3 +72,45 @@ def test_every_replicas_counts_are_added_up() -> None:
     assert (rpm["configured"], rpm["limit"], rpm["remaining"]) == (10, 10, 7.0)
     assert rpm["full_in"]["in"] == 18.0
     assert view["without_key"] == {"waiting": 2, "in_flight": 0}
+
+
+def test_teams_are_shown_like_keys_and_a_key_names_its_team() -> None:
+    settings = settings_from(
+        {
+            "teams": [{"name": "t", "rpm": 100, "max_parallel": 4}],
+            "keys": [
+                {
+                    "name": "a",
+                    "key": "sk-a",
+                    "team": "t",
+                    "limits": [{"requests": 3, "per": "1m", "models": ["m"]}],
+                }
+            ],
+            "models": [
+                {"name": "m", "deployments": [{"id": "d1", "base_url": "http://127.0.0.1:1/v1"}]}
+            ],
+        }
+    )
+    reading = Reading(
+        NOW,
+        LimiterMode.MEMORY,
+        {},
+        {"a": KeyState({"rpm@m": 1.0}, {"rpm@m": 40.0})},
+        [],
+        teams={"t": KeyState({"rpm": 97.0}, {"rpm": 1.8}, 3)},
+    )
+    view = state(settings, Catalog(settings), reading)
+    [team] = view["teams"]
+    assert (team["name"], team["max_parallel"], team["slots_held"]) == ("t", 4, 3)
+    [rpm] = team["windows"]
+    assert (rpm["name"], rpm["configured"], rpm["remaining"], rpm["models"]) == (
+        "rpm",
+        100,
+        97.0,
+        None,
+    )
+    [key] = view["keys"]
+    assert key["team"] == "t"
+    [scoped] = key["windows"]
+    assert (scoped["name"], scoped["configured"], scoped["models"]) == ("rpm@m", 3, ["m"])
+    assert scoped["remaining"] == 1.0

@@ -68,6 +68,10 @@ def _models(settings: Settings) -> frozenset[str]:
     return frozenset(m.name for m in settings.models)
 
 
+def _teams(settings: Settings) -> frozenset[str]:
+    return frozenset(t.name for t in settings.teams)
+
+
 Operation = Callable[[Request, RuntimeKeys, Settings], Awaitable[tuple[str, Response]]]
 
 
@@ -97,7 +101,7 @@ def _refuse_config_key(settings: Settings, name: str) -> None:
 
 async def _create(request: Request, keys: RuntimeKeys, settings: Settings) -> tuple[str, Response]:
     name, spec, expires_at, _ = validate_entry(
-        await _body(request), name=None, models=_models(settings)
+        await _body(request), name=None, models=_models(settings), teams=_teams(settings)
     )
     _refuse_config_key(settings, name)
     record, secret = await keys.create(name, spec, expires_at)
@@ -108,14 +112,14 @@ async def _update(request: Request, keys: RuntimeKeys, settings: Settings) -> tu
     name = request.path_params["name"]
     _refuse_config_key(settings, name)
     body = await _body(request)
-    models = _models(settings)
-    validate_entry(body, name=name, models=models)  # the fields sent, on their own
+    models, teams = _models(settings), _teams(settings)
+    validate_entry(body, name=name, models=models, teams=teams)  # the fields sent, alone
     assert isinstance(body, dict)
     changes = {k: v for k, v in body.items() if k not in ("name", "expires_at")}
     expires = (parse_expiry(body["expires_at"]),) if "expires_at" in body else None
 
     def validate(spec: dict[str, Any]) -> dict[str, Any]:
-        return validate_entry({**spec, "name": name}, name=name, models=models)[1]
+        return validate_entry({**spec, "name": name}, name=name, models=models, teams=teams)[1]
 
     record = await keys.update(name, changes, expires, validate)
     return name, _json(_public(record))
@@ -141,22 +145,20 @@ def _public(record: KeyRecord) -> dict[str, Any]:
 
 
 async def list_keys(request: Request) -> Response:
-    """``GET /admin/keys?page=N&per_page=M&name_prefix=P``: the config's keys first, then
-    the API's, by name; no secrets."""
+    """``GET /admin/keys?page=N&per_page=M&team=T&name_prefix=P``: the config's keys
+    first, then the API's, by name (those of team ``T``); no secrets."""
     keys: RuntimeKeys = request.app.state.runtime_keys
     settings: Settings = request.app.state.settings
     query = request.query_params
     try:
-        if "team" in query:
-            raise InvalidRequest(
-                "'team' is not supported yet on keys.", param="team", code="not_supported_yet"
-            )
         page, per_page = parse_page(query)
     except ProxyError as error:
         return error_response(error)
     prefix = query.get("name_prefix", "")
-    by_name = {k.name: k for k in settings.keys if k.name.startswith(prefix)}
-    chosen, records = keys.page(by_name, page, per_page, prefix)
+    team = query.get("team")
+    every = {k.name: k for k in settings.keys if k.name.startswith(prefix)}
+    by_name = {n: k for n, k in every.items() if team is None or k.team == team}
+    chosen, records = keys.page(by_name, page, per_page, prefix, team=team, hidden=every)
     now = time.time()
     entries = [_configured(by_name[name]) for name in chosen.configured]
     entries += [record.public(now) for record in records]

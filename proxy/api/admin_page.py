@@ -59,6 +59,9 @@ def render(view: Json) -> str:
             f' <span class="muted">waiting {_e(model["waiting"])}</span></h2>'
         )
         body.append(_deployments(model["deployments"]))
+    if view["teams"]:
+        body.append("<h2>Teams</h2>")
+        body.append(_teams(view["teams"]))
     body.append("<h2>Client keys</h2>")
     if "keys_page" in view:
         body.append(_pages(view["keys_page"]))
@@ -132,14 +135,32 @@ def _deployments(deployments: Iterable[Json]) -> str:
     )
 
 
+def _teams(teams: Iterable[Json]) -> str:
+    rows = [
+        f'<tr data-team="{_e(t["name"])}"><td>{_e(t["name"])}</td>'
+        f"<td>{_windows(t['windows'])}</td>"
+        f'<td class="num slots">{_slots(t)}</td></tr>'
+        for t in teams
+    ]
+    return (
+        "<table><tr><th>team</th><th>budget left (limit, configured; full in)</th>"
+        f"<th>parallel slots held</th></tr>{''.join(rows)}</table>"
+    )
+
+
+def _slots(owner: Json) -> str:
+    if owner["max_parallel"] is None:
+        return "-"
+    return f"{_e(owner['slots_held'])} / {_e(owner['max_parallel'])}"
+
+
 def _keys(keys: Iterable[Json]) -> str:
     rows = []
     for k in keys:
-        parallel = "-"
-        if k["max_parallel"] is not None:
-            parallel = f"{_e(k['slots_held'])} / {_e(k['max_parallel'])}"
+        parallel = _slots(k)
+        team = f'<br><span class="muted">team {_e(k["team"])}</span>' if k["team"] else ""
         rows.append(
-            f'<tr data-key="{_e(k["name"])}"><td>{_e(k["name"])}</td>'
+            f'<tr data-key="{_e(k["name"])}"><td>{_e(k["name"])}{team}</td>'
             f"<td>{_windows(k['windows'])}</td>"
             f'<td class="num slots">{parallel}</td>'
             f'<td class="num in-flight">{_e(k["in_flight"])}</td>'

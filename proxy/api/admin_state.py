@@ -1,8 +1,8 @@
 """``GET /admin/state``: what the limiter and the router know now, as JSON.
 
-Reading it costs one limiter call per model group and per client key with limits on the
-page asked for (``?page=N&per_page=M``: 100 keys a page by default, the config's first,
-then the admin API's; on a single Redis, the calls of one loop turn go out in one
+Reading it costs one limiter call per model group, per team and per client key with
+limits on the page asked for (``?page=N&per_page=M``: 100 keys a page by default, the
+config's first, then the admin API's; on a single Redis, the calls of one loop turn go out in one
 pipelined round trip) and one for the replicas' activity; nothing on any request's
 path. Storage trouble answers like any limiter read through policy.py: this process's
 fallback view, or an empty one.
@@ -50,13 +50,17 @@ async def read_state(
     shown: list[tuple[ClientKey, KeyLimits | None]] = [
         (configured[name], catalog.key_limits.get(name)) for name in chosen.configured
     ]
-    shown += [record.client_key() for record in records]
+    # An API key in a team: its windows live with its team's (the Redis hash tag).
+    built = (record.client_key() for record in records)
+    shown += [(key, catalog.with_team(key, limits)) for key, limits in built]
     keys = [limits for _, limits in shown if limits is not None]
-    deployments, key_states, activity = await asyncio.gather(
+    teams = list(catalog.team_limits.values())
+    deployments, key_states, team_states, activity = await asyncio.gather(
         asyncio.gather(
             *(limiter.snapshot(g.name, [catalog.limits(d) for d in g.deployments]) for g in groups)
         ),
         asyncio.gather(*(limiter.key_snapshot(k) for k in keys)),
+        asyncio.gather(*(limiter.key_snapshot(t) for t in teams)),
         limiter.activity(),
     )
     reading = Reading(
@@ -65,6 +69,7 @@ async def read_state(
         deployments={g.name: s for g, s in zip(groups, deployments, strict=True)},
         keys={k.name: s for k, s in zip(keys, key_states, strict=True)},
         activity=activity,
+        teams={t.name: s for t, s in zip(teams, team_states, strict=True)},
     )
     return state(settings, catalog, reading, shown, chosen.as_dict())
 

@@ -31,9 +31,9 @@ __all__ = [
     "validate_entry",
 ]
 
-# Fields of the contract's key entry that another issue adds (teams, budgets): refused
-# by name until then, rather than accepted and silently ignored.
-NOT_YET_SUPPORTED = ("team", "budgets")
+# Fields of the contract's key entry that another issue adds (budgets): refused by name
+# until then, rather than accepted and silently ignored.
+NOT_YET_SUPPORTED = ("budgets",)
 # The secret is the client's: neither sent to the API nor changed by a PATCH.
 _SECRET_FIELDS = ("key", "key_sha256")
 # What the API adds to a config entry.
@@ -151,12 +151,17 @@ class KeyRecord:
 
 
 def validate_entry(
-    body: object, *, name: str | None, models: frozenset[str]
+    body: object,
+    *,
+    name: str | None,
+    models: frozenset[str],
+    teams: frozenset[str] = frozenset(),
 ) -> tuple[str, dict[str, Any], float | None, set[str]]:
     """A key entry sent to the API: its name, its fields (validated as a config key's),
     its expiry and which fields it gave. ``name``: the one in the path (a PATCH), which the
-    body may not change; ``models``: the configured groups an allow-list may name.
-    Raises ``InvalidRequest`` naming the field."""
+    body may not change; ``models``: the configured groups an allow-list or a window's
+    ``models`` may name; ``teams``: the configured teams ``team`` may name. Raises
+    ``InvalidRequest`` naming the field."""
     if not isinstance(body, dict):
         raise InvalidRequest("The body must be a JSON object: a key entry.")
     for secret_field in _SECRET_FIELDS:
@@ -194,6 +199,15 @@ def validate_entry(
                 f"'models' names no configured model group: {', '.join(unknown)}.",
                 param="models",
             )
+    for i, spec in enumerate(checked.limits):
+        unknown = sorted(set(spec.models or ()) - models)
+        if unknown:
+            raise InvalidRequest(
+                f"'limits[{i}].models' names no configured model group: {', '.join(unknown)}.",
+                param=f"limits.{i}.models",
+            )
+    if checked.team is not None and checked.team not in teams:
+        raise InvalidRequest(f"'team' names no configured team: {checked.team}.", param="team")
     expiry = parse_expiry(body.get("expires_at")) if "expires_at" in body else None
     return name, fields, expiry, given
 

@@ -193,23 +193,37 @@ class RuntimeKeys:
     async def get(self, name: str) -> KeyRecord | None:
         return self.index.get(name)
 
-    def names(self, prefix: str = "", skip: Container[str] = ()) -> list[str]:
-        """The keys' names in order, those starting with ``prefix``, without ``skip``
-        (the config's: they win)."""
+    def names(
+        self, prefix: str = "", skip: Container[str] = (), team: str | None = None
+    ) -> list[str]:
+        """The keys' names in order, those starting with ``prefix`` (and in ``team``),
+        without ``skip`` (the config's: they win)."""
         names = self.index.names()
         if prefix:
             names = [n for n in names if n.startswith(prefix)]
         if skip:
             names = [n for n in names if n not in skip]
+        if team is not None:
+            names = [n for n in names if (r := self.index.get(n)) and r.spec.get("team") == team]
         return names
 
     def page(
-        self, configured: Collection[str], page: int, per_page: int, prefix: str = ""
+        self,
+        configured: Collection[str],
+        page: int,
+        per_page: int,
+        prefix: str = "",
+        *,
+        team: str | None = None,
+        hidden: Collection[str] | None = None,
     ) -> tuple[Page, list[KeyRecord]]:
         """One page of the listing of both sources (``listing.page_of``): the config's
-        ``configured`` names first, then this store's (``prefix``, those the config's do
-        not hide); with the records of this store's on it."""
-        chosen = page_of(list(configured), self.names(prefix, skip=configured), page, per_page)
+        ``configured`` names first, then this store's (``prefix``, ``team``, those the
+        config's ``hidden``, default ``configured``, do not hide); with the records of
+        this store's on it."""
+        skip = configured if hidden is None else hidden
+        created = self.names(prefix, skip=skip, team=team)
+        chosen = page_of(list(configured), created, page, per_page)
         return chosen, [r for n in chosen.created if (r := self.index.get(n)) is not None]
 
     async def _change(self, name: str, change: Callable[[KeyRecord], KeyRecord]) -> KeyRecord:

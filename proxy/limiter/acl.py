@@ -53,7 +53,11 @@ KEY_STORE_COMMANDS = (
     "zrangebyscore",
     "zremrangebyrank",
 )
-COMMANDS = tuple(dict.fromkeys(CLIENT_COMMANDS + SCRIPT_COMMANDS + KEY_STORE_COMMANDS))
+# Where each stored response lives (affinity.py): one key per response id.
+AFFINITY_COMMANDS = ("get", "set", "del")
+COMMANDS = tuple(
+    dict.fromkeys(CLIENT_COMMANDS + SCRIPT_COMMANDS + KEY_STORE_COMMANDS + AFFINITY_COMMANDS)
+)
 # Reading maxmemory-policy (eviction.py). Optional: CONFIG GET also reads every other
 # setting; without it the proxy says once that it cannot check the policy.
 OPTIONAL_COMMANDS = ("config|get",)

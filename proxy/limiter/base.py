@@ -8,7 +8,8 @@ answers these questions, each in one step (one Redis round trip):
 
 * ``acquire_key(KeyAsk)``: may this client key send one more request costing ``cost``?
   Client keys get an answer at once (they never wait): every window and the parallel
-  slots pass, or nothing is charged and the verdict names the window that refused.
+  slots pass, the key's and its team's (another owner of windows: ``KeyLimits.team``),
+  or nothing is charged and the verdict names the window that refused.
 * ``reserve(GroupAsk)``: which deployment of one model group can take the request
   soonest, and when? Its windows are charged for that exact turn; the caller sleeps
   ``wait`` seconds and then forwards (no polling).
@@ -88,7 +89,8 @@ class Rate:
 class Window:
     """One limit: ``kind`` units at ``rate``. ``name`` (see :func:`window_name`) is unique
     among one owner's windows: it names the window's storage, so its state survives a
-    change of the rate, and its 429 code (``key_<name>``)."""
+    change of the rate, and its 429 code (``key_<name>``, ``team_<name>``; without the
+    models of a model-scoped window's: ``scoped_name``)."""
 
     name: str
     kind: Kind
@@ -116,7 +118,8 @@ _SHORT_KINDS = {"requests": "r", "tokens": "t"}
 def window_name(kind: Kind, per: float) -> str:
     """``rpm``/``tpm`` for a minute, ``rpd``/``tpd`` for a day, else ``requests_10s``,
     ``tokens_30d``, ``input_tokens_1m``: the largest unit that divides ``per`` exactly
-    (only requests and tokens have the short forms)."""
+    (only requests and tokens have the short forms). A window counting only some models'
+    requests is named apart (``scoped_name``)."""
     short = {MINUTE: "m", DAY: "d"}.get(per)
     if short is not None and kind in _SHORT_KINDS:
         return f"{_SHORT_KINDS[kind]}p{short}"
@@ -127,13 +130,48 @@ def window_name(kind: Kind, per: float) -> str:
     return f"{kind}_{round(per * 1000)}ms"
 
 
+KEY = "key"
+TEAM = "team"
+
+
+def scoped_name(name: str, models: Sequence[str]) -> str:
+    """The storage name of a window counting only ``models``' requests: ``rpm@gpt-4o``
+    (``rpm`` and ``rpm@gpt-4o`` are two windows of one owner). Its 429 code is its
+    window's (``base_name``): ``key_rpm``."""
+    return f"{name}@{','.join(models)}" if models else name
+
+
+def base_name(name: str) -> str:
+    """``rpm`` of ``rpm@gpt-4o``: the window's name without its models."""
+    return name.partition("@")[0]
+
+
 @value
 class KeyLimits:
-    """A client key's own limits; no windows and no ``max_parallel``: unlimited."""
+    """An owner's windows: a client key's own limits (``scope`` ``key``) or a team's
+    (``team``); no windows and no ``max_parallel``: unlimited. A key in a team carries its
+    team's limits as ``team``: every window of both, and both owners' parallel slots,
+    are checked and charged in one step, all or nothing. ``scope`` and ``name`` name an
+    owner's storage and its 429 codes (``key_rpm``, ``team_rpm``)."""
 
     name: str
     windows: tuple[Window, ...] = ()
     max_parallel: int | None = None
+    team: KeyLimits | None = None
+    scope: str = KEY
+
+    def owners(self) -> tuple[KeyLimits, ...]:
+        """The key's limits, then its team's (if any): the order of their windows in an
+        ask's spends and verdict."""
+        return (self,) if self.team is None else (self, self.team)
+
+    def all_windows(self) -> tuple[Window, ...]:
+        """Every window an ask of this key touches: its own, then its team's."""
+        return self.windows if self.team is None else self.windows + self.team.windows
+
+    @property
+    def unlimited(self) -> bool:
+        return all(not o.windows and o.max_parallel is None for o in self.owners())
 
 
 @value

@@ -36,6 +36,7 @@ from proxy.limiter.base import (
     DeploymentSettlement,
     DeploymentVerdict,
     KeyAsk,
+    KeyLimits,
     KeySettlement,
     KeyVerdict,
     Private,
@@ -44,7 +45,7 @@ from proxy.limiter.base import (
 )
 from proxy.limiter.bucket import Admission, BucketState, Decision
 from proxy.limiter.runner import ScriptRunner
-from proxy.limiter.verdicts import Spend, excess_cost, key_verdict, spends
+from proxy.limiter.verdicts import Spend, excess_cost, key_spends, key_verdict, spends
 
 Num = Callable[[float], str]
 
@@ -97,31 +98,32 @@ class Leases:
         """The key's verdict from its lease, or from the renewal's round trip; None: ask
         ``acquire_key`` per request."""
         limits = ask.limits
-        owner = self._owner(("k", limits.name), limits.windows, names)
-        spent = spends(limits.windows, ask.cost)
-        got = await self._admit(owner, spent, partial(self._renew_key, owner, spent))
+        owner = self._owner(_key_owner(limits), limits.all_windows(), names)
+        spent = key_spends(limits, ask.cost)
+        own = len(limits.windows)
+        got = await self._admit(owner, spent, partial(self._renew_key, owner, spent, own))
         if isinstance(got, tuple):
             a, now = got
-            return _admitted(owner, a, spent, ask.slot, now)
+            return _admitted(owner, a, spent, ask.slot, now, own)
         return got
 
     def acquire_key_now(self, ask: KeyAsk, names: Callable[[], list[str]]) -> KeyVerdict | None:
         """The key's verdict from its open lease (None: none covers the request now)."""
         limits = ask.limits
-        owner = self._owner(("k", limits.name), limits.windows, names)
+        owner = self._owner(_key_owner(limits), limits.all_windows(), names)
         a = owner.allowance
         if a is None:
             return None
-        spent = spends(limits.windows, ask.cost)
+        spent = key_spends(limits, ask.cost)
         costs = [s.amount for s in spent]
         now = time.monotonic()
         if not a.covers(costs, now):
             return None
         a.take(costs, now)
-        return _admitted(owner, a, spent, ask.slot, now)
+        return _admitted(owner, a, spent, ask.slot, now, len(limits.windows))
 
     async def _renew_key(
-        self, owner: Owner, spent: list[Spend], now: float
+        self, owner: Owner, spent: list[Spend], own: int, now: float
     ) -> Allowance | KeyVerdict | None:
         """A new lease of the key's windows; refused, the key checked for this request
         alone in the same call (its verdict)."""
@@ -149,7 +151,7 @@ class Leases:
         states = [
             BucketState(float(d), float(t)) for d, t in zip(flat[::2], flat[1::2], strict=True)
         ]
-        return key_verdict(spent, decision, False, states, float(at))
+        return key_verdict(spent, decision, "", states, float(at), own)
 
     async def _admit(
         self,
@@ -180,7 +182,7 @@ class Leases:
     def settle_key(self, s: KeySettlement) -> KeySettlement | None:
         """What of ``s`` is left for the shared buckets (None: nothing) once the lease
         that admitted its request, if still open, took its part."""
-        owner = self._owners.get(("k", s.limits.name))
+        owner = self._owners.get(_key_owner(s.limits))
         if owner is None or s.slot not in owner.admitted:
             return s
         owner.admitted.discard(s.slot)
@@ -352,12 +354,19 @@ class Leases:
             task.exception()  # a lost return only wastes the lease's units: nothing to do
 
 
-def _admitted(owner: Owner, a: Allowance, spent: list[Spend], lease: str, now: float) -> KeyVerdict:
+def _admitted(
+    owner: Owner, a: Allowance, spent: list[Spend], lease: str, now: float, own: int
+) -> KeyVerdict:
     """The verdict of a key's request ``a`` took (``lease`` names it for its settlement):
-    its headers read the lease's own buckets."""
+    its headers read the lease's own buckets (the key's ``own`` first windows)."""
     owner.admitted.add(lease)
     assert a.states is not None  # a key's lease tracks its buckets
-    return key_verdict(spent, _NOW, False, a.states, now)
+    return key_verdict(spent, _NOW, "", a.states, now, own)
+
+
+def _key_owner(limits: KeyLimits) -> tuple[str, str, str]:
+    """A key's lease, by key and team: a key moving team leases other Redis keys."""
+    return ("k", limits.name, "" if limits.team is None else limits.team.name)
 
 
 def _ignore(future: asyncio.Future[Any]) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from proxy.limiter import bucket, health
 from proxy.limiter.base import (
     NO_CHANGE,
+    TEAM,
     Activity,
     DeploymentLimits,
     DeploymentState,
@@ -55,6 +56,7 @@ from proxy.limiter.verdicts import (
     evidence,
     floors,
     in_flight_deadline,
+    key_spends,
     key_state,
     key_verdict,
     learning_windows,
@@ -134,7 +136,8 @@ class MemoryLimiter:
         self._clock = clock
         # Each bucket with the interval it was last used at (it is swept when drained).
         self._buckets: dict[BucketId, tuple[BucketState, float]] = {}
-        self._slots = Slots(lease_ttl)
+        self._slots = Slots(lease_ttl)  # per key name
+        self._team_slots = Slots(lease_ttl)  # per team name
         # Per (group, deployment): its health and when it may be forgotten.
         self._health: dict[tuple[str, str], tuple[Health, float]] = {}
         self._in_flight = Slots(0.0)  # per deployment: lease id -> deadline
@@ -215,18 +218,36 @@ class MemoryLimiter:
     def acquire_key_now(self, ask: KeyAsk) -> KeyVerdict:
         now = self._now()
         limits = ask.limits
-        spent = spends(limits.windows, ask.cost)
-        ids = [_key_bucket(limits.name, s.window) for s in spent]
+        spent = key_spends(limits, ask.cost)
+        ids = _key_buckets(limits)
         buckets = self._buckets_for(ids, spent)
         states, decision = take_all(buckets, now, 0.0)
-        parallel_full = False
-        if decision.allowed and limits.max_parallel is not None:
-            parallel_full = not self._slots.acquire(limits.name, ask.slot, limits.max_parallel, now)
-        if decision.allowed and not parallel_full:
+        full = ""
+        if decision.allowed and (limits.max_parallel is not None or limits.team is not None):
+            full = self._take_slots(limits, ask.slot, now)
+        if decision.allowed and not full:
             self._store(ids, states, spent)
         else:
             states = [b.state for b in buckets]
-        return key_verdict(spent, decision, parallel_full, states, now)
+        return key_verdict(spent, decision, full, states, now, len(limits.windows))
+
+    def _take_slots(self, limits: KeyLimits, lease_id: str, now: float) -> str:
+        """A parallel slot of every owner with ``max_parallel`` (the key's, its team's),
+        or none: the scope whose slots are full ("" when every owner had one)."""
+        taken: list[KeyLimits] = []
+        for owner in limits.owners():
+            if owner.max_parallel is None:
+                continue
+            slots = self._slots_of(owner)
+            if not slots.acquire(owner.name, lease_id, owner.max_parallel, now):
+                for held in taken:
+                    self._slots_of(held).release(held.name, lease_id)
+                return owner.scope
+            taken.append(owner)
+        return ""
+
+    def _slots_of(self, owner: KeyLimits) -> Slots:
+        return self._team_slots if owner.scope == TEAM else self._slots
 
     def reserve_now(self, ask: GroupAsk) -> DeploymentVerdict:
         now = self._now()
@@ -350,9 +371,11 @@ class MemoryLimiter:
         }
 
     def key_snapshot_now(self, limits: KeyLimits) -> KeyState:
+        """The windows and slots of one owner (a key's own, or a team's)."""
         now = self._now()
-        states = [self._state(_key_bucket(limits.name, w)) for w in limits.windows]
-        return key_state(limits, states, self._slots.live(limits.name, now), now)
+        states = [self._state(_key_bucket(limits, w)) for w in limits.windows]
+        slots = self._slots_of(limits).live(limits.name, now)
+        return key_state(limits, states, slots, now)
 
     def holds_in_flight(self, group: str, deployment_id: str, lease_id: str) -> bool:
         """Whether ``lease_id`` is in flight here (the fallback policy routes settlements)."""
@@ -366,8 +389,13 @@ class MemoryLimiter:
         return self._health_of(group, deployment_id, self._clock())
 
     def holds_lease(self, name: str, lease_id: str) -> bool:
-        """Whether ``lease_id`` is a slot held here (the fallback policy routes releases)."""
+        """Whether ``lease_id`` is a slot of key ``name`` held here."""
         return self._slots.holds(name, lease_id)
+
+    def holds_slot(self, limits: KeyLimits, lease_id: str) -> bool:
+        """Whether ``lease_id`` is a slot of the key or of its team held here (the
+        fallback policy routes releases)."""
+        return any(self._slots_of(o).holds(o.name, lease_id) for o in limits.owners())
 
     def leases_held(self, name: str) -> int:
         return self._slots.count(name)
@@ -378,9 +406,10 @@ class MemoryLimiter:
     # -- state -----------------------------------------------------------------------
 
     def _settle_key(self, s: KeySettlement, now: float) -> None:
-        self._slots.release(s.limits.name, s.slot)
-        for spend in corrections(s.limits.windows, s.cost):
-            self._adjust(_key_bucket(s.limits.name, spend.window), spend, now)
+        for owner in s.limits.owners():
+            self._slots_of(owner).release(owner.name, s.slot)
+            for spend in corrections(owner.windows, s.cost):
+                self._adjust(_key_bucket(owner, spend.window), spend, now)
 
     def _now(self) -> float:
         now = self._clock()
@@ -450,8 +479,19 @@ class MemoryLimiter:
             self._health[key] = (h, expires)
 
 
-def _key_bucket(name: str, window: Window) -> BucketId:
-    return ("key", name, window.name)
+def _key_bucket(owner: KeyLimits, window: Window) -> BucketId:
+    """A key's or a team's window (``owner.scope``): a team's windows are one bucket
+    whichever of its keys asks."""
+    return (owner.scope, owner.name, window.name)
+
+
+def _key_buckets(limits: KeyLimits) -> list[BucketId]:
+    """The buckets of every window an ask of the key touches (``KeyLimits.all_windows``)."""
+    scope, name = limits.scope, limits.name
+    ids: list[BucketId] = [(scope, name, w.name) for w in limits.windows]
+    if limits.team is not None:
+        ids += [_key_bucket(limits.team, w) for w in limits.team.windows]
+    return ids
 
 
 def _deployment_bucket(group: str, deployment_id: str, window: Window) -> BucketId:

@@ -181,11 +181,14 @@ def share_windows(windows: Sequence[Window], replicas: int, cost: Cost) -> tuple
 
 
 def share_key(limits: KeyLimits, replicas: int, cost: Cost) -> KeyLimits:
+    """The key's share of its windows and slots, and of its team's."""
     parallel = limits.max_parallel
+    team = limits.team
     return replace(
         limits,
         windows=share_windows(limits.windows, replicas, cost),
         max_parallel=None if parallel is None else max(1, parallel // replicas),
+        team=None if team is None else share_key(team, replicas, cost),
     )
 
 
@@ -277,6 +280,12 @@ class ResilientLimiter:
     def live_replicas(self) -> int:
         """Replicas seen alive at the last successful heartbeat (sizes the local share)."""
         return self._replicas
+
+    @property
+    def shared(self) -> RedisLimiter:
+        """The Redis limiter behind the policy (its runner also serves the stores kept
+        beside the limiter's state: affinity.py)."""
+        return self._shared
 
     @property
     def circuit(self) -> CircuitState:
@@ -565,7 +574,7 @@ class ResilientLimiter:
     def _held_locally(self, s: Settlement) -> bool:
         """Whether the settled request's slot or in-flight slot was taken here."""
         if isinstance(s, KeySettlement):
-            return self._local.holds_lease(s.limits.name, s.slot)
+            return self._local.holds_slot(s.limits, s.slot)
         return self._local.holds_in_flight(s.group, s.deployment.id, s.slot)
 
     def _local_share(self, s: Settlement) -> Settlement:

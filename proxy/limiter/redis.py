@@ -8,17 +8,21 @@ hash-tagged so each script touches one cluster slot (``P`` is ``KEY_PREFIX``,
 ``llmproxy:v<SCHEMA_VERSION>``)::
 
     {P:k:<key name>}:<window> | :leases              a client key's windows, slots
+    {P:t:<team>}:<window> | :leases                   a team's windows, slots...
+    {P:t:<team>}:k:<key name>:<window> | :leases       ...and those of its keys
     {P:g:<group>}:d:<deployment id>:<window>          a group's deployments...
     {P:g:<group>}:d:<deployment id>:health            ...their health (a hash)...
     {P:g:<group>}:d:<deployment id>:inflight          ...and requests in flight
     P:replicas                                        replica heartbeats (policy.py)
     {P:replicas}:activity                             what each replica reports doing
 
-``<window>`` is the window's name (``rpm``, ``tpd``, ``tokens_30d``...), so a window's
-state outlives a change of its rate. Idle bucket keys expire a little (10 s) after they
-have refilled (a deployment's at the slowest rate 429s may lower it to): a missing key
-reads as a full bucket. Health keys expire a little after ``health.expires_at`` (a
-missing key reads as healthy), in-flight sets after their latest deadline.
+``<window>`` is the window's name (``rpm``, ``tpd``, ``tokens_30d``, ``rpm@gpt-4o``...),
+so a window's state outlives a change of its rate. A key in a team lives in its team's
+slot: its check and settlement are one script on one slot. Idle bucket keys expire a
+little (10 s) after they have refilled (a deployment's at the slowest rate 429s may
+lower it to): a missing key reads as a full bucket. Health keys expire a little after
+``health.expires_at`` (a missing key reads as healthy), in-flight sets after their
+latest deadline.
 
 The key settlements of one key that go out in the same batch are merged into one
 ``settle_key`` call (``merge_key_settlements``): under load a batch carries several.
@@ -37,6 +41,7 @@ import orjson
 
 from proxy.limiter.base import (
     NO_CHANGE,
+    TEAM,
     Activity,
     DeploymentLimits,
     DeploymentState,
@@ -50,7 +55,6 @@ from proxy.limiter.base import (
     KeyVerdict,
     Sent,
     Settlement,
-    Window,
 )
 from proxy.limiter.batch import ScriptCall
 from proxy.limiter.bucket import Admission, BucketState, Decision
@@ -68,6 +72,7 @@ from proxy.limiter.verdicts import (
     deployment_verdict,
     evidence,
     floors,
+    key_spends,
     key_state,
     key_verdict,
     pacing_windows,
@@ -107,7 +112,7 @@ class RedisLimiter:
         self._leases = Leases(self.runner, _num, self._now) if leasing else None
         self._lease_ttl = lease_ttl
         self._prefix = prefix
-        self._key_prefixes: dict[str, str] = {}
+        self._key_prefixes: dict[tuple[str, str, str], str] = {}
         self._deployment_prefixes: dict[tuple[str, str], str] = {}
         self._clock = clock
 
@@ -120,38 +125,37 @@ class RedisLimiter:
 
     async def acquire_key(self, ask: KeyAsk) -> KeyVerdict:
         limits = ask.limits
-        if not limits.windows and limits.max_parallel is None:
+        if limits.unlimited:
             return KeyVerdict(True)
-        if self._leases is not None and limits.max_parallel is None:
+        if self._leases is not None and not _slotted(limits):
             leased = await self._leases.acquire_key(ask, partial(self._windows, limits))
             if leased is not None:
                 return leased
-        spent = spends(limits.windows, ask.cost)
+        spent = key_spends(limits, ask.cost)
+        team = limits.team
         args = [
             self._now(),
-            "" if limits.max_parallel is None else str(limits.max_parallel),
+            _slots_arg(limits),
             ask.slot,
             _num(self._lease_ttl),
+            "" if team is None else _slots_arg(team),
         ]
         for s in spent:
             args += [_num(s.rate.interval), _num(s.capacity), _num(s.amount)]
-        keys = [
-            self._key(limits.name, "leases"),
-            *(self._window(limits.name, w) for w in limits.windows),
-        ]
-        reply = await self.runner.run("acquire_key", keys, args)
-        outcome, binding, wait, retry_after, parallel_full, now, *flat = reply
+        reply = await self.runner.run("acquire_key", self._key_keys(limits), args)
+        outcome, binding, wait, retry_after, slots_full, now, *flat = reply
         decision = Decision(Admission(outcome), float(wait), float(retry_after), int(binding))
         states = [
             BucketState(float(d), float(t)) for d, t in zip(flat[::2], flat[1::2], strict=True)
         ]
-        return key_verdict(spent, decision, parallel_full == "1", states, float(now))
+        own = len(limits.windows)
+        return key_verdict(spent, decision, slots_full, states, float(now), own)
 
     def acquire_key_now(self, ask: KeyAsk) -> KeyVerdict | None:
         limits = ask.limits
-        if not limits.windows and limits.max_parallel is None:
+        if limits.unlimited:
             return KeyVerdict(True)
-        if self._leases is None or limits.max_parallel is not None:
+        if self._leases is None or _slotted(limits):
             return None
         return self._leases.acquire_key_now(ask, partial(self._windows, limits))
 
@@ -321,12 +325,11 @@ class RedisLimiter:
         return states
 
     async def key_snapshot(self, limits: KeyLimits) -> KeyState:
+        """One owner's windows and slots (a key's own, or a team's)."""
         if not limits.windows and limits.max_parallel is None:
             return KeyState()
-        keys = [
-            self._key(limits.name, "leases"),
-            *(self._window(limits.name, w) for w in limits.windows),
-        ]
+        prefix = self._owner_prefix(limits)
+        keys = [prefix + "leases", *(prefix + w.name for w in limits.windows)]
         reply = iter(await self.runner.run("key_snapshot", keys, [self._now()]))
         now, held = float(next(reply)), int(next(reply))
         return key_state(limits, [_state(reply) for _ in limits.windows], held, now)
@@ -390,32 +393,53 @@ class RedisLimiter:
                 return None
             s = left
         limits = s.limits
-        lease = s.slot if limits.max_parallel is not None else ""
-        corrected = corrections(limits.windows, s.cost)
-        if not lease and not corrected:
-            return None
+        lease = s.slot if _slotted(limits) else ""
+        windows = limits.all_windows()
+        names = self._windows(limits)
         args = [self._now(), lease]
-        for c in corrected:
-            args += [_num(c.rate.interval), _num(c.amount)]
-        keys = [
-            self._key(limits.name, "leases"),
-            *(self._window(limits.name, c.window) for c in corrected),
-        ]
+        keys = self._key_keys(limits)[:2]
+        for c, name in zip(spends(windows, s.cost), names, strict=True):
+            if c.amount != 0:
+                args += [_num(c.rate.interval), _num(c.amount)]
+                keys.append(name)
+        if not lease and len(keys) == 2:
+            return None
         return keys, args
 
-    # Key names are built per request; their prefixes (one per key or deployment of the
-    # config) are made once.
-    def _key(self, name: str, kind: str) -> str:
-        prefix = self._key_prefixes.get(name)
+    # Key names are built per request; their prefixes (one per key and team of the
+    # config) are made once. A key in a team keeps its windows under the team's hash
+    # tag: one script touches one cluster slot (a key changing team starts afresh).
+    def _owner_prefix(self, owner: KeyLimits, team: KeyLimits | None = None) -> str:
+        """Where an owner's windows and slots live: a team's, or a key's (in its team's
+        slot when it has one: ``team``, else ``owner.team``)."""
+        team = team or owner.team
+        ident = (owner.scope, owner.name, "" if team is None else team.name)
+        prefix = self._key_prefixes.get(ident)
         if prefix is None:
-            prefix = self._key_prefixes[name] = f"{{{self._prefix}:k:{name}}}:"
-        return prefix + kind
+            if owner.scope == TEAM:
+                prefix = f"{{{self._prefix}:t:{owner.name}}}:"
+            elif team is None:
+                prefix = f"{{{self._prefix}:k:{owner.name}}}:"
+            else:
+                prefix = f"{{{self._prefix}:t:{team.name}}}:k:{owner.name}:"
+            self._key_prefixes[ident] = prefix
+        return prefix
 
-    def _window(self, name: str, window: Window) -> str:
-        return self._key(name, window.name)
+    def _key_keys(self, limits: KeyLimits) -> list[str]:
+        """acquire_key's keys: the key's slots, its team's (the key's without a team),
+        then every window (``KeyLimits.all_windows``)."""
+        own = self._owner_prefix(limits) + "leases"
+        team = own if limits.team is None else self._owner_prefix(limits.team) + "leases"
+        return [own, team, *self._windows(limits)]
 
     def _windows(self, limits: KeyLimits) -> list[str]:
-        return [self._key(limits.name, w.name) for w in limits.windows]
+        """The buckets of the key's windows, then of its team's."""
+        prefix = self._owner_prefix(limits)
+        names = [prefix + w.name for w in limits.windows]
+        if limits.team is not None:
+            prefix = self._owner_prefix(limits.team)
+            names += [prefix + w.name for w in limits.team.windows]
+        return names
 
     def _lease_keys(self, group: str, d: DeploymentLimits) -> list[str]:
         """lease_deployment's keys: the deployment's health, learned window, windows."""
@@ -459,16 +483,16 @@ class _Settlements:
     def add(self, keys: list[str], args: list[str]) -> None:
         self.count += 1
         self.keys.update(keys)
-        for i in range(1, len(keys)):
-            sums = self.sums.setdefault((keys[i], args[2 * i]), [0.0, 0.0])
-            units = float(args[2 * i + 1])
+        for i in range(2, len(keys)):
+            sums = self.sums.setdefault((keys[i], args[2 * i - 2]), [0.0, 0.0])
+            units = float(args[2 * i - 1])
             sums[1 if units > 0.0 else 0] += units
 
     def merged(self) -> ScriptCall:
         name, keys, args = self.call
         if self.count == 1:
             return self.call
-        out_keys, out_args = [keys[0]], [args[0], ""]
+        out_keys, out_args = [keys[0], keys[1]], [args[0], ""]
         for (window, interval), (refunds, charges) in self.sums.items():
             # Refunds first: the debt each bucket is left with is the highest any order
             # of the settlements would leave (a refund may be clipped at zero, a charge
@@ -506,9 +530,12 @@ def merge_key_settlements(calls: list[ScriptCall]) -> tuple[list[ScriptCall], li
         name, keys, args = call
         if name == "settle_key" and not args[1]:
             m = open_.get(keys[0])
-            if m is None or m.call[2][0] != args[0]:
-                if m is not None:
-                    close(m)
+            # A team's windows are also its other keys': a merge that another one
+            # touched meanwhile is not joined (corrections do not commute).
+            others = {o for key in keys if (o := open_.get(key)) is not None and o is not m}
+            if m is None or m.call[2][0] != args[0] or others:
+                for o in [*others, *([m] if m is not None else [])]:
+                    close(o)
                 m = _Settlements(len(out), call)
                 merging.append(m)
                 out.append(call)
@@ -527,6 +554,15 @@ def merge_key_settlements(calls: list[ScriptCall]) -> tuple[list[ScriptCall], li
     for m in merging:
         out[m.index] = m.merged()
     return out, owners
+
+
+def _slotted(limits: KeyLimits) -> bool:
+    """Whether the key or its team has parallel slots (then its check is never leased)."""
+    return any(o.max_parallel is not None for o in limits.owners())
+
+
+def _slots_arg(owner: KeyLimits) -> str:
+    return "" if owner.max_parallel is None else str(owner.max_parallel)
 
 
 def _state(reply: Any) -> BucketState:

@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from proxy.costs import NOTHING, REQUESTS, Cost
 from proxy.limiter import health
 from proxy.limiter.base import (
+    KEY,
     MINUTE,
+    TEAM,
     DeploymentLimits,
     DeploymentState,
     DeploymentVerdict,
@@ -25,6 +27,7 @@ from proxy.limiter.base import (
     Sent,
     Usage,
     Window,
+    base_name,
 )
 from proxy.limiter.bucket import Admission, Bucket, BucketState, Decision, plan, usage
 from proxy.limiter.health import Health
@@ -197,27 +200,46 @@ def floors(
     return out
 
 
-def key_code(window: Window) -> str:
-    """The code of a key's 429 from ``window``: ``key_rpm``, ``key_tokens_30d``..."""
-    return f"key_{window.name}"
+def key_code(window: Window, scope: str = KEY) -> str:
+    """The code of a 429 from an owner's ``window``: ``key_rpm``, ``key_tokens_30d``,
+    ``team_rpm``... (a window counting only some models' requests: its window's code)."""
+    return f"{scope}_{base_name(window.name)}"
 
 
 def key_codes(limits: KeyLimits) -> list[str]:
-    """Every code a key's own limits can refuse with (``key_parallel`` included)."""
-    codes = [key_code(w) for w in limits.windows]
-    return codes + (["key_parallel"] if limits.max_parallel is not None else [])
+    """Every code a key's limits and its team's can refuse with (``key_parallel``,
+    ``team_parallel`` included)."""
+    codes: list[str] = []
+    for owner in limits.owners():
+        codes += [key_code(w, owner.scope) for w in owner.windows]
+        codes += [f"{owner.scope}_parallel"] if owner.max_parallel is not None else []
+    return list(dict.fromkeys(codes))
+
+
+def key_spends(limits: KeyLimits, cost: Cost) -> list[Spend]:
+    """What an ask of the key costs in every window: its own, then its team's."""
+    return spends(limits.all_windows(), cost)
 
 
 def key_verdict(
     spent: Sequence[Spend],
     decision: Decision,
-    parallel_full: bool,
+    slots_full: str,
     states: Sequence[BucketState],
     now: float,
+    own: int | None = None,
 ) -> KeyVerdict:
-    """``states`` are the windows after the decision (unchanged when refused)."""
+    """``states`` are the windows after the decision (unchanged when refused). ``own``:
+    how many of ``spent`` are the key's own windows (the rest its team's; None: all):
+    the verdict's usage (the x-ratelimit-* headers) is the key's own. ``slots_full``: the
+    scope whose parallel slots were full (``key``, ``team``; empty: none)."""
+    mine, mine_states = spent, states
+    if own is None or own == len(spent):
+        own = len(spent)
+    else:  # the key's own windows come first, its team's after them (no copy without)
+        mine, mine_states = spent[:own], states[:own]
     used = tuple(
-        (s.window, usage(state, s.rate, now)) for s, state in zip(spent, states, strict=True)
+        (s.window, usage(state, s.rate, now)) for s, state in zip(mine, mine_states, strict=True)
     )
     if decision.admission is Admission.TOO_LARGE:
         return KeyVerdict(
@@ -225,9 +247,10 @@ def key_verdict(
         )
     if decision.admission is Admission.REFUSED:
         window = spent[decision.binding].window
-        return KeyVerdict(False, key_code(window), decision.retry_after, used, window)
-    if parallel_full:
-        return KeyVerdict(False, "key_parallel", PARALLEL_RETRY_AFTER, used)
+        code = key_code(window, KEY if decision.binding < own else TEAM)
+        return KeyVerdict(False, code, decision.retry_after, used, window)
+    if slots_full:
+        return KeyVerdict(False, f"{slots_full}_parallel", PARALLEL_RETRY_AFTER, used)
     return KeyVerdict(True, usage=used)
 
 

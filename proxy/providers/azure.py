@@ -1,6 +1,8 @@
-"""Azure OpenAI: ``{base_url}/openai/deployments/{deployment}/{shape}?api-version=...``,
-``api-key``, its part of OpenAI's rate-limit headers, and its answers that say the
-deployment's name or api-version is wrong (pure)."""
+"""Azure OpenAI: ``{base_url}/openai/deployments/{deployment}/{shape}?api-version=...``
+(the Responses API: ``{base_url}/openai/v1/responses``, the v1 API, which takes no
+api-version and names the Azure deployment in the body's ``model``), ``api-key``, its
+part of OpenAI's rate-limit headers, and its answers that say the deployment's name or
+api-version is wrong (pure)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,11 @@ __all__ = ["AZURE"]
 
 # What Azure says of an api-version it does not serve (a 400 otherwise like the client's).
 _VERSION_REFUSED = b"API version not supported"
+# Azure's own errors are ``{"error": {"code", "message"}}``; the API's (OpenAI's shape)
+# have a ``type``: a 404 of these is about the request (a stored response it lacks).
+_OPENAI_ERROR = b'"type"'
+# Served only by Azure's v1 API (learn.microsoft.com, "Azure OpenAI Responses API").
+_V1_SHAPES = frozenset(("responses",))
 
 
 class AzureOpenAI:
@@ -25,8 +32,13 @@ class AzureOpenAI:
     shapes = OPENAI_SHAPES
 
     def url(self, deployment: Deployment, shape: str) -> str:
+        if shape in _V1_SHAPES:
+            return f"{deployment.base_url}/openai/v1/{shape}"
         base = f"{deployment.base_url}/openai/deployments/{deployment.deployment}"
         return f"{base}/{shape}?api-version={deployment.api_version}"
+
+    def body_model(self, deployment: Deployment, shape: str) -> str | None:
+        return deployment.deployment if shape in _V1_SHAPES else None
 
     def credential(self, deployment: Deployment) -> tuple[str, str] | None:
         key = deployment.api_key.get_secret_value()
@@ -38,10 +50,14 @@ class AzureOpenAI:
     def misconfigured(self, status: int, body: bytes, cooldown_time: float) -> Outcome | None:
         """Its path (deployment name, api-version) comes from the config: its 404 (no such
         deployment, no api-version) and its 400 of an unsupported api-version are never
-        the client's fault."""
+        the client's fault. A 404 of another kind (a stored response it does not have,
+        in OpenAI's error shape) is the client's answer."""
         if status not in (400, 404):
             return None
-        if status == 400 and _VERSION_REFUSED not in body[:1024]:
+        head = body[:1024]
+        if status == 400 and _VERSION_REFUSED not in head:
+            return None
+        if status == 404 and _OPENAI_ERROR in head:
             return None
         return Outcome(kind="failure", reason="misconfigured", cool_for=cooldown_time)
 

@@ -37,6 +37,12 @@ class Provider(Protocol):
         """Where ``deployment`` serves the shape named ``shape`` (one of ``shapes``)."""
         ...
 
+    def body_model(self, deployment: Deployment, shape: str) -> str | None:
+        """The ``model`` the forwarded body names for ``shape`` when the provider decides
+        it (Azure's Responses API: the Azure deployment's name); None: the deployment's
+        ``model`` (or its group's name)."""
+        ...
+
     def credential(self, deployment: Deployment) -> tuple[str, str] | None:
         """The header carrying the deployment's key (name, value); None without a key."""
         ...

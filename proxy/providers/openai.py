@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 __all__ = ["OPENAI", "OPENAI_SHAPES"]
 
-OPENAI_SHAPES = frozenset(("chat/completions", "completions", "embeddings"))
+OPENAI_SHAPES = frozenset(("chat/completions", "completions", "embeddings", "responses"))
 
 
 class OpenAICompatible:
@@ -23,6 +23,9 @@ class OpenAICompatible:
 
     def url(self, deployment: Deployment, shape: str) -> str:
         return f"{deployment.base_url}/{shape}"
+
+    def body_model(self, deployment: Deployment, shape: str) -> str | None:
+        return None
 
     def credential(self, deployment: Deployment) -> tuple[str, str] | None:
         key = deployment.api_key.get_secret_value()

@@ -157,13 +157,17 @@ class Dispatcher:
         attempts_left = self.routing.retries + 1
         asks_after_429 = ASKS_AFTER_429
         after_429 = False  # asking again after an upstream 429
-        for current in self._groups(group, call.allowed_models):
+        # A stored response's follow-up has one deployment: its own (no retry elsewhere).
+        groups = (group,) if call.pinned is not None else self._groups(group, call.allowed_models)
+        for current in groups:
             tried: set[str] = set()
             while attempts_left > 0:
                 candidates = [
                     d
                     for d in current.deployments
-                    if d.id not in tried and d.speaks(call.shape.name)
+                    if d.id not in tried
+                    and d.speaks(call.shape.name)
+                    and (call.pinned is None or d.id == call.pinned)
                 ]
                 if not candidates:
                     break
@@ -373,10 +377,14 @@ class Dispatcher:
     def _refusal(
         self, call: Call, group: GroupRoute, cooling: bool, queue_full: bool, retry_after: float
     ) -> ProxyError:
+        # A stored response's follow-up waits for its own deployment only: named.
+        held = f"The deployment '{call.pinned}' that holds this response"
         if cooling:
             self.events.refused("model_unavailable", call.model)
             return ServiceUnavailable(
-                f"Every deployment of '{group.name}' is cooling down after failures;"
+                f"{held} is cooling down after failures; retry after the indicated time."
+                if call.pinned is not None
+                else f"Every deployment of '{group.name}' is cooling down after failures;"
                 " retry after the indicated time.",
                 code="model_unavailable",
                 retry_after=retry_after,
@@ -384,7 +392,11 @@ class Dispatcher:
         scope = "queue_full" if queue_full and call.max_wait > 0 else "model_capacity"
         self.events.refused(scope, call.model)
         message = (
-            f"The model '{group.name}' is at capacity; retry after the indicated time."
+            (
+                f"{held} is at capacity; retry after the indicated time."
+                if call.pinned is not None
+                else f"The model '{group.name}' is at capacity; retry after the indicated time."
+            )
             if scope == "model_capacity"
             else "Too many requests are waiting in this proxy; retry shortly."
         )
@@ -467,7 +479,14 @@ class Dispatcher:
         call.trip.deployment = deployment.id
         try:
             request, strip_usage = build_request(
-                call.shape, call.body, call.raw, call.headers, deployment, call.stream
+                call.shape,
+                call.body,
+                call.raw,
+                call.headers,
+                deployment,
+                call.stream,
+                call.upstream_method,
+                call.upstream_path,
             )
         except InvalidRequest:  # the body cannot be sent as it is: its turn goes back
             self.settler.give_back(turn, call.cost)

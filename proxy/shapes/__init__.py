@@ -10,6 +10,7 @@ from proxy.shapes.base import Shape
 from proxy.shapes.chat import CHAT
 from proxy.shapes.completions import COMPLETIONS
 from proxy.shapes.embeddings import EMBEDDINGS
+from proxy.shapes.responses import RESPONSES
 
 __all__ = ["BY_NAME", "BY_PATH", "SHAPES", "Shape"]
 
@@ -17,6 +18,7 @@ SHAPES: tuple[Shape, ...] = (
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,
+    RESPONSES,
 )
 
 BY_PATH: dict[str, Shape] = {path: shape for shape in SHAPES for path in shape.paths}

@@ -17,7 +17,14 @@ from proxy.costs import Cost, TokenUsage
 from proxy.errors import ProxyError
 from proxy.values import value
 
-__all__ = ["AS_SENT", "ClientCredential", "Prepared", "Shape", "StreamUsage"]
+__all__ = ["AS_SENT", "ClientCredential", "Prepared", "Shape", "StreamUsage", "api_label"]
+
+
+def api_label(shape: str) -> str:
+    """The API a request came through, as the ``api`` metric label and log field: its
+    shape's name as one word (``chat_completions``, ``responses``, ``messages``...).
+    The one place it is spelled; shape names are the proxy's, never a client's."""
+    return shape.replace("/", "_")
 
 
 class ClientCredential(Protocol):

@@ -22,8 +22,10 @@ from proxy.shapes.tokens import completion_tokens, prompt_tokens
 __all__ = [
     "OpenAIShape",
     "OpenAIStreamUsage",
+    "count",
     "stream_error",
     "stream_usage_request",
+    "token_usage",
     "usage_of_body",
     "usage_of_payload",
 ]
@@ -35,18 +37,26 @@ def usage_of_payload(payload: object) -> TokenUsage | None:
     """The ``usage`` of an OpenAI object: ``prompt_tokens`` (its
     ``prompt_tokens_details.cached_tokens`` part of them: ``cached_input``) and
     ``completion_tokens``; None when it states neither count."""
+    return token_usage(payload, "prompt_tokens", "completion_tokens")
+
+
+def token_usage(payload: object, given: str, made: str) -> TokenUsage | None:
+    """The ``usage`` of an OpenAI object whose input and output counts are named
+    ``given`` and ``made`` (chat's ``prompt_tokens``, the Responses API's
+    ``input_tokens``...), ``{given}_details.cached_tokens`` the cached part of the input;
+    None when it states neither count."""
     usage = payload.get("usage") if isinstance(payload, dict) else None
     if not isinstance(usage, dict):
         return None
-    prompt, completion = _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
+    prompt, completion = count(usage.get(given)), count(usage.get(made))
     if prompt is None and completion is None:
         return None
-    details = usage.get("prompt_tokens_details")
-    cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
+    details = usage.get(f"{given}_details")
+    cached = count(details.get("cached_tokens")) if isinstance(details, dict) else None
     return TokenUsage(
         input_tokens=prompt or 0,
         output_tokens=completion or 0,
-        cached_input=min(cached or 0, prompt or 0),  # part of the prompt, never more
+        cached_input=min(cached or 0, prompt or 0),  # part of the input, never more
     )
 
 
@@ -124,7 +134,7 @@ class OpenAIShape:
         return stream_error(message)
 
 
-def _int(value: object) -> int | None:
+def count(value: object) -> int | None:
     """A count: an int, not negative (anything else is not a count an upstream means)."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value

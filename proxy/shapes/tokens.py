@@ -14,9 +14,10 @@ _PER_MESSAGE = 4  # role and framing tokens per chat message
 _PER_REQUEST = 3
 
 
-def _text_tokens(value: Any) -> int:
-    """Walked with an explicit stack: content nested thousands of levels deep (an
-    attack, not a prompt) costs time in proportion to its size, never a RecursionError."""
+def text_tokens(value: Any) -> int:
+    """Estimated tokens of text, content parts or token ids, however nested. Walked
+    with an explicit stack: content nested thousands of levels deep (an attack, not a
+    prompt) costs time in proportion to its size, never a RecursionError."""
     total = 0
     stack = [value]
     while stack:
@@ -44,11 +45,11 @@ def prompt_tokens(body: dict[str, Any]) -> int:
         total = _PER_REQUEST
         for message in messages:
             if isinstance(message, dict):
-                total += _PER_MESSAGE + _text_tokens(message.get("content"))
+                total += _PER_MESSAGE + text_tokens(message.get("content"))
         return total
     if "prompt" in body:
-        return _text_tokens(body["prompt"])
-    return _text_tokens(body.get("input"))
+        return text_tokens(body["prompt"])
+    return text_tokens(body.get("input"))
 
 
 def completion_tokens(body: dict[str, Any], default: int) -> int:

@@ -41,7 +41,7 @@ from proxy.upstream.interface import (
     UpstreamRequest,
     UpstreamStream,
 )
-from proxy.upstream.lean import LeanTransport
+from proxy.upstream.lean import MAX_TARGETS, LeanTransport
 
 __all__ = [
     "HEADER_MAP",
@@ -124,6 +124,8 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         url = request.target if isinstance(request, UpstreamRequest) else str(request.url)
         target = self._targets.get(url)
         if target is None:
+            if len(self._targets) >= MAX_TARGETS:  # URLs with ids in them: kept bounded
+                self._targets.clear()
             target = self._targets[url] = _Target(url)
         if target.lean and self._lean is not None and request.method != "HEAD":
             egress = request.extensions.get(EGRESS)

@@ -63,17 +63,21 @@ def build_request(
     client_headers: list[tuple[str, str]],
     deployment: DeploymentRoute,
     stream: bool,
+    method: str = "POST",
+    path: str = "",
 ) -> tuple[UpstreamRequest, bool]:
     """The upstream request, and whether the proxy added the usage event to a stream.
 
     The client's bytes go as they are unless ``model`` must change or the shape needs
     more of the upstream (a stream's usage, to settle the token budgets) than the client
-    asked for (``Shape.prepare``).
+    asked for (``Shape.prepare``). ``method`` and ``path`` (below the shape's URL): a
+    stored object's routes (``GET /v1/responses/{id}``...), whose body is empty.
     """
     prepared = shape.prepare(body, stream)
     payload = raw
-    if deployment.upstream_model != body.get("model") or prepared.changed:
-        changed: dict[str, Any] = {"model": deployment.upstream_model, **prepared.changed}
+    model = deployment.model_for(shape.name)
+    if (model != body.get("model") and "model" in body) or prepared.changed:
+        changed: dict[str, Any] = {"model": model, **prepared.changed}
         try:
             payload = orjson.dumps({**body, **changed})
         except orjson.JSONEncodeError:  # nested deeper than orjson dumps: splice instead
@@ -83,8 +87,19 @@ def build_request(
     headers = request_headers(client_headers, egress.credential, egress.headers)
     headers["content-length"] = str(len(payload))
     url, target = deployment.target(shape.name)
-    request = UpstreamRequest(url, target, headers, payload, deployment.extensions)
+    if path:  # a stored object's route below the shape's URL (a response's id...)
+        target = _below(target, path)
+        url = httpx.URL(target)
+    request = UpstreamRequest(url, target, headers, payload, deployment.extensions, method)
     return request, prepared.strip_usage
+
+
+def _below(target: str, path: str) -> str:
+    """``path`` (``/{id}/cancel?query``) appended to the path of URL ``target``."""
+    base, _, query = target.partition("?")
+    tail, _, tail_query = path.partition("?")
+    joined = "&".join(q for q in (tail_query, query) if q)
+    return base + tail + ("?" + joined if joined else "")
 
 
 async def send(

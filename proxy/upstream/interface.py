@@ -57,9 +57,10 @@ class _HeadersWhenAsked:
 
 class UpstreamRequest(_HeadersWhenAsked, httpx.Request):
     """The proxy's upstream request (``forward.build_request``): a POST whose body is in
-    hand. Its headers stay the plain dict the proxy built (``fields``, sent as they are)
-    and become an ``httpx.Headers`` only if something asks (normalising them is a tenth
-    of the lean transport's own cost); ``target`` is its URL as text."""
+    hand (or a stored object's GET, DELETE, with an empty one). Its headers stay the
+    plain dict the proxy built (``fields``, sent as they are) and become an
+    ``httpx.Headers`` only if something asks (normalising them is a tenth of the lean
+    transport's own cost); ``target`` is its URL as text."""
 
     def __init__(
         self,
@@ -68,8 +69,9 @@ class UpstreamRequest(_HeadersWhenAsked, httpx.Request):
         fields: dict[str, str],
         payload: bytes,
         extensions: Mapping[str, Any],
+        method: str = "POST",
     ) -> None:
-        super().__init__("POST", url, stream=httpx.ByteStream(payload), extensions=extensions)
+        super().__init__(method, url, stream=httpx.ByteStream(payload), extensions=extensions)
         self._content = payload  # read already
         self.fields = self._header_source = fields
         self.target = target

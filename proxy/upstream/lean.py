@@ -63,6 +63,7 @@ TLS_IDLE_EXPIRY = 4.0  # the same for TLS, unless the upstream says more (or sho
 TLS_MAX_EXPIRY = 60.0  # at most, whatever the upstream announces
 EXPIRY_MARGIN = 1.0  # seconds kept clear of an upstream's keep-alive timeout
 MAX_IDLE = 256  # idle connections kept per origin
+MAX_TARGETS = 4096  # request targets kept parsed (a stored response's URL has its id)
 DNS_TTL = 300.0  # seconds a host name's addresses are reused (as the general client does)
 # A stream's unread bytes above this pause reading from the upstream (backpressure);
 # reading resumes once the consumer has taken them.
@@ -615,6 +616,8 @@ class LeanTransport(httpx.AsyncBaseTransport):
             hostname = parsed.raw_host.decode("ascii")
             pool = self._pools[origin] = _Pool(parsed.host, port, self._limit, tls, hostname)
         key = (request.method, url, context)
+        if len(self._targets) >= MAX_TARGETS:  # URLs with ids in them: kept bounded
+            self._targets.clear()
         target = self._targets[key] = _Target(request.method, parsed, pool)
         return target
 

@@ -1,9 +1,9 @@
 """``/admin/keys`` through a real proxy (in this process, the in-memory key store) and the
 real fake upstream, with the OpenAI SDK as the client: a created key answers at once, with
 its limits, allow-list and priority; revoked, 401; rotated, the old secret works for its
-grace only; expired, 401; config keys are listed and cannot be changed; ``team`` and
-``budgets`` are refused by name; every operation is a log line and a metric, never the
-secret."""
+grace only; expired, 401; config keys are listed and cannot be changed; an API key in a
+team shares its windows with the team's config keys; ``budgets`` are refused by name;
+every operation is a log line and a metric, never the secret."""
 
 from __future__ import annotations
 
@@ -181,7 +181,11 @@ def test_a_config_keys_entry_shows_every_field_it_sets(upstream: FakeUpstreamHan
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"name": "t", "team": "research"}, "team"),
+        ({"name": "t", "team": "no-such-team"}, "team"),
+        (
+            {"name": "t", "limits": [{"requests": 1, "per": "1m", "models": ["gpt-5"]}]},
+            "limits.0.models",
+        ),
         ({"name": "t", "budgets": [{"usd": 5, "period": "month"}]}, "budgets"),
         ({"name": "t", "key": "sk-mine"}, "key"),
         ({"name": "t", "rpm": "many"}, "rpm"),
@@ -212,8 +216,33 @@ def test_listing_is_paged_and_filtered_by_name_prefix(proxy: ProxyInThread) -> N
         assert (first["page"], first["pages"]) == (1, 3)
         last = api.get("/keys", params={"name_prefix": "batch-", "per_page": 2, "page": 3})
         assert [k["name"] for k in last.json()["keys"]] == ["batch-4"]
-        assert api.get("/keys", params={"team": "research"}).status_code == 400
         assert api.get("/keys", params={"page": "0"}).status_code == 400
+
+
+def test_an_api_key_in_a_team_shares_the_teams_windows(upstream: FakeUpstreamHandle) -> None:
+    settings = config(upstream.base_url, teams=[{"name": "research", "rpm": 3}])
+    settings["keys"][0]["team"] = "research"
+    with ProxyInThread(settings_from(settings)) as proxy, admin(proxy) as api:
+        created = api.post("/keys", json={"name": "svc-r", "team": "research", "rpm": 10})
+        assert created.status_code == 201, created.text
+        assert created.json()["team"] == "research"
+        secret = created.json()["key"]
+        assert [chat(proxy.url, CONFIG_KEY) for _ in range(2)] == [200, 200]
+        assert chat(proxy.url, secret) == 200
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=secret, max_retries=0)
+        with pytest.raises(openai.RateLimitError) as refused:
+            client.chat.completions.create(
+                model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}], max_tokens=5
+            )
+        assert refused.value.code == "team_rpm"
+        # The key's own window was not charged by the refusal; its headers are its own.
+        assert refused.value.response.headers["x-ratelimit-limit-requests"] == "10"
+        assert refused.value.response.headers["x-ratelimit-remaining-requests"] == "9"
+        listed = api.get("/keys", params={"team": "research"}).json()["keys"]
+        assert [k["name"] for k in listed] == ["config-team", "svc-r"]
+        assert api.get("/keys", params={"team": "other"}).json()["keys"] == []
+        moved = api.patch("/keys/svc-r", json={"team": "elsewhere"})
+        assert moved.status_code == 400 and moved.json()["error"]["param"] == "team"
 
 
 def test_the_api_needs_an_admin_key(proxy: ProxyInThread) -> None:

@@ -100,6 +100,28 @@ def test_the_openai_sdk_chats_streams_embeds_and_completes_through_azure(
     assert azure.stats()["by_status"].keys() == {"200"}
 
 
+def test_the_responses_api_reaches_azure_at_its_v1_path_naming_the_deployment(
+    proxy: ProxyInThread, azure: FakeUpstreamHandle
+) -> None:
+    client = _sdk(proxy)
+    created = client.responses.create(model="gpt-4o", input="hi", max_output_tokens=16)
+    assert created.status in ("completed", "incomplete") and created.output_text
+    seen = azure.stats()["last_request"]
+    assert seen["path"] == "/openai/v1/responses"  # the v1 API: no api-version
+    assert seen["model"] == "gpt-4o-prod"  # Azure's deployment, in the body
+    assert seen["headers"]["api-key"] == AZURE_KEY
+    events = [e.type for e in client.responses.create(model="gpt-4o", input="x", stream=True)]
+    assert events[0] == "response.created" and events[-1] in (
+        "response.completed",
+        "response.incomplete",
+    )
+    assert client.responses.retrieve(created.id).id == created.id
+    client.responses.delete(created.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(created.id)
+    assert azure.stats()["unknown_response_ids"] == 0
+
+
 @pytest.mark.parametrize(
     ("wrong", "status"),
     [

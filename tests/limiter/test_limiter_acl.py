@@ -10,6 +10,7 @@ from fnmatch import fnmatchcase
 from importlib import resources
 
 from proxy.limiter import acl
+from proxy.limiter.base import KeyLimits
 from proxy.limiter.redis import KEY_PREFIX, RedisLimiter
 
 
@@ -30,7 +31,9 @@ def test_every_command_a_script_calls_is_granted() -> None:
 def test_every_key_the_limiter_names_matches_a_granted_pattern() -> None:
     limiter = RedisLimiter("redis://127.0.0.1:1")
     names = [
-        limiter._key("team-a", "rpm"),
+        limiter._owner_prefix(KeyLimits("key-a")) + "rpm",
+        limiter._owner_prefix(KeyLimits("key-a", team=KeyLimits("t", scope="team"))) + "rpm",
+        limiter._owner_prefix(KeyLimits("t", scope="team")) + "rpm",
         limiter._deployment("gpt-4o", "azure-east", "health"),
         limiter._fairness("gpt-4o", "waiting"),
         limiter._replicas(),

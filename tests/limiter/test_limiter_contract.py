@@ -168,6 +168,71 @@ async def test_parallel_slots_of_crashed_requests_expire(s: Subject) -> None:
     assert (await s.limiter.acquire_key(KeyAsk(key, "c", estimate_cost(0)))).allowed
 
 
+# -- teams: another owner of windows, checked with the key's in one step -----------------
+
+
+def team(
+    rpm_limit: float = 6, name: str = "research", max_parallel: int | None = None
+) -> KeyLimits:
+    return KeyLimits(name, windows=(rpm(rpm_limit),), max_parallel=max_parallel, scope="team")
+
+
+async def test_keys_of_a_team_share_its_windows(s: Subject) -> None:
+    shared = team(6)
+    alice = KeyLimits("alice", windows=(rpm(5),), team=shared)
+    bob = KeyLimits("bob", windows=(rpm(5),), team=shared)
+    asks = [KeyAsk(k, f"{k.name}-{i}", estimate_cost(1)) for i in range(5) for k in (alice, bob)]
+    verdicts = await asyncio.gather(*(s.limiter.acquire_key(a) for a in asks))
+    assert sum(v.allowed for v in verdicts) == 6
+    assert {v.code for v in verdicts if not v.allowed} == {"team_rpm"}
+    # The headers are the key's own windows, not the team's.
+    passed = [v for v in verdicts if v.allowed]
+    assert all(v.usage and v.usage[0][1].limit == 5 for v in passed)
+
+
+async def test_a_team_refusal_charges_nothing_on_the_key_and_vice_versa(s: Subject) -> None:
+    shared = team(1)
+    alice = KeyLimits("alice", windows=(rpm(2),), team=shared)
+    bob = KeyLimits("bob", windows=(rpm(1),), team=team(100, "infra"))
+    assert (await s.limiter.acquire_key(KeyAsk(alice, "a1", estimate_cost(1)))).allowed
+    refused = await s.limiter.acquire_key(KeyAsk(alice, "a2", estimate_cost(1)))
+    assert (refused.allowed, refused.code) == (False, "team_rpm")
+    assert refused.retry_after == pytest.approx(60.0)
+    mine = await s.limiter.key_snapshot(alice)
+    assert mine.remaining["rpm"] == pytest.approx(1.0)  # the refused request took nothing
+    # The key's own refusal leaves its team's windows alone.
+    assert (await s.limiter.acquire_key(KeyAsk(bob, "b1", estimate_cost(1)))).allowed
+    refused = await s.limiter.acquire_key(KeyAsk(bob, "b2", estimate_cost(1)))
+    assert (refused.allowed, refused.code) == (False, "key_rpm")
+    theirs = await s.limiter.key_snapshot(team(100, "infra"))
+    assert theirs.remaining["rpm"] == pytest.approx(99.0)
+
+
+async def test_a_team_settlement_corrects_the_key_and_the_team(s: Subject) -> None:
+    shared = KeyLimits("research", windows=(tpm(1000),), scope="team")
+    alice = KeyLimits("alice", windows=(tpm(500),), team=shared)
+    assert (await s.limiter.acquire_key(KeyAsk(alice, "a", estimate_cost(300)))).allowed
+    await s.limiter.settle(KeySettlement(alice, "a", {"tokens": -200}))  # used 100 of the 300
+    assert (await s.limiter.key_snapshot(alice)).remaining["tpm"] == pytest.approx(400)
+    assert (await s.limiter.key_snapshot(shared)).remaining["tpm"] == pytest.approx(900)
+
+
+async def test_a_teams_parallel_slots_are_shared_by_its_keys(s: Subject) -> None:
+    shared = team(1000, max_parallel=2)
+    alice = KeyLimits("alice", max_parallel=5, team=shared)
+    bob = KeyLimits("bob", team=shared)
+    assert (await s.limiter.acquire_key(KeyAsk(alice, "a1", estimate_cost(0)))).allowed
+    assert (await s.limiter.acquire_key(KeyAsk(bob, "b1", estimate_cost(0)))).allowed
+    refused = await s.limiter.acquire_key(KeyAsk(alice, "a2", estimate_cost(0)))
+    assert (refused.allowed, refused.code) == (False, "team_parallel")
+    # The key's slot taken before the team's refused is given back, and nothing charged.
+    assert (await s.limiter.key_snapshot(alice)).slots_held == 1
+    assert (await s.limiter.key_snapshot(shared)).remaining["rpm"] == pytest.approx(998)
+    await s.limiter.settle(KeySettlement(bob, "b1"))
+    assert (await s.limiter.acquire_key(KeyAsk(alice, "a2", estimate_cost(0)))).allowed
+    assert (await s.limiter.key_snapshot(shared)).slots_held == 2
+
+
 # -- deployments -----------------------------------------------------------------------
 
 A = DeploymentLimits(

@@ -97,11 +97,17 @@ window_sets = st.lists(
     max_size=3,
     unique_by=lambda kr: (kr[0], kr[1].period),  # a window is named by kind and period
 ).map(lambda pairs: tuple(_window(k, r) for k, r in pairs))  # type: ignore[arg-type]
+parallel = st.one_of(st.none(), st.integers(min_value=1, max_value=3))
+# A key alone or in a team (another owner of windows and slots, checked in the same step).
+teams = st.builds(
+    KeyLimits, name=st.just("t"), windows=window_sets, max_parallel=parallel, scope=st.just("team")
+)
 keys = st.builds(
     KeyLimits,
     name=st.sampled_from(["k"]),
     windows=window_sets,
-    max_parallel=st.one_of(st.none(), st.integers(min_value=1, max_value=3)),
+    max_parallel=parallel,
+    team=st.one_of(st.none(), st.none(), teams),
 )
 probe_timeouts = st.sampled_from([0.5, 5.0, 60.0])
 deployments = st.lists(
@@ -292,6 +298,9 @@ async def run_both(
                 memory.settle_now(settlement)
             elif isinstance(op, KeyQuery):
                 assert await shared.key_snapshot(key) == memory.key_snapshot_now(key), (step, op)
+                if key.team is not None:
+                    team = key.team
+                    assert await shared.key_snapshot(team) == memory.key_snapshot_now(team), step
             elif isinstance(op, Reserve | FairReserve):
                 chosen = [candidates[i] for i in op.order if i < len(candidates)]
                 group_ask = GroupAsk("g", chosen, estimate_cost(op.tokens), op.max_wait)

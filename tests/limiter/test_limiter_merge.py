@@ -106,16 +106,21 @@ def test_refunds_first_is_the_most_conservative_order(
 # -- the merge of a batch ----------------------------------------------------------------
 
 
-def settle(name: str, *units: float, lease: str = "", now: str = "") -> ScriptCall:
-    keys = [f"{{p:k:{name}}}:leases"] + [f"{{p:k:{name}}}:tpm"] * len(units)
+def settle(name: str, *units: float, lease: str = "", now: str = "", team: str = "") -> ScriptCall:
+    """A key's settlement: its slots, its team's (its own again without one), its tpm
+    window and, in a team, the team's."""
+    own = f"{{p:t:{team}}}:k:{name}:" if team else f"{{p:k:{name}}}:"
+    keys = [own + "leases", f"{{p:t:{team}}}:leases" if team else own + "leases"]
     args = [now, lease]
     for u in units:
-        args += ["0.01", repr(u)]
+        keys += [own + "tpm"] + ([f"{{p:t:{team}}}:tpm"] if team else [])
+        args += ["0.01", repr(u)] * (2 if team else 1)
     return "settle_key", keys, args
 
 
 def acquire(name: str) -> ScriptCall:
-    return "acquire_key", [f"{{p:k:{name}}}:leases", f"{{p:k:{name}}}:tpm"], ["", "", "l", "1"]
+    leases = f"{{p:k:{name}}}:leases"
+    return "acquire_key", [leases, leases, f"{{p:k:{name}}}:tpm"], ["", "", "l", "1", ""]
 
 
 def test_settlements_of_one_key_become_one_call_in_place_of_the_first() -> None:
@@ -124,7 +129,7 @@ def test_settlements_of_one_key_become_one_call_in_place_of_the_first() -> None:
     assert merged_calls == [
         (
             "settle_key",
-            ["{p:k:a}:leases", "{p:k:a}:tpm", "{p:k:a}:tpm"],
+            ["{p:k:a}:leases", "{p:k:a}:leases", "{p:k:a}:tpm", "{p:k:a}:tpm"],
             ["", "", "0.01", "-7.0", "0.01", "7.0"],
         ),
         settle("b", 3.0),
@@ -140,6 +145,24 @@ def test_a_call_touching_the_key_between_settlements_keeps_them_apart() -> None:
     # Another key's check does not.
     calls = [settle("a", -5.0), acquire("b"), settle("a", -1.0)]
     assert merge_key_settlements(calls) == ([settle("a", -6.0), acquire("b")], [0, 1, 0])
+
+
+def test_a_team_window_another_key_corrected_meanwhile_keeps_settlements_apart() -> None:
+    # b's correction of the team's window comes between a's two: a's second is not
+    # moved before it (corrections do not commute).
+    calls = [settle("a", -5.0, team="t"), settle("b", 3.0, team="t"), settle("a", 7.0, team="t")]
+    assert merge_key_settlements(calls) is None
+    calls = [settle("a", -5.0, team="t"), settle("a", 7.0, team="t")]
+    merged_calls, owners = merge_key_settlements(calls) or ([], [])
+    [(_, keys, args)] = merged_calls
+    assert keys[:2] == ["{p:t:t}:k:a:leases", "{p:t:t}:leases"]
+    assert sorted(zip(keys[2:], args[3::2], strict=True)) == [
+        ("{p:t:t}:k:a:tpm", "-5.0"),
+        ("{p:t:t}:k:a:tpm", "7.0"),
+        ("{p:t:t}:tpm", "-5.0"),
+        ("{p:t:t}:tpm", "7.0"),
+    ]
+    assert owners == [0, 0]
 
 
 def test_slot_releases_and_other_clocks_go_alone() -> None:

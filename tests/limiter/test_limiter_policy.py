@@ -112,6 +112,13 @@ def test_share_key_divides_parallel_slots_keeping_one() -> None:
     assert share_key(key, 10, NOTHING).max_parallel == 1
 
 
+def test_a_key_in_a_team_gets_its_share_of_the_teams_limits_too() -> None:
+    team = KeyLimits("t", windows=(rpm(600),), max_parallel=8, scope="team")
+    shared = share_key(KeyLimits("k", team=team), 4, NOTHING).team
+    assert shared is not None and shared.scope == "team" and shared.max_parallel == 2
+    assert shared.windows[0].rate == Rate(150, 60, 150)
+
+
 # -- against a Redis that dies ---------------------------------------------------------
 
 KEY = KeyLimits("team", windows=(rpm(10, 10),))
@@ -279,6 +286,27 @@ async def test_leases_taken_locally_are_released_locally(
     assert a.mode is LimiterMode.SHARED
     await a.settle(KeySettlement(key, "held", {}))
     assert a.local.leases_held("p") == 0
+
+
+async def test_a_teams_slot_taken_locally_is_released_locally(
+    make: Callable[[OnError, str], ResilientLimiter],
+    disposable_redis: RedisServer,
+    clock: Clock,
+) -> None:
+    a = make("local", "a")
+    key = KeyLimits("p", team=KeyLimits("t", max_parallel=1, scope="team"))
+    disposable_redis.kill()
+    for _ in range(3):  # open the circuit
+        await a.acquire_key(KeyAsk(KeyLimits("other"), "x", estimate_cost(0)))
+    assert (await a.acquire_key(KeyAsk(key, "held", estimate_cost(0)))).allowed
+    refused = await a.acquire_key(KeyAsk(key, "second", estimate_cost(0)))
+    assert (refused.allowed, refused.code) == (False, "team_parallel")
+    disposable_redis.start()
+    clock.now += 1.0
+    await a.heartbeat()
+    assert a.mode is LimiterMode.SHARED
+    await a.settle(KeySettlement(key, "held"))  # goes where its slot was taken
+    assert not a.local.holds_slot(key, "held")
 
 
 async def test_heartbeat_task_and_leaving(disposable_redis: RedisServer) -> None:

@@ -88,6 +88,23 @@ async def test_keys_are_hash_tagged_one_slot_per_key_and_per_group(
     assert len({key_slot(k.encode()) for k in keys if ":g:" in k}) == 1
 
 
+async def test_a_key_in_a_team_keeps_its_windows_in_the_teams_slot(
+    limiter: RedisLimiter, redis_url: str
+) -> None:
+    team = KeyLimits("research", windows=(rpm(60),), max_parallel=4, scope="team")
+    key = KeyLimits("alice", windows=(rpm(10), tpm(1000)), team=team)
+    assert (await limiter.acquire_key(KeyAsk(key, "lease-1", estimate_cost(100)))).allowed
+    with sync_client(redis_url) as c:
+        keys = set(c.keys("*"))
+    assert keys == {
+        "{llmproxy:v2:t:research}:k:alice:rpm",
+        "{llmproxy:v2:t:research}:k:alice:tpm",
+        "{llmproxy:v2:t:research}:rpm",
+        "{llmproxy:v2:t:research}:leases",
+    }
+    assert len({key_slot(k.encode()) for k in keys}) == 1  # one script, one cluster slot
+
+
 async def test_idle_keys_expire_a_little_after_they_refill(
     limiter: RedisLimiter, redis_url: str
 ) -> None:

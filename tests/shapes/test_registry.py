@@ -12,6 +12,7 @@ def test_each_client_path_leads_to_one_shape() -> None:
         "/v1/chat/completions": "chat/completions",
         "/v1/completions": "completions",
         "/v1/embeddings": "embeddings",
+        "/v1/responses": "responses",
     }
     assert len(shapes.BY_NAME) == len(shapes.SHAPES)  # one name each: a metric label
 

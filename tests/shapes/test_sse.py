@@ -75,3 +75,12 @@ def test_a_run_without_an_events_end_is_passed_on_not_held_without_bound(piece: 
     out += tap.feed(b"\n" + USAGE + DONE) + tap.flush()
     assert out == run + b"\n" + DONE
     assert tap.usage == TokenUsage(input_tokens=7, output_tokens=3)
+
+
+def test_a_usage_event_split_across_chunks_is_read_when_nothing_is_held_back() -> None:
+    tap = _tap(strip_usage_event=False)
+    whole = CHUNK + USAGE + DONE
+    cut = len(CHUNK) + 30  # inside the usage event
+    out = tap.feed(whole[:cut]) + tap.feed(whole[cut:]) + tap.flush()
+    assert out == whole  # passed on as it came
+    assert tap.usage == TokenUsage(input_tokens=7, output_tokens=3)
