@@ -2,9 +2,11 @@
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from proxy import config
 from proxy.config import (
     ConfigError,
     config_warnings,
@@ -524,3 +526,32 @@ def test_a_long_key_list_is_checked_in_chunks_with_every_problem_in_its_place() 
         "keys[7].colour",
         "routing.retries",
     ]
+
+
+def test_the_shorthands_are_distinct_windows() -> None:
+    # _Limited._distinct_windows checks only the ``limits`` list against them: the
+    # shorthands alone cannot repeat a window.
+    windows = [(kind, per) for _, kind, per in config._SHORTHANDS]
+    assert len(set(windows)) == len(windows)
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        {"keys": [{"name": "a", "key": "${A_KEY}"}], **MINIMAL},
+        {"keys": [{"name": "a", "key": "k"}], 7: {"b": "${A_KEY}"}, **MINIMAL},  # not JSON
+        {"keys": [{"name": "a", "key": "${A_KEY}"}], b"x": 1, **MINIMAL},  # not JSON at all
+    ],
+)
+def test_a_variable_is_substituted_wherever_the_document_is_unusual(
+    document: dict[Any, Any],
+) -> None:
+    problems = _problems(document)
+    assert any(p.endswith(": environment variable A_KEY is not set") for p in problems), problems
+
+
+def test_a_variable_deep_in_a_long_key_list_is_substituted() -> None:
+    keys: list[dict[str, Any]] = [{"name": f"k{i}", "key": f"sk-{i}"} for i in range(2500)]
+    keys[2100]["key"] = "${KEY_2100}"
+    settings = parse_settings({"keys": keys, **MINIMAL}, env={"KEY_2100": "sk-from-env"})
+    assert settings.keys[2100].digest() == hashlib.sha256(b"sk-from-env").digest()
