@@ -35,6 +35,7 @@ from pydantic import (
     model_validator,
 )
 
+from proxy import yaml_load
 from proxy.upstream.redact import redaction_warning
 
 __all__ = [
@@ -305,6 +306,8 @@ class _Limited(_Strict):
 
     @model_validator(mode="after")
     def _distinct_windows(self) -> _Limited:
+        if not self.limits:  # the shorthands alone are distinct windows (a test says so)
+            return self
         seen: set[tuple[str, float, tuple[str, ...]]] = set()
         for rule in self.limit_rules():
             if (rule.kind, rule.per, rule.models) in seen:
@@ -387,11 +390,12 @@ class ClientKey(_Owner):
         has_key = self.key is not None and self.key.get_secret_value() != ""
         if has_key == (self.key_sha256 is not None):
             raise ValueError("give exactly one of 'key' (non-empty) or 'key_sha256'")
+        private = self._private()  # not pydantic's __setattr__: 100,000 keys at start-up
         if self.key_sha256 is not None:
-            self._sha256 = bytes.fromhex(self.key_sha256)
+            private["_sha256"] = bytes.fromhex(self.key_sha256)
         else:
             assert self.key is not None
-            self._sha256 = hashlib.sha256(self.key.get_secret_value().encode()).digest()
+            private["_sha256"] = hashlib.sha256(self.key.get_secret_value().encode()).digest()
         return self
 
     def digest(self) -> bytes:
@@ -446,9 +450,10 @@ RESERVED_HEADERS = frozenset(
 )
 
 
-# How a deployment is reached (catalog.py): OpenAI's paths and bearer key, or Azure
-# OpenAI's /openai/deployments/{deployment}/... with ?api-version= and an api-key header.
-Provider = Literal["openai", "azure"]
+# How a deployment is reached (proxy/providers/): OpenAI's paths and bearer key, Azure
+# OpenAI's /openai/deployments/{deployment}/... with ?api-version= and an api-key header,
+# or Anthropic's /v1/messages with x-api-key.
+Provider = Literal["openai", "azure", "anthropic"]
 _AZURE_FIELDS = ("deployment", "api_version")
 # What may appear in an Azure URL's path segment or query value without escaping.
 _URL_SAFE = r"^[A-Za-z0-9_.-]+$"
@@ -719,6 +724,27 @@ def _interpolate(node: Any, path: str, env: Mapping[str, str], problems: list[st
     return _ENV_REF.sub(substitute, node)
 
 
+def _mentions_variables(document: dict[Any, Any]) -> bool:
+    """Whether any string of ``document`` may hold a ``${VAR}``: orjson's passes over it
+    instead of the walk that rebuilds it (0.15 s at 100,000 keys); the key list a
+    thousand keys a pass (a reload's thread holds the GIL for each); a part that JSON
+    cannot carry (bytes, a set, a huge integer) counts as holding one."""
+    keys = document.get("keys")
+    parts: list[Any] = [{k: v for k, v in document.items() if k != "keys"}]
+    if isinstance(keys, list):
+        parts += [keys[start : start + 1000] for start in range(0, len(keys), 1000)]
+    else:
+        parts.append(keys)
+    for part in parts:
+        try:
+            text = orjson.dumps(part, option=orjson.OPT_NON_STR_KEYS)
+        except TypeError:  # orjson.JSONEncodeError
+            return True
+        if b"${" in text:
+            return True
+    return False
+
+
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
@@ -744,10 +770,11 @@ def parse_settings(
     if not isinstance(data, dict):
         raise ConfigError(source, ["(top level): expected a mapping of sections"])
     unset: list[str] = []
-    data = _interpolate(data, "", os.environ if env is None else env, unset)
+    if _mentions_variables(data):
+        data = _interpolate(data, "", os.environ if env is None else env, unset)
     problems = list(unset)
     unset_paths = {p.split(": ", 1)[0] for p in unset}
-    settings, errors = _validate(data, [] if previous is None else previous.keys)
+    settings, errors = _validate(data, None if previous is None else previous.keys)
     for err in errors:
         path = _loc_to_path(tuple(err["loc"]))
         if not any(_within(unset, path) for unset in unset_paths):
@@ -766,7 +793,8 @@ _KEY_LIST: TypeAdapter[list[ClientKey]] = TypeAdapter(list[ClientKey])
 
 def _validate(data: Any, known: list[ClientKey] | None = None) -> tuple[Settings | None, list[Any]]:
     """The settings, or None and pydantic's errors (every one, keys in their place).
-    ``known``: keys already validated; one whose entry is unchanged is reused."""
+    ``known``: keys already validated (a reload, in a thread beside the event loop: the
+    GIL is handed over between chunks); one whose entry is unchanged is reused."""
     keys = data.get("keys")
     if not isinstance(keys, list) or len(keys) <= _KEYS_CHUNK:
         try:
@@ -792,7 +820,8 @@ def _validate(data: Any, known: list[ClientKey] | None = None) -> tuple[Settings
                 key._entry_print = prints[i]
                 found[i] = key
             checked += typing.cast(list[ClientKey], found)
-        time.sleep(0)  # let another thread (the event loop) have the GIL
+        if known is not None:
+            time.sleep(0)  # let another thread (the event loop) have the GIL
     try:
         settings = Settings.model_validate({**data, "keys": []})
     except ValidationError as exc:
@@ -844,6 +873,11 @@ def config_warnings(settings: Settings) -> list[str]:
                 warnings.append(
                     f"models[{i}].deployments[{j}].base_url: OpenAI's API is under /v1"
                     f" ({d.base_url}/v1); requests would go to {d.base_url}/chat/completions"
+                )
+            if d.provider == "anthropic" and url.endswith("/v1"):
+                warnings.append(
+                    f"models[{i}].deployments[{j}].base_url: give Anthropic's URL without /v1;"
+                    f" requests would go to {d.base_url}/v1/messages"
                 )
     return warnings
 
@@ -973,7 +1007,7 @@ def read_document(path: str | Path) -> Any:
     except OSError as exc:
         raise ConfigError(source, [f"cannot read file: {exc.strerror}"]) from None
     try:
-        data = yaml.load(text, Loader=_YAML_LOADER)  # noqa: S506 (a safe loader)
+        data = yaml_load.load(text)
     except yaml.YAMLError:
         # Again with the pure-Python parser, whose messages _yaml_problem knows.
         try:
@@ -981,12 +1015,6 @@ def read_document(path: str | Path) -> Any:
         except yaml.YAMLError as exc:
             raise ConfigError(source, [_yaml_problem(exc)]) from None
     return data
-
-
-# libyaml's parser when PyYAML has it (the same safe constructor): a file of 100,000
-# client keys reads several times faster than with the pure-Python one. An invalid file
-# is read again by the latter, for its messages.
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
