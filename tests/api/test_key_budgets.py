@@ -300,3 +300,43 @@ def test_a_team_s_budget_is_shared_by_its_keys_and_reported_under_the_team(
     assert "team" in answers[2].json()["error"]["message"]
     assert [(r["key"], r["team"]) for r in rows] == [("alice", "research"), ("bob", "research")]
     assert spent == pytest.approx(priced(answers[1].json()))
+
+
+def test_an_anthropic_answer_is_priced_with_its_cache_reads_and_writes(
+    upstream: FakeUpstreamHandle,
+) -> None:
+    sonnet = {"input": 3.0, "output": 15.0, "cache_read": 0.3, "cache_write": 3.75}
+    data = config(upstream, "", budgets=[{"usd": 10, "period": "day"}])
+    data["models"] = [
+        {
+            "name": "claude",
+            "price": sonnet,
+            "deployments": [
+                {"id": "a1", "provider": "anthropic", "base_url": upstream.url, "api_key": "sk-a"}
+            ],
+        }
+    ]
+    upstream.control(cache_read_tokens=1000, cache_write_tokens=200)
+    try:
+        with ProxyInThread(settings_from(data)) as proxy:
+            body = {
+                "model": "claude",
+                "max_tokens": 20,
+                "messages": [{"role": "user", "content": "hi"}],
+            }
+            answer = httpx.post(
+                f"{proxy.url}/v1/messages", json=body, headers={"x-api-key": KEY}, timeout=10
+            )
+            proxy.settled()
+            rows = spend_report(proxy, period="day").json()["current"]["spend"]
+    finally:
+        upstream.control(cache_read_tokens=0, cache_write_tokens=0)
+    assert answer.status_code == 200, answer.text
+    [row] = rows
+    usage = answer.json()["usage"]
+    assert (usage["cache_read_input_tokens"], usage["cache_creation_input_tokens"]) == (1000, 200)
+    expected = (
+        usage["input_tokens"] * 3.0 + 200 * 3.75 + 1000 * 0.3 + usage["output_tokens"] * 15.0
+    ) / 1e6
+    assert float(answer.headers["x-llm-proxy-cost-usd"]) == pytest.approx(expected)
+    assert row["usd"] == pytest.approx(expected)
