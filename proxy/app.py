@@ -246,13 +246,13 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     else:
         error = InvalidRequest(str(exc.detail))
         error.status = exc.status_code
-    return error_response(error)
+    return error_response(error, request.url.path)
 
 
 async def _validation_exception(request: Request, exc: Exception) -> Response:
-    return error_response(InvalidRequest("Invalid request."))
+    return error_response(InvalidRequest("Invalid request."), request.url.path)
 
 
 async def _unexpected_exception(request: Request, exc: Exception) -> Response:
     logger.exception("unhandled error on %s", request.url.path)
-    return error_response(ProxyError("Internal proxy error."))
+    return error_response(ProxyError("Internal proxy error."), request.url.path)

@@ -85,6 +85,7 @@ class Egress:
     proxy: str | None = None
     headers: tuple[tuple[str, str], ...] = ()
     credential: tuple[str, str] | None = None  # the key's header (its provider's)
+    defaults: tuple[tuple[str, str], ...] = ()  # sent unless the client sent that header
 
 
 def egress(d: Deployment) -> Egress:
@@ -99,8 +100,14 @@ def egress(d: Deployment) -> Egress:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
     headers = tuple((name, value.get_secret_value()) for name, value in d.headers.items())
-    credential = provider_of(d.provider).credential(d)
-    return Egress(context, d.proxy_url.get_secret_value() or None, headers, credential)
+    provider = provider_of(d.provider)
+    return Egress(
+        context,
+        d.proxy_url.get_secret_value() or None,
+        headers,
+        provider.credential(d),
+        provider.default_headers,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -391,9 +391,10 @@ RESERVED_HEADERS = frozenset(
 )
 
 
-# How a deployment is reached (catalog.py): OpenAI's paths and bearer key, or Azure
-# OpenAI's /openai/deployments/{deployment}/... with ?api-version= and an api-key header.
-Provider = Literal["openai", "azure"]
+# How a deployment is reached (proxy/providers/): OpenAI's paths and bearer key, Azure
+# OpenAI's /openai/deployments/{deployment}/... with ?api-version= and an api-key header,
+# or Anthropic's /v1/messages with x-api-key.
+Provider = Literal["openai", "azure", "anthropic"]
 _AZURE_FIELDS = ("deployment", "api_version")
 # What may appear in an Azure URL's path segment or query value without escaping.
 _URL_SAFE = r"^[A-Za-z0-9_.-]+$"
@@ -801,6 +802,11 @@ def config_warnings(settings: Settings) -> list[str]:
                 warnings.append(
                     f"models[{i}].deployments[{j}].base_url: OpenAI's API is under /v1"
                     f" ({d.base_url}/v1); requests would go to {d.base_url}/chat/completions"
+                )
+            if d.provider == "anthropic" and url.endswith("/v1"):
+                warnings.append(
+                    f"models[{i}].deployments[{j}].base_url: give Anthropic's URL without /v1;"
+                    f" requests would go to {d.base_url}/v1/messages"
                 )
     return warnings
 

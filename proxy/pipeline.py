@@ -28,7 +28,7 @@ from proxy.background import Background
 from proxy.call import Call, ClientLeft, Reply, Settlement, WatchDeparture
 from proxy.catalog import Catalog, GroupRoute
 from proxy.config import ClientKey, Settings
-from proxy.costs import REQUESTS, TOKENS
+from proxy.costs import TOKENS
 from proxy.errors import (
     InvalidRequest,
     ModelNotFound,
@@ -48,7 +48,6 @@ from proxy.limiter.base import (
     Limiter,
     LimiterUnavailable,
     StorageError,
-    Usage,
     describe,
 )
 from proxy.limiter.fairness import Claimant
@@ -232,7 +231,7 @@ class Pipeline:
         reply.headers["x-request-id"] = call.request_id
         reply.headers.update(_timing_headers(call))
         if call.key_verdict is not None:
-            reply.headers.update(_key_headers(call.key_verdict))
+            reply.headers.update(call.shape.key_headers(call.key_verdict, time.time()))
         return reply
 
     def _answered(
@@ -454,22 +453,3 @@ def _refusal_message(verdict: KeyVerdict) -> str:
         f"Rate limit reached for {describe(window)} on {owner} (limit"
         f" {window.rate.limit:g}); retry in {format_reset(verdict.retry_after)}."
     )
-
-
-def _key_headers(verdict: KeyVerdict) -> dict[str, str]:
-    """OpenAI's x-ratelimit-* headers; of several windows of a kind, the one with the
-    least left."""
-    headers: dict[str, str] = {}
-    for kind in (REQUESTS, TOKENS):
-        usage = verdict.tightest(kind)
-        if usage is not None:
-            headers.update(_usage_headers(kind, usage))
-    return headers
-
-
-def _usage_headers(kind: str, usage: Usage) -> dict[str, str]:
-    return {
-        f"x-ratelimit-limit-{kind}": str(int(usage.limit)),
-        f"x-ratelimit-remaining-{kind}": str(max(int(usage.remaining), 0)),
-        f"x-ratelimit-reset-{kind}": format_reset(usage.reset),
-    }

@@ -462,7 +462,8 @@ def test_azure_fields_must_be_safe_in_a_url_and_the_provider_known() -> None:
     ]
     problems = _problems(_azure(provider="bedrock"))
     assert problems == [
-        "models[0].deployments[0].provider: must be one of 'openai' or 'azure' (got 'bedrock')"
+        "models[0].deployments[0].provider: must be one of 'openai', 'azure' or 'anthropic'"
+        " (got 'bedrock')"
     ]
 
 
@@ -481,6 +482,26 @@ def test_an_azure_base_url_ending_in_openai_is_warned_about() -> None:
     data["models"][0]["deployments"][0]["base_url"] += "/openai"  # type: ignore[index]
     (warning,) = config_warnings(parse_settings(data, env={}))
     assert "without /openai" in warning
+
+
+def test_an_anthropic_deployment_is_checked_and_its_base_url_with_v1_warned_about() -> None:
+    deployment = {
+        "id": "an",
+        "provider": "Anthropic",
+        "base_url": "https://api.anthropic.com/v1",
+        "api_key": "sk-ant-api03-secret-value",
+        "limits": [{"requests": 4000, "per": "1m"}],
+    }
+    data = {"models": [{"name": "claude", "deployments": [deployment]}]}
+    settings = parse_settings(data, env={})
+    assert settings.models[0].deployments[0].provider == "anthropic"
+    (warning,) = config_warnings(settings)
+    assert "without /v1" in warning and "/v1/v1/messages" in warning
+    with pytest.raises(ConfigError, match="deployment"):
+        parse_settings(
+            {"models": [{"name": "c", "deployments": [{**deployment, "deployment": "x"}]}]},
+            env={},
+        )
 
 
 def test_a_long_key_list_is_checked_in_chunks_with_every_problem_in_its_place() -> None:

@@ -286,11 +286,36 @@ class GroupAsk:
 @value
 class Remaining:
     """What an upstream says it has left of its per-minute limits (None: unknown).
-    ``requests_wait``: with no request left, seconds until the next one frees up."""
+    ``requests_wait``: with no request left, seconds until the next one frees up. Token
+    kinds: ``tokens``, and Anthropic's ``input_tokens`` and ``output_tokens`` apart."""
 
     requests: float | None = None
     requests_wait: float | None = None
     tokens: float | None = None
+    input_tokens: float | None = None
+    output_tokens: float | None = None
+
+    def of(self, kind: str) -> float | None:
+        """What is left of a token kind (None: unknown, or not a token kind)."""
+        if kind == "tokens":
+            return self.tokens
+        if kind == "input_tokens":
+            return self.input_tokens
+        return self.output_tokens if kind == "output_tokens" else None
+
+    def shared(self, n: int) -> Remaining:
+        """One of ``n`` replicas' share of what is left."""
+
+        def part(left: float | None) -> float | None:
+            return None if left is None else left / n
+
+        return Remaining(
+            part(self.requests),
+            self.requests_wait,
+            part(self.tokens),
+            part(self.input_tokens),
+            part(self.output_tokens),
+        )
 
 
 @value

@@ -74,7 +74,6 @@ from proxy.limiter.base import (
     LimiterUnavailable,
     Private,
     Rate,
-    Remaining,
     Settlement,
     StorageError,
     Window,
@@ -584,11 +583,7 @@ class ResilientLimiter:
             return replace(s, limits=share_key(s.limits, n, NOTHING))
         remaining = s.remaining
         if remaining is not None and n > 1:  # this replica's share of what is left
-            remaining = Remaining(
-                None if remaining.requests is None else remaining.requests / n,
-                remaining.requests_wait,
-                None if remaining.tokens is None else remaining.tokens / n,
-            )
+            remaining = remaining.shared(n)
         return replace(
             s, deployment=share_deployment(s.deployment, n, NOTHING), remaining=remaining
         )

@@ -195,8 +195,8 @@ def floors(
             if remaining.requests <= 0:
                 wait = health.bounded_hold(remaining.requests_wait, max_hold)
             out.append(Floor(w, remaining.requests, wait))
-        elif w.kind == "tokens" and remaining.tokens is not None:
-            out.append(Floor(w, remaining.tokens))
+        elif (left := remaining.of(w.kind)) is not None:  # a token kind
+            out.append(Floor(w, left))
     return out
 
 

@@ -641,7 +641,11 @@ class Dispatcher:
         if budget.empty:
             return
         lowered = self.catalog.announced.announce(
-            deployment, budget.limit_requests, budget.limit_tokens
+            deployment,
+            budget.limit_requests,
+            budget.limit_tokens,
+            budget.limit_input_tokens,
+            budget.limit_output_tokens,
         )
         if lowered:
             self.events.limits_announced(deployment.id, lowered)
