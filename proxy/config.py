@@ -252,6 +252,49 @@ _SHORTHANDS: tuple[tuple[str, LimitKind, float], ...] = (
 )
 
 
+# A price or a dollar budget: a finite number, never negative (no NaN, no infinity).
+Usd = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+BUDGET_KINDS = ("usd", "tokens", "requests", "input_tokens", "output_tokens")
+
+
+class BudgetSpec(_Strict):
+    """A quota for a calendar period (UTC): ``{usd: 50, period: month}``, ``{tokens:
+    2000000, period: day, models: [gpt-4o]}``; nothing returns before the boundary."""
+
+    usd: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    tokens: PositiveInt | None = None
+    requests: PositiveInt | None = None
+    input_tokens: PositiveInt | None = None
+    output_tokens: PositiveInt | None = None
+    period: Annotated[Literal["day", "week", "month"], BeforeValidator(_lower)]
+    models: list[str] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> BudgetSpec:
+        given = [kind for kind in BUDGET_KINDS if getattr(self, kind) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of {', '.join(BUDGET_KINDS)} (with 'period')")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(kind for kind in BUDGET_KINDS if getattr(self, kind) is not None)
+
+    @property
+    def limit(self) -> float:
+        return float(getattr(self, self.kind))
+
+
+class PriceSpec(_Strict):
+    """USD per 1M tokens; a cache price not given is the input price (pricing.py)."""
+
+    input: Usd = 0.0
+    output: Usd = 0.0
+    cached_input: Usd | None = None
+    cache_read: Usd | None = None
+    cache_write: Usd | None = None
+
+
 class _Limited(_Strict):
     """Limits as data: the shorthands and ``limits`` make one list of windows."""
 
@@ -292,6 +335,22 @@ class _Owner(_Limited):
 
     name: str = Field(min_length=1)
     max_parallel: PositiveInt | None = None
+    budgets: list[BudgetSpec] = Field(default_factory=list)
+
+    @field_validator("budgets")
+    @classmethod
+    def _distinct_budgets(cls, value: list[BudgetSpec]) -> list[BudgetSpec]:
+        seen: set[tuple[str, str, tuple[str, ...]]] = set()
+        for b in value:
+            scope = (b.kind, b.period, tuple(sorted(b.models or ())))
+            if scope in seen:
+                raise ValueError(
+                    f"two budgets of {b.kind} per {b.period}"
+                    + (f" on {', '.join(scope[2])}" if scope[2] else "")
+                    + ": give each once"
+                )
+            seen.add(scope)
+        return value
 
 
 class Team(_Owner):
@@ -417,6 +476,8 @@ class Deployment(_Limited):
     tls: TlsConfig = TlsConfig()
     # An egress proxy for this deployment; wins over HTTPS_PROXY / HTTP_PROXY / NO_PROXY.
     proxy_url: SecretStr = SecretStr("")
+    # USD per 1M tokens; wins over its group's price.
+    price: PriceSpec | None = None
 
     @field_validator("base_url")
     @classmethod
@@ -468,6 +529,8 @@ class Deployment(_Limited):
 class ModelGroup(_Strict):
     name: str = Field(min_length=1)
     deployments: list[Deployment] = Field(min_length=1)
+    # USD per 1M tokens for every deployment without its own.
+    price: PriceSpec | None = None
 
 
 # The routing strategies (proxy/routing/strategies.py orders for each of them).
@@ -587,6 +650,14 @@ def _reference_problems(data: Mapping[str, Any]) -> list[str]:
     for section in ("teams", "keys"):
         for i, owner in enumerate(_items(data.get(section))):
             problems += _window_model_problems(f"{section}[{i}]", owner, known)
+            budgets = owner.get("budgets") if isinstance(owner, dict) else None
+            for j, budget in enumerate(_items(budgets)):
+                scoped = budget.get("models") if isinstance(budget, dict) else None
+                problems += [
+                    f"{section}[{i}].budgets[{j}].models: unknown model {m!r}{_suggest(m, known)}"
+                    for m in _items(scoped)
+                    if isinstance(m, str) and m not in known
+                ]
     routing = data.get("routing")
     fallbacks = routing.get("fallbacks") if isinstance(routing, dict) else None
     for source, targets in fallbacks.items() if isinstance(fallbacks, dict) else []:
@@ -781,7 +852,7 @@ def _within(path: str, scope: str) -> bool:
 
 def config_warnings(settings: Settings) -> list[str]:
     """What is valid but probably not meant (logged at start-up, shown by check-config)."""
-    warnings = []
+    warnings = budget_warnings(settings)
     for i, group in enumerate(settings.models):
         for j, d in enumerate(group.deployments):
             if not d.tls.verify:
@@ -807,6 +878,41 @@ def config_warnings(settings: Settings) -> list[str]:
                 warnings.append(
                     f"models[{i}].deployments[{j}].base_url: give Anthropic's URL without /v1;"
                     f" requests would go to {d.base_url}/v1/messages"
+                )
+    return warnings
+
+
+def budget_warnings(settings: Settings) -> list[str]:
+    """Budgets that cannot hold what they promise: forgotten on restart without Redis, or
+    a dollar budget over traffic that has no price (it costs 0)."""
+    budgeted: list[tuple[str, ClientKey | Team]] = [
+        (f"keys[{i}]", k) for i, k in enumerate(settings.keys) if k.budgets
+    ]
+    budgeted += [(f"teams[{i}]", t) for i, t in enumerate(settings.teams) if t.budgets]
+    if not budgeted:
+        return []
+    warnings = []
+    if not settings.redis.url and settings.redis.sentinel is None:
+        warnings.append(
+            "budgets: without redis.url budgets are counted in this process only"
+            " (each worker its share) and forgotten on restart"
+        )
+    unpriced = {
+        g.name
+        for g in settings.models
+        if g.price is None and any(d.price is None for d in g.deployments)
+    }
+    for where, owner in budgeted:
+        allowed = owner.models if isinstance(owner, ClientKey) else None
+        for j, budget in enumerate(owner.budgets):
+            if budget.kind != "usd":
+                continue
+            reach = set(budget.models or allowed or [g.name for g in settings.models])
+            free = sorted(reach & unpriced)
+            if free:
+                warnings.append(
+                    f"{where}.budgets[{j}]: a budget in usd, but {', '.join(free)} has a"
+                    " deployment without a price: its requests cost 0"
                 )
     return warnings
 
