@@ -189,7 +189,8 @@ def _served_instructions(source: Path, mode: str) -> int:
     """Instructions per request of one real worker of the tree at ``source``."""
     import yaml
 
-    from loadtest.bench.servers import http_ok, proxy_config, servers
+    from loadtest.bench.configs import proxy_config
+    from loadtest.bench.servers import http_ok, servers
     from loadtest.bench.wrk import API_KEY
     from loadtest.topology import LOOPBACK, free_port
 

@@ -9,7 +9,10 @@ records how late it wakes. The first reload keeps the start-up keys alive (the a
 the settings it was created with); the later ones free the keys of the reload before
 theirs, so they measure that too. Prints one JSON object: per reload, its time (and
 with the old pipeline retired and its keys freed), the probe's worst lateness in each
-phase: reading to the swap, and retiring and freeing; and the control's (``_busy``).
+phase: reading to the swap, and retiring and freeing, this process's CPU time during
+the worst, and the longest lateness this process's own threads can account for (the
+least of a wake-up's lateness and the CPU used meanwhile: ``LagProbe``); and the same
+for the control (``_busy``).
 Not a CI test: figures depend on the machine.
 """
 
@@ -35,18 +38,23 @@ _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 class LagProbe:
     """Sleeps ``tick`` in a loop, noting how late it woke each time (``worst``: in a
-    period, by when it meant to wake: a stall at the end of one phase is that phase's)."""
+    period, by when it meant to wake: a stall at the end of one phase is that phase's),
+    and the CPU time this process used meanwhile (all its threads): a stall during which
+    it used about as much CPU was a thread of its own holding the GIL; one during which
+    it used far less was the process waiting for a CPU (the machine's other load)."""
 
     def __init__(self, tick: float = 0.001) -> None:
         self.tick = tick
-        self.ticks: list[tuple[float, float]] = []  # (planned wake-up, lateness)
+        self.ticks: list[tuple[float, float, float]] = []  # (planned wake-up, late, CPU)
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
         while True:
             planned = time.perf_counter() + self.tick
+            cpu = time.process_time()
             await asyncio.sleep(self.tick)
-            self.ticks.append((planned, time.perf_counter() - planned))
+            used = time.process_time() - cpu
+            self.ticks.append((planned, time.perf_counter() - planned, used))
 
     def start(self) -> None:
         self.ticks = []
@@ -61,7 +69,16 @@ class LagProbe:
             await self._task
 
     def worst(self, since: float = 0.0, until: float = math.inf) -> float:
-        return max((late for at, late in self.ticks if since <= at < until), default=0.0)
+        return self.worst_tick(since, until)[1]
+
+    def worst_own(self) -> float:
+        """The longest any thread of this process can have kept the loop waiting: over
+        the wake-ups, the least of the lateness and the CPU time used meanwhile."""
+        return max((min(late, cpu) for _, late, cpu in self.ticks), default=0.0)
+
+    def worst_tick(self, since: float = 0.0, until: float = math.inf) -> tuple[float, float, float]:
+        ticks = [tick for tick in self.ticks if since <= tick[0] < until]
+        return max(ticks, key=lambda tick: tick[1], default=(0.0, 0.0, 0.0))
 
 
 def _busy(seconds: float) -> None:
@@ -98,6 +115,8 @@ async def _measure(keys: int, reloads: int) -> dict[str, Any]:
             await asyncio.to_thread(_busy, 5.0)
             await probe.stop()
             control_lag = probe.worst()
+            control_cpu = probe.worst_tick()[2]
+            control_own = probe.worst_own()
             for i in range(reloads):
                 config["keys"][0]["rpm"] = 99_000 - i
                 text = yaml.dump(config, Dumper=_DUMPER)
@@ -125,12 +144,17 @@ async def _measure(keys: int, reloads: int) -> dict[str, Any]:
                         "worst_lag_retiring_and_freeing_ms": round(
                             1000 * probe.worst(since=reloaded), 1
                         ),
+                        # This process's CPU time during its worst stall (see LagProbe).
+                        "cpu_during_worst_lag_ms": round(1000 * probe.worst_tick()[2], 1),
+                        "worst_lag_with_this_process_on_cpu_ms": round(1000 * probe.worst_own(), 1),
                     }
                 )
         return {
             "keys": keys,
             "load_settings_s": round(loaded_s, 2),
             "control_worst_loop_lag_ms": round(1000 * control_lag, 1),
+            "cpu_during_control_worst_lag_ms": round(1000 * control_cpu, 1),
+            "control_worst_lag_with_this_process_on_cpu_ms": round(1000 * control_own, 1),
             "reloads": results,
         }
 

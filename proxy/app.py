@@ -32,6 +32,7 @@ from proxy.errors import InvalidRequest, ModelNotFound, ProxyError
 from proxy.keys.store import runtime_keys_for
 from proxy.limiter.base import LimiterMode, ManagedLimiter
 from proxy.limiter.factory import create_limiter, sentinel_target
+from proxy.limiter.ledger import create_ledger
 from proxy.logs import configure_logging
 from proxy.metrics import Metrics
 from proxy.observer import StateObserver, publish_configured_state
@@ -92,10 +93,19 @@ def create_app(
         )
         await runtime_keys.start()
         app.state.runtime_keys = runtime_keys
+        ledger = create_ledger(limiter)
+        await ledger.start()
         pipeline = Pipeline(
-            settings, limiter, transport, metrics, share=share, runtime_keys=runtime_keys
+            settings,
+            limiter,
+            transport,
+            metrics,
+            share=share,
+            runtime_keys=runtime_keys,
+            ledger=ledger,
         )
         app.state.pipeline = pipeline
+        app.state.ledger = ledger
         app.state.limiter = limiter
         # What this replica is doing, with every heartbeat: the pipeline in force's.
         limiter.publish(lambda: app.state.pipeline.activity())
@@ -132,6 +142,7 @@ def create_app(
             await reloader.aclose()
             await observer.aclose()
             await app.state.pipeline.drain()
+            await ledger.aclose()  # what is pending written before the limiter closes
             await transport.aclose()
             await runtime_keys.aclose()
             await limiter.aclose()
@@ -246,13 +257,13 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     else:
         error = InvalidRequest(str(exc.detail))
         error.status = exc.status_code
-    return error_response(error)
+    return error_response(error, request.url.path)
 
 
 async def _validation_exception(request: Request, exc: Exception) -> Response:
-    return error_response(InvalidRequest("Invalid request."))
+    return error_response(InvalidRequest("Invalid request."), request.url.path)
 
 
 async def _unexpected_exception(request: Request, exc: Exception) -> Response:
     logger.exception("unhandled error on %s", request.url.path)
-    return error_response(ProxyError("Internal proxy error."))
+    return error_response(ProxyError("Internal proxy error."), request.url.path)

@@ -49,13 +49,17 @@ class KeyStore:
         return not self._names and (self.runtime is None or len(self.runtime) == 0)
 
     def authenticate(
-        self, presented: str | None, credential: ClientCredential = BEARER
+        self,
+        presented: str | None,
+        credential: ClientCredential = BEARER,
+        header: str = "authorization",
     ) -> ClientKey | None:
-        """The key behind the header value ``presented`` (``credential``: the API shape's
-        scheme, ``Authorization: Bearer KEY`` by default); ``None`` in open access."""
+        """The key behind the value ``presented`` of ``header`` (``credential``: the API
+        shape's scheme, ``Authorization: Bearer KEY`` by default); ``None`` in open
+        access."""
         if self.open_access:
             return None
-        secret = credential.secret(presented)
+        secret = credential.secret(header, presented)
         if secret is None:
             raise AuthenticationFailed(credential.missing, code="missing_api_key")
         digest = hashlib.sha256(secret.encode()).digest()

@@ -69,9 +69,11 @@ class Trip:
     # A stream that ended without usage: the tokens it is charged instead (never a refund).
     unreported_tokens: int | None = None
     stream_error: str | None = None  # how a stream that broke off ended (its error code)
+    usage: TokenUsage | None = None  # what the upstream reported, as its shape read it
 
     def reported(self, usage: TokenUsage | None) -> None:
         """The usage the upstream reported (None: none it could read)."""
+        self.usage = usage
         if usage is None:
             self.prompt_tokens = self.completion_tokens = None
             self.used = None
@@ -126,6 +128,9 @@ class Call:
     client_left: ClientLeft | None = None  # watched while the request waits for a turn
     watch_departure: WatchDeparture | None = None  # else client_left, during upstream calls
     key_verdict: KeyVerdict | None = None  # the client key's check, granted or refused
+    team: str = ""  # its key's team ("" for none): the spend report's and metric's label
+    # Its budgets' reservation (kind -> amount; empty: no budget applies).
+    reserved: dict[str, float] = field(default_factory=dict)
     # A follow-up of a stored response (proxy/affinity.py): the one deployment that holds
     # it (no other, no fallback), and the route below the shape's URL with its method.
     pinned: str | None = None

@@ -15,7 +15,16 @@ from dataclasses import dataclass, replace
 
 import httpx
 
-from proxy.config import ClientKey, Deployment, LimitRule, ModelGroup, Settings, Team
+from proxy.config import (
+    BudgetSpec,
+    ClientKey,
+    Deployment,
+    LimitRule,
+    ModelGroup,
+    PriceSpec,
+    Settings,
+    Team,
+)
 from proxy.limiter.base import (
     KEY,
     MINUTE,
@@ -27,6 +36,8 @@ from proxy.limiter.base import (
     scoped_name,
     window_name,
 )
+from proxy.limiter.quota import Quota, quota_name
+from proxy.pricing import FREE, Price, dearest
 from proxy.providers import Provider, provider_of
 from proxy.routing.announced import Announced
 
@@ -85,6 +96,7 @@ class Egress:
     proxy: str | None = None
     headers: tuple[tuple[str, str], ...] = ()
     credential: tuple[str, str] | None = None  # the key's header (its provider's)
+    defaults: tuple[tuple[str, str], ...] = ()  # sent unless the client sent that header
 
 
 def egress(d: Deployment) -> Egress:
@@ -99,8 +111,14 @@ def egress(d: Deployment) -> Egress:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
     headers = tuple((name, value.get_secret_value()) for name, value in d.headers.items())
-    credential = provider_of(d.provider).credential(d)
-    return Egress(context, d.proxy_url.get_secret_value() or None, headers, credential)
+    provider = provider_of(d.provider)
+    return Egress(
+        context,
+        d.proxy_url.get_secret_value() or None,
+        headers,
+        provider.credential(d),
+        provider.default_headers,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +135,7 @@ class DeploymentRoute:
     provider: Provider
     # ``config.id``, a field: read some nine times per request, a property call each.
     id: str
+    price: Price = FREE  # its own, else its group's; unpriced: free
     # The body's ``model`` for the shapes whose provider names it otherwise (Azure's
     # Responses API: the Azure deployment): ``model_for``.
     body_models: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -210,7 +229,8 @@ def key_limits(
     key: ClientKey | Team, share: float = 1.0, team: KeyLimits | None = None
 ) -> KeyLimits:
     """An owner's windows (a key's, or a team's: ``Team``), holding their whole allowance
-    (50 RPM: 50 at once); a key in a team carries ``team``'s."""
+    (50 RPM: 50 at once); a key in a team carries ``team``'s. Its budgets too."""
+    scope = TEAM if isinstance(key, Team) else KEY
     return KeyLimits(
         name=key.name,
         windows=tuple(window(rule, share, None) for rule in key.limit_rules()),
@@ -218,7 +238,35 @@ def key_limits(
             max(1, int(key.max_parallel * share)) if key.max_parallel is not None else None
         ),
         team=team,
-        scope=TEAM if isinstance(key, Team) else KEY,
+        scope=scope,
+        quotas=tuple(budget(b, share, owner=key.name, scope=scope) for b in key.budgets),
+    )
+
+
+def budget(spec: BudgetSpec, share: float = 1.0, *, owner: str, scope: str = "key") -> Quota:
+    """One configured budget of ``owner`` (a key's, or a ``scope`` ``team``'s) as a
+    limiter quota (``share`` of it: this process's part when budgets are not shared)."""
+    models = tuple(sorted(spec.models or ()))
+    return Quota(
+        quota_name(spec.kind, spec.period, models),
+        spec.kind,
+        spec.limit * share,
+        spec.period,
+        models,
+        scope,
+        owner,
+    )
+
+
+def price(spec: PriceSpec | None) -> Price:
+    if spec is None:
+        return FREE
+    return Price(
+        input=spec.input,
+        output=spec.output,
+        cached_input=spec.cached_input,
+        cache_read=spec.cache_read,
+        cache_write=spec.cache_write,
     )
 
 
@@ -270,6 +318,7 @@ def _group(group: ModelGroup, share: float, pacing_margin: float) -> GroupRoute:
             extensions={"timeout": timeout_extension(d.timeout), EGRESS: egress(d)},
             provider=provider_of(d.provider),
             id=d.id,
+            price=price(d.price or group.price),
             body_models=body_models(d),
         )
         for d in group.deployments
@@ -329,6 +378,20 @@ class Catalog:
         # key's limits they were made from (an API key's change makes new ones).
         self._asks: dict[tuple[str, str], tuple[KeyLimits, KeyLimits]] = {}
         self.fallbacks = settings.routing.fallbacks
+        # Per group, the dearest price a request to it may be served at (its deployments
+        # and its fallbacks'): what a budget in dollars reserves.
+        self.dearest: dict[str, Price] = {
+            name: dearest(
+                d.price
+                for g in (name, *self.fallbacks.get(name, ()))
+                if g in self.groups
+                for d in self.groups[g].deployments
+            )
+            for name in self.groups
+        }
+        self.prices: dict[str, Price] = {
+            d.id: d.price for g in self.groups.values() for d in g.deployments
+        }
         self.share = share
         # What upstreams announce of their limits, lowering the configured ones for a
         # while: the one part of the catalog that changes as it serves (announced.py).

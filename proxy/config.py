@@ -35,6 +35,7 @@ from pydantic import (
     model_validator,
 )
 
+from proxy import yaml_load
 from proxy.upstream.redact import redaction_warning
 
 __all__ = [
@@ -251,6 +252,49 @@ _SHORTHANDS: tuple[tuple[str, LimitKind, float], ...] = (
 )
 
 
+# A price or a dollar budget: a finite number, never negative (no NaN, no infinity).
+Usd = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+BUDGET_KINDS = ("usd", "tokens", "requests", "input_tokens", "output_tokens")
+
+
+class BudgetSpec(_Strict):
+    """A quota for a calendar period (UTC): ``{usd: 50, period: month}``, ``{tokens:
+    2000000, period: day, models: [gpt-4o]}``; nothing returns before the boundary."""
+
+    usd: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    tokens: PositiveInt | None = None
+    requests: PositiveInt | None = None
+    input_tokens: PositiveInt | None = None
+    output_tokens: PositiveInt | None = None
+    period: Annotated[Literal["day", "week", "month"], BeforeValidator(_lower)]
+    models: list[str] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> BudgetSpec:
+        given = [kind for kind in BUDGET_KINDS if getattr(self, kind) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of {', '.join(BUDGET_KINDS)} (with 'period')")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(kind for kind in BUDGET_KINDS if getattr(self, kind) is not None)
+
+    @property
+    def limit(self) -> float:
+        return float(getattr(self, self.kind))
+
+
+class PriceSpec(_Strict):
+    """USD per 1M tokens; a cache price not given is the input price (pricing.py)."""
+
+    input: Usd = 0.0
+    output: Usd = 0.0
+    cached_input: Usd | None = None
+    cache_read: Usd | None = None
+    cache_write: Usd | None = None
+
+
 class _Limited(_Strict):
     """Limits as data: the shorthands and ``limits`` make one list of windows."""
 
@@ -262,6 +306,8 @@ class _Limited(_Strict):
 
     @model_validator(mode="after")
     def _distinct_windows(self) -> _Limited:
+        if not self.limits:  # the shorthands alone are distinct windows (a test says so)
+            return self
         seen: set[tuple[str, float, tuple[str, ...]]] = set()
         for rule in self.limit_rules():
             if (rule.kind, rule.per, rule.models) in seen:
@@ -289,6 +335,22 @@ class _Owner(_Limited):
 
     name: str = Field(min_length=1)
     max_parallel: PositiveInt | None = None
+    budgets: list[BudgetSpec] = Field(default_factory=list)
+
+    @field_validator("budgets")
+    @classmethod
+    def _distinct_budgets(cls, value: list[BudgetSpec]) -> list[BudgetSpec]:
+        seen: set[tuple[str, str, tuple[str, ...]]] = set()
+        for b in value:
+            scope = (b.kind, b.period, tuple(sorted(b.models or ())))
+            if scope in seen:
+                raise ValueError(
+                    f"two budgets of {b.kind} per {b.period}"
+                    + (f" on {', '.join(scope[2])}" if scope[2] else "")
+                    + ": give each once"
+                )
+            seen.add(scope)
+        return value
 
 
 class Team(_Owner):
@@ -328,11 +390,12 @@ class ClientKey(_Owner):
         has_key = self.key is not None and self.key.get_secret_value() != ""
         if has_key == (self.key_sha256 is not None):
             raise ValueError("give exactly one of 'key' (non-empty) or 'key_sha256'")
+        private = self._private()  # not pydantic's __setattr__: 100,000 keys at start-up
         if self.key_sha256 is not None:
-            self._sha256 = bytes.fromhex(self.key_sha256)
+            private["_sha256"] = bytes.fromhex(self.key_sha256)
         else:
             assert self.key is not None
-            self._sha256 = hashlib.sha256(self.key.get_secret_value().encode()).digest()
+            private["_sha256"] = hashlib.sha256(self.key.get_secret_value().encode()).digest()
         return self
 
     def digest(self) -> bytes:
@@ -387,9 +450,10 @@ RESERVED_HEADERS = frozenset(
 )
 
 
-# How a deployment is reached (catalog.py): OpenAI's paths and bearer key, or Azure
-# OpenAI's /openai/deployments/{deployment}/... with ?api-version= and an api-key header.
-Provider = Literal["openai", "azure"]
+# How a deployment is reached (proxy/providers/): OpenAI's paths and bearer key, Azure
+# OpenAI's /openai/deployments/{deployment}/... with ?api-version= and an api-key header,
+# or Anthropic's /v1/messages with x-api-key.
+Provider = Literal["openai", "azure", "anthropic"]
 _AZURE_FIELDS = ("deployment", "api_version")
 # What may appear in an Azure URL's path segment or query value without escaping.
 _URL_SAFE = r"^[A-Za-z0-9_.-]+$"
@@ -412,6 +476,8 @@ class Deployment(_Limited):
     tls: TlsConfig = TlsConfig()
     # An egress proxy for this deployment; wins over HTTPS_PROXY / HTTP_PROXY / NO_PROXY.
     proxy_url: SecretStr = SecretStr("")
+    # USD per 1M tokens; wins over its group's price.
+    price: PriceSpec | None = None
 
     @field_validator("base_url")
     @classmethod
@@ -463,6 +529,8 @@ class Deployment(_Limited):
 class ModelGroup(_Strict):
     name: str = Field(min_length=1)
     deployments: list[Deployment] = Field(min_length=1)
+    # USD per 1M tokens for every deployment without its own.
+    price: PriceSpec | None = None
 
 
 # The routing strategies (proxy/routing/strategies.py orders for each of them).
@@ -582,6 +650,14 @@ def _reference_problems(data: Mapping[str, Any]) -> list[str]:
     for section in ("teams", "keys"):
         for i, owner in enumerate(_items(data.get(section))):
             problems += _window_model_problems(f"{section}[{i}]", owner, known)
+            budgets = owner.get("budgets") if isinstance(owner, dict) else None
+            for j, budget in enumerate(_items(budgets)):
+                scoped = budget.get("models") if isinstance(budget, dict) else None
+                problems += [
+                    f"{section}[{i}].budgets[{j}].models: unknown model {m!r}{_suggest(m, known)}"
+                    for m in _items(scoped)
+                    if isinstance(m, str) and m not in known
+                ]
     routing = data.get("routing")
     fallbacks = routing.get("fallbacks") if isinstance(routing, dict) else None
     for source, targets in fallbacks.items() if isinstance(fallbacks, dict) else []:
@@ -648,6 +724,27 @@ def _interpolate(node: Any, path: str, env: Mapping[str, str], problems: list[st
     return _ENV_REF.sub(substitute, node)
 
 
+def _mentions_variables(document: dict[Any, Any]) -> bool:
+    """Whether any string of ``document`` may hold a ``${VAR}``: orjson's passes over it
+    instead of the walk that rebuilds it (0.15 s at 100,000 keys); the key list a
+    thousand keys a pass (a reload's thread holds the GIL for each); a part that JSON
+    cannot carry (bytes, a set, a huge integer) counts as holding one."""
+    keys = document.get("keys")
+    parts: list[Any] = [{k: v for k, v in document.items() if k != "keys"}]
+    if isinstance(keys, list):
+        parts += [keys[start : start + 1000] for start in range(0, len(keys), 1000)]
+    else:
+        parts.append(keys)
+    for part in parts:
+        try:
+            text = orjson.dumps(part, option=orjson.OPT_NON_STR_KEYS)
+        except TypeError:  # orjson.JSONEncodeError
+            return True
+        if b"${" in text:
+            return True
+    return False
+
+
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
@@ -673,10 +770,11 @@ def parse_settings(
     if not isinstance(data, dict):
         raise ConfigError(source, ["(top level): expected a mapping of sections"])
     unset: list[str] = []
-    data = _interpolate(data, "", os.environ if env is None else env, unset)
+    if _mentions_variables(data):
+        data = _interpolate(data, "", os.environ if env is None else env, unset)
     problems = list(unset)
     unset_paths = {p.split(": ", 1)[0] for p in unset}
-    settings, errors = _validate(data, [] if previous is None else previous.keys)
+    settings, errors = _validate(data, None if previous is None else previous.keys)
     for err in errors:
         path = _loc_to_path(tuple(err["loc"]))
         if not any(_within(unset, path) for unset in unset_paths):
@@ -695,7 +793,8 @@ _KEY_LIST: TypeAdapter[list[ClientKey]] = TypeAdapter(list[ClientKey])
 
 def _validate(data: Any, known: list[ClientKey] | None = None) -> tuple[Settings | None, list[Any]]:
     """The settings, or None and pydantic's errors (every one, keys in their place).
-    ``known``: keys already validated; one whose entry is unchanged is reused."""
+    ``known``: keys already validated (a reload, in a thread beside the event loop: the
+    GIL is handed over between chunks); one whose entry is unchanged is reused."""
     keys = data.get("keys")
     if not isinstance(keys, list) or len(keys) <= _KEYS_CHUNK:
         try:
@@ -721,7 +820,8 @@ def _validate(data: Any, known: list[ClientKey] | None = None) -> tuple[Settings
                 key._entry_print = prints[i]
                 found[i] = key
             checked += typing.cast(list[ClientKey], found)
-        time.sleep(0)  # let another thread (the event loop) have the GIL
+        if known is not None:
+            time.sleep(0)  # let another thread (the event loop) have the GIL
     try:
         settings = Settings.model_validate({**data, "keys": []})
     except ValidationError as exc:
@@ -752,7 +852,7 @@ def _within(path: str, scope: str) -> bool:
 
 def config_warnings(settings: Settings) -> list[str]:
     """What is valid but probably not meant (logged at start-up, shown by check-config)."""
-    warnings = []
+    warnings = budget_warnings(settings)
     for i, group in enumerate(settings.models):
         for j, d in enumerate(group.deployments):
             if not d.tls.verify:
@@ -773,6 +873,46 @@ def config_warnings(settings: Settings) -> list[str]:
                 warnings.append(
                     f"models[{i}].deployments[{j}].base_url: OpenAI's API is under /v1"
                     f" ({d.base_url}/v1); requests would go to {d.base_url}/chat/completions"
+                )
+            if d.provider == "anthropic" and url.endswith("/v1"):
+                warnings.append(
+                    f"models[{i}].deployments[{j}].base_url: give Anthropic's URL without /v1;"
+                    f" requests would go to {d.base_url}/v1/messages"
+                )
+    return warnings
+
+
+def budget_warnings(settings: Settings) -> list[str]:
+    """Budgets that cannot hold what they promise: forgotten on restart without Redis, or
+    a dollar budget over traffic that has no price (it costs 0)."""
+    budgeted: list[tuple[str, ClientKey | Team]] = [
+        (f"keys[{i}]", k) for i, k in enumerate(settings.keys) if k.budgets
+    ]
+    budgeted += [(f"teams[{i}]", t) for i, t in enumerate(settings.teams) if t.budgets]
+    if not budgeted:
+        return []
+    warnings = []
+    if not settings.redis.url and settings.redis.sentinel is None:
+        warnings.append(
+            "budgets: without redis.url budgets are counted in this process only"
+            " (each worker its share) and forgotten on restart"
+        )
+    unpriced = {
+        g.name
+        for g in settings.models
+        if g.price is None and any(d.price is None for d in g.deployments)
+    }
+    for where, owner in budgeted:
+        allowed = owner.models if isinstance(owner, ClientKey) else None
+        for j, budget in enumerate(owner.budgets):
+            if budget.kind != "usd":
+                continue
+            reach = set(budget.models or allowed or [g.name for g in settings.models])
+            free = sorted(reach & unpriced)
+            if free:
+                warnings.append(
+                    f"{where}.budgets[{j}]: a budget in usd, but {', '.join(free)} has a"
+                    " deployment without a price: its requests cost 0"
                 )
     return warnings
 
@@ -867,7 +1007,7 @@ def read_document(path: str | Path) -> Any:
     except OSError as exc:
         raise ConfigError(source, [f"cannot read file: {exc.strerror}"]) from None
     try:
-        data = yaml.load(text, Loader=_YAML_LOADER)  # noqa: S506 (a safe loader)
+        data = yaml_load.load(text)
     except yaml.YAMLError:
         # Again with the pure-Python parser, whose messages _yaml_problem knows.
         try:
@@ -875,12 +1015,6 @@ def read_document(path: str | Path) -> Any:
         except yaml.YAMLError as exc:
             raise ConfigError(source, [_yaml_problem(exc)]) from None
     return data
-
-
-# libyaml's parser when PyYAML has it (the same safe constructor): a file of 100,000
-# client keys reads several times faster than with the pure-Python one. An invalid file
-# is read again by the latter, for its messages.
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

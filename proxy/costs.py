@@ -48,6 +48,14 @@ class TokenUsage:
         return self.input_tokens + self.cache_read + self.output_tokens
 
 
+def count(value: object) -> int | None:
+    """A count an upstream reports: an int, not negative (anything else is not a count it
+    means, and is read as none)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
 def usage_cost(usage: TokenUsage) -> dict[str, float]:
     """The cost one request's real usage settles its token windows to (``usd`` is added
     by pricing, where the deployment has a price)."""

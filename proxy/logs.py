@@ -251,6 +251,7 @@ class RequestLog:
     retries: int = 0
     error_code: str | None = None
     shadow_rejection: str | None = None  # a shadow key's limit that would have refused it
+    cost_usd: float | None = None  # its usage priced (a priced deployment that reported it)
     api: str = ""  # the API it came through (shapes.base.api_label)
 
 
@@ -277,6 +278,7 @@ def log_request(entry: RequestLog) -> None:
         retries=entry.retries,
         error_code=entry.error_code,
         shadow_rejection=entry.shadow_rejection,
+        cost_usd=entry.cost_usd,
         api=entry.api,
     )
     _access_log.handle(record)

@@ -308,6 +308,22 @@ class Metrics:
             ["key", "limit"],
             registry=reg,
         )
+        self._spend_usd_total = Counter(
+            "llmproxy_spend_usd",
+            "Dollars spent: the upstream's reported usage at the deployment's price, by"
+            ' client key, its team ("" for none) and model group.',
+            ["key", "team", "model"],
+            registry=reg,
+        )
+        self._owner_budget_remaining = Gauge(
+            "llmproxy_budget_remaining",
+            "What is left of a budget in its current period (usd, tokens...) at its last"
+            " check, by owner (a key's or a team's name) and budget (its 429 code:"
+            " key_budget_usd_month, team_budget_tokens_day...).",
+            ["owner", "budget"],
+            multiprocess_mode=_BUDGET_MODES[budget_shared],
+            registry=reg,
+        )
         self._upstream_remaining = Gauge(
             "llmproxy_upstream_ratelimit_remaining",
             "Remaining budget the upstream last reported in its x-ratelimit-remaining-* "
@@ -354,6 +370,8 @@ class Metrics:
         self._c_budget = _Children(self._budget_remaining)
         self._c_upstream_remaining = _Children(self._upstream_remaining)
         self._c_shadow = _Children(self._shadow_rejections_total)
+        self._c_spend = _Children(self._spend_usd_total)
+        self._c_owner_budget = _Children(self._owner_budget_remaining)
         self._c_unreadable = _Children(self._usage_unreadable_total)
         # Zero series from the start: "errors by operation" reads 0, not "no data".
         for operation in LIMITER_OPERATIONS:
@@ -396,6 +414,15 @@ class Metrics:
     def rate_limited(self, scope: str, model: str) -> None:
         """The proxy answered 429 because of ``scope``'s limit (see RATE_LIMIT_SCOPES)."""
         self._c_rate_limited(scope, model).inc()
+
+    def spend(self, key: str, team: str, model: str, usd: float) -> None:
+        """A request's dollars (its priced usage); a key's series starts at its first."""
+        if usd > 0:
+            self._c_spend.writer(key, team, model)(usd)
+
+    def set_owner_budget_remaining(self, owner: str, budget: str, remaining: float) -> None:
+        """What a key's or a team's budget had left at its latest check."""
+        self._c_owner_budget(owner, budget).set(remaining)
 
     def shadow_rejection(self, key: str, limit: str) -> None:
         """A shadow-mode key's request that ``limit`` would have refused went on."""

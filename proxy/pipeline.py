@@ -22,13 +22,14 @@ from typing import Any
 import httpx
 import orjson
 
+from proxy import budgets
 from proxy.affinity import Affinity, affinity_for
 from proxy.auth import KeyStore, RuntimeLookup
 from proxy.background import Background
 from proxy.call import Call, ClientLeft, Reply, Settlement, WatchDeparture
 from proxy.catalog import Catalog, GroupRoute
 from proxy.config import ClientKey, Settings
-from proxy.costs import REQUESTS, TOKENS
+from proxy.costs import TOKENS
 from proxy.errors import (
     InvalidRequest,
     ModelNotFound,
@@ -37,6 +38,7 @@ from proxy.errors import (
     ServiceUnavailable,
 )
 from proxy.follow_ups import FollowUps, StoredRoute
+from proxy.json_splice import set_fields
 from proxy.limiter.base import (
     Activity,
     CooldownRule,
@@ -48,19 +50,22 @@ from proxy.limiter.base import (
     Limiter,
     LimiterUnavailable,
     StorageError,
-    Usage,
     describe,
 )
 from proxy.limiter.fairness import Claimant
-from proxy.limiter.verdicts import settled_cost
+from proxy.limiter.ledger import Ledger, MemoryLedger
+from proxy.limiter.quota import budget_label
+from proxy.limiter.verdicts import key_quotas, settled_cost
 from proxy.logs import RequestLog
 from proxy.metrics import Metrics
+from proxy.pricing import FREE
 from proxy.ratelimit_headers import format_reset
 from proxy.request_ids import new_request_id
 from proxy.routing.dispatcher import Dispatcher, Served
 from proxy.routing.settlement import Settler
 from proxy.shapes.base import Shape, api_label
 from proxy.shapes.responses import RESPONSES
+from proxy.spend import Owner, Spend
 from proxy.telemetry import Telemetry
 
 __all__ = ["Pipeline"]
@@ -83,13 +88,16 @@ class Pipeline:
         runtime_keys: RuntimeLookup | None = None,
         key_store: KeyStore | None = None,
         catalog: Catalog | None = None,
+        ledger: Ledger | None = None,
         affinity: Affinity | None = None,
     ) -> None:
         """``previous``: the pipeline a reload replaces; what this process learned while
         it ran (routing averages, limits its upstreams announced) carries over, and so do
         the keys of the admin API (``runtime_keys``). ``key_store``: the config's keys
-        indexed beforehand, ``catalog`` built beforehand (a reload does both in a thread)."""
+        indexed beforehand, ``catalog`` built beforehand (a reload does both in a thread).
+        ``ledger``: where spend is reported (a reload keeps the previous pipeline's)."""
         self.settings = settings
+        self.ledger: Ledger = ledger or (previous.ledger if previous else MemoryLedger())
         self.catalog = catalog or Catalog(settings, share)
         runtime = runtime_keys
         if runtime is None and previous is not None:
@@ -175,6 +183,7 @@ class Pipeline:
             call.max_wait = self.settings.routing.max_wait
             if key is not None:
                 call.key_name = key.name
+                call.team = key.team or ""
                 call.allowed_models = key.models
                 call.claimant = Claimant(key.name, key.priority, key.weight)
                 if key.max_wait is not None:
@@ -196,6 +205,9 @@ class Pipeline:
             limits = self.keys.limits(key, self.catalog.key_limits)
             if limits is not None and key is not None:
                 limits = self.catalog.ask_limits(key, limits, group.name)
+            if limits is not None and key_quotas(limits):
+                self._reserve_budget(call, shape, group)
+            if limits is not None:
                 key_check = self._check_key(call, limits, shadow=key is not None and key.shadow)
                 settlement = self._key_settlement(call, limits, key_check)
 
@@ -232,7 +244,7 @@ class Pipeline:
         reply.headers["x-request-id"] = call.request_id
         reply.headers.update(_timing_headers(call))
         if call.key_verdict is not None:
-            reply.headers.update(_key_headers(call.key_verdict))
+            reply.headers.update(call.shape.key_headers(call.key_verdict, time.time()))
         return reply
 
     def _answered(
@@ -295,7 +307,9 @@ class Pipeline:
         """The key's verdict to come (the dispatcher's gate): given at once when the
         limiter can (in memory, or a lease's), else asked together with the first
         reservation, one Redis round trip for both."""
-        ask = KeyAsk(limits, call.request_id, call.cost)
+        ask = KeyAsk(
+            limits, call.request_id, call.cost, budget_cost=call.reserved, model=call.model
+        )
         verdict = None if self.fast is None else self.fast.acquire_key_now(ask)
         if verdict is None:
             return asyncio.ensure_future(self._acquire_key(call, ask, shadow))
@@ -315,6 +329,8 @@ class Pipeline:
         the key's windows keep counting exactly what enforcing them would let through."""
         limits = ask.limits
         call.key_verdict = verdict  # its x-ratelimit-* go on the answer, 429s included
+        for budget, left in verdict.budgets:
+            self.telemetry.budget_left(budget.owner, budget_label(budget), left.remaining)
         if verdict.allowed:
             return verdict
         code = verdict.code or "rate_limited"
@@ -337,14 +353,26 @@ class Pipeline:
         def settlement() -> KeySettlement | None:
             """What to give back once the key check is over (None: nothing was taken,
             it was refused or never answered)."""
-            if _granted(key_check) is None:
+            granted = _granted(key_check)
+            if granted is None:
                 return None
             # Unknown usage (an error, no usage in a buffered answer) refunds the whole
             # estimate; a stream without usage is charged at least it (charged_cost).
             correction = settled_cost(
                 call.cost, call.trip.charged_cost(call.cost), limits.all_windows()
             )
-            return KeySettlement(limits, call.request_id, correction)
+            if not call.reserved:
+                return KeySettlement(limits, call.request_id, correction)
+            price = self.catalog.prices.get(call.trip.deployment or "", FREE)
+            real = budgets.settled_cost(call, price)
+            return KeySettlement(
+                limits,
+                call.request_id,
+                correction,
+                budget_cost=budgets.correction(real, call.reserved),
+                model=call.model,
+                started=granted.at,
+            )
 
         async def release() -> None:
             if not key_check.done():  # it is, once an answer came: spares asyncio.wait
@@ -361,6 +389,21 @@ class Pipeline:
 
         return Settlement(release, release_soon)
 
+    def _reserve_budget(self, call: Call, shape: Shape, group: GroupRoute) -> None:
+        """What the key's budgets reserve for this request (an upper bound of its cost);
+        a request without an output cap goes with the one it was reserved for."""
+        reservation = budgets.reservation(
+            call.body,
+            call.raw,
+            shape,
+            self.settings.server.default_max_tokens,
+            self.catalog.dearest.get(group.name, FREE),
+        )
+        call.reserved = dict(reservation.cost)
+        if reservation.cap_field is not None:
+            call.body[reservation.cap_field] = reservation.cap
+            call.raw = set_fields(call.raw, {reservation.cap_field: reservation.cap})
+
     def _settle_soon(self, settlement: Settlement) -> None:
         if not settlement.settle_soon():
             self.background.run(settlement.settle())
@@ -372,6 +415,7 @@ class Pipeline:
 
     def _finish(self, call: Call, status: int, ended: float | None = None) -> None:
         duration = (ended or time.perf_counter()) - call.started
+        cost = self._spent(call)
         self.telemetry.request_finished(
             RequestLog(
                 request_id=call.request_id,
@@ -386,10 +430,28 @@ class Pipeline:
                 retries=call.trip.retries,
                 error_code=call.error_code or call.trip.stream_error,
                 shadow_rejection=call.shadow_rejection,
+                cost_usd=cost,
                 api=api_label(call.shape.name),
             ),
             duration,
         )
+
+    def _spent(self, call: Call) -> float | None:
+        """The request's dollars, counted (metric) and reported (ledger) once its usage
+        is known: to the period its key's check was in (a stream that ends after
+        midnight is the day before's); None when no usage was reported."""
+        usage = budgets.usage_of(call)
+        if usage is None or call.trip.deployment is None:
+            return None
+        price = self.catalog.prices.get(call.trip.deployment, FREE)
+        cost = budgets.cost_usd(call, price) or 0.0
+        key, team = call.key_name or "", call.team
+        self.telemetry.spent(key, team, call.model, cost)
+        verdict = call.key_verdict
+        started = verdict.at if verdict is not None and verdict.at else time.time()
+        spend = Spend(cost, usage.input_tokens + usage.cache_read, usage.output_tokens)
+        self.ledger.add(Owner(key, team, call.model), spend, started)
+        return cost if price != FREE else None
 
 
 def _granted(key_check: asyncio.Future[KeyVerdict] | None) -> KeyVerdict | None:
@@ -446,6 +508,8 @@ def _timing_headers(call: Call) -> dict[str, str]:
 
 def _refusal_message(verdict: KeyVerdict) -> str:
     """What refused, its limit and when it frees, in words."""
+    if verdict.budget is not None:
+        return budgets.refusal_message(verdict)
     owner = "this key's team" if (verdict.code or "").startswith("team_") else "this key"
     if verdict.window is None:
         return f"Too many parallel requests on {owner}."
@@ -454,22 +518,3 @@ def _refusal_message(verdict: KeyVerdict) -> str:
         f"Rate limit reached for {describe(window)} on {owner} (limit"
         f" {window.rate.limit:g}); retry in {format_reset(verdict.retry_after)}."
     )
-
-
-def _key_headers(verdict: KeyVerdict) -> dict[str, str]:
-    """OpenAI's x-ratelimit-* headers; of several windows of a kind, the one with the
-    least left."""
-    headers: dict[str, str] = {}
-    for kind in (REQUESTS, TOKENS):
-        usage = verdict.tightest(kind)
-        if usage is not None:
-            headers.update(_usage_headers(kind, usage))
-    return headers
-
-
-def _usage_headers(kind: str, usage: Usage) -> dict[str, str]:
-    return {
-        f"x-ratelimit-limit-{kind}": str(int(usage.limit)),
-        f"x-ratelimit-remaining-{kind}": str(max(int(usage.remaining), 0)),
-        f"x-ratelimit-reset-{kind}": format_reset(usage.reset),
-    }

@@ -25,6 +25,7 @@ from proxy.limiter.base import (
     scoped_name,
     window_name,
 )
+from proxy.limiter.quota import Quota, QuotaUsage
 
 if TYPE_CHECKING:  # types only: this module stays free of I/O imports
     from proxy.catalog import Catalog, DeploymentRoute
@@ -163,13 +164,14 @@ def _deployment(
 def _owner(
     owner: ClientKey | Team, limits: KeyLimits | None, s: KeyState | None, now: float
 ) -> Json:
-    """A key's or a team's windows and parallel slots."""
+    """A key's or a team's windows, budgets and parallel slots."""
     s = s or KeyState()
     windows = limits.windows if limits is not None else ()
     parallel = limits.max_parallel if limits is not None else None
     return {
         "name": owner.name,
         "windows": _windows(windows, owner.limit_rules(), s, now),
+        "budgets": budgets(s.budgets, now),
         "max_parallel": parallel,
         "slots_held": s.slots_held if parallel is not None else None,
     }
@@ -216,6 +218,23 @@ def _window(w: Window, rule: LimitRule | None, s: DeploymentState | KeyState, no
         "remaining": round(s.remaining.get(w.name, w.rate.largest), 3),
         "full_in": moment(s.reset.get(w.name, 0.0), now),
     }
+
+
+def budgets(left: Iterable[tuple[Quota, QuotaUsage]], now: float) -> list[Json]:
+    """An owner's budgets like its windows: the period's quota, what is left, the reset."""
+    return [
+        {
+            "name": q.name,
+            "kind": q.kind,
+            "period": q.period,
+            "models": list(q.models) or None,
+            "limit": q.limit,
+            "spent": round(q.limit - u.remaining, 10),
+            "remaining": round(u.remaining, 10),
+            "resets": moment(u.resets_at - now, now),  # the period's end, exactly
+        }
+        for q, u in left
+    ]
 
 
 _FIELDS = ("waiting", "waiting_on", "waiting_keys", "in_flight", "in_flight_keys")

@@ -33,6 +33,13 @@ class Telemetry:
         self.metrics.request_finished(line.model, line.status, duration, line.api)
         log_request(line)
 
+    def spent(self, key: str, team: str, model: str, usd: float) -> None:
+        self.metrics.spend(key, team, model, usd)
+
+    def budget_left(self, owner: str, budget: str, remaining: float) -> None:
+        """What a budget (a key's, a team's) had left at its latest check."""
+        self.metrics.set_owner_budget_remaining(owner, budget, remaining)
+
     # -- routing.events.Events ---------------------------------------------------------
 
     def attempt_started(self, attempt: Attempt) -> None:

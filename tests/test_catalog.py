@@ -120,6 +120,36 @@ def test_an_announced_lower_limit_replaces_the_configured_one_everywhere() -> No
     assert catalog.announced.announce(route, requests=300, tokens=90_000) == {}  # nothing lower
 
 
+def test_anthropics_announced_input_and_output_limits_lower_their_own_kinds() -> None:
+    catalog = Catalog(
+        settings_from(
+            {
+                "models": [
+                    {
+                        "name": "claude",
+                        "deployments": [
+                            {
+                                "id": "an",
+                                "provider": "anthropic",
+                                "base_url": "https://api.anthropic.com",
+                                "limits": [
+                                    {"input_tokens": 40_000, "per": "1m"},
+                                    {"output_tokens": 8_000, "per": "1m"},
+                                ],
+                            }
+                        ],
+                    }
+                ]
+            }
+        )
+    )
+    [route] = catalog.groups["claude"].deployments
+    lowered = catalog.announced.announce(route, None, 10_000, 30_000, 9_000)
+    assert lowered == {"input_tokens_1m": 30_000}  # output: no lower; no tokens window
+    rates = {w.name: w.rate.limit for w in catalog.limits(route).windows}
+    assert rates["input_tokens_1m"] == pytest.approx(30_000 * 0.99 / 1.05)
+
+
 def test_an_announced_limit_paces_no_lower_than_a_tenth_and_refuses_nothing() -> None:
     """One answer announcing a limit of 1 token (or request) a minute: pacing comes down
     to a tenth of the configured limits, and a request as large as the configured

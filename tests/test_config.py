@@ -2,9 +2,11 @@
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from proxy import config
 from proxy.config import (
     ConfigError,
     config_warnings,
@@ -460,7 +462,8 @@ def test_azure_fields_must_be_safe_in_a_url_and_the_provider_known() -> None:
     ]
     problems = _problems(_azure(provider="bedrock"))
     assert problems == [
-        "models[0].deployments[0].provider: must be one of 'openai' or 'azure' (got 'bedrock')"
+        "models[0].deployments[0].provider: must be one of 'openai', 'azure' or 'anthropic'"
+        " (got 'bedrock')"
     ]
 
 
@@ -479,6 +482,26 @@ def test_an_azure_base_url_ending_in_openai_is_warned_about() -> None:
     data["models"][0]["deployments"][0]["base_url"] += "/openai"  # type: ignore[index]
     (warning,) = config_warnings(parse_settings(data, env={}))
     assert "without /openai" in warning
+
+
+def test_an_anthropic_deployment_is_checked_and_its_base_url_with_v1_warned_about() -> None:
+    deployment = {
+        "id": "an",
+        "provider": "Anthropic",
+        "base_url": "https://api.anthropic.com/v1",
+        "api_key": "sk-ant-api03-secret-value",
+        "limits": [{"requests": 4000, "per": "1m"}],
+    }
+    data = {"models": [{"name": "claude", "deployments": [deployment]}]}
+    settings = parse_settings(data, env={})
+    assert settings.models[0].deployments[0].provider == "anthropic"
+    (warning,) = config_warnings(settings)
+    assert "without /v1" in warning and "/v1/v1/messages" in warning
+    with pytest.raises(ConfigError, match="deployment"):
+        parse_settings(
+            {"models": [{"name": "c", "deployments": [{**deployment, "deployment": "x"}]}]},
+            env={},
+        )
 
 
 def test_a_long_key_list_is_checked_in_chunks_with_every_problem_in_its_place() -> None:
@@ -503,3 +526,90 @@ def test_a_long_key_list_is_checked_in_chunks_with_every_problem_in_its_place() 
         "keys[7].colour",
         "routing.retries",
     ]
+
+
+def _with(key: dict[str, object], **group: object) -> dict[str, object]:
+    model = {**MINIMAL["models"][0], **group}
+    return {"keys": [{"name": "k", "key": "sk-1", **key}], "models": [model]}
+
+
+def test_budgets_and_prices_are_read() -> None:
+    budgets = [
+        {"usd": 50, "period": "month"},
+        {"tokens": 2_000_000, "period": "Day", "models": ["m"]},
+        {"requests": 100, "period": "week"},
+    ]
+    price = {"input": 2.5, "cached_input": 1.25, "output": 10}
+    settings = parse_settings(_with({"budgets": budgets}, price=price), env={})
+    [usd, tokens, requests] = settings.keys[0].budgets
+    assert (usd.kind, usd.limit, usd.period) == ("usd", 50.0, "month")
+    assert (tokens.kind, tokens.period, tokens.models) == ("tokens", "day", ["m"])
+    assert requests.kind == "requests"
+    group_price = settings.models[0].price
+    assert group_price is not None and group_price.cache_read is None
+
+
+@pytest.mark.parametrize(
+    ("budget", "field"),
+    [
+        ({"usd": 5}, "keys[0].budgets[0].period"),
+        ({"usd": 5, "period": "year"}, "keys[0].budgets[0].period"),
+        ({"usd": 5, "tokens": 9, "period": "day"}, "keys[0].budgets[0]"),
+        ({"usd": -1, "period": "day"}, "keys[0].budgets[0].usd"),
+        ({"usd": "nan", "period": "day"}, "keys[0].budgets[0].usd"),
+        ({"tokens": 9, "period": "day", "models": ["nope"]}, "keys[0].budgets[0].models"),
+    ],
+)
+def test_a_bad_budget_names_its_field(budget: dict[str, object], field: str) -> None:
+    problems = _problems(_with({"budgets": [budget]}))
+    assert any(p.startswith(field) for p in problems), problems
+
+
+def test_a_budget_given_twice_is_refused() -> None:
+    twice = [{"usd": 5, "period": "day"}, {"usd": 9, "period": "day"}]
+    assert any("two budgets of usd per day" in p for p in _problems(_with({"budgets": twice})))
+
+
+@pytest.mark.parametrize("price", [{"input": -1}, {"output": "inf"}, {"input": 1, "colour": 2}])
+def test_a_bad_price_names_its_field(price: dict[str, object]) -> None:
+    problems = _problems(_with({}, price=price))
+    assert any(p.startswith("models[0].price") for p in problems), problems
+
+
+def test_a_dollar_budget_over_an_unpriced_model_and_budgets_without_redis_are_warned() -> None:
+    settings = parse_settings(_with({"budgets": [{"usd": 5, "period": "day"}]}), env={})
+    warnings = config_warnings(settings)
+    assert any("keys[0].budgets[0]" in w and "without a price" in w for w in warnings)
+    assert any("forgotten on restart" in w for w in warnings)
+    priced = _with({"budgets": [{"usd": 5, "period": "day"}]}, price={"input": 1, "output": 2})
+    priced["redis"] = {"url": "redis://127.0.0.1:1"}
+    assert config_warnings(parse_settings(priced, env={})) == []
+
+
+def test_the_shorthands_are_distinct_windows() -> None:
+    # _Limited._distinct_windows checks only the ``limits`` list against them: the
+    # shorthands alone cannot repeat a window.
+    windows = [(kind, per) for _, kind, per in config._SHORTHANDS]
+    assert len(set(windows)) == len(windows)
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        {"keys": [{"name": "a", "key": "${A_KEY}"}], **MINIMAL},
+        {"keys": [{"name": "a", "key": "k"}], 7: {"b": "${A_KEY}"}, **MINIMAL},  # not JSON
+        {"keys": [{"name": "a", "key": "${A_KEY}"}], b"x": 1, **MINIMAL},  # not JSON at all
+    ],
+)
+def test_a_variable_is_substituted_wherever_the_document_is_unusual(
+    document: dict[Any, Any],
+) -> None:
+    problems = _problems(document)
+    assert any(p.endswith(": environment variable A_KEY is not set") for p in problems), problems
+
+
+def test_a_variable_deep_in_a_long_key_list_is_substituted() -> None:
+    keys: list[dict[str, Any]] = [{"name": f"k{i}", "key": f"sk-{i}"} for i in range(2500)]
+    keys[2100]["key"] = "${KEY_2100}"
+    settings = parse_settings({"keys": keys, **MINIMAL}, env={"KEY_2100": "sk-from-env"})
+    assert settings.keys[2100].digest() == hashlib.sha256(b"sk-from-env").digest()

@@ -55,3 +55,15 @@ def test_a_call_is_charged_its_reported_usage_else_a_streams_unreported_count() 
         "input_tokens": 12.0,
         "output_tokens": 7.0,
     }
+
+
+def test_cache_reads_are_not_charged_as_input_but_count_in_tokens() -> None:
+    """Anthropic's rule: uncached input and cache writes count toward its input-token
+    limit, cache reads do not (docs/limiter.md)."""
+    trip = Trip()
+    trip.reported(TokenUsage(25, 16, cache_read=300, cache_write=5))
+    assert trip.charged_cost(estimate_cost(400, 100)) == {
+        "tokens": 341.0,
+        "input_tokens": 25.0,
+        "output_tokens": 16.0,
+    }

@@ -164,6 +164,7 @@ def test_the_request_log_has_no_place_for_a_key_or_a_prompt() -> None:
         "retries",
         "error_code",
         "shadow_rejection",
+        "cost_usd",
         "api",
     }
 

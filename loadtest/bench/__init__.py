@@ -1,6 +1,6 @@
 """`make bench`: the proxy's throughput, latency and overhead on this machine, with wrk.
 
-    python -m loadtest.bench                         # ~5 minutes; writes docs/benchmarks.md
+    python -m loadtest.bench                         # ~9 minutes; writes docs/benchmarks.md
     python -m loadtest.bench --duration 5 --output /tmp/bench.md
     python -m loadtest.bench --baseline 70e910d      # before and after, in one run
 
@@ -9,6 +9,10 @@ One run measures, at 1 and at 64 connections, non-streamed chat completions:
 * directly against the fake upstream (the baseline: no proxy);
 * through the proxy with the in-memory limiter, 1 and 2 workers;
 * through the proxy with the Redis limiter (its own redis-server), 1 and 2 workers;
+* the headline: the proxy with Redis, 2 workers, in the *default config* (``configs.py``:
+  the deployment's ``burst`` unset, 1, exact pacing; its rpm over 10x what the machine
+  serves, so no request waits), what users run; the rows above run the bench's own
+  *large-burst* config (``burst: 100000``: leases answer almost every request) and say so;
 * through the peer, TensorZero's Rust gateway (``pip install tensorzero``, done by `make
   bench`), with a Redis rate-limit rule that never trips (``peer``; ``--no-peer`` skips it);
 
@@ -22,13 +26,18 @@ with a PNG chart (matplotlib). With ``--baseline REV`` every proxy target is als
 measured as of that git revision, right before the work tree's, and the report compares
 them ("before and after" in one run, on the same machine state).
 
-The peer and "proxy, Redis, 2 workers" are then measured in turns, both running
+The peer and each of "proxy, Redis, 2 workers" in the default config (the headline) and
+in the large-burst one are then measured in turns, both running
 (``alternate.compare_with_peer``, ``--rounds`` rounds): the ratio of their req/s at 64
 connections and the added latency of each at 1 connection, with their range over the
-rounds (the "Peer" section). If the peer cannot be installed or started, the report says
+rounds (the "Peer" section; the default config's target and comparison add about 2.5
+minutes to a run). The peer's rule limits requests and tokens, as our key does
+(``--peer-rule requests``: requests only); the report states both sides' configs rule by
+rule ("Configurations"). If the peer cannot be installed or started, the report says
 why and the rest of the bench runs.
 
-The package, by job: ``model`` (targets, runs, results), ``wrk`` (running wrk),
+The package, by job: ``model`` (targets, runs, results), ``configs`` (the proxy's
+configs, stated beside the peer's), ``wrk`` (running wrk),
 ``servers`` (the processes: fake upstream, Redis, proxies, the peer, baseline checkouts),
 ``peer`` (the peer's config and environment), ``peer_gateway`` (the peer's process),
 ``alternate`` (two servers measured in turns),

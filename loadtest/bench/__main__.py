@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import shlex
 import shutil
@@ -13,10 +14,11 @@ import time
 from pathlib import Path
 
 from loadtest.bench import __doc__ as DESCRIPTION
+from loadtest.bench import peer as peer_config
 from loadtest.bench.alternate import alternate, compare_with_peer
 from loadtest.bench.chart import write_chart
 from loadtest.bench.machine import ForeignLoad, environment
-from loadtest.bench.model import PEER, TARGETS, Alternation, BenchReport
+from loadtest.bench.model import COMPARED, PEER, TARGETS, Alternation, BenchReport
 from loadtest.bench.report import fmt, render_markdown, render_peer_summary, render_table, verdicts
 from loadtest.bench.servers import PeerUnavailable, bench_target, checkout, servers
 from loadtest.topology import REPO
@@ -34,7 +36,13 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         action="append",
         default=[],
-        help="target slugs (direct, memory-1w, ..., tensorzero: the peer)",
+        help="target slugs (direct, memory-1w, ..., redis-2w-default, tensorzero: the peer)",
+    )
+    parser.add_argument(
+        "--peer-rule",
+        choices=sorted(peer_config.RULES),
+        default=peer_config.DEFAULT_RULE,
+        help="what the peer's one rate-limit rule limits (default: %(default)s, as our key)",
     )
     parser.add_argument(
         "--no-peer",
@@ -57,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         if shutil.which(tool) is None:
             print(f"{tool} is needed (apt-get install -y {tool})", file=sys.stderr)
             return 2
-    candidates = TARGETS if args.no_peer else (*TARGETS, PEER)
+    peer_target = dataclasses.replace(PEER, config=args.peer_rule)
+    candidates = TARGETS if args.no_peer else (*TARGETS, peer_target)
     targets = [t for t in candidates if not args.only or t.slug in args.only]
     command = shlex.join(["python", "-m", "loadtest.bench", *sys.argv[1:]])
     if os.environ.get("BENCH_COMMAND"):  # `make bench` names itself
@@ -66,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = environment()  # before the runs: the commit is the code that was measured
     results = []
     alternations: list[Alternation] = []
-    peer: Alternation | None = None
+    peers: list[Alternation] = []
     peer_error: str | None = None
     with contextlib.ExitStack() as stack:
         foreign = stack.enter_context(ForeignLoad())
@@ -85,15 +94,21 @@ def main(argv: list[str] | None = None) -> int:
             except PeerUnavailable as exc:  # the rest of the bench goes on without it
                 peer_error = str(exc).splitlines()[0]
                 print(f"{target.label}: not measured, {exc}", file=sys.stderr)
-        if PEER in targets and peer_error is None:
-            print(f"{PEER.label} and the proxy, in turns")
+        # The peer beside each compared config of ours that was measured (--only), the
+        # default config (the headline) first.
+        compared = [t for t in COMPARED if t in targets]
+        for ours in compared if peer_target in targets and peer_error is None else []:
+            print(f"{PEER.label} and {ours.label}, in turns")
             try:
-                peer = compare_with_peer(
-                    procs, upstream_url, redis_url, args.rounds, args.duration / 2, print
-                )
+                compared_once = compare_with_peer(
+                    ours, peer_target, procs, upstream_url, redis_url, args.rounds,
+                    args.duration / 2, print,
+                )  # fmt: skip
+                peers.append(compared_once)
             except PeerUnavailable as exc:
                 peer_error = str(exc).splitlines()[0]
                 print(f"{PEER.label}: not compared, {exc}", file=sys.stderr)
+                break
         if args.baseline:
             for target in targets:
                 if not target.proxy:
@@ -119,8 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         command,
         args.duration,
         alternations=alternations,
-        peer=peer,
+        peers=peers,
         peer_error=peer_error,
+        peer_rule=args.peer_rule,
     )
     if not args.no_chart:
         chart = args.output.with_name(args.output.stem + ".png")

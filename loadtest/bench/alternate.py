@@ -9,7 +9,8 @@ reads the proxy's CPU time per request from ``/proc`` (its own work, whatever th
 scheduler did to wrk or the fake upstream): the steadiest of the three.
 
 The peer comparison (``compare_with_peer``) runs the same turns between the peer gateway
-and our "proxy, Redis, 2 workers": its ratio of req/s is ours over the peer's, and each
+and one of our targets (each of model.COMPARED: the default config, the headline, and the
+bench's large-burst config): its ratio of req/s is ours over the peer's, and each
 turn's 1-connection slice comes right after a direct one, for the added latency of each.
 """
 
@@ -19,7 +20,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from loadtest.bench.model import COMPARED, PEER, Alternation, Round, Target, Turn
+from loadtest.bench.model import PEER, Alternation, Round, Target, Turn
 from loadtest.bench.servers import Processes, cpu_seconds, start_proxy, start_server
 from loadtest.bench.wrk import run_wrk
 
@@ -58,6 +59,8 @@ def alternate(
 
 
 def compare_with_peer(
+    ours_target: Target,
+    peer_target: Target,
     procs: Processes,
     upstream_url: str,
     redis_url: str,
@@ -65,26 +68,27 @@ def compare_with_peer(
     duration: float,
     log: Callable[[str], None],
 ) -> Alternation:
-    """The peer (``before``) and our COMPARED target (``now``), in turns as above, each
-    turn's 1-connection slice right after a direct one (its added latency). Raises
-    servers.PeerUnavailable if the peer does not start."""
-    ours = start_server(COMPARED, procs, upstream_url, redis_url, name="peer-ours")
+    """The peer (``peer_target``: PEER with its rule, ``before``) and ``ours_target``
+    (``now``), in turns as above, each turn's 1-connection slice right after a direct one
+    (its added latency). Raises servers.PeerUnavailable if the peer does not start."""
+    ours = start_server(ours_target, procs, upstream_url, redis_url, name="peer-ours")
     try:
-        theirs = start_server(PEER, procs, upstream_url, redis_url, name="peer-theirs")
+        theirs = start_server(peer_target, procs, upstream_url, redis_url, name="peer-theirs")
     except BaseException:
         procs.stop(ours[0])
         raise
-    started = [(PEER, theirs[0], theirs[1]), (COMPARED, ours[0], ours[1])]
+    started = [(peer_target, theirs[0], theirs[1]), (ours_target, ours[0], ours[1])]
     try:
         redis = procs.named.get("redis")
         turns = in_turns(
-            started, rounds, duration, log, "  peer", direct_url=upstream_url,
+            started, rounds, duration, log, f"  peer vs {ours_target.slug}",
+            direct_url=upstream_url,
             redis_pid=None if redis is None else redis.pid,
         )  # fmt: skip
     finally:
         for _, process, _ in started:
             procs.stop(process)
-    return Alternation(COMPARED, PEER.label, turns)
+    return Alternation(ours_target, PEER.label, turns)
 
 
 def in_turns(

@@ -22,6 +22,11 @@ PAIRS = 3  # 1-connection slices through the proxy, each paired with a direct on
 CHAT_PATH = "/v1/chat/completions"
 MODEL = "gpt-4o-mini"
 PEER_BACKEND = "tensorzero"
+# The proxy's configs (loadtest/bench/configs.py): the bench's deployment, far from its
+# limits with `burst: 100000` (leases answer almost every request), and the default one,
+# `burst` unset (1: exact pacing, a Redis round trip per request), what users run.
+LARGE_BURST = "large-burst"
+DEFAULT_CONFIG = "default"
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,8 @@ class Target:
     baseline: str | None = None
     path: str = CHAT_PATH
     model: str = MODEL
+    # A proxy's config (LARGE_BURST or DEFAULT_CONFIG); the peer's: its rule (peer.RULES).
+    config: str = LARGE_BURST
 
     @property
     def peer(self) -> bool:
@@ -51,6 +58,8 @@ class Target:
         if self.peer:
             return PEER_BACKEND
         name = "direct" if self.backend is None else f"{self.backend}-{self.workers}w"
+        if self.config == DEFAULT_CONFIG:
+            name += "-default"
         return name if self.baseline is None else f"{name}-baseline"
 
     def at(self, revision: str) -> Target:
@@ -58,23 +67,32 @@ class Target:
         return dataclasses.replace(self, label=f"{self.label} @ {revision}", baseline=revision)
 
 
+# The headline: the default config, as users run it (Redis, 2 workers, a key with rpm and
+# tpm, a deployment with rpm and the default burst).
+HEADLINE = Target(
+    "proxy, Redis, 2 workers, default config (burst 1)", "redis", 2, config=DEFAULT_CONFIG
+)
 TARGETS = (
     Target("direct to the fake upstream", None),
     Target("proxy, no limits, 1 worker", "nolimit", 1),
-    Target("proxy, memory, 1 worker", "memory", 1),
-    Target("proxy, memory, 2 workers", "memory", 2),
-    Target("proxy, Redis, 1 worker", "redis", 1),
-    Target("proxy, Redis, 2 workers", "redis", 2),
+    Target("proxy, memory, 1 worker, burst 100000", "memory", 1),
+    Target("proxy, memory, 2 workers, burst 100000", "memory", 2),
+    Target("proxy, Redis, 1 worker, burst 100000", "redis", 1),
+    Target("proxy, Redis, 2 workers, burst 100000", "redis", 2),
+    HEADLINE,
 )
 # The peer: TensorZero's Rust gateway (from PyPI) with a Redis rate-limit rule that never
-# trips (loadtest/bench/peer.py), compared in turns with COMPARED (`--no-peer` skips it).
+# trips (loadtest/bench/peer.py), compared in turns with each of COMPARED (`--no-peer`
+# skips it; `--peer-rule` chooses its rule).
 PEER = Target(
     "TensorZero gateway (Rust), Redis rate limit",
     PEER_BACKEND,
     path="/openai/v1/chat/completions",
     model=f"tensorzero::model_name::{MODEL}",
+    config="requests+tokens",  # peer.DEFAULT_RULE
 )
-COMPARED = TARGETS[-1]  # proxy, Redis, 2 workers
+LARGE_BURST_REDIS = TARGETS[-2]  # proxy, Redis, 2 workers, burst 100000
+COMPARED = (HEADLINE, LARGE_BURST_REDIS)  # the headline first
 
 
 @dataclass(frozen=True)
@@ -183,9 +201,11 @@ class BenchReport:
     chart: str | None = None  # file name of the PNG, next to the Markdown
     # With a baseline revision: each proxy target, before and after, alternated.
     alternations: list[Alternation] = field(default_factory=list)
-    # The peer (before) and COMPARED (now), alternated; or why the peer was not measured.
-    peer: Alternation | None = None
+    # The peer (before) and each of COMPARED (now), alternated, the headline first; or why
+    # the peer was not measured.
+    peers: list[Alternation] = field(default_factory=list)
     peer_error: str | None = None
+    peer_rule: str = PEER.config  # the rule the peer ran with (peer.RULES)
 
     def proxies(self) -> list[TargetResult]:
         """This proxy's results (not direct, not the peer): what the goals apply to."""
@@ -194,11 +214,11 @@ class BenchReport:
     def direct(self) -> TargetResult | None:
         return next((r for r in self.results if r.target.backend is None), None)
 
-    def find(self, backend: str, workers: int) -> TargetResult | None:
-        return next(
-            (r for r in self.results if (r.target.backend, r.target.workers) == (backend, workers)),
-            None,
+    def find(self, backend: str, workers: int, config: str = LARGE_BURST) -> TargetResult | None:
+        found = (
+            r for r in self.results if (r.target.backend, r.target.workers) == (backend, workers)
         )
+        return next((r for r in found if r.target.config == config), None)
 
     @property
     def baseline(self) -> str | None:

@@ -22,14 +22,26 @@ UPSTREAM_KEY = "sk-bench-upstream"  # the proxy's deployment sends the same
 REDIS_DB = 2  # the proxies use 0 (and 1, a baseline's): the peer's keys stay apart
 # Both limits far above anything a 2-core machine can do: checked, never binding.
 NEVER_TRIPS = 1_000_000_000
+# The peer's one rule, by name (`--peer-rule`): what it limits. Ours, in the default config,
+# limits a key's requests and tokens; "requests" is the cheaper rule, for comparison.
+RULES: dict[str, dict[str, int]] = {
+    "requests+tokens": {
+        "model_inferences_per_minute": NEVER_TRIPS,
+        "tokens_per_minute": NEVER_TRIPS,
+    },
+    "requests": {"model_inferences_per_minute": NEVER_TRIPS},
+}
+DEFAULT_RULE = "requests+tokens"
 
 # Dropped from the gateway's environment: anything that could point it elsewhere.
 _DROPPED_PREFIXES = ("TENSORZERO_", "OTEL_", "OPENAI_", "RUST_LOG")
 _DROPPED = {"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"}
 
 
-def tensorzero_config(upstream_url: str) -> str:
-    """The gateway's TOML: one model routed to the fake upstream, one rate-limit rule."""
+def tensorzero_config(upstream_url: str, rule: str = DEFAULT_RULE) -> str:
+    """The gateway's TOML: one model routed to the fake upstream, one rate-limit rule
+    (``rule``, a name in RULES)."""
+    limits = "".join(f"{name} = {value}\n" for name, value in RULES[rule].items())
     return f"""\
 # Written by loadtest/bench/peer.py for one bench run.
 [gateway]
@@ -51,9 +63,7 @@ enabled = true
 
 [[rate_limiting.rules]]
 always = true
-model_inferences_per_minute = {NEVER_TRIPS}
-tokens_per_minute = {NEVER_TRIPS}
-"""
+{limits}"""
 
 
 def valkey_url(redis_url: str) -> str:

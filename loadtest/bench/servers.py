@@ -21,8 +21,9 @@ from pathlib import Path
 import yaml
 
 from loadtest.bench import peer, peer_gateway
+from loadtest.bench.configs import proxy_config
 from loadtest.bench.model import CONNECTIONS, PEER, Target, TargetResult
-from loadtest.bench.wrk import API_KEY, paired_run, run_wrk
+from loadtest.bench.wrk import paired_run, run_wrk
 from loadtest.topology import LOOPBACK, REPO, free_port
 
 CHILD_SESSIONS: set[int] = set()  # filled by Processes.start (machine.ForeignLoad reads it)
@@ -110,39 +111,6 @@ def wait_until(check: str, process: subprocess.Popen[bytes], timeout: float) -> 
             return time.perf_counter() - start
         time.sleep(0.01)
     raise RuntimeError(f"{check} not ready within {timeout} s")
-
-
-def proxy_config(
-    upstream_url: str, redis_url: str | None, limits: bool = True
-) -> dict[str, object]:
-    """Auth on, limits that never bind: what is measured is the proxy's own cost. Without
-    ``limits``, no key or deployment limit at all: the proxy's cost without its limiter."""
-    if not limits:
-        config = proxy_config(upstream_url, None)
-        config["keys"] = [{"name": "bench", "key": API_KEY}]
-        deployment = config["models"][0]["deployments"][0]  # type: ignore[index]
-        del deployment["rpm"], deployment["burst"]
-        return config
-    return {
-        "redis": {"url": redis_url or ""},
-        "keys": [{"name": "bench", "key": API_KEY, "rpm": 100_000_000, "tpm": 10_000_000_000}],
-        "models": [
-            {
-                "name": "gpt-4o-mini",
-                "deployments": [
-                    {
-                        "id": "fake",
-                        "base_url": f"{upstream_url}/v1",
-                        "api_key": "sk-bench-upstream",
-                        "rpm": 100_000_000,
-                        "burst": 100_000,
-                        "timeout": "30s",
-                    }
-                ],
-            }
-        ],
-        "server": {"log_level": "warning"},
-    }
 
 
 def rss_mb(pid: int) -> float:
@@ -239,7 +207,7 @@ def start_server(
 ) -> tuple[subprocess.Popen[bytes], str, float]:
     """The server of ``target``, a proxy or the peer, ready: (process, URL, seconds)."""
     if target.peer:
-        return start_peer(procs, upstream_url, redis_url, name or target.slug)
+        return start_peer(procs, upstream_url, redis_url, name or target.slug, target.config)
     return start_proxy(target, procs, upstream_url, redis_url, sources, name)
 
 
@@ -249,12 +217,17 @@ class PeerUnavailable(RuntimeError):
 
 
 def start_peer(
-    procs: Processes, upstream_url: str, redis_url: str, name: str = "tensorzero"
+    procs: Processes,
+    upstream_url: str,
+    redis_url: str,
+    name: str = "tensorzero",
+    rule: str = peer.DEFAULT_RULE,
 ) -> tuple[subprocess.Popen[bytes], str, float]:
-    """TensorZero's gateway (loadtest/bench/peer.py), its first chat completion answered:
-    (its process, its URL, seconds from start to that answer)."""
+    """TensorZero's gateway (loadtest/bench/peer.py) with its rate-limit ``rule``, its
+    first chat completion answered: (its process, its URL, seconds from start to that
+    answer)."""
     config = procs.workdir / f"{name}.toml"
-    config.write_text(peer.tensorzero_config(upstream_url))
+    config.write_text(peer.tensorzero_config(upstream_url, rule))
     started = time.perf_counter()
     process = procs.start(
         name,
@@ -330,7 +303,9 @@ def start_proxy(
     config = procs.workdir / f"{name}.yaml"
     backend_url = redis_url if target.backend == "redis" else None
     config.write_text(
-        yaml.safe_dump(proxy_config(upstream_url, backend_url, target.backend != "nolimit"))
+        yaml.safe_dump(
+            proxy_config(upstream_url, backend_url, target.backend != "nolimit", target.config)
+        )
     )
     if backend_url:  # every run starts from empty buckets
         flush_redis(redis_url)

@@ -18,6 +18,7 @@ from starlette.routing import Route
 from proxy.api import admin_keys
 from proxy.api.admin_keys_page import key_manager
 from proxy.api.admin_page import admin_page
+from proxy.api.admin_spend import admin_spend
 from proxy.api.admin_state import admin_state
 from proxy.api.reload import reload_config
 from proxy.api.responses import error_response
@@ -68,6 +69,7 @@ def admin_only(handler: Handler, *, browser: bool = False) -> Handler:
 ROUTES: list[tuple[str, Handler, list[str]]] = [
     ("/admin", admin_page, ["GET"]),
     ("/admin/state", admin_state, ["GET"]),
+    ("/admin/spend", admin_spend, ["GET"]),
     ("/admin/reload", reload_config, ["POST"]),
     ("/admin/key-manager", key_manager, ["GET"]),
     *admin_keys.ROUTES,

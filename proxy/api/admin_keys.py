@@ -32,7 +32,7 @@ __all__ = ["ROUTES"]
 _CONFIG_FIELDS = tuple(
     field
     for field in ClientKey.model_fields
-    if field not in ("name", "key", "key_sha256", "limits")
+    if field not in ("name", "key", "key_sha256", "limits", "budgets")
 )
 
 
@@ -173,6 +173,8 @@ def _configured(key: ClientKey) -> dict[str, Any]:
             entry[field] = value
     if key.limits:
         entry["limits"] = [rule.model_dump() for rule in key.limits]
+    if key.budgets:
+        entry["budgets"] = [b.model_dump(exclude_none=True) for b in key.budgets]
     return entry
 
 

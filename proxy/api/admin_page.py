@@ -139,11 +139,13 @@ def _teams(teams: Iterable[Json]) -> str:
     rows = [
         f'<tr data-team="{_e(t["name"])}"><td>{_e(t["name"])}</td>'
         f"<td>{_windows(t['windows'])}</td>"
+        f"<td>{_budgets(t['budgets'])}</td>"
         f'<td class="num slots">{_slots(t)}</td></tr>'
         for t in teams
     ]
     return (
         "<table><tr><th>team</th><th>budget left (limit, configured; full in)</th>"
+        "<th>budgets (left of limit; resets)</th>"
         f"<th>parallel slots held</th></tr>{''.join(rows)}</table>"
     )
 
@@ -162,6 +164,7 @@ def _keys(keys: Iterable[Json]) -> str:
         rows.append(
             f'<tr data-key="{_e(k["name"])}"><td>{_e(k["name"])}{team}</td>'
             f"<td>{_windows(k['windows'])}</td>"
+            f"<td>{_budgets(k['budgets'])}</td>"
             f'<td class="num slots">{parallel}</td>'
             f'<td class="num in-flight">{_e(k["in_flight"])}</td>'
             f'<td class="num waiting">{_e(k["waiting"])}</td>'
@@ -169,7 +172,8 @@ def _keys(keys: Iterable[Json]) -> str:
         )
     return (
         "<table><tr><th>key</th><th>budget left (limit, configured; full in)</th>"
-        "<th>parallel slots held</th><th>in flight</th><th>waiting</th>"
+        "<th>budgets (left of limit; resets)</th><th>parallel slots held</th>"
+        "<th>in flight</th><th>waiting</th>"
         f"<th>priority / weight</th></tr>{''.join(rows)}</table>"
     )
 
@@ -184,6 +188,20 @@ def _windows(windows: Iterable[Json]) -> str:
             f" {_when(w['full_in'])})</div>"
         )
     return "".join(parts) or '<span class="muted">unlimited</span>'
+
+
+def _budgets(budgets: Iterable[Json]) -> str:
+    """Each budget: what is left of its period's quota, and when it all returns (a date:
+    a month is too long to count in seconds)."""
+    parts = []
+    for b in budgets:
+        scope = f" ({_e(', '.join(b['models']))})" if b["models"] else ""
+        parts.append(
+            f'<div class="budget" data-budget="{_e(b["name"])}">{_e(b["kind"])} per'
+            f" {_e(b['period'])}{scope}: {_e(_num(b['remaining']))} left of"
+            f" {_e(_num(b['limit']))}; resets {_e(b['resets']['at'])}</div>"
+        )
+    return "".join(parts) or '<span class="muted">none</span>'
 
 
 def _when(moment: Json) -> str:

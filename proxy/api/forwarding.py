@@ -91,10 +91,8 @@ class ForwardingEndpoint:
         server = pipeline.settings.server
         credential = self.shape.credential
         try:
-            presented = lookup.get(credential.header)
-            if len(lookup) < len(headers):  # a header came twice: was it this one?
-                presented = _single(raw_headers, credential.header)
-            key = pipeline.keys.authenticate(presented, credential)
+            header, presented = presented_key(credential.headers, raw_headers, lookup)
+            key = pipeline.keys.authenticate(presented, credential, header)
             _check_content_type(lookup.get("content-type"))
             declared, limit = lookup.get("content-length"), server.max_body_size
             if arrived:  # nothing to wait for: no timer
@@ -119,6 +117,22 @@ class ForwardingEndpoint:
             client_left=partial(_disconnected, receive),
             watch_departure=watch_departure,
         )
+
+
+def presented_key(
+    names: tuple[str, ...],
+    raw_headers: list[tuple[bytes, bytes]],
+    lookup: dict[str, str] | None = None,
+) -> tuple[str, str | None]:
+    """The first of the credential's headers ``names`` the request carries, and its value
+    (the last name and None: none); each of them sent twice is refused (``_single``).
+    ``lookup``: the headers as a dict, when the caller has it (fewer scans)."""
+    twice = lookup is None or len(lookup) < len(raw_headers)  # one of these twice?
+    for name in names:
+        value = _single(raw_headers, name) if twice or lookup is None else lookup.get(name)
+        if value is not None:
+            return name, value
+    return names[-1], None
 
 
 def _single(raw_headers: list[tuple[bytes, bytes]], name: str) -> str | None:
@@ -161,7 +175,7 @@ class HotPathRouter:
                 raise ModelNotFound(f"Unknown path {scope['path'][:200]}.", code="unknown_url")
             _single(scope["headers"], "authorization")  # one, on every route
         except ProxyError as error:
-            await error_response(error)(scope, receive, send)
+            await error_response(error, scope["path"])(scope, receive, send)
             return
         await self.app(scope, receive, send)
 

@@ -17,7 +17,7 @@ from functools import partial
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from proxy.api.forwarding import _disconnected, _single, send_reply
+from proxy.api.forwarding import _disconnected, presented_key, send_reply
 from proxy.call import Reply
 from proxy.errors import ProxyError
 from proxy.follow_ups import StoredRoute
@@ -50,8 +50,8 @@ class StoredResponseEndpoint:
         shape = STORED_RESPONSES
         raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
         try:
-            presented = _single(raw_headers, shape.credential.header)
-            key = pipeline.keys.authenticate(presented, shape.credential)
+            header, presented = presented_key(shape.credential.headers, raw_headers)
+            key = pipeline.keys.authenticate(presented, shape.credential, header)
         except ProxyError as error:
             return pipeline.reject(shape, error)
         response_id = scope["path_params"]["response_id"]

@@ -24,6 +24,7 @@ SCRIPT_COMMANDS = (
     "hdel",
     "hget",
     "hgetall",
+    "hincrbyfloat",  # the spend report's totals (record_spend.lua)
     "hmget",
     "hset",
     "pexpire",

@@ -40,6 +40,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from proxy.costs import NOTHING, Cost
 from proxy.limiter.fairness import Claimant
+from proxy.limiter.quota import Quota, QuotaUsage
 from proxy.values import value
 
 Kind = str  # a limit kind: "requests", "tokens", ... (proxy/costs.py); any name works
@@ -149,16 +150,18 @@ def base_name(name: str) -> str:
 @value
 class KeyLimits:
     """An owner's windows: a client key's own limits (``scope`` ``key``) or a team's
-    (``team``); no windows and no ``max_parallel``: unlimited. A key in a team carries its
-    team's limits as ``team``: every window of both, and both owners' parallel slots,
-    are checked and charged in one step, all or nothing. ``scope`` and ``name`` name an
-    owner's storage and its 429 codes (``key_rpm``, ``team_rpm``)."""
+    (``team``); no windows, budgets nor ``max_parallel``: unlimited. A key in a team
+    carries its team's limits as ``team``: every window and budget of both, and both
+    owners' parallel slots, are checked and charged in one step, all or nothing.
+    ``scope`` and ``name`` name an owner's storage and its 429 codes (``key_rpm``,
+    ``team_rpm``). ``quotas``: its budgets (quota.py)."""
 
     name: str
     windows: tuple[Window, ...] = ()
     max_parallel: int | None = None
     team: KeyLimits | None = None
     scope: str = KEY
+    quotas: tuple[Quota, ...] = ()
 
     def owners(self) -> tuple[KeyLimits, ...]:
         """The key's limits, then its team's (if any): the order of their windows in an
@@ -171,7 +174,7 @@ class KeyLimits:
 
     @property
     def unlimited(self) -> bool:
-        return all(not o.windows and o.max_parallel is None for o in self.owners())
+        return all(not o.windows and o.max_parallel is None and not o.quotas for o in self.owners())
 
 
 @value
@@ -250,11 +253,15 @@ class Usage:
 @value
 class KeyAsk:
     """May the key send one request of ``cost`` (its estimate, ``requests: 1``
-    included)? ``slot`` names the request in the key's parallel slots."""
+    included)? ``slot`` names the request in the key's parallel slots. ``budget_cost``
+    (kind -> amount: an upper bound of the request's cost) and ``model`` are what its
+    budgets charge (quota.py)."""
 
     limits: KeyLimits
     slot: str
     cost: Cost
+    budget_cost: Cost = NOTHING
+    model: str = ""
 
 
 @value
@@ -286,21 +293,50 @@ class GroupAsk:
 @value
 class Remaining:
     """What an upstream says it has left of its per-minute limits (None: unknown).
-    ``requests_wait``: with no request left, seconds until the next one frees up."""
+    ``requests_wait``: with no request left, seconds until the next one frees up. Token
+    kinds: ``tokens``, and Anthropic's ``input_tokens`` and ``output_tokens`` apart."""
 
     requests: float | None = None
     requests_wait: float | None = None
     tokens: float | None = None
+    input_tokens: float | None = None
+    output_tokens: float | None = None
+
+    def of(self, kind: str) -> float | None:
+        """What is left of a token kind (None: unknown, or not a token kind)."""
+        if kind == "tokens":
+            return self.tokens
+        if kind == "input_tokens":
+            return self.input_tokens
+        return self.output_tokens if kind == "output_tokens" else None
+
+    def shared(self, n: int) -> Remaining:
+        """One of ``n`` replicas' share of what is left."""
+
+        def part(left: float | None) -> float | None:
+            return None if left is None else left / n
+
+        return Remaining(
+            part(self.requests),
+            self.requests_wait,
+            part(self.tokens),
+            part(self.input_tokens),
+            part(self.output_tokens),
+        )
 
 
 @value
 class KeySettlement:
     """Free the key's parallel slot ``slot``; add ``cost`` (real minus estimated, per
-    kind; negative refunds) to its windows."""
+    kind; negative refunds) to its windows, and ``budget_cost`` (real minus reserved)
+    to its budgets' periods that ``started`` (the verdict's ``at``) falls in."""
 
     limits: KeyLimits
     slot: str
     cost: Cost = NOTHING
+    budget_cost: Cost = NOTHING
+    model: str = ""
+    started: float = 0.0
 
 
 @value
@@ -374,10 +410,14 @@ Settlement = KeySettlement | DeploymentSettlement
 class KeyVerdict:
     allowed: bool
     # None when allowed; else "key_<window name>" | "key_parallel" | "request_too_large"
+    # | "key_budget_<kind>_<period>"
     code: str | None = None
     retry_after: float = 0.0  # seconds; meaningful when not allowed
     usage: tuple[tuple[Window, Usage], ...] = ()  # each window after the decision
     window: Window | None = None  # the window that refused (or is too small)
+    budgets: tuple[tuple[Quota, QuotaUsage], ...] = ()  # each budget after the decision
+    budget: Quota | None = None  # the budget that refused
+    at: float = 0.0  # the limiter's time of the decision (a settlement's ``started``)
 
     def tightest(self, kind: Kind) -> Usage | None:
         """The window of ``kind`` with the least left (what x-ratelimit-* headers show)."""
@@ -436,6 +476,7 @@ class KeyState:
     remaining: dict[str, float] = field(default_factory=dict)
     reset: dict[str, float] = field(default_factory=dict)
     slots_held: int = 0
+    budgets: tuple[tuple[Quota, QuotaUsage], ...] = ()  # what is left of each budget
 
 
 @value

@@ -15,7 +15,7 @@ import time
 from bisect import insort
 from collections.abc import Callable, Sequence
 
-from proxy.limiter import bucket, health
+from proxy.limiter import bucket, health, periods, quota
 from proxy.limiter.base import (
     NO_CHANGE,
     TEAM,
@@ -45,6 +45,7 @@ from proxy.limiter.bucket import (
 )
 from proxy.limiter.fairness import Claimant, FairView, Waiter, waiting_until
 from proxy.limiter.health import HEALTHY, Health
+from proxy.limiter.quota import EMPTY, Quota, QuotaState
 from proxy.limiter.selection import Candidate, Selection, select
 from proxy.limiter.verdicts import (
     LEARNED,
@@ -56,12 +57,14 @@ from proxy.limiter.verdicts import (
     evidence,
     floors,
     in_flight_deadline,
+    key_quotas,
     key_spends,
     key_state,
     key_verdict,
     learning_windows,
     pacing_windows,
     probe_timeout,
+    quota_costs,
     spends,
     with_learned,
 )
@@ -132,8 +135,13 @@ class MemoryLimiter:
         *,
         lease_ttl: float = LEASE_TTL,
         sweep_every: float = SWEEP_EVERY,
+        wall: Clock | None = None,
     ) -> None:
         self._clock = clock
+        # Budgets' periods are on the calendar: UTC seconds (the injected clock in tests).
+        self._wall = wall or (time.time if clock is time.monotonic else clock)
+        # Per (scope, owner, budget name): its state and its budget (to sweep past periods).
+        self._quotas: dict[tuple[str, str, str], tuple[QuotaState, Quota]] = {}
         # Each bucket with the interval it was last used at (it is swept when drained).
         self._buckets: dict[BucketId, tuple[BucketState, float]] = {}
         self._slots = Slots(lease_ttl)  # per key name
@@ -222,14 +230,35 @@ class MemoryLimiter:
         ids = _key_buckets(limits)
         buckets = self._buckets_for(ids, spent)
         states, decision = take_all(buckets, now, 0.0)
+        quotas = key_quotas(limits)
+        wall = self._wall() if quotas else now
+        before = [self._quota(q) for q in quotas]
+        charged, budget = quota.check(
+            quotas, before, quota_costs(limits, ask.budget_cost, ask.model), wall
+        )
         full = ""
-        if decision.allowed and (limits.max_parallel is not None or limits.team is not None):
+        admitted = decision.allowed and budget.allowed
+        if admitted and (limits.max_parallel is not None or limits.team is not None):
             full = self._take_slots(limits, ask.slot, now)
-        if decision.allowed and not full:
+        if admitted and not full:
             self._store(ids, states, spent)
+            for q, state in zip(quotas, charged, strict=True):
+                self._quotas[_quota_id(q)] = (state, q)
         else:
             states = [b.state for b in buckets]
-        return key_verdict(spent, decision, full, states, now, len(limits.windows))
+            charged = before
+        return key_verdict(
+            spent,
+            decision,
+            full,
+            states,
+            now,
+            len(limits.windows),
+            quotas,
+            charged,
+            budget,
+            wall,
+        )
 
     def _take_slots(self, limits: KeyLimits, lease_id: str, now: float) -> str:
         """A parallel slot of every owner with ``max_parallel`` (the key's, its team's),
@@ -374,8 +403,9 @@ class MemoryLimiter:
         """The windows and slots of one owner (a key's own, or a team's)."""
         now = self._now()
         states = [self._state(_key_bucket(limits, w)) for w in limits.windows]
+        budgets = [self._quota(q) for q in limits.quotas]
         slots = self._slots_of(limits).live(limits.name, now)
-        return key_state(limits, states, slots, now)
+        return key_state(limits, states, slots, now, budgets, self._wall())
 
     def holds_in_flight(self, group: str, deployment_id: str, lease_id: str) -> bool:
         """Whether ``lease_id`` is in flight here (the fallback policy routes settlements)."""
@@ -410,6 +440,16 @@ class MemoryLimiter:
             self._slots_of(owner).release(owner.name, s.slot)
             for spend in corrections(owner.windows, s.cost):
                 self._adjust(_key_bucket(owner, spend.window), spend, now)
+        quotas = key_quotas(s.limits)
+        for q, units in zip(quotas, quota_costs(s.limits, s.budget_cost, s.model), strict=True):
+            if units != 0:
+                settled = quota.settle(self._quota(q), q, s.started, units)
+                if settled is not None:
+                    self._quotas[_quota_id(q)] = (settled, q)
+
+    def _quota(self, q: Quota) -> QuotaState:
+        entry = self._quotas.get(_quota_id(q))
+        return EMPTY if entry is None else entry[0]
 
     def _now(self) -> float:
         now = self._clock()
@@ -424,6 +464,10 @@ class MemoryLimiter:
         for bucket_id, (state, slowest) in list(self._buckets.items()):
             if debt_at(state, slowest, now) == 0:
                 del self._buckets[bucket_id]
+        wall = self._wall()
+        for quota_id, (spent, q) in list(self._quotas.items()):
+            if spent.period < periods.index(q.period, wall):  # a past period: reads as EMPTY
+                del self._quotas[quota_id]
         for deployment, (_, expires) in list(self._health.items()):
             if now >= expires:
                 del self._health[deployment]
@@ -492,6 +536,10 @@ def _key_buckets(limits: KeyLimits) -> list[BucketId]:
     if limits.team is not None:
         ids += [_key_bucket(limits.team, w) for w in limits.team.windows]
     return ids
+
+
+def _quota_id(q: Quota) -> tuple[str, str, str]:
+    return (q.scope, q.owner, q.name)
 
 
 def _deployment_bucket(group: str, deployment_id: str, window: Window) -> BucketId:

@@ -74,7 +74,6 @@ from proxy.limiter.base import (
     LimiterUnavailable,
     Private,
     Rate,
-    Remaining,
     Settlement,
     StorageError,
     Window,
@@ -181,13 +180,16 @@ def share_windows(windows: Sequence[Window], replicas: int, cost: Cost) -> tuple
 
 
 def share_key(limits: KeyLimits, replicas: int, cost: Cost) -> KeyLimits:
-    """The key's share of its windows and slots, and of its team's."""
+    """The key's share of its windows, slots and budgets, and of its team's: each
+    replica may spend its part of what a budget's period allows (its local spend starts
+    from nothing: what the shared storage counted is out of reach while it is down)."""
     parallel = limits.max_parallel
     team = limits.team
     return replace(
         limits,
         windows=share_windows(limits.windows, replicas, cost),
         max_parallel=None if parallel is None else max(1, parallel // replicas),
+        quotas=tuple(replace(q, limit=q.limit / max(1, replicas)) for q in limits.quotas),
         team=None if team is None else share_key(team, replicas, cost),
     )
 
@@ -284,7 +286,7 @@ class ResilientLimiter:
     @property
     def shared(self) -> RedisLimiter:
         """The Redis limiter behind the policy (its runner also serves the stores kept
-        beside the limiter's state: affinity.py)."""
+        beside the limiter's state: affinity.py, the spend report's ledger.py)."""
         return self._shared
 
     @property
@@ -584,11 +586,7 @@ class ResilientLimiter:
             return replace(s, limits=share_key(s.limits, n, NOTHING))
         remaining = s.remaining
         if remaining is not None and n > 1:  # this replica's share of what is left
-            remaining = Remaining(
-                None if remaining.requests is None else remaining.requests / n,
-                remaining.requests_wait,
-                None if remaining.tokens is None else remaining.tokens / n,
-            )
+            remaining = remaining.shared(n)
         return replace(
             s, deployment=share_deployment(s.deployment, n, NOTHING), remaining=remaining
         )

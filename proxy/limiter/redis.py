@@ -10,6 +10,7 @@ hash-tagged so each script touches one cluster slot (``P`` is ``KEY_PREFIX``,
     {P:k:<key name>}:<window> | :leases              a client key's windows, slots
     {P:t:<team>}:<window> | :leases                   a team's windows, slots...
     {P:t:<team>}:k:<key name>:<window> | :leases       ...and those of its keys
+    ...:budget_<kind>_<period>[:<models>]            a key's or team's budget (period, spent)
     {P:g:<group>}:d:<deployment id>:<window>          a group's deployments...
     {P:g:<group>}:d:<deployment id>:health            ...their health (a hash)...
     {P:g:<group>}:d:<deployment id>:inflight          ...and requests in flight
@@ -62,6 +63,7 @@ from proxy.limiter.eviction import evicting
 from proxy.limiter.fairness import Claimant, Deferral
 from proxy.limiter.health import Health
 from proxy.limiter.leases import Leases
+from proxy.limiter.quota import QuotaCheck, QuotaState
 from proxy.limiter.runner import RunnerOptions, ScriptRunner
 from proxy.limiter.selection import Selection
 from proxy.limiter.verdicts import (
@@ -72,10 +74,12 @@ from proxy.limiter.verdicts import (
     deployment_verdict,
     evidence,
     floors,
+    key_quotas,
     key_spends,
     key_state,
     key_verdict,
     pacing_windows,
+    quota_costs,
     spends,
 )
 
@@ -117,6 +121,11 @@ class RedisLimiter:
         self._clock = clock
 
     @property
+    def prefix(self) -> str:
+        """What every key of this limiter's starts with (the schema's prefix)."""
+        return self._prefix
+
+    @property
     def is_cluster(self) -> bool | None:
         """True/False once known (after the first operation), None before."""
         return self.runner.is_cluster
@@ -127,7 +136,10 @@ class RedisLimiter:
         limits = ask.limits
         if limits.unlimited:
             return KeyVerdict(True)
-        if self._leases is not None and not _slotted(limits):
+        quotas = key_quotas(limits)
+        # A budget is never leased: each request's reservation is checked against every
+        # replica's (quota.py: why concurrency cannot overshoot).
+        if self._leases is not None and not _slotted(limits) and not quotas:
             leased = await self._leases.acquire_key(ask, partial(self._windows, limits))
             if leased is not None:
                 return leased
@@ -139,23 +151,36 @@ class RedisLimiter:
             ask.slot,
             _num(self._lease_ttl),
             "" if team is None else _slots_arg(team),
+            str(len(quotas)),
         ]
         for s in spent:
             args += [_num(s.rate.interval), _num(s.capacity), _num(s.amount)]
-        reply = await self.runner.run("acquire_key", self._key_keys(limits), args)
-        outcome, binding, wait, retry_after, slots_full, now, *flat = reply
+        for q, cost in zip(quotas, quota_costs(limits, ask.budget_cost, ask.model), strict=True):
+            args += [q.period, _num(q.limit), _num(cost)]
+        keys = self._key_keys(limits) + self._quota_keys(limits)
+        reply = iter(await self.runner.run("acquire_key", keys, args))
+        outcome, binding, wait, retry_after, slots_full, now = (next(reply) for _ in range(6))
         decision = Decision(Admission(outcome), float(wait), float(retry_after), int(binding))
-        states = [
-            BucketState(float(d), float(t)) for d, t in zip(flat[::2], flat[1::2], strict=True)
-        ]
-        own = len(limits.windows)
-        return key_verdict(spent, decision, slots_full, states, float(now), own)
+        states = [_state(reply) for _ in spent]
+        refused, budget_retry = int(next(reply)), float(next(reply))
+        charged = [_quota_state(reply) for _ in quotas]
+        return key_verdict(
+            spent,
+            decision,
+            slots_full,
+            states,
+            float(now),
+            len(limits.windows),
+            quotas,
+            charged,
+            QuotaCheck(refused, budget_retry),
+        )
 
     def acquire_key_now(self, ask: KeyAsk) -> KeyVerdict | None:
         limits = ask.limits
         if limits.unlimited:
             return KeyVerdict(True)
-        if self._leases is None or _slotted(limits):
+        if self._leases is None or _slotted(limits) or key_quotas(limits):
             return None
         return self._leases.acquire_key_now(ask, partial(self._windows, limits))
 
@@ -280,6 +305,11 @@ class RedisLimiter:
         ran, or its StorageError; without it, a failure is logged."""
         if not self.runner.submit_ready:
             return False
+        budgets = self._quota_settlement(settlement)
+        if budgets is not None:
+            corrected = self.runner.submit("settle_quota", *budgets, urgent=False)
+            assert corrected is not None  # submit_ready
+            corrected.add_done_callback(partial(_report, _log_failure))
         call = self._key_settlement(settlement)
         if call is None:
             if on_done is not None:
@@ -325,14 +355,21 @@ class RedisLimiter:
         return states
 
     async def key_snapshot(self, limits: KeyLimits) -> KeyState:
-        """One owner's windows and slots (a key's own, or a team's)."""
-        if not limits.windows and limits.max_parallel is None:
+        """One owner's windows, slots and budgets (a key's own, or a team's)."""
+        if not limits.windows and limits.max_parallel is None and not limits.quotas:
             return KeyState()
         prefix = self._owner_prefix(limits)
         keys = [prefix + "leases", *(prefix + w.name for w in limits.windows)]
         reply = iter(await self.runner.run("key_snapshot", keys, [self._now()]))
         now, held = float(next(reply)), int(next(reply))
-        return key_state(limits, [_state(reply) for _ in limits.windows], held, now)
+        states = [_state(reply) for _ in limits.windows]
+        if not limits.quotas:
+            return key_state(limits, states, held, now)
+        budget_keys = [prefix + q.name for q in limits.quotas]
+        budgets = iter(await self.runner.run("quota_snapshot", budget_keys, [self._now()]))
+        wall = float(next(budgets))
+        spent = [_quota_state(budgets) for _ in limits.quotas]
+        return key_state(limits, states, held, now, spent, wall)
 
     async def aclose(self) -> None:
         if self._leases is not None:
@@ -381,9 +418,27 @@ class RedisLimiter:
     # -- plumbing --------------------------------------------------------------------
 
     async def _settle_key(self, s: KeySettlement) -> None:
+        budgets = self._quota_settlement(s)
+        if budgets is not None:
+            await self.runner.run("settle_quota", *budgets, urgent=False)
         call = self._key_settlement(s)
         if call is not None:
             await self.runner.run("settle_key", *call, urgent=False)
+
+    def _quota_settlement(self, s: KeySettlement) -> tuple[list[str], list[str]] | None:
+        """The keys and arguments of ``settle_quota`` for ``s`` (None: nothing to do)."""
+        limits = s.limits
+        quotas = key_quotas(limits)
+        if not quotas:
+            return None
+        keys: list[str] = []
+        args = [self._now()]
+        units = quota_costs(limits, s.budget_cost, s.model)
+        for q, key, amount in zip(quotas, self._quota_keys(limits), units, strict=True):
+            if amount != 0:
+                keys.append(key)
+                args += [q.period, _num(s.started), _num(amount)]
+        return (keys, args) if keys else None
 
     def _key_settlement(self, s: KeySettlement) -> tuple[list[str], list[str]] | None:
         """The keys and arguments of ``settle_key`` for ``s`` (None: nothing to do)."""
@@ -431,6 +486,10 @@ class RedisLimiter:
         own = self._owner_prefix(limits) + "leases"
         team = own if limits.team is None else self._owner_prefix(limits.team) + "leases"
         return [own, team, *self._windows(limits)]
+
+    def _quota_keys(self, limits: KeyLimits) -> list[str]:
+        """The key's budgets, then its team's (``verdicts.key_quotas``' order)."""
+        return [self._owner_prefix(o) + q.name for o in limits.owners() for q in o.quotas]
 
     def _windows(self, limits: KeyLimits) -> list[str]:
         """The buckets of the key's windows, then of its team's."""
@@ -568,6 +627,11 @@ def _slots_arg(owner: KeyLimits) -> str:
 def _state(reply: Any) -> BucketState:
     """The next debt and time of a script's reply as a bucket state."""
     return BucketState(float(next(reply)), float(next(reply)))
+
+
+def _quota_state(reply: Any) -> QuotaState:
+    """The next period index and spent of a script's reply as a budget's state."""
+    return QuotaState(int(float(next(reply))), float(next(reply)))
 
 
 Done = Callable[[BaseException | None], None]

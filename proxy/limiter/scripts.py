@@ -1,9 +1,10 @@
 """The Lua scripts, read from package files (``proxy/limiter/lua/*.lua``).
 
 Each operation is one script. The bucket scripts are prefixed with ``bucket.lua``, the
-shared math; the deployment and lease scripts also with the constants (taken from
-``proxy.limiter.health``, ``verdicts``, ``fairness`` and ``allowance``, so Lua and Python
-cannot disagree on them), ``health.lua``, ``fairness.lua`` and ``lease.lua``. Every
+shared math (the key scripts also with ``quota.lua``, budgets' calendar math); the
+deployment and lease scripts also with the constants (taken from ``proxy.limiter.health``,
+``verdicts``, ``fairness`` and ``allowance``, so Lua and Python cannot disagree on them),
+``health.lua``, ``fairness.lua`` and ``lease.lua``. Every
 script is thus self-contained for EVALSHA. No redis import here:
 tests run the same sources through any client.
 
@@ -26,11 +27,12 @@ LIBRARY = "bucket"
 HEALTH_LIBRARY = "health"
 FAIRNESS_LIBRARY = "fairness"
 LEASE_LIBRARY = "lease"
-KEY_SCRIPTS = ("acquire_key", "settle_key", "key_snapshot")
+QUOTA_LIBRARY = "quota"
+KEY_SCRIPTS = ("acquire_key", "settle_key", "key_snapshot", "settle_quota", "quota_snapshot")
 DEPLOYMENT_SCRIPTS = ("reserve_deployment", "settle_deployment", "snapshot")
 LEASE_SCRIPTS = ("lease_key", "lease_deployment", "return_lease")
 BUCKET_SCRIPTS = KEY_SCRIPTS + DEPLOYMENT_SCRIPTS + LEASE_SCRIPTS
-PLAIN_SCRIPTS = ("heartbeat", "activity")
+PLAIN_SCRIPTS = ("heartbeat", "activity", "record_spend", "read_spend")
 
 CONSTANTS = {
     "MARGIN": health.MARGIN,
@@ -61,12 +63,14 @@ def source(name: str) -> str:
     body = _read(name)
     if name in DEPLOYMENT_SCRIPTS + LEASE_SCRIPTS:
         return "\n".join([*_shared(), body])
+    if name in KEY_SCRIPTS:
+        return f"{_read(LIBRARY)}\n{_read(QUOTA_LIBRARY)}\n{body}"
     return f"{_read(LIBRARY)}\n{body}" if name in BUCKET_SCRIPTS else body
 
 
 def _shared() -> list[str]:
     """What the deployment and lease scripts (and the library) are prefixed with."""
-    libraries = (HEALTH_LIBRARY, FAIRNESS_LIBRARY, LEASE_LIBRARY)
+    libraries = (QUOTA_LIBRARY, HEALTH_LIBRARY, FAIRNESS_LIBRARY, LEASE_LIBRARY)
     return [_read(LIBRARY), _constants(), *(_read(name) for name in libraries)]
 
 

@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 
 from proxy.costs import NOTHING, REQUESTS, Cost
-from proxy.limiter import health
+from proxy.limiter import health, quota
 from proxy.limiter.base import (
     KEY,
     MINUTE,
@@ -31,8 +31,11 @@ from proxy.limiter.base import (
 )
 from proxy.limiter.bucket import Admission, Bucket, BucketState, Decision, plan, usage
 from proxy.limiter.health import Health
+from proxy.limiter.quota import Quota, QuotaCheck, QuotaState
 from proxy.limiter.selection import Selection
 from proxy.values import value
+
+QUOTA_ALLOWED = QuotaCheck()
 
 PARALLEL_RETRY_AFTER = 1.0
 """Seconds a client refused for max_parallel is told to wait. Slots free up when other
@@ -195,8 +198,8 @@ def floors(
             if remaining.requests <= 0:
                 wait = health.bounded_hold(remaining.requests_wait, max_hold)
             out.append(Floor(w, remaining.requests, wait))
-        elif w.kind == "tokens" and remaining.tokens is not None:
-            out.append(Floor(w, remaining.tokens))
+        elif (left := remaining.of(w.kind)) is not None:  # a token kind
+            out.append(Floor(w, left))
     return out
 
 
@@ -228,11 +231,19 @@ def key_verdict(
     states: Sequence[BucketState],
     now: float,
     own: int | None = None,
+    quotas: Sequence[Quota] = (),
+    quota_states: Sequence[QuotaState] = (),
+    budget: QuotaCheck = QUOTA_ALLOWED,
+    wall: float | None = None,
 ) -> KeyVerdict:
-    """``states`` are the windows after the decision (unchanged when refused). ``own``:
-    how many of ``spent`` are the key's own windows (the rest its team's; None: all):
-    the verdict's usage (the x-ratelimit-* headers) is the key's own. ``slots_full``: the
-    scope whose parallel slots were full (``key``, ``team``; empty: none)."""
+    """``states`` and ``quota_states`` are the windows and budgets (the key's, then its
+    team's) after the decision (unchanged when refused). ``own``: how many of ``spent``
+    are the key's own windows (the rest its team's; None: all): the verdict's usage (the
+    x-ratelimit-* headers) is the key's own. ``slots_full``: the scope whose parallel
+    slots were full (``key``, ``team``; empty: none). A window refuses first, then a
+    budget, then the slots. ``wall``: the budgets' time (UTC seconds), when the windows'
+    ``now`` is not."""
+    at = now if wall is None else wall
     mine, mine_states = spent, states
     if own is None or own == len(spent):
         own = len(spent)
@@ -241,17 +252,29 @@ def key_verdict(
     used = tuple(
         (s.window, usage(state, s.rate, now)) for s, state in zip(mine, mine_states, strict=True)
     )
+    left = tuple(
+        (q, quota.usage(state, q, at)) for q, state in zip(quotas, quota_states, strict=True)
+    )
     if decision.admission is Admission.TOO_LARGE:
-        return KeyVerdict(
-            False, "request_too_large", usage=used, window=spent[decision.binding].window
-        )
+        window = spent[decision.binding].window
+        return KeyVerdict(False, "request_too_large", usage=used, window=window, budgets=left)
     if decision.admission is Admission.REFUSED:
         window = spent[decision.binding].window
         code = key_code(window, KEY if decision.binding < own else TEAM)
-        return KeyVerdict(False, code, decision.retry_after, used, window)
+        return KeyVerdict(False, code, decision.retry_after, used, window, budgets=left)
+    if not budget.allowed:
+        refused = quotas[budget.refused]
+        return KeyVerdict(
+            False,
+            refused.code,
+            budget.retry_after,
+            used,
+            budgets=left,
+            budget=refused,
+        )
     if slots_full:
-        return KeyVerdict(False, f"{slots_full}_parallel", PARALLEL_RETRY_AFTER, used)
-    return KeyVerdict(True, usage=used)
+        return KeyVerdict(False, f"{slots_full}_parallel", PARALLEL_RETRY_AFTER, used, budgets=left)
+    return KeyVerdict(True, usage=used, budgets=left, at=at if quotas else 0.0)
 
 
 def deployment_verdict(
@@ -321,15 +344,36 @@ def deployment_state(
 
 
 def key_state(
-    limits: KeyLimits, states: Sequence[BucketState], slots_held: int, now: float
+    limits: KeyLimits,
+    states: Sequence[BucketState],
+    slots_held: int,
+    now: float,
+    quota_states: Sequence[QuotaState] = (),
+    wall: float | None = None,
 ) -> KeyState:
-    """A key as ``key_snapshot`` reports it (states in ``limits.windows`` order)."""
+    """A key as ``key_snapshot`` reports it (states in ``limits.windows`` order, and its
+    budgets' in ``limits.quotas`` order, at ``wall``, UTC seconds, if not ``now``)."""
     used = _usages(limits.windows, states, now)
     return KeyState(
         remaining={name: u.remaining for name, u in used.items()},
         reset={name: u.reset for name, u in used.items()},
         slots_held=slots_held,
+        budgets=tuple(
+            (q, quota.usage(st, q, now if wall is None else wall))
+            for q, st in zip(limits.quotas, quota_states, strict=True)
+        ),
     )
+
+
+def key_quotas(limits: KeyLimits) -> list[Quota]:
+    """Every budget an ask of this key touches: its own, then its team's."""
+    return [q for owner in limits.owners() for q in owner.quotas]
+
+
+def quota_costs(limits: KeyLimits, cost: Cost, model: str) -> list[float]:
+    """What a request (or a correction) of ``model`` costs in each budget of the key and
+    its team (``key_quotas``' order)."""
+    return [quota.cost_of(q, cost, model) for q in key_quotas(limits)]
 
 
 def _usages(

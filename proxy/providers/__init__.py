@@ -7,6 +7,7 @@ in ``PROVIDERS``, and its name in ``config.Provider`` (the config's schema).
 
 from __future__ import annotations
 
+from proxy.providers.anthropic import ANTHROPIC
 from proxy.providers.azure import AZURE
 from proxy.providers.base import Provider
 from proxy.providers.openai import OPENAI
@@ -18,6 +19,7 @@ PROVIDERS: dict[str, Provider] = {
     for p in (
         OPENAI,
         AZURE,
+        ANTHROPIC,
     )
 }
 

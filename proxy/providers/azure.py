@@ -30,6 +30,7 @@ _V1_SHAPES = frozenset(("responses",))
 class AzureOpenAI:
     name = "azure"
     shapes = OPENAI_SHAPES
+    default_headers: tuple[tuple[str, str], ...] = ()
 
     def url(self, deployment: Deployment, shape: str) -> str:
         if shape in _V1_SHAPES:

@@ -33,6 +33,12 @@ class Provider(Protocol):
         """The names of the API shapes its deployments serve (``Shape.name``)."""
         ...
 
+    @property
+    def default_headers(self) -> tuple[tuple[str, str], ...]:
+        """Headers sent when the client sends none of that name (Anthropic's
+        ``anthropic-version``)."""
+        ...
+
     def url(self, deployment: Deployment, shape: str) -> str:
         """Where ``deployment`` serves the shape named ``shape`` (one of ``shapes``)."""
         ...

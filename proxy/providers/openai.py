@@ -19,6 +19,7 @@ OPENAI_SHAPES = frozenset(("chat/completions", "completions", "embeddings", "res
 class OpenAICompatible:
     name = "openai"
     shapes = OPENAI_SHAPES
+    default_headers: tuple[tuple[str, str], ...] = ()
 
     def url(self, deployment: Deployment, shape: str) -> str:
         return f"{deployment.base_url}/{shape}"

@@ -1,10 +1,10 @@
 """What upstreams announce of their limits, and for how long it holds (pure).
 
-An upstream's ``x-ratelimit-limit-*`` can lower a deployment's per-minute pacing below its
-configured limit; the catalog's limits (``Catalog.limits``, the one place they come from)
-read them here. This is the only state about limits that changes while the proxy serves,
-so it has its own owner; a reload carries it over for deployments whose config did not
-change.
+An upstream's ``x-ratelimit-limit-*`` (Anthropic's ``anthropic-ratelimit-*-limit``, per
+kind) can lower a deployment's per-minute pacing below its configured limit of that kind;
+the catalog's limits (``Catalog.limits``, the one place they come from) read them here.
+This is the only state about limits that changes while the proxy serves, so it has its
+own owner; a reload carries it over for deployments whose config did not change.
 """
 
 from __future__ import annotations
@@ -15,12 +15,20 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from proxy.config import Deployment
-from proxy.limiter.base import DeploymentLimits
+from proxy.limiter.base import MINUTE, DeploymentLimits, window_name
 
 if TYPE_CHECKING:
     from proxy.catalog import DeploymentRoute, GroupRoute
 
-__all__ = ["ANNOUNCED_FLOOR", "ANNOUNCED_FOR", "Announced", "announced_limits", "announced_lower"]
+__all__ = [
+    "ANNOUNCED_FLOOR",
+    "ANNOUNCED_FOR",
+    "ANNOUNCED_KINDS",
+    "Announced",
+    "announced_limits",
+    "announced_lower",
+    "minute_rules",
+]
 
 # What an upstream announces (x-ratelimit-limit-*) can lower a deployment's per-minute
 # pacing, but not below this share of its configured limit (one lying answer of "1"
@@ -34,7 +42,7 @@ ANNOUNCED_FOR = 60.0
 def announced_limits(
     limits: DeploymentLimits, share: float, lower: dict[str, int], headroom: float
 ) -> DeploymentLimits:
-    """``limits`` with the per-minute windows ``lower`` names (``rpm``, ``tpm``) refilled
+    """``limits`` with the per-minute windows ``lower`` names (``rpm``, ``tpm``...) refilled
     at that many a minute instead: pacing only. Capacities and the largest request a
     window admits stay the configured ones."""
     windows = []
@@ -47,20 +55,49 @@ def announced_limits(
     return replace(limits, windows=tuple(windows))
 
 
+# The kinds an announcement names, in the order ``Announced.announce`` takes them.
+ANNOUNCED_KINDS = ("requests", "tokens", "input_tokens", "output_tokens")
+# A per-minute window: its kind's place in ANNOUNCED_KINDS, its configured limit, the
+# lowest an announcement takes it to (ANNOUNCED_FLOOR of it), its name.
+MinuteRule = tuple[int, int, int, str]
+
+
+def minute_rules(configured: Deployment) -> tuple[MinuteRule, ...]:
+    """The deployment's per-minute windows of a kind upstreams announce (they announce
+    per-minute limits), built once per deployment: an announcement is read on every
+    answer."""
+    return tuple(
+        (
+            ANNOUNCED_KINDS.index(rule.kind),
+            rule.amount,
+            math.ceil(rule.amount * ANNOUNCED_FLOOR),
+            window_name(rule.kind, rule.per),
+        )
+        for rule in configured.limit_rules()
+        if rule.per == MINUTE and rule.kind in ANNOUNCED_KINDS
+    )
+
+
 def announced_lower(
-    configured: Deployment, requests: float | None, tokens: float | None
-) -> dict[str, int]:
-    """The per-minute limits an upstream's announcement lowers (``rpm``, ``tpm``): what
-    it announces, never below ``ANNOUNCED_FLOOR`` of the configured limit."""
-    lower: dict[str, int] = {}
-    for field, announced in (("rpm", requests), ("tpm", tokens)):
-        limit = getattr(configured, field)
-        if announced is None or not limit:
-            continue
-        amount = max(int(announced), math.ceil(limit * ANNOUNCED_FLOOR))
-        if amount < limit:
-            lower[field] = amount
+    rules: tuple[MinuteRule, ...], said: tuple[float | None, ...]
+) -> dict[str, int] | None:
+    """The per-minute windows (``rules``) an upstream's announcement lowers, by name
+    (``rpm``, ``tpm``, ``input_tokens_1m``...): what it announces for their kind
+    (``said``: per-minute limits in the order of ``ANNOUNCED_KINDS``, None: not said),
+    never below ``ANNOUNCED_FLOOR`` of the configured limit. None: it lowers nothing."""
+    lower: dict[str, int] | None = None
+    for index, limit, floor, name in rules:
+        value = said[index]
+        if value is not None and value < limit:
+            amount = max(int(value), floor)
+            if amount < limit:
+                if lower is None:
+                    lower = {}
+                lower[name] = amount
     return lower
+
+
+_NOTHING_SAID = (None, None, None, None)
 
 
 class Announced:
@@ -73,6 +110,7 @@ class Announced:
         self.headroom = headroom
         self.clock = clock
         self._lowered: dict[str, tuple[DeploymentLimits, float]] = {}
+        self._rules: dict[str, tuple[MinuteRule, ...]] = {}  # by deployment, built once
 
     def limits(self, deployment: DeploymentRoute) -> DeploymentLimits:
         """The deployment's limits: configured, or paced as its upstream announces."""
@@ -86,14 +124,24 @@ class Announced:
         return deployment.limits
 
     def announce(
-        self, deployment: DeploymentRoute, requests: float | None, tokens: float | None
+        self,
+        deployment: DeploymentRoute,
+        requests: float | None,
+        tokens: float | None,
+        input_tokens: float | None = None,
+        output_tokens: float | None = None,
     ) -> dict[str, int]:
-        """The upstream says its per-minute limits are ``requests`` and ``tokens`` (None:
-        not said): a configured limit above it paces at it (``announced_lower``) for
-        ``ANNOUNCED_FOR``. Returns what changed (nothing when it says it again)."""
-        lower = announced_lower(deployment.config, requests, tokens)
-        if not lower:
-            if requests is not None or tokens is not None:  # what it says now is no lower
+        """The upstream says its per-minute limits are these, per kind (None: not said;
+        Anthropic says input and output tokens apart): a configured per-minute window of
+        that kind above it paces at it (``announced_lower``) for ``ANNOUNCED_FOR``.
+        Returns what changed (nothing when it says it again)."""
+        said = (requests, tokens, input_tokens, output_tokens)
+        rules = self._rules.get(deployment.id)
+        if rules is None:
+            rules = self._rules[deployment.id] = minute_rules(deployment.config)
+        lower = announced_lower(rules, said)
+        if lower is None:
+            if said != _NOTHING_SAID:  # what it says now is no lower
                 self._lowered.pop(deployment.id, None)
             return {}
         until = self.clock() + ANNOUNCED_FOR

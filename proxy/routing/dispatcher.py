@@ -27,6 +27,7 @@ from functools import partial
 
 import httpx
 
+from proxy.budgets import COST_HEADER, format_usd
 from proxy.call import Call, ClientLeft, Reply
 from proxy.catalog import Catalog, DeploymentRoute, GroupRoute
 from proxy.config import Settings
@@ -40,6 +41,7 @@ from proxy.errors import (
     UpstreamError,
 )
 from proxy.limiter.base import NEUTRAL, SUCCESS, Activity, GroupAsk, Limiter, Outcome
+from proxy.pricing import FREE, usd
 from proxy.routing.activity import Tally
 from proxy.routing.events import Attempt, Events
 from proxy.routing.lines import Line, Lines, Ticket, turn_spacing
@@ -552,6 +554,9 @@ class Dispatcher:
             raise Retryable(answer.error, learning)
         if reply.stream is not None:
             return Served(reply)
+        price = turn.deployment.price
+        if price != FREE and answer.usage is not None:  # its cost is known: said on it
+            reply.headers[COST_HEADER] = format_usd(usd(price, answer.usage))
         return Served(reply, partial(self._buffered_ended, call, turn, attempt, answer))
 
     def _buffered_ended(self, call: Call, turn: Turn, attempt: Attempt, answer: Answer) -> None:
@@ -641,7 +646,11 @@ class Dispatcher:
         if budget.empty:
             return
         lowered = self.catalog.announced.announce(
-            deployment, budget.limit_requests, budget.limit_tokens
+            deployment,
+            budget.limit_requests,
+            budget.limit_tokens,
+            budget.limit_input_tokens,
+            budget.limit_output_tokens,
         )
         if lowered:
             self.events.limits_announced(deployment.id, lowered)

@@ -12,7 +12,8 @@
     3xx, 4xx not JSON     failure "misconfigured" (no LLM API answers there: a base_url
       (or a framework's   missing its /v1); but 400, 409, 413, 414, 415, 422 are about the
       404 {"detail"})     client's request: its own status, wrapped in the contract's shape
-    5xx                   failure "server_error": counts toward allowed_fails
+    5xx                   failure "server_error": counts toward allowed_fails (Anthropic's
+                          529 overloaded_error too, cooled as a 503 is)
     timeout, connection,  failure of that name: counts toward allowed_fails
     protocol
 
@@ -78,7 +79,7 @@ def classify_status(
     if status == 429:
         wait = retry_after(headers, now)
         if wait is None:
-            resets = [r for r in (budget.reset_requests, budget.reset_tokens) if r]
+            resets = [r for r in budget.resets if r]
             wait = max(resets) if resets else None
         wait = bounded_hold(wait, max_hold)
         return Outcome(kind="failure", reason="rate_limited", cool_for=wait, rate_limited=True)
@@ -101,6 +102,10 @@ def status_error(status: int, deployment: str) -> UpstreamError:
         return ServiceUnavailable(
             f"The upstream deployment '{deployment}' is rate limited.",
             code="upstream_rate_limited",
+        )
+    if status == 529:  # Anthropic's "overloaded": no capacity there now, retry later
+        return ServiceUnavailable(
+            f"The upstream deployment '{deployment}' is overloaded.", code="upstream_overloaded"
         )
     if status in (401, 403):
         return UpstreamUnavailable(

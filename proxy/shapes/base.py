@@ -11,11 +11,14 @@ paths to shapes; a provider (``proxy/providers/``) says where each shape is serv
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from proxy.costs import Cost, TokenUsage
 from proxy.errors import ProxyError
 from proxy.values import value
+
+if TYPE_CHECKING:
+    from proxy.limiter.base import KeyVerdict
 
 __all__ = ["AS_SENT", "ClientCredential", "Prepared", "Shape", "StreamUsage", "api_label"]
 
@@ -31,8 +34,9 @@ class ClientCredential(Protocol):
     """How a client presents its key to the proxy (the header and its scheme)."""
 
     @property
-    def header(self) -> str:
-        """The header's name, lower case: ``authorization``."""
+    def headers(self) -> tuple[str, ...]:
+        """The headers it may come in, lower case, the first present one counting:
+        ``("authorization",)``."""
         ...
 
     @property
@@ -40,8 +44,8 @@ class ClientCredential(Protocol):
         """What a request without it is told."""
         ...
 
-    def secret(self, value: str | None) -> str | None:
-        """The key in the header's ``value``; None: none presented."""
+    def secret(self, header: str, value: str | None) -> str | None:
+        """The key in the value of ``header`` (one of ``headers``); None: none presented."""
         ...
 
 
@@ -126,4 +130,8 @@ class Shape(Protocol):
 
     def stream_error(self, message: str) -> bytes:
         """The event that ends a stream broken off upstream, in this API's shape."""
+        ...
+
+    def key_headers(self, verdict: KeyVerdict, now: float) -> dict[str, str]:
+        """The client key's limits as this API's rate-limit headers (``now``: epoch)."""
         ...

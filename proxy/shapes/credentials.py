@@ -1,14 +1,14 @@
 """How clients present their key to the proxy (pure): one class per scheme.
 
-Today ``Authorization: Bearer KEY`` (OpenAI's APIs, and the proxy's own routes); a shape
-whose clients send their key otherwise (Anthropic's ``x-api-key``) adds its class here.
+``Authorization: Bearer KEY`` (OpenAI's APIs, and the proxy's own routes), and
+Anthropic's ``x-api-key: KEY`` or the bearer form (current Anthropic SDKs send either).
 """
 
 from __future__ import annotations
 
 from proxy.values import value
 
-__all__ = ["BEARER", "Bearer", "bearer_secret"]
+__all__ = ["ANTHROPIC_KEY", "BEARER", "AnthropicKey", "Bearer", "bearer_secret"]
 
 
 def bearer_secret(authorization: str | None) -> str | None:
@@ -25,10 +25,28 @@ def bearer_secret(authorization: str | None) -> str | None:
 
 @value
 class Bearer:
-    header: str = "authorization"
+    headers: tuple[str, ...] = ("authorization",)
     missing: str = "Missing API key: send 'Authorization: Bearer YOUR_KEY'."
 
-    secret = staticmethod(bearer_secret)  # the function itself: a call less per request
+    def secret(self, header: str, value: str | None) -> str | None:
+        return bearer_secret(value)
 
 
 BEARER = Bearer()
+
+
+@value
+class AnthropicKey:
+    """``x-api-key: KEY`` first (Anthropic's own header), else ``Authorization: Bearer``."""
+
+    headers: tuple[str, ...] = ("x-api-key", "authorization")
+    missing: str = "Missing API key: send 'x-api-key: YOUR_KEY'."
+
+    def secret(self, header: str, value: str | None) -> str | None:
+        if header != "x-api-key":
+            return bearer_secret(value)
+        secret = (value or "").strip()
+        return secret or None
+
+
+ANTHROPIC_KEY = AnthropicKey()

@@ -8,21 +8,25 @@ Chat completions, completions and embeddings are each a module of their own
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from proxy.costs import Cost, TokenUsage, estimate_cost
+from proxy.costs import Cost, TokenUsage, count, estimate_cost
 from proxy.errors import error_body
+from proxy.ratelimit_headers import format_reset
 from proxy.shapes import openai_fields
 from proxy.shapes.base import AS_SENT, ClientCredential, Prepared, StreamUsage
 from proxy.shapes.credentials import BEARER
 from proxy.shapes.tokens import completion_tokens, prompt_tokens
 
+if TYPE_CHECKING:
+    from proxy.limiter.base import KeyVerdict, Kind
+
 __all__ = [
     "OpenAIShape",
     "OpenAIStreamUsage",
-    "count",
+    "key_headers",
     "stream_error",
     "stream_usage_request",
     "token_usage",
@@ -102,6 +106,20 @@ def stream_error(message: str) -> bytes:
     return b"data: " + payload + b"\n\n"
 
 
+def key_headers(verdict: KeyVerdict, now: float) -> dict[str, str]:
+    """OpenAI's x-ratelimit-* headers; of several windows of a kind, the one with the
+    least left."""
+    headers: dict[str, str] = {}
+    kinds: tuple[Kind, ...] = ("requests", "tokens")
+    for kind in kinds:
+        usage = verdict.tightest(kind)
+        if usage is not None:
+            headers[f"x-ratelimit-limit-{kind}"] = str(int(usage.limit))
+            headers[f"x-ratelimit-remaining-{kind}"] = str(max(int(usage.remaining), 0))
+            headers[f"x-ratelimit-reset-{kind}"] = format_reset(usage.reset)
+    return headers
+
+
 class OpenAIShape:
     """An OpenAI API shape: its fields checked as ``openai_fields`` does, its prompt
     estimated from ``messages``, ``prompt`` or ``input`` and its output up to its cap,
@@ -128,9 +146,5 @@ class OpenAIShape:
     error_body = staticmethod(error_body)
     stream_error = staticmethod(stream_error)
 
-
-def count(value: object) -> int | None:
-    """A count: an int, not negative (anything else is not a count an upstream means)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return None
+    def key_headers(self, verdict: KeyVerdict, now: float) -> dict[str, str]:
+        return key_headers(verdict, now)

@@ -11,35 +11,45 @@ from typing import Any
 
 from proxy.errors import InvalidRequest
 
-__all__ = ["check"]
+__all__ = ["check", "check_messages", "check_stream", "invalid"]
 
 _COUNTS = ("max_tokens", "max_completion_tokens", "n")
 
 
 def check(body: dict[str, Any]) -> None:
     """Raise InvalidRequest (with ``param``) for a field of the wrong shape."""
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        _invalid("stream", "a boolean")
+    check_stream(body)
     options = body.get("stream_options")
     if options is not None:
         if not isinstance(options, dict):
-            _invalid("stream_options", "an object")
+            invalid("stream_options", "an object")
         include_usage = options.get("include_usage")
         if include_usage is not None and not isinstance(include_usage, bool):
-            _invalid("stream_options.include_usage", "a boolean")
+            invalid("stream_options.include_usage", "a boolean")
     for name in _COUNTS:
         value = body.get(name)
         if value is not None and (type(value) is not int or value < (1 if name == "n" else 0)):
-            _invalid(name, "a positive integer" if name == "n" else "a non-negative integer")
+            invalid(name, "a positive integer" if name == "n" else "a non-negative integer")
+    check_messages(body)
+
+
+def check_stream(body: dict[str, Any]) -> None:
+    """``stream``: a boolean, if given (the Messages API's too)."""
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        invalid("stream", "a boolean")
+
+
+def check_messages(body: dict[str, Any]) -> None:
+    """``messages``: an array of objects, if given (the Messages API's too)."""
     messages = body.get("messages")
     if messages is not None:
         if not isinstance(messages, list):
-            _invalid("messages", "an array of message objects")
+            invalid("messages", "an array of message objects")
         for i, message in enumerate(messages):
             if not isinstance(message, dict):
-                _invalid(f"messages[{i}]", "an object")
+                invalid(f"messages[{i}]", "an object")
 
 
-def _invalid(param: str, shape: str) -> None:
+def invalid(param: str, shape: str) -> None:
     raise InvalidRequest(f"'{param}' must be {shape}.", code="invalid_type", param=param)

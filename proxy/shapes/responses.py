@@ -17,10 +17,10 @@ from typing import Any
 
 import orjson
 
-from proxy.costs import Cost, TokenUsage, estimate_cost
+from proxy.costs import Cost, TokenUsage, count, estimate_cost
 from proxy.errors import InvalidRequest
 from proxy.shapes.base import AS_SENT, Prepared, StreamUsage
-from proxy.shapes.openai import OpenAIShape, count, token_usage
+from proxy.shapes.openai import OpenAIShape, token_usage
 from proxy.shapes.tokens import text_tokens
 
 __all__ = [

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 _CHARS_PER_TOKEN = 4
 _PER_MESSAGE = 4  # role and framing tokens per chat message
 _PER_REQUEST = 3
@@ -50,6 +52,51 @@ def prompt_tokens(body: dict[str, Any]) -> int:
     if "prompt" in body:
         return text_tokens(body["prompt"])
     return text_tokens(body.get("input"))
+
+
+def messages_input_tokens(body: dict[str, Any]) -> int:
+    """Estimated input tokens of an Anthropic Messages request: its ``messages`` as chat
+    messages and its ``system`` prompt as one more, their blocks as ``_block_tokens``
+    reads them, and its ``tools`` by their JSON's size (a tool's schema is read by the
+    model too)."""
+    total = _PER_REQUEST
+    messages = body.get("messages")
+    for message in messages if isinstance(messages, list) else ():
+        if isinstance(message, dict):
+            total += _PER_MESSAGE + _block_tokens(message.get("content"))
+    system = body.get("system")
+    if system is not None:
+        total += _PER_MESSAGE + _block_tokens(system)
+    return total + _json_tokens(body.get("tools"))
+
+
+def _block_tokens(content: Any) -> int:
+    """Anthropic content: a string, or blocks: text; a tool result's ``content`` (an
+    agent's largest input: files, command output); a tool call's ``input`` by its JSON's
+    size; any other block (an image, a document) a flat amount."""
+    total = 0
+    stack = [content]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict) and "text" not in item and "content" in item:
+            stack.append(item["content"])
+        elif isinstance(item, dict) and "text" not in item and "input" in item:
+            total += _json_tokens(item["input"])
+        else:
+            total += text_tokens(item)
+    return total
+
+
+def _json_tokens(value: Any) -> int:
+    """Tokens of a JSON value by its serialized size (0 for none)."""
+    if value is None or value == [] or value == {}:
+        return 0
+    try:
+        return len(orjson.dumps(value)) // _CHARS_PER_TOKEN + 1
+    except orjson.JSONEncodeError:  # nested deeper than orjson dumps: still some
+        return text_tokens(value)
 
 
 def completion_tokens(body: dict[str, Any], default: int) -> int:

@@ -84,7 +84,7 @@ def build_request(
             payload = _spliced(raw, changed)
     egress = deployment.extensions[EGRESS]
     assert isinstance(egress, Egress)
-    headers = request_headers(client_headers, egress.credential, egress.headers)
+    headers = request_headers(client_headers, egress.credential, egress.headers, egress.defaults)
     headers["content-length"] = str(len(payload))
     url, target = deployment.target(shape.name)
     if path:  # a stored object's route below the shape's URL (a response's id...)

@@ -57,12 +57,15 @@ def request_headers(
     client_headers: Iterable[tuple[str, str]],
     credential: tuple[str, str] | None,
     extra: Iterable[tuple[str, str]] = (),
+    defaults: Iterable[tuple[str, str]] = (),
 ) -> dict[str, str]:
     """Headers for the upstream request: the client's, minus the dropped ones and those
     its ``Connection`` header names (hop-by-hop too, RFC 9110 7.6.1: ``HTTP2-Settings``
     of an h2c upgrade); then the deployment's own ``extra`` ones (config: never the
     credential or framing); then its ``credential`` (``("authorization", "Bearer
-    sk-...")`` or Azure's ``("api-key", ...)``; None: no key)."""
+    sk-...")``, Azure's ``("api-key", ...)``, Anthropic's ``("x-api-key", ...)``; None:
+    no key). ``defaults``: the provider's headers for a client that sent none of that
+    name (Anthropic's ``anthropic-version``)."""
     drop = _DROP_REQUEST
     for name, value in client_headers:
         if name.lower() == "connection":  # usually "keep-alive", dropped anyway
@@ -70,6 +73,9 @@ def request_headers(
             if named:
                 drop = drop | named
     headers = {name: value for name, value in client_headers if name.lower() not in drop}
+    for name, value in defaults:
+        if not any(sent.lower() == name for sent in headers):
+            headers[name] = value
     for name, value in extra:
         headers[name.lower()] = value
     headers["accept-encoding"] = "identity"

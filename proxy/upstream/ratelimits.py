@@ -4,8 +4,9 @@ Reads OpenAI's ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` (resets
 durations such as ``6m0s``), Azure OpenAI's part of them (only ``x-ratelimit-remaining-*``
 on its answers, ``-1`` for "unknown" on some APIs; on a 429, ``retry-after-ms`` and
 ``retry-after``, or instead a ``x-rate-limit-reset-tokens`` of seconds), Anthropic's
-``anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}`` (resets as RFC 3339
-times), and ``retry-after-ms`` / ``retry-after`` (seconds or an HTTP date).
+``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}``
+(resets as RFC 3339 times), and ``retry-after-ms`` / ``retry-after`` (seconds or an HTTP
+date).
 
 Every number is read strictly and finite (``ratelimit_headers.parse_number``); anything
 else is as if not sent. How long a time may hold a deployment is bounded where it is
@@ -14,9 +15,10 @@ used (``health.bounded_hold``, ``server.max_upstream_hold``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import datetime
 from email.utils import parsedate_to_datetime
 
 from proxy.limiter.base import Remaining
@@ -28,7 +30,19 @@ from proxy.values import value
 # then cost no extra storage call.
 SYNC_BELOW = 0.1
 
-__all__ = ["SYNC_BELOW", "UpstreamBudget", "parse_budget", "remaining_report", "retry_after"]
+__all__ = [
+    "SYNC_BELOW",
+    "UpstreamBudget",
+    "anthropic_budget",
+    "parse_budget",
+    "remaining_report",
+    "retry_after",
+]
+
+# RFC 3339 as Anthropic writes its resets: a date, a time, a zone (Z or an offset).
+_RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})"
+)
 
 
 @value
@@ -39,10 +53,33 @@ class UpstreamBudget:
     limit_tokens: float | None = None
     remaining_tokens: float | None = None
     reset_tokens: float | None = None
+    # Anthropic's separate input and output token limits.
+    limit_input_tokens: float | None = None
+    remaining_input_tokens: float | None = None
+    reset_input_tokens: float | None = None
+    limit_output_tokens: float | None = None
+    remaining_output_tokens: float | None = None
+    reset_output_tokens: float | None = None
 
     @property
     def empty(self) -> bool:
-        return self.remaining_requests is None and self.remaining_tokens is None
+        return (
+            self.remaining_requests is None
+            and self.remaining_tokens is None
+            and self.remaining_input_tokens is None
+            and self.remaining_output_tokens is None
+        )
+
+    @property
+    def resets(self) -> list[float]:
+        """Every reset it announced, in seconds from now."""
+        found = (
+            self.reset_requests,
+            self.reset_tokens,
+            self.reset_input_tokens,
+            self.reset_output_tokens,
+        )
+        return [r for r in found if r is not None]
 
     def assuming(self, requests: float | None, tokens: float | None) -> UpstreamBudget:
         """With the per-minute limits ``requests`` and ``tokens`` (the configured ones)
@@ -62,18 +99,15 @@ def _count(value: str | None) -> float | None:
 
 
 def _until(value: str | None, now: float) -> float | None:
-    """Seconds until an RFC 3339 time (Anthropic) or a Go duration (OpenAI)."""
-    if value is None:
+    """Seconds from ``now`` until an RFC 3339 time (Anthropic's resets), not negative;
+    None for anything else (``fromisoformat`` alone takes far more forms)."""
+    if value is None or not _RFC3339.fullmatch(value.strip()):
         return None
-    seconds = parse_reset(value)
-    if seconds is not None:
-        return seconds
+    text = value.strip().upper().replace("Z", "+00:00")
     try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
+        moment = datetime.fromisoformat(text)
+    except ValueError:  # a month 13, a second 61
         return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
     return max(moment.timestamp() - now, 0.0)
 
 
@@ -95,17 +129,25 @@ def parse_budget(headers: Mapping[str, str], now: float) -> UpstreamBudget:
             remaining_tokens=_count(get("x-ratelimit-remaining-tokens")),
             reset_tokens=parse_reset(reset_tokens),
         )
-    prefix = "anthropic-ratelimit-"
-    if get(prefix + "requests-remaining") is not None or get(prefix + "tokens-remaining"):
-        return UpstreamBudget(
-            limit_requests=_count(get(prefix + "requests-limit")),
-            remaining_requests=_count(get(prefix + "requests-remaining")),
-            reset_requests=_until(get(prefix + "requests-reset"), now),
-            limit_tokens=_count(get(prefix + "tokens-limit")),
-            remaining_tokens=_count(get(prefix + "tokens-remaining")),
-            reset_tokens=_until(get(prefix + "tokens-reset"), now),
+    return anthropic_budget(headers, now)
+
+
+def anthropic_budget(headers: Mapping[str, str], now: float) -> UpstreamBudget:
+    """Anthropic's ``anthropic-ratelimit-*`` headers: requests, input and output tokens
+    apart, and ``tokens`` (the most restrictive of those two now)."""
+    get = headers.get
+
+    def kind(name: str) -> tuple[float | None, float | None, float | None]:
+        prefix = f"anthropic-ratelimit-{name}"
+        return (
+            _count(get(f"{prefix}-limit")),
+            _count(get(f"{prefix}-remaining")),
+            _until(get(f"{prefix}-reset"), now),
         )
-    return UpstreamBudget()
+
+    return UpstreamBudget(
+        *kind("requests"), *kind("tokens"), *kind("input-tokens"), *kind("output-tokens")
+    )
 
 
 def retry_after(headers: Mapping[str, str], now: float) -> float | None:
@@ -133,6 +175,8 @@ def remaining_report(budget: UpstreamBudget, max_hold: float) -> Remaining | Non
     if not (
         _low(budget.remaining_requests, budget.limit_requests)
         or _low(budget.remaining_tokens, budget.limit_tokens)
+        or _low(budget.remaining_input_tokens, budget.limit_input_tokens)
+        or _low(budget.remaining_output_tokens, budget.limit_output_tokens)
     ):
         return None
     return Remaining(
@@ -142,6 +186,8 @@ def remaining_report(budget: UpstreamBudget, max_hold: float) -> Remaining | Non
             max_hold,
         ),
         tokens=budget.remaining_tokens,
+        input_tokens=budget.remaining_input_tokens,
+        output_tokens=budget.remaining_output_tokens,
     )
 
 

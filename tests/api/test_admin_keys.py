@@ -2,8 +2,8 @@
 real fake upstream, with the OpenAI SDK as the client: a created key answers at once, with
 its limits, allow-list and priority; revoked, 401; rotated, the old secret works for its
 grace only; expired, 401; config keys are listed and cannot be changed; an API key in a
-team shares its windows with the team's config keys; ``budgets`` are refused by name;
-every operation is a log line and a metric, never the secret."""
+team shares its windows with the team's config keys; ``budgets`` apply at once; every
+operation is a log line and a metric, never the secret."""
 
 from __future__ import annotations
 
@@ -161,6 +161,7 @@ def test_a_config_keys_entry_shows_every_field_it_sets(upstream: FakeUpstreamHan
     """As an API key's entry does: its limits, allow-list, fair share, wait and shadow."""
     key = {"name": "full", "key": "sk-full-config", "rpm": 5, "tpd": 900, "max_parallel": 2}
     key |= {"models": ["gpt-4o"], "priority": 2, "weight": 3, "max_wait": "2s", "shadow": True}
+    key |= {"budgets": [{"usd": 5, "period": "week"}]}
     settings = settings_from(config(upstream.base_url, keys=[key]))
     with ProxyInThread(settings) as running, admin(running) as api:
         [entry] = api.get("/keys").json()["keys"]
@@ -175,6 +176,7 @@ def test_a_config_keys_entry_shows_every_field_it_sets(upstream: FakeUpstreamHan
         "weight": 3,
         "max_wait": 2.0,
         "shadow": True,
+        "budgets": [{"usd": 5.0, "period": "week"}],
     }
 
 
@@ -186,7 +188,7 @@ def test_a_config_keys_entry_shows_every_field_it_sets(upstream: FakeUpstreamHan
             {"name": "t", "limits": [{"requests": 1, "per": "1m", "models": ["gpt-5"]}]},
             "limits.0.models",
         ),
-        ({"name": "t", "budgets": [{"usd": 5, "period": "month"}]}, "budgets"),
+        ({"name": "t", "budgets": [{"usd": 5, "period": "year"}]}, "budgets.0.period"),
         ({"name": "t", "key": "sk-mine"}, "key"),
         ({"name": "t", "rpm": "many"}, "rpm"),
         ({"name": "t", "models": ["no-such-model"]}, "models"),

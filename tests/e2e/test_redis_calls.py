@@ -27,7 +27,8 @@ KEY = "sk-calls"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 STOP = "test-monitor-stop"
 # Run on timers, not per request: replica heartbeats and the state observer's reads.
-PERIODIC = ("heartbeat", "snapshot", "key_store_changes")  # the last: the admin API keys' poll
+# key_store_changes: the admin API keys' poll; record_spend: the spend report, once a second.
+PERIODIC = ("heartbeat", "snapshot", "key_store_changes", "record_spend")
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from support.redis_server import RedisServer, redis_available
 from support.waiting import wait_until
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
+from proxy.limiter import periods
 from proxy.limiter.health import FORGET_AFTER
 from proxy.limiter.redis import KEY_PREFIX
 
@@ -24,6 +26,7 @@ pytestmark = pytest.mark.skipif(not redis_available(), reason="redis-server is n
 
 KEY = "sk-keys"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+DAY = 86_400.0
 SLACK = 10.0  # seconds a bucket key outlives its refill (bucket.lua's EXPIRE_SLACK_MS)
 # Each bucket window by name: its period in seconds.
 PERIODS = {"rpm": 60.0, "tpm": 60.0, "rpd": 86_400.0, "tokens_1h": 3600.0}
@@ -51,6 +54,7 @@ def _config(url: str, upstream: FakeUpstreamHandle) -> dict[str, object]:
                 "rpd": 10_000,
                 "limits": [{"tokens": 1_000_000, "per": "1h"}],
                 "max_parallel": 8,
+                "budgets": [{"requests": 1_000_000, "period": "month"}],
             }
         ],
         "models": [
@@ -102,7 +106,26 @@ def test_an_allkeys_lru_redis_is_a_warning_and_a_metric_and_every_key_has_a_ttl(
     assert {k.rpartition(":")[2] for k in buckets} == set(PERIODS)
     for key, ttl in buckets.items():
         assert ttl <= PERIODS[key.rpartition(":")[2]] + SLACK, (key, ttl)
-    assert {k: t for k, t in ttls.items() if t > LONGEST} == {}
+    # A budget lives until its period ends, and a day; the spend report's totals until
+    # the next period ends, and a day (ledger.py).
+    now = time.time()
+    long_lived = {k: t for k, t in ttls.items() if t > LONGEST}
+    for key, ttl in long_lived.items():
+        assert ttl <= _kept_until(key, now) - now + 1.0, (key, ttl)
+    assert any(k.endswith(":budget_requests_month") for k in long_lived)
+    assert any(k.startswith(f"{{{KEY_PREFIX}:spend}}:month:") for k in long_lived)
+
+
+def _kept_until(key: str, now: float) -> float:
+    """When a budget's or a spend total's key may expire at the latest (the longest
+    lived keys: no other is kept beyond ``LONGEST``)."""
+    if key.endswith(":budget_requests_month"):
+        return periods.start("month", periods.index("month", now) + 1) + DAY
+    spend = f"{{{KEY_PREFIX}:spend}}:"
+    assert key.startswith(spend), key
+    period, index = key.removeprefix(spend).split(":")
+    assert period in periods.PERIODS, key
+    return periods.start(period, int(index) + 2) + DAY  # type: ignore[arg-type]
 
 
 def test_a_noeviction_redis_reports_the_gauge_0(

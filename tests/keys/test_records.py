@@ -30,7 +30,11 @@ def test_an_entry_is_checked_as_a_config_key() -> None:
     ("body", "param"),
     [
         ({"name": "svc", "team": "x"}, "team"),
-        ({"name": "svc", "budgets": []}, "budgets"),
+        ({"name": "svc", "budgets": [{"usd": 5}]}, "budgets.0.period"),
+        (
+            {"name": "svc", "budgets": [{"usd": 5, "period": "day", "models": ["x"]}]},
+            "budgets.0.models",
+        ),
         ({"name": "svc", "key_sha256": "0" * 64}, "key_sha256"),
         ({"name": "svc", "weight": 0}, "weight"),
         ({"name": "svc", "rpm": 5, "limits": [{"requests": 9, "per": "1m"}]}, None),

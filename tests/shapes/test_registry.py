@@ -12,6 +12,8 @@ def test_each_client_path_leads_to_one_shape() -> None:
         "/v1/chat/completions": "chat/completions",
         "/v1/completions": "completions",
         "/v1/embeddings": "embeddings",
+        "/v1/messages": "messages",
+        "/v1/messages/count_tokens": "messages/count_tokens",
         "/v1/responses": "responses",
     }
     assert len(shapes.BY_NAME) == len(shapes.SHAPES)  # one name each: a metric label

@@ -69,10 +69,12 @@ async def drive(
     api_key: str | None = None,
     body: dict[str, Any] | None = None,
     timeout: float = 30.0,
+    path: str = "/chat/completions",
 ) -> LoadResult:
-    """POST chat completions at ``rate`` per second for ``duration`` seconds."""
+    """POST chat completions (or ``body`` to ``path`` under each URL: ``/messages``) at
+    ``rate`` per second for ``duration`` seconds."""
     with _collector_paused():
-        return await _drive(urls, rate, duration, api_key, body, timeout)
+        return await _drive(urls, rate, duration, api_key, body, timeout, path)
 
 
 @contextlib.contextmanager
@@ -94,6 +96,7 @@ async def _drive(
     api_key: str | None,
     body: dict[str, Any] | None,
     timeout: float,
+    path: str,
 ) -> LoadResult:
     result = LoadResult()
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
@@ -101,7 +104,7 @@ async def _drive(
     async with httpx.AsyncClient(timeout=timeout, limits=_LIMITS) as client:
 
         async def one(url: str) -> None:
-            result.outcomes.append(await _post(client, url, headers, body, start))
+            result.outcomes.append(await _post(client, url + path, headers, body, start))
 
         tasks: list[asyncio.Task[None]] = []
         interval = 1.0 / rate
@@ -136,7 +139,9 @@ async def closed_loop(
 
             async def client_loop(url: str) -> None:
                 while time.monotonic() - start < duration:
-                    result.outcomes.append(await _post(client, url, headers, body, start))
+                    result.outcomes.append(
+                        await _post(client, f"{url}/chat/completions", headers, body, start)
+                    )
                     result.sent += 1
 
             await asyncio.gather(*(client_loop(urls[i % len(urls)]) for i in range(connections)))
@@ -152,14 +157,15 @@ async def _post(
 ) -> Outcome:
     sent_at = time.monotonic() - start
     try:
-        response = await client.post(f"{url}/chat/completions", json=body or CHAT, headers=headers)
+        response = await client.post(url, json=body or CHAT, headers=headers)
     except httpx.HTTPError as exc:  # its class is the code: a failure says what
         return Outcome(0, type(exc).__name__, sent_at=sent_at, done_at=sent_at)
     code = None
     if response.status_code != 200:
         try:
-            code = response.json()["error"]["code"]
-        except (ValueError, KeyError, TypeError):
+            error = response.json()["error"]
+            code = error.get("code") or error["type"]  # Anthropic's errors: their type
+        except (ValueError, KeyError, TypeError, AttributeError):
             code = "unparseable"
     done_at = time.monotonic() - start
     retry_after = response.headers.get("retry-after")

@@ -44,6 +44,62 @@ def test_anthropic_headers_with_rfc3339_resets() -> None:
     assert budget.reset_requests is not None and budget.reset_requests > 0
 
 
+def test_anthropics_input_and_output_token_limits_are_read_apart() -> None:
+    budget = parse_budget(
+        {
+            "anthropic-ratelimit-input-tokens-limit": "40000",
+            "anthropic-ratelimit-input-tokens-remaining": "1200",
+            "anthropic-ratelimit-input-tokens-reset": "2027-01-15T08:00:30Z",
+            "anthropic-ratelimit-output-tokens-limit": "8000",
+            "anthropic-ratelimit-output-tokens-remaining": "8000",
+            "anthropic-ratelimit-output-tokens-reset": "2027-01-15T08:00:00+00:00",
+        },
+        NOW,
+    )
+    assert budget.limit_input_tokens == 40_000 and budget.remaining_input_tokens == 1200
+    assert budget.limit_output_tokens == 8000 and budget.remaining_output_tokens == 8000
+    assert budget.reset_input_tokens is not None and budget.reset_output_tokens is not None
+    assert not budget.empty and len(budget.resets) == 2
+
+
+def test_anthropics_input_tokens_running_low_floor_the_input_token_windows() -> None:
+    from proxy.limiter.base import MINUTE, DeploymentLimits, Rate, Window
+    from proxy.limiter.verdicts import floors
+
+    budget = parse_budget(
+        {
+            "anthropic-ratelimit-input-tokens-limit": "40000",
+            "anthropic-ratelimit-input-tokens-remaining": "1200",  # 3%: low
+            "anthropic-ratelimit-output-tokens-limit": "8000",
+            "anthropic-ratelimit-output-tokens-remaining": "8000",
+        },
+        NOW,
+    )
+    report = remaining_report(budget, MAX_HOLD)
+    assert report is not None and report.input_tokens == 1200 and report.output_tokens == 8000
+    windows = tuple(
+        Window(name, kind, Rate(40_000, MINUTE, 1.0))
+        for name, kind in (("itpm", "input_tokens"), ("otpm", "output_tokens"), ("rpm", "requests"))
+    )
+    lowered = floors(DeploymentLimits("d", windows), report, MAX_HOLD)
+    assert [(f.window.name, f.available) for f in lowered] == [("itpm", 1200), ("otpm", 8000)]
+    assert report.shared(2).input_tokens == 600
+
+
+@pytest.mark.parametrize(
+    "reset", ["30s", "1e3", "2027-01-15", "2027-01-15T08:00:30", "2027-13-15T08:00:30Z", "soon"]
+)
+def test_an_anthropic_reset_is_an_rfc3339_time_or_unknown(reset: str) -> None:
+    budget = parse_budget(
+        {
+            "anthropic-ratelimit-requests-remaining": "0",
+            "anthropic-ratelimit-requests-reset": reset,
+        },
+        NOW,
+    )
+    assert budget.remaining_requests == 0 and budget.reset_requests is None
+
+
 def test_no_headers_is_empty() -> None:
     assert parse_budget({"content-type": "application/json"}, NOW).empty
 

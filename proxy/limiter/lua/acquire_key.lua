@@ -1,26 +1,41 @@
--- A client key's windows and its team's (requests cost 1, tokens cost the estimate) and
--- both owners' max_parallel, all or nothing.
+-- A client key's windows and its team's (requests cost 1, tokens cost the estimate), both
+-- owners' budgets and max_parallel, all or nothing.
 -- KEYS: the key's leases, its team's leases (the key's again without a team), then one
---       bucket per window, the key's then its team's (a key in a team lives under the
---       team's hash tag: one slot)
+--       bucket per window, the key's then its team's, then one quota per budget, the
+--       key's then its team's (a key in a team lives under the team's hash tag: one slot)
 -- ARGV: now ('' = server time), the key's max_parallel ('' = none), lease id, lease ttl,
---       the team's max_parallel ('' = none), then per window: interval, capacity
---       (Rate.capacity_for the cost), cost
+--       the team's max_parallel ('' = none), number of budgets, then per window:
+--       interval, capacity (Rate.capacity_for the cost), cost; then per budget: period
+--       (day | week | month), limit, cost
 -- Reply: outcome, binding, wait, retry_after, slots_full ('' | 'key' | 'team'), now,
---        then debt and time of each window after the decision.
+--        then debt and time of each window after the decision, then the budget that
+--        refused (-1: none), its retry_after, then period index and spent of each budget
+--        after the decision.
 local now = clock(ARGV[1])
+local nq = tonumber(ARGV[6])
+local nb = #KEYS - 2 - nq
 local buckets = {}
-for i = 3, #KEYS do
-  local a = 3 * i - 3
+for i = 3, nb + 2 do
+  local a = 3 * i - 2
   table.insert(buckets, bucket(KEYS[i], tonumber(ARGV[a]), tonumber(ARGV[a + 1]),
     tonumber(ARGV[a + 2]), now))
 end
+local quotas = {}
+for j = 1, nq do
+  local a = 3 * nb + 4 + 3 * j
+  table.insert(quotas, quota(KEYS[nb + 2 + j], ARGV[a], tonumber(ARGV[a + 1]),
+    tonumber(ARGV[a + 2])))
+end
+local q_refused, q_retry = quota_check(quotas, now)
 -- memory.MemoryLimiter._take_slots: the key's slot, then the team's; the key's given
--- back when the team's are full.
+-- back when the team's are full. A budget that refuses takes none.
 local full = ''
 local slots = nil
-if ARGV[2] ~= '' or ARGV[5] ~= '' then
+if ARGV[2] ~= '' or ARGV[5] ~= '' or q_refused >= 0 then
   slots = function()
+    if q_refused >= 0 then
+      return false
+    end
     local ttl = tonumber(ARGV[4])
     if ARGV[2] ~= '' and not acquire_lease(KEYS[1], ARGV[3], tonumber(ARGV[2]), now, ttl) then
       full = 'key'
@@ -36,6 +51,14 @@ if ARGV[2] ~= '' or ARGV[5] ~= '' then
     return true
   end
 end
-local outcome, w, retry, bind = check_now(buckets, now, slots)
+local outcome, w, retry, bind, refused = check_now(buckets, now, slots)
+if outcome == 'allowed' and not refused then
+  charge_quotas(quotas, now)
+else
+  unchanged_quotas(quotas)
+end
 local reply = {outcome, tostring(bind), fmt(w), fmt(retry), full, fmt(now)}
-return append_states(reply, buckets)
+append_states(reply, buckets)
+table.insert(reply, tostring(q_refused))
+table.insert(reply, fmt(q_retry))
+return append_pairs(reply, quotas, 'p', 's')

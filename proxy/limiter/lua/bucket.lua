@@ -22,13 +22,18 @@ local function clock(arg)
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
 
--- A missing key is bucket.FULL: no debt, full forever.
-local function load_state(key)
-  local v = redis.call('HMGET', key, 'd', 't')
+-- Two numbers of a hash, or the defaults when the key is missing.
+local function load_pair(key, first, second, default_first, default_second)
+  local v = redis.call('HMGET', key, first, second)
   if v[1] then
     return tonumber(v[1]), tonumber(v[2])
   end
-  return 0.0, -math.huge
+  return default_first, default_second
+end
+
+-- A missing key is bucket.FULL: no debt, full forever.
+local function load_state(key)
+  return load_pair(key, 'd', 't', 0.0, -math.huge)
 end
 
 local function store_state(key, d, t, interval)
@@ -122,10 +127,15 @@ local function acquire_lease(key, lease_id, limit, now, ttl)
   return true
 end
 
-local function append_states(reply, buckets)
-  for _, b in ipairs(buckets) do
-    table.insert(reply, fmt(b.d))
-    table.insert(reply, fmt(b.t))
+-- Two fields of each item, in order: a bucket's debt and time, a quota's period and spend.
+local function append_pairs(reply, items, first, second)
+  for _, item in ipairs(items) do
+    table.insert(reply, fmt(item[first]))
+    table.insert(reply, fmt(item[second]))
   end
   return reply
+end
+
+local function append_states(reply, buckets)
+  return append_pairs(reply, buckets, 'd', 't')
 end

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from loadtest.bench import peer
-from loadtest.bench.model import COMPARED, PEER, TARGETS
+from loadtest.bench.model import COMPARED, HEADLINE, LARGE_BURST_REDIS, PEER, TARGETS
 from loadtest.bench.servers import (
     PeerUnavailable,
     Processes,
@@ -27,8 +27,8 @@ from loadtest.bench.servers import (
 UPSTREAM = "http://127.0.0.1:41234"
 
 
-def _config() -> dict[str, object]:
-    return tomllib.loads(peer.tensorzero_config(UPSTREAM))
+def _config(rule: str = peer.DEFAULT_RULE) -> dict[str, object]:
+    return tomllib.loads(peer.tensorzero_config(UPSTREAM, rule))
 
 
 def test_its_one_model_is_an_openai_compatible_provider_at_the_fake_upstream() -> None:
@@ -52,6 +52,14 @@ def test_one_rate_limit_rule_applies_to_every_request_and_never_trips() -> None:
     assert rule["always"] is True  # no scope, no priority: every request
     assert rule["model_inferences_per_minute"] >= 1_000_000_000
     assert rule["tokens_per_minute"] >= 1_000_000_000
+    assert PEER.config == peer.DEFAULT_RULE == "requests+tokens"  # as our key: rpm and tpm
+
+
+def test_its_rule_may_limit_requests_only() -> None:
+    limiting = _config("requests")["rate_limiting"]
+    assert isinstance(limiting, dict)
+    (rule,) = limiting["rules"]
+    assert rule == {"always": True, "model_inferences_per_minute": peer.NEVER_TRIPS}
 
 
 def test_it_reports_no_usage_and_needs_no_clickhouse_or_postgres() -> None:
@@ -95,9 +103,11 @@ def test_the_peer_is_a_target_of_its_own_not_one_of_the_proxys() -> None:
     assert PEER.slug == "tensorzero" and PEER.peer and not PEER.proxy
     assert PEER not in TARGETS
     assert all(t.proxy for t in TARGETS if t.backend is not None)
-    assert COMPARED.label == "proxy, Redis, 2 workers"
-    baseline = COMPARED.at("abc1234")
-    assert (baseline.path, baseline.model) == (COMPARED.path, COMPARED.model)
+    assert COMPARED == (HEADLINE, LARGE_BURST_REDIS)  # the headline first
+    assert LARGE_BURST_REDIS.label == "proxy, Redis, 2 workers, burst 100000"
+    baseline = HEADLINE.at("abc1234")
+    assert (baseline.path, baseline.model) == (HEADLINE.path, HEADLINE.model)
+    assert baseline.slug == "redis-2w-default-baseline"
 
 
 def test_remote_addresses_are_read_from_procs_socket_tables() -> None:

@@ -1,0 +1,134 @@
+"""What a budget reserves for a request, and what it settles to (pure).
+
+A budget must never be exceeded by concurrency, so the reservation bounds the real
+cost (quota.py says why that suffices):
+
+* input: a BPE token covers at least one byte, so the request body's length in bytes
+  bounds every input token it can cost (text, tools, the JSON around them, which also
+  covers the few framing tokens per message), priced at the dearest input price the
+  request can meet (its group's deployments and fallbacks, cache prices included);
+* output: the request's own cap (``max_completion_tokens`` / ``max_tokens``) for each
+  of its ``n`` choices, as its API shape estimates it; a request with no cap is
+  forwarded *with* the cap it was reserved for (``server.default_max_tokens``, in its
+  shape's ``CAP_FIELDS``), so the bound holds.
+
+Settled, the correction is the real cost (the usage priced at the deployment that
+answered) less the reservation; an answer without usage gives it all back, a stream
+cut before its usage keeps it all (reading a stream and leaving is no way around a
+budget).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from proxy import costs
+from proxy.call import Call
+from proxy.costs import TokenUsage
+from proxy.limiter.base import KeyVerdict
+from proxy.pricing import Price, bound, usd
+from proxy.ratelimit_headers import format_reset
+from proxy.shapes.base import Shape
+from proxy.values import value
+
+COST_HEADER = "x-llm-proxy-cost-usd"
+# The field a request's output cap is sent in, per API shape (``Shape.name``). A request
+# of a shape not named here that sets no cap is reserved at the default cap but sent as
+# it is (docs/limiter.md).
+CAP_FIELDS = {
+    "chat/completions": "max_tokens",
+    "completions": "max_tokens",
+    "responses": "max_output_tokens",
+    "messages": "max_tokens",
+}
+
+
+@value
+class Reservation:
+    """What the budgets reserve (kind -> amount), and the cap the request must be sent
+    with when it set none (``cap_field``: None when it set its own, or generates
+    nothing)."""
+
+    cost: Mapping[str, float]
+    cap: int = 0
+    cap_field: str | None = None
+
+
+def reservation(
+    body: dict[str, Any], raw: bytes, shape: Shape, default_cap: int, price: Price
+) -> Reservation:
+    """An upper bound of what the request can cost, at ``price`` (the dearest it can
+    meet): its body's bytes in, its shape's output estimate (its cap, or ``default_cap``,
+    per choice) out."""
+    input_bound = float(len(raw))
+    output_bound = float(shape.estimate(body, default_cap).get(costs.OUTPUT_TOKENS, 0.0))
+    uncapped = output_bound > 0 and not shape.estimate(body, 0).get(costs.OUTPUT_TOKENS, 0.0)
+    return Reservation(
+        cost={
+            costs.REQUESTS: 1.0,
+            costs.TOKENS: input_bound + output_bound,
+            costs.INPUT_TOKENS: input_bound,
+            costs.OUTPUT_TOKENS: output_bound,
+            costs.USD: bound(price, input_bound, output_bound),
+        },
+        cap=default_cap,
+        cap_field=CAP_FIELDS.get(shape.name) if uncapped else None,
+    )
+
+
+def real_cost(usage: TokenUsage, price: Price) -> dict[str, float]:
+    """What a request that used ``usage`` on a deployment at ``price`` costs."""
+    return {costs.REQUESTS: 1.0, **costs.usage_cost(usage), costs.USD: usd(price, usage)}
+
+
+def usage_of(call: Call) -> TokenUsage | None:
+    """What the upstream reported the request used, as its shape read it (None: it did
+    not say)."""
+    return call.trip.usage
+
+
+def cost_usd(call: Call, price: Price) -> float | None:
+    """The request's dollars at ``price`` (None: no usage reported)."""
+    usage = usage_of(call)
+    return None if usage is None else usd(price, usage)
+
+
+def format_usd(amount: float) -> str:
+    """A decimal string, no exponent (``0.0001375``)."""
+    return f"{amount:.10f}".rstrip("0").rstrip(".") or "0"
+
+
+def settled_cost(call: Call, price: Price) -> dict[str, float] | None:
+    """What its budgets settle to: the real cost; a stream cut before its usage keeps
+    its reservation; None: no usage known (the reservation goes back)."""
+    usage = usage_of(call)
+    if usage is None:
+        return dict(call.reserved) if call.trip.unreported_tokens is not None else None
+    return real_cost(usage, price)
+
+
+def correction(real: Mapping[str, float] | None, reserved: Mapping[str, float]) -> dict[str, float]:
+    """Real minus reserved, per kind; ``real`` None (no usage known): everything back."""
+    if real is None:
+        return {kind: -amount for kind, amount in reserved.items()}
+    return {kind: real.get(kind, 0.0) - amount for kind, amount in reserved.items()}
+
+
+def refusal_message(verdict: KeyVerdict) -> str:
+    """A budget's 429: which budget, what is left, when it all returns."""
+    refused = verdict.budget
+    assert refused is not None
+    left = next((u for q, u in verdict.budgets if q == refused), None)
+    remaining = left.remaining if left is not None else 0.0
+    unit = "USD" if refused.kind == costs.USD else refused.kind.replace("_", " ")
+    amount = format_usd(remaining) if refused.kind == costs.USD else f"{remaining:g}"
+    resets = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + verdict.retry_after))
+    scope = f" on {', '.join(refused.models)}" if refused.models else ""
+    whose = f"this key's team {refused.owner}" if refused.scope == "team" else "this key"
+    return (
+        f"Budget reached for {whose}: {refused.limit:g} {unit} per {refused.period}{scope}"
+        f" ({amount} {unit} left, less than this request may cost); it resets in"
+        f" {format_reset(verdict.retry_after)}, at {resets}."
+    )

@@ -1,0 +1,52 @@
+"""Anthropic: ``{base_url}/v1/messages`` (and ``/v1/messages/count_tokens``),
+``x-api-key``, ``anthropic-version`` (the client's, else ``DEFAULT_VERSION``), Anthropic's
+``anthropic-ratelimit-*`` headers; its answer that the deployment's model does not exist
+is the config's fault (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from proxy.limiter.base import Outcome
+from proxy.upstream.ratelimits import UpstreamBudget, anthropic_budget
+
+if TYPE_CHECKING:
+    from proxy.config import Deployment
+
+__all__ = ["ANTHROPIC", "ANTHROPIC_SHAPES", "DEFAULT_VERSION"]
+
+ANTHROPIC_SHAPES = frozenset(("messages", "messages/count_tokens"))
+
+# The API version sent when the client names none (the one Anthropic has served since).
+DEFAULT_VERSION = "2023-06-01"
+
+
+class Anthropic:
+    name = "anthropic"
+    shapes = ANTHROPIC_SHAPES
+    default_headers = (("anthropic-version", DEFAULT_VERSION),)
+
+    def url(self, deployment: Deployment, shape: str) -> str:
+        return f"{deployment.base_url}/v1/{shape}"
+
+    def body_model(self, deployment: Deployment, shape: str) -> str | None:
+        return None  # the deployment's model, as configured
+
+    def credential(self, deployment: Deployment) -> tuple[str, str] | None:
+        key = deployment.api_key.get_secret_value()
+        return ("x-api-key", key) if key else None
+
+    def budget(self, headers: Mapping[str, str], now: float) -> UpstreamBudget:
+        return anthropic_budget(headers, now)
+
+    def misconfigured(self, status: int, body: bytes, cooldown_time: float) -> Outcome | None:
+        """The path is the proxy's and the model the deployment's (``model:``): an
+        Anthropic 404 (``not_found_error``) says one of them is wrong, never the client.
+        Its 401 and 403 are a bad key, cooled as any upstream's are (outcomes)."""
+        if status != 404 or b"not_found_error" not in body[:1024]:
+            return None
+        return Outcome(kind="failure", reason="misconfigured", cool_for=cooldown_time)
+
+
+ANTHROPIC = Anthropic()

@@ -1,0 +1,180 @@
+"""Who spent what: spend records per key, team and model per calendar period (pure).
+
+Every answered request with known usage adds one ``Spend`` (dollars, input and output
+tokens, one request) to its (key, team, model) in the day, the week and the month it
+*started* in (a stream that ends after midnight is yesterday's). ``Tally`` sums them
+until the ledger writes them (limiter/ledger.py); ``report`` turns the stored totals of
+a period and the one before it into ``GET /admin/spend``'s rows, JSON or CSV.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from proxy.limiter import periods
+from proxy.limiter.periods import Period
+from proxy.values import value
+
+FIELDS: tuple[str, ...] = ("usd", "input_tokens", "output_tokens", "requests")
+SEP = "\t"  # between a record's parts in a stored field name (no key name holds a tab)
+
+
+@value
+class Owner:
+    """Whose spend: a client key ("" for none), its team ("" for none), a model group."""
+
+    key: str
+    team: str
+    model: str
+
+
+@value
+class Spend:
+    usd: float = 0.0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    requests: int = 1
+
+    def amounts(self) -> tuple[float, ...]:
+        return (self.usd, float(self.input_tokens), float(self.output_tokens), float(self.requests))
+
+
+def field_name(metric: str, owner: Owner) -> str:
+    """A stored total's name: the metric and the owner (``usd\\talice\\t\\tgpt-4o``)."""
+    return SEP.join((metric, owner.key, owner.team, owner.model))
+
+
+def parse_field(name: str) -> tuple[str, Owner] | None:
+    """``field_name``'s inverse; None for a name of another layout."""
+    parts = name.split(SEP)
+    if len(parts) != 4 or parts[0] not in FIELDS:
+        return None
+    return parts[0], Owner(parts[1], parts[2], parts[3])
+
+
+Totals = dict[tuple[Period, int], dict[str, float]]  # (period, index) -> field -> sum
+
+
+class Tally:
+    """Spend summed per owner and UTC day: adding one is a dict lookup and four additions
+    (on every answered request); ``totals`` spreads the days over their periods."""
+
+    def __init__(self) -> None:
+        self.days: dict[tuple[Owner, int], list[float]] = {}
+
+    def add(self, owner: Owner, spend: Spend, started: float) -> None:
+        slot = (owner, periods.index("day", started))
+        sums = self.days.get(slot)
+        if sums is None:
+            sums = self.days[slot] = [0.0] * len(FIELDS)
+        for i, amount in enumerate(spend.amounts()):
+            sums[i] += amount
+
+    def totals(self) -> Totals:
+        """What the days sum to, per period (day, week, month) and field name."""
+        out: Totals = {}
+        for (owner, day), sums in self.days.items():
+            t = day * periods.DAY
+            for period in periods.PERIODS:
+                fields = out.setdefault((period, periods.index(period, t)), {})
+                for metric, amount in zip(FIELDS, sums, strict=True):
+                    if amount:
+                        name = field_name(metric, owner)
+                        fields[name] = fields.get(name, 0.0) + amount
+        return out
+
+    def take(self) -> Tally:
+        """Everything summed so far, as a tally of its own; this one starts empty."""
+        taken = Tally()
+        taken.days, self.days = self.days, {}
+        return taken
+
+    def merge(self, other: Tally) -> None:
+        """Put back what could not be written (added to whatever came since)."""
+        for slot, sums in other.days.items():
+            mine = self.days.setdefault(slot, [0.0] * len(FIELDS))
+            for i, amount in enumerate(sums):
+                mine[i] += amount
+
+    def forget_before(self, day: int) -> None:
+        for slot in [s for s in self.days if s[1] < day]:
+            del self.days[slot]
+
+
+def rows(stored: Mapping[str, float]) -> list[dict[str, Any]]:
+    """One period's stored totals as rows, one per (key, team, model), sorted."""
+    by_owner: dict[Owner, dict[str, float]] = {}
+    for name, amount in stored.items():
+        parsed = parse_field(name)
+        if parsed is not None:
+            metric, owner = parsed
+            by_owner.setdefault(owner, dict.fromkeys(FIELDS, 0.0))[metric] += amount
+    return [
+        {
+            "key": owner.key,
+            "team": owner.team,
+            "model": owner.model,
+            "usd": round(totals["usd"], 10),
+            "input_tokens": int(totals["input_tokens"]),
+            "output_tokens": int(totals["output_tokens"]),
+            "requests": int(totals["requests"]),
+        }
+        for owner, totals in sorted(
+            by_owner.items(), key=lambda item: (item[0].key, item[0].team, item[0].model)
+        )
+    ]
+
+
+def report(
+    period: Period, now: float, current: Mapping[str, float], previous: Mapping[str, float]
+) -> dict[str, Any]:
+    """``GET /admin/spend``'s JSON: the period ``now`` falls in and the one before."""
+    span = periods.span(period, now)
+    before = periods.Span(span.index - 1, periods.start(period, span.index - 1), span.start)
+    return {
+        "period": period,
+        "current": _period(span, rows(current)),
+        "previous": _period(before, rows(previous)),
+    }
+
+
+def _period(span: periods.Span, spend: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "start": _iso(span.start),
+        "end": _iso(span.end),
+        "total_usd": round(sum(r["usd"] for r in spend), 10),
+        "spend": spend,
+    }
+
+
+def _iso(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+CSV_COLUMNS = ("period_start", "period_end", "key", "team", "model", *FIELDS)
+
+
+def to_csv(document: Mapping[str, Any]) -> str:
+    """``report``'s rows as CSV, the previous period first (a spreadsheet's order)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for which in ("previous", "current"):
+        part = document[which]
+        writer.writerows(_csv_rows(part["start"], part["end"], part["spend"]))
+    return out.getvalue()
+
+
+def _csv_rows(start: str, end: str, spend: Iterable[Mapping[str, Any]]) -> list[list[Any]]:
+    return [[start, end, *(_cell(r[c]) for c in CSV_COLUMNS[2:])] for r in spend]
+
+
+def _cell(value: object) -> object:
+    # A name a spreadsheet would run as a formula is quoted as text (CSV injection).
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@"):
+        return "'" + value
+    return value

@@ -1,0 +1,85 @@
+"""Spend records: summed per owner and day, spread over days, weeks and months, reported
+as JSON rows and CSV."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+
+from proxy.limiter import periods
+from proxy.spend import Owner, Spend, Tally, field_name, parse_field, report, to_csv
+
+
+def at(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> float:
+    return dt.datetime(year, month, day, hour, minute, second, tzinfo=dt.UTC).timestamp()
+
+
+ALICE = Owner("alice", "research", "gpt-4o")
+BOB = Owner("bob", "", "gpt-4o")
+
+
+def test_a_field_name_round_trips() -> None:
+    assert parse_field(field_name("usd", ALICE)) == ("usd", ALICE)
+    assert parse_field("something else") is None
+
+
+def test_spend_is_counted_in_the_day_week_and_month_it_started_in() -> None:
+    tally = Tally()
+    tally.add(ALICE, Spend(0.5, 100, 10), at(2026, 11, 30, 23, 59))  # a Monday, month's end
+    tally.add(ALICE, Spend(0.25, 50, 5), at(2026, 12, 1, 0, 1))
+    totals = tally.totals()
+    usd = field_name("usd", ALICE)
+    november = ("month", periods.index("month", at(2026, 11, 30)))
+    december = ("month", periods.index("month", at(2026, 12, 1)))
+    week = ("week", periods.index("week", at(2026, 12, 1)))
+    assert totals[november][usd] == 0.5
+    assert totals[december][usd] == 0.25
+    assert totals[week][usd] == 0.75  # Monday and Tuesday: one week
+    assert totals[week][field_name("requests", ALICE)] == 2
+
+
+def test_what_could_not_be_written_is_put_back_and_summed() -> None:
+    tally = Tally()
+    tally.add(BOB, Spend(1.0, 1, 1), at(2026, 11, 25))
+    taken = tally.take()
+    assert tally.days == {}
+    tally.add(BOB, Spend(2.0, 1, 1), at(2026, 11, 25))
+    tally.merge(taken)
+    day = ("day", periods.index("day", at(2026, 11, 25)))
+    assert tally.totals()[day][field_name("usd", BOB)] == 3.0
+
+
+def test_the_report_has_this_period_and_the_last_per_owner_and_as_csv() -> None:
+    now = at(2026, 11, 25, 12)
+    current = {field_name("usd", ALICE): 1.5, field_name("requests", ALICE): 3.0}
+    current |= {field_name("usd", BOB): 0.25, field_name("output_tokens", BOB): 40.0}
+    previous = {field_name("usd", BOB): 9.0}
+    document = report("month", now, current, previous)
+    assert document["current"]["start"] == "2026-11-01T00:00:00Z"
+    assert document["current"]["end"] == "2026-12-01T00:00:00Z"
+    assert document["previous"]["start"] == "2026-10-01T00:00:00Z"
+    assert document["current"]["total_usd"] == 1.75
+    assert [r["key"] for r in document["current"]["spend"]] == ["alice", "bob"]
+    assert document["current"]["spend"][0] == {
+        "key": "alice",
+        "team": "research",
+        "model": "gpt-4o",
+        "usd": 1.5,
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "requests": 3,
+    }
+    rows = list(csv.DictReader(io.StringIO(to_csv(document))))
+    assert [(r["period_start"][:7], r["key"], r["usd"]) for r in rows] == [
+        ("2026-10", "bob", "9.0"),
+        ("2026-11", "alice", "1.5"),
+        ("2026-11", "bob", "0.25"),
+    ]
+
+
+def test_a_name_a_spreadsheet_would_run_is_quoted_as_text() -> None:
+    owner = Owner("=HYPERLINK(1)", "", "m")
+    document = report("day", at(2026, 11, 25), {field_name("usd", owner): 1.0}, {})
+    [row] = list(csv.DictReader(io.StringIO(to_csv(document))))
+    assert row["key"] == "'=HYPERLINK(1)"
