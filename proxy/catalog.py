@@ -131,14 +131,14 @@ class DeploymentRoute:
     # request's extensions (the timeout, as httpx spells it, and how to reach it).
     urls: dict[str, tuple[httpx.URL, str]]
     extensions: dict[str, object]
+    # Its provider, looked up once (read twice per answer: docs/performance.md).
+    provider: Provider
+    # ``config.id``, a field: read some nine times per request, a property call each.
+    id: str
     price: Price = FREE  # its own, else its group's; unpriced: free
     # The body's ``model`` for the shapes whose provider names it otherwise (Azure's
     # Responses API: the Azure deployment): ``model_for``.
     body_models: dict[str, str] = dataclasses.field(default_factory=dict)
-
-    @property
-    def id(self) -> str:
-        return self.config.id
 
     @property
     def weight(self) -> float:
@@ -154,10 +154,6 @@ class DeploymentRoute:
         """The URL of the shape named ``shape``, parsed and as text."""
         return self.urls[shape]
 
-    @property
-    def provider(self) -> Provider:
-        return provider_of(self.config.provider)
-
     def speaks(self, shape: str) -> bool:
         """Whether its provider serves the shape named ``shape``."""
         return shape in self.urls
@@ -167,6 +163,8 @@ class DeploymentRoute:
 class GroupRoute:
     name: str
     deployments: tuple[DeploymentRoute, ...]
+    # The names of the API shapes some deployment speaks: one set lookup per request.
+    shapes: frozenset[str]
 
 
 def window(
@@ -310,22 +308,23 @@ class _TeamLimits:
 
 
 def _group(group: ModelGroup, share: float, pacing_margin: float) -> GroupRoute:
-    return GroupRoute(
-        name=group.name,
-        deployments=tuple(
-            DeploymentRoute(
-                config=d,
-                group=group.name,
-                limits=deployment_limits(d, share, pacing_margin),
-                upstream_model=d.model or group.name,
-                urls=shape_urls(d),
-                extensions={"timeout": timeout_extension(d.timeout), EGRESS: egress(d)},
-                price=price(d.price or group.price),
-                body_models=body_models(d),
-            )
-            for d in group.deployments
-        ),
+    deployments = tuple(
+        DeploymentRoute(
+            config=d,
+            group=group.name,
+            limits=deployment_limits(d, share, pacing_margin),
+            upstream_model=d.model or group.name,
+            urls=shape_urls(d),
+            extensions={"timeout": timeout_extension(d.timeout), EGRESS: egress(d)},
+            provider=provider_of(d.provider),
+            id=d.id,
+            price=price(d.price or group.price),
+            body_models=body_models(d),
+        )
+        for d in group.deployments
     )
+    shapes = frozenset(name for d in deployments for name in d.urls)
+    return GroupRoute(name=group.name, deployments=deployments, shapes=shapes)
 
 
 class _KeyLimits(Mapping[str, KeyLimits]):

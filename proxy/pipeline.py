@@ -467,7 +467,7 @@ def _granted(key_check: asyncio.Future[KeyVerdict] | None) -> KeyVerdict | None:
 
 def _check_speaks(group: GroupRoute, shape: Shape) -> None:
     """A model none of whose deployments serves the request's API: the client's error."""
-    if not any(d.speaks(shape.name) for d in group.deployments):
+    if shape.name not in group.shapes:  # the names its deployments speak (``speaks``)
         raise InvalidRequest(
             f"The model '{group.name}' is not served through the {shape.name} API.",
             code="unsupported_api",

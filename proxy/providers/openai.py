@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from proxy.upstream.ratelimits import UpstreamBudget, parse_budget
+from proxy.upstream.ratelimits import parse_budget
 
 if TYPE_CHECKING:
     from proxy.config import Deployment
@@ -32,10 +31,9 @@ class OpenAICompatible:
         key = deployment.api_key.get_secret_value()
         return ("authorization", f"Bearer {key}") if key else None
 
-    def budget(self, headers: Mapping[str, str], now: float) -> UpstreamBudget:
-        # Compatible servers in front of other APIs may pass Anthropic's headers on:
-        # parse_budget reads both dialects.
-        return parse_budget(headers, now)
+    # Compatible servers in front of other APIs may pass Anthropic's headers on:
+    # parse_budget reads both dialects. The function itself: a call less per answer.
+    budget = staticmethod(parse_budget)
 
     def misconfigured(self, status: int, body: bytes, cooldown_time: float) -> Outcome | None:
         return None  # the client's path is the proxy's: an error is about the request
