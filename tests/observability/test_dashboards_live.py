@@ -38,12 +38,19 @@ def upstreams() -> Iterator[tuple[FakeUpstreamHandle, FakeUpstreamHandle]]:
 def _config(good: FakeUpstreamHandle, bad: FakeUpstreamHandle) -> dict[str, Any]:
     return {
         "keys": [
-            {"name": "team", "key": KEY, "rpm": 30, "tpm": 100_000},
+            {
+                "name": "team",
+                "key": KEY,
+                "rpm": 30,
+                "tpm": 100_000,
+                "budgets": [{"tokens": 100_000_000, "period": "day"}],
+            },
             {"name": "batch", "key": SHADOW_KEY, "rpd": 2, "shadow": True},
         ],
         "models": [
             {
                 "name": "m",
+                "price": {"input": 1.0, "output": 2.0},  # the spend panels
                 "deployments": [
                     # 20 per second, one at a time: concurrent requests wait their turn.
                     {"id": "good", "base_url": good.base_url, "rpm": 1200, "tpm": 1_000_000},
