@@ -29,7 +29,14 @@ from functools import partial
 from typing import Any, TypeVar
 
 from proxy.costs import Cost
-from proxy.limiter.allowance import FIRST_REQUESTS, REFUSED_FOR, Allowance, lease_size
+from proxy.limiter import turns
+from proxy.limiter.allowance import (
+    FIRST_REQUESTS,
+    MIN_REQUESTS,
+    REFUSED_FOR,
+    Allowance,
+    lease_size,
+)
 from proxy.limiter.base import (
     SHARED,
     DeploymentLimits,
@@ -67,6 +74,8 @@ class Owner:
         "renewing",
         "size",
         "timer",
+        "turn_size",
+        "turns",
         "windows",
     )
 
@@ -75,10 +84,12 @@ class Owner:
         self.keys = keys  # the lease script's Redis keys, ending with the windows'
         self.names = keys[len(keys) - len(windows) :]  # the windows' Redis keys
         self.allowance: Allowance | None = None
+        self.turns: turns.TurnLease | None = None  # a paced deployment's (turns.py)
         self.admitted: set[str] = set()  # the open lease's requests, by lease id (keys)
         self.renewing: asyncio.Future[None] | None = None
         self.refused_until = 0.0
-        self.size = FIRST_REQUESTS
+        self.size = FIRST_REQUESTS  # the next budget lease's, in requests
+        self.turn_size = turns.FIRST_TURNS  # the next turn lease's, in turns
         self.timer: asyncio.TimerHandle | None = None  # gives the open lease back when idle
         self.private = SHARED  # what the open lease's turns carry back (its serial)
 
@@ -200,16 +211,25 @@ class Leases:
     # -- deployments ---------------------------------------------------------------------
 
     async def reserve(
-        self, group: str, d: DeploymentLimits, cost: Cost, names: Callable[[], list[str]]
+        self,
+        group: str,
+        d: DeploymentLimits,
+        cost: Cost,
+        names: Callable[[], list[str]],
+        max_wait: float,
     ) -> DeploymentVerdict | None:
-        """A turn now on ``d`` from its lease (renewed if need be); None: reserve per
-        request (the lease was refused, or ``d`` is not healthy, or states no limit: then
-        429s are all there is to learn its rate from, and every replica must hear of the
-        first at once)."""
+        """A turn on ``d`` from its lease (renewed if need be): now from a budget lease,
+        within ``max_wait`` from a turn lease when its windows pace (turns.py); None:
+        reserve per request (the lease was refused, or ``d`` is not healthy, or states no
+        limit: then 429s are all there is to learn its rate from, and every replica must
+        hear of the first at once)."""
         if not d.windows:
             return None
         owner = self._owner(("d", group, d.id), d.windows, names)
         spent = spends(d.windows, cost)
+        costs = [s.amount for s in spent]
+        if lease_size(MIN_REQUESTS, costs, [s.rate for s in spent], costs) is None:
+            return await self._reserve_turn(owner, d, spent, max_wait)
         got = await self._admit(owner, spent, partial(self._renew_deployment, owner, spent))
         if got is None:
             return None
@@ -228,7 +248,8 @@ class Leases:
         args = [self._now_arg(), str(turns)]
         for s, amount in zip(spent, amounts, strict=True):
             args += [self._num(s.rate.interval), self._num(s.rate.capacity), self._num(amount)]
-        reply = await self._renew(owner, "lease_deployment", owner.keys, args)
+        keys = [*owner.keys[:2], *owner.names]  # health, learned window, windows
+        reply = await self._renew(owner, "lease_deployment", keys, args)
         received = time.monotonic()
         if reply[0] != "1":
             owner.refused_until = received + REFUSED_FOR
@@ -250,19 +271,126 @@ class Leases:
         if sent is None or not sent.private.lease:
             return s
         owner = self._owners.get(("d", s.group, s.deployment.id))
-        a = None if owner is None else owner.allowance
-        if owner is None or a is None or a.serial != sent.private.lease or a.closed:
+        if owner is None:
             return s
-        excess = a.correct([w.cost(s.cost) for w in owner.windows], time.monotonic())
+        a: Allowance | turns.TurnLease | None = owner.allowance
+        if a is None or a.serial != sent.private.lease:
+            a = owner.turns
+        if a is None or a.serial != sent.private.lease or a.closed:
+            return s
+        units = [w.cost(s.cost) for w in owner.windows]
+        if isinstance(a, turns.TurnLease):
+            excess = a.correct(units, time.monotonic() - a.origin)
+        else:
+            excess = a.correct(units, time.monotonic())
         assert excess is not None  # open
         # What the lease could not hold goes to the shared buckets.
         extra = excess_cost(owner.windows, excess)
         telling = s.outcome.kind == "failure" or s.remaining is not None or s.private.hold > 0.0
         if telling:
-            self._give_back(owner, a)
+            if isinstance(a, turns.TurnLease):
+                self._return_turns(owner, a)
+            else:
+                self._give_back(owner, a)
         elif not extra:
             return None
         return replace(s, cost=extra)
+
+    # -- turn leases (turns.py) ----------------------------------------------------------
+
+    async def _reserve_turn(
+        self, owner: Owner, d: DeploymentLimits, spent: list[Spend], max_wait: float
+    ) -> DeploymentVerdict | None:
+        """A turn on a paced deployment from its turn lease, renewed if need be (None:
+        reserve per request)."""
+        costs = [s.amount for s in spent]
+        for _ in range(RENEWALS):
+            now = time.monotonic()
+            t = owner.turns
+            if t is not None:
+                wait = t.turn(costs, now - t.origin, max_wait)
+                if wait is not None:
+                    return _leased_turn(owner, d, t, now, wait)
+            if owner.renewing is not None:  # another request is renewing it: wait for it
+                await asyncio.shield(owner.renewing)
+                continue
+            if now < owner.refused_until:
+                return None
+            if await self._renew_turns(owner, spent, now) is None:
+                return None
+        return None
+
+    async def _renew_turns(
+        self, owner: Owner, spent: list[Spend], now: float
+    ) -> turns.TurnLease | None:
+        """Give back the old turn lease and take the next turns, in one round trip
+        (None: refused, or the last lease says the deployment is near its limit)."""
+        old = owner.turns
+        if old is not None:
+            size = old.next_turns(owner.turn_size)
+            if size is None:
+                self._return_turns(owner, old)
+                owner.turns = None
+                owner.turn_size = turns.FIRST_TURNS
+                owner.refused_until = now + turns.REFUSED_FOR
+                return None
+            owner.turn_size = size
+            self._return_turns(owner, old)
+        owner.turns = None
+        args = [self._now_arg(), str(owner.turn_size)]
+        for s in spent:
+            rate = s.rate
+            long = 0.0 if rate.period <= turns.LONG else rate.capacity
+            args += [self._num(rate.interval), self._num(s.capacity), self._num(s.amount)]
+            args.append(self._num(long))
+        keys = [owner.keys[0], owner.keys[2], *owner.names]  # health, waiting, windows
+        renewing = owner.renewing = asyncio.get_running_loop().create_future()
+        try:
+            reply = await self.runner.run("lease_turns", keys, args)
+        finally:
+            owner.renewing = None
+            renewing.set_result(None)
+        received = time.monotonic()
+        if reply[0] != "1":
+            owner.refused_until = received + turns.REFUSED_FOR
+            owner.turn_size = turns.FIRST_TURNS
+            return None
+        at, epoch, sequence, taken, _, last, *debts = reply[1:]
+        self._serial += 1
+        t = turns.TurnLease(
+            self._serial, [s.rate for s in spent], [float(x) for x in debts[::2]],
+            [float(x) for x in debts[1::2]], float(at), int(taken), float(last), int(epoch),
+            int(sequence), received,
+        )  # fmt: skip
+        owner.turns = t
+        owner.private = Private(lease=t.serial)
+        # Idle at the end of its use: give back what it did not hand out.
+        if owner.timer is not None:
+            owner.timer.cancel()
+        delay = turns.USE_SHARE * turns.SPAN
+        owner.timer = asyncio.get_running_loop().call_later(delay, self._expire_turns, owner, t)
+        return t
+
+    def _expire_turns(self, owner: Owner, t: turns.TurnLease) -> None:
+        if owner.turns is t and not t.closed:
+            size = t.next_turns(owner.turn_size)
+            if size is None:
+                size = turns.FIRST_TURNS
+                owner.refused_until = time.monotonic() + turns.REFUSED_FOR
+            owner.turn_size = size
+            self._return_turns(owner, t)
+            owner.turns = None
+
+    def _return_turns(
+        self, owner: Owner, t: turns.TurnLease, *, urgent: bool = False
+    ) -> asyncio.Future[Any]:
+        """Give back the turns ``t`` did not hand out (turns.returned)."""
+        t.closed = True
+        args = [self._num(t.at)]
+        for rate, end, local in zip(t.rates, t.ends, t.stored(), strict=True):
+            args += [self._num(rate.interval), self._num(end.debt)]
+            args += [self._num(local.debt), self._num(local.at)]
+        return self._send("return_turns", owner.names, args, urgent)
 
     # -- both ----------------------------------------------------------------------------
 
@@ -275,6 +403,9 @@ class Leases:
             a = owner.allowance
             if a is not None and not a.closed:
                 returns.append(self._give_back(owner, a, urgent=True))
+            t = owner.turns
+            if t is not None and not t.closed:
+                returns.append(self._return_turns(owner, t, urgent=True))
         await asyncio.gather(*self._returning, *returns, return_exceptions=True)
 
     def _owner(
@@ -285,6 +416,8 @@ class Leases:
             return owner
         if owner is not None and owner.allowance is not None:  # limits changed (a reload)
             self._give_back(owner, owner.allowance)
+        if owner is not None and owner.turns is not None:
+            self._return_turns(owner, owner.turns)
         owner = self._owners[ident] = Owner(windows, names())
         return owner
 
@@ -339,9 +472,15 @@ class Leases:
         args = [self._now_arg(), self._num(a.at), self._num(a.hold)]
         for rate, amount, used in zip(a.rates, a.amounts, a.used, strict=True):
             args += [self._num(rate.interval), self._num(amount), self._num(used)]
-        future = self.runner.submit("return_lease", owner.names, args, urgent=urgent)
+        return self._send("return_lease", owner.names, args, urgent)
+
+    def _send(
+        self, script: str, keys: list[str], args: list[str], urgent: bool
+    ) -> asyncio.Future[Any]:
+        """Run a give-back (before any later call; nobody need await it)."""
+        future = self.runner.submit(script, keys, args, urgent=urgent)
         if future is None:
-            task = asyncio.ensure_future(self.runner.run("return_lease", owner.names, args))
+            task = asyncio.ensure_future(self.runner.run(script, keys, args))
             self._returning.add(task)
             task.add_done_callback(self._returned)
             return task
@@ -362,6 +501,18 @@ def _admitted(
     owner.admitted.add(lease)
     assert a.states is not None  # a key's lease tracks its buckets
     return key_verdict(spent, _NOW, "", a.states, now, own)
+
+
+def _leased_turn(
+    owner: Owner, d: DeploymentLimits, t: turns.TurnLease, now: float, wait: float
+) -> DeploymentVerdict:
+    """The verdict of a turn ``t`` handed out at local time ``now``, ``wait`` ahead: its
+    time in the storage's, and how far the lease's turns go (the fallback starts after
+    them, policy.py)."""
+    lease_now = now - t.origin
+    sent = Sent(t.epoch, t.sequence + t.uses - 1, t.at + lease_now + wait, owner.private)
+    tail = max(wait, t.last - lease_now)
+    return DeploymentVerdict(d.id, wait, waits={d.id: tail}, sent=sent)
 
 
 def _key_owner(limits: KeyLimits) -> tuple[str, str, str]:
