@@ -228,7 +228,10 @@ class Leases:
         owner = self._owner(("d", group, d.id), d.windows, names)
         spent = spends(d.windows, cost)
         costs = [s.amount for s in spent]
-        if lease_size(MIN_REQUESTS, costs, [s.rate for s in spent], costs) is None:
+        rates = [s.rate for s in spent]
+        if lease_size(MIN_REQUESTS, costs, rates, costs) is None:
+            if not turns.worth(rates, [s.capacity for s in spent], costs):
+                return None
             return await self._reserve_turn(owner, d, spent, max_wait)
         got = await self._admit(owner, spent, partial(self._renew_deployment, owner, spent))
         if got is None:

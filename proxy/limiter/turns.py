@@ -69,6 +69,16 @@ def bound(rate: Rate, debt: float) -> float:
     return min(FULL_AT * rate.capacity, debt + SHARE * rate.capacity)
 
 
+def worth(rates: Sequence[Rate], capacities: Sequence[float], costs: Sequence[float]) -> bool:
+    """Whether ``MIN_TURNS`` turns of a request costing ``costs`` (measured against
+    ``capacities``) could fit in ``SPAN`` from an idle deployment: else its turns are too
+    far apart to lease (a slow deployment asks per request, without asking for a lease)."""
+    for rate, capacity, cost in zip(rates, capacities, costs, strict=True):
+        if rate.period <= LONG and (MIN_TURNS * cost - capacity) * rate.interval > SPAN:
+            return False
+    return True
+
+
 def lease_turns(
     buckets: Sequence[Bucket], turns: int, bounds: Sequence[float], now: float
 ) -> tuple[list[BucketState], int, float, float]:
@@ -241,4 +251,5 @@ __all__ = [
     "lease_turns",
     "returned",
     "within",
+    "worth",
 ]

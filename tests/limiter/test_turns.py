@@ -223,3 +223,12 @@ def test_a_lease_is_sized_by_the_demand_it_saw() -> None:
     assert t.next_turns(turns.MAX_TURNS) is None  # a whole lease unused: per request
     t.uses = 17  # more than a quarter of its turns: near the limit
     assert t.next_turns(64) is None
+
+
+def test_a_slow_deployment_is_not_worth_a_lease() -> None:
+    """Its turns are too far apart for two in a span: it asks per request, as before."""
+    slow = Rate(600.0, 60.0, 1.0)  # a turn every 100 ms
+    assert not turns.worth([slow], [1.0], [1.0])
+    assert turns.worth([RPM], [1.0], [1.0])
+    assert turns.worth([RPM, RPD], [1.0, RPD.capacity], [1.0, 1.0])  # a day's total: no pace
+    assert not turns.worth([RPM, TPM], [1.0, 400_000.0], [1.0, 400_000.0])  # large requests
