@@ -358,7 +358,7 @@ class Leases:
             owner.refused_until = received + turns.REFUSED_FOR
             owner.turn_size = turns.FIRST_TURNS
             return None
-        at, epoch, sequence, taken, _, last, *debts = reply[1:]
+        at, epoch, sequence, taken, first, last, *debts = reply[1:]
         self._serial += 1
         t = turns.TurnLease(
             self._serial, [s.rate for s in spent], [float(x) for x in debts[::2]],
@@ -367,10 +367,11 @@ class Leases:
         )  # fmt: skip
         owner.turns = t
         owner.private = Private(lease=t.serial)
-        # Idle at the end of its use: give back what it did not hand out.
+        # Idle at the end of its use (counted from its first turn): give back what it did
+        # not hand out.
         if owner.timer is not None:
             owner.timer.cancel()
-        delay = turns.USE_SHARE * turns.SPAN
+        delay = float(first) + turns.USE_SHARE * turns.SPAN
         owner.timer = asyncio.get_running_loop().call_later(delay, self._expire_turns, owner, t)
         return t
 

@@ -49,14 +49,16 @@ from proxy.limiter.base import Rate
 from proxy.limiter.bucket import Bucket, BucketState, charge, debt_at, plan
 
 SPAN = 0.005  # a lease's last turn comes at most this long after its first (seconds)
-WAIT = SPAN  # leased only while the first turn comes within this (no queue beyond)
+# Leased only while the first turn comes within this: another replica's lease ahead at
+# most (and what is left of this one's), no queue of turns beyond.
+WAIT = 2 * SPAN
 MIN_TURNS = 2  # a lease of fewer turns is not taken
 FIRST_TURNS = 64  # a first lease's turns; then sized by the demand...
 MAX_TURNS = 512  # ... up to this
 TARGET_USES = 8  # ... for about this many requests per lease
 NEAR = 0.25  # a lease whose requests used more than this share of its turns: near the limit
 REFUSED_FOR = 0.25  # then (or when refused) ask per request for this long (seconds)
-USE_SHARE = 0.75  # a lease hands out turns for this share of SPAN, then is renewed
+USE_SHARE = 0.75  # a lease hands out turns for this share of SPAN (from its first), then is renewed
 LONG = 60.0  # windows longer than this (seconds) cap a total: SHARE and FULL_AT bound them
 
 
