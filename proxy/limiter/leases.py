@@ -141,7 +141,7 @@ class Leases:
         size = self._size(owner, spent, now)
         if size is None:
             return None
-        turns, amounts = size
+        requests, amounts = size
         args = [self._now_arg()]
         for s, amount in zip(spent, amounts, strict=True):
             rate = s.rate
@@ -154,7 +154,7 @@ class Leases:
             at, hold, *debts = (float(x) for x in reply[1:])
             rates = [s.rate for s in spent]
             self._serial += 1
-            a = Allowance(self._serial, rates, amounts, debts, at, hold, now, received, turns)
+            a = Allowance(self._serial, rates, amounts, debts, at, hold, now, received, requests)
             return self._open(owner, a)
         owner.refused_until = received + REFUSED_FOR
         outcome, binding, wait, retry_after, at, *flat = reply[1:]
@@ -247,8 +247,8 @@ class Leases:
         size = self._size(owner, spent, now)
         if size is None:
             return None
-        turns, amounts = size
-        args = [self._now_arg(), str(turns)]
+        requests, amounts = size
+        args = [self._now_arg(), str(requests)]
         for s, amount in zip(spent, amounts, strict=True):
             args += [self._num(s.rate.interval), self._num(s.rate.capacity), self._num(amount)]
         keys = [*owner.keys[:2], *owner.names]  # health, learned window, windows
@@ -261,7 +261,7 @@ class Leases:
         self._serial += 1
         a = Allowance(
             self._serial, [s.rate for s in spent], amounts, [float(x) for x in debts],
-            float(at), float(hold), now, received, turns, int(epoch), int(sequence),
+            float(at), float(hold), now, received, requests, int(epoch), int(sequence),
             track=False,
         )  # fmt: skip
         return self._open(owner, a)
