@@ -307,9 +307,7 @@ class Pipeline:
         """The key's verdict to come (the dispatcher's gate): given at once when the
         limiter can (in memory, or a lease's), else asked together with the first
         reservation, one Redis round trip for both."""
-        ask = KeyAsk(
-            limits, call.request_id, call.cost, budget_cost=call.reserved, model=call.model
-        )
+        ask = KeyAsk(limits, call.request_id, call.cost, budget_cost=call.reserved)
         verdict = None if self.fast is None else self.fast.acquire_key_now(ask)
         if verdict is None:
             return asyncio.ensure_future(self._acquire_key(call, ask, shadow))
@@ -370,7 +368,6 @@ class Pipeline:
                 call.request_id,
                 correction,
                 budget_cost=budgets.correction(real, call.reserved),
-                model=call.model,
                 started=granted.at,
             )
 
