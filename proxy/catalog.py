@@ -441,10 +441,10 @@ class Catalog:
         cached = self._asks.get((key.name, model))
         if cached is not None and cached[0] is limits:
             return cached[1]
-        built = replace(
-            for_model(limits, key, model),
-            team=None if team is None else team.for_model(model),
-        )
+        built = for_model(limits, key, model)
+        team_limits = None if team is None else team.for_model(model)
+        if built.team is not team_limits:
+            built = replace(built, team=team_limits)
         self._asks[(key.name, model)] = (limits, built)
         return built
 

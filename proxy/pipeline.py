@@ -104,6 +104,8 @@ class Pipeline:
             runtime = previous.keys.runtime
         self.keys: KeyStore = key_store or KeyStore(settings.keys)
         self.keys.runtime = runtime
+        if runtime is not None:  # its revoked keys' limits go from this catalog
+            runtime.on_gone = self.catalog.forget
         self.limiter = limiter
         # Where stored responses live: one store per process, kept across reloads.
         if affinity is None:
