@@ -14,6 +14,8 @@ from support.journey import REQUEST, USAGE, Journey, Upstream, config, deploymen
 
 from proxy.call import Reply
 from proxy.costs import TOKENS
+from proxy.keys.memory_backend import MemoryKeyBackend
+from proxy.keys.store import RuntimeKeys
 from proxy.limiter.base import DeploymentVerdict, GroupAsk
 from proxy.limiter.memory import MemoryLimiter
 from proxy.providers import PROVIDERS
@@ -157,3 +159,15 @@ async def test_a_budget_over_other_models_costs_a_request_nothing() -> None:
     [(quota, left)] = (await journey.pipeline.limiter.key_snapshot(limits)).budgets
     assert quota.models == ("other",)
     assert left.remaining == 1000 - USAGE["total_tokens"]  # the one request to "other"
+
+
+async def test_a_revoked_api_keys_limits_leave_the_catalog_in_force() -> None:
+    keys = RuntimeKeys(MemoryKeyBackend(), shared=False)
+    data = {**config([deployment("a")]), "teams": [{"name": "t", "rpm": 100}]}
+    journey = Journey(data, Upstream({"a.test": ok()}), runtime_keys=keys)
+    _, secret = await keys.create("svc", {"team": "t"}, None)
+    assert (await journey.send(bearer=f"Bearer {secret}")).status == 200
+    catalog = journey.pipeline.catalog
+    held = len(catalog.held())  # its limits for model "m", with its team's
+    await keys.revoke("svc")
+    assert len(catalog.held()) == held - 1
