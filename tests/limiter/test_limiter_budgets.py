@@ -8,7 +8,6 @@ identical answers, exact floats, also across calendar boundaries.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import uuid
 from dataclasses import dataclass, replace
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.limits import Clock, patient
+from support.limits import Clock, at, patient
 from support.ports import free_port
 
 from proxy.costs import NOTHING
@@ -34,11 +33,6 @@ from proxy.limiter.periods import PERIODS, Period
 from proxy.limiter.policy import OnError, ResilientLimiter
 from proxy.limiter.quota import EMPTY, Quota, QuotaState, check, quota_name, settle
 from proxy.limiter.redis import RedisLimiter
-
-
-def at(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> float:
-    return dt.datetime(year, month, day, hour, minute, second, tzinfo=dt.UTC).timestamp()
-
 
 USD_MONTH = Quota(quota_name("usd", "month"), "usd", 10.0, "month")
 TOKENS_DAY = Quota(quota_name("tokens", "day"), "tokens", 1000.0, "day")
