@@ -36,7 +36,7 @@ from proxy.limiter.base import (
     scoped_name,
     window_name,
 )
-from proxy.limiter.quota import Quota, quota_name
+from proxy.limiter.core.quota import Quota, quota_name
 from proxy.pricing import FREE, Price, dearest
 from proxy.providers import Provider, provider_of
 from proxy.routing.announced import Announced

@@ -52,10 +52,10 @@ from proxy.limiter.base import (
     StorageError,
     describe,
 )
-from proxy.limiter.fairness import Claimant
+from proxy.limiter.core.fairness import Claimant
+from proxy.limiter.core.quota import budget_label
+from proxy.limiter.core.verdicts import key_quotas, settled_cost
 from proxy.limiter.ledger import Ledger, MemoryLedger
-from proxy.limiter.quota import budget_label
-from proxy.limiter.verdicts import key_quotas, settled_cost
 from proxy.logs import RequestLog
 from proxy.metrics import Metrics
 from proxy.pricing import FREE

@@ -19,11 +19,11 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from proxy.limiter import periods
 from proxy.limiter.base import ManagedLimiter
-from proxy.limiter.periods import Period
+from proxy.limiter.core import periods
+from proxy.limiter.core.periods import Period
 from proxy.limiter.policy import ResilientLimiter
-from proxy.limiter.runner import ScriptRunner
+from proxy.limiter.redis.runner import ScriptRunner
 from proxy.spend import Owner, Spend, Tally
 
 log = logging.getLogger(__name__)

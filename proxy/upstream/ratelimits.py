@@ -22,7 +22,7 @@ from datetime import datetime
 from email.utils import parsedate_to_datetime
 
 from proxy.limiter.base import Remaining
-from proxy.limiter.health import bounded_hold
+from proxy.limiter.core.health import bounded_hold
 from proxy.ratelimit_headers import parse_number, parse_reset
 from proxy.values import value
 
