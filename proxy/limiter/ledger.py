@@ -56,8 +56,7 @@ class MemoryLedger:
         self._today = -1
 
     def add(self, owner: Owner, spend: Spend, started: float) -> None:
-        self._tally.add(owner, spend, started)
-        today = periods.index("day", started)
+        today = self._tally.add(owner, spend, started)
         if today != self._today:  # once a day: days no report reads are forgotten
             self._today = today
             last_month = periods.index("month", started) - 1
