@@ -8,7 +8,7 @@ import io
 
 from support.limits import at
 
-from proxy.limiter import periods
+from proxy.limiter.core import periods
 from proxy.spend import Owner, Spend, Tally, field_name, parse_field, report, to_csv
 
 ALICE = Owner("alice", "research", "gpt-4o")

@@ -21,8 +21,8 @@ from proxy.limiter.base import (
     KeyLimits,
     KeySettlement,
 )
-from proxy.limiter.fairness import Claimant
-from proxy.limiter.verdicts import LEASE_TTL, PARALLEL_RETRY_AFTER
+from proxy.limiter.core.fairness import Claimant
+from proxy.limiter.core.verdicts import LEASE_TTL, PARALLEL_RETRY_AFTER
 
 s = subjects("memory", *URL_FIXTURES)
 

@@ -16,9 +16,9 @@ from proxy.limiter.base import (
     Rate,
     Window,
 )
-from proxy.limiter.health import FORGET_AFTER, HEALTHY
+from proxy.limiter.core.health import FORGET_AFTER, HEALTHY
+from proxy.limiter.core.verdicts import IN_FLIGHT_MARGIN, LEASE_TTL
 from proxy.limiter.memory import SWEEP_EVERY, MemoryLimiter
-from proxy.limiter.verdicts import IN_FLIGHT_MARGIN, LEASE_TTL
 
 
 async def test_refilled_buckets_and_expired_leases_are_forgotten() -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from proxy.limiter.base import CooldownRule, DeploymentLimits, Limiter, Rate, Window, window_name
 from proxy.limiter.memory import MemoryLimiter
-from proxy.limiter.redis import RedisLimiter
+from proxy.limiter.redis.backend import RedisLimiter
 
 # A settlement's rule: three failures within a minute cool a deployment down for 30 s.
 RULE = CooldownRule(allowed_fails=3, window=60.0, time=30.0)
