@@ -125,7 +125,7 @@ class RuntimeKeys:
             for record in records[start : start + _INDEX_SLICE]:
                 index.apply(record.name, record)
             await asyncio.sleep(0)
-        gone = [name for name in self.index.names() if index.get(name) is None]
+        gone = self.index.missing_from(index)
         self.index = index
         self._seen = version
         for name in gone:
