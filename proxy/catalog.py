@@ -299,11 +299,6 @@ def _counts(spec: LimitRule | BudgetSpec, model: str) -> bool:
     return not spec.models or model in spec.models
 
 
-def _model_scoped(owner: ClientKey | Team) -> bool:
-    """Whether some window or budget of ``owner`` counts only some models."""
-    return any(spec.models for spec in owner.limits) or any(b.models for b in owner.budgets)
-
-
 class _TeamLimits:
     """A team's limits, and per model group the windows and budgets that apply (built on
     first use)."""
@@ -313,7 +308,7 @@ class _TeamLimits:
     def __init__(self, team: Team, share: float) -> None:
         self.limits = key_limits(team, share)
         self._team = team
-        self._scoped = _model_scoped(team)
+        self._scoped = team.model_scoped
         self._by_model: dict[str, KeyLimits] = {}
 
     def for_model(self, model: str) -> KeyLimits:
@@ -439,11 +434,7 @@ class Catalog:
         a ``models`` filter or a team. The one place a ``models`` filter is applied: the
         limiter never sees one, and a budget over other models costs such a request
         nothing (no reservation, no budget in the limiter's step)."""
-        if (
-            key.team is None
-            and limits.team is None
-            and (not (key.limits or key.budgets) or not _model_scoped(key))
-        ):
+        if key.team is None and limits.team is None and not key.model_scoped:
             return limits  # the usual key: its own windows and budgets, every one counting
         team = self._teams.get(key.team) if key.team is not None else None
         cached = self._asks.get((key.name, model))
