@@ -199,7 +199,8 @@ class Pipeline:
             self.keys.authorize(key, group.name)
             _check_speaks(group, shape)
             shape.check(call.body)
-            call.stream = call.body.get("stream") is True
+            if route is None:  # a stored response's route: its query said (follow_ups)
+                call.stream = call.body.get("stream") is True
             call.cost = shape.estimate(call.body, self.settings.server.default_max_tokens)
             call.estimate = int(call.cost[TOKENS])
             if shape.name == RESPONSES.name:
