@@ -104,6 +104,8 @@ class Pipeline:
             runtime = previous.keys.runtime
         self.keys: KeyStore = key_store or KeyStore(settings.keys)
         self.keys.runtime = runtime
+        if runtime is not None:  # its revoked keys' limits go from this catalog
+            runtime.on_gone = self.catalog.forget
         self.limiter = limiter
         # Where stored responses live: one store per process, kept across reloads.
         if affinity is None:
@@ -310,9 +312,7 @@ class Pipeline:
         """The key's verdict to come (the dispatcher's gate): given at once when the
         limiter can (in memory, or a lease's), else asked together with the first
         reservation, one Redis round trip for both."""
-        ask = KeyAsk(
-            limits, call.request_id, call.cost, budget_cost=call.reserved, model=call.model
-        )
+        ask = KeyAsk(limits, call.request_id, call.cost, budget_cost=call.reserved)
         verdict = None if self.fast is None else self.fast.acquire_key_now(ask)
         if verdict is None:
             return asyncio.ensure_future(self._acquire_key(call, ask, shadow))
@@ -371,7 +371,6 @@ class Pipeline:
                 call.request_id,
                 correction,
                 budget_cost=budgets.correction(real, call.reserved),
-                model=call.model,
                 started=granted.at,
             )
 

@@ -254,14 +254,14 @@ class Usage:
 class KeyAsk:
     """May the key send one request of ``cost`` (its estimate, ``requests: 1``
     included)? ``slot`` names the request in the key's parallel slots. ``budget_cost``
-    (kind -> amount: an upper bound of the request's cost) and ``model`` are what its
-    budgets charge (quota.py)."""
+    (kind -> amount: an upper bound of the request's cost) is what its budgets charge
+    (quota.py; ``limits`` holds only those counting the request's model:
+    ``Catalog.ask_limits``)."""
 
     limits: KeyLimits
     slot: str
     cost: Cost
     budget_cost: Cost = NOTHING
-    model: str = ""
 
 
 @value
@@ -335,7 +335,6 @@ class KeySettlement:
     slot: str
     cost: Cost = NOTHING
     budget_cost: Cost = NOTHING
-    model: str = ""
     started: float = 0.0
 
 

@@ -233,9 +233,7 @@ class MemoryLimiter:
         quotas = key_quotas(limits)
         wall = self._wall() if quotas else now
         before = [self._quota(q) for q in quotas]
-        charged, budget = quota.check(
-            quotas, before, quota_costs(limits, ask.budget_cost, ask.model), wall
-        )
+        charged, budget = quota.check(quotas, before, quota_costs(limits, ask.budget_cost), wall)
         full = ""
         admitted = decision.allowed and budget.allowed
         if admitted and (limits.max_parallel is not None or limits.team is not None):
@@ -441,7 +439,7 @@ class MemoryLimiter:
             for spend in corrections(owner.windows, s.cost):
                 self._adjust(_key_bucket(owner, spend.window), spend, now)
         quotas = key_quotas(s.limits)
-        for q, units in zip(quotas, quota_costs(s.limits, s.budget_cost, s.model), strict=True):
+        for q, units in zip(quotas, quota_costs(s.limits, s.budget_cost), strict=True):
             if units != 0:
                 settled = quota.settle(self._quota(q), q, s.started, units)
                 if settled is not None:

@@ -370,10 +370,10 @@ def key_quotas(limits: KeyLimits) -> list[Quota]:
     return [q for owner in limits.owners() for q in owner.quotas]
 
 
-def quota_costs(limits: KeyLimits, cost: Cost, model: str) -> list[float]:
-    """What a request (or a correction) of ``model`` costs in each budget of the key and
-    its team (``key_quotas``' order)."""
-    return [quota.cost_of(q, cost, model) for q in key_quotas(limits)]
+def quota_costs(limits: KeyLimits, cost: Cost) -> list[float]:
+    """What a request (or a correction) costs in each budget of the key and its team
+    (``key_quotas``' order; the catalog left out those over other models)."""
+    return [quota.cost_of(q, cost) for q in key_quotas(limits)]
 
 
 def _usages(

@@ -155,7 +155,7 @@ class RedisLimiter:
         ]
         for s in spent:
             args += [_num(s.rate.interval), _num(s.capacity), _num(s.amount)]
-        for q, cost in zip(quotas, quota_costs(limits, ask.budget_cost, ask.model), strict=True):
+        for q, cost in zip(quotas, quota_costs(limits, ask.budget_cost), strict=True):
             args += [q.period, _num(q.limit), _num(cost)]
         keys = self._key_keys(limits) + self._quota_keys(limits)
         reply = iter(await self.runner.run("acquire_key", keys, args))
@@ -433,7 +433,7 @@ class RedisLimiter:
             return None
         keys: list[str] = []
         args = [self._now()]
-        units = quota_costs(limits, s.budget_cost, s.model)
+        units = quota_costs(limits, s.budget_cost)
         for q, key, amount in zip(quotas, self._quota_keys(limits), units, strict=True):
             if amount != 0:
                 keys.append(key)
