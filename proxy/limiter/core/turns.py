@@ -26,7 +26,7 @@ Nothing is ever returned from a bucket another turn was charged to since: that w
 put a later turn between turns already granted.
 
 **Only far from the limit.** A lease is taken while its first turn comes within ``WAIT``
-(at most another replica's lease ahead: no queue of turns), nobody waits for a fair
+(no other replica's lease ahead, no queue of turns), nobody waits for a fair
 share, and the deployment is healthy; it reaches at most ``SPAN`` past its first turn,
 and a longer window (a day's) may lose at most ``SHARE`` of its capacity to it and stay
 at most ``FULL_AT`` full. A replica whose requests used more than ``NEAR`` of a lease's
@@ -49,9 +49,9 @@ from proxy.limiter.core.allowance import FULL_AT, SHARE
 from proxy.limiter.core.bucket import Bucket, BucketState, charge, debt_at, plan
 
 SPAN = 0.005  # a lease's last turn comes at most this long after its first (seconds)
-# Leased only while the first turn comes within this: another replica's lease ahead at
-# most (and what is left of this one's), no queue of turns beyond.
-WAIT = 2 * SPAN
+# Leased only while the first turn comes within this: no other replica's lease ahead (it
+# would make this one's requests wait for it), no queue of turns.
+WAIT = SPAN / 8
 MIN_TURNS = 2  # a lease of fewer turns is not taken
 FIRST_TURNS = 64  # a first lease's turns; then sized by the demand...
 MAX_TURNS = 512  # ... up to this
