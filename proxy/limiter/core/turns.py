@@ -217,10 +217,10 @@ class TurnLease:
         """The next lease's size in turns (this one was asked for ``asked``), for about
         ``TARGET_USES`` requests at the demand it saw; None: near the limit (its requests
         used more than ``NEAR`` of its turns), or not worth a lease (a whole lease as long
-        as may be for one request or none)."""
+        as may be went unused)."""
         if self.uses > NEAR * self.turns:
             return None
-        if self.uses <= 1 and (self.turns < asked or asked >= MAX_TURNS):
+        if self.uses == 0 and (self.turns < asked or asked >= MAX_TURNS):
             return None
         wanted = asked * TARGET_USES // max(self.uses, 1)
         return max(2 * MIN_TURNS, min(MAX_TURNS, wanted))

@@ -221,6 +221,8 @@ def test_a_lease_is_sized_by_the_demand_it_saw() -> None:
     t.uses = 0
     assert t.next_turns(64) == 64 * turns.TARGET_USES
     assert t.next_turns(turns.MAX_TURNS) is None  # a whole lease unused: per request
+    t.uses = 1  # one request in a lease as long as may be: still leased (no worse)
+    assert t.next_turns(turns.MAX_TURNS) == turns.MAX_TURNS
     t.uses = 17  # more than a quarter of its turns: near the limit
     assert t.next_turns(64) is None
 
