@@ -8,8 +8,9 @@ with ``burst: 1``) in front of the fake upstream, loaded by wrk at each connecti
 Redis's ``INFO commandstats`` before and after give the scripts and functions it ran
 (``fcall``, ``evalsha``, ``eval``: one per operation, however batched), divided by the
 requests wrk saw answered. The count does not depend on how busy the machine is, only on
-how requests fall into leases; req/s and p50 are printed beside it, for what they are
-worth on a shared machine.
+how requests fall into leases; the proxy's CPU per request (its processes' user and
+system time), req/s and p50 are printed beside it, for what they are worth on a shared
+machine.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 import redis
 
 from loadtest.bench.model import HEADLINE
-from loadtest.bench.servers import checkout, servers, start_proxy
+from loadtest.bench.servers import checkout, cpu_seconds, servers, start_proxy
 from loadtest.bench.wrk import run_wrk
 from loadtest.topology import REPO
 
@@ -44,13 +45,15 @@ def measure(source: Path, name: str, connections: list[int], duration: float) ->
         try:
             run_wrk(proxy_url, 8, 2.0)  # warm-up
             for c in connections:
-                before = script_calls(url)
+                before, cpu = script_calls(url), cpu_seconds(process.pid)
                 run = run_wrk(proxy_url, c, duration)
                 calls = script_calls(url) - before
+                requests = max(run.requests, 1)
+                cpu_us = (cpu_seconds(process.pid) - cpu) / requests * 1e6
                 print(
-                    f"{name}: {c} connections: {calls / max(run.requests, 1):.3f} Redis calls"
-                    f" per request ({calls:,} for {run.requests:,}), {run.rps:,.0f} req/s,"
-                    f" p50 {run.p50_ms:.2f} ms, non-2xx {run.non_2xx}",
+                    f"{name}: {c} connections: {calls / requests:.3f} Redis calls per request"
+                    f" ({calls:,} for {run.requests:,}), proxy CPU {cpu_us:.0f} us per request,"
+                    f" {run.rps:,.0f} req/s, p50 {run.p50_ms:.2f} ms, non-2xx {run.non_2xx}",
                     flush=True,
                 )
         finally:
