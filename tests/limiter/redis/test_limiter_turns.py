@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.limits import patient, window
 
+from loadtest.redis_calls import script_calls as calls
 from proxy.costs import estimate_cost
 from proxy.limiter.base import (
     CooldownRule,
@@ -33,16 +34,6 @@ RULE = CooldownRule(allowed_fails=1, window=60.0, time=30.0)
 # burst 1: a turn every 100 us, the default config's pacing at a high rate
 PACED = DeploymentLimits("paced", windows=(window("requests", 600_000.0, 60.0, 1.0),))
 INTERVAL = 60.0 / 600_000.0
-
-
-def calls(url: str) -> int:
-    """Scripts and functions Redis has run so far."""
-    with redis.Redis.from_url(url, decode_responses=True) as c:
-        stats = c.info("commandstats")
-    return sum(
-        int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
-        for name in ("fcall", "evalsha", "eval")
-    )
 
 
 rates = st.sampled_from(

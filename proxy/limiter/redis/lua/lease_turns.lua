@@ -11,11 +11,8 @@
 --        (nothing charged).
 local now = clock(ARGV[1])
 local turns = tonumber(ARGV[2])
-local h, kept = load_health(KEYS[1], now)
-if h.cooling or hold_for(h, now) > 0.0 or learned_rate(h, now) > 0.0 then
-  return {'0'}
-end
-if anyone_waiting(KEYS[2], now) then
+local h, kept = leasable_health(KEYS[1], now)
+if h == nil or anyone_waiting(KEYS[2], now) then
   return {'0'}
 end
 local buckets = {}
