@@ -60,6 +60,10 @@ NEAR = 0.25  # a lease whose requests used more than this share of its turns: ne
 REFUSED_FOR = 0.25  # then (or when refused) ask per request for this long (seconds)
 USE_SHARE = 0.75  # a lease hands out turns for this share of SPAN (from its first), then is renewed
 LONG = 60.0  # windows longer than this (seconds) cap a total: SHARE and FULL_AT bound them
+DRIFT = 0.001  # seconds a second the smallest offset may rise by (as routing/turn_clock.py)
+# The most a lease's time 0 is put before the grant's arrival (the default pacing margin):
+# a storage clock stepping back (a failover) can make a lease's turns early by this at most.
+MAX_CORRECTION = 0.05
 
 
 def bound(rate: Rate, debt: float) -> float:
@@ -120,6 +124,29 @@ def returned(stored: BucketState, end: BucketState, local: BucketState) -> Bucke
     if stored.debt == end.debt and stored.at == end.at:
         return local
     return None
+
+
+class Origins:
+    """Where a lease's time 0 (the storage's ``at``) falls on this process's clock, per
+    storage clock: the grant's arrival, less its reply's excess delay over the quickest
+    reply seen (the smallest ``received - at``, rising at most ``DRIFT`` a second), and
+    never more than ``MAX_CORRECTION`` before the arrival. Never before the true moment:
+    a reply is handled after the storage decided, so no offset seen is below the true one,
+    and a turn is never early. A grant read late (the loop was busy when it came) then
+    does not make every turn of its lease late by as much (routing/turn_clock.py does the
+    same for reserved turns)."""
+
+    def __init__(self) -> None:
+        self._offsets: dict[object, tuple[float, float]] = {}
+
+    def origin(self, clock: object, at: float, received: float) -> float:
+        sample = received - at
+        seen = self._offsets.get(clock)
+        if seen is not None:
+            value, when = seen
+            sample = min(sample, value + DRIFT * max(received - when, 0.0))
+        self._offsets[clock] = (sample, received)
+        return max(at + sample, received - MAX_CORRECTION)
 
 
 class TurnLease:
@@ -247,6 +274,7 @@ __all__ = [
     "TARGET_USES",
     "USE_SHARE",
     "WAIT",
+    "Origins",
     "TurnLease",
     "bound",
     "grants",

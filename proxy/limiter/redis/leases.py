@@ -102,6 +102,7 @@ class Leases:
         self._owners: dict[Any, Owner] = {}
         self._serial = 0
         self._returning: set[asyncio.Task[Any]] = set()
+        self._origins = turns.Origins()  # where turn leases' times fall on this clock
 
     # -- client keys ---------------------------------------------------------------------
 
@@ -363,7 +364,7 @@ class Leases:
         t = turns.TurnLease(
             self._serial, [s.rate for s in spent], [float(x) for x in debts[::2]],
             [float(x) for x in debts[1::2]], float(at), int(taken), float(last), int(epoch),
-            int(sequence), received,
+            int(sequence), self._origins.origin(owner.keys[2], float(at), received),
         )  # fmt: skip
         owner.turns = t
         owner.private = Private(lease=t.serial)

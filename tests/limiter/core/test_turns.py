@@ -234,3 +234,18 @@ def test_a_slow_deployment_is_not_worth_a_lease() -> None:
     assert turns.worth([RPM], [1.0], [1.0])
     assert turns.worth([RPM, RPD], [1.0, RPD.capacity], [1.0, 1.0])  # a day's total: no pace
     assert not turns.worth([RPM, TPM], [1.0, 400_000.0], [1.0, 400_000.0])  # large requests
+
+
+def test_a_grant_read_late_does_not_make_its_turns_late() -> None:
+    """A lease's time 0 falls where the quickest grant says the storage's clock stands:
+    a reply handled 40 ms late (a busy loop) moves it back by those 40 ms, never before
+    the true moment, and never more than MAX_CORRECTION (a storage clock stepping back)."""
+    origins = turns.Origins()
+    # This clock reads the storage's plus 1000 s; replies take 0.2 ms.
+    assert origins.origin("g", 10.0, 1010.0002) == 1010.0002
+    late = origins.origin("g", 11.0, 1011.0402)  # handled 40 ms late
+    assert 1011.0 <= late <= 1011.0002 + turns.DRIFT * 1.04
+    # A storage clock stepped back by a second: at most MAX_CORRECTION is believed.
+    stepped = origins.origin("g", 11.0, 1012.0002)
+    assert stepped == 1012.0002 - turns.MAX_CORRECTION
+    assert origins.origin("other", 5.0, 1010.0) == 1010.0  # each storage clock its own
