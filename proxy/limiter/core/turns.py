@@ -64,6 +64,9 @@ DRIFT = 0.001  # seconds a second the smallest offset may rise by (as routing/tu
 # The most a lease's time 0 is put before the grant's arrival (the default pacing margin):
 # a storage clock stepping back (a failover) can make a lease's turns early by this at most.
 MAX_CORRECTION = 0.05
+# A first grant (no quicker reply seen on its clock) that took longer than this to come is
+# not trusted: it may have been read late, and every turn of its lease would be as late.
+SLOW_GRANT = 0.002
 
 
 def bound(rate: Rate, debt: float) -> float:
@@ -138,6 +141,13 @@ class Origins:
 
     def __init__(self) -> None:
         self._offsets: dict[object, tuple[float, float]] = {}
+
+    def trusts(self, clock: object, took: float) -> bool:
+        """Whether a grant on ``clock`` whose round trip ``took`` seconds can be placed:
+        a grant was seen on it before (a late reply is then told by its excess), or it
+        came within ``SLOW_GRANT`` (read late by that much at most). Else it is given back
+        and the request asks per request (its time 0 is recorded all the same)."""
+        return clock in self._offsets or took <= SLOW_GRANT
 
     def origin(self, clock: object, at: float, received: float) -> float:
         sample = received - at
@@ -270,6 +280,7 @@ __all__ = [
     "MIN_TURNS",
     "NEAR",
     "REFUSED_FOR",
+    "SLOW_GRANT",
     "SPAN",
     "TARGET_USES",
     "USE_SHARE",

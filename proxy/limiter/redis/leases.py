@@ -360,12 +360,17 @@ class Leases:
             owner.turn_size = turns.FIRST_TURNS
             return None
         at, epoch, sequence, taken, first, last, *debts = reply[1:]
+        clock = owner.keys[2]  # the group's: one storage clock (a cluster's slot) per group
+        trusted = self._origins.trusts(clock, received - now)
         self._serial += 1
         t = turns.TurnLease(
             self._serial, [s.rate for s in spent], [float(x) for x in debts[::2]],
             [float(x) for x in debts[1::2]], float(at), int(taken), float(last), int(epoch),
-            int(sequence), self._origins.origin(owner.keys[2], float(at), received),
+            int(sequence), self._origins.origin(clock, float(at), received),
         )  # fmt: skip
+        if not trusted:  # maybe read late, with nothing to tell: give it back, ask per request
+            self._return_turns(owner, t)
+            return None
         owner.turns = t
         owner.private = Private(lease=t.serial)
         # Idle at the end of its use (counted from its first turn): give back what it did

@@ -249,3 +249,14 @@ def test_a_grant_read_late_does_not_make_its_turns_late() -> None:
     stepped = origins.origin("g", 11.0, 1012.0002)
     assert stepped == 1012.0002 - turns.MAX_CORRECTION
     assert origins.origin("other", 5.0, 1010.0) == 1010.0  # each storage clock its own
+
+
+def test_a_first_grant_that_came_slowly_is_not_trusted() -> None:
+    """With no grant seen before on its clock, a slow one may have been read late: every
+    turn of its lease would be late by as much. It is given back (leases.py); the next
+    grant has its measure to go by."""
+    origins = turns.Origins()
+    assert origins.trusts("g", turns.SLOW_GRANT)
+    assert not origins.trusts("g", 0.040)
+    origins.origin("g", 10.0, 1010.040)
+    assert origins.trusts("g", 0.040)

@@ -161,9 +161,9 @@ async def test_two_replicas_never_grant_turns_closer_than_the_pacing(redis_url: 
     )
     for lim in replicas:
         await lim.aclose()
-    # Both leased (each replica's first request finds the deployment idle), and asked per
-    # request when their leases said the demand came near the limit.
-    assert all(leased) and sum(leased) < len(granted)
+    # Leased turns and per-request ones (a replica beside another's lease, or whose lease
+    # said the demand came near the limit, asks per request), in one timeline.
+    assert 0 < sum(leased) < len(granted)
     assert apart(granted)
 
 
@@ -182,6 +182,7 @@ async def test_far_from_its_limit_a_paced_deployment_asks_once_per_lease(redis_u
 async def test_a_failure_on_a_leased_turn_closes_the_lease(redis_url: str) -> None:
     lim = patient(redis_url)
     ask = GroupAsk("g", [PACED], estimate_cost(0), 5.0, "r")
+    await lim.reserve(ask)  # connected: a first grant that came slowly is not trusted
     verdict = await lim.reserve(ask)
     assert verdict.sent is not None and verdict.sent.private.lease
     failure = Outcome("failure", "server_error")
