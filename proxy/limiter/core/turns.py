@@ -56,6 +56,10 @@ MIN_TURNS = 2  # a lease of fewer turns is not taken
 FIRST_TURNS = 64  # a first lease's turns; then sized by the demand...
 MAX_TURNS = 512  # ... up to this
 TARGET_USES = 8  # ... for about this many requests per lease
+# A lease's turns counted in its deployment's health period (what a 429's learning divides
+# by time): as many as it is expected to hand out, not every turn it holds, which would
+# make a 429 after leases teach a rate far above the one really sent.
+COUNTED = 2 * TARGET_USES
 NEAR = 0.25  # a lease whose requests used more than this share of its turns: near the limit
 REFUSED_FOR = 0.25  # then (or when refused) ask per request for this long (seconds)
 USE_SHARE = 0.75  # a lease hands out turns for this share of SPAN (from its first), then is renewed
@@ -118,6 +122,12 @@ def grants(first: float, taken: int) -> bool:
     """Whether a lease whose first turn comes in ``first`` seconds, of ``taken`` turns,
     is granted (else nothing is charged): far from the limit, and worth a round trip."""
     return first <= WAIT and taken >= MIN_TURNS
+
+
+def counted(taken: int) -> int:
+    """How many of a lease's ``taken`` turns its deployment's health period counts (the
+    lease's turns are numbered within them: the later ones share the last number)."""
+    return min(taken, COUNTED)
 
 
 def returned(stored: BucketState, end: BucketState, local: BucketState) -> BucketState | None:
@@ -275,6 +285,7 @@ def within(
 
 
 __all__ = [
+    "COUNTED",
     "FIRST_TURNS",
     "MAX_TURNS",
     "MIN_TURNS",
@@ -288,6 +299,7 @@ __all__ = [
     "Origins",
     "TurnLease",
     "bound",
+    "counted",
     "grants",
     "lease_turns",
     "returned",

@@ -520,7 +520,8 @@ def _leased_turn(
     time in the storage's, and how far the lease's turns go (the fallback starts after
     them, policy.py)."""
     lease_now = now - t.origin
-    sent = Sent(t.epoch, t.sequence + t.uses - 1, t.at + lease_now + wait, owner.private)
+    number = t.sequence + min(t.uses, turns.counted(t.turns)) - 1
+    sent = Sent(t.epoch, number, t.at + lease_now + wait, owner.private)
     tail = max(wait, t.last - lease_now)
     return DeploymentVerdict(d.id, wait, waits={d.id: tail}, sent=sent)
 

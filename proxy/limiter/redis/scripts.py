@@ -57,6 +57,7 @@ CONSTANTS = {
     "TURN_SPAN": turns.SPAN,
     "TURN_WAIT": turns.WAIT,
     "TURN_MIN": turns.MIN_TURNS,
+    "TURN_COUNTED": turns.COUNTED,
 }
 
 

@@ -260,3 +260,10 @@ def test_a_first_grant_that_came_slowly_is_not_trusted() -> None:
     assert not origins.trusts("g", 0.040)
     origins.origin("g", 10.0, 1010.040)
     assert origins.trusts("g", 0.040)
+
+
+def test_a_lease_counts_the_turns_it_is_expected_to_hand_out() -> None:
+    """Not every turn it holds: a 429 after leases would teach a rate far above the one
+    really sent (health.py divides the turns counted by the time they took)."""
+    assert turns.counted(3) == 3
+    assert turns.counted(470) == turns.COUNTED == 2 * turns.TARGET_USES

@@ -93,6 +93,8 @@ def test_lua_turn_leases_match_the_pure_core(
             return
         assert reply[0] == "1" and float(reply[1]) == now
         assert (int(reply[4]), float(reply[5]), float(reply[6])) == (taken, first, last)
+        # Numbered in a fresh health period: as many as it is expected to hand out.
+        assert reply[3] == "1" and int(c.hget("h", "n") or 0) == turns.counted(taken)
         debts = [float(x) for x in reply[7:]]
         before = [debt_at(b.state, b.rate.interval, now) for b in buckets]
         assert debts[::2] == before

@@ -1,7 +1,8 @@
 -- Lease a paced deployment's next turns (turns.py) while it is healthy (not cooling, no
 -- probe out, no 429's hold, no learned rate), nobody waits for a fair share of its group,
--- and its first turn comes within TURN_WAIT. The turns are counted in the health's period
--- at once (health.counted), numbered from the first's sequence.
+-- and its first turn comes within TURN_WAIT. The turns it is expected to hand out are
+-- counted in the health's period at once (health.counted, turns.counted), numbered from
+-- the first's sequence.
 -- KEYS: its health, its group's waiting keys (fair share), then one bucket per window
 -- ARGV: now ('' = server time), the most turns, then per window: interval, capacity
 --       (Rate.capacity_for the cost), cost, and its capacity if longer than a minute (0:
@@ -33,8 +34,9 @@ for _, b in ipairs(buckets) do
   table.insert(reply, fmt(b.debt))
   store_state(b.key, b.debt, now, b.interval)
 end
-h = counted(h, now + first, taken)
+local numbered = math.min(taken, TURN_COUNTED)
+h = counted(h, now + first, numbered)
 store_health(KEYS[1], h, nil, now, kept)
 reply[3] = tostring(h.epoch)
-reply[4] = tostring(h.sent - taken + 1)
+reply[4] = tostring(h.sent - numbered + 1)
 return reply
