@@ -41,6 +41,7 @@ from proxy.follow_ups import FollowUps, StoredRoute
 from proxy.json_splice import set_fields
 from proxy.limiter.base import (
     Activity,
+    Claimant,
     CooldownRule,
     FastPaths,
     KeyAsk,
@@ -52,9 +53,8 @@ from proxy.limiter.base import (
     StorageError,
     describe,
 )
-from proxy.limiter.core.fairness import Claimant
 from proxy.limiter.core.quota import budget_label
-from proxy.limiter.core.verdicts import key_quotas, settled_cost
+from proxy.limiter.core.verdicts import settled_cost
 from proxy.limiter.ledger import Ledger, MemoryLedger
 from proxy.logs import RequestLog
 from proxy.metrics import Metrics
@@ -210,7 +210,7 @@ class Pipeline:
                 limits = self.catalog.ask_limits(key, limits, group.name)
             if limits is not None and limits.unlimited:
                 limits = None  # nothing to check nor charge: no limiter call at all
-            if limits is not None and key_quotas(limits):
+            if limits is not None and limits.all_quotas:
                 self._reserve_budget(call, shape, group)
             if limits is not None:
                 key_check = self._check_key(call, limits, shadow=key is not None and key.shadow)
@@ -361,7 +361,7 @@ class Pipeline:
                 return None
             # Unknown usage (an error, no usage in a buffered answer) refunds the whole
             # estimate; a stream without usage is charged at least it (Trip.charge).
-            correction = settled_cost(call.cost, call.trip.charged, limits.all_windows())
+            correction = settled_cost(call.cost, call.trip.charged, limits.all_windows)
             if not call.reserved:
                 return KeySettlement(limits, call.request_id, correction)
             price = self.catalog.prices.get(call.trip.deployment or "", FREE)

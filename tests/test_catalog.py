@@ -8,7 +8,7 @@ from support.proxy_server import settings_from
 from proxy.catalog import Catalog, key_limits, pacing_headroom
 from proxy.config import ClientKey, Settings
 from proxy.limiter.base import DAY, Rate, Window, describe, window_name
-from proxy.limiter.core.verdicts import key_code, key_quotas
+from proxy.limiter.core.verdicts import key_code
 from proxy.routing.announced import ANNOUNCED_FOR
 
 
@@ -255,7 +255,7 @@ def test_a_key_in_a_team_carries_the_teams_windows() -> None:
     alice = catalog.key_limits["alice"]
     assert alice.team is catalog.team_limits["research"]
     assert alice.team.scope == "team" and alice.team.max_parallel == 4  # a worker's share
-    assert [w.name for w in alice.all_windows()] == ["rpm", "rpm@big", "rpm", "tpm@big"]
+    assert [w.name for w in alice.all_windows] == ["rpm", "rpm@big", "rpm", "tpm@big"]
     assert catalog.key_limits["bob"].team is None
 
 
@@ -287,7 +287,7 @@ def test_a_request_is_charged_to_the_budgets_counting_its_model() -> None:
     assert catalog.ask_limits(_key(catalog, "dave"), dave, "small") is small
     # A key whose every budget is over other models: nothing to reserve for this one.
     erin = catalog.key_limits["erin"]
-    assert key_quotas(catalog.ask_limits(_key(catalog, "erin"), erin, "small")) == []
+    assert catalog.ask_limits(_key(catalog, "erin"), erin, "small").all_quotas == ()
     assert catalog.ask_limits(_key(catalog, "erin"), erin, "big") is erin
 
 

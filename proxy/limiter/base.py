@@ -39,8 +39,6 @@ from dataclasses import field
 from typing import Literal, Protocol, runtime_checkable
 
 from proxy.costs import NOTHING, Cost
-from proxy.limiter.core.fairness import Claimant
-from proxy.limiter.core.quota import Quota, QuotaUsage
 from proxy.values import value
 
 Kind = str  # a limit kind: "requests", "tokens", ... (proxy/costs.py); any name works
@@ -48,6 +46,51 @@ Kind = str  # a limit kind: "requests", "tokens", ... (proxy/costs.py); any name
 MINUTE = 60.0
 DAY = 86400.0
 DEFAULT_MAX_HOLD = 300.0  # server.max_upstream_hold's default: five minutes
+
+# A budget's calendar period in UTC (core/periods.py: a period's index and bounds).
+Period = Literal["day", "week", "month"]
+
+
+@value
+class Claimant:
+    """The client key a reservation is for ("" for requests without a key)."""
+
+    key: str = ""
+    tier: int = 0
+    weight: float = 1.0
+
+
+@value
+class Quota:
+    """At most ``limit`` ``kind`` per calendar ``period``; ``models`` (empty: every
+    model) scopes it to those models' requests (applied by the catalog, which leaves
+    it out of other models' asks: ``Catalog.ask_limits``). ``name`` names its storage among its
+    owner's; ``scope`` (``key``, ``team``) and ``owner`` (the key's or team's name) say
+    whose it is (its 429 code, its gauge)."""
+
+    name: str
+    kind: str
+    limit: float
+    period: Period
+    models: tuple[str, ...] = ()
+    scope: str = "key"
+    owner: str = ""
+
+    @property
+    def code(self) -> str:
+        """Its 429 code: ``key_budget_usd_month``, ``team_budget_tokens_day``."""
+        return f"{self.scope}_budget_{self.kind}_{self.period}"
+
+
+@value
+class QuotaUsage:
+    """A budget after a decision: what is left now, seconds until it all returns, and
+    when that is (UTC seconds: the period's end)."""
+
+    limit: float
+    remaining: float
+    reset: float
+    resets_at: float = 0.0
 
 
 @value
@@ -162,19 +205,28 @@ class KeyLimits:
     team: KeyLimits | None = None
     scope: str = KEY
     quotas: tuple[Quota, ...] = ()
+    # Derived once, here: every ask and settlement reads them (attributes, not calls;
+    # docs/performance.md, "the limiter's per-request Python").
+    # The key's limits, then its team's: the order of their windows in spends and verdicts.
+    owners: tuple[KeyLimits, ...] = field(init=False, repr=False, compare=False)
+    # Every window an ask of this key touches, and every budget: its own, then its team's.
+    all_windows: tuple[Window, ...] = field(init=False, repr=False, compare=False)
+    all_quotas: tuple[Quota, ...] = field(init=False, repr=False, compare=False)
+    slotted: bool = field(init=False, repr=False, compare=False)  # some max_parallel
+    unlimited: bool = field(init=False, repr=False, compare=False)  # nothing to check
 
-    def owners(self) -> tuple[KeyLimits, ...]:
-        """The key's limits, then its team's (if any): the order of their windows in an
-        ask's spends and verdict."""
-        return (self,) if self.team is None else (self, self.team)
-
-    def all_windows(self) -> tuple[Window, ...]:
-        """Every window an ask of this key touches: its own, then its team's."""
-        return self.windows if self.team is None else self.windows + self.team.windows
-
-    @property
-    def unlimited(self) -> bool:
-        return all(not o.windows and o.max_parallel is None and not o.quotas for o in self.owners())
+    def __post_init__(self) -> None:
+        # ``@value`` is frozen to mypy only: set as a frozen dataclass would, once.
+        team = self.team
+        owners = (self,) if team is None else (self, team)
+        derived = object.__setattr__
+        derived(self, "owners", owners)
+        derived(self, "all_windows", tuple(w for o in owners for w in o.windows))
+        derived(self, "all_quotas", tuple(q for o in owners for q in o.quotas))
+        derived(self, "slotted", any(o.max_parallel is not None for o in owners))
+        derived(
+            self, "unlimited", not self.all_windows and not self.all_quotas and not self.slotted
+        )
 
 
 @value

@@ -21,6 +21,7 @@ from proxy.limiter.base import (
     KeyLimits,
     KeyState,
     KeyVerdict,
+    Quota,
     Rate,
     Remaining,
     Sent,
@@ -31,7 +32,7 @@ from proxy.limiter.base import (
 from proxy.limiter.core import health, quota
 from proxy.limiter.core.bucket import Admission, Bucket, BucketState, Decision, plan, usage
 from proxy.limiter.core.health import Health
-from proxy.limiter.core.quota import Quota, QuotaCheck, QuotaState
+from proxy.limiter.core.quota import QuotaCheck, QuotaState
 from proxy.limiter.core.selection import Selection
 from proxy.values import value
 
@@ -213,7 +214,7 @@ def key_codes(limits: KeyLimits) -> list[str]:
     """Every code a key's limits and its team's can refuse with (``key_parallel``,
     ``team_parallel`` included)."""
     codes: list[str] = []
-    for owner in limits.owners():
+    for owner in limits.owners:
         codes += [key_code(w, owner.scope) for w in owner.windows]
         codes += [f"{owner.scope}_parallel"] if owner.max_parallel is not None else []
     return list(dict.fromkeys(codes))
@@ -221,7 +222,7 @@ def key_codes(limits: KeyLimits) -> list[str]:
 
 def key_spends(limits: KeyLimits, cost: Cost) -> list[Spend]:
     """What an ask of the key costs in every window: its own, then its team's."""
-    return spends(limits.all_windows(), cost)
+    return spends(limits.all_windows, cost)
 
 
 def key_verdict(
@@ -365,15 +366,10 @@ def key_state(
     )
 
 
-def key_quotas(limits: KeyLimits) -> list[Quota]:
-    """Every budget an ask of this key touches: its own, then its team's."""
-    return [q for owner in limits.owners() for q in owner.quotas]
-
-
 def quota_costs(limits: KeyLimits, cost: Cost) -> list[float]:
     """What a request (or a correction) costs in each budget of the key and its team
-    (``key_quotas``' order; the catalog left out those over other models)."""
-    return [quota.cost_of(q, cost) for q in key_quotas(limits)]
+    (``KeyLimits.all_quotas``' order; the catalog left out those over other models)."""
+    return [quota.cost_of(q, cost) for q in limits.all_quotas]
 
 
 def _usages(

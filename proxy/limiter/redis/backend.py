@@ -44,6 +44,7 @@ from proxy.limiter.base import (
     NO_CHANGE,
     TEAM,
     Activity,
+    Claimant,
     DeploymentLimits,
     DeploymentState,
     DeploymentVerdict,
@@ -58,7 +59,7 @@ from proxy.limiter.base import (
     Settlement,
 )
 from proxy.limiter.core.bucket import Admission, BucketState, Decision
-from proxy.limiter.core.fairness import Claimant, Deferral
+from proxy.limiter.core.fairness import Deferral
 from proxy.limiter.core.health import Health
 from proxy.limiter.core.quota import QuotaCheck, QuotaState
 from proxy.limiter.core.selection import Selection
@@ -70,7 +71,6 @@ from proxy.limiter.core.verdicts import (
     deployment_verdict,
     evidence,
     floors,
-    key_quotas,
     key_spends,
     key_state,
     key_verdict,
@@ -136,10 +136,10 @@ class RedisLimiter:
         limits = ask.limits
         if limits.unlimited:
             return KeyVerdict(True)
-        quotas = key_quotas(limits)
+        quotas = limits.all_quotas
         # A budget is never leased: each request's reservation is checked against every
         # replica's (quota.py: why concurrency cannot overshoot).
-        if self._leases is not None and not _slotted(limits) and not quotas:
+        if self._leases is not None and not limits.slotted and not quotas:
             leased = await self._leases.acquire_key(ask, partial(self._windows, limits))
             if leased is not None:
                 return leased
@@ -180,7 +180,7 @@ class RedisLimiter:
         limits = ask.limits
         if limits.unlimited:
             return KeyVerdict(True)
-        if self._leases is None or _slotted(limits) or key_quotas(limits):
+        if self._leases is None or limits.slotted or limits.all_quotas:
             return None
         return self._leases.acquire_key_now(ask, partial(self._windows, limits))
 
@@ -428,7 +428,7 @@ class RedisLimiter:
     def _quota_settlement(self, s: KeySettlement) -> tuple[list[str], list[str]] | None:
         """The keys and arguments of ``settle_quota`` for ``s`` (None: nothing to do)."""
         limits = s.limits
-        quotas = key_quotas(limits)
+        quotas = limits.all_quotas
         if not quotas:
             return None
         keys: list[str] = []
@@ -448,8 +448,8 @@ class RedisLimiter:
                 return None
             s = left
         limits = s.limits
-        lease = s.slot if _slotted(limits) else ""
-        windows = limits.all_windows()
+        lease = s.slot if limits.slotted else ""
+        windows = limits.all_windows
         names = self._windows(limits)
         args = [self._now(), lease]
         keys = self._key_keys(limits)[:2]
@@ -488,8 +488,8 @@ class RedisLimiter:
         return [own, team, *self._windows(limits)]
 
     def _quota_keys(self, limits: KeyLimits) -> list[str]:
-        """The key's budgets, then its team's (``verdicts.key_quotas``' order)."""
-        return [self._owner_prefix(o) + q.name for o in limits.owners() for q in o.quotas]
+        """The key's budgets, then its team's (``KeyLimits.all_quotas``' order)."""
+        return [self._owner_prefix(o) + q.name for o in limits.owners for q in o.quotas]
 
     def _windows(self, limits: KeyLimits) -> list[str]:
         """The buckets of the key's windows, then of its team's."""
@@ -613,11 +613,6 @@ def merge_key_settlements(calls: list[ScriptCall]) -> tuple[list[ScriptCall], li
     for m in merging:
         out[m.index] = m.merged()
     return out, owners
-
-
-def _slotted(limits: KeyLimits) -> bool:
-    """Whether the key or its team has parallel slots (then its check is never leased)."""
-    return any(o.max_parallel is not None for o in limits.owners())
 
 
 def _slots_arg(owner: KeyLimits) -> str:
