@@ -5,7 +5,7 @@ keys held it about 2 s, and the event loop with it, even from a thread. A file o
 ``APART_OVER`` bytes is therefore parsed by a child interpreter (``python -c``, this
 package only), which hands the document back as JSON lines, the keys a thousand to a
 line, each read here in well under a millisecond; the caller validates it in its thread
-(``config.parse_settings``, a chunk of keys at a time). A smaller file is read in place.
+(``config.parse_settings``). A smaller file is read in place.
 """
 
 from __future__ import annotations
