@@ -95,17 +95,14 @@ class ConfigKeys(Sequence["ClientKey"]):
         digests: list[bytes],
         entries: list[dict[str, Any] | None],
         built: list[ClientKey | None],
+        full: list[ClientKey],
     ) -> None:
         self._names = names
         self._digests = digests
         self._entries = entries  # a plain entry, or None: built already
         self._built = built
-        self._index = {name: i for i, name in enumerate(names)}
-        self._full = [
-            key
-            for key, entry in zip(built, entries, strict=True)
-            if entry is None and key is not None
-        ]
+        self._index = dict(zip(names, range(len(names)), strict=True))
+        self._full = full  # validated in full (or made in code): the others are plain
 
     @classmethod
     def of(cls, keys: Sequence[ClientKey]) -> ConfigKeys:
@@ -118,6 +115,7 @@ class ConfigKeys(Sequence["ClientKey"]):
             [k.digest() for k in listed],
             [None] * len(listed),
             list(listed),
+            listed,
         )
 
     def __len__(self) -> int:
@@ -222,6 +220,7 @@ class KeysBuilder:
         self._digests: list[bytes] = []
         self._entries: list[dict[str, Any] | None] = []
         self._built: list[ClientKey | None] = []
+        self._full: list[ClientKey] = []
 
     def plain(self, entry: dict[str, Any], digest: bytes) -> None:
         name: str = entry["name"]
@@ -242,9 +241,10 @@ class KeysBuilder:
         self._digests.append(key.digest())
         self._entries.append(None)
         self._built.append(key)
+        self._full.append(key)
 
     def done(self) -> ConfigKeys:
-        return ConfigKeys(self._names, self._digests, self._entries, self._built)
+        return ConfigKeys(self._names, self._digests, self._entries, self._built, self._full)
 
 
 def _build(entry: dict[str, Any] | None) -> ClientKey:
