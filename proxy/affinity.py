@@ -27,8 +27,8 @@ import orjson
 
 from proxy.limiter.base import StorageError
 from proxy.limiter.policy import ResilientLimiter
-from proxy.limiter.redis import KEY_PREFIX
-from proxy.limiter.runner import ScriptRunner
+from proxy.limiter.redis.backend import KEY_PREFIX
+from proxy.limiter.redis.runner import ScriptRunner
 from proxy.values import value
 
 __all__ = [

@@ -89,12 +89,6 @@ def usage_of(call: Call) -> TokenUsage | None:
     return call.trip.usage
 
 
-def cost_usd(call: Call, price: Price) -> float | None:
-    """The request's dollars at ``price`` (None: no usage reported)."""
-    usage = usage_of(call)
-    return None if usage is None else usd(price, usage)
-
-
 def format_usd(amount: float) -> str:
     """A decimal string, no exponent (``0.0001375``)."""
     return f"{amount:.10f}".rstrip("0").rstrip(".") or "0"

@@ -15,7 +15,7 @@ from proxy.costs import (
     TokenUsage,
     usage_cost,
 )
-from proxy.limiter.fairness import Claimant
+from proxy.limiter.core.fairness import Claimant
 from proxy.shapes.base import Shape
 
 if TYPE_CHECKING:
@@ -70,6 +70,7 @@ class Trip:
     unreported_tokens: int | None = None
     stream_error: str | None = None  # how a stream that broke off ended (its error code)
     usage: TokenUsage | None = None  # what the upstream reported, as its shape read it
+    charged: Cost | None = None  # ``charge``'s: what the deployment and the key settle to
 
     def reported(self, usage: TokenUsage | None) -> None:
         """The usage the upstream reported (None: none it could read)."""
@@ -93,6 +94,12 @@ class Trip:
         usage counts as (``unreported_tokens``); None, unknown: the estimate goes back."""
         real = self.real_tokens()
         return self.unreported_tokens if real is None else real
+
+    def charge(self, estimate: Cost) -> Cost | None:
+        """``charged_cost``, kept as ``charged``: once the answer's usage is known, the
+        deployment's settlement and the key's read the same cost, computed once."""
+        self.charged = self.charged_cost(estimate)
+        return self.charged
 
     def charged_cost(self, estimate: Cost) -> Cost | None:
         """``charged_tokens`` per token kind: the reported usage, else the

@@ -37,7 +37,7 @@ from proxy.limiter.base import (
     scoped_name,
     window_name,
 )
-from proxy.limiter.quota import Quota, quota_name
+from proxy.limiter.core.quota import Quota, quota_name
 from proxy.pricing import FREE, Price, dearest
 from proxy.providers import Provider, provider_of
 from proxy.routing.announced import Announced
@@ -260,15 +260,18 @@ def budget(spec: BudgetSpec, share: float = 1.0, *, owner: str, scope: str = "ke
 
 
 def price(spec: PriceSpec | None) -> Price:
+    """A configured price; every free one is ``FREE`` itself (the request path asks
+    ``price is FREE``: an identity test, not a dataclass comparison)."""
     if spec is None:
         return FREE
-    return Price(
+    built = Price(
         input=spec.input,
         output=spec.output,
         cached_input=spec.cached_input,
         cache_read=spec.cache_read,
         cache_write=spec.cache_write,
     )
+    return FREE if built == FREE else built
 
 
 def for_model(limits: KeyLimits, rules: Sequence[LimitRule], model: str) -> KeyLimits:
@@ -402,6 +405,11 @@ class Catalog:
         # What upstreams announce of their limits, lowering the configured ones for a
         # while: the one part of the catalog that changes as it serves (announced.py).
         self.announced = Announced(share, pacing_headroom(self.pacing_margin), clock)
+        # The one place a deployment's limits come from, for every limiter operation:
+        # configured, this process's share of them, paced no faster than its upstream
+        # announces. (Announced's own method: a call less on every reservation and
+        # settlement.) How fast its windows refill after 429s is the limiter's business.
+        self.limits: Callable[[DeploymentRoute], DeploymentLimits] = self.announced.limits
 
     def held(self) -> list[object]:
         """The key limits built so far (a retired catalog's are freed off the event loop:
@@ -437,10 +445,3 @@ class Catalog:
         """After a reload: what upstreams announced still holds for deployments whose
         config did not change."""
         self.announced.carry_over(previous.announced, previous.groups, self.groups)
-
-    def limits(self, deployment: DeploymentRoute) -> DeploymentLimits:
-        """The one place a deployment's limits come from, for every limiter operation:
-        configured, this process's share of them, paced no faster than its upstream
-        announces (``announced``). How fast its windows refill after 429s is the
-        limiter's (health) business."""
-        return self.announced.limits(deployment)

@@ -126,7 +126,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-# What the limiter connects to (proxy/limiter/runner.py): a single Redis, TLS, a unix
+# What the limiter connects to (proxy/limiter/redis/runner.py): a single Redis, TLS, a unix
 # socket, or a Redis Cluster.
 _REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
 

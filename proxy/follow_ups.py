@@ -35,11 +35,14 @@ _PREVIOUS = "previous_response_id"
 @value
 class StoredRoute:
     """A request for a stored response: its method, id, and its path below
-    ``/v1/responses`` (``/{id}``, ``/{id}/cancel``, ``/{id}/input_items?...``)."""
+    ``/v1/responses`` (``/{id}``, ``/{id}/cancel``, ``/{id}/input_items?...``);
+    ``stream``: its events asked for (``GET /{id}?stream=true``), passed through as a
+    created response's stream is."""
 
     method: str
     response_id: str
     path: str
+    stream: bool = False
 
 
 class ResponseNotFound(ProxyError):
@@ -63,7 +66,7 @@ class FollowUps:
         deployment = self._deployment(owner, route.response_id, None)
         call.pinned = deployment.id
         call.upstream_method, call.upstream_path = route.method, route.path
-        call.stream = False  # the answer is buffered (a background stream's replay too)
+        call.stream = route.stream
         return self.catalog.groups[deployment.group]
 
     async def prepare(self, call: Call, group: GroupRoute) -> None:

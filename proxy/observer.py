@@ -12,7 +12,7 @@ from proxy.background import stop
 from proxy.catalog import Catalog, key_limits
 from proxy.config import ClientKey, Settings
 from proxy.limiter.base import MINUTE, ManagedLimiter
-from proxy.limiter.verdicts import key_codes
+from proxy.limiter.core.verdicts import key_codes
 from proxy.metrics import Metrics
 
 __all__ = ["StateObserver", "publish_configured_state", "shadow_keys_of"]

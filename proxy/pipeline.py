@@ -52,13 +52,13 @@ from proxy.limiter.base import (
     StorageError,
     describe,
 )
-from proxy.limiter.fairness import Claimant
+from proxy.limiter.core.fairness import Claimant
+from proxy.limiter.core.quota import budget_label
+from proxy.limiter.core.verdicts import key_quotas, settled_cost
 from proxy.limiter.ledger import Ledger, MemoryLedger
-from proxy.limiter.quota import budget_label
-from proxy.limiter.verdicts import key_quotas, settled_cost
 from proxy.logs import RequestLog
 from proxy.metrics import Metrics
-from proxy.pricing import FREE
+from proxy.pricing import FREE, usd
 from proxy.ratelimit_headers import format_reset
 from proxy.request_ids import new_request_id
 from proxy.routing.dispatcher import Dispatcher, Served
@@ -197,7 +197,8 @@ class Pipeline:
             self.keys.authorize(key, group.name)
             _check_speaks(group, shape)
             shape.check(call.body)
-            call.stream = call.body.get("stream") is True
+            if route is None:  # a stored response's route: its query said (follow_ups)
+                call.stream = call.body.get("stream") is True
             call.cost = shape.estimate(call.body, self.settings.server.default_max_tokens)
             call.estimate = int(call.cost[TOKENS])
             if shape.name == RESPONSES.name:
@@ -205,6 +206,8 @@ class Pipeline:
             limits = self.keys.limits(key, self.catalog.key_limits)
             if limits is not None and key is not None:
                 limits = self.catalog.ask_limits(key, limits, group.name)
+            if limits is not None and limits.unlimited:
+                limits = None  # nothing to check nor charge: no limiter call at all
             if limits is not None and key_quotas(limits):
                 self._reserve_budget(call, shape, group)
             if limits is not None:
@@ -357,10 +360,8 @@ class Pipeline:
             if granted is None:
                 return None
             # Unknown usage (an error, no usage in a buffered answer) refunds the whole
-            # estimate; a stream without usage is charged at least it (charged_cost).
-            correction = settled_cost(
-                call.cost, call.trip.charged_cost(call.cost), limits.all_windows()
-            )
+            # estimate; a stream without usage is charged at least it (Trip.charge).
+            correction = settled_cost(call.cost, call.trip.charged, limits.all_windows())
             if not call.reserved:
                 return KeySettlement(limits, call.request_id, correction)
             price = self.catalog.prices.get(call.trip.deployment or "", FREE)
@@ -444,14 +445,15 @@ class Pipeline:
         if usage is None or call.trip.deployment is None:
             return None
         price = self.catalog.prices.get(call.trip.deployment, FREE)
-        cost = budgets.cost_usd(call, price) or 0.0
+        cost = 0.0 if price is FREE else usd(price, usage)
         key, team = call.key_name or "", call.team
-        self.telemetry.spent(key, team, call.model, cost)
+        if cost > 0.0:  # a key's series starts at its first dollar
+            self.telemetry.spent(key, team, call.model, cost)
         verdict = call.key_verdict
         started = verdict.at if verdict is not None and verdict.at else time.time()
         spend = Spend(cost, usage.input_tokens + usage.cache_read, usage.output_tokens)
         self.ledger.add(Owner(key, team, call.model), spend, started)
-        return cost if price != FREE else None
+        return None if price is FREE else cost
 
 
 def _granted(key_check: asyncio.Future[KeyVerdict] | None) -> KeyVerdict | None:

@@ -15,8 +15,8 @@ import io
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from proxy.limiter import periods
-from proxy.limiter.periods import Period
+from proxy.limiter.core import periods
+from proxy.limiter.core.periods import Period
 from proxy.values import value
 
 FIELDS: tuple[str, ...] = ("usd", "input_tokens", "output_tokens", "requests")
@@ -38,9 +38,6 @@ class Spend:
     input_tokens: int = 0
     output_tokens: int = 0
     requests: int = 1
-
-    def amounts(self) -> tuple[float, ...]:
-        return (self.usd, float(self.input_tokens), float(self.output_tokens), float(self.requests))
 
 
 def field_name(metric: str, owner: Owner) -> str:
@@ -64,20 +61,28 @@ class Tally:
     (on every answered request); ``totals`` spreads the days over their periods."""
 
     def __init__(self) -> None:
-        self.days: dict[tuple[Owner, int], list[float]] = {}
+        # (key, team, model, day): strings and an int hash and compare in C, an
+        # ``Owner`` through its dataclass methods (this runs on every answered request).
+        self.days: dict[tuple[str, str, str, int], list[float]] = {}
 
-    def add(self, owner: Owner, spend: Spend, started: float) -> None:
-        slot = (owner, periods.index("day", started))
+    def add(self, owner: Owner, spend: Spend, started: float) -> int:
+        """Count ``spend`` in the UTC day ``started`` falls in; returns that day."""
+        day = periods.index("day", started)
+        slot = (owner.key, owner.team, owner.model, day)
         sums = self.days.get(slot)
         if sums is None:
             sums = self.days[slot] = [0.0] * len(FIELDS)
-        for i, amount in enumerate(spend.amounts()):
-            sums[i] += amount
+        sums[0] += spend.usd  # FIELDS' order
+        sums[1] += spend.input_tokens
+        sums[2] += spend.output_tokens
+        sums[3] += spend.requests
+        return day
 
     def totals(self) -> Totals:
         """What the days sum to, per period (day, week, month) and field name."""
         out: Totals = {}
-        for (owner, day), sums in self.days.items():
+        for (key, team, model, day), sums in self.days.items():
+            owner = Owner(key, team, model)
             t = day * periods.DAY
             for period in periods.PERIODS:
                 fields = out.setdefault((period, periods.index(period, t)), {})
@@ -101,7 +106,7 @@ class Tally:
                 mine[i] += amount
 
     def forget_before(self, day: int) -> None:
-        for slot in [s for s in self.days if s[1] < day]:
+        for slot in [s for s in self.days if s[3] < day]:
             del self.days[slot]
 
 

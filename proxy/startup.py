@@ -119,8 +119,8 @@ def redis_problem(settings: Settings, timeout: float = 1.0) -> str | None:
     from redis.sentinel import Sentinel
 
     from proxy.limiter.factory import sentinel_target
-    from proxy.limiter.runner import shown
-    from proxy.limiter.sentinel import client_options
+    from proxy.limiter.redis.runner import shown
+    from proxy.limiter.redis.sentinel import client_options
 
     config = settings.redis
     options = {"socket_timeout": timeout, "socket_connect_timeout": timeout}

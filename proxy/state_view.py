@@ -25,7 +25,7 @@ from proxy.limiter.base import (
     scoped_name,
     window_name,
 )
-from proxy.limiter.quota import Quota, QuotaUsage
+from proxy.limiter.core.quota import Quota, QuotaUsage
 
 if TYPE_CHECKING:  # types only: this module stays free of I/O imports
     from proxy.catalog import Catalog, DeploymentRoute

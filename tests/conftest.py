@@ -16,7 +16,7 @@ any, is left alone): every server listens on a free 127.0.0.1 port, in a temp di
   stops, kills or restarts it (``.stop()``, ``.kill()``, ``.start()`` keeps the port).
 * ``tls_redis`` (session) / ``tls_redis_url`` (function, FLUSHALLed): a redis-server
   with TLS (a test CA's certificate) and the ACL user ``llmproxy`` that may run only
-  the proxy's commands on its keys (``proxy.limiter.acl``); the ``rediss://`` URL logs
+  the proxy's commands on its keys (``proxy.limiter.redis.acl``); the ``rediss://`` URL logs
   in as that user and trusts only that CA (``support.redis_server.TlsRedisServer``).
 * ``sentinel_group`` (function): a private primary, replica and three sentinels
   (``support.redis_server.SentinelGroup``), for tests that fail the primary over.

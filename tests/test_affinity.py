@@ -15,9 +15,9 @@ from proxy.affinity import (
     SharedAffinity,
     affinity_for,
 )
-from proxy.limiter.acl import COMMANDS
 from proxy.limiter.memory import MemoryLimiter
-from proxy.limiter.runner import ScriptRunner
+from proxy.limiter.redis.acl import COMMANDS
+from proxy.limiter.redis.runner import ScriptRunner
 
 ALICE = Owner("dep-a", "gpt-4o", "alice", tokens=120)
 

@@ -8,7 +8,7 @@ from support.proxy_server import settings_from
 from proxy.catalog import Catalog, key_limits, pacing_headroom
 from proxy.config import ClientKey, Settings
 from proxy.limiter.base import DAY, Rate, Window, describe, window_name
-from proxy.limiter.verdicts import key_code
+from proxy.limiter.core.verdicts import key_code
 from proxy.routing.announced import ANNOUNCED_FOR
 
 

@@ -39,10 +39,10 @@ def responses_upstream(failing: set[str] | None = None) -> Upstream:
     return Upstream({"a.test": answer, "b.test": answer})
 
 
-async def follow(pipeline: Pipeline, rid: str) -> Reply:
+async def follow(pipeline: Pipeline, rid: str, stream: bool = False) -> Reply:
     key = pipeline.keys.authenticate(KEY)
     headers = [("authorization", KEY)]
-    route = StoredRoute("GET", rid, f"/{rid}")
+    route = StoredRoute("GET", rid, f"/{rid}" + ("?stream=true" if stream else ""), stream)
     reply = await pipeline.handle(STORED_RESPONSES, b"", headers, key, route=route)
     await asyncio.sleep(0)  # the answer's bookkeeping (one callback)
     await pipeline.drain()
@@ -64,6 +64,36 @@ async def test_a_follow_up_goes_to_the_deployment_that_created_the_response() ->
         reply = await follow(journey.pipeline, rid)
         assert reply.status == 200
         assert upstream.sent == [f"{rid.removeprefix('resp_')}.test"]
+
+
+async def test_a_stored_responses_events_stream_from_its_holder_and_cost_nothing() -> None:
+    """``GET /{id}?stream=true``: the holder's events as a stream (not read whole), the
+    final event's usage not charged again (the key's window holds only the create's)."""
+    completed = b'event: response.completed\ndata: {"type":"response.completed","response":'
+    replay = completed + orjson.dumps({"id": "resp_a", "usage": USAGE}) + b"}\n\n"
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            return created(request.url.host)
+        assert request.url.query == b"stream=true"
+        events = httpx.ByteStream(replay)  # streamed, not read beforehand
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=events)
+
+    upstream = Upstream({"a.test": answer, "b.test": answer})
+    journey = Journey(config([deployment("a"), deployment("b")], key={"tpm": 1000}), upstream)
+    rid = await create(journey)
+    upstream.sent.clear()
+    reply = await follow(journey.pipeline, rid, stream=True)
+    assert reply.stream is not None and upstream.sent == [f"{rid.removeprefix('resp_')}.test"]
+    assert b"".join([chunk async for chunk in reply.stream]) == replay
+    await reply.stream.aclose()
+    await journey.pipeline.drain()
+    after = await journey.send(CREATE, RESPONSES)
+    estimate = int(RESPONSES.estimate(CREATE, 0)["tokens"])
+    assert (
+        int(after.headers["x-ratelimit-remaining-tokens"])
+        == 1000 - USAGE["total_tokens"] - estimate
+    )
 
 
 async def test_a_failing_holder_is_not_replaced_by_another_deployment() -> None:

@@ -7,7 +7,7 @@ import csv
 import datetime as dt
 import io
 
-from proxy.limiter import periods
+from proxy.limiter.core import periods
 from proxy.spend import Owner, Spend, Tally, field_name, parse_field, report, to_csv
 
 

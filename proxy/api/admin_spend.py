@@ -17,8 +17,8 @@ from starlette.responses import Response
 from proxy import spend
 from proxy.api.responses import error_response
 from proxy.errors import InvalidRequest, ServiceUnavailable
-from proxy.limiter import periods
 from proxy.limiter.base import StorageError
+from proxy.limiter.core import periods
 from proxy.limiter.ledger import Ledger
 
 __all__ = ["admin_spend"]

@@ -13,8 +13,10 @@ its connection closed (a body still being read is the endpoint's: 408,
 ``BODY_TIMEOUT_ENV``, set by the CLI from ``server.header_timeout`` and
 ``server.body_timeout``) so spawned workers get them too.
 
-A request line or header uvicorn's parser refuses gets the contract's OpenAI-shaped 400
-(with its ``x-request-id``), not uvicorn's plain text.
+A request line or header uvicorn's parser refuses gets the contract's JSON 400 (with its
+``x-request-id``), not uvicorn's plain text, in the error shape of the API its path
+belongs to (``shapes.surface``: Anthropic's under ``/v1/messages``) when the parser read
+the request's target before it failed (a bad header, a bad version), else OpenAI's.
 
 A request asking to upgrade to anything but a WebSocket (``Upgrade: h2c``, as ``curl
 --http2`` sends over plain HTTP) is served as the HTTP/1.1 request it also is (RFC 9110
@@ -28,12 +30,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+from urllib.parse import unquote
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from proxy.errors import InvalidRequest, render
+from proxy.errors import InvalidRequest
 from proxy.request_ids import HEADER, new_request_id
+from proxy.shapes import surface
 
 __all__ = ["BODY_TIMEOUT_ENV", "HEADER_TIMEOUT_ENV", "HeaderTimeoutProtocol"]
 
@@ -126,10 +130,12 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def send_400_response(self, msg: str) -> None:
-        """A request uvicorn's parser refused: the contract's JSON, then the connection
-        closes (what follows cannot be framed)."""
-        status, body, _ = render(InvalidRequest(msg, code="invalid_http_request"))
-        head = [STATUS_LINE[status]]
+        """A request uvicorn's parser refused: the contract's JSON in its path's error
+        shape (the target the parser read whole: ``on_url``; none before it), then the
+        connection closes (what follows cannot be framed)."""
+        error = InvalidRequest(msg, code="invalid_http_request")
+        body = surface(target_path(getattr(self, "url", b""))).error_body(error)
+        head = [STATUS_LINE[error.status]]
         defaults = self.server_state.default_headers  # date, server
         head.extend(name + b": " + value + b"\r\n" for name, value in defaults)
         head.append(b"content-type: application/json\r\n")
@@ -159,6 +165,18 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             self._header_timer = self.loop.call_later(left, self._check_deadlines)
         elif served:
             self.transport.close()
+
+
+def target_path(target: bytes) -> str:
+    """The path of a request target (origin or absolute form), decoded as uvicorn decodes
+    it for routing; "" when there is none (the parser failed before it, or it is no URL)."""
+    if not target:
+        return ""
+    try:
+        path = httptools.parse_url(target).path
+    except httptools.HttpParserInvalidURLError:
+        return ""
+    return unquote(path.decode("latin-1")) if path else ""
 
 
 @functools.cache

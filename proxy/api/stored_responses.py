@@ -5,7 +5,9 @@
 
 No body, no model: the key is checked as on the forwarding endpoints, then the pipeline
 sends the request to the deployment that holds the response (``follow_ups.py``), with
-its method, path and query as the client sent them.
+its method, path and query as the client sent them. ``GET /v1/responses/{id}?stream=true``
+(a background response's events, ``responses.retrieve(id, stream=True)``) is answered as
+a streamed create is: its events passed through as they come.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from functools import partial
+from urllib.parse import parse_qsl
 
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -60,14 +63,23 @@ class StoredResponseEndpoint:
         query = scope.get("query_string", b"").decode("latin-1")
         path = f"/{response_id}{self.tail}" + (f"?{query}" if query else "")
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw_headers]
+        method = scope["method"]
+        stream = method == "GET" and not self.tail and _streamed(query)
         return await pipeline.handle(
             shape,
             b"",
             headers,
             key,
             client_left=partial(_disconnected, receive),
-            route=StoredRoute(scope["method"], response_id, path),
+            route=StoredRoute(method, response_id, path, stream),
         )
+
+
+def _streamed(query: str) -> bool:
+    """Whether the query asks for the response's events (``stream=true``, as the OpenAI
+    SDK sends it; the last ``stream`` counts)."""
+    values = [v for k, v in parse_qsl(query, keep_blank_values=True) if k == "stream"]
+    return bool(values) and values[-1].lower() == "true"
 
 
 def routes(pipeline: Callable[[], Pipeline]) -> list[Route]:

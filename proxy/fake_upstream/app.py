@@ -339,11 +339,14 @@ class FakeUpstream:
     async def _stream(
         self,
         request: web.Request,
-        job: Job,
+        job: Job | None,
         events: list[bytes],
         headers: dict[str, str],
         errored: bool = False,
     ) -> web.StreamResponse:
+        """``events`` written one by one (``chunk_delay`` apart, cut by
+        ``fail_after_chunks``); ``job``: the one they answer (its tokens counted as
+        served; None: a replay, nothing generated)."""
         headers.update(SSE_HEADERS)
         response = web.StreamResponse(headers=headers)
         cut_after = self.config.fail_after_chunks
@@ -365,7 +368,7 @@ class FakeUpstream:
             return response
         if errored:
             self.stats.streams_errored += 1
-        else:
+        elif job is not None:
             self.stats.count_served(job.prompt_tokens, job.completion_tokens)
         return response
 
@@ -407,7 +410,9 @@ class FakeUpstream:
     # ------------------------------------------------------------ the Responses API
 
     async def _stored_response(
-        self, request: web.Request, answer: Callable[[web.Request, str], web.Response]
+        self,
+        request: web.Request,
+        answer: Callable[[web.Request, str], Awaitable[web.StreamResponse]],
     ) -> web.StreamResponse:
         """Auth, Azure's path checks, then `answer` for a response this instance stored."""
         request[API] = "responses"
@@ -425,25 +430,35 @@ class FakeUpstream:
             message = f"Response with id '{rid}' not found."
             return self._json(404, bodies.error_body(message, "invalid_request_error"))
         self.stats.served += 1
-        return answer(request, rid)
+        return await answer(request, rid)
 
-    def _answer_get(self, request: web.Request, rid: str) -> web.Response:
+    async def _answer_get(self, request: web.Request, rid: str) -> web.StreamResponse:
+        """The response; with ``?stream=true`` its events replayed (``starting_after``:
+        from the one after that sequence number), as a stream of it sent them."""
         stored = self.responses.get(rid)
         assert stored is not None  # checked by _stored_response
-        return self._json(200, stored.response)
+        if request.query.get("stream", "").lower() != "true":
+            return self._json(200, stored.response)
+        after = request.query.get("starting_after", "-1")
+        if not after.lstrip("-").isdigit():
+            message = "Invalid 'starting_after': expected an integer."
+            return self._bad_request(message, "starting_after", "invalid_type")
+        response = orjson.loads(stored.response)
+        events = responses.replay(response, self.config.stream_chunks, int(after))
+        return await self._stream(request, None, events, dict(JSON_HEADERS))
 
-    def _answer_delete(self, request: web.Request, rid: str) -> web.Response:
+    async def _answer_delete(self, request: web.Request, rid: str) -> web.Response:
         self.responses.delete(rid)
         return self._json(200, orjson.dumps(responses.deleted(rid)))
 
-    def _answer_cancel(self, request: web.Request, rid: str) -> web.Response:
+    async def _answer_cancel(self, request: web.Request, rid: str) -> web.Response:
         result = self.responses.cancel(rid)
         assert result is not None  # checked by _stored_response
         if isinstance(result, responses.Invalid):
             return self._bad_request(result.message, result.param, result.code)
         return self._json(200, result)
 
-    def _answer_input_items(self, request: web.Request, rid: str) -> web.Response:
+    async def _answer_input_items(self, request: web.Request, rid: str) -> web.Response:
         stored = self.responses.peek(rid)
         assert stored is not None
         order = request.query.get("order", "desc")

@@ -244,48 +244,70 @@ def message_id(rid: str) -> str:
 
 def events(job: Job, rid: str, created: int, parts: int) -> list[bytes]:
     """The semantic SSE events of a streamed response, as OpenAI sends them (no [DONE])."""
-    item_id = message_id(rid)
-    status = final_status(job)
-    text = completion_text(job.completion_tokens)
-    where = {"item_id": item_id, "output_index": 0, "content_index": 0}
+    return replay(finished(job, rid, created), parts)
+
+
+def replay(response: dict[str, Any], parts: int, after: int = -1) -> list[bytes]:
+    """The events that make ``response`` (a stored one, in its final state), as a stream
+    of it sends them: ``response.created`` and ``response.in_progress`` (in progress, no
+    output, no usage), its message's item, part and ``parts`` text deltas, then
+    ``response.completed`` / ``incomplete`` / ``failed`` with the response whole. A
+    response without a message (failed, cancelled) goes from ``in_progress`` to its end
+    (none for a cancelled one: OpenAI names no such event). ``after``: only the events
+    whose ``sequence_number`` is greater (``starting_after``)."""
+    status = response["status"]
+    started = {
+        **response,
+        "status": "in_progress",
+        "output": [],
+        "usage": None,
+        "error": None,
+        "incomplete_details": None,
+    }
     payloads: list[dict[str, Any]] = [
-        {
-            "type": "response.created",
-            "response": response_object(job, rid, created, "in_progress", []),
-        },
-        {
-            "type": "response.in_progress",
-            "response": response_object(job, rid, created, "in_progress", []),
-        },
-        {
-            "type": "response.output_item.added",
-            "output_index": 0,
-            "item": message_item(item_id, "in_progress", None),
-        },
-        {"type": "response.content_part.added", **where, "part": output_text("")},
+        {"type": "response.created", "response": started},
+        {"type": "response.in_progress", "response": started},
     ]
-    payloads.extend(
-        {"type": "response.output_text.delta", **where, "delta": delta, "logprobs": []}
-        for delta in split_text(job.completion_tokens, parts)
-    )
-    payloads.extend(
-        [
-            {"type": "response.output_text.done", **where, "text": text, "logprobs": []},
-            {"type": "response.content_part.done", **where, "part": output_text(text)},
-            {
-                "type": "response.output_item.done",
-                "output_index": 0,
-                "item": message_item(item_id, status, text),
-            },
-            {
-                "type": f"response.{status}",
-                "response": finished(job, rid, created),
-            },
-        ]
-    )
+    message = next((item for item in response["output"] if item.get("type") == "message"), None)
+    if message is not None:
+        payloads.extend(_message_events(message, response.get("usage"), parts))
+    if status in ("completed", "incomplete", "failed"):
+        payloads.append({"type": f"response.{status}", "response": response})
     return [
         named_sse(payload["type"], {**payload, "sequence_number": number})
         for number, payload in enumerate(payloads)
+        if number > after
+    ]
+
+
+def _message_events(
+    message: dict[str, Any], used: dict[str, Any] | None, parts: int
+) -> list[dict[str, Any]]:
+    """A message item's events, its text in ``parts`` deltas (cut as a generated one's
+    are, by its output tokens, when the text is the one they make)."""
+    item_id = message["id"]
+    text = "".join(p.get("text", "") for p in message["content"] if p.get("type") == "output_text")
+    tokens = used.get("output_tokens") if isinstance(used, dict) else None
+    if isinstance(tokens, int) and completion_text(tokens) == text:
+        deltas: tuple[str, ...] = split_text(tokens, parts)
+    else:
+        size = -(-len(text) // parts) if parts else len(text)
+        deltas = tuple(text[i : i + size] for i in range(0, len(text), size or 1))
+    where = {"item_id": item_id, "output_index": 0, "content_index": 0}
+    return [
+        {
+            "type": "response.output_item.added",
+            "output_index": 0,
+            "item": {**message, "status": "in_progress", "content": []},
+        },
+        {"type": "response.content_part.added", **where, "part": output_text("")},
+        *(
+            {"type": "response.output_text.delta", **where, "delta": delta, "logprobs": []}
+            for delta in deltas
+        ),
+        {"type": "response.output_text.done", **where, "text": text, "logprobs": []},
+        {"type": "response.content_part.done", **where, "part": output_text(text)},
+        {"type": "response.output_item.done", "output_index": 0, "item": message},
     ]
 
 

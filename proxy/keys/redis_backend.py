@@ -24,8 +24,8 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.sentinel import Sentinel
 
 from proxy.keys.records import KeyRecord
-from proxy.limiter.runner import is_cluster, redis_target
-from proxy.limiter.sentinel import SentinelTarget, open_primary
+from proxy.limiter.redis.runner import is_cluster, redis_target
+from proxy.limiter.redis.sentinel import SentinelTarget, open_primary
 
 __all__ = ["RedisKeyBackend", "WriteRefused"]
 
@@ -92,7 +92,7 @@ _REFUSALS = {-1: "exists", -2: "missing", -3: "changed"}
 
 class RedisKeyBackend:
     """``redis+cluster://`` means a cluster; other ``redis://`` URLs are probed once with
-    ``INFO cluster``, as the limiter's (``limiter/runner.py``)."""
+    ``INFO cluster``, as the limiter's (``limiter/redis/runner.py``)."""
 
     def __init__(
         self, url: str, *, timeout: float = 1.0, sentinel: SentinelTarget | None = None

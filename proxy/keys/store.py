@@ -25,7 +25,7 @@ from proxy.keys.memory_backend import MemoryKeyBackend
 from proxy.keys.records import KeyRecord, digest_of, new_secret
 from proxy.keys.redis_backend import RedisKeyBackend, WriteRefused
 from proxy.limiter.base import KeyLimits
-from proxy.limiter.sentinel import SentinelTarget
+from proxy.limiter.redis.sentinel import SentinelTarget
 
 __all__ = ["POLL_INTERVAL", "Conflict", "KeyBackend", "RuntimeKeys"]
 

@@ -1,8 +1,9 @@
 """Rate limiting: the budget every request is checked against (see docs/limiter.md).
 
-Pure modules: ``base`` (the contract: windows, asks, settlements, verdicts), ``bucket``
-(GCRA with reservations), ``selection`` (choosing a deployment), ``health`` (cooldowns,
-probes, learned rates), ``verdicts`` (glue). Backends: ``memory``, ``redis`` over
-``runner`` (the storage bridge, with ``batch``, ``resp`` and ``scripts``), and ``policy``
-(fail open or closed). ``factory.create_limiter`` builds what a process needs.
+By role: ``base`` (the contract: windows, asks, settlements, verdicts); ``core/`` (the
+pure cores both backends share: buckets, leases' math, selection, health, fairness,
+budgets); the backends: ``memory`` and ``redis/`` (the Redis backend and its storage
+bridge, with the Lua scripts); ``policy`` (fail open or closed, over both), ``ledger``
+(the spend report's totals) and ``factory.create_limiter``, which builds what a process
+needs.
 """

@@ -39,8 +39,8 @@ from dataclasses import field
 from typing import Literal, Protocol, runtime_checkable
 
 from proxy.costs import NOTHING, Cost
-from proxy.limiter.fairness import Claimant
-from proxy.limiter.quota import Quota, QuotaUsage
+from proxy.limiter.core.fairness import Claimant
+from proxy.limiter.core.quota import Quota, QuotaUsage
 from proxy.values import value
 
 Kind = str  # a limit kind: "requests", "tokens", ... (proxy/costs.py); any name works

@@ -13,8 +13,8 @@ from proxy.config import SentinelConfig, TlsConfig
 from proxy.limiter.base import ManagedLimiter
 from proxy.limiter.memory import MemoryLimiter
 from proxy.limiter.policy import OnError, ResilientLimiter
-from proxy.limiter.redis import RedisLimiter
-from proxy.limiter.sentinel import SentinelTarget
+from proxy.limiter.redis.backend import RedisLimiter
+from proxy.limiter.redis.sentinel import SentinelTarget
 
 __all__ = ["create_limiter", "default_replica_id", "sentinel_target"]
 

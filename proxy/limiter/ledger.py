@@ -19,11 +19,11 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from proxy.limiter import periods
 from proxy.limiter.base import ManagedLimiter
-from proxy.limiter.periods import Period
+from proxy.limiter.core import periods
+from proxy.limiter.core.periods import Period
 from proxy.limiter.policy import ResilientLimiter
-from proxy.limiter.runner import ScriptRunner
+from proxy.limiter.redis.runner import ScriptRunner
 from proxy.spend import Owner, Spend, Tally
 
 log = logging.getLogger(__name__)
@@ -56,8 +56,7 @@ class MemoryLedger:
         self._today = -1
 
     def add(self, owner: Owner, spend: Spend, started: float) -> None:
-        self._tally.add(owner, spend, started)
-        today = periods.index("day", started)
+        today = self._tally.add(owner, spend, started)
         if today != self._today:  # once a day: days no report reads are forgotten
             self._today = today
             last_month = periods.index("month", started) - 1

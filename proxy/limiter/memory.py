@@ -15,7 +15,6 @@ import time
 from bisect import insort
 from collections.abc import Callable, Sequence
 
-from proxy.limiter import bucket, health, periods, quota
 from proxy.limiter.base import (
     NO_CHANGE,
     TEAM,
@@ -35,7 +34,8 @@ from proxy.limiter.base import (
     Settlement,
     Window,
 )
-from proxy.limiter.bucket import (
+from proxy.limiter.core import bucket, health, periods, quota
+from proxy.limiter.core.bucket import (
     FULL,
     Bucket,
     BucketState,
@@ -43,11 +43,11 @@ from proxy.limiter.bucket import (
     debt_at,
     take_all,
 )
-from proxy.limiter.fairness import Claimant, FairView, Waiter, waiting_until
-from proxy.limiter.health import HEALTHY, Health
-from proxy.limiter.quota import EMPTY, Quota, QuotaState
-from proxy.limiter.selection import Candidate, Selection, select
-from proxy.limiter.verdicts import (
+from proxy.limiter.core.fairness import Claimant, FairView, Waiter, waiting_until
+from proxy.limiter.core.health import HEALTHY, Health
+from proxy.limiter.core.quota import EMPTY, Quota, QuotaState
+from proxy.limiter.core.selection import Candidate, Selection, select
+from proxy.limiter.core.verdicts import (
     LEARNED,
     LEASE_TTL,
     Spend,

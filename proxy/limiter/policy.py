@@ -78,9 +78,9 @@ from proxy.limiter.base import (
     StorageError,
     Window,
 )
-from proxy.limiter.eviction import EvictionWatch
 from proxy.limiter.memory import MemoryLimiter
-from proxy.limiter.redis import RedisLimiter
+from proxy.limiter.redis.backend import RedisLimiter
+from proxy.limiter.redis.eviction import EvictionWatch
 
 log = logging.getLogger(__name__)
 

@@ -555,15 +555,16 @@ class Dispatcher:
         if reply.stream is not None:
             return Served(reply)
         price = turn.deployment.price
-        if price != FREE and answer.usage is not None:  # its cost is known: said on it
+        if price is not FREE and answer.usage is not None:  # its cost is known: said on it
             reply.headers[COST_HEADER] = format_usd(usd(price, answer.usage))
         return Served(reply, partial(self._buffered_ended, call, turn, attempt, answer))
 
     def _buffered_ended(self, call: Call, turn: Turn, attempt: Attempt, answer: Answer) -> None:
         """A buffered answer is on its way: its usage (read by its shape now), events,
         settlement. A 200 whose usage cannot be read is charged its estimate."""
-        call.trip.reported(answer.usage)
-        if answer.unreadable:
+        usage = answer.usage
+        call.trip.reported(usage)
+        if usage is None and answer.shape is not None:  # a 200 its shape cannot read
             call.trip.unreported_tokens = call.estimate  # never a refund: no way around a budget
             self.events.usage_unreadable(call.shape.name, attempt)
         self._ended(
@@ -572,7 +573,7 @@ class Dispatcher:
             attempt,
             answer.label,
             answer.outcome,
-            used=call.trip.charged_cost(call.cost),
+            used=call.trip.charge(call.cost),
             ended=answer.ended,
             refund=answer.refund,
         )
@@ -596,7 +597,7 @@ class Dispatcher:
                 self.events.usage_unreadable(call.shape.name, attempt)
         outcome = {"completed": SUCCESS, "interrupted": INTERRUPTED}.get(end, NEUTRAL)
         label = "200" if end == "completed" else end
-        self._ended(call, turn, attempt, label, outcome, used=call.trip.charged_cost(call.cost))
+        self._ended(call, turn, attempt, label, outcome, used=call.trip.charge(call.cost))
         if end == "interrupted":
             call.trip.stream_error = "stream_interrupted"
 

@@ -1,7 +1,7 @@
 """Deferred requests of one client key wait in one local line per (model group, key).
 
 The limiter defers a request when the fair share owes the next turns to other keys
-(limiter/fairness.py) and says when to ask again. Left alone, every deferred request of a
+(limiter/core/fairness.py) and says when to ask again. Left alone, every deferred request of a
 key would ask at that same moment: round trips would grow with the waiters. Instead the
 deferred requests of a key form a line in this process: only its *head* asks the limiter
 (when the limiter said), the others wait behind it in arrival order, and each asks once
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from proxy.costs import Cost
 from proxy.limiter.base import DeploymentLimits
-from proxy.limiter.fairness import depth
+from proxy.limiter.core.fairness import depth
 
 __all__ = ["Line", "Lines", "Ticket", "turn_spacing"]
 

@@ -34,7 +34,7 @@ from proxy.errors import (
     UpstreamUnavailable,
 )
 from proxy.limiter.base import SUCCESS, Outcome
-from proxy.limiter.health import bounded_hold
+from proxy.limiter.core.health import bounded_hold
 from proxy.upstream.ratelimits import UpstreamBudget, retry_after
 
 __all__ = [

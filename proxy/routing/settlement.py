@@ -28,7 +28,7 @@ from proxy.limiter.base import (
     Remaining,
     Sent,
 )
-from proxy.limiter.verdicts import settled_cost
+from proxy.limiter.core.verdicts import settled_cost
 from proxy.routing.events import Events
 from proxy.values import value
 
@@ -191,5 +191,5 @@ class Settler:
 
 
 def _leased(turn: Turn) -> bool:
-    """Granted from the replica's lease: its settlements must say so (limiter/leases.py)."""
+    """Granted from the replica's lease: its settlements must say so (limiter/redis/leases.py)."""
     return turn.sent is not None and turn.sent.settles_back

@@ -218,5 +218,4 @@ class AnthropicShape:
     def stream_error(self, message: str) -> bytes:
         return stream_error(message)
 
-    def key_headers(self, verdict: KeyVerdict, now: float) -> dict[str, str]:
-        return key_headers(verdict, now)
+    key_headers = staticmethod(key_headers)

@@ -146,5 +146,4 @@ class OpenAIShape:
     error_body = staticmethod(error_body)
     stream_error = staticmethod(stream_error)
 
-    def key_headers(self, verdict: KeyVerdict, now: float) -> dict[str, str]:
-        return key_headers(verdict, now)
+    key_headers = staticmethod(key_headers)

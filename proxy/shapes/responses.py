@@ -162,6 +162,23 @@ class StoredResponses(Responses):
     def usage(self, content: bytes) -> TokenUsage | None:
         return TokenUsage()
 
+    def stream_usage(self) -> StreamUsage:
+        return _Replayed()
+
+
+class _Replayed:
+    """A stored response's events replayed (``GET ...?stream=true``): its final event
+    repeats the usage counted when it was made; nothing is read, none is charged."""
+
+    markers: tuple[bytes, ...] = ()
+    usage = TokenUsage()
+
+    def record(self, payload: dict[str, Any]) -> None:
+        return None
+
+    def added_by_proxy(self, payload: dict[str, Any]) -> bool:
+        return False
+
 
 RESPONSES = Responses()
 STORED_RESPONSES = StoredResponses()

@@ -97,11 +97,6 @@ class Answer:
                 self._usage = self.shape.usage(self.reply.body)
         return self._usage
 
-    @property
-    def unreadable(self) -> bool:
-        """A buffered 200 whose usage its shape cannot read (settled at the estimate)."""
-        return self.shape is not None and self.usage is None
-
 
 class Exchange:
     """Calls deployments over one transport. ``max_answer``: a buffered body's bound;

@@ -22,7 +22,7 @@ from datetime import datetime
 from email.utils import parsedate_to_datetime
 
 from proxy.limiter.base import Remaining
-from proxy.limiter.health import bounded_hold
+from proxy.limiter.core.health import bounded_hold
 from proxy.ratelimit_headers import parse_number, parse_reset
 from proxy.values import value
 
@@ -132,22 +132,25 @@ def parse_budget(headers: Mapping[str, str], now: float) -> UpstreamBudget:
     return anthropic_budget(headers, now)
 
 
+# Anthropic's headers per kind, in ``UpstreamBudget``'s order: (limit, remaining, reset).
+_ANTHROPIC_KINDS = tuple(
+    tuple(f"anthropic-ratelimit-{kind}-{part}" for part in ("limit", "remaining", "reset"))
+    for kind in ("requests", "tokens", "input-tokens", "output-tokens")
+)
+_ANTHROPIC_NAMES = frozenset(name for names in _ANTHROPIC_KINDS for name in names)
+_NONE = UpstreamBudget()  # an answer that says nothing of its budget (the usual one)
+
+
 def anthropic_budget(headers: Mapping[str, str], now: float) -> UpstreamBudget:
     """Anthropic's ``anthropic-ratelimit-*`` headers: requests, input and output tokens
     apart, and ``tokens`` (the most restrictive of those two now)."""
+    if _ANTHROPIC_NAMES.isdisjoint(headers):  # one C-level scan for the usual answer
+        return _NONE
     get = headers.get
-
-    def kind(name: str) -> tuple[float | None, float | None, float | None]:
-        prefix = f"anthropic-ratelimit-{name}"
-        return (
-            _count(get(f"{prefix}-limit")),
-            _count(get(f"{prefix}-remaining")),
-            _until(get(f"{prefix}-reset"), now),
-        )
-
-    return UpstreamBudget(
-        *kind("requests"), *kind("tokens"), *kind("input-tokens"), *kind("output-tokens")
-    )
+    found: list[float | None] = []
+    for limit, remaining, reset in _ANTHROPIC_KINDS:
+        found += (_count(get(limit)), _count(get(remaining)), _until(get(reset), now))
+    return UpstreamBudget(*found)
 
 
 def retry_after(headers: Mapping[str, str], now: float) -> float | None:

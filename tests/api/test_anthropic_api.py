@@ -6,14 +6,17 @@ anthropic-ratelimit-* headers."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
 import anthropic
 import httpx
+import orjson
 import pytest
 from support.proxy_server import ProxyInThread, settings_from
+from support.raw_client import read_answer
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 
@@ -25,6 +28,7 @@ METERED = "sk-client-metered"
 CACHED = "sk-client-cached"
 MESSAGES: list[Any] = [{"role": "user", "content": "Hello there, fake!"}]
 BODY = {"model": "claude", "max_tokens": 100, "messages": MESSAGES}
+BODY_TIMEOUT = 1.0
 
 pytestmark = pytest.mark.usefixtures("serving_path")  # the fast and the portable paths
 
@@ -88,7 +92,7 @@ def _config(upstream: FakeUpstreamHandle) -> dict[str, Any]:
             },
         ],
         "routing": {"retries": 0, "cooldown": {"allowed_fails": 1000}},
-        "server": {"max_body_size": "64KiB"},
+        "server": {"max_body_size": "64KiB", "body_timeout": f"{BODY_TIMEOUT}s"},
     }
 
 
@@ -238,6 +242,60 @@ def test_an_unknown_model_or_path_is_not_found(proxy: ProxyInThread) -> None:
     _anthropic_error(_post(proxy, "/v1/messages/batches", json=BODY), 404, "not_found_error")
     wrong_method = httpx.get(f"{proxy.url}/v1/messages", headers={"x-api-key": CLIENT})
     assert wrong_method.status_code == 405 and wrong_method.json()["type"] == "error"
+
+
+def _raw(
+    method: str = "POST",
+    path: str = "/v1/messages",
+    *extra: str,
+    body: bytes = orjson.dumps(BODY),
+    length: int | None = None,
+    key: str | None = CLIENT,
+) -> bytes:
+    """A request as bytes: ``length`` announced (the body's own by default), ``extra``
+    header lines as they are."""
+    lines = [f"{method} {path} HTTP/1.1", "Host: x", "Content-Type: application/json"]
+    lines += [f"x-api-key: {key}"] if key else []
+    lines += [f"Content-Length: {len(body) if length is None else length}", *extra]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+# Every refusal the proxy makes on this surface, before, while and after the body is read.
+REFUSALS = {
+    "unparsable-header": (_raw("POST", "/v1/messages", "Bad Header Line"), 400),
+    "unparsable-header-absolute-target": (_raw("POST", "http://x/v1/messages", "Bad:\x01"), 400),
+    "no-key-before-the-body": (_raw(body=b"{", length=9_000_000, key=None), 401),
+    "body-too-large-announced": (_raw(body=b"{", length=9_000_000), 413),
+    "body-stops-arriving": (_raw(body=b"{", length=200), 408),
+    "header-too-large": (_raw("POST", "/v1/messages", "x-big: " + "a" * 9000), 431),
+    "unknown-model": (_raw(body=orjson.dumps({**BODY, "model": "claude-9"})), 404),
+    "unknown-path-below": (_raw("POST", "/v1/messages/batches"), 404),
+    "wrong-method": (_raw("GET", "/v1/messages", body=b""), 405),
+    "wrong-method-with-query": (_raw("GET", "/v1/messages?beta=true", body=b""), 405),
+}
+
+
+@pytest.mark.parametrize(("request_bytes", "status"), REFUSALS.values(), ids=REFUSALS.keys())
+def test_every_refusal_on_the_messages_surface_is_anthropic_shaped(
+    proxy: ProxyInThread, serving_path: str, request_bytes: bytes, status: int
+) -> None:
+    """Each status the proxy answers under ``/v1/messages``, sent as raw bytes (what an
+    HTTP library will not send: a header line the parser refuses, a body that stops):
+    Anthropic's error shape, with the type its status has there."""
+    if status == 400 and serving_path != "fast":
+        pytest.skip("the proxy's own HTTP protocol only (the portable path is stock uvicorn)")
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=5 + BODY_TIMEOUT) as conn:
+        conn.sendall(request_bytes)
+        answer, headers, body = read_answer(conn)
+    response = httpx.Response(answer, headers=headers, content=body)
+    _anthropic_error(response, status, anthropic_type(status))
+
+
+def anthropic_type(status: int) -> str:
+    """The error type Anthropic's API gives a status (its list; other 4xx: the request's)."""
+    return {401: "authentication_error", 404: "not_found_error", 413: "request_too_large"}.get(
+        status, "invalid_request_error"
+    )
 
 
 def test_max_tokens_is_required_and_named(proxy: ProxyInThread) -> None:

@@ -14,6 +14,7 @@ import httpx
 import orjson
 import pytest
 from support.proxy_server import ProxyInThread, settings_from
+from support.raw_client import read_answer
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 
@@ -68,17 +69,6 @@ def _head(path: str = "/v1/chat/completions", length: int = 9_000_000, *extra: s
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
-def _read_answer(conn: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    """One answer, read within the socket's timeout (a missing answer fails the test)."""
-    with conn.makefile("rb") as reader:
-        status = int(reader.readline().split()[1])
-        headers: dict[str, str] = {}
-        while (line := reader.readline()) not in (b"\r\n", b""):
-            name, _, value = line.decode().partition(":")
-            headers[name.lower()] = value.strip()
-        return status, headers, reader.read(int(headers["content-length"]))
-
-
 def _closed_by_peer(conn: socket.socket, within: float) -> bool:
     """Whether the proxy closes ``conn`` within ``within`` seconds (reading what is left)."""
     conn.settimeout(within)
@@ -118,7 +108,7 @@ def test_a_stranger_gets_401_before_sending_its_body(
         for conn in connections:
             conn.sendall(_head("/v1/chat/completions", 9_000_000, *extra) + b"{")
         for conn in connections:
-            status, headers, body = _read_answer(conn)
+            status, headers, body = read_answer(conn)
             _assert_error(status, headers, body, 401)
             assert code.encode() in body
     finally:
@@ -133,7 +123,7 @@ def test_a_strangers_body_that_trickles_on_after_the_401_is_closed(
     than the body timeout: a client trickling bytes holds no connection for long."""
     with _connect(proxy) as conn:
         conn.sendall(_head("/v1/chat/completions", 9_000_000, "Authorization: Bearer nope"))
-        status, _, _ = _read_answer(conn)
+        status, _, _ = read_answer(conn)
         assert status == 401
         closed = False
         for _ in range(int(10 / 0.1)):  # a byte every 0.1 s, for at most 10 s
@@ -153,7 +143,7 @@ def test_a_body_that_stops_arriving_is_a_408_and_the_connection_closes(
 ) -> None:
     with _connect(proxy) as conn:
         conn.sendall(_head("/v1/chat/completions", 200, f"Authorization: Bearer {KEY}") + b"{")
-        status, headers, body = _read_answer(conn)
+        status, headers, body = read_answer(conn)
         _assert_error(status, headers, body, 408)
         assert b"request_timeout" in body
         assert headers.get("connection") == "close"
@@ -198,7 +188,7 @@ def test_a_request_the_parser_refuses_gets_an_openai_shaped_400(
 ) -> None:
     with _connect(proxy) as conn:
         conn.sendall(request_line)
-        status, headers, body = _read_answer(conn)
+        status, headers, body = read_answer(conn)
         _assert_error(status, headers, body, 400)
         assert headers["connection"] == "close"
         assert _closed_by_peer(conn, 5.0)

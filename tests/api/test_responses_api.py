@@ -190,6 +190,24 @@ def test_a_streamed_response_is_followed_up_too(proxy: ProxyInThread) -> None:
     assert follow.previous_response_id == final.id
 
 
+def test_a_response_retrieved_as_a_stream_replays_its_events_and_costs_nothing(
+    proxy: ProxyInThread, upstream: FakeUpstreamHandle
+) -> None:
+    """``retrieve(id, stream=True)`` (a background response's events): passed through as
+    a streamed create's are, to the account that holds it; the usage its final event
+    repeats was counted when it was made."""
+    client = sdk(proxy)
+    created = client.responses.create(model=MODEL, input="Replay me", background=True)
+    before = Probe(proxy)
+    events = list(client.responses.retrieve(created.id, stream=True))
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")  # type: ignore[union-attr]
+    assert deltas == events[-1].response.output_text  # type: ignore[union-attr]
+    assert upstream.stats()["by_endpoint"]["GET /v1/responses/{response_id}"] == 1
+    proxy.settled()
+    assert 0 <= Probe(proxy).left - before.then(0) <= 2
+
+
 def test_a_background_response_can_be_cancelled(proxy: ProxyInThread) -> None:
     client = sdk(proxy)
     queued = client.responses.create(model=MODEL, input="later", background=True)
@@ -207,6 +225,8 @@ def test_another_key_and_an_unknown_id_get_the_same_404(
         with pytest.raises(openai.NotFoundError) as raised:
             bob.responses.retrieve(rid)
         answers.append(raised.value.body)
+        with pytest.raises(openai.NotFoundError):
+            bob.responses.retrieve(rid, stream=True)
         with pytest.raises(openai.NotFoundError):
             bob.responses.input_items.list(rid)
         with pytest.raises(openai.NotFoundError):

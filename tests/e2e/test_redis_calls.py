@@ -19,9 +19,9 @@ from support.proxy_server import ProxyInThread, settings_from
 from proxy.costs import estimate_cost
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 from proxy.keys import redis_backend
-from proxy.limiter import scripts
 from proxy.limiter.base import KeyAsk, KeyLimits, KeySettlement, Rate, Window, window_name
-from proxy.limiter.redis import RedisLimiter
+from proxy.limiter.redis import scripts
+from proxy.limiter.redis.backend import RedisLimiter
 
 KEY = "sk-calls"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}

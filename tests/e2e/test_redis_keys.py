@@ -18,9 +18,9 @@ from support.redis_server import RedisServer, redis_available
 from support.waiting import wait_until
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
-from proxy.limiter import periods
-from proxy.limiter.health import FORGET_AFTER
-from proxy.limiter.redis import KEY_PREFIX
+from proxy.limiter.core import periods
+from proxy.limiter.core.health import FORGET_AFTER
+from proxy.limiter.redis.backend import KEY_PREFIX
 
 pytestmark = pytest.mark.skipif(not redis_available(), reason="redis-server is not installed")
 

@@ -1,5 +1,5 @@
 """The proxy over a Redis as managed services run it: TLS (a test CA), an ACL user that
-may run only the proxy's commands on its keys (``proxy.limiter.acl``, the line
+may run only the proxy's commands on its keys (``proxy.limiter.redis.acl``, the line
 docs/production.md prints). It limits through it; a wrong CA or password stops
 ``llm-proxy serve`` with one line naming what to change."""
 
@@ -22,8 +22,8 @@ from support.tls import CertificateAuthority
 from support.waiting import wait_until
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
-from proxy.limiter.acl import setuser_line
-from proxy.limiter.redis import KEY_PREFIX
+from proxy.limiter.redis.acl import setuser_line
+from proxy.limiter.redis.backend import KEY_PREFIX
 
 pytestmark = pytest.mark.skipif(not redis_available(), reason="redis-server is not installed")
 

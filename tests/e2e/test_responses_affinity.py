@@ -1,9 +1,10 @@
 """Stored responses across replicas: two proxies sharing a real Redis, one model group
 of two deployments that are different accounts (two fake upstreams, each knowing only
 the responses it created). A conversation created on one replica and continued on the
-other, retrieved here and there, always reaches the account that holds it: the fakes
-never see an id they did not create. Another key gets 404. With Redis down, an id this
-replica did not see is a 503 (the store is unavailable), not a 404."""
+other, retrieved here and there (whole or as a stream), always reaches the account that
+holds it: the fakes never see an id they did not create. Another key gets 404. With
+Redis down, an id this replica did not see is a 503 (the store is unavailable), not a
+404."""
 
 from __future__ import annotations
 
@@ -79,10 +80,14 @@ def test_every_follow_up_reaches_the_account_that_holds_the_response(
                 assert nxt.previous_response_id == previous.id
                 there = replicas[(chain + turn + 1) % 2]
                 assert there.responses.retrieve(previous.id).id == previous.id
+                replayed = list(there.responses.retrieve(previous.id, stream=True))
+                assert replayed[-1].response.id == previous.id  # type: ignore[union-attr]
                 assert len(there.responses.input_items.list(nxt.id).data) == 1
                 previous = nxt
             with pytest.raises(openai.NotFoundError):
                 _sdk(two, BOB).responses.retrieve(previous.id)
+            with pytest.raises(openai.NotFoundError):
+                _sdk(one, BOB).responses.retrieve(previous.id, stream=True)
             with pytest.raises(openai.NotFoundError):
                 _sdk(one, BOB).responses.create(
                     model=MODEL, input="theirs", previous_response_id=previous.id

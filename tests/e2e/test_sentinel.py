@@ -25,7 +25,7 @@ from support.redis_server import SENTINEL_MASTER, SentinelGroup, redis_available
 from support.waiting import wait_until
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
-from proxy.limiter.redis import KEY_PREFIX
+from proxy.limiter.redis.backend import KEY_PREFIX
 
 pytestmark = [
     pytest.mark.skipif(not redis_available(), reason="redis-server is not installed"),

@@ -172,6 +172,52 @@ def test_streamed_responses_are_stored_too(client: openai.OpenAI) -> None:
     assert client.responses.retrieve(final.id).status == "completed"
 
 
+def test_a_stored_response_is_replayed_as_its_stream_with_stream_true(
+    upstream: FakeUpstreamHandle, client: openai.OpenAI, http: httpx.Client
+) -> None:
+    """``GET /v1/responses/{id}?stream=true`` (``retrieve(id, stream=True)``): the events
+    a stream of it sent, ending in ``response.completed``; no tokens generated again."""
+    streamed = http.post("/responses", json={"model": MODEL, "input": "hi", "stream": True})
+    rid = named_events(streamed.text)[0][1]["response"]["id"]
+    served = upstream.stats()["tokens_served"]
+    replayed = http.get(f"/responses/{rid}", params={"stream": "true"})
+    assert replayed.headers["content-type"].startswith("text/event-stream")
+    assert replayed.text == streamed.text
+    assert upstream.stats()["tokens_served"] == served
+    created = client.responses.create(model=MODEL, input="Remember me")
+    events = list(client.responses.retrieve(created.id, stream=True))
+    assert events[-1].type == "response.completed"
+    assert events[-1].response.output_text == created.output_text
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == created.output_text
+
+
+def test_a_replay_starts_after_starting_after(client: openai.OpenAI) -> None:
+    created = client.responses.create(model=MODEL, input="x")
+    events = list(client.responses.retrieve(created.id, stream=True, starting_after=11))
+    assert [e.sequence_number for e in events] == [12, 13, 14, 15]
+    assert events[-1].type == "response.completed"
+
+
+def test_a_failed_responses_replay_ends_in_response_failed(
+    upstream: FakeUpstreamHandle, client: openai.OpenAI
+) -> None:
+    upstream.control(error_after_chunks=3)
+    rid = next(iter(client.responses.create(model=MODEL, input="x", stream=True))).response.id
+    types = [e.type for e in client.responses.retrieve(rid, stream=True)]
+    assert types == ["response.created", "response.in_progress", "response.failed"]
+
+
+def test_a_replay_is_cut_as_any_stream_by_fail_after_chunks(
+    upstream: FakeUpstreamHandle, client: openai.OpenAI, http: httpx.Client
+) -> None:
+    created = client.responses.create(model=MODEL, input="x")
+    upstream.control(fail_after_chunks=3)
+    with pytest.raises(httpx.RemoteProtocolError):
+        http.get(f"/responses/{created.id}", params={"stream": "true"})
+    assert upstream.stats()["streams_cut"] == 1
+
+
 def test_store_false_keeps_nothing(client: openai.OpenAI) -> None:
     created = client.responses.create(model=MODEL, input="x", store=False)
     assert created.store is False

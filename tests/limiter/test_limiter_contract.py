@@ -23,8 +23,8 @@ from proxy.limiter.base import (
     KeyLimits,
     KeySettlement,
 )
-from proxy.limiter.fairness import Claimant
-from proxy.limiter.verdicts import LEASE_TTL, PARALLEL_RETRY_AFTER
+from proxy.limiter.core.fairness import Claimant
+from proxy.limiter.core.verdicts import LEASE_TTL, PARALLEL_RETRY_AFTER
 
 RULE = CooldownRule(allowed_fails=3, window=60.0, time=30.0)  # a settlement's rule
 

@@ -40,9 +40,9 @@ from proxy.limiter.base import (
     Window,
     window_name,
 )
-from proxy.limiter.fairness import Claimant
+from proxy.limiter.core.fairness import Claimant
 from proxy.limiter.memory import MemoryLimiter
-from proxy.limiter.redis import RedisLimiter
+from proxy.limiter.redis.backend import RedisLimiter
 
 amounts = st.one_of(
     st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.0, 10.0, 50.0]),

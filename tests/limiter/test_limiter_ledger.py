@@ -11,7 +11,7 @@ from pathlib import Path
 from support.limits import patient
 from support.redis_server import RedisServer
 
-from proxy.limiter import periods
+from proxy.limiter.core import periods
 from proxy.limiter.ledger import MemoryLedger, RedisLedger
 from proxy.spend import Owner, Spend, field_name
 

@@ -17,9 +17,9 @@ from proxy.limiter.base import (
     Rate,
     Window,
 )
-from proxy.limiter.health import FORGET_AFTER, HEALTHY
+from proxy.limiter.core.health import FORGET_AFTER, HEALTHY
+from proxy.limiter.core.verdicts import IN_FLIGHT_MARGIN, LEASE_TTL
 from proxy.limiter.memory import SWEEP_EVERY, MemoryLimiter
-from proxy.limiter.verdicts import IN_FLIGHT_MARGIN, LEASE_TTL
 
 RULE = CooldownRule(allowed_fails=3, window=60.0, time=30.0)  # a settlement's rule
 

@@ -40,7 +40,7 @@ from proxy.limiter.policy import (
     share,
     share_key,
 )
-from proxy.limiter.redis import RedisLimiter
+from proxy.limiter.redis.backend import RedisLimiter
 
 # -- circuit breaker -------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import pytest
 
 from proxy.limiter.base import DeploymentLimits, Limiter, Rate, Window, window_name
 from proxy.limiter.memory import MemoryLimiter
-from proxy.limiter.redis import RedisLimiter
+from proxy.limiter.redis.backend import RedisLimiter
 
 
 def window(kind: str, limit: float, period: float = 60.0, capacity: float | None = None) -> Window:

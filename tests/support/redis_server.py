@@ -9,7 +9,7 @@ Every server listens on 127.0.0.1 on a free port picked at start, persists nothi
   ``redis-cli --cluster create ... --cluster-replicas 0``, ready once every node reports
   ``cluster_state:ok``.
 * ``TlsRedisServer``: TLS on its own port (a test CA's certificate) and an ACL user with
-  only what the proxy needs (``proxy.limiter.acl``); the plain port stays for the tests.
+  only what the proxy needs (``proxy.limiter.redis.acl``); the plain port stays for the tests.
 * ``SentinelGroup``: a primary, one replica and three sentinels (``redis-server
   --sentinel``) watching it, quorum 2, a primary down after ``DOWN_AFTER_MS``.
 """
@@ -26,7 +26,7 @@ from types import TracebackType
 
 import redis
 
-from proxy.limiter.acl import setuser_line
+from proxy.limiter.redis.acl import setuser_line
 from support.ports import free_port
 from support.tls import CertificateAuthority
 

@@ -64,7 +64,7 @@ def test_anthropics_input_and_output_token_limits_are_read_apart() -> None:
 
 def test_anthropics_input_tokens_running_low_floor_the_input_token_windows() -> None:
     from proxy.limiter.base import MINUTE, DeploymentLimits, Rate, Window
-    from proxy.limiter.verdicts import floors
+    from proxy.limiter.core.verdicts import floors
 
     budget = parse_budget(
         {

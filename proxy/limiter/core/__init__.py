@@ -1,0 +1,8 @@
+"""The limiter's pure cores: the math and the decisions both backends share, no I/O.
+
+``bucket`` (GCRA with reservations), ``allowance`` (the lease math), ``selection``
+(choosing a deployment), ``health`` (cooldowns, probes, learned rates), ``fairness``
+(fair share between keys), ``periods`` and ``quota`` (budgets per calendar period),
+``verdicts`` (the glue from the contract's limits to the buckets). The Redis backend's
+Lua scripts (``redis/lua/``) mirror them line by line.
+"""

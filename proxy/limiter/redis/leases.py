@@ -1,0 +1,377 @@
+"""The Redis backend's leases (allowance.py): its requests admitted without a round trip
+while their windows are far from full.
+
+Per client key and per deployment (an *owner*) this replica holds at most one open
+lease. A request it covers is admitted at once: a key's windows (a key with
+``max_parallel`` never leases: its slots are counted one by one), or a turn on the first
+candidate of a reservation when that deployment holds the lease (never under
+``least_busy``, which counts requests in flight across replicas, nor for a deployment
+without limits, which only 429s can teach). A request it does not cover renews it: what
+is left goes back and a new one is taken, both in the round trip the request would have
+made anyway (a key's refused lease answers the request like ``acquire_key``). Requests
+arriving while a renewal is on its way wait for it. Near a limit leases are refused and
+requests ask per request again (for ``REFUSED_FOR``).
+
+What the requests admitted from a lease settle (a token estimate corrected, a turn given
+back) stays in the lease while it is open; a failure, a 429 or an upstream running low
+closes a deployment's lease, so its next request asks the shared health. An idle lease
+is given back when its use ends (its unused units; the refill its hold reserved stays
+until the hold ends, allowance.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from functools import partial
+from typing import Any, TypeVar
+
+from proxy.costs import Cost
+from proxy.limiter.base import (
+    SHARED,
+    DeploymentLimits,
+    DeploymentSettlement,
+    DeploymentVerdict,
+    KeyAsk,
+    KeyLimits,
+    KeySettlement,
+    KeyVerdict,
+    Private,
+    Sent,
+    Window,
+)
+from proxy.limiter.core.allowance import FIRST_REQUESTS, REFUSED_FOR, Allowance, lease_size
+from proxy.limiter.core.bucket import Admission, BucketState, Decision
+from proxy.limiter.core.verdicts import Spend, excess_cost, key_spends, key_verdict, spends
+from proxy.limiter.redis.runner import ScriptRunner
+
+Num = Callable[[float], str]
+
+_NOW = Decision(Admission.ALLOWED)
+RENEWALS = 3  # a request asks for a new lease at most this many times, then per request
+T = TypeVar("T")
+
+
+class Owner:
+    """One key's or deployment's lease state in this replica."""
+
+    __slots__ = (
+        "admitted",
+        "allowance",
+        "keys",
+        "names",
+        "private",
+        "refused_until",
+        "renewing",
+        "size",
+        "timer",
+        "windows",
+    )
+
+    def __init__(self, windows: tuple[Window, ...], keys: list[str]) -> None:
+        self.windows = windows
+        self.keys = keys  # the lease script's Redis keys, ending with the windows'
+        self.names = keys[len(keys) - len(windows) :]  # the windows' Redis keys
+        self.allowance: Allowance | None = None
+        self.admitted: set[str] = set()  # the open lease's requests, by lease id (keys)
+        self.renewing: asyncio.Future[None] | None = None
+        self.refused_until = 0.0
+        self.size = FIRST_REQUESTS
+        self.timer: asyncio.TimerHandle | None = None  # gives the open lease back when idle
+        self.private = SHARED  # what the open lease's turns carry back (its serial)
+
+
+class Leases:
+    def __init__(self, runner: ScriptRunner, num: Num, now_arg: Callable[[], str]) -> None:
+        self.runner = runner
+        self._num = num
+        self._now_arg = now_arg
+        self._owners: dict[Any, Owner] = {}
+        self._serial = 0
+        self._returning: set[asyncio.Task[Any]] = set()
+
+    # -- client keys ---------------------------------------------------------------------
+
+    async def acquire_key(self, ask: KeyAsk, names: Callable[[], list[str]]) -> KeyVerdict | None:
+        """The key's verdict from its lease, or from the renewal's round trip; None: ask
+        ``acquire_key`` per request."""
+        limits = ask.limits
+        owner = self._owner(_key_owner(limits), limits.all_windows(), names)
+        spent = key_spends(limits, ask.cost)
+        own = len(limits.windows)
+        got = await self._admit(owner, spent, partial(self._renew_key, owner, spent, own))
+        if isinstance(got, tuple):
+            a, now = got
+            return _admitted(owner, a, spent, ask.slot, now, own)
+        return got
+
+    def acquire_key_now(self, ask: KeyAsk, names: Callable[[], list[str]]) -> KeyVerdict | None:
+        """The key's verdict from its open lease (None: none covers the request now)."""
+        limits = ask.limits
+        owner = self._owner(_key_owner(limits), limits.all_windows(), names)
+        a = owner.allowance
+        if a is None:
+            return None
+        spent = key_spends(limits, ask.cost)
+        costs = [s.amount for s in spent]
+        now = time.monotonic()
+        if not a.covers(costs, now):
+            return None
+        a.take(costs, now)
+        return _admitted(owner, a, spent, ask.slot, now, len(limits.windows))
+
+    async def _renew_key(
+        self, owner: Owner, spent: list[Spend], own: int, now: float
+    ) -> Allowance | KeyVerdict | None:
+        """A new lease of the key's windows; refused, the key checked for this request
+        alone in the same call (its verdict)."""
+        size = self._size(owner, spent, now)
+        if size is None:
+            return None
+        turns, amounts = size
+        args = [self._now_arg()]
+        for s, amount in zip(spent, amounts, strict=True):
+            rate = s.rate
+            capacity = self._num(rate.capacity)
+            args += [self._num(rate.interval), self._num(s.capacity), capacity]
+            args += [self._num(s.amount), self._num(amount)]
+        reply = await self._renew(owner, "lease_key", owner.keys, args)
+        received = time.monotonic()
+        if reply[0] == "leased":
+            at, hold, *debts = (float(x) for x in reply[1:])
+            rates = [s.rate for s in spent]
+            self._serial += 1
+            a = Allowance(self._serial, rates, amounts, debts, at, hold, now, received, turns)
+            return self._open(owner, a)
+        owner.refused_until = received + REFUSED_FOR
+        outcome, binding, wait, retry_after, at, *flat = reply[1:]
+        decision = Decision(Admission(outcome), float(wait), float(retry_after), int(binding))
+        states = [
+            BucketState(float(d), float(t)) for d, t in zip(flat[::2], flat[1::2], strict=True)
+        ]
+        return key_verdict(spent, decision, "", states, float(at), own)
+
+    async def _admit(
+        self,
+        owner: Owner,
+        spent: list[Spend],
+        renew: Callable[[float], Awaitable[Allowance | T | None]],
+    ) -> tuple[Allowance, float] | T | None:
+        """The request admitted from the owner's lease (and the local time), renewed if
+        need be (once more if others took what a renewal brought); else what ``renew``
+        answered instead of a lease (None: ask per request)."""
+        costs = [s.amount for s in spent]
+        for _ in range(RENEWALS):
+            now = time.monotonic()
+            a = owner.allowance
+            if a is not None and a.covers(costs, now):
+                a.take(costs, now)
+                return a, now
+            if owner.renewing is not None:  # another request is renewing it: wait for it
+                await asyncio.shield(owner.renewing)
+                continue
+            if now < owner.refused_until:
+                return None
+            got = await renew(now)
+            if not isinstance(got, Allowance):
+                return got
+        return None
+
+    def settle_key(self, s: KeySettlement) -> KeySettlement | None:
+        """What of ``s`` is left for the shared buckets (None: nothing) once the lease
+        that admitted its request, if still open, took its part."""
+        owner = self._owners.get(_key_owner(s.limits))
+        if owner is None or s.slot not in owner.admitted:
+            return s
+        owner.admitted.discard(s.slot)
+        a = owner.allowance
+        if a is None or a.closed:
+            return s
+        if not s.cost:
+            return None
+        excess = a.correct([w.cost(s.cost) for w in owner.windows], time.monotonic())
+        if excess is None:
+            return s
+        extra = excess_cost(owner.windows, excess)
+        return replace(s, cost=extra) if extra else None
+
+    # -- deployments ---------------------------------------------------------------------
+
+    async def reserve(
+        self, group: str, d: DeploymentLimits, cost: Cost, names: Callable[[], list[str]]
+    ) -> DeploymentVerdict | None:
+        """A turn now on ``d`` from its lease (renewed if need be); None: reserve per
+        request (the lease was refused, or ``d`` is not healthy, or states no limit: then
+        429s are all there is to learn its rate from, and every replica must hear of the
+        first at once)."""
+        if not d.windows:
+            return None
+        owner = self._owner(("d", group, d.id), d.windows, names)
+        spent = spends(d.windows, cost)
+        got = await self._admit(owner, spent, partial(self._renew_deployment, owner, spent))
+        if got is None:
+            return None
+        a, now = got
+        sent = Sent(a.epoch, a.sequence + a.uses - 1, a.at + (now - a.asked), owner.private)
+        return DeploymentVerdict(d.id, 0.0, waits={d.id: 0.0}, sent=sent)
+
+    async def _renew_deployment(
+        self, owner: Owner, spent: list[Spend], now: float
+    ) -> Allowance | None:
+        """A new lease of the deployment's windows (None: refused)."""
+        size = self._size(owner, spent, now)
+        if size is None:
+            return None
+        turns, amounts = size
+        args = [self._now_arg(), str(turns)]
+        for s, amount in zip(spent, amounts, strict=True):
+            args += [self._num(s.rate.interval), self._num(s.rate.capacity), self._num(amount)]
+        reply = await self._renew(owner, "lease_deployment", owner.keys, args)
+        received = time.monotonic()
+        if reply[0] != "1":
+            owner.refused_until = received + REFUSED_FOR
+            return None
+        at, epoch, sequence, hold, *debts = reply[1:]
+        self._serial += 1
+        a = Allowance(
+            self._serial, [s.rate for s in spent], amounts, [float(x) for x in debts],
+            float(at), float(hold), now, received, turns, int(epoch), int(sequence),
+            track=False,
+        )  # fmt: skip
+        return self._open(owner, a)
+
+    def settle_deployment(self, s: DeploymentSettlement) -> DeploymentSettlement | None:
+        """What of ``s`` is left for the shared state (None: nothing) once the lease that
+        granted its turn, if still open, took its part. An answer that tells something
+        of the deployment (a failure, a 429, a budget running low) closes the lease."""
+        sent = s.sent
+        if sent is None or not sent.private.lease:
+            return s
+        owner = self._owners.get(("d", s.group, s.deployment.id))
+        a = None if owner is None else owner.allowance
+        if owner is None or a is None or a.serial != sent.private.lease or a.closed:
+            return s
+        excess = a.correct([w.cost(s.cost) for w in owner.windows], time.monotonic())
+        assert excess is not None  # open
+        # What the lease could not hold goes to the shared buckets.
+        extra = excess_cost(owner.windows, excess)
+        telling = s.outcome.kind == "failure" or s.remaining is not None or s.private.hold > 0.0
+        if telling:
+            self._give_back(owner, a)
+        elif not extra:
+            return None
+        return replace(s, cost=extra)
+
+    # -- both ----------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Give back every open lease (a clean shutdown), and wait for it."""
+        returns = []
+        for owner in self._owners.values():
+            if owner.timer is not None:
+                owner.timer.cancel()
+            a = owner.allowance
+            if a is not None and not a.closed:
+                returns.append(self._give_back(owner, a, urgent=True))
+        await asyncio.gather(*self._returning, *returns, return_exceptions=True)
+
+    def _owner(
+        self, ident: Any, windows: tuple[Window, ...], names: Callable[[], list[str]]
+    ) -> Owner:
+        owner = self._owners.get(ident)
+        if owner is not None and (owner.windows is windows or owner.windows == windows):
+            return owner
+        if owner is not None and owner.allowance is not None:  # limits changed (a reload)
+            self._give_back(owner, owner.allowance)
+        owner = self._owners[ident] = Owner(windows, names())
+        return owner
+
+    def _size(
+        self, owner: Owner, spent: Sequence[Spend], now: float
+    ) -> tuple[int, list[float]] | None:
+        old = owner.allowance
+        if old is not None:
+            owner.size = old.next_size(owner.size, now)
+        costs = [s.amount for s in spent]
+        size = lease_size(owner.size, costs, [s.rate for s in spent], costs)
+        if size is None:
+            owner.refused_until = now + REFUSED_FOR
+        return size
+
+    async def _renew(self, owner: Owner, script: str, keys: list[str], args: list[str]) -> Any:
+        """Give back the old lease and ask for a new one, in one round trip."""
+        old = owner.allowance
+        if old is not None and not old.closed:
+            self._give_back(owner, old)
+        owner.allowance = None
+        renewing = owner.renewing = asyncio.get_running_loop().create_future()
+        try:
+            return await self.runner.run(script, keys, args)
+        finally:
+            owner.renewing = None
+            renewing.set_result(None)
+
+    def _open(self, owner: Owner, a: Allowance) -> Allowance:
+        """``a`` is the owner's lease from now on."""
+        owner.allowance = a
+        owner.admitted = set()
+        owner.private = Private(lease=a.serial)
+        # Idle at the end of its use: give it back while it still can be.
+        delay = max(a.until - time.monotonic(), 0.0)
+        if owner.timer is not None:
+            owner.timer.cancel()
+        owner.timer = asyncio.get_running_loop().call_later(delay, self._expire, owner, a)
+        return a
+
+    def _expire(self, owner: Owner, a: Allowance) -> None:
+        if owner.allowance is a and not a.closed:
+            owner.size = a.next_size(owner.size, time.monotonic())
+            self._give_back(owner, a)
+            owner.allowance = None
+
+    def _give_back(
+        self, owner: Owner, a: Allowance, *, urgent: bool = False
+    ) -> asyncio.Future[Any]:
+        """Return what ``a`` did not use (before any later call; nobody need await it)."""
+        a.closed = True
+        args = [self._now_arg(), self._num(a.at), self._num(a.hold)]
+        for rate, amount, used in zip(a.rates, a.amounts, a.used, strict=True):
+            args += [self._num(rate.interval), self._num(amount), self._num(used)]
+        future = self.runner.submit("return_lease", owner.names, args, urgent=urgent)
+        if future is None:
+            task = asyncio.ensure_future(self.runner.run("return_lease", owner.names, args))
+            self._returning.add(task)
+            task.add_done_callback(self._returned)
+            return task
+        future.add_done_callback(_ignore)
+        return future
+
+    def _returned(self, task: asyncio.Task[Any]) -> None:
+        self._returning.discard(task)
+        if not task.cancelled():
+            task.exception()  # a lost return only wastes the lease's units: nothing to do
+
+
+def _admitted(
+    owner: Owner, a: Allowance, spent: list[Spend], lease: str, now: float, own: int
+) -> KeyVerdict:
+    """The verdict of a key's request ``a`` took (``lease`` names it for its settlement):
+    its headers read the lease's own buckets (the key's ``own`` first windows)."""
+    owner.admitted.add(lease)
+    assert a.states is not None  # a key's lease tracks its buckets
+    return key_verdict(spent, _NOW, "", a.states, now, own)
+
+
+def _key_owner(limits: KeyLimits) -> tuple[str, str, str]:
+    """A key's lease, by key and team: a key moving team leases other Redis keys."""
+    return ("k", limits.name, "" if limits.team is None else limits.team.name)
+
+
+def _ignore(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+__all__ = ["Leases"]

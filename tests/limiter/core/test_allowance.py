@@ -1,0 +1,210 @@
+"""Leases of budget (allowance.py): a replica's requests admitted from a lease never make
+more than the shared bucket allows, and what a lease gives back leaves the bucket exact.
+Pure: an injected clock, random histories of several replicas."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.limiter.base import Rate
+from proxy.limiter.core import allowance
+from proxy.limiter.core.allowance import (
+    Allowance,
+    lease_hold,
+    lease_refund,
+    lease_size,
+)
+from proxy.limiter.core.bucket import Bucket as B
+from proxy.limiter.core.bucket import BucketState, Plan, adjust, charge, debt_at, plan, take
+
+EPS = 1e-9
+
+
+class Replica:
+    def __init__(self) -> None:
+        self.lease: Allowance | None = None
+        self.size = allowance.FIRST_REQUESTS
+
+
+class World:
+    """A shared bucket, replicas leasing from it, and every admission as it happened."""
+
+    def __init__(self, rate: Rate, replicas: int) -> None:
+        self.rate = rate
+        self.state = BucketState()
+        self.replicas = [Replica() for _ in range(replicas)]
+        self.admitted: list[tuple[float, float]] = []  # (time, cost), in time order
+        self.serial = 0
+
+    def give_back(self, r: Replica, now: float) -> None:
+        a = r.lease
+        if a is None or a.closed:
+            return
+        a.closed = True
+        refund = lease_refund(a.amounts[0], a.used[0], a.hold, now - a.at)
+        if refund > 0.0:
+            self.state = adjust(self.state, self.rate, -refund, now)
+
+    def request(self, r: Replica, cost: float, now: float) -> bool:
+        a = r.lease
+        if a is not None and a.covers([cost], now):
+            a.take([cost], now)
+            self.admitted.append((now, cost))
+            return True
+        if a is not None:
+            r.size = a.next_size(r.size, now)
+        self.give_back(r, now)
+        r.lease = None
+        size = lease_size(r.size, [cost], [self.rate], [cost])
+        if size is not None:
+            turns, amounts = size
+            debt = debt_at(self.state, self.rate.interval, now)
+            hold = lease_hold([debt], amounts, [self.rate])
+            if hold > 0.0:
+                buckets = [B(self.state, self.rate, amounts[0])]
+                # Charged as arriving at the end of its hold (lease.lua's take_lease).
+                p = plan(buckets, now)
+                (self.state,) = charge(buckets, Plan(p.debts, hold, -1, -1), now)
+                self.serial += 1
+                r.lease = Allowance(
+                    self.serial, [self.rate], amounts, [debt], now, hold, now, now, turns
+                )
+                r.lease.take([cost], now)
+                self.admitted.append((now, cost))
+                return True
+        self.state, decision = take(self.state, self.rate, cost, now, 0.0)
+        if decision.allowed:
+            self.admitted.append((now, cost))
+        return decision.allowed
+
+    def real_debt(self, now: float) -> float:
+        """The debt the admissions really made, replayed through an exact bucket."""
+        state = BucketState()
+        for at, cost in self.admitted:
+            if at <= now:
+                state = adjust(state, self.rate, cost, at)
+        return debt_at(state, self.rate.interval, now)
+
+    def conforms(self) -> bool:
+        """Every admission, replayed in order, fits the bucket's capacity."""
+        state = BucketState()
+        for at, cost in self.admitted:
+            if debt_at(state, self.rate.interval, at) + cost > self.rate.capacity + EPS:
+                return False
+            state = adjust(state, self.rate, cost, at)
+        return True
+
+
+events = st.lists(
+    st.tuples(
+        st.floats(0.0, 0.3),  # seconds since the last event
+        st.integers(0, 2),  # which replica
+        st.sampled_from(["request", "request", "request", "give_back"]),
+        st.sampled_from([1.0, 1.0, 3.0, 17.0]),  # the request's cost
+    ),
+    max_size=300,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    limit=st.sampled_from([600.0, 6000.0, 60000.0]),
+    capacity_share=st.sampled_from([0.05, 0.5, 1.0]),
+    replicas=st.integers(1, 3),
+    history=events,
+)
+def test_admissions_never_exceed_the_bucket(
+    limit: float, capacity_share: float, replicas: int, history: list[tuple[float, int, str, float]]
+) -> None:
+    world = World(Rate(limit, 60.0, limit * capacity_share), replicas)
+    now = 0.0
+    for dt, who, action, cost in history:
+        now += dt
+        r = world.replicas[who % replicas]
+        if action == "request":
+            world.request(r, cost, now)
+        else:
+            world.give_back(r, now)
+            r.lease = None
+        # The shared bucket never holds less than what was really used.
+        assert debt_at(world.state, world.rate.interval, now) >= world.real_debt(now) - 1e-6
+    assert world.conforms()
+
+
+@settings(max_examples=200, deadline=None)
+@given(history=st.lists(st.tuples(st.floats(0.0, 0.05), st.sampled_from([1.0, 5.0])), max_size=200))
+def test_one_replica_gives_back_all_but_its_holds_refill(
+    history: list[tuple[float, float]],
+) -> None:
+    """Alone, a replica that gives its lease back leaves the bucket as if every request
+    had asked it one by one, but for what its hold reserved: the hold's refill, and its
+    units charged as of the hold's end."""
+    world = World(Rate(6000.0, 60.0, 6000.0), 1)
+    r = world.replicas[0]
+    now = 0.0
+    for dt, cost in history:
+        now += dt
+        world.request(r, cost, now)
+    world.give_back(r, now)
+    shared = debt_at(world.state, world.rate.interval, now)
+    real = world.real_debt(now)
+    # The hold's refill, and the lease's used units counted as of its end, not as used.
+    assert real - 1e-6 <= shared <= real + 2 * allowance.HOLD / world.rate.interval + 1e-6
+
+
+def test_a_lease_is_taken_only_far_from_the_limit() -> None:
+    rate = Rate(6000.0, 60.0, 6000.0)  # 100 a second, all at once
+    assert lease_hold([0.0], [100.0], [rate]) == allowance.HOLD
+    # At most 3/4 full with the lease: 4,400 + 100 fits, 4,401 + 100 does not.
+    assert lease_hold([4400.0], [100.0], [rate]) > 0.0
+    assert lease_hold([4401.0], [100.0], [rate]) == 0.0
+
+
+def test_a_lease_holds_only_as_long_as_the_bucket_has_room() -> None:
+    # 1,000 a second but only 100 at once: a hold reserves half of it in refill, 50
+    # units, 50 ms.
+    rate = Rate(60000.0, 60.0, 100.0)
+    assert math.isclose(lease_hold([0.0], [10.0], [rate]), 0.05)
+    # ...so that another replica's lease fits beside it (it reuses that refill).
+    assert lease_hold([50.0 + 10.0], [10.0], [rate]) > 0.0
+    # A burst of one (a paced deployment) never holds a lease.
+    assert lease_size(8, [1.0], [Rate(60.0, 60.0, 1.0)], [1.0]) is None
+
+
+def test_small_windows_are_never_leased_from() -> None:
+    # One lease takes at most 1/32 of a window: 64 requests hold two at most.
+    assert lease_size(8, [1.0], [Rate(64.0, 60.0, 64.0)], [1.0]) == (2, [2.0])
+    assert lease_size(8, [1.0], [Rate(63.0, 60.0, 63.0)], [1.0]) is None
+    # Tokens: the request's own estimate and as many more as fit in the share.
+    # Tokens: the request's own estimate and as many more as fit in the share
+    # (100,000 / 32 = 3,125 tokens: six requests of 500).
+    rates = [Rate(1e6, 60.0, 1e6), Rate(1e5, 60.0, 1e5)]
+    assert lease_size(8, [1.0, 500.0], rates, [1.0, 500.0]) == (6, [6.0, 3000.0])
+
+
+def test_nothing_is_given_back_after_the_hold() -> None:
+    assert lease_refund(10.0, 3.0, 0.5, 0.6) == 0.0
+    # Within it: the units its requests did not use (never its hold's refill).
+    assert lease_refund(10.0, 3.0, 0.5, 0.1) == 7.0
+
+
+def test_corrections_stay_in_an_open_lease() -> None:
+    rate = Rate(6000.0, 60.0, 6000.0)
+    a = Allowance(1, [rate], [10.0], [0.0], 0.0, 0.5, 0.0, 0.0, turns=8)
+    a.take([4.0], 0.0)
+    assert a.correct([-3.0], 0.0) == [0.0]  # a refund frees room in the lease
+    assert a.used == [1.0]
+    assert a.correct([12.0], 0.0) == [3.0]  # what it cannot hold goes to the bucket
+    a.closed = True
+    assert a.correct([1.0], 0.0) is None
+
+
+def test_a_lease_grows_while_used_up_and_shrinks_when_idle() -> None:
+    a = Allowance(1, [], [], [], 0.0, 0.5, 0.0, 0.0, turns=8)
+    assert a.next_size(8, 0.1) == 16  # used up before its time
+    assert a.next_size(8, 1.0) == 4  # idle: fewer than a quarter used
+    a.uses = 2
+    assert a.next_size(8, 1.0) == 8

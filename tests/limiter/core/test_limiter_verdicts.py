@@ -1,0 +1,51 @@
+"""Corrections per kind (verdicts.py): what a request is charged after the fact."""
+
+from __future__ import annotations
+
+from support.limits import window
+
+from proxy.costs import estimate_cost
+from proxy.limiter.core.verdicts import excess_cost, settled_cost
+
+WINDOWS = (window("tokens", 1000), window("input_tokens", 800), window("output_tokens", 300))
+ESTIMATE = estimate_cost(100, 200)
+
+
+def test_a_key_is_corrected_to_what_it_used_per_kind_but_requests() -> None:
+    used = {"tokens": 150.0, "input_tokens": 120.0, "output_tokens": 30.0}
+    assert settled_cost(ESTIMATE, used, WINDOWS) == {
+        "tokens": -150.0,
+        "input_tokens": 20.0,
+        "output_tokens": -170.0,
+    }
+
+
+def test_unknown_usage_gives_the_whole_estimate_back() -> None:
+    assert settled_cost(ESTIMATE, None, WINDOWS) == {
+        "tokens": -300.0,
+        "input_tokens": -100.0,
+        "output_tokens": -200.0,
+    }
+
+
+def test_a_count_no_request_could_use_is_believed_as_far_as_one_could() -> None:
+    used = {"tokens": 1e12, "input_tokens": 1e12, "output_tokens": 1e12}
+    assert settled_cost(ESTIMATE, used, WINDOWS) == {
+        "tokens": 700.0,  # up to the 1,000 one request can take
+        "input_tokens": 700.0,
+        "output_tokens": 100.0,
+    }
+
+
+def test_a_deployment_is_never_refunded_only_charged_more() -> None:
+    used = {"tokens": 350.0, "input_tokens": 50.0, "output_tokens": 300.0}
+    assert settled_cost(ESTIMATE, used, WINDOWS, refund=False) == {
+        "tokens": 50.0,
+        "output_tokens": 100.0,
+    }
+    assert not settled_cost(ESTIMATE, None, WINDOWS, refund=False)
+
+
+def test_a_leases_excess_comes_back_as_the_largest_per_kind() -> None:
+    windows = (window("tokens", 1000), window("tokens", 5000, 86400.0), window("requests", 10))
+    assert excess_cost(windows, [5.0, 8.0, 0.0]) == {"tokens": 8.0}

@@ -1,0 +1,284 @@
+"""The Redis backend's leases (leases.py, lua/lease*.lua) on a real redis-server: the
+scripts compute what allowance.py does, a replica far from its limits admits without a
+round trip per request, and replicas leasing from one key never pass more than it
+allows."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support.limits import patient, window
+from support.redis_server import RedisServer
+
+from proxy.costs import estimate_cost
+from proxy.limiter.base import (
+    CooldownRule,
+    DeploymentLimits,
+    DeploymentSettlement,
+    GroupAsk,
+    KeyAsk,
+    KeyLimits,
+    KeySettlement,
+    Outcome,
+    Rate,
+)
+from proxy.limiter.core.allowance import HOLD, lease_hold, lease_refund
+from proxy.limiter.core.bucket import Bucket, BucketState, Plan, adjust, charge, debt_at
+from proxy.limiter.policy import ResilientLimiter
+from proxy.limiter.redis import scripts
+from proxy.limiter.redis.backend import RedisLimiter
+
+DAILY = KeyLimits("team-a", windows=(window("requests", 2000, 86400.0),))
+BIG = KeyLimits("team-b", windows=(window("requests", 1e6), window("tokens", 1e8)))
+DEP = DeploymentLimits("openai-a", windows=(window("requests", 1e6, 60.0, 1e5),))
+RULE = CooldownRule(allowed_fails=1, window=60.0, time=30.0)
+
+
+def calls(url: str) -> int:
+    """Scripts and functions Redis has run so far."""
+    with redis.Redis.from_url(url, decode_responses=True) as c:
+        stats = c.info("commandstats")
+    return sum(
+        int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+        for name in ("fcall", "evalsha", "eval")
+    )
+
+
+async def warm(url: str) -> RedisLimiter:
+    """A limiter that has loaded its functions (so calls() counts only operations)."""
+    lim = patient(url)
+    await lim.key_snapshot(BIG)
+    return lim
+
+
+def test_lease_scripts_compute_what_allowance_does(redis_url: str) -> None:
+    rate = Rate(6000.0, 60.0, 6000.0)
+    with redis.Redis.from_url(redis_url, decode_responses=True) as c:
+        c.hset("w", mapping={"d": "1000", "t": "10"})
+        lease = c.eval(
+            scripts.source("lease_key"), 1, "w", "11", repr(rate.interval), "6000.0", "6000.0",
+            "1.0", "40.0",
+        )  # fmt: skip
+        debt0 = 1000.0 - 1.0 / rate.interval  # drained for a second
+        hold = lease_hold([debt0], [40.0], [rate])
+        assert lease[0] == "leased"
+        assert [float(x) for x in lease[1:]] == [11.0, hold, debt0]
+        assert float(c.hget("w", "d")) == max(debt0, hold / rate.interval) + 40.0
+        before = float(c.hget("w", "d"))
+        c.eval(
+            scripts.source("return_lease"), 1, "w", "11.1", "11", repr(hold),
+            repr(rate.interval), "40.0", "7.5",
+        )  # fmt: skip
+        refund = lease_refund(40.0, 7.5, hold, 11.1 - 11.0)
+        drained = before - 0.1 / rate.interval
+        assert math.isclose(float(c.hget("w", "d")), drained - refund, abs_tol=1e-9)
+        # After its hold, nothing goes back (nothing is written).
+        c.eval(
+            scripts.source("return_lease"), 1, "w", "11.6", "11", repr(hold),
+            repr(rate.interval), "40.0", "0.0",
+        )  # fmt: skip
+        assert c.hget("w", "t") == "11.1"
+
+
+def test_a_key_too_full_to_lease_from_is_checked_as_acquire_key_checks_it(redis_url: str) -> None:
+    with redis.Redis.from_url(redis_url, decode_responses=True) as c:
+        c.hset("w", mapping={"d": "5999", "t": "10"})
+        reply = c.eval(
+            scripts.source("lease_key"), 1, "w", "10", "0.01", "6000.0", "6000.0", "2.0", "40.0"
+        )
+        assert reply[:3] == ["checked", "refused", "0"]
+        assert c.hget("w", "d") == "5999"
+
+
+async def test_far_from_its_limits_a_key_costs_a_round_trip_per_lease(redis_url: str) -> None:
+    lim = await warm(redis_url)
+    before = calls(redis_url)
+    for i in range(40):
+        verdict = await lim.acquire_key(KeyAsk(BIG, f"r{i}", estimate_cost(100.0)))
+        assert verdict.allowed
+        await lim.settle(KeySettlement(BIG, f"r{i}", cost={"tokens": -50.0}))
+    # Leases of 8, 16, 32 requests: three round trips (and two give-backs riding along).
+    assert calls(redis_url) - before <= 6
+    await lim.aclose()
+
+
+async def test_a_replica_alone_leaves_the_key_as_if_it_asked_per_request(redis_url: str) -> None:
+    lim = patient(redis_url)
+    for i in range(50):
+        assert (await lim.acquire_key(KeyAsk(DAILY, f"r{i}", estimate_cost(0)))).allowed
+    await lim.aclose()  # gives its lease back
+    reader = patient(redis_url, leases=False)
+    state = await reader.key_snapshot(DAILY)
+    await reader.aclose()
+    assert math.isclose(state.remaining["rpd"], 1950.0, abs_tol=0.1)
+
+
+async def test_replicas_leasing_from_one_key_pass_exactly_its_limit(redis_url: str) -> None:
+    replicas = [patient(redis_url) for _ in range(3)]
+
+    async def ask(lim: RedisLimiter, n: int) -> int:
+        verdicts = await asyncio.gather(
+            *(
+                lim.acquire_key(KeyAsk(DAILY, f"{id(lim)}-{n}-{i}", estimate_cost(0)))
+                for i in range(10)
+            )
+        )
+        return sum(v.allowed for v in verdicts)
+
+    allowed = 0
+    for n in range(100):
+        allowed += sum(await asyncio.gather(*(ask(lim, n) for lim in replicas)))
+    assert allowed <= 2000
+    for lim in replicas:
+        await lim.aclose()
+    # What leases held and did not use went back, and once their holds are over (the
+    # refill they reserved), the rest is there to take.
+    await asyncio.sleep(HOLD)
+    last = patient(redis_url, leases=False)
+    while (await last.acquire_key(KeyAsk(DAILY, f"last-{allowed}", estimate_cost(0)))).allowed:
+        allowed += 1
+    await last.aclose()
+    assert allowed == 2000
+
+
+async def test_a_healthy_deployment_gives_turns_from_its_lease_until_it_fails(
+    redis_url: str,
+) -> None:
+    lim = await warm(redis_url)
+    ask = GroupAsk("g", [DEP], estimate_cost(10.0), max_wait=0.0, slot="r")
+    before = calls(redis_url)
+    turns = [await lim.reserve(ask) for _ in range(8)]
+    assert all(t.deployment_id == "openai-a" and t.wait == 0.0 for t in turns)
+    assert calls(redis_url) - before == 1
+    sent = turns[-1].sent
+    assert sent is not None and sent.private.lease
+    # A failure closes the lease: the shared health hears of it and cools the deployment.
+    failure = Outcome("failure", "server_error")
+    await lim.settle(DeploymentSettlement("g", DEP, RULE, failure, "r", sent=sent))
+    verdict = await lim.reserve(ask)
+    assert verdict.deployment_id is None and verdict.cooling
+    await lim.aclose()
+
+
+async def test_a_turn_given_back_returns_to_the_lease(redis_url: str) -> None:
+    lim = patient(redis_url)
+    ask = GroupAsk("g", [DEP], estimate_cost(0), max_wait=0.0, slot="r")
+    first = await lim.reserve(ask)
+    before = calls(redis_url)
+    unused = DeploymentSettlement(
+        "g", DEP, RULE, slot="r", cost={"requests": -1.0}, sent=first.sent
+    )
+    await lim.settle(unused)
+    assert calls(redis_url) == before
+    await lim.aclose()
+
+
+async def test_a_429_on_a_leased_turn_teaches_as_a_reserved_one_would(redis_url: str) -> None:
+    free = DeploymentLimits("free", windows=(window("requests", 1e6, 60.0, 1e5),))
+    lim = patient(redis_url)
+    ask = GroupAsk("g", [free], estimate_cost(0), max_wait=5.0, slot="r")
+    turns = [await lim.reserve(ask) for _ in range(8)]
+    assert [t.sent.sequence for t in turns if t.sent] == list(range(1, 9))
+    limited = Outcome("failure", "rate_limited", cool_for=1.0, rate_limited=True)
+    await lim.settle(DeploymentSettlement("g", free, RULE, limited, "r", sent=turns[-1].sent))
+    (state,) = (await lim.snapshot("g", [free])).values()
+    assert state.learned > 0.0 and state.hold_for > 0.0
+    # Learned: its turns go one by one again, paced, through the shared state.
+    verdict = await lim.reserve(ask)
+    assert verdict.wait > 0.0 and verdict.sent is not None and not verdict.sent.private.lease
+    await lim.aclose()
+
+
+async def test_a_deployment_without_limits_is_never_leased(redis_url: str) -> None:
+    """Only its 429s tell its rate: every replica must hear of the first at once."""
+    free = DeploymentLimits("free", probe_timeout=10.0)
+    lim = patient(redis_url)
+    verdict = await lim.reserve(GroupAsk("g", [free], estimate_cost(0), max_wait=5.0, slot="r"))
+    assert verdict.sent is not None and not verdict.sent.private.lease
+    await lim.aclose()
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    limit=st.sampled_from([64.0, 1000.0, 6000.0, 1e6]),
+    capacity_share=st.sampled_from([0.01, 0.5, 1.0]),
+    debt_share=st.floats(0.0, 1.2),
+    amount_share=st.floats(0.001, 0.6),
+    elapsed=st.floats(0.0, 3.0),
+    used_share=st.floats(0.0, 1.0),
+)
+def test_lua_leases_match_the_pure_core(
+    redis_url: str,
+    limit: float,
+    capacity_share: float,
+    debt_share: float,
+    amount_share: float,
+    elapsed: float,
+    used_share: float,
+) -> None:
+    """lease.lua mirrors allowance.py: the same hold, the same charge, the same give-back,
+    bit for bit."""
+    rate = Rate(limit, 60.0, limit * capacity_share)
+    debt, amount = debt_share * rate.capacity, amount_share * rate.capacity
+    state = BucketState(debt, 100.0)
+    with redis.Redis.from_url(redis_url, decode_responses=True) as c:
+        c.delete("w")
+        c.hset("w", mapping={"d": repr(debt), "t": "100.0"})
+        now = 100.0 + elapsed
+        i, cap = repr(rate.interval), repr(rate.capacity)
+        reply = c.eval(
+            scripts.source("lease_key"), 1, "w", repr(now), i, cap, cap, "1.0", repr(amount)
+        )
+        debt0 = debt_at(state, rate.interval, now)
+        hold = lease_hold([debt0], [amount], [rate])
+        if hold == 0.0:
+            assert reply[0] == "checked"
+            return
+        assert reply[0] == "leased" and [float(x) for x in reply[2:]] == [hold, debt0]
+        (charged,) = charge([Bucket(state, rate, amount)], Plan((debt0,), hold, -1, -1), now)
+        assert float(c.hget("w", "d")) == charged.debt
+        later = now + elapsed / 4
+        used = used_share * amount
+        c.eval(
+            scripts.source("return_lease"), 1, "w", repr(later), repr(now), repr(hold), i,
+            repr(amount), repr(used),
+        )  # fmt: skip
+        refund = lease_refund(amount, used, hold, later - now)
+        expected = charged if refund == 0.0 else adjust(charged, rate, -refund, later)
+        assert float(c.hget("w", "d")) == expected.debt
+
+
+async def test_a_key_check_its_lease_covers_is_answered_at_once(redis_url: str) -> None:
+    lim = patient(redis_url)
+    assert lim.acquire_key_now(KeyAsk(BIG, "r0", estimate_cost(10.0))) is None  # no lease yet: ask
+    assert (
+        await lim.acquire_key(KeyAsk(BIG, "r0", estimate_cost(10.0)))
+    ).allowed  # which takes one
+    verdict = lim.acquire_key_now(KeyAsk(BIG, "r1", estimate_cost(10.0)))
+    assert verdict is not None and verdict.allowed
+    await lim.aclose()
+
+
+async def test_leases_answer_at_once_only_while_the_storage_is_trusted(
+    disposable_redis: RedisServer,
+) -> None:
+    shared = RedisLimiter(disposable_redis.url, op_timeout=0.5, connect_timeout=0.5)
+    resilient = ResilientLimiter(shared, on_error="local", replica_id="r", failure_threshold=1)
+    assert (await resilient.acquire_key(KeyAsk(BIG, "r0", estimate_cost(10.0)))).allowed
+    assert resilient.acquire_key_now(KeyAsk(BIG, "r1", estimate_cost(10.0))) is not None
+    disposable_redis.kill()
+    # A call that needs the storage fails: the breaker opens, and the lease it still
+    # holds answers no more (its verdicts would tell the breaker nothing).
+    await resilient.reserve(
+        GroupAsk("g", [DeploymentLimits("free")], estimate_cost(0), max_wait=0.0)
+    )
+    assert resilient.acquire_key_now(KeyAsk(BIG, "r2", estimate_cost(10.0))) is None
+    await resilient.aclose()
