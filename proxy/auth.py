@@ -39,7 +39,8 @@ class KeyStore:
     def __init__(self, keys: Sequence[ClientKey], runtime: RuntimeLookup | None = None) -> None:
         # Digests to positions: a key's model is built when it is first presented.
         self._keys = ConfigKeys.of(keys)
-        self._by_digest = {d: i for i, d in enumerate(self._keys.digests()) if d}
+        digests = self._keys.digests()
+        self._by_digest = dict(zip(digests, range(len(digests)), strict=True))
         self.runtime = runtime
 
     def held(self) -> list[object]:
