@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from proxy.config import ClientKey
@@ -19,7 +19,10 @@ __all__ = ["KeyStore", "RuntimeLookup", "bearer_matches"]
 
 
 class RuntimeLookup(Protocol):
-    """The keys created through the admin API (``proxy/keys/store.RuntimeKeys``)."""
+    """The keys created through the admin API (``proxy/keys/store.RuntimeKeys``);
+    ``on_gone`` hears the name of each key it no longer has."""
+
+    on_gone: Callable[[str], None]
 
     def find(self, sha256: str) -> tuple[ClientKey, KeyLimits] | None: ...
     def limits_of(self, key: ClientKey) -> KeyLimits: ...

@@ -12,6 +12,7 @@ import ssl
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import httpx
 
@@ -274,32 +275,41 @@ def price(spec: PriceSpec | None) -> Price:
     return FREE if built == FREE else built
 
 
-def for_model(limits: KeyLimits, rules: Sequence[LimitRule], model: str) -> KeyLimits:
-    """``limits`` (built from ``rules``, in order) without the windows that count other
-    models' requests than ``model``'s (itself when none is left out)."""
-    windows = tuple(
-        w for w, rule in zip(limits.windows, rules, strict=True) if _counts(rule, model)
-    )
-    return limits if len(windows) == len(limits.windows) else replace(limits, windows=windows)
+_Built = TypeVar("_Built", Window, Quota)
 
 
-def _counts(rule: LimitRule, model: str) -> bool:
-    return not rule.models or model in rule.models
+def for_model(limits: KeyLimits, owner: ClientKey | Team, model: str) -> KeyLimits:
+    """``limits`` (built from ``owner``: its windows and budgets, in order) without the
+    windows and budgets that count other models' requests than ``model``'s (itself when
+    none is left out): the one place a ``models`` filter is applied."""
+    windows = _counting(limits.windows, owner.limit_rules(), model)
+    quotas = _counting(limits.quotas, owner.budgets, model)
+    if len(windows) == len(limits.windows) and len(quotas) == len(limits.quotas):
+        return limits
+    return replace(limits, windows=windows, quotas=quotas)
 
 
-def _model_scoped(owner: ClientKey | Team) -> bool:
-    return any(spec.models for spec in owner.limits)
+def _counting(
+    built: Sequence[_Built], specs: Sequence[LimitRule | BudgetSpec], model: str
+) -> tuple[_Built, ...]:
+    """Those of ``built`` (one per spec, in order) whose spec counts ``model``."""
+    return tuple(b for b, spec in zip(built, specs, strict=True) if _counts(spec, model))
+
+
+def _counts(spec: LimitRule | BudgetSpec, model: str) -> bool:
+    return not spec.models or model in spec.models
 
 
 class _TeamLimits:
-    """A team's limits, and per model group the windows that apply (built on first use)."""
+    """A team's limits, and per model group the windows and budgets that apply (built on
+    first use)."""
 
-    __slots__ = ("_by_model", "_rules", "_scoped", "limits")
+    __slots__ = ("_by_model", "_scoped", "_team", "limits")
 
     def __init__(self, team: Team, share: float) -> None:
         self.limits = key_limits(team, share)
-        self._rules = team.limit_rules()
-        self._scoped = _model_scoped(team)
+        self._team = team
+        self._scoped = team.model_scoped
         self._by_model: dict[str, KeyLimits] = {}
 
     def for_model(self, model: str) -> KeyLimits:
@@ -307,7 +317,7 @@ class _TeamLimits:
             return self.limits
         built = self._by_model.get(model)
         if built is None:
-            built = self._by_model[model] = for_model(self.limits, self._rules, model)
+            built = self._by_model[model] = for_model(self.limits, self._team, model)
         return built
 
 
@@ -424,22 +434,30 @@ class Catalog:
         return limits if limits.team is team_limits else replace(limits, team=team_limits)
 
     def ask_limits(self, key: ClientKey, limits: KeyLimits, model: str) -> KeyLimits:
-        """What a request of ``key`` for model group ``model`` is checked against: the
-        windows of the key (``limits``) and of its team that count ``model``'s requests,
-        computed once per (key, model) and only for keys with model-scoped windows or a
-        team (the limiter never sees the ``models`` filters)."""
-        if key.team is None and limits.team is None and (not key.limits or not _model_scoped(key)):
-            return limits  # the usual key: its own windows, every one counting
+        """What a request of ``key`` for model group ``model`` is checked against and
+        charged to: the windows and budgets of the key (``limits``) and of its team that
+        count ``model``'s requests, computed once per (key, model) and only for keys with
+        a ``models`` filter or a team. The one place a ``models`` filter is applied: the
+        limiter never sees one, and a budget over other models costs such a request
+        nothing (no reservation, no budget in the limiter's step)."""
+        if key.team is None and limits.team is None and not key.model_scoped:
+            return limits  # the usual key: its own windows and budgets, every one counting
         team = self._teams.get(key.team) if key.team is not None else None
         cached = self._asks.get((key.name, model))
         if cached is not None and cached[0] is limits:
             return cached[1]
-        built = replace(
-            for_model(limits, key.limit_rules(), model),
-            team=None if team is None else team.for_model(model),
-        )
+        built = for_model(limits, key, model)
+        team_limits = None if team is None else team.for_model(model)
+        if built.team is not team_limits:
+            built = replace(built, team=team_limits)
         self._asks[(key.name, model)] = (limits, built)
         return built
+
+    def forget(self, name: str) -> None:
+        """The key named ``name`` is gone (an API key revoked or deleted): its limits per
+        model group are dropped, not kept until the next reload."""
+        for model in self.groups:
+            self._asks.pop((name, model), None)
 
     def carry_over(self, previous: Catalog) -> None:
         """After a reload: what upstreams announced still holds for deployments whose

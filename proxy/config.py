@@ -15,6 +15,7 @@ import re
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -335,6 +336,13 @@ class _Owner(_Limited):
     name: str = Field(min_length=1)
     max_parallel: PositiveInt | None = None
     budgets: list[BudgetSpec] = Field(default_factory=list)
+
+    @cached_property
+    def model_scoped(self) -> bool:
+        """Whether a window or a budget of it counts only some models' requests (asked
+        of a key per request: ``Catalog.ask_limits``; worked out once, so a key with
+        other limits is validated anew, never ``model_copy(update=...)``'d)."""
+        return any(spec.models for spec in self.limits) or any(b.models for b in self.budgets)
 
     @field_validator("budgets")
     @classmethod

@@ -54,7 +54,7 @@ from proxy.limiter.base import (
 )
 from proxy.limiter.core.fairness import Claimant
 from proxy.limiter.core.quota import budget_label
-from proxy.limiter.core.verdicts import key_quotas, settled_cost
+from proxy.limiter.core.verdicts import settled_cost
 from proxy.limiter.ledger import Ledger, MemoryLedger
 from proxy.logs import RequestLog
 from proxy.metrics import Metrics
@@ -104,6 +104,8 @@ class Pipeline:
             runtime = previous.keys.runtime
         self.keys: KeyStore = key_store or KeyStore(settings.keys)
         self.keys.runtime = runtime
+        if runtime is not None:  # its revoked keys' limits go from this catalog
+            runtime.on_gone = self.catalog.forget
         self.limiter = limiter
         # Where stored responses live: one store per process, kept across reloads.
         if affinity is None:
@@ -208,7 +210,7 @@ class Pipeline:
                 limits = self.catalog.ask_limits(key, limits, group.name)
             if limits is not None and limits.unlimited:
                 limits = None  # nothing to check nor charge: no limiter call at all
-            if limits is not None and key_quotas(limits):
+            if limits is not None and limits.all_quotas:
                 self._reserve_budget(call, shape, group)
             if limits is not None:
                 key_check = self._check_key(call, limits, shadow=key is not None and key.shadow)
@@ -310,9 +312,7 @@ class Pipeline:
         """The key's verdict to come (the dispatcher's gate): given at once when the
         limiter can (in memory, or a lease's), else asked together with the first
         reservation, one Redis round trip for both."""
-        ask = KeyAsk(
-            limits, call.request_id, call.cost, budget_cost=call.reserved, model=call.model
-        )
+        ask = KeyAsk(limits, call.request_id, call.cost, budget_cost=call.reserved)
         verdict = None if self.fast is None else self.fast.acquire_key_now(ask)
         if verdict is None:
             return asyncio.ensure_future(self._acquire_key(call, ask, shadow))
@@ -361,7 +361,7 @@ class Pipeline:
                 return None
             # Unknown usage (an error, no usage in a buffered answer) refunds the whole
             # estimate; a stream without usage is charged at least it (Trip.charge).
-            correction = settled_cost(call.cost, call.trip.charged, limits.all_windows())
+            correction = settled_cost(call.cost, call.trip.charged, limits.all_windows)
             if not call.reserved:
                 return KeySettlement(limits, call.request_id, correction)
             price = self.catalog.prices.get(call.trip.deployment or "", FREE)
@@ -371,7 +371,6 @@ class Pipeline:
                 call.request_id,
                 correction,
                 budget_cost=budgets.correction(real, call.reserved),
-                model=call.model,
                 started=granted.at,
             )
 

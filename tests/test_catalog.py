@@ -214,6 +214,10 @@ def _teams_settings() -> Settings:
             "rpm": 100,
             "max_parallel": 8,
             "limits": [{"tokens": 500, "per": "1m", "models": ["big"]}],
+            "budgets": [
+                {"usd": 50, "period": "month"},
+                {"tokens": 9000, "period": "day", "models": ["big"]},
+            ],
         }
     ]
     keys = [
@@ -225,6 +229,15 @@ def _teams_settings() -> Settings:
             "limits": [{"requests": 2, "per": "1m", "models": ["big"]}],
         },
         {"name": "bob", "key": "b", "rpm": 5},
+        {
+            "name": "dave",
+            "key": "d",
+            "budgets": [
+                {"usd": 5, "period": "day"},
+                {"tokens": 100, "period": "day", "models": ["big"]},
+            ],
+        },
+        {"name": "erin", "key": "e", "budgets": [{"usd": 1, "period": "day", "models": ["big"]}]},
     ]
     return settings_from({"teams": teams, "keys": keys, "models": models})
 
@@ -242,7 +255,7 @@ def test_a_key_in_a_team_carries_the_teams_windows() -> None:
     alice = catalog.key_limits["alice"]
     assert alice.team is catalog.team_limits["research"]
     assert alice.team.scope == "team" and alice.team.max_parallel == 4  # a worker's share
-    assert [w.name for w in alice.all_windows()] == ["rpm", "rpm@big", "rpm", "tpm@big"]
+    assert [w.name for w in alice.all_windows] == ["rpm", "rpm@big", "rpm", "tpm@big"]
     assert catalog.key_limits["bob"].team is None
 
 
@@ -260,6 +273,34 @@ def test_a_request_is_checked_against_the_windows_counting_its_model() -> None:
     assert catalog.ask_limits(key, alice, "big") is big
     bob = catalog.key_limits["bob"]
     assert catalog.ask_limits(_key(catalog, "bob"), bob, "big") is bob
+
+
+def test_a_request_is_charged_to_the_budgets_counting_its_model() -> None:
+    """Budgets go through the filter windows go through: the limiter never sees one
+    over other models (no reservation, no quota in its step)."""
+    catalog = _teams_catalog()
+    dave = catalog.key_limits["dave"]
+    big = catalog.ask_limits(_key(catalog, "dave"), dave, "big")
+    small = catalog.ask_limits(_key(catalog, "dave"), dave, "small")
+    assert [q.name for q in big.quotas] == ["budget_usd_day", "budget_tokens_day:big"]
+    assert [q.name for q in small.quotas] == ["budget_usd_day"]
+    assert catalog.ask_limits(_key(catalog, "dave"), dave, "small") is small
+    # A key whose every budget is over other models: nothing to reserve for this one.
+    erin = catalog.key_limits["erin"]
+    assert catalog.ask_limits(_key(catalog, "erin"), erin, "small").all_quotas == ()
+    assert catalog.ask_limits(_key(catalog, "erin"), erin, "big") is erin
+
+
+def test_a_teams_budgets_count_only_the_requests_of_their_models() -> None:
+    catalog = _teams_catalog()
+    alice = catalog.key_limits["alice"]
+    small = catalog.ask_limits(_key(catalog, "alice"), alice, "small").team
+    big = catalog.ask_limits(_key(catalog, "alice"), alice, "big").team
+    assert small is not None and [q.name for q in small.quotas] == ["budget_usd_month"]
+    assert big is not None and [q.name for q in big.quotas] == [
+        "budget_usd_month",
+        "budget_tokens_day:big",
+    ]
 
 
 def test_a_model_scoped_window_refuses_with_its_windows_code() -> None:
@@ -286,3 +327,15 @@ def test_an_api_key_gets_its_team_from_the_config_in_force() -> None:
     # A team the config no longer has: none.
     gone = ClientKey.model_validate({**entry, "team": "gone"})
     assert catalog.ask_limits(gone, key_limits(gone), "small").team is None
+
+
+def test_a_revoked_api_keys_limits_are_forgotten() -> None:
+    catalog = _teams_catalog()
+    carol = ClientKey.model_validate({"name": "carol", "key_sha256": "0" * 64, "team": "research"})
+    own = key_limits(carol)
+    before = len(catalog.held())
+    asked = [catalog.ask_limits(carol, own, model) for model in ("big", "small")]
+    assert len(catalog.held()) == before + 2
+    catalog.forget("carol")
+    assert len(catalog.held()) == before
+    assert catalog.ask_limits(carol, own, "big") is not asked[0]  # built again if it returns

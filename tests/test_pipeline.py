@@ -10,10 +10,12 @@ import asyncio
 import httpx
 import orjson
 import pytest
-from support.journey import REQUEST, Journey, Upstream, config, deployment, ok, status
+from support.journey import REQUEST, USAGE, Journey, Upstream, config, deployment, ok, status
 
 from proxy.call import Reply
 from proxy.costs import TOKENS
+from proxy.keys.memory_backend import MemoryKeyBackend
+from proxy.keys.store import RuntimeKeys
 from proxy.limiter.base import DeploymentVerdict, GroupAsk
 from proxy.limiter.memory import MemoryLimiter
 from proxy.providers import PROVIDERS
@@ -133,3 +135,39 @@ async def test_a_model_none_of_whose_deployments_speaks_the_api_is_a_400(
     assert "embeddings" in body["message"] and "'m'" in body["message"]
     assert upstream.sent == []
     assert (await journey.send()).status == 200  # chat, which it speaks
+
+
+async def test_a_budget_over_other_models_costs_a_request_nothing() -> None:
+    """No reservation and no budget in the key's step: a request without an output cap
+    goes as it was sent (one the budget counts goes with the cap it was reserved for),
+    and the budget is not charged."""
+    budget = {"tokens": 1000, "period": "day", "models": ["other"]}
+    data = config([deployment("a")], {"budgets": [budget]})
+    data["models"].append({"name": "other", "deployments": [deployment("b")]})
+    sent: list[dict[str, object]] = []
+
+    def recording(request: httpx.Request) -> httpx.Response:
+        sent.append(orjson.loads(request.content))
+        return ok()(request)
+
+    journey = Journey(data, Upstream({"a.test": recording, "b.test": recording}))
+    uncapped = {"model": "m", "messages": REQUEST["messages"]}
+    assert (await journey.send(uncapped)).status == 200
+    assert (await journey.send({**uncapped, "model": "other"})).status == 200
+    assert ["max_tokens" in body for body in sent] == [False, True]
+    limits = journey.pipeline.catalog.key_limits["k"]
+    [(quota, left)] = (await journey.pipeline.limiter.key_snapshot(limits)).budgets
+    assert quota.models == ("other",)
+    assert left.remaining == 1000 - USAGE["total_tokens"]  # the one request to "other"
+
+
+async def test_a_revoked_api_keys_limits_leave_the_catalog_in_force() -> None:
+    keys = RuntimeKeys(MemoryKeyBackend(), shared=False)
+    data = {**config([deployment("a")]), "teams": [{"name": "t", "rpm": 100}]}
+    journey = Journey(data, Upstream({"a.test": ok()}), runtime_keys=keys)
+    _, secret = await keys.create("svc", {"team": "t"}, None)
+    assert (await journey.send(bearer=f"Bearer {secret}")).status == 200
+    catalog = journey.pipeline.catalog
+    held = len(catalog.held())  # its limits for model "m", with its team's
+    await keys.revoke("svc")
+    assert len(catalog.held()) == held - 1

@@ -4,16 +4,12 @@ as JSON rows and CSV."""
 from __future__ import annotations
 
 import csv
-import datetime as dt
 import io
+
+from support.limits import at
 
 from proxy.limiter.core import periods
 from proxy.spend import Owner, Spend, Tally, field_name, parse_field, report, to_csv
-
-
-def at(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> float:
-    return dt.datetime(year, month, day, hour, minute, second, tzinfo=dt.UTC).timestamp()
-
 
 ALICE = Owner("alice", "research", "gpt-4o")
 BOB = Owner("bob", "", "gpt-4o")

@@ -51,9 +51,16 @@ class KeyBackend(Protocol):
     async def aclose(self) -> None: ...
 
 
+def _nobody(name: str) -> None:
+    """Told of a key gone, by default: no one."""
+
+
 class RuntimeKeys:
     """``shared``: the backend is seen by other replicas (poll it); ``refusal``: why
-    keys cannot be managed here at all (several workers without Redis), answered 409."""
+    keys cannot be managed here at all (several workers without Redis), answered 409.
+    ``on_gone`` hears the name of every key this process stops knowing (revoked here,
+    deleted by another replica, absent from a full reload): the pipeline in force's
+    catalog drops what it built for it (``Catalog.forget``)."""
 
     def __init__(
         self,
@@ -73,6 +80,7 @@ class RuntimeKeys:
         self._seen = 0
         self._task: asyncio.Task[None] | None = None
         self._failing = False
+        self.on_gone: Callable[[str], None] = _nobody
 
     # -- lookups (the request path) -------------------------------------------------------
 
@@ -117,8 +125,11 @@ class RuntimeKeys:
             for record in records[start : start + _INDEX_SLICE]:
                 index.apply(record.name, record)
             await asyncio.sleep(0)
+        gone = self.index.missing_from(index)
         self.index = index
         self._seen = version
+        for name in gone:
+            self.on_gone(name)
         logger.info("run-time client keys loaded", extra={"keys": len(records)})
 
     async def refresh(self) -> None:
@@ -128,7 +139,7 @@ class RuntimeKeys:
             await self._reload()
             return
         for name, record in changed:
-            self.index.apply(name, record)
+            self._apply(name, record)
         self._seen = version
 
     async def _poll_forever(self) -> None:
@@ -188,10 +199,17 @@ class RuntimeKeys:
     async def revoke(self, name: str) -> None:
         self._check_allowed()
         await self._write(self.backend.delete(name), name)
-        self.index.apply(name, None)
+        self._apply(name, None)
 
     async def get(self, name: str) -> KeyRecord | None:
         return self.index.get(name)
+
+    def _apply(self, name: str, record: KeyRecord | None) -> None:
+        """``name`` is now ``record`` (None: deleted, here or by another replica)."""
+        known = self.index.get(name) is not None
+        self.index.apply(name, record)
+        if record is None and known:
+            self.on_gone(name)
 
     def names(
         self, prefix: str = "", skip: Container[str] = (), team: str | None = None

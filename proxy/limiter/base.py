@@ -162,19 +162,28 @@ class KeyLimits:
     team: KeyLimits | None = None
     scope: str = KEY
     quotas: tuple[Quota, ...] = ()
+    # Derived once, here: every ask and settlement reads them (attributes, not calls;
+    # docs/performance.md, "the limiter's per-request Python").
+    # The key's limits, then its team's: the order of their windows in spends and verdicts.
+    owners: tuple[KeyLimits, ...] = field(init=False, repr=False, compare=False)
+    # Every window an ask of this key touches, and every budget: its own, then its team's.
+    all_windows: tuple[Window, ...] = field(init=False, repr=False, compare=False)
+    all_quotas: tuple[Quota, ...] = field(init=False, repr=False, compare=False)
+    slotted: bool = field(init=False, repr=False, compare=False)  # some max_parallel
+    unlimited: bool = field(init=False, repr=False, compare=False)  # nothing to check
 
-    def owners(self) -> tuple[KeyLimits, ...]:
-        """The key's limits, then its team's (if any): the order of their windows in an
-        ask's spends and verdict."""
-        return (self,) if self.team is None else (self, self.team)
-
-    def all_windows(self) -> tuple[Window, ...]:
-        """Every window an ask of this key touches: its own, then its team's."""
-        return self.windows if self.team is None else self.windows + self.team.windows
-
-    @property
-    def unlimited(self) -> bool:
-        return all(not o.windows and o.max_parallel is None and not o.quotas for o in self.owners())
+    def __post_init__(self) -> None:
+        # ``@value`` is frozen to mypy only: set as a frozen dataclass would, once.
+        team = self.team
+        owners = (self,) if team is None else (self, team)
+        derived = object.__setattr__
+        derived(self, "owners", owners)
+        derived(self, "all_windows", tuple(w for o in owners for w in o.windows))
+        derived(self, "all_quotas", tuple(q for o in owners for q in o.quotas))
+        derived(self, "slotted", any(o.max_parallel is not None for o in owners))
+        derived(
+            self, "unlimited", not self.all_windows and not self.all_quotas and not self.slotted
+        )
 
 
 @value
@@ -254,14 +263,14 @@ class Usage:
 class KeyAsk:
     """May the key send one request of ``cost`` (its estimate, ``requests: 1``
     included)? ``slot`` names the request in the key's parallel slots. ``budget_cost``
-    (kind -> amount: an upper bound of the request's cost) and ``model`` are what its
-    budgets charge (quota.py)."""
+    (kind -> amount: an upper bound of the request's cost) is what its budgets charge
+    (quota.py; ``limits`` holds only those counting the request's model:
+    ``Catalog.ask_limits``)."""
 
     limits: KeyLimits
     slot: str
     cost: Cost
     budget_cost: Cost = NOTHING
-    model: str = ""
 
 
 @value
@@ -335,7 +344,6 @@ class KeySettlement:
     slot: str
     cost: Cost = NOTHING
     budget_cost: Cost = NOTHING
-    model: str = ""
     started: float = 0.0
 
 

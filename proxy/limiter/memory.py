@@ -50,6 +50,7 @@ from proxy.limiter.core.selection import Candidate, Selection, select
 from proxy.limiter.core.verdicts import (
     LEARNED,
     LEASE_TTL,
+    QUOTA_ALLOWED,
     Spend,
     corrections,
     deployment_state,
@@ -57,7 +58,6 @@ from proxy.limiter.core.verdicts import (
     evidence,
     floors,
     in_flight_deadline,
-    key_quotas,
     key_spends,
     key_state,
     key_verdict,
@@ -230,15 +230,18 @@ class MemoryLimiter:
         ids = _key_buckets(limits)
         buckets = self._buckets_for(ids, spent)
         states, decision = take_all(buckets, now, 0.0)
-        quotas = key_quotas(limits)
-        wall = self._wall() if quotas else now
-        before = [self._quota(q) for q in quotas]
-        charged, budget = quota.check(
-            quotas, before, quota_costs(limits, ask.budget_cost, ask.model), wall
-        )
+        quotas = limits.all_quotas
+        wall, budget = now, QUOTA_ALLOWED  # the usual key: no budget
+        before: list[QuotaState] = []
+        charged: list[QuotaState] = []
+        if quotas:
+            wall = self._wall()
+            before = [self._quota(q) for q in quotas]
+            costs = quota_costs(limits, ask.budget_cost)
+            charged, budget = quota.check(quotas, before, costs, wall)
         full = ""
         admitted = decision.allowed and budget.allowed
-        if admitted and (limits.max_parallel is not None or limits.team is not None):
+        if admitted and limits.slotted:
             full = self._take_slots(limits, ask.slot, now)
         if admitted and not full:
             self._store(ids, states, spent)
@@ -264,7 +267,7 @@ class MemoryLimiter:
         """A parallel slot of every owner with ``max_parallel`` (the key's, its team's),
         or none: the scope whose slots are full ("" when every owner had one)."""
         taken: list[KeyLimits] = []
-        for owner in limits.owners():
+        for owner in limits.owners:
             if owner.max_parallel is None:
                 continue
             slots = self._slots_of(owner)
@@ -425,7 +428,7 @@ class MemoryLimiter:
     def holds_slot(self, limits: KeyLimits, lease_id: str) -> bool:
         """Whether ``lease_id`` is a slot of the key or of its team held here (the
         fallback policy routes releases)."""
-        return any(self._slots_of(o).holds(o.name, lease_id) for o in limits.owners())
+        return any(self._slots_of(o).holds(o.name, lease_id) for o in limits.owners)
 
     def leases_held(self, name: str) -> int:
         return self._slots.count(name)
@@ -436,12 +439,14 @@ class MemoryLimiter:
     # -- state -----------------------------------------------------------------------
 
     def _settle_key(self, s: KeySettlement, now: float) -> None:
-        for owner in s.limits.owners():
+        for owner in s.limits.owners:
             self._slots_of(owner).release(owner.name, s.slot)
             for spend in corrections(owner.windows, s.cost):
                 self._adjust(_key_bucket(owner, spend.window), spend, now)
-        quotas = key_quotas(s.limits)
-        for q, units in zip(quotas, quota_costs(s.limits, s.budget_cost, s.model), strict=True):
+        quotas = s.limits.all_quotas
+        if not quotas:
+            return
+        for q, units in zip(quotas, quota_costs(s.limits, s.budget_cost), strict=True):
             if units != 0:
                 settled = quota.settle(self._quota(q), q, s.started, units)
                 if settled is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import httpx
@@ -90,6 +91,14 @@ def client(proxy: ProxyInThread) -> openai.OpenAI:
 def _post(proxy: ProxyInThread, path: str, **kwargs: Any) -> httpx.Response:
     headers = {"authorization": f"Bearer {TEAM_A}", **kwargs.pop("headers", {})}
     return httpx.post(f"{proxy.base_url}{path}", headers=headers, timeout=10, **kwargs)
+
+
+def _stream(proxy: ProxyInThread) -> AbstractContextManager[httpx.Response]:
+    """A streamed chat completion of key A, read as it arrives."""
+    body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x"}], "stream": True}
+    headers = {"authorization": f"Bearer {TEAM_A}"}
+    url = f"{proxy.base_url}/chat/completions"
+    return httpx.stream("POST", url, json=body, headers=headers, timeout=10)
 
 
 def _assert_error(response: httpx.Response, status: int, code: str | None = None) -> dict[str, Any]:
@@ -196,15 +205,7 @@ def test_first_chunk_arrives_while_the_upstream_is_still_generating(
 ) -> None:
     upstream.control(stream_chunks=6, chunk_delay=0.3)
     try:
-        body = {
-            "model": "gpt-4o-mini",
-            "messages": [{"role": "user", "content": "x"}],
-            "stream": True,
-        }
-        headers = {"authorization": f"Bearer {TEAM_A}"}
-        with httpx.stream(
-            "POST", f"{proxy.base_url}/chat/completions", json=body, headers=headers, timeout=10
-        ) as r:
+        with _stream(proxy) as r:
             assert r.status_code == 200
             assert r.headers["content-type"].startswith("text/event-stream")
             chunks = r.iter_raw()
@@ -223,15 +224,7 @@ def test_client_disconnect_mid_stream_closes_the_upstream_request(
 ) -> None:
     upstream.control(stream_chunks=50, chunk_delay=0.2)
     try:
-        body = {
-            "model": "gpt-4o-mini",
-            "messages": [{"role": "user", "content": "x"}],
-            "stream": True,
-        }
-        headers = {"authorization": f"Bearer {TEAM_A}"}
-        with httpx.stream(
-            "POST", f"{proxy.base_url}/chat/completions", json=body, headers=headers, timeout=10
-        ) as r:
+        with _stream(proxy) as r:
             chunks = r.iter_raw()  # keep a reference: a dropped iterator closes the stream
             next(chunks)
             assert upstream.stats()["in_flight"] == 1

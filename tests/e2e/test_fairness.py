@@ -16,17 +16,14 @@ from typing import Any
 
 import pytest
 from support.load import LoadResult, closed_loop, drive, p90
-from support.models import strict_model
+from support.models import LIMIT, RATE, STRICT_RPM, strict_model, strict_upstream_config
 from support.proxy_server import ProxyProcess
 from support.redis_server import RedisServer, redis_available
 
 from proxy.catalog import pacing_headroom
 from proxy.config import RoutingConfig
-from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
+from proxy.fake_upstream import FakeUpstreamHandle, run_in_thread
 
-WINDOW = 10.0  # seconds of the upstream's sliding window
-LIMIT = 100  # requests per window: 10 per second
-RATE = LIMIT / WINDOW
 DURATION = 15.0  # seconds of load (then the closed loops' last requests drain)
 HEAVY_CONNECTIONS = 40
 SETTLED = 3.0  # shares are counted once every key has been saturating this long
@@ -39,7 +36,7 @@ def _config(
 ) -> dict[str, Any]:
     config: dict[str, Any] = {
         "keys": keys,
-        "models": strict_model(upstream.base_url, rpm=int(LIMIT * 60 / WINDOW)),
+        "models": strict_model(upstream.base_url, rpm=STRICT_RPM),
         # lookahead: the default (500ms)
         "routing": {"max_wait": "60s", "retries": 0, "max_queue": 1000},
     }
@@ -54,8 +51,7 @@ def _key(name: str, **fair: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def upstream() -> Iterator[FakeUpstreamHandle]:
-    config = FakeUpstreamConfig(port=0, rpm=LIMIT, window=WINDOW, latency=0.02)
-    with run_in_thread(config) as handle:
+    with run_in_thread(strict_upstream_config()) as handle:
         yield handle
 
 

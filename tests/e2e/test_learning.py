@@ -16,7 +16,7 @@ from typing import Any
 import openai
 import pytest
 from support.load import LoadResult, drive
-from support.models import strict_model
+from support.models import RATE, WINDOW, strict_model, strict_upstream_config
 from support.proxy_server import ProxyProcess
 from support.redis_server import RedisServer, redis_available
 
@@ -26,9 +26,7 @@ from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_t
 
 pytestmark = pytest.mark.skipif(not redis_available(), reason="redis-server is not installed")
 
-WINDOW = 10.0  # the upstream's strict sliding window, seconds
-LIMIT = 100  # requests it takes in any window: 10 a second
-TRUE_RATE = LIMIT / WINDOW
+TRUE_RATE = RATE  # the strict upstream's
 DURATION = 30.0
 # What the proxy paces a deployment stating its true limit to: less the pacing margin.
 PACED = 1.0 - pacing_headroom(RoutingConfig().pacing_margin)
@@ -45,10 +43,7 @@ def _config(redis_url: str, upstream: FakeUpstreamHandle, **deployment: Any) -> 
 @pytest.fixture
 def strict_upstream() -> Iterator[FakeUpstreamHandle]:
     """A strict upstream that tells nothing but its 429s and their retry-after."""
-    config = FakeUpstreamConfig(
-        port=0, rpm=LIMIT, window=WINDOW, latency=0.02, ratelimit_headers=False
-    )
-    with run_in_thread(config) as handle:
+    with run_in_thread(strict_upstream_config(ratelimit_headers=False)) as handle:
         yield handle
 
 

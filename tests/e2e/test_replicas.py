@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from support.load import LoadResult, drive
-from support.models import strict_model
+from support.models import LIMIT, RATE, STRICT_RPM, WINDOW, strict_model, strict_upstream_config
 from support.proxy_server import ProxyProcess
 from support.redis_server import RedisClusterServers, RedisServer, redis_available
 from support.waiting import wait_until
@@ -25,9 +25,6 @@ pytestmark = [
     pytest.mark.slow,  # bounded load for many seconds: `make test-fast` skips it
 ]
 
-WINDOW = 10.0  # seconds of the upstream's sliding window
-LIMIT = 100  # requests per window: 10 per second
-RATE = LIMIT / WINDOW
 DURATION = 20.0
 
 
@@ -36,15 +33,14 @@ def _config(
 ) -> dict[str, Any]:
     return {
         "redis": {"url": redis_url, "on_error": on_error},
-        "models": strict_model(upstream.base_url, rpm=int(LIMIT * 60 / WINDOW)),
+        "models": strict_model(upstream.base_url, rpm=STRICT_RPM),
         "routing": {"max_wait": "2s", "retries": 0},
     }
 
 
 @pytest.fixture
 def upstream() -> Iterator[FakeUpstreamHandle]:
-    config = FakeUpstreamConfig(port=0, rpm=LIMIT, window=WINDOW, latency=0.02)
-    with run_in_thread(config) as handle:
+    with run_in_thread(strict_upstream_config()) as handle:
         yield handle
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 from support.load import LoadResult, drive
-from support.models import strict_model
+from support.models import LIMIT, RATE, STRICT_RPM, WINDOW, strict_model
 from support.proxy_server import ProxyProcess
 from support.redis_server import SENTINEL_MASTER, SentinelGroup, redis_available
 from support.waiting import wait_until
@@ -32,9 +32,6 @@ pytestmark = [
     pytest.mark.slow,  # bounded load for many seconds: `make test-fast` skips it
 ]
 
-WINDOW = 10.0  # seconds of the upstream's sliding window
-LIMIT = 100  # requests per window: 10 per second
-RATE = LIMIT / WINDOW
 REPLICAS = 2
 RESUMES_WITHIN = 30.0  # generous: the sentinels' failover (about 2 s here) plus a second
 
@@ -48,7 +45,7 @@ def _config(group: SentinelGroup, upstream: FakeUpstreamHandle, on_error: str) -
             # parallel) 100 ms timed out calls to a healthy primary.
             "timeout": "1s",
         },
-        "models": strict_model(upstream.base_url, rpm=int(LIMIT * 60 / WINDOW)),
+        "models": strict_model(upstream.base_url, rpm=STRICT_RPM),
         "routing": {"max_wait": "2s", "retries": 0},
     }
 

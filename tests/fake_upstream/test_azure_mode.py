@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -18,10 +19,8 @@ PATH = f"/openai/deployments/gpt-4o/chat/completions?api-version={VERSION}"
 
 
 @pytest.fixture
-def upstream() -> Iterator[FakeUpstreamHandle]:
-    config = FakeUpstreamConfig(port=0, chunk_delay=0, azure=True, api_key=KEY)
-    with run_in_thread(config) as handle:
-        yield handle
+def upstream_options() -> dict[str, Any]:
+    return {"azure": True, "api_key": KEY}
 
 
 @pytest.fixture

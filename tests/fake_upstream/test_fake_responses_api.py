@@ -5,6 +5,7 @@ the limits and faults it shares with chat, and its stats."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -19,9 +20,8 @@ KEY = "sk-upstream"
 
 
 @pytest.fixture
-def upstream() -> Iterator[FakeUpstreamHandle]:
-    with run_in_thread(FakeUpstreamConfig(port=0, chunk_delay=0, api_key=KEY)) as handle:
-        yield handle
+def upstream_options() -> dict[str, Any]:
+    return {"api_key": KEY}
 
 
 @pytest.fixture

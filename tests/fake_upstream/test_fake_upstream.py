@@ -35,12 +35,6 @@ def sse_payloads(response: httpx.Response) -> list[str]:
 
 
 @pytest.fixture
-def upstream() -> Iterator[FakeUpstreamHandle]:
-    with run_in_thread(FakeUpstreamConfig(port=0, chunk_delay=0)) as handle:
-        yield handle
-
-
-@pytest.fixture
 def client(upstream: FakeUpstreamHandle) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=upstream.base_url, timeout=5) as http:
         yield http

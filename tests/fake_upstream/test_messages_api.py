@@ -26,9 +26,8 @@ BODY = {"model": MODEL, "max_tokens": 100, "messages": MESSAGES}
 
 
 @pytest.fixture
-def upstream() -> Iterator[FakeUpstreamHandle]:
-    with run_in_thread(FakeUpstreamConfig(port=0, chunk_delay=0, api_key=KEY)) as handle:
-        yield handle
+def upstream_options() -> dict[str, Any]:
+    return {"api_key": KEY}
 
 
 @pytest.fixture

@@ -62,6 +62,16 @@ def test_a_revoked_key_leaves_no_digest_behind_and_the_listing_follows() -> None
     assert index.find(digest_of("b"), T0) is None
 
 
+def test_a_newer_index_tells_which_keys_went() -> None:
+    older, newer = KeyIndex(), KeyIndex()
+    for name in ("a", "b", "c"):
+        older.apply(name, record(name, name))
+    for name in ("c", "d"):
+        newer.apply(name, record(name, name))
+    assert sorted(older.missing_from(newer)) == ["a", "b"]
+    assert newer.missing_from(older) == ["d"]
+
+
 def test_a_record_survives_its_json() -> None:
     original = record("svc", "s1", expires_at=T0 + 5).rotated("s2", grace=10, now=T0)
     again = KeyRecord.from_json(original.to_json())

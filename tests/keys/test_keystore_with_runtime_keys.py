@@ -62,3 +62,12 @@ async def test_without_config_keys_the_first_api_key_ends_open_access() -> None:
         store.authenticate(None)
     await keys.revoke("svc")
     assert store.open_access
+
+
+async def test_a_revoked_key_is_told_to_whoever_built_something_for_it() -> None:
+    keys = runtime()
+    heard: list[str] = []
+    keys.on_gone = heard.append
+    await keys.create("svc", {"rpm": 3}, None)
+    await keys.revoke("svc")
+    assert heard == ["svc"]

@@ -82,6 +82,32 @@ async def test_a_store_behind_the_trimmed_change_log_reloads_everything(
     assert all(b.find(digest_of(s)) is not None for s in created[1:])
 
 
+async def test_every_key_a_store_stops_knowing_is_told_once(
+    pair: tuple[RuntimeKeys, RuntimeKeys], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Revoked here, deleted by another replica, or absent from a full reload: ``on_gone``
+    hears its name (the catalog in force forgets what it built for it)."""
+    monkeypatch.setattr(redis_backend, "_KEEP_CHANGES", 3)
+    a, b = pair
+    heard_a: list[str] = []
+    heard_b: list[str] = []
+    a.on_gone, b.on_gone = heard_a.append, heard_b.append
+    for name in ("k0", "k1", "k2"):
+        await a.create(name, {}, None)
+    await b.refresh()
+    await a.revoke("k0")
+    await b.refresh()  # one change: read as such
+    assert (heard_a, heard_b) == (["k0"], ["k0"])
+    await a.revoke("k1")
+    for i in range(3, 7):
+        await a.create(f"k{i}", {}, None)
+    await b.refresh()  # behind the trimmed log: every key again
+    assert (heard_a, heard_b) == (["k0", "k1"], ["k0", "k1"])
+    await a.update("k2", {"rpm": 1}, None, _keep)
+    await b.refresh()  # a change is no departure
+    assert heard_b == ["k0", "k1"]
+
+
 async def test_names_are_unique_across_replicas(pair: tuple[RuntimeKeys, RuntimeKeys]) -> None:
     a, b = pair
     await a.create("svc", {}, None)

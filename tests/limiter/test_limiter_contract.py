@@ -8,14 +8,12 @@ and concurrency tests are exact: what is checked is atomicity, not timing.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
-from support.limits import URL_FIXTURES, Subject, rpm, subject_of, tpm, window
+from support.limits import RULE, URL_FIXTURES, Subject, rpm, subjects, tpm, window
 
 from proxy.costs import estimate_cost
 from proxy.limiter.base import (
-    CooldownRule,
     DeploymentLimits,
     DeploymentSettlement,
     GroupAsk,
@@ -26,13 +24,7 @@ from proxy.limiter.base import (
 from proxy.limiter.core.fairness import Claimant
 from proxy.limiter.core.verdicts import LEASE_TTL, PARALLEL_RETRY_AFTER
 
-RULE = CooldownRule(allowed_fails=3, window=60.0, time=30.0)  # a settlement's rule
-
-
-@pytest.fixture(params=["memory", *URL_FIXTURES])
-async def subject(request: pytest.FixtureRequest) -> AsyncIterator[Subject]:
-    async for subject in subject_of(request):
-        yield subject
+s = subjects("memory", *URL_FIXTURES)
 
 
 # -- client keys -----------------------------------------------------------------------
@@ -343,11 +335,6 @@ async def test_groups_do_not_share_budgets(s: Subject) -> None:
     await s.limiter.reserve(GroupAsk("g1", [A], estimate_cost(1), max_wait=0))
     verdict = await s.limiter.reserve(GroupAsk("g2", [A], estimate_cost(1), max_wait=0))
     assert verdict.deployment_id == "a" and verdict.wait == 0.0
-
-
-@pytest.fixture
-def s(subject: Subject) -> Subject:
-    return subject
 
 
 # -- windows beyond a minute ------------------------------------------------------------

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from support.limits import Clock, patient
+from support.limits import RULE, Clock, patient
 
 from proxy.costs import estimate_cost
 from proxy.limiter.base import (
@@ -267,9 +267,6 @@ ops = st.one_of(
     st.builds(Correct, st.integers(0, 2), st.sampled_from([0.0, -1.0, 1.0]), corrections, holds),
 )
 start_times = st.sampled_from([0.0, 12345.678, 1_700_000_000.123456])
-
-
-RULE = CooldownRule(allowed_fails=3, window=60.0, time=30.0)
 
 
 async def run_both(

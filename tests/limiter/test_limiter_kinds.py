@@ -8,16 +8,13 @@ a real Redis, with an injected clock.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
-from support.limits import Subject, subject_of, window
+from support.limits import RULE, Subject, subjects, window
 
 from proxy.catalog import deployment_limits, key_limits
 from proxy.config import ClientKey, Deployment
 from proxy.costs import estimate_cost
 from proxy.limiter.base import (
-    CooldownRule,
     DeploymentLimits,
     DeploymentSettlement,
     GroupAsk,
@@ -26,13 +23,7 @@ from proxy.limiter.base import (
     KeySettlement,
 )
 
-RULE = CooldownRule(allowed_fails=3, window=60.0, time=30.0)
-
-
-@pytest.fixture(params=["memory", "redis"])
-async def s(request: pytest.FixtureRequest) -> AsyncIterator[Subject]:
-    async for subject in subject_of(request):
-        yield subject
+s = subjects("memory", "redis")
 
 
 # -- a kind added by the test alone ------------------------------------------------------

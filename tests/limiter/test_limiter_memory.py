@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from support.limits import Clock, rpm
+from support.limits import RULE, Clock, rpm
 
 from proxy.costs import estimate_cost
 from proxy.limiter.base import (
-    CooldownRule,
     DeploymentLimits,
     DeploymentSettlement,
     GroupAsk,
@@ -20,8 +19,6 @@ from proxy.limiter.base import (
 from proxy.limiter.core.health import FORGET_AFTER, HEALTHY
 from proxy.limiter.core.verdicts import IN_FLIGHT_MARGIN, LEASE_TTL
 from proxy.limiter.memory import SWEEP_EVERY, MemoryLimiter
-
-RULE = CooldownRule(allowed_fails=3, window=60.0, time=30.0)  # a settlement's rule
 
 
 async def test_refilled_buckets_and_expired_leases_are_forgotten() -> None:
@@ -62,14 +59,13 @@ async def test_a_bucket_in_debt_is_kept() -> None:
 async def test_health_and_in_flight_leases_are_forgotten_when_they_no_longer_matter() -> None:
     clock = Clock(0.0)
     limiter = MemoryLimiter(clock)
-    rule = CooldownRule(allowed_fails=3, window=60.0, time=30.0)
     dep = DeploymentLimits("d", probe_timeout=10.0)
     await limiter.reserve(
         GroupAsk("g", [dep], estimate_cost(0), max_wait=0, slot="never-settled", least_busy=True)
     )
     await limiter.settle(
         DeploymentSettlement(
-            "g", dep, slot="", outcome=Outcome("failure", "auth", cool_for=5.0), rule=rule
+            "g", dep, slot="", outcome=Outcome("failure", "auth", cool_for=5.0), rule=RULE
         )
     )
     assert limiter.in_flight("g", "d") == 1

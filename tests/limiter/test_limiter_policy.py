@@ -8,12 +8,11 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import pytest
-from support.limits import Clock, rpm, tpm, unusable
+from support.limits import RULE, Clock, rpm, tpm, unusable
 from support.redis_server import RedisServer
 
 from proxy.costs import NOTHING, estimate_cost
 from proxy.limiter.base import (
-    CooldownRule,
     DeploymentLimits,
     DeploymentSettlement,
     DeploymentVerdict,
@@ -345,7 +344,6 @@ async def test_mode_listener_errors_do_not_break_the_limiter(
 
 # -- deployment health through the policy ----------------------------------------------
 
-RULE = CooldownRule(allowed_fails=3, window=60.0, time=30.0)
 AUTH = Outcome("failure", "auth", cool_for=5.0)
 OTHER = DeploymentLimits("e", windows=(rpm(60, 2),))
 

@@ -13,6 +13,7 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.call import Reply
+from proxy.keys.store import RuntimeKeys
 from proxy.limiter.memory import MemoryLimiter
 from proxy.metrics import Metrics
 from proxy.pipeline import Pipeline
@@ -84,6 +85,7 @@ class Journey:
         data: dict[str, Any],
         upstream: Upstream,
         limiter: type[MemoryLimiter] = MemoryLimiter,
+        runtime_keys: RuntimeKeys | None = None,
     ) -> None:
         self.clock = Clock()
         self.upstream = upstream
@@ -94,11 +96,14 @@ class Journey:
             httpx.MockTransport(upstream),
             self.metrics,
             rng=random.Random(7),
+            runtime_keys=runtime_keys,
         )
 
-    async def send(self, body: dict[str, Any] = REQUEST, shape: Shape = CHAT) -> Reply:
-        key = self.pipeline.keys.authenticate(KEY)
-        headers = [("content-type", "application/json"), ("authorization", KEY)]
+    async def send(
+        self, body: dict[str, Any] = REQUEST, shape: Shape = CHAT, bearer: str = KEY
+    ) -> Reply:
+        key = self.pipeline.keys.authenticate(bearer)
+        headers = [("content-type", "application/json"), ("authorization", bearer)]
         reply = await self.pipeline.handle(shape, orjson.dumps(body), headers, key)
         await asyncio.sleep(0)  # the answer's bookkeeping (one callback)
         await self.pipeline.drain()

@@ -1,16 +1,26 @@
-"""Small helpers for limiter tests: windows by their usual names, health by id."""
+"""Small helpers for limiter tests: windows by their usual names, health by id, the
+settlement's rule, backends on an injected clock, and times in UTC."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import datetime as dt
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from proxy.limiter.base import DeploymentLimits, Limiter, Rate, Window, window_name
+from proxy.limiter.base import CooldownRule, DeploymentLimits, Limiter, Rate, Window, window_name
 from proxy.limiter.memory import MemoryLimiter
 from proxy.limiter.redis.backend import RedisLimiter
+
+# A settlement's rule: three failures within a minute cool a deployment down for 30 s.
+RULE = CooldownRule(allowed_fails=3, window=60.0, time=30.0)
+
+
+def at(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> float:
+    """That moment in UTC, as Unix seconds (a budget's calendar is UTC's)."""
+    return dt.datetime(year, month, day, hour, minute, second, tzinfo=dt.UTC).timestamp()
 
 
 def window(kind: str, limit: float, period: float = 60.0, capacity: float | None = None) -> Window:
@@ -79,3 +89,15 @@ async def subject_of(request: pytest.FixtureRequest) -> AsyncIterator[Subject]:
         limiter = patient(request.getfixturevalue(URL_FIXTURES[request.param]), clock=clock)
     yield Subject(limiter, clock)
     await limiter.aclose()
+
+
+def subjects(*backends: str, name: str = "s") -> Callable[..., AsyncIterator[Subject]]:
+    """A fixture named ``name``: each test that asks for it runs once per backend
+    (``subject_of``), "memory" or one of ``URL_FIXTURES``."""
+
+    @pytest.fixture(params=list(backends), name=name)
+    async def subject(request: pytest.FixtureRequest) -> AsyncIterator[Subject]:
+        async for made in subject_of(request):
+            yield made
+
+    return subject

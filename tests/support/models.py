@@ -5,7 +5,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.fake_upstream import FakeUpstreamConfig
+
 MODEL = "gpt-4o-mini"
+# The strict upstream: its sliding window, seconds, and the requests it takes in any one.
+WINDOW = 10.0
+LIMIT = 100
+RATE = LIMIT / WINDOW  # 10 a second
+STRICT_RPM = int(RATE * 60)  # its limit as a deployment's rpm
+
+
+def strict_upstream_config(**options: Any) -> FakeUpstreamConfig:
+    """The fake upstream taking ``LIMIT`` requests in any ``WINDOW`` (20 ms each), on a
+    free port; ``options``: its other fields."""
+    return FakeUpstreamConfig(port=0, rpm=LIMIT, window=WINDOW, latency=0.02, **options)
 
 
 def strict_model(base_url: str, **deployment: Any) -> list[dict[str, Any]]:

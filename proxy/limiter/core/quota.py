@@ -34,7 +34,8 @@ from proxy.values import value
 @value
 class Quota:
     """At most ``limit`` ``kind`` per calendar ``period``; ``models`` (empty: every
-    model) scopes it to those models' requests. ``name`` names its storage among its
+    model) scopes it to those models' requests (applied by the catalog, which leaves
+    it out of other models' asks: ``Catalog.ask_limits``). ``name`` names its storage among its
     owner's; ``scope`` (``key``, ``team``) and ``owner`` (the key's or team's name) say
     whose it is (its 429 code, its gauge)."""
 
@@ -50,9 +51,6 @@ class Quota:
     def code(self) -> str:
         """Its 429 code: ``key_budget_usd_month``, ``team_budget_tokens_day``."""
         return f"{self.scope}_budget_{self.kind}_{self.period}"
-
-    def applies(self, model: str) -> bool:
-        return not self.models or model in self.models
 
 
 def budget_label(quota: Quota) -> str:
@@ -108,9 +106,9 @@ def spent_in(state: QuotaState, i: int) -> float:
     return state.spent if state.period == i else 0.0
 
 
-def cost_of(quota: Quota, cost: Mapping[str, float], model: str) -> float:
-    """What a request of ``model`` costing ``cost`` (kind -> amount) costs in ``quota``."""
-    return cost.get(quota.kind, 0.0) if quota.applies(model) else 0.0
+def cost_of(quota: Quota, cost: Mapping[str, float]) -> float:
+    """What a request costing ``cost`` (kind -> amount) costs in ``quota``."""
+    return cost.get(quota.kind, 0.0)
 
 
 def check(

@@ -213,7 +213,7 @@ def key_codes(limits: KeyLimits) -> list[str]:
     """Every code a key's limits and its team's can refuse with (``key_parallel``,
     ``team_parallel`` included)."""
     codes: list[str] = []
-    for owner in limits.owners():
+    for owner in limits.owners:
         codes += [key_code(w, owner.scope) for w in owner.windows]
         codes += [f"{owner.scope}_parallel"] if owner.max_parallel is not None else []
     return list(dict.fromkeys(codes))
@@ -221,7 +221,7 @@ def key_codes(limits: KeyLimits) -> list[str]:
 
 def key_spends(limits: KeyLimits, cost: Cost) -> list[Spend]:
     """What an ask of the key costs in every window: its own, then its team's."""
-    return spends(limits.all_windows(), cost)
+    return spends(limits.all_windows, cost)
 
 
 def key_verdict(
@@ -365,15 +365,10 @@ def key_state(
     )
 
 
-def key_quotas(limits: KeyLimits) -> list[Quota]:
-    """Every budget an ask of this key touches: its own, then its team's."""
-    return [q for owner in limits.owners() for q in owner.quotas]
-
-
-def quota_costs(limits: KeyLimits, cost: Cost, model: str) -> list[float]:
-    """What a request (or a correction) of ``model`` costs in each budget of the key and
-    its team (``key_quotas``' order)."""
-    return [quota.cost_of(q, cost, model) for q in key_quotas(limits)]
+def quota_costs(limits: KeyLimits, cost: Cost) -> list[float]:
+    """What a request (or a correction) costs in each budget of the key and its team
+    (``KeyLimits.all_quotas``' order; the catalog left out those over other models)."""
+    return [quota.cost_of(q, cost) for q in limits.all_quotas]
 
 
 def _usages(

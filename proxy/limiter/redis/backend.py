@@ -70,7 +70,6 @@ from proxy.limiter.core.verdicts import (
     deployment_verdict,
     evidence,
     floors,
-    key_quotas,
     key_spends,
     key_state,
     key_verdict,
@@ -136,10 +135,10 @@ class RedisLimiter:
         limits = ask.limits
         if limits.unlimited:
             return KeyVerdict(True)
-        quotas = key_quotas(limits)
+        quotas = limits.all_quotas
         # A budget is never leased: each request's reservation is checked against every
         # replica's (quota.py: why concurrency cannot overshoot).
-        if self._leases is not None and not _slotted(limits) and not quotas:
+        if self._leases is not None and not limits.slotted and not quotas:
             leased = await self._leases.acquire_key(ask, partial(self._windows, limits))
             if leased is not None:
                 return leased
@@ -155,7 +154,7 @@ class RedisLimiter:
         ]
         for s in spent:
             args += [_num(s.rate.interval), _num(s.capacity), _num(s.amount)]
-        for q, cost in zip(quotas, quota_costs(limits, ask.budget_cost, ask.model), strict=True):
+        for q, cost in zip(quotas, quota_costs(limits, ask.budget_cost), strict=True):
             args += [q.period, _num(q.limit), _num(cost)]
         keys = self._key_keys(limits) + self._quota_keys(limits)
         reply = iter(await self.runner.run("acquire_key", keys, args))
@@ -180,7 +179,7 @@ class RedisLimiter:
         limits = ask.limits
         if limits.unlimited:
             return KeyVerdict(True)
-        if self._leases is None or _slotted(limits) or key_quotas(limits):
+        if self._leases is None or limits.slotted or limits.all_quotas:
             return None
         return self._leases.acquire_key_now(ask, partial(self._windows, limits))
 
@@ -428,12 +427,12 @@ class RedisLimiter:
     def _quota_settlement(self, s: KeySettlement) -> tuple[list[str], list[str]] | None:
         """The keys and arguments of ``settle_quota`` for ``s`` (None: nothing to do)."""
         limits = s.limits
-        quotas = key_quotas(limits)
+        quotas = limits.all_quotas
         if not quotas:
             return None
         keys: list[str] = []
         args = [self._now()]
-        units = quota_costs(limits, s.budget_cost, s.model)
+        units = quota_costs(limits, s.budget_cost)
         for q, key, amount in zip(quotas, self._quota_keys(limits), units, strict=True):
             if amount != 0:
                 keys.append(key)
@@ -448,8 +447,8 @@ class RedisLimiter:
                 return None
             s = left
         limits = s.limits
-        lease = s.slot if _slotted(limits) else ""
-        windows = limits.all_windows()
+        lease = s.slot if limits.slotted else ""
+        windows = limits.all_windows
         names = self._windows(limits)
         args = [self._now(), lease]
         keys = self._key_keys(limits)[:2]
@@ -488,8 +487,8 @@ class RedisLimiter:
         return [own, team, *self._windows(limits)]
 
     def _quota_keys(self, limits: KeyLimits) -> list[str]:
-        """The key's budgets, then its team's (``verdicts.key_quotas``' order)."""
-        return [self._owner_prefix(o) + q.name for o in limits.owners() for q in o.quotas]
+        """The key's budgets, then its team's (``KeyLimits.all_quotas``' order)."""
+        return [self._owner_prefix(o) + q.name for o in limits.owners for q in o.quotas]
 
     def _windows(self, limits: KeyLimits) -> list[str]:
         """The buckets of the key's windows, then of its team's."""
@@ -613,11 +612,6 @@ def merge_key_settlements(calls: list[ScriptCall]) -> tuple[list[ScriptCall], li
     for m in merging:
         out[m.index] = m.merged()
     return out, owners
-
-
-def _slotted(limits: KeyLimits) -> bool:
-    """Whether the key or its team has parallel slots (then its check is never leased)."""
-    return any(o.max_parallel is not None for o in limits.owners())
 
 
 def _slots_arg(owner: KeyLimits) -> str:

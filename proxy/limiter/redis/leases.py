@@ -98,7 +98,7 @@ class Leases:
         """The key's verdict from its lease, or from the renewal's round trip; None: ask
         ``acquire_key`` per request."""
         limits = ask.limits
-        owner = self._owner(_key_owner(limits), limits.all_windows(), names)
+        owner = self._owner(_key_owner(limits), limits.all_windows, names)
         spent = key_spends(limits, ask.cost)
         own = len(limits.windows)
         got = await self._admit(owner, spent, partial(self._renew_key, owner, spent, own))
@@ -110,7 +110,7 @@ class Leases:
     def acquire_key_now(self, ask: KeyAsk, names: Callable[[], list[str]]) -> KeyVerdict | None:
         """The key's verdict from its open lease (None: none covers the request now)."""
         limits = ask.limits
-        owner = self._owner(_key_owner(limits), limits.all_windows(), names)
+        owner = self._owner(_key_owner(limits), limits.all_windows, names)
         a = owner.allowance
         if a is None:
             return None

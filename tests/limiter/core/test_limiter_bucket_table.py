@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import pytest
-from support.limits import patient
+from support.limits import RULE, patient
 
 from proxy.costs import estimate_cost
 from proxy.limiter.base import (
-    CooldownRule,
     DeploymentLimits,
     DeploymentSettlement,
     DeploymentVerdict,
@@ -30,9 +29,6 @@ from proxy.limiter.base import (
 )
 from proxy.limiter.core import bucket
 from proxy.limiter.memory import MemoryLimiter
-
-RULE = CooldownRule(allowed_fails=3, window=60.0, time=30.0)  # a settlement's rule
-
 
 Result = tuple[str, float] | None
 

@@ -6,6 +6,7 @@ import math
 
 from hypothesis import given
 from hypothesis import strategies as st
+from support.limits import RULE
 
 from proxy.limiter import base
 from proxy.limiter.core.health import (
@@ -36,8 +37,6 @@ from proxy.limiter.core.health import (
     unusable_for,
     wait_for,
 )
-
-RULE = CooldownRule(allowed_fails=3, window=60.0, time=30.0)
 
 
 def test_allowed_fails_within_the_window_cool_the_deployment() -> None:

@@ -18,11 +18,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import pytest
-from support.limits import patient, rpm, tpm
+from support.limits import RULE, patient, rpm, tpm
 
 from proxy.costs import estimate_cost
 from proxy.limiter.base import (
-    CooldownRule,
     DeploymentLimits,
     DeploymentSettlement,
     DeploymentVerdict,
@@ -37,7 +36,6 @@ from proxy.limiter.core.health import FORGET_AFTER, MARGIN
 from proxy.limiter.core.verdicts import IN_FLIGHT_MARGIN
 from proxy.limiter.memory import MemoryLimiter
 
-RULE = CooldownRule(allowed_fails=3, window=60.0, time=30.0)
 PROBE = 10.0  # every deployment's probe_timeout
 
 DEPLOYMENTS = {

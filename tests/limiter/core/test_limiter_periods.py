@@ -7,6 +7,7 @@ import datetime as dt
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support.limits import at
 
 from proxy.limiter.core.periods import (
     PERIODS,
@@ -18,10 +19,6 @@ from proxy.limiter.core.periods import (
     start,
     until_reset,
 )
-
-
-def at(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> float:
-    return dt.datetime(year, month, day, hour, minute, second, tzinfo=dt.UTC).timestamp()
 
 
 @pytest.mark.parametrize(

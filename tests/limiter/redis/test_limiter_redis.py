@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 import redis
 from redis.crc import key_slot
-from support.limits import patient, rpm, tpm
+from support.limits import RULE, patient, rpm, tpm
 from support.redis_server import RedisServer
 
 from proxy.costs import estimate_cost
 from proxy.limiter.base import (
-    CooldownRule,
     DeploymentLimits,
     DeploymentSettlement,
     GroupAsk,
@@ -47,7 +46,6 @@ DEP = DeploymentLimits(
     ),
     probe_timeout=20.0,
 )
-RULE = CooldownRule(allowed_fails=3, window=60.0, time=30.0)
 
 
 @pytest.fixture(params=[True, False], ids=["pipelined", "redis-py-pipeline"])
