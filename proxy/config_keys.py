@@ -55,7 +55,10 @@ def plain_digest(entry: object) -> bytes | None:
     key, sha256 = entry.get("key"), entry.get("key_sha256")
     if sha256 is None:
         if type(key) is str and key:
-            return hashlib.sha256(key.encode()).digest()
+            try:
+                return hashlib.sha256(key.encode()).digest()
+            except UnicodeEncodeError:  # a lone surrogate: pydantic words the problem
+                return None
         return None
     if key is None and type(sha256) is str and _HEX64.fullmatch(sha256):
         return bytes.fromhex(sha256)

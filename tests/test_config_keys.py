@@ -85,6 +85,7 @@ def test_a_plain_entry_passes_the_cheap_check(entry: dict[str, Any]) -> None:
         {"name": "k", "key": "sk-1", "weight": float("nan")},
         {"name": "", "key": "sk-1"},
         {"name": "k"},
+        {"name": "k", "key": "sk-\ud800"},
         ["not", "a", "mapping"],
     ],
 )
