@@ -33,12 +33,13 @@ from proxy.limiter.base import (
     TEAM,
     DeploymentLimits,
     KeyLimits,
+    Quota,
     Rate,
     Window,
     scoped_name,
     window_name,
 )
-from proxy.limiter.core.quota import Quota, quota_name
+from proxy.limiter.core.quota import quota_name
 from proxy.pricing import FREE, Price, dearest
 from proxy.providers import Provider, provider_of
 from proxy.routing.announced import Announced
