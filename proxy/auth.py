@@ -42,8 +42,10 @@ class KeyStore:
     def __init__(self, keys: Sequence[ClientKey], runtime: RuntimeLookup | None = None) -> None:
         # Digests to positions: a key's model is built when it is first presented.
         self._keys = ConfigKeys.of(keys)
-        digests = self._keys.digests()
-        self._by_digest = dict(zip(digests, range(len(digests)), strict=True))
+        # Read on every request: kept here (attributes, not calls).
+        self._digests = self._keys.digests()
+        self._configured = bool(self._digests)
+        self._by_digest = dict(zip(self._digests, range(len(self._digests)), strict=True))
         self.runtime = runtime
 
     def held(self) -> list[object]:
@@ -52,7 +54,7 @@ class KeyStore:
 
     @property
     def open_access(self) -> bool:
-        return not self._keys and (self.runtime is None or len(self.runtime) == 0)
+        return not self._configured and (self.runtime is None or len(self.runtime) == 0)
 
     def authenticate(
         self,
@@ -74,7 +76,7 @@ class KeyStore:
             created = self.runtime.find(digest.hex())
             if created is not None and self._keys.position(created[0].name) is None:
                 return created[0]
-        if found is None or not hmac.compare_digest(self._keys.digests()[found], digest):
+        if found is None or not hmac.compare_digest(self._digests[found], digest):
             raise AuthenticationFailed("Incorrect API key provided.")
         return self._keys[found]
 
