@@ -15,7 +15,7 @@ from proxy.costs import (
     TokenUsage,
     usage_cost,
 )
-from proxy.limiter.core.fairness import Claimant
+from proxy.limiter.base import Claimant
 from proxy.shapes.base import Shape
 
 if TYPE_CHECKING:

@@ -41,6 +41,7 @@ from proxy.follow_ups import FollowUps, StoredRoute
 from proxy.json_splice import set_fields
 from proxy.limiter.base import (
     Activity,
+    Claimant,
     CooldownRule,
     FastPaths,
     KeyAsk,
@@ -52,7 +53,6 @@ from proxy.limiter.base import (
     StorageError,
     describe,
 )
-from proxy.limiter.core.fairness import Claimant
 from proxy.limiter.core.quota import budget_label
 from proxy.limiter.core.verdicts import settled_cost
 from proxy.limiter.ledger import Ledger, MemoryLedger

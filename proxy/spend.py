@@ -15,8 +15,8 @@ import io
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from proxy.limiter.base import Period
 from proxy.limiter.core import periods
-from proxy.limiter.core.periods import Period
 from proxy.values import value
 
 FIELDS: tuple[str, ...] = ("usd", "input_tokens", "output_tokens", "requests")

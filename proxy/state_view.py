@@ -21,11 +21,12 @@ from proxy.limiter.base import (
     KeyLimits,
     KeyState,
     LimiterMode,
+    Quota,
+    QuotaUsage,
     Window,
     scoped_name,
     window_name,
 )
-from proxy.limiter.core.quota import Quota, QuotaUsage
 
 if TYPE_CHECKING:  # types only: this module stays free of I/O imports
     from proxy.catalog import Catalog, DeploymentRoute

@@ -39,8 +39,6 @@ from dataclasses import field
 from typing import Literal, Protocol, runtime_checkable
 
 from proxy.costs import NOTHING, Cost
-from proxy.limiter.core.fairness import Claimant
-from proxy.limiter.core.quota import Quota, QuotaUsage
 from proxy.values import value
 
 Kind = str  # a limit kind: "requests", "tokens", ... (proxy/costs.py); any name works
@@ -48,6 +46,51 @@ Kind = str  # a limit kind: "requests", "tokens", ... (proxy/costs.py); any name
 MINUTE = 60.0
 DAY = 86400.0
 DEFAULT_MAX_HOLD = 300.0  # server.max_upstream_hold's default: five minutes
+
+# A budget's calendar period in UTC (core/periods.py: a period's index and bounds).
+Period = Literal["day", "week", "month"]
+
+
+@value
+class Claimant:
+    """The client key a reservation is for ("" for requests without a key)."""
+
+    key: str = ""
+    tier: int = 0
+    weight: float = 1.0
+
+
+@value
+class Quota:
+    """At most ``limit`` ``kind`` per calendar ``period``; ``models`` (empty: every
+    model) scopes it to those models' requests (applied by the catalog, which leaves
+    it out of other models' asks: ``Catalog.ask_limits``). ``name`` names its storage among its
+    owner's; ``scope`` (``key``, ``team``) and ``owner`` (the key's or team's name) say
+    whose it is (its 429 code, its gauge)."""
+
+    name: str
+    kind: str
+    limit: float
+    period: Period
+    models: tuple[str, ...] = ()
+    scope: str = "key"
+    owner: str = ""
+
+    @property
+    def code(self) -> str:
+        """Its 429 code: ``key_budget_usd_month``, ``team_budget_tokens_day``."""
+        return f"{self.scope}_budget_{self.kind}_{self.period}"
+
+
+@value
+class QuotaUsage:
+    """A budget after a decision: what is left now, seconds until it all returns, and
+    when that is (UTC seconds: the period's end)."""
+
+    limit: float
+    remaining: float
+    reset: float
+    resets_at: float = 0.0
 
 
 @value

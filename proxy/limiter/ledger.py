@@ -19,9 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from proxy.limiter.base import ManagedLimiter
+from proxy.limiter.base import ManagedLimiter, Period
 from proxy.limiter.core import periods
-from proxy.limiter.core.periods import Period
 from proxy.limiter.policy import ResilientLimiter
 from proxy.limiter.redis.runner import ScriptRunner
 from proxy.spend import Owner, Spend, Tally

@@ -19,6 +19,7 @@ from proxy.limiter.base import (
     NO_CHANGE,
     TEAM,
     Activity,
+    Claimant,
     DeploymentLimits,
     DeploymentState,
     DeploymentVerdict,
@@ -30,6 +31,7 @@ from proxy.limiter.base import (
     KeyState,
     KeyVerdict,
     LimiterMode,
+    Quota,
     Sent,
     Settlement,
     Window,
@@ -43,9 +45,9 @@ from proxy.limiter.core.bucket import (
     debt_at,
     take_all,
 )
-from proxy.limiter.core.fairness import Claimant, FairView, Waiter, waiting_until
+from proxy.limiter.core.fairness import FairView, Waiter, waiting_until
 from proxy.limiter.core.health import HEALTHY, Health
-from proxy.limiter.core.quota import EMPTY, Quota, QuotaState
+from proxy.limiter.core.quota import EMPTY, QuotaState
 from proxy.limiter.core.selection import Candidate, Selection, select
 from proxy.limiter.core.verdicts import (
     LEARNED,

@@ -14,6 +14,7 @@ from support.limits import RULE, URL_FIXTURES, Subject, rpm, subjects, tpm, wind
 
 from proxy.costs import estimate_cost
 from proxy.limiter.base import (
+    Claimant,
     DeploymentLimits,
     DeploymentSettlement,
     GroupAsk,
@@ -21,7 +22,6 @@ from proxy.limiter.base import (
     KeyLimits,
     KeySettlement,
 )
-from proxy.limiter.core.fairness import Claimant
 from proxy.limiter.core.verdicts import LEASE_TTL, PARALLEL_RETRY_AFTER
 
 s = subjects("memory", *URL_FIXTURES)

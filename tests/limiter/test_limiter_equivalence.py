@@ -23,6 +23,7 @@ from support.limits import RULE, Clock, patient
 
 from proxy.costs import estimate_cost
 from proxy.limiter.base import (
+    Claimant,
     CooldownRule,
     DeploymentLimits,
     DeploymentSettlement,
@@ -40,7 +41,6 @@ from proxy.limiter.base import (
     Window,
     window_name,
 )
-from proxy.limiter.core.fairness import Claimant
 from proxy.limiter.memory import MemoryLimiter
 from proxy.limiter.redis.backend import RedisLimiter
 

@@ -17,13 +17,18 @@ floor) before the hold ends. So at every admission the debt the requests really 
 at most the one the bucket holds, which is at most its capacity
 (tests/limiter/test_allowance.py checks this on random histories).
 
-**Giving back.** Until its hold ends, a lease may return the units it did not use, as a
-reserved turn nobody used is given back, but never the refill its hold raised the debt
-to: a lease taken after it may count on that (the debt it found already covered its own
-hold). So what the shared bucket holds after a give-back is what this replica really
-used, charged at the end of the hold: at most ``hold / interval`` units more than the
-exact debt, and for no longer than the hold. After its hold a lease gives nothing back
-(its units may already have drained): nothing is ever refunded late.
+**Giving back.** Until its hold ends, the last lease taken from a bucket may return the
+units it did not use, as a reserved turn nobody used is given back, but never the refill
+its hold raised the debt to. A lease taken after it may count on all of that: the debt it
+found (the earlier lease's units too) may be what covered its own hold (``max`` took the
+debt, not the hold), and a give-back under it would let the debt drain to zero before
+its hold ends and forget its units. So a lease with another taken after it gives nothing
+back: each bucket keeps the debt its last lease left (``Allowance.marks``), and only the
+lease that left it is the last. Alone, a replica's leases are each the last: what the
+shared bucket holds after a give-back is what this replica really used, charged at the
+end of the hold, at most ``hold / interval`` units more than the exact debt, and for no
+longer than the hold. After its hold a lease gives nothing back (its units may already
+have drained): nothing is ever refunded late.
 
 **Leasing only far from the limit.** A window is leased from only while it stays at most
 ``FULL_AT`` of its capacity after the lease, one lease takes at most ``SHARE`` of its
@@ -69,10 +74,11 @@ def lease_hold(debts: Sequence[float], amounts: Sequence[float], rates: Sequence
     return hold if hold >= HOLD_MIN else 0.0
 
 
-def lease_refund(amount: float, used: float, hold: float, age: float) -> float:
+def lease_refund(amount: float, used: float, hold: float, age: float, last: bool) -> float:
     """What a lease of ``amount`` units granted ``age`` seconds ago, of which its requests
-    used ``used``, gives back to one window: the rest, until its hold is over."""
-    if age > hold:
+    used ``used``, gives back to one window: the rest, until its hold is over, if it is
+    still the ``last`` lease taken from it (none taken since may count on its units)."""
+    if age > hold or not last:
         return 0.0
     return max(0.0, amount - used)
 
@@ -101,6 +107,8 @@ class Allowance:
     each request admitted from it: the exact debt as if no other replica took part, what
     a key's x-ratelimit headers show), in local time.
 
+    ``marks`` are the debts the grant left in the shared buckets (``bucket.charge``'s, as
+    of ``at``): a bucket still holding its lease's mark has had no lease taken since.
     ``serial`` tells one lease from the next; ``until`` is the last local moment it
     admits (a share of its hold, counted from before the storage granted it); it admits
     ``turns`` requests at most, a deployment's numbered from ``sequence`` in its health's
@@ -113,6 +121,7 @@ class Allowance:
         "closed",
         "epoch",
         "hold",
+        "marks",
         "rates",
         "sequence",
         "serial",
@@ -146,6 +155,9 @@ class Allowance:
         self.amounts = tuple(amounts)
         self.at = at  # storage time of the grant
         self.hold = hold
+        self.marks = tuple(
+            max(d, hold / r.interval) + a for d, r, a in zip(debts, rates, amounts, strict=True)
+        )
         self.epoch = epoch  # a deployment's learning epoch when granted
         # Local time: the hold counts from before the grant (``asked``), the local
         # buckets from after it (``received``): both err on the safe side.

@@ -35,11 +35,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from proxy.limiter.base import Claimant
 from proxy.values import value
 
 __all__ = [
     "WAITING_MARGIN",
-    "Claimant",
     "Deferral",
     "FairView",
     "Waiter",
@@ -51,15 +51,6 @@ __all__ = [
 WAITING_MARGIN = 0.5  # seconds a deferred key stays registered past its next ask
 MIN_RETRY = 0.005  # never ask again sooner than this (a clock tick, not a poll)
 SLACK = 1e-6  # a turn this close to the lookahead's end is within it (float rounding)
-
-
-@value
-class Claimant:
-    """The client key a reservation is for ("" for requests without a key)."""
-
-    key: str = ""
-    tier: int = 0
-    weight: float = 1.0
 
 
 @value

@@ -13,11 +13,10 @@ boundary, leap years included. Change both together.
 from __future__ import annotations
 
 import math
-from typing import Literal
 
+from proxy.limiter.base import Period
 from proxy.values import value
 
-Period = Literal["day", "week", "month"]
 PERIODS: tuple[Period, ...] = ("day", "week", "month")
 
 DAY = 86400

@@ -26,31 +26,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from proxy.limiter.base import Period, Quota, QuotaUsage
 from proxy.limiter.core import periods
-from proxy.limiter.core.periods import Period
 from proxy.values import value
-
-
-@value
-class Quota:
-    """At most ``limit`` ``kind`` per calendar ``period``; ``models`` (empty: every
-    model) scopes it to those models' requests (applied by the catalog, which leaves
-    it out of other models' asks: ``Catalog.ask_limits``). ``name`` names its storage among its
-    owner's; ``scope`` (``key``, ``team``) and ``owner`` (the key's or team's name) say
-    whose it is (its 429 code, its gauge)."""
-
-    name: str
-    kind: str
-    limit: float
-    period: Period
-    models: tuple[str, ...] = ()
-    scope: str = "key"
-    owner: str = ""
-
-    @property
-    def code(self) -> str:
-        """Its 429 code: ``key_budget_usd_month``, ``team_budget_tokens_day``."""
-        return f"{self.scope}_budget_{self.kind}_{self.period}"
 
 
 def budget_label(quota: Quota) -> str:
@@ -74,17 +52,6 @@ class QuotaState:
 
 
 EMPTY = QuotaState()
-
-
-@value
-class QuotaUsage:
-    """A budget after a decision: what is left now, seconds until it all returns, and
-    when that is (UTC seconds: the period's end)."""
-
-    limit: float
-    remaining: float
-    reset: float
-    resets_at: float = 0.0
 
 
 @value

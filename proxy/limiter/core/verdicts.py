@@ -21,6 +21,7 @@ from proxy.limiter.base import (
     KeyLimits,
     KeyState,
     KeyVerdict,
+    Quota,
     Rate,
     Remaining,
     Sent,
@@ -31,7 +32,7 @@ from proxy.limiter.base import (
 from proxy.limiter.core import health, quota
 from proxy.limiter.core.bucket import Admission, Bucket, BucketState, Decision, plan, usage
 from proxy.limiter.core.health import Health
-from proxy.limiter.core.quota import Quota, QuotaCheck, QuotaState
+from proxy.limiter.core.quota import QuotaCheck, QuotaState
 from proxy.limiter.core.selection import Selection
 from proxy.values import value
 

@@ -44,6 +44,7 @@ from proxy.limiter.base import (
     NO_CHANGE,
     TEAM,
     Activity,
+    Claimant,
     DeploymentLimits,
     DeploymentState,
     DeploymentVerdict,
@@ -58,7 +59,7 @@ from proxy.limiter.base import (
     Settlement,
 )
 from proxy.limiter.core.bucket import Admission, BucketState, Decision
-from proxy.limiter.core.fairness import Claimant, Deferral
+from proxy.limiter.core.fairness import Deferral
 from proxy.limiter.core.health import Health
 from proxy.limiter.core.quota import QuotaCheck, QuotaState
 from proxy.limiter.core.selection import Selection

@@ -480,8 +480,8 @@ class Leases:
         """Return what ``a`` did not use (before any later call; nobody need await it)."""
         a.closed = True
         args = [self._now_arg(), self._num(a.at), self._num(a.hold)]
-        for rate, amount, used in zip(a.rates, a.amounts, a.used, strict=True):
-            args += [self._num(rate.interval), self._num(amount), self._num(used)]
+        for rate, amount, used, mark in zip(a.rates, a.amounts, a.used, a.marks, strict=True):
+            args += [self._num(rate.interval), self._num(amount), self._num(used), self._num(mark)]
         return self._send("return_lease", owner.names, args, urgent)
 
     def _send(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from proxy.limiter.base import Rate
@@ -38,13 +38,15 @@ class World:
         self.replicas = [Replica() for _ in range(replicas)]
         self.admitted: list[tuple[float, float]] = []  # (time, cost), in time order
         self.serial = 0
+        self.mark: tuple[float, float] | None = None  # the last lease's (at, debt left)
 
     def give_back(self, r: Replica, now: float) -> None:
         a = r.lease
         if a is None or a.closed:
             return
         a.closed = True
-        refund = lease_refund(a.amounts[0], a.used[0], a.hold, now - a.at)
+        last = self.mark == (a.at, a.marks[0])
+        refund = lease_refund(a.amounts[0], a.used[0], a.hold, now - a.at, last)
         if refund > 0.0:
             self.state = adjust(self.state, self.rate, -refund, now)
 
@@ -68,6 +70,7 @@ class World:
                 # Charged as arriving at the end of its hold (lease.lua's take_lease).
                 p = plan(buckets, now)
                 (self.state,) = charge(buckets, Plan(p.debts, hold, -1, -1), now)
+                self.mark = (now, self.state.debt)
                 self.serial += 1
                 r.lease = Allowance(
                     self.serial, [self.rate], amounts, [debt], now, hold, now, now, turns
@@ -87,6 +90,14 @@ class World:
             if at <= now:
                 state = adjust(state, self.rate, cost, at)
         return debt_at(state, self.rate.interval, now)
+
+    def usable(self, now: float) -> float:
+        """The units the replicas' open leases may still admit without asking."""
+        return sum(
+            a.amounts[0] - a.used[0]
+            for a in (r.lease for r in self.replicas)
+            if a is not None and not a.closed and now < a.until
+        )
 
     def conforms(self) -> bool:
         """Every admission, replayed in order, fits the bucket's capacity."""
@@ -110,6 +121,19 @@ events = st.lists(
 
 
 @settings(max_examples=300, deadline=None)
+# A lease whose hold the debt of an earlier one covered (see the test below).
+@example(
+    limit=60000.0,
+    capacity_share=0.5,
+    replicas=2,
+    history=[
+        (0.0, 0, "request", 1.0),
+        (0.0, 0, "request", 17.0),
+        (0.25, 1, "request", 1.0),
+        (0.1875, 0, "give_back", 1.0),
+        (0.125, 1, "request", 1.0),
+    ],
+)
 @given(
     limit=st.sampled_from([600.0, 6000.0, 60000.0]),
     capacity_share=st.sampled_from([0.05, 0.5, 1.0]),
@@ -129,8 +153,10 @@ def test_admissions_never_exceed_the_bucket(
         else:
             world.give_back(r, now)
             r.lease = None
-        # The shared bucket never holds less than what was really used.
-        assert debt_at(world.state, world.rate.interval, now) >= world.real_debt(now) - 1e-6
+        # The shared bucket never holds less than what was really used, and what the
+        # open leases may still use without asking.
+        shared = debt_at(world.state, world.rate.interval, now)
+        assert shared >= world.real_debt(now) + world.usable(now) - 1e-6
     assert world.conforms()
 
 
@@ -153,6 +179,31 @@ def test_one_replica_gives_back_all_but_its_holds_refill(
     real = world.real_debt(now)
     # The hold's refill, and the lease's used units counted as of its end, not as used.
     assert real - 1e-6 <= shared <= real + 2 * allowance.HOLD / world.rate.interval + 1e-6
+
+
+def test_a_lease_taken_after_another_keeps_the_units_its_hold_counted_on() -> None:
+    """1,000 a second (1 ms a unit): replica 0 leases 272 units at 0 s (hold 0.5 s), so
+    the debt reads 773. Replica 1 leases 8 at 0.25 s: the debt, 523, already covers its
+    hold (500 units to 0.75 s), so it adds only its 8 (531) and counts on the rest to
+    keep its units counted until 0.75 s. Were replica 0's 255 unused units given back at
+    0.4375 s, the debt would drain to zero at 0.526 s and replica 1's next request, at
+    0.5625 s, would be used while the shared bucket counts nothing: the rest of the
+    fleet could then take a whole capacity beside it. Replica 0's lease is not the last:
+    it gives nothing back."""
+    world = World(Rate(60000.0, 60.0, 30000.0), 2)
+    first, second = world.replicas
+    world.request(first, 1.0, 0.0)
+    world.request(first, 17.0, 0.0)  # a bigger lease; the first, the last then, gave back 7
+    assert debt_at(world.state, 0.001, 0.0) == 773.0
+    world.request(second, 1.0, 0.25)
+    assert debt_at(world.state, 0.001, 0.25) == 531.0
+    world.give_back(first, 0.4375)
+    assert math.isclose(debt_at(world.state, 0.001, 0.4375), 343.5)  # nothing came back
+    assert world.request(second, 1.0, 0.5625)
+    assert debt_at(world.state, 0.001, 0.5625) >= world.real_debt(0.5625) == 1.0
+    # Its own lease, the last, still gives back what it did not use.
+    world.give_back(second, 0.6)
+    assert math.isclose(debt_at(world.state, 0.001, 0.6), 531.0 - 350.0 - 6.0)
 
 
 def test_a_lease_is_taken_only_far_from_the_limit() -> None:
@@ -186,9 +237,11 @@ def test_small_windows_are_never_leased_from() -> None:
 
 
 def test_nothing_is_given_back_after_the_hold() -> None:
-    assert lease_refund(10.0, 3.0, 0.5, 0.6) == 0.0
-    # Within it: the units its requests did not use (never its hold's refill).
-    assert lease_refund(10.0, 3.0, 0.5, 0.1) == 7.0
+    assert lease_refund(10.0, 3.0, 0.5, 0.6, last=True) == 0.0
+    # Within it: the units its requests did not use (never its hold's refill)...
+    assert lease_refund(10.0, 3.0, 0.5, 0.1, last=True) == 7.0
+    # ...unless another lease was taken since (it may count on them).
+    assert lease_refund(10.0, 3.0, 0.5, 0.1, last=False) == 0.0
 
 
 def test_corrections_stay_in_an_open_lease() -> None:

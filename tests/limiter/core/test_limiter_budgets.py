@@ -25,11 +25,13 @@ from proxy.limiter.base import (
     KeyLimits,
     KeySettlement,
     LimiterUnavailable,
+    Period,
+    Quota,
     Rate,
     Window,
 )
-from proxy.limiter.core.periods import PERIODS, Period
-from proxy.limiter.core.quota import EMPTY, Quota, QuotaState, check, quota_name, settle
+from proxy.limiter.core.periods import PERIODS
+from proxy.limiter.core.quota import EMPTY, QuotaState, check, quota_name, settle
 from proxy.limiter.memory import MemoryLimiter
 from proxy.limiter.policy import OnError, ResilientLimiter
 from proxy.limiter.redis.backend import RedisLimiter

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from support.limits import Clock, rpm
 
 from proxy.costs import estimate_cost
-from proxy.limiter.base import DeploymentLimits, GroupAsk
-from proxy.limiter.core.fairness import MIN_RETRY, Claimant, Waiter, defer, depth
+from proxy.limiter.base import Claimant, DeploymentLimits, GroupAsk
+from proxy.limiter.core.fairness import MIN_RETRY, Waiter, defer, depth
 from proxy.limiter.memory import MemoryLimiter
 
 NOW = 100.0

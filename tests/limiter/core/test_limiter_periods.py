@@ -9,9 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support.limits import at
 
+from proxy.limiter.base import Period
 from proxy.limiter.core.periods import (
     PERIODS,
-    Period,
     civil_from_days,
     days_from_civil,
     index,

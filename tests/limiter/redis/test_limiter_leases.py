@@ -27,7 +27,7 @@ from proxy.limiter.base import (
     Outcome,
     Rate,
 )
-from proxy.limiter.core.allowance import HOLD, lease_hold, lease_refund
+from proxy.limiter.core.allowance import HOLD, Allowance, lease_hold, lease_refund
 from proxy.limiter.core.bucket import Bucket, BucketState, Plan, adjust, charge, debt_at
 from proxy.limiter.policy import ResilientLimiter
 from proxy.limiter.redis import scripts
@@ -60,19 +60,38 @@ def test_lease_scripts_compute_what_allowance_does(redis_url: str) -> None:
         assert [float(x) for x in lease[1:]] == [11.0, hold, debt0]
         assert float(c.hget("w", "d")) == max(debt0, hold / rate.interval) + 40.0
         before = float(c.hget("w", "d"))
+        mark = repr(before)  # the debt it left: Allowance.marks
         c.eval(
             scripts.source("return_lease"), 1, "w", "11.1", "11", repr(hold),
-            repr(rate.interval), "40.0", "7.5",
+            repr(rate.interval), "40.0", "7.5", mark,
         )  # fmt: skip
-        refund = lease_refund(40.0, 7.5, hold, 11.1 - 11.0)
+        refund = lease_refund(40.0, 7.5, hold, 11.1 - 11.0, last=True)
         drained = before - 0.1 / rate.interval
         assert math.isclose(float(c.hget("w", "d")), drained - refund, abs_tol=1e-9)
         # After its hold, nothing goes back (nothing is written).
         c.eval(
             scripts.source("return_lease"), 1, "w", "11.6", "11", repr(hold),
-            repr(rate.interval), "40.0", "0.0",
+            repr(rate.interval), "40.0", "0.0", mark,
         )  # fmt: skip
         assert c.hget("w", "t") == "11.1"
+
+
+def test_a_lease_taken_since_keeps_the_units_of_the_one_before(redis_url: str) -> None:
+    """return_lease gives back only to a bucket whose last lease it is (allowance.py):
+    a lease taken later may have counted on the earlier one's units for its hold."""
+    rate = Rate(60000.0, 60.0, 30000.0)
+    i, cap = repr(rate.interval), repr(rate.capacity)
+    with redis.Redis.from_url(redis_url, decode_responses=True) as c:
+        c.delete("w")
+        first = c.eval(scripts.source("lease_key"), 1, "w", "0", i, cap, cap, "17.0", "272.0")
+        mark = c.hget("w", "d")
+        c.eval(scripts.source("lease_key"), 1, "w", "0.25", i, cap, cap, "1.0", "8.0")
+        before = c.hgetall("w")
+        c.eval(
+            scripts.source("return_lease"), 1, "w", "0.4375", "0", first[2], i, "272.0",
+            "17.0", mark,
+        )  # fmt: skip
+        assert c.hgetall("w") == before  # nothing given back, nothing written
 
 
 def test_a_key_too_full_to_lease_from_is_checked_as_acquire_key_checks_it(redis_url: str) -> None:
@@ -236,13 +255,15 @@ def test_lua_leases_match_the_pure_core(
         assert reply[0] == "leased" and [float(x) for x in reply[2:]] == [hold, debt0]
         (charged,) = charge([Bucket(state, rate, amount)], Plan((debt0,), hold, -1, -1), now)
         assert float(c.hget("w", "d")) == charged.debt
+        (mark,) = Allowance(1, [rate], [amount], [debt0], now, hold, now, now, 1).marks
+        assert mark == charged.debt
         later = now + elapsed / 4
         used = used_share * amount
         c.eval(
             scripts.source("return_lease"), 1, "w", repr(later), repr(now), repr(hold), i,
-            repr(amount), repr(used),
+            repr(amount), repr(used), repr(mark),
         )  # fmt: skip
-        refund = lease_refund(amount, used, hold, later - now)
+        refund = lease_refund(amount, used, hold, later - now, last=True)
         expected = charged if refund == 0.0 else adjust(charged, rate, -refund, later)
         assert float(c.hget("w", "d")) == expected.debt
 

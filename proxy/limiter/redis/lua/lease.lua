@@ -28,20 +28,30 @@ local function lease_hold(buckets)
 end
 
 -- allowance.lease_refund
-local function lease_refund(amount, used, hold, age)
-  if age > hold then
+local function lease_refund(amount, used, hold, age, last)
+  if age > hold or not last then
     return 0.0
   end
   return math.max(0.0, amount - used)
 end
 
--- Charge a lease that may hold (bucket.charge with its hold as the wait); its reply
--- part: the hold, then each bucket's debt before it.
+-- Charge a lease that may hold (bucket.charge with its hold as the wait) and mark each
+-- bucket with the debt it left (Allowance.marks: the last lease); its reply part: the
+-- hold, then each bucket's debt before it.
 local function take_lease(buckets, hold, now)
   local reply = {fmt(hold)}
   for _, b in ipairs(buckets) do
     table.insert(reply, fmt(b.debt))
   end
   charge(buckets, hold, now)
+  for _, b in ipairs(buckets) do
+    redis.call('HSET', b.key, 'ld', fmt(b.d), 'lt', fmt(now))
+  end
   return reply
+end
+
+-- Whether the lease granted at ``at`` that left debt ``mark`` is still the bucket's last.
+local function last_lease(key, at, mark)
+  local d, t = load_pair(key, 'ld', 'lt', nil, nil)
+  return d == mark and t == at
 end

@@ -33,6 +33,9 @@ for _, b in ipairs(buckets) do
   table.insert(reply, fmt(b.before))
   table.insert(reply, fmt(b.debt))
   store_state(b.key, b.debt, now, b.interval)
+  -- A lease was taken since any budget lease of this bucket: that one is no longer its
+  -- last, and gives nothing back (lease.lua's last_lease)
+  redis.call('HSET', b.key, 'ld', fmt(b.debt), 'lt', fmt(now))
 end
 local numbered = math.min(taken, TURN_COUNTED)
 h = counted(h, now + first, numbered)
