@@ -16,7 +16,7 @@ turn is never later than the lease's last turn. Every turn another replica reser
 the lease is measured against the shared buckets, which count the whole lease. So in
 every bucket the turns sent, all replicas together, are a history the bucket itself
 would have admitted: never two turns of a paced window closer than its interval
-(tests/limiter/test_turns.py replays random histories of several replicas and checks it).
+(tests/limiter/core/test_turns.py replays random histories of several replicas, checks it).
 
 **Giving back.** Turns a lease did not hand out go back only while nothing else touched a
 bucket since the lease (``returned``: it still holds exactly what the lease left): then
@@ -62,7 +62,7 @@ TARGET_USES = 8  # ... for about this many requests per lease
 COUNTED = 2 * TARGET_USES
 NEAR = 0.25  # a lease whose requests used more than this share of its turns: near the limit
 REFUSED_FOR = 0.25  # then (or when refused) ask per request for this long (seconds)
-USE_SHARE = 0.75  # a lease hands out turns for this share of SPAN (from its first), then is renewed
+USE_SHARE = 0.75  # a lease hands out turns for this share of SPAN from its first, then renews
 LONG = 60.0  # windows longer than this (seconds) cap a total: SHARE and FULL_AT bound them
 DRIFT = 0.001  # seconds a second the smallest offset may rise by (as routing/turn_clock.py)
 # The most a lease's time 0 is put before the grant's arrival (the default pacing margin):
