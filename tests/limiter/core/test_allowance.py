@@ -140,12 +140,14 @@ events = st.lists(
 )
 
 
+# The named tests' world: two replicas, 1,000 units a second (1 ms a unit).
+TWO_AT_1000 = {"limit": 60000.0, "capacity_share": 0.5, "replicas": 2}
+
+
 @settings(max_examples=300, deadline=None)
 # A lease whose hold the debt of an earlier one covered (see the test below).
 @example(
-    limit=60000.0,
-    capacity_share=0.5,
-    replicas=2,
+    **TWO_AT_1000,
     history=[
         (0.0, 0, "request", 1.0),
         (0.0, 0, "request", 17.0),
@@ -156,9 +158,7 @@ events = st.lists(
 )
 # A per-request ask's refund under a later lease (see the test below).
 @example(
-    limit=60000.0,
-    capacity_share=0.5,
-    replicas=2,
+    **TWO_AT_1000,
     history=[
         (0.0, 0, "ask", 17.0),
         (0.0, 1, "request", 1.0),
