@@ -39,7 +39,8 @@ class World:
         self.rate = rate
         self.state = BucketState()
         self.replicas = [Replica() for _ in range(replicas)]
-        self.admitted: list[tuple[float, float]] = []  # (time, cost), in time order
+        # (time, cost), in time order; a settlement's refund is a negative cost.
+        self.admitted: list[tuple[float, float]] = []
         self.serial = 0
         self.mark: tuple[float, float] | None = None  # the last lease's (at, debt left)
         self.floor = BucketState()  # what the leases count on (allowance.lease_floor)
@@ -60,14 +61,16 @@ class World:
         really uses (settled later: ``settle``)."""
         self.state, decision = take(self.state, self.rate, estimate, now, 0.0)
         if decision.allowed:
-            self.admitted.append((now, cost))
+            self.admitted.append((now, estimate))
             r.asked.append(estimate - cost)
         return decision.allowed
 
     def settle(self, r: Replica, now: float) -> None:
         """Its oldest unsettled ask gives back what it did not use (settle_key's adjust)."""
         if r.asked:
-            self.state = adjust(self.state, self.rate, -r.asked.pop(0), now, self.floor)
+            refund = r.asked.pop(0)
+            self.state = adjust(self.state, self.rate, -refund, now, self.floor)
+            self.admitted.append((now, -refund))
 
     def request(self, r: Replica, cost: float, now: float) -> bool:
         a = r.lease
@@ -104,7 +107,9 @@ class World:
         return decision.allowed
 
     def real_debt(self, now: float) -> float:
-        """The debt the admissions really made, replayed through an exact bucket."""
+        """The debt the admissions really made, replayed through an exact bucket: an ask
+        counts its estimate until its settlement takes back what it did not use, as it
+        would were nothing ever leased."""
         state = BucketState()
         for at, cost in self.admitted:
             if at <= now:
@@ -123,7 +128,8 @@ class World:
         """Every admission, replayed in order, fits the bucket's capacity."""
         state = BucketState()
         for at, cost in self.admitted:
-            if debt_at(state, self.rate.interval, at) + cost > self.rate.capacity + EPS:
+            too_much = debt_at(state, self.rate.interval, at) + cost > self.rate.capacity + EPS
+            if cost > 0.0 and too_much:  # a refund is no admission
                 return False
             state = adjust(state, self.rate, cost, at)
         return True
