@@ -112,12 +112,14 @@ end
 -- bucket.adjust (and the store); ``interval`` is the effective one. The floor is what
 -- the bucket's leases still count on (allowance.lease_floor: fields fd, ft; none: 0).
 local function adjust(key, interval, units, now, ttl_interval)
-  local d, t = load_state(key)
-  local debt = debt_at(d, t, interval, now)
+  local v = redis.call('HMGET', key, 'd', 't', 'fd', 'ft')
+  local debt = 0.0
+  if v[1] then
+    debt = debt_at(tonumber(v[1]), tonumber(v[2]), interval, now)
+  end
   local keep = 0.0
-  local fd, ft = load_pair(key, 'fd', 'ft', nil, nil)
-  if fd then
-    keep = math.min(debt, debt_at(fd, ft, interval, now))
+  if v[3] then
+    keep = math.min(debt, debt_at(tonumber(v[3]), tonumber(v[4]), interval, now))
   end
   store_state(key, math.max(keep, debt + units), now, ttl_interval or interval)
 end

@@ -24,11 +24,10 @@ local function lease_refund(amount, used, hold, age, last)
   return math.max(0.0, amount - used)
 end
 
--- allowance.lease_floor, stored (fd, ft): a bucket's lease b.cost holding ``hold``
-local function raise_floor(b, hold, now)
+-- allowance.lease_floor: a bucket's floor after its lease of b.cost holding ``hold``
+local function raised_floor(b, hold, now)
   local fd, ft = load_pair(b.key, 'fd', 'ft', 0.0, -math.huge)
-  fd = math.max(debt_at(fd, ft, b.interval, now), hold / b.interval) + b.cost
-  redis.call('HSET', b.key, 'fd', fmt(fd), 'ft', fmt(now))
+  return math.max(debt_at(fd, ft, b.interval, now), hold / b.interval) + b.cost
 end
 
 -- Lower a bucket's floor by what its last lease gives back (bucket.adjust of it).
@@ -47,12 +46,13 @@ local function take_lease(buckets, hold, now)
   for _, b in ipairs(buckets) do
     table.insert(reply, fmt(b.debt))
   end
-  for _, b in ipairs(buckets) do
-    raise_floor(b, hold, now)
+  local floors = {}
+  for i, b in ipairs(buckets) do
+    floors[i] = raised_floor(b, hold, now)
   end
   charge(buckets, hold, now)
-  for _, b in ipairs(buckets) do
-    redis.call('HSET', b.key, 'ld', fmt(b.d), 'lt', fmt(now))
+  for i, b in ipairs(buckets) do
+    redis.call('HSET', b.key, 'ld', fmt(b.d), 'lt', fmt(now), 'fd', fmt(floors[i]), 'ft', fmt(now))
   end
   return reply
 end
