@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from proxy.config import ClientKey
+from proxy.config_keys import ConfigKeys
 from proxy.errors import AuthenticationFailed, ModelNotAllowed
 from proxy.limiter.base import KeyLimits
 from proxy.shapes.base import ClientCredential
@@ -39,17 +40,21 @@ class KeyStore:
     """
 
     def __init__(self, keys: Sequence[ClientKey], runtime: RuntimeLookup | None = None) -> None:
-        self._by_digest = {d: (d, key) for key in keys if (d := key.digest())}
-        self._names = frozenset(key.name for key in keys)
+        # Digests to positions: a key's model is built when it is first presented.
+        self._keys = ConfigKeys.of(keys)
+        # Read on every request: kept here (attributes, not calls).
+        self._digests = self._keys.digests()
+        self._configured = bool(self._digests)
+        self._by_digest = dict(zip(self._digests, range(len(self._digests)), strict=True))
         self.runtime = runtime
 
     def held(self) -> list[object]:
-        """Its index entries (a retired store's are freed off the event loop: release.py)."""
-        return list(self._by_digest.values())
+        """Its index (a retired store's is freed off the event loop: release.py)."""
+        return [self._by_digest]
 
     @property
     def open_access(self) -> bool:
-        return not self._names and (self.runtime is None or len(self.runtime) == 0)
+        return not self._configured and (self.runtime is None or len(self.runtime) == 0)
 
     def authenticate(
         self,
@@ -69,11 +74,11 @@ class KeyStore:
         found = self._by_digest.get(digest)
         if found is None and self.runtime is not None:
             created = self.runtime.find(digest.hex())
-            if created is not None and created[0].name not in self._names:
+            if created is not None and self._keys.position(created[0].name) is None:
                 return created[0]
-        if found is None or not hmac.compare_digest(found[0], digest):
+        if found is None or not hmac.compare_digest(self._digests[found], digest):
             raise AuthenticationFailed("Incorrect API key provided.")
-        return found[1]
+        return self._keys[found]
 
     def limits(
         self, key: ClientKey | None, configured: Mapping[str, KeyLimits]
@@ -84,7 +89,7 @@ class KeyStore:
         if key is None:
             return None
         limits = configured.get(key.name)
-        if limits is None and self.runtime is not None and key.name not in self._names:
+        if limits is None and self.runtime is not None and self._keys.position(key.name) is None:
             limits = self.runtime.limits_of(key)
         return limits
 

@@ -26,6 +26,7 @@ from proxy.config import (
     Settings,
     Team,
 )
+from proxy.config_keys import ConfigKeys
 from proxy.limiter.base import (
     KEY,
     MINUTE,
@@ -349,7 +350,7 @@ class _KeyLimits(Mapping[str, KeyLimits]):
     def __init__(
         self, keys: Sequence[ClientKey], share: float, teams: Mapping[str, _TeamLimits]
     ) -> None:
-        self._keys = {key.name: key for key in keys}
+        self._keys = ConfigKeys.of(keys)
         self._share = share
         self._teams = teams
         self._built: dict[str, KeyLimits] = {}
@@ -357,20 +358,25 @@ class _KeyLimits(Mapping[str, KeyLimits]):
     def __getitem__(self, name: str) -> KeyLimits:
         built = self._built.get(name)
         if built is None:
-            key = self._keys[name]
+            key = self._keys.get(name)
+            if key is None:
+                raise KeyError(name)
             team = self._teams.get(key.team) if key.team is not None else None
             limits = key_limits(key, self._share, None if team is None else team.limits)
             built = self._built[name] = limits
         return built
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._keys)
+        return iter(self._keys.names())
 
     def built(self) -> list[KeyLimits]:
         return list(self._built.values())
 
     def __len__(self) -> int:
         return len(self._keys)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._keys.position(name) is not None
 
 
 class Catalog:

@@ -12,9 +12,8 @@ import gc
 import hashlib
 import os
 import re
-import time
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -29,7 +28,6 @@ from pydantic import (
     Field,
     PrivateAttr,
     SecretStr,
-    TypeAdapter,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -37,6 +35,7 @@ from pydantic import (
 )
 
 from proxy import yaml_load
+from proxy.config_keys import ConfigKeys, KeysBuilder, plain_digest
 from proxy.upstream.redact import redaction_warning
 
 __all__ = [
@@ -386,12 +385,8 @@ class ClientKey(_Owner):
             raise ValueError("must be 64 hex characters (a sha256 digest)")
         return value.lower() if value else value
 
-    # The digest, computed once where the config is read (a reload: in a thread), so
-    # that indexing 100,000 keys on the event loop is a dict of ready digests.
+    # The digest, computed once where the key is validated.
     _sha256: bytes = PrivateAttr(default=b"")
-    # The fingerprint of the config entry it was validated from (``entry_print``), when
-    # it came from a long key list: a reload reuses the key of an unchanged entry.
-    _entry_print: bytes = PrivateAttr(default=b"")
 
     @model_validator(mode="after")
     def _one_secret(self) -> ClientKey:
@@ -612,7 +607,8 @@ class AdminConfig(_Strict):
 class Settings(_Strict):
     redis: RedisConfig = RedisConfig()
     teams: list[Team] = Field(default_factory=list)
-    keys: list[ClientKey] = Field(default_factory=list)
+    # Validated as a list of ClientKey; parse_settings builds plain entries lazily.
+    keys: ConfigKeys = Field(default_factory=lambda: ConfigKeys.of([]))
     models: list[ModelGroup] = Field(min_length=1)
     routing: RoutingConfig = RoutingConfig()
     server: ServerConfig = ServerConfig()
@@ -627,12 +623,35 @@ class Settings(_Strict):
 
 def _reference_problems(data: Mapping[str, Any]) -> list[str]:
     """Checks that span sections (unique names and ids, known model references), on the
-    raw document: reported in the same pass as the field errors, whatever else is wrong."""
+    raw document: reported in the same pass as the field errors, whatever else is wrong.
+    One pass over the keys, looking only at the fields an entry has (100,000 keys)."""
     models = [m for m in _items(data.get("models")) if isinstance(m, dict)]
-    keys = [k for k in _items(data.get("keys")) if isinstance(k, dict)]
     names: list[str] = [m["name"] for m in models if isinstance(m.get("name"), str)]
     problems = _duplicates("models", names, "name")
-    key_names = [k.get("name") for k in keys if isinstance(k.get("name"), str)]
+    teams = [t for t in _items(data.get("teams")) if isinstance(t, dict)]
+    team_names: list[str] = [t["name"] for t in teams if isinstance(t.get("name"), str)]
+    known: set[str] = set(names)
+    known_teams = set(team_names)
+    key_names: list[str] = []
+    named: list[str] = []  # an allow-list's or a team's unknown name
+    scoped: list[str] = []  # a window's or a budget's unknown model
+    for i, key in enumerate(_items(data.get("keys"))):
+        if not isinstance(key, dict):
+            continue
+        name = key.get("name")
+        if isinstance(name, str):
+            key_names.append(name)
+        if "models" in key:
+            named += [
+                f"keys[{i}].models: unknown model {m!r}{_suggest(m, known)}"
+                for m in _items(key["models"])
+                if isinstance(m, str) and m not in known
+            ]
+        team = key.get("team")
+        if isinstance(team, str) and team and team not in known_teams:
+            named.append(f"keys[{i}].team: unknown team {team!r}{_suggest(team, team_names)}")
+        if "limits" in key or "budgets" in key:
+            scoped += _scoped_model_problems(f"keys[{i}]", key, known)
     problems += _duplicates("keys", key_names, "name")
     ids = [
         d.get("id")
@@ -641,31 +660,11 @@ def _reference_problems(data: Mapping[str, Any]) -> list[str]:
         if isinstance(d, dict) and isinstance(d.get("id"), str)
     ]
     problems += _duplicates("models[].deployments", ids, "id")
-    teams = [t for t in _items(data.get("teams")) if isinstance(t, dict)]
-    team_names: list[str] = [t["name"] for t in teams if isinstance(t.get("name"), str)]
     problems += _duplicates("teams", team_names, "name")
-    known: set[str] = set(names)
-    for i, key in enumerate(_items(data.get("keys"))):
-        allowed = key.get("models") if isinstance(key, dict) else None
-        problems += [
-            f"keys[{i}].models: unknown model {m!r}{_suggest(m, known)}"
-            for m in _items(allowed)
-            if isinstance(m, str) and m not in known
-        ]
-        team = key.get("team") if isinstance(key, dict) else None
-        if isinstance(team, str) and team and team not in team_names:
-            problems.append(f"keys[{i}].team: unknown team {team!r}{_suggest(team, team_names)}")
-    for section in ("teams", "keys"):
-        for i, owner in enumerate(_items(data.get(section))):
-            problems += _window_model_problems(f"{section}[{i}]", owner, known)
-            budgets = owner.get("budgets") if isinstance(owner, dict) else None
-            for j, budget in enumerate(_items(budgets)):
-                scoped = budget.get("models") if isinstance(budget, dict) else None
-                problems += [
-                    f"{section}[{i}].budgets[{j}].models: unknown model {m!r}{_suggest(m, known)}"
-                    for m in _items(scoped)
-                    if isinstance(m, str) and m not in known
-                ]
+    problems += named
+    for i, team in enumerate(_items(data.get("teams"))):
+        problems += _scoped_model_problems(f"teams[{i}]", team, known)
+    problems += scoped
     routing = data.get("routing")
     fallbacks = routing.get("fallbacks") if isinstance(routing, dict) else None
     for source, targets in fallbacks.items() if isinstance(fallbacks, dict) else []:
@@ -677,16 +676,25 @@ def _reference_problems(data: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def _window_model_problems(where: str, owner: object, known: set[str]) -> list[str]:
-    """A window's ``models`` naming no configured group is an error: the window would
-    count nothing, silently (a typo must not leave a limit unenforced)."""
-    limits = owner.get("limits") if isinstance(owner, dict) else None
-    return [
+def _scoped_model_problems(where: str, owner: object, known: set[str]) -> list[str]:
+    """A window's or a budget's ``models`` naming no configured group is an error: it
+    would count nothing, silently (a typo must not leave a limit unenforced)."""
+    if not isinstance(owner, dict):
+        return []
+    problems = [
         f"{where}.limits[{j}].models: unknown model {m!r}{_suggest(m, known)}"
-        for j, spec in enumerate(_items(limits))
+        for j, spec in enumerate(_items(owner.get("limits")))
         for m in _items(spec.get("models") if isinstance(spec, dict) else None)
         if isinstance(m, str) and m not in known
     ]
+    for j, budget in enumerate(_items(owner.get("budgets"))):
+        scoped = budget.get("models") if isinstance(budget, dict) else None
+        problems += [
+            f"{where}.budgets[{j}].models: unknown model {m!r}{_suggest(m, known)}"
+            for m in _items(scoped)
+            if isinstance(m, str) and m not in known
+        ]
+    return problems
 
 
 def _items(value: object) -> list[Any]:
@@ -772,7 +780,7 @@ def parse_settings(
 ) -> Settings:
     """Validate an already-parsed YAML document: every problem at once, in plain words.
     ``previous``: the config in force (a reload); a key whose entry did not change is
-    its validated key, not validated again."""
+    the key in force."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -793,63 +801,37 @@ def parse_settings(
     return settings
 
 
-# A long key list is validated this many keys at a time: pydantic holds the GIL for a
-# whole call, and a reload reads the file in a thread while the event loop serves.
-_KEYS_CHUNK = 200
-_KEY_LIST: TypeAdapter[list[ClientKey]] = TypeAdapter(list[ClientKey])
-
-
-def _validate(data: Any, known: list[ClientKey] | None = None) -> tuple[Settings | None, list[Any]]:
+def _validate(
+    data: Any, known: Sequence[ClientKey] | None = None
+) -> tuple[Settings | None, list[Any]]:
     """The settings, or None and pydantic's errors (every one, keys in their place).
-    ``known``: keys already validated (a reload, in a thread beside the event loop: the
-    GIL is handed over between chunks); one whose entry is unchanged is reused."""
+    A plain key entry (``config_keys.plain_digest``) is checked by its types and kept
+    as read, its model built on first use; any other is validated in full here.
+    ``known``: the keys in force (a reload): an unchanged entry keeps its key."""
     keys = data.get("keys")
-    if not isinstance(keys, list) or len(keys) <= _KEYS_CHUNK:
+    if not isinstance(keys, list):  # none, or not a list: pydantic says so
         try:
             return Settings.model_validate(data), []
         except ValidationError as exc:
             return None, list(exc.errors())
-    reusable = {p: key for key in known or () if (p := key._private()["_entry_print"])}
+    found = KeysBuilder(known)
     errors: list[Any] = []
-    checked: list[ClientKey] = []
-    for start in range(0, len(keys), _KEYS_CHUNK):
-        chunk = keys[start : start + _KEYS_CHUNK]
-        prints = [entry_print(entry) for entry in chunk]
-        found = [reusable.get(p) if p else None for p in prints]
-        fresh = [i for i, key in enumerate(found) if key is None]
+    for i, entry in enumerate(keys):
+        digest = plain_digest(entry)
+        if digest is not None:
+            found.plain(entry, digest)
+            continue
         try:
-            validated = _KEY_LIST.validate_python([chunk[i] for i in fresh])
+            found.validated(ClientKey.model_validate(entry))
         except ValidationError as exc:
-            for err in exc.errors():
-                loc = tuple(err["loc"])
-                errors.append({**err, "loc": ("keys", start + fresh[int(loc[0])], *loc[1:])})
-        else:
-            for i, key in zip(fresh, validated, strict=True):
-                key._entry_print = prints[i]
-                found[i] = key
-            checked += typing.cast(list[ClientKey], found)
-        if known is not None:
-            time.sleep(0)  # let another thread (the event loop) have the GIL
+            errors += [{**err, "loc": ("keys", i, *err["loc"])} for err in exc.errors()]
     try:
         settings = Settings.model_validate({**data, "keys": []})
     except ValidationError as exc:
         return None, list(exc.errors()) + errors
     if errors:
         return None, errors
-    return settings.model_copy(update={"keys": checked}), []
-
-
-def entry_print(entry: object) -> bytes:
-    """A fingerprint of a key's config entry (after ``${VAR}`` substitution): equal only
-    for entries that validate alike; empty (never reused) for one that JSON cannot tell
-    apart from another (a date, bytes, a big integer; ``null``, which NaN also becomes)."""
-    try:
-        text = orjson.dumps(entry, option=orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_DATETIME)
-    except TypeError:  # orjson.JSONEncodeError
-        return b""
-    if b"null" in text:
-        return b""
-    return hashlib.blake2b(text, digest_size=16).digest()
+    return settings.model_copy(update={"keys": found.done()}), []
 
 
 def _within(path: str, scope: str) -> bool:
@@ -893,8 +875,9 @@ def config_warnings(settings: Settings) -> list[str]:
 def budget_warnings(settings: Settings) -> list[str]:
     """Budgets that cannot hold what they promise: forgotten on restart without Redis, or
     a dollar budget over traffic that has no price (it costs 0)."""
+    # A key with budgets is among those validated in full (config_keys.py).
     budgeted: list[tuple[str, ClientKey | Team]] = [
-        (f"keys[{i}]", k) for i, k in enumerate(settings.keys) if k.budgets
+        (f"keys[{settings.keys.position(k.name)}]", k) for k in settings.keys.full() if k.budgets
     ]
     budgeted += [(f"teams[{i}]", t) for i, t in enumerate(settings.teams) if t.budgets]
     if not budgeted:
@@ -985,6 +968,8 @@ def _model_in(annotation: Any) -> Any:
     """The pydantic model inside ``list[X]``, ``X | None``, ``dict[str, X]``..."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
+    if annotation is ConfigKeys:
+        return ClientKey
     for arg in typing.get_args(annotation):
         found = _model_in(arg)
         if found is not None:

@@ -8,13 +8,16 @@ restart (``RESTART_ONLY``): the reload applies everything else and says these ne
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import operator
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from proxy.config import Settings
 
 __all__ = ["RESTART_ONLY", "ConfigChanges", "config_changes", "in_force"]
+
+_T = TypeVar("_T")
 
 # Read once by what the process built at start: the limiter's connection and policy
 # (redis.*), uvicorn's protocol (header_timeout, body_timeout), the logging set-up
@@ -85,7 +88,12 @@ def config_changes(old: Settings, new: Settings) -> ConfigChanges:
         and not _only_restart_fields(section, old, new, restart)
     )
     return ConfigChanges(
-        keys=_changed({k.name: k for k in old.keys}, {k.name: k for k in new.keys}),
+        # By name and position: the keys' entries are compared, none is built.
+        keys=_changed(
+            old.keys.by_name(),
+            new.keys.by_name(),
+            lambda was, now: new.keys.same_as(now, old.keys, was),
+        ),
         # A group "changes" when its own fields do; its deployments are listed apart.
         models=_changed(
             {m.name: m.model_copy(update={"deployments": []}) for m in old.models},
@@ -105,11 +113,15 @@ def in_force(old: Settings, new: Settings) -> Settings:
     return new.model_copy(update={"redis": old.redis, "server": server})  # redis.*: all
 
 
-def _changed(old: Mapping[str, object], new: Mapping[str, object]) -> Changed:
+def _changed(
+    old: Mapping[str, _T],
+    new: Mapping[str, _T],
+    same: Callable[[_T, _T], bool] = operator.eq,
+) -> Changed:
     return Changed(
         added=tuple(n for n in new if n not in old),
         removed=tuple(n for n in old if n not in new),
-        changed=tuple(n for n in new if n in old and old[n] != new[n]),
+        changed=tuple(n for n in new if n in old and not same(old[n], new[n])),
     )
 
 

@@ -2,23 +2,27 @@
 
 libyaml parses a whole document in one call that holds the GIL: a file of 100,000 client
 keys held it about 2 s, and the event loop with it, even from a thread. A file over
-``APART_OVER`` bytes is therefore parsed by a child interpreter (``python -c``, this
-package only), which hands the document back as JSON lines, the keys a thousand to a
-line, each read here in well under a millisecond; the caller validates it in its thread
-(``config.parse_settings``, a chunk of keys at a time). A smaller file is read in place.
+``APART_OVER`` bytes is therefore parsed by a child interpreter (``python -c``, with
+only PyYAML, orjson and ``yaml_load`` imported), which hands the document back as JSON
+lines, the keys a thousand to a line, each read here in well under a millisecond; the
+caller validates it (``config.parse_settings``). A smaller file is read in place, and so
+is one the child cannot hand back exactly (a date, a non-string key, a number JSON
+cannot carry: orjson would write NaN or infinity as null).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import orjson
+import yaml
 
-from proxy.config import ConfigError, read_document
+from proxy import yaml_load
 
 __all__ = ["APART_OVER", "read_document_apart"]
 
@@ -26,10 +30,19 @@ APART_OVER = 1 << 20  # bytes: about 15,000 keys
 _KEYS_A_LINE = 1000
 _TIMEOUT = 600.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+# Scalars YAML reads as a float JSON cannot carry: ``.inf``, ``.nan`` (the whole scalar),
+# and an exponent large enough to overflow.
+_NOT_FINITE = re.compile(
+    r"(?:^|[\s\[{,:])[-+]?\.(?:inf|nan)[ \t]*(?:$|[,\]}#])|\.[0-9_]*[eE][-+][0-9]{3}",
+    re.IGNORECASE | re.MULTILINE,
+)
 
 
 def read_document_apart(path: str) -> Any:
-    """The document of ``path`` (as ``config.read_document``), parsed apart if large."""
+    """The document of ``path`` (as ``config.read_document``, its ``ConfigError`` too),
+    parsed apart if large."""
+    from proxy.config import ConfigError, read_document  # not in the child: pydantic
+
     try:
         size = os.stat(path).st_size
     except OSError:
@@ -61,11 +74,26 @@ def read_document_apart(path: str) -> Any:
 
 def _child() -> None:
     """In the child: the document of ``sys.argv[1]`` as JSON lines on stdout."""
-    out = sys.stdout.buffer
+    _write(sys.stdout.buffer, sys.argv[1])
+
+
+def _write(out: IO[bytes], path: str) -> None:
+    in_place = orjson.dumps({"in_place": True}) + b"\n"
     try:
-        document = read_document(sys.argv[1])
-    except ConfigError as exc:
-        out.write(orjson.dumps({"problems": exc.problems}) + b"\n")
+        text = Path(path).read_text(encoding="utf-8")  # as config.read_document reads it
+        if _NOT_FINITE.search(text):
+            out.write(in_place)
+            return
+        document = yaml_load.load(text)
+    except (OSError, ValueError, yaml.YAMLError):  # worded as the in-place read words it
+        from proxy.config import ConfigError, read_document
+
+        try:
+            read_document(path)
+        except ConfigError as exc:
+            out.write(orjson.dumps({"problems": exc.problems}) + b"\n")
+            return
+        out.write(in_place)
         return
     keys: list[Any] | None = None
     if isinstance(document, dict) and isinstance(document.get("keys"), list):
@@ -76,12 +104,12 @@ def _child() -> None:
         for start in range(0, len(keys or []), _KEYS_A_LINE):
             lines.append(_dumps((keys or [])[start : start + _KEYS_A_LINE]))
     except TypeError:  # not plain JSON (a YAML date, binary, a number as a mapping key)
-        out.write(orjson.dumps({"in_place": True}) + b"\n")
+        out.write(in_place)
         return
     out.write(b"\n".join(lines) + b"\n")
 
 
 def _dumps(value: Any) -> bytes:
     """JSON of exactly what YAML gave: a date or a non-string key is refused, not turned
-    into a string (then the parent reads the file itself, as before)."""
+    into a string (then the parent reads the file itself)."""
     return orjson.dumps(value, option=orjson.OPT_PASSTHROUGH_DATETIME)

@@ -84,7 +84,7 @@ class StateObserver:
 
 
 def shadow_keys_of(settings: Settings) -> list[ClientKey]:
-    return [key for key in settings.keys if key.shadow]
+    return [key for key in settings.keys.full() if key.shadow]  # a plain key has no shadow
 
 
 def publish_configured_state(

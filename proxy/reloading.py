@@ -305,7 +305,7 @@ def _prepare(path: str, old: Settings, previous: Pipeline, share: float) -> _Pre
             catalog = Catalog(settings, share)
         except (OSError, ssl.SSLError, ValueError) as exc:  # e.g. a TLS file unreadable now
             raise ConfigError(path, [f"models: cannot be used: {exc}"]) from None
-        retired: list[object] = [*previous.settings.keys, *previous.keys.held()]
+        retired: list[object] = [*previous.settings.keys.held(), *previous.keys.held()]
         retired += previous.catalog.held()
         result = _Prepared(
             loaded,

@@ -12,10 +12,16 @@ and then by PyYAML's own resolver and constructor, remembered per text.
 Anything beyond plain data (an anchor, an alias, a tag, a merge key ``<<``, a
 collection as a mapping key, a second document, a tag the safe constructor does not
 know) is handed to PyYAML's own load instead, which gives its values or its error.
+
+The top-level ``keys`` list, when every entry is a block mapping of one-line scalars
+(as ``yaml.dump`` writes 100,000 keys), is read line by line with one regular
+expression (``split_key_list``) instead: half the time of the events, the scalars
+resolved the same way; the rest of the text goes through the events.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Container
 from typing import Any
 
@@ -29,7 +35,7 @@ from yaml.events import (
 )
 from yaml.nodes import ScalarNode
 
-__all__ = ["load", "load_from_events"]
+__all__ = ["load", "load_from_events", "split_key_list"]
 
 # libyaml's loader when PyYAML was built with it; the pure-Python one otherwise.
 SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -55,9 +61,80 @@ def load(text: str) -> Any:
     if _C_PARSER is None:  # PyYAML without libyaml: its own (slower) load
         return yaml.load(text, Loader=SAFE_LOADER)  # noqa: S506 (a safe loader)
     try:
+        split = split_key_list(text)
+    except _Fallback:  # a scalar only PyYAML's load builds
+        split = None
+    if split is not None:
+        rest, keys = split
+        try:
+            document = load_from_events(_C_PARSER(rest))
+        except (_Fallback, yaml.YAMLError):
+            document = None  # the whole text decides (its error names the right line)
+        if isinstance(document, dict) and "keys" in document and document["keys"] is None:
+            document["keys"] = keys
+            return document
+    try:
         return load_from_events(_C_PARSER(text))
     except _Fallback:
         return yaml.load(text, Loader=SAFE_LOADER)  # noqa: S506 (a safe loader)
+
+
+# The top-level key list in its commonest form, read by line: each entry a block mapping
+# of one-line scalars (``- name: a`` then ``  rpm: 60``, at one indentation), each plain
+# of letters, digits and ``_ . -`` or quoted (printable ASCII) without escapes. 0.25 s
+# instead of 0.7 s for 100,000 keys; anything else in the list (a comment, a nested
+# list, a flow collection, a tab) leaves the whole text to the events.
+_KEYS_LINE = re.compile(r"^keys:\n", re.MULTILINE)
+_SPACES = re.compile(" *")
+# A top-level key that may be ``keys`` too (quoted, or a complex key): then it is not read here.
+_KEYS_ANYWHERE = re.compile(r"^(?:keys\s*:|[\"'?])", re.MULTILINE)
+_FIELD = (
+    r"([A-Za-z_][A-Za-z0-9_]*): (?:([A-Za-z0-9_][A-Za-z0-9_.\-]*)"
+    r"|'([ -&(-~]*)'|\"([ !#-\[\]-~]*)\")\n"
+)
+
+
+def split_key_list(text: str) -> tuple[str, list[dict[Any, Any]]] | None:
+    """The text without its top-level ``keys`` list (``keys:`` left, now null), and the
+    list; None unless the list is entirely of the form above."""
+    found = _KEYS_LINE.search(text)
+    if found is None or len(_KEYS_ANYWHERE.findall(text)) != 1:
+        return None
+    start = pos = found.end()
+    indent = _SPACES.match(text, start).end() - start  # type: ignore[union-attr]
+    line = re.compile(" " * indent + "(- |  )" + _FIELD)
+    rules: Container[str | None] = _RESOLVER.yaml_implicit_resolvers
+    if None in rules:
+        rules = _EVERY_FIRST
+    resolved: dict[str, Any] = {}
+    fields: dict[str, Any] = {}  # a field's name as written: as resolved (few distinct)
+    keys: list[dict[Any, Any]] = []
+    entry: dict[Any, Any] | None = None
+    for got in line.finditer(text, start):
+        if got.start() != pos:
+            break  # the next match is past the list's end
+        lead, key, plain, single, double = got.groups()
+        if lead == "- ":
+            entry = {}
+            keys.append(entry)
+        elif entry is None:
+            return None  # a continuation before any entry
+        try:
+            field = fields[key]
+        except KeyError:
+            field = fields[key] = _resolve(key, resolved) if key[:1] in rules else key
+        if plain is not None:
+            value: Any = plain
+            if plain[:1] in rules:
+                value = resolved[plain] if plain in resolved else _resolve(plain, resolved)
+        else:
+            value = single if single is not None else double
+        entry[field] = value
+        pos = got.end()
+    # The list must end where a top-level key (or the text) begins.
+    if not keys or (pos < len(text) and not (text[pos].isalpha() or text[pos] == "_")):
+        return None
+    return text[:start] + text[pos:], keys
 
 
 def load_from_events(parser: Any) -> Any:

@@ -50,3 +50,21 @@ def test_what_json_cannot_carry_is_read_in_place(tmp_path: Path) -> None:
     path = tmp_path / "proxy.yaml"
     path.write_text("models: []\nwhen: 2024-10-21\n1: one\n")
     assert config_read.read_document_apart(str(path)) == read_document(path)
+
+
+@pytest.mark.parametrize("value", [".inf", "-.Inf", ".nan", "1.0e+400"])
+def test_a_float_json_cannot_carry_is_read_in_place(tmp_path: Path, value: str) -> None:
+    path = tmp_path / "proxy.yaml"
+    path.write_text(f"models: []\nkeys:\n- name: k\n  weight: {value}\n")
+    apart = config_read.read_document_apart(str(path))
+    assert repr(apart) == repr(read_document(path))
+    assert apart["keys"][0]["weight"] != apart["keys"][0]["weight"] or abs(
+        apart["keys"][0]["weight"]
+    ) == float("inf")
+
+
+def test_a_name_that_merely_contains_inf_is_read_apart(tmp_path: Path) -> None:
+    path = tmp_path / "proxy.yaml"
+    path.write_text("models: []\nkeys:\n- name: example.info\n  team: x.nano\n")
+    assert not config_read._NOT_FINITE.search(path.read_text())
+    assert config_read.read_document_apart(str(path)) == read_document(path)

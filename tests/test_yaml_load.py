@@ -219,3 +219,91 @@ def test_dumped_data_reads_as_pyyaml_reads_it(
     data: Any, flow: bool | None, style: str | None
 ) -> None:
     assert_same(yaml.safe_dump({"data": data}, default_flow_style=flow, default_style=style))
+
+
+# --- the key list read by line ---------------------------------------------------
+
+# A key entry's field as written by hand: a plain word (tricky ones included), or quoted.
+_FIELD_VALUES = (
+    _WORDS
+    | st.from_regex(r"'[ -&(-~]{0,6}'", fullmatch=True)
+    | st.from_regex(r'"[ !#-\[\]-~]{0,6}"', fullmatch=True)
+    | st.from_regex(r"'[^\n]{0,4}'|\"[^\n]{0,4}\"", fullmatch=True)
+)
+_FIELD_NAMES = st.sampled_from(["name", "key", "rpm", "yes", "null", "1", "on", "k_1"]) | _WORDS
+_ENTRIES = st.lists(
+    st.lists(st.tuples(_FIELD_NAMES, _FIELD_VALUES), min_size=1, max_size=4),
+    min_size=1,
+    max_size=4,
+)
+
+
+def _key_list(entries: list[list[tuple[str, str]]], indent: str) -> str:
+    lines = []
+    for entry in entries:
+        for i, (field, value) in enumerate(entry):
+            lines.append(f"{indent}{'- ' if i == 0 else '  '}{field}: {value}\n")
+    return "".join(lines)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    _ENTRIES,
+    st.sampled_from(["", "  ", " "]),
+    st.sampled_from(["", "models: []\n", "a: 1\n"]),
+    st.sampled_from(["", "models: []\n", "other:\n  - x\n", "# note\n", "keys: 1\n", "---\n"]),
+)
+def test_a_key_list_written_by_hand_reads_as_pyyaml_reads_it(
+    entries: list[list[tuple[str, str]]], indent: str, before: str, after: str
+) -> None:
+    assert_same(f"{before}keys:\n{_key_list(entries, indent)}{after}")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.dictionaries(
+            st.sampled_from(["name", "key", "rpm", "tpm", "team"]),
+            st.integers() | st.text(max_size=8) | st.booleans() | st.none() | st.floats(),
+            min_size=1,
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+    st.sampled_from([None, '"', "'"]),
+)
+def test_a_dumped_key_list_reads_as_pyyaml_reads_it(
+    keys: list[dict[str, Any]], style: str | None
+) -> None:
+    assert_same(yaml.safe_dump({"keys": keys, "models": []}, default_style=style))
+
+
+def test_the_commonest_key_list_is_read_by_line() -> None:
+    keys = [{"name": f"k{i}", "key": f"sk-{i}", "rpm": 100, "tpm": 10**8} for i in range(500)]
+    text = yaml.safe_dump({"admin": {"keys": ["a"]}, "keys": keys, "models": []})
+    split = yaml_load.split_key_list(text)
+    assert split is not None
+    assert split[1] == keys
+    assert yaml_load.load(text) == safe_load(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "keys:\n- name: a\n  # a comment\n  rpm: 1\n",
+        "keys:\n- name: a\n  models: [m]\n",
+        "keys:\n- name: a\n  models:\n  - m\n",
+        "keys:\n- name: a\n  rpm: 1 # a comment\n",
+        "keys:\n- name: a\n\trpm: 1\n",
+        "keys:\n- name: a\n  key: 'it''s'\n",
+        'keys:\n- name: a\n  key: "a\\tb"\n',
+        "keys:\n- name: a\n  rpm: 1",  # no final line break
+        "keys:\n  rpm: 1\n",
+        "keys:\n- name: a\n'keys': 2\n",
+        "keys:\n- name: &x a\n",
+        "keys:\n- name: a\n...\n",
+    ],
+)
+def test_anything_else_in_the_list_is_left_to_the_events(text: str) -> None:
+    assert yaml_load.split_key_list(text) is None
+    assert_same(text)

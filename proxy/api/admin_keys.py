@@ -61,7 +61,7 @@ async def _body(request: Request) -> Any:
 
 
 def _config_key(settings: Settings, name: str) -> ClientKey | None:
-    return next((k for k in settings.keys if k.name == name), None)
+    return settings.keys.get(name)
 
 
 def _models(settings: Settings) -> frozenset[str]:
@@ -156,11 +156,16 @@ async def list_keys(request: Request) -> Response:
         return error_response(error)
     prefix = query.get("name_prefix", "")
     team = query.get("team")
-    every = {k.name: k for k in settings.keys if k.name.startswith(prefix)}
-    by_name = {n: k for n, k in every.items() if team is None or k.team == team}
+    configured = settings.keys
+    every = configured.by_name()  # names to positions: no key is built to page them
+    if prefix:
+        every = {n: i for n, i in every.items() if n.startswith(prefix)}
+    by_name = every
+    if team is not None:
+        by_name = {n: i for n, i in every.items() if configured.team_of(i) == team}
     chosen, records = keys.page(by_name, page, per_page, prefix, team=team, hidden=every)
     now = time.time()
-    entries = [_configured(by_name[name]) for name in chosen.configured]
+    entries = [_configured(configured[by_name[name]]) for name in chosen.configured]
     entries += [record.public(now) for record in records]
     return _json({"keys": entries, "page": page, "pages": chosen.pages, "total": chosen.total})
 

@@ -126,9 +126,9 @@ async def key_manager(request: Request) -> Response:
         page, per_page = parse_page(request.query_params)
     except ProxyError as error:
         return error_response(error)
-    configured = {k.name: k for k in settings.keys}
-    chosen, records = keys.page(configured, page, per_page)
-    rows = [(n, "config", _limits(configured[n])) for n in chosen.configured]
+    configured = settings.keys
+    chosen, records = keys.page(configured.by_name(), page, per_page)
+    rows = [(n, "config", _limits(configured[configured.by_name()[n]])) for n in chosen.configured]
     now = time.time()
     for record in records:
         source = "api (expired)" if record.expired(now) else "api"

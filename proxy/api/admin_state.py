@@ -42,13 +42,14 @@ async def read_state(
     catalog = pipeline.catalog
     settings = pipeline.settings
     groups = list(catalog.groups.values())
-    configured = {k.name: k for k in settings.keys}
+    configured = settings.keys.by_name()  # names to positions: only the page is built
     if runtime is not None:
         chosen, records = runtime.page(configured, page, per_page)
     else:
-        chosen, records = page_of(list(configured), [], page, per_page), []
+        chosen, records = page_of(settings.keys.names(), [], page, per_page), []
     shown: list[tuple[ClientKey, KeyLimits | None]] = [
-        (configured[name], catalog.key_limits.get(name)) for name in chosen.configured
+        (settings.keys[configured[name]], catalog.key_limits.get(name))
+        for name in chosen.configured
     ]
     # An API key in a team: its windows live with its team's (the Redis hash tag).
     built = (record.client_key() for record in records)
