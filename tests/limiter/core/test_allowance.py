@@ -22,14 +22,18 @@ from proxy.limiter.core.bucket import Bucket as B
 from proxy.limiter.core.bucket import BucketState, Plan, adjust, charge, debt_at, plan, take
 
 EPS = 1e-9
-ESTIMATE = 35.0  # a per-request ask's estimate, in times what it uses
+# A request's estimate (an ask's) by what it really uses: small ones thrice (a lease
+# may cover them), larger ones far more (they may cover a lease's hold).
+ESTIMATES = {1.0: 3.0, 3.0: 105.0, 17.0: 595.0}
 
 
 class Replica:
     def __init__(self) -> None:
         self.lease: Allowance | None = None
         self.size = allowance.FIRST_REQUESTS
-        self.asked: list[float] = []  # what its unsettled per-request asks over-estimated
+        # Its unsettled asks: the lease each was admitted from (None: the shared bucket)
+        # and what it over-estimated.
+        self.asked: list[tuple[Allowance | None, float]] = []
 
 
 class World:
@@ -57,19 +61,28 @@ class World:
             self.state = adjust(self.state, self.rate, -refund, now, self.floor)
 
     def ask(self, r: Replica, cost: float, estimate: float, now: float) -> bool:
-        """A request asking the shared bucket for ``estimate`` units, ``cost`` of which it
-        really uses (settled later: ``settle``)."""
-        self.state, decision = take(self.state, self.rate, estimate, now, 0.0)
-        if decision.allowed:
-            self.admitted.append((now, estimate))
-            r.asked.append(estimate - cost)
-        return decision.allowed
+        """A request estimated at ``estimate`` units, ``cost`` of which it really uses
+        (settled later: ``settle``), admitted from the replica's lease if it covers it,
+        else asking the shared bucket (no new lease: as near a limit)."""
+        a = r.lease
+        if a is not None and a.covers([estimate], now):
+            a.take([estimate], now)
+        else:
+            a = None
+            self.state, decision = take(self.state, self.rate, estimate, now, 0.0)
+            if not decision.allowed:
+                return False
+        self.admitted.append((now, estimate))
+        r.asked.append((a, estimate - cost))
+        return True
 
     def settle(self, r: Replica, now: float) -> None:
-        """Its oldest unsettled ask gives back what it did not use (settle_key's adjust)."""
+        """Its oldest unsettled ask gives back what it did not use: to its lease while
+        open (Allowance.correct), else to the shared bucket (settle_key's adjust)."""
         if r.asked:
-            refund = r.asked.pop(0)
-            self.state = adjust(self.state, self.rate, -refund, now, self.floor)
+            a, refund = r.asked.pop(0)
+            if a is None or a.correct([-refund], now) is None:
+                self.state = adjust(self.state, self.rate, -refund, now, self.floor)
             self.admitted.append((now, -refund))
 
     def request(self, r: Replica, cost: float, now: float) -> bool:
@@ -188,7 +201,7 @@ def test_admissions_never_exceed_the_bucket(
         if action == "request":
             world.request(r, cost, now)
         elif action == "ask":  # asked per request, estimated well above its use
-            world.ask(r, cost, ESTIMATE * cost, now)
+            world.ask(r, cost, ESTIMATES[cost], now)
         elif action == "settle":
             world.settle(r, now)
         else:
