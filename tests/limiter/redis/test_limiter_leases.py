@@ -128,6 +128,24 @@ def test_a_refund_keeps_the_units_a_later_lease_counted_on(redis_url: str) -> No
         assert float(c.hget("w", "d")) == 0.0
 
 
+def test_a_deployment_refund_keeps_the_units_its_lease_counted_on(redis_url: str) -> None:
+    """settle_deployment's correction stops at the floor too (the same adjust)."""
+    rate = Rate(60000.0, 60.0, 30000.0)
+    i, cap = repr(rate.interval), repr(rate.capacity)
+    with redis.Redis.from_url(redis_url, decode_responses=True) as c:
+        c.delete("h", "f", "l", "w")
+        c.hset("w", mapping={"d": "600", "t": "0"})  # a turn's estimate
+        reply = c.eval(
+            scripts.source("lease_deployment"), 3, "h", "l", "w", "0", "8", i, cap, "8.0"
+        )
+        assert reply[0] == "1" and float(c.hget("w", "d")) == 608.0
+        c.eval(
+            scripts.source("settle_deployment"), 4, "h", "f", "l", "w", "0.1", "", "neutral",
+            "", "0", "1", "60", "30", "", "", "", "", "1", "0", "0", "60", i, "-590.0",
+        )  # fmt: skip
+        assert math.isclose(float(c.hget("w", "d")), 408.0)
+
+
 def test_a_key_too_full_to_lease_from_is_checked_as_acquire_key_checks_it(redis_url: str) -> None:
     with redis.Redis.from_url(redis_url, decode_responses=True) as c:
         c.hset("w", mapping={"d": "5999", "t": "10"})
