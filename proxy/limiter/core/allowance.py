@@ -30,6 +30,15 @@ end of the hold, at most ``hold / interval`` units more than the exact debt, and
 longer than the hold. After its hold a lease gives nothing back (its units may already
 have drained): nothing is ever refunded late.
 
+**Refunds.** A request's settlement may give back what it over-asked (``bucket.adjust``
+with negative units), but a lease taken while that over-ask sat in the bucket may have
+counted on it for its hold, as on an earlier lease's units. So each bucket keeps a
+*floor*: the debt its leases alone would have made (``lease_floor``: each charged as the
+bucket was, a last lease's give-back taken off both). The bucket's debt is never below
+it, and a refund stops at it (``adjust``'s ``floor``): every lease's refill stays until
+its hold ends, its units until they drain after it. A refund once every lease has
+drained comes back whole, as without leases.
+
 **Leasing only far from the limit.** A window is leased from only while it stays at most
 ``FULL_AT`` of its capacity after the lease, one lease takes at most ``SHARE`` of its
 capacity, and ``hold`` is as long as the bucket has room for (``hold / interval`` units),
@@ -37,7 +46,7 @@ at most ``HOLD``, and its refill at most ``HOLD_SHARE`` of the capacity. A windo
 small for ``MIN_REQUESTS`` requests in one share is never leased from, nor are paced
 deployments (a burst of one cannot hold a lease).
 
-``lua/lease.lua`` mirrors ``lease_hold`` and ``lease_refund`` line by line.
+``lua/lease.lua`` mirrors ``lease_hold``, ``lease_refund`` and ``lease_floor`` line by line.
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ import math
 from collections.abc import Sequence
 
 from proxy.limiter.base import Rate
-from proxy.limiter.core.bucket import BucketState, adjust
+from proxy.limiter.core.bucket import BucketState, adjust, debt_at
 
 HOLD = 0.5  # the longest a lease holds (storage time)
 HOLD_MIN = 0.005  # a lease that could hold less is not taken
@@ -81,6 +90,16 @@ def lease_refund(amount: float, used: float, hold: float, age: float, last: bool
     if age > hold or not last:
         return 0.0
     return max(0.0, amount - used)
+
+
+def lease_floor(
+    floor: BucketState, rate: Rate, hold: float, amount: float, now: float
+) -> BucketState:
+    """The debt a bucket's leases count on after one more (``amount`` holding ``hold``):
+    the bucket's own charge (``bucket.charge`` with the hold as the wait) made to a bucket
+    that only leases charge, ``floor``. Refunds never take the bucket below it (the
+    ``floor`` of ``bucket.adjust``); a lease's give-back lowers both alike."""
+    return BucketState(max(debt_at(floor, rate.interval, now), hold / rate.interval) + amount, now)
 
 
 def lease_size(
@@ -226,6 +245,7 @@ __all__ = [
     "REFUSED_FOR",
     "SHARE",
     "Allowance",
+    "lease_floor",
     "lease_hold",
     "lease_refund",
     "lease_size",

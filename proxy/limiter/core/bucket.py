@@ -171,10 +171,18 @@ def take(
     return states[0], decision
 
 
-def adjust(state: BucketState, rate: Rate, units: float, now: float) -> BucketState:
+def adjust(
+    state: BucketState, rate: Rate, units: float, now: float, floor: BucketState = FULL
+) -> BucketState:
     """Add ``units`` to the debt (negative: a refund). A refund never makes the bucket
-    fuller than full (the TAT never goes below ``now``)."""
-    return BucketState(max(0.0, debt_at(state, rate.interval, now) + units), now)
+    fuller than full (the TAT never goes below ``now``), nor takes the debt below
+    ``floor``'s (what the bucket's leases still count on, allowance.lease_floor), nor
+    raises it to that."""
+    interval = rate.interval
+    debt = debt_at(state, interval, now)
+    # With no floor (FULL) this is max(0.0, debt + units): the plain refund.
+    keep = min(debt, debt_at(floor, interval, now))
+    return BucketState(max(keep, debt + units), now)
 
 
 def lower(

@@ -13,6 +13,7 @@ from proxy.limiter.base import Rate
 from proxy.limiter.core import allowance
 from proxy.limiter.core.allowance import (
     Allowance,
+    lease_floor,
     lease_hold,
     lease_refund,
     lease_size,
@@ -21,12 +22,18 @@ from proxy.limiter.core.bucket import Bucket as B
 from proxy.limiter.core.bucket import BucketState, Plan, adjust, charge, debt_at, plan, take
 
 EPS = 1e-9
+# A request's estimate (an ask's) by what it really uses: small ones thrice (a lease
+# may cover them), larger ones far more (they may cover a lease's hold).
+ESTIMATES = {1.0: 3.0, 3.0: 105.0, 17.0: 595.0}
 
 
 class Replica:
     def __init__(self) -> None:
         self.lease: Allowance | None = None
         self.size = allowance.FIRST_REQUESTS
+        # Its unsettled asks: the lease each was admitted from (None: the shared bucket)
+        # and what it over-estimated.
+        self.asked: list[tuple[Allowance | None, float]] = []
 
 
 class World:
@@ -36,9 +43,11 @@ class World:
         self.rate = rate
         self.state = BucketState()
         self.replicas = [Replica() for _ in range(replicas)]
-        self.admitted: list[tuple[float, float]] = []  # (time, cost), in time order
+        # (time, cost), in time order; a settlement's refund is a negative cost.
+        self.admitted: list[tuple[float, float]] = []
         self.serial = 0
         self.mark: tuple[float, float] | None = None  # the last lease's (at, debt left)
+        self.floor = BucketState()  # what the leases count on (allowance.lease_floor)
 
     def give_back(self, r: Replica, now: float) -> None:
         a = r.lease
@@ -48,7 +57,33 @@ class World:
         last = self.mark == (a.at, a.marks[0])
         refund = lease_refund(a.amounts[0], a.used[0], a.hold, now - a.at, last)
         if refund > 0.0:
-            self.state = adjust(self.state, self.rate, -refund, now)
+            self.floor = adjust(self.floor, self.rate, -refund, now)
+            self.state = adjust(self.state, self.rate, -refund, now, self.floor)
+
+    def ask(self, r: Replica, cost: float, estimate: float, now: float) -> bool:
+        """A request estimated at ``estimate`` units, ``cost`` of which it really uses
+        (settled later: ``settle``), admitted from the replica's lease if it covers it,
+        else asking the shared bucket (no new lease: as near a limit)."""
+        a = r.lease
+        if a is not None and a.covers([estimate], now):
+            a.take([estimate], now)
+        else:
+            a = None
+            self.state, decision = take(self.state, self.rate, estimate, now, 0.0)
+            if not decision.allowed:
+                return False
+        self.admitted.append((now, estimate))
+        r.asked.append((a, estimate - cost))
+        return True
+
+    def settle(self, r: Replica, now: float) -> None:
+        """Its oldest unsettled ask gives back what it did not use: to its lease while
+        open (Allowance.correct), else to the shared bucket (settle_key's adjust)."""
+        if r.asked:
+            a, refund = r.asked.pop(0)
+            if a is None or a.correct([-refund], now) is None:
+                self.state = adjust(self.state, self.rate, -refund, now, self.floor)
+            self.admitted.append((now, -refund))
 
     def request(self, r: Replica, cost: float, now: float) -> bool:
         a = r.lease
@@ -69,6 +104,7 @@ class World:
                 buckets = [B(self.state, self.rate, amounts[0])]
                 # Charged as arriving at the end of its hold (lease.lua's take_lease).
                 p = plan(buckets, now)
+                self.floor = lease_floor(self.floor, self.rate, hold, amounts[0], now)
                 (self.state,) = charge(buckets, Plan(p.debts, hold, -1, -1), now)
                 self.mark = (now, self.state.debt)
                 self.serial += 1
@@ -84,7 +120,9 @@ class World:
         return decision.allowed
 
     def real_debt(self, now: float) -> float:
-        """The debt the admissions really made, replayed through an exact bucket."""
+        """The debt the admissions really made, replayed through an exact bucket: an ask
+        counts its estimate until its settlement takes back what it did not use, as it
+        would were nothing ever leased."""
         state = BucketState()
         for at, cost in self.admitted:
             if at <= now:
@@ -103,7 +141,8 @@ class World:
         """Every admission, replayed in order, fits the bucket's capacity."""
         state = BucketState()
         for at, cost in self.admitted:
-            if debt_at(state, self.rate.interval, at) + cost > self.rate.capacity + EPS:
+            too_much = debt_at(state, self.rate.interval, at) + cost > self.rate.capacity + EPS
+            if cost > 0.0 and too_much:  # a refund is no admission
                 return False
             state = adjust(state, self.rate, cost, at)
         return True
@@ -113,25 +152,36 @@ events = st.lists(
     st.tuples(
         st.floats(0.0, 0.3),  # seconds since the last event
         st.integers(0, 2),  # which replica
-        st.sampled_from(["request", "request", "request", "give_back"]),
+        st.sampled_from(["request", "request", "request", "give_back", "ask", "settle"]),
         st.sampled_from([1.0, 1.0, 3.0, 17.0]),  # the request's cost
     ),
     max_size=300,
 )
 
 
+# The named tests' world: two replicas, 1,000 units a second (1 ms a unit).
+TWO_AT_1000 = {"limit": 60000.0, "capacity_share": 0.5, "replicas": 2}
+
+
 @settings(max_examples=300, deadline=None)
 # A lease whose hold the debt of an earlier one covered (see the test below).
 @example(
-    limit=60000.0,
-    capacity_share=0.5,
-    replicas=2,
+    **TWO_AT_1000,
     history=[
         (0.0, 0, "request", 1.0),
         (0.0, 0, "request", 17.0),
         (0.25, 1, "request", 1.0),
         (0.1875, 0, "give_back", 1.0),
         (0.125, 1, "request", 1.0),
+    ],
+)
+# A per-request ask's refund under a later lease (see the test below).
+@example(
+    **TWO_AT_1000,
+    history=[
+        (0.0, 0, "ask", 17.0),
+        (0.0, 1, "request", 1.0),
+        (0.1, 0, "settle", 1.0),
     ],
 )
 @given(
@@ -150,6 +200,10 @@ def test_admissions_never_exceed_the_bucket(
         r = world.replicas[who % replicas]
         if action == "request":
             world.request(r, cost, now)
+        elif action == "ask":  # asked per request, estimated well above its use
+            world.ask(r, cost, ESTIMATES[cost], now)
+        elif action == "settle":
+            world.settle(r, now)
         else:
             world.give_back(r, now)
             r.lease = None
@@ -204,6 +258,40 @@ def test_a_lease_taken_after_another_keeps_the_units_its_hold_counted_on() -> No
     # Its own lease, the last, still gives back what it did not use.
     world.give_back(second, 0.6)
     assert math.isclose(debt_at(world.state, 0.001, 0.6), 531.0 - 350.0 - 6.0)
+
+
+def test_a_refund_never_takes_the_units_a_later_lease_counted_on() -> None:
+    """1,000 a second (1 ms a unit): a request asks for 600 units at 0 s; replica 1
+    leases 8 (hold 0.5 s): the debt, 600, already covers its hold, so it adds only its 8
+    (608). At 0.1 s the request settles, having used 10: a refund of 590 would leave
+    nothing (508 - 590), while the lease may still admit 7 units until 0.375 s. The
+    refund stops at what the lease counts on: its hold's refill and its units, 508 at
+    0 s, 408 at 0.1 s."""
+    world = World(Rate(60000.0, 60.0, 30000.0), 2)
+    asker, leaser = world.replicas
+    assert world.ask(asker, 10.0, 600.0, 0.0)
+    assert world.request(leaser, 1.0, 0.0)
+    assert debt_at(world.state, 0.001, 0.0) == 608.0
+    world.settle(asker, 0.1)
+    assert math.isclose(debt_at(world.state, 0.001, 0.1), 408.0)
+    assert debt_at(world.state, 0.001, 0.1) >= world.real_debt(0.1) + world.usable(0.1) == 7.0
+
+
+def test_a_refund_with_no_lease_counting_on_it_comes_back_whole() -> None:
+    """Once a lease's hold and its units have drained (0.5 s + 8 ms here), nothing holds
+    a refund back: one replica stays as exact as without leases."""
+    world = World(Rate(60000.0, 60.0, 30000.0), 2)
+    asker, leaser = world.replicas
+    assert world.request(leaser, 1.0, 0.0)
+    world.give_back(leaser, 0.2)
+    assert world.ask(asker, 10.0, 600.0, 0.6)
+    world.settle(asker, 0.7)
+    assert math.isclose(debt_at(world.state, 0.001, 0.7), 0.0)
+    # No lease ever: a refund is bucket.adjust's, whole.
+    alone = World(Rate(60000.0, 60.0, 30000.0), 1)
+    assert alone.ask(alone.replicas[0], 10.0, 600.0, 0.0)
+    alone.settle(alone.replicas[0], 0.1)
+    assert alone.state == adjust(BucketState(600.0, 0.0), alone.rate, -590.0, 0.1)
 
 
 def test_a_lease_is_taken_only_far_from_the_limit() -> None:

@@ -81,6 +81,15 @@ def test_adjust_refunds_down_to_full_and_charges_past_capacity() -> None:
     assert adjust(state, TPM, 500, 1.0).debt == 520.0  # 30 - 10 drained + 500
 
 
+def test_a_refund_stops_at_the_floor_as_it_drains_and_never_raises_to_it() -> None:
+    """The floor (allowance.lease_floor) is what the bucket's leases still count on."""
+    state, floor = BucketState(30.0, 0.0), BucketState(25.0, 0.0)
+    assert adjust(state, TPM, -100, 1.0, floor) == BucketState(15.0, 1.0)  # 25 - 10
+    assert adjust(state, TPM, -3, 1.0, floor).debt == 17.0  # above it: whole
+    assert adjust(BucketState(5.0, 1.0), TPM, -3, 1.0, floor).debt == 5.0  # never raised
+    assert adjust(state, TPM, -100, 3.0, floor).debt == 0.0  # drained: whole
+
+
 def test_usage_for_headers() -> None:
     key = Rate(50, 60, 50)
     state = FULL

@@ -27,7 +27,13 @@ from proxy.limiter.base import (
     Outcome,
     Rate,
 )
-from proxy.limiter.core.allowance import HOLD, Allowance, lease_hold, lease_refund
+from proxy.limiter.core.allowance import (
+    HOLD,
+    Allowance,
+    lease_floor,
+    lease_hold,
+    lease_refund,
+)
 from proxy.limiter.core.bucket import Bucket, BucketState, Plan, adjust, charge, debt_at
 from proxy.limiter.policy import ResilientLimiter
 from proxy.limiter.redis import scripts
@@ -92,6 +98,43 @@ def test_a_lease_taken_since_keeps_the_units_of_the_one_before(redis_url: str) -
             "17.0", mark,
         )  # fmt: skip
         assert c.hgetall("w") == before  # nothing given back, nothing written
+
+
+def test_a_refund_keeps_the_units_a_later_lease_counted_on(redis_url: str) -> None:
+    """settle_key's refund stops at the bucket's floor (allowance.lease_floor): a request
+    asked 600 units at 0 s, another replica leased 8 (its hold, 0.5 s, covered by the
+    600); the request settles at 0.1 s having used 10. The debt keeps the lease's hold
+    and units, 408 (not 0); once they have drained, a refund comes back whole."""
+    rate = Rate(60000.0, 60.0, 30000.0)
+    i, cap = repr(rate.interval), repr(rate.capacity)
+    with redis.Redis.from_url(redis_url, decode_responses=True) as c:
+        c.delete("w")
+        c.hset("w", mapping={"d": "600", "t": "0"})  # the request's ask
+        reply = c.eval(scripts.source("lease_key"), 1, "w", "0", i, cap, cap, "1.0", "8.0")
+        assert reply[0] == "leased" and float(c.hget("w", "d")) == 608.0
+        c.eval(scripts.source("settle_key"), 3, "s", "s", "w", "0.1", "", i, "-590.0")
+        assert math.isclose(float(c.hget("w", "d")), 408.0)
+        c.eval(scripts.source("settle_key"), 3, "s", "s", "w", "2", "", i, "10.0")
+        c.eval(scripts.source("settle_key"), 3, "s", "s", "w", "2.001", "", i, "-10.0")
+        assert float(c.hget("w", "d")) == 0.0
+
+
+def test_a_deployment_refund_keeps_the_units_its_lease_counted_on(redis_url: str) -> None:
+    """settle_deployment's correction stops at the floor too (the same adjust)."""
+    rate = Rate(60000.0, 60.0, 30000.0)
+    i, cap = repr(rate.interval), repr(rate.capacity)
+    with redis.Redis.from_url(redis_url, decode_responses=True) as c:
+        c.delete("h", "f", "l", "w")
+        c.hset("w", mapping={"d": "600", "t": "0"})  # a turn's estimate
+        reply = c.eval(
+            scripts.source("lease_deployment"), 3, "h", "l", "w", "0", "8", i, cap, "8.0"
+        )
+        assert reply[0] == "1" and float(c.hget("w", "d")) == 608.0
+        c.eval(
+            scripts.source("settle_deployment"), 4, "h", "f", "l", "w", "0.1", "", "neutral",
+            "", "0", "1", "60", "30", "", "", "", "", "1", "0", "0", "60", i, "-590.0",
+        )  # fmt: skip
+        assert math.isclose(float(c.hget("w", "d")), 408.0)
 
 
 def test_a_key_too_full_to_lease_from_is_checked_as_acquire_key_checks_it(redis_url: str) -> None:
@@ -264,7 +307,16 @@ def test_lua_leases_match_the_pure_core(
             repr(amount), repr(used), repr(mark),
         )  # fmt: skip
         refund = lease_refund(amount, used, hold, later - now, last=True)
-        expected = charged if refund == 0.0 else adjust(charged, rate, -refund, later)
+        floor = lease_floor(BucketState(), rate, hold, amount, now)
+        expected = charged
+        if refund > 0.0:
+            floor = adjust(floor, rate, -refund, later)
+            expected = adjust(charged, rate, -refund, later, floor)
+        assert float(c.hget("w", "d")) == expected.debt
+        # A request's refund (settle_key) stops at the leases' floor.
+        settled = later + elapsed / 8
+        c.eval(scripts.source("settle_key"), 3, "s", "s", "w", repr(settled), "", i, repr(-debt))
+        expected = adjust(expected, rate, -debt, settled, floor)
         assert float(c.hget("w", "d")) == expected.debt
 
 

@@ -109,11 +109,19 @@ local function check_now(buckets, now, admit)
   return outcome, w, retry, bind, refused
 end
 
--- bucket.adjust (and the store); ``interval`` is the effective one
+-- bucket.adjust (and the store); ``interval`` is the effective one. The floor is what
+-- the bucket's leases still count on (allowance.lease_floor: fields fd, ft; none: 0).
 local function adjust(key, interval, units, now, ttl_interval)
-  local d, t = load_state(key)
-  d = math.max(0.0, debt_at(d, t, interval, now) + units)
-  store_state(key, d, now, ttl_interval or interval)
+  local v = redis.call('HMGET', key, 'd', 't', 'fd', 'ft')
+  local debt = 0.0
+  if v[1] then
+    debt = debt_at(tonumber(v[1]), tonumber(v[2]), interval, now)
+  end
+  local keep = 0.0
+  if v[3] then
+    keep = math.min(debt, debt_at(tonumber(v[3]), tonumber(v[4]), interval, now))
+  end
+  store_state(key, math.max(keep, debt + units), now, ttl_interval or interval)
 end
 
 -- memory.Slots.acquire: a sorted set of lease ids scored by their deadline

@@ -35,17 +35,35 @@ local function lease_refund(amount, used, hold, age, last)
   return math.max(0.0, amount - used)
 end
 
--- Charge a lease that may hold (bucket.charge with its hold as the wait) and mark each
--- bucket with the debt it left (Allowance.marks: the last lease); its reply part: the
--- hold, then each bucket's debt before it.
+-- allowance.lease_floor: a bucket's floor after its lease of b.cost holding ``hold``
+local function raised_floor(b, hold, now)
+  local fd, ft = load_pair(b.key, 'fd', 'ft', 0.0, -math.huge)
+  return math.max(debt_at(fd, ft, b.interval, now), hold / b.interval) + b.cost
+end
+
+-- Lower a bucket's floor by what its last lease gives back (bucket.adjust of it).
+local function lower_floor(key, interval, refund, now)
+  local fd, ft = load_pair(key, 'fd', 'ft', 0.0, -math.huge)
+  fd = math.max(0.0, debt_at(fd, ft, interval, now) - refund)
+  redis.call('HSET', key, 'fd', fmt(fd), 'ft', fmt(now))
+end
+
+-- Charge a lease that may hold (bucket.charge with its hold as the wait), raise each
+-- bucket's floor (allowance.lease_floor) and mark each bucket with the debt it left
+-- (Allowance.marks: the last lease); its reply part: the hold, then each bucket's debt
+-- before it.
 local function take_lease(buckets, hold, now)
   local reply = {fmt(hold)}
   for _, b in ipairs(buckets) do
     table.insert(reply, fmt(b.debt))
   end
+  local floors = {}
+  for i, b in ipairs(buckets) do
+    floors[i] = raised_floor(b, hold, now)
+  end
   charge(buckets, hold, now)
-  for _, b in ipairs(buckets) do
-    redis.call('HSET', b.key, 'ld', fmt(b.d), 'lt', fmt(now))
+  for i, b in ipairs(buckets) do
+    redis.call('HSET', b.key, 'ld', fmt(b.d), 'lt', fmt(now), 'fd', fmt(floors[i]), 'ft', fmt(now))
   end
   return reply
 end

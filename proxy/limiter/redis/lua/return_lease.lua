@@ -1,5 +1,5 @@
--- Give back what a lease did not use (allowance.lease_refund, then bucket.adjust) to the
--- buckets it is still the last lease of.
+-- Give back what a lease did not use (allowance.lease_refund, then bucket.adjust of the
+-- floor and of the bucket) to the buckets it is still the last lease of.
 -- KEYS: the lease's buckets
 -- ARGV: now ('' = server time), the lease's time and hold, then per bucket: interval,
 --       the lease's amount, the units its requests used, its mark (Allowance.marks)
@@ -12,6 +12,7 @@ for i = 1, #KEYS do
   local refund = lease_refund(tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), hold, now - at,
     last)
   if refund > 0.0 then
+    lower_floor(KEYS[i], interval, refund, now)
     adjust(KEYS[i], interval, -refund, now)
   end
 end
