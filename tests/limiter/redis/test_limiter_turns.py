@@ -100,6 +100,8 @@ def test_lua_turn_leases_match_the_pure_core(
         assert debts[::2] == before
         assert debts[1::2] == [s.debt for s in after]
         assert [float(c.hget(k, "d")) for k in keys] == [s.debt for s in after]
+        # No settlement's refund takes a bucket below the lease's turns (its floor).
+        assert [float(c.hget(k, "fd")) for k in keys] == [s.debt for s in after]
 
 
 @settings(

@@ -34,8 +34,9 @@ for _, b in ipairs(buckets) do
   table.insert(reply, fmt(b.debt))
   store_state(b.key, b.debt, now, b.interval)
   -- A lease was taken since any budget lease of this bucket: that one is no longer its
-  -- last, and gives nothing back (lease.lua's last_lease)
-  redis.call('HSET', b.key, 'ld', fmt(b.debt), 'lt', fmt(now))
+  -- last, and gives nothing back (lease.lua's last_lease); and no settlement's refund
+  -- takes the bucket below the lease's turns (its floor: bucket.lua's adjust)
+  redis.call('HSET', b.key, 'ld', fmt(b.debt), 'lt', fmt(now), 'fd', fmt(b.debt), 'ft', fmt(now))
 end
 local numbered = math.min(taken, TURN_COUNTED)
 h = counted(h, now + first, numbered)

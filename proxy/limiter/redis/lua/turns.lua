@@ -47,6 +47,8 @@ local function return_turns(key, end_debt, end_at, debt, at, interval)
   local d, t = load_state(key)
   if d == end_debt and t == end_at then
     store_state(key, debt, at, interval)
+    -- the floor refunds stop at: the turns really handed out
+    redis.call('HSET', key, 'fd', fmt(debt), 'ft', fmt(at))
   end
 end
 
