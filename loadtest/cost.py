@@ -3,6 +3,7 @@
     python -m loadtest.cost                       # this tree: memory, Redis, no limits
     python -m loadtest.cost --baseline 70e910d    # and as of a revision, side by side
     python -m loadtest.cost --server --mode redis # a real worker, HTTP server included
+    python -m loadtest.cost --server --mode redis-default  # the default config (burst 1)
 
 One process runs the request pipeline in-process (``Pipeline.handle``: auth, parsing,
 the key check, the limiter, routing, the reply, metrics and the log line) over an
@@ -36,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-MODES = ("memory", "redis", "nolimits")
+MODES = ("memory", "redis", "nolimits", "redis-default")
 _SHORT, _LONG = 100, 400  # requests (per repetition) of the two subtracted runs
 _REPEAT = 5
 
@@ -53,12 +54,16 @@ _ANSWER = (
 
 def _config(mode: str) -> dict[str, object]:
     """As in the benchmark (loadtest/bench/servers.proxy_config): auth on, limits that
-    never bind; ``nolimits``: no limit at all."""
+    never bind; ``nolimits``: no limit at all; ``redis-default``: the default config's
+    deployment (``burst`` unset: 1, exact pacing)."""
     deployment: dict[str, object] = {
         "id": "fake", "base_url": "http://127.0.0.1:9/v1", "api_key": "sk-up", "timeout": "30s",
     }  # fmt: skip
     key: dict[str, object] = {"name": "bench", "key": "sk-bench-client"}
-    if mode != "nolimits":
+    if mode == "redis-default":
+        deployment.update(rpm=6_000_000)
+        key.update(rpm=100_000_000, tpm=10_000_000_000)
+    elif mode != "nolimits":
         deployment.update(rpm=100_000_000, burst=100_000)
         key.update(rpm=100_000_000, tpm=10_000_000_000)
     return {
@@ -132,7 +137,7 @@ def _child(mode: str, count: int) -> float:
     """One measured run, in the process callgrind watches (with its own redis-server)."""
     import uvloop
 
-    if mode != "redis":
+    if not mode.startswith("redis"):
         return uvloop.run(_requests(mode, count, warmup=200, tune_gc=True))
     with tempfile.TemporaryDirectory() as workdir, socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -190,13 +195,16 @@ def _served_instructions(source: Path, mode: str) -> int:
     import yaml
 
     from loadtest.bench.configs import proxy_config
+    from loadtest.bench.model import DEFAULT_CONFIG, LARGE_BURST
     from loadtest.bench.servers import http_ok, servers
     from loadtest.bench.wrk import API_KEY
     from loadtest.topology import LOOPBACK, free_port
 
     with tempfile.TemporaryDirectory() as tmp, servers(Path(tmp)) as (procs, upstream, redis):
-        config = proxy_config(upstream, redis if mode == "redis" else None, mode != "nolimits")
-        if mode == "redis":  # under valgrind a Redis reply takes far longer than 0.1 s
+        shared = redis if mode.startswith("redis") else None
+        bench = DEFAULT_CONFIG if mode == "redis-default" else LARGE_BURST
+        config = proxy_config(upstream, shared, mode != "nolimits", bench)
+        if shared:  # under valgrind a Redis reply takes far longer than 0.1 s
             config["redis"] = {"url": redis, "timeout": "30s"}
         path = Path(tmp) / "proxy.yaml"
         path.write_text(yaml.safe_dump(config))

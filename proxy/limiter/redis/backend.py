@@ -191,7 +191,7 @@ class RedisLimiter:
         if self._leases is not None and not ask.least_busy:
             first = ask.candidates[0]
             names = partial(self._lease_keys, group, first)
-            leased = await self._leases.reserve(group, first, ask.cost, names)
+            leased = await self._leases.reserve(group, first, ask.cost, names, ask.max_wait)
             if leased is not None:
                 return leased
         claimant = ask.claimant or Claimant()
@@ -501,9 +501,11 @@ class RedisLimiter:
         return names
 
     def _lease_keys(self, group: str, d: DeploymentLimits) -> list[str]:
-        """lease_deployment's keys: the deployment's health, learned window, windows."""
-        kinds = ["health", LEARNED, *(w.name for w in d.windows)]
-        return [self._deployment(group, d.id, kind) for kind in kinds]
+        """The leases' keys: the deployment's health, learned window, its group's waiting
+        keys (fair share), its windows."""
+        keys = [self._deployment(group, d.id, kind) for kind in ("health", LEARNED)]
+        keys.append(self._fairness(group, "waiting"))
+        return keys + [self._deployment(group, d.id, w.name) for w in d.windows]
 
     def _deployment(self, group: str, deployment_id: str, kind: str) -> str:
         prefix = self._deployment_prefixes.get((group, deployment_id))

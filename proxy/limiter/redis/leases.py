@@ -42,7 +42,14 @@ from proxy.limiter.base import (
     Sent,
     Window,
 )
-from proxy.limiter.core.allowance import FIRST_REQUESTS, REFUSED_FOR, Allowance, lease_size
+from proxy.limiter.core import turns
+from proxy.limiter.core.allowance import (
+    FIRST_REQUESTS,
+    MIN_REQUESTS,
+    REFUSED_FOR,
+    Allowance,
+    lease_size,
+)
 from proxy.limiter.core.bucket import Admission, BucketState, Decision
 from proxy.limiter.core.verdicts import Spend, excess_cost, key_spends, key_verdict, spends
 from proxy.limiter.redis.runner import ScriptRunner
@@ -67,6 +74,8 @@ class Owner:
         "renewing",
         "size",
         "timer",
+        "turn_size",
+        "turns",
         "windows",
     )
 
@@ -75,10 +84,12 @@ class Owner:
         self.keys = keys  # the lease script's Redis keys, ending with the windows'
         self.names = keys[len(keys) - len(windows) :]  # the windows' Redis keys
         self.allowance: Allowance | None = None
+        self.turns: turns.TurnLease | None = None  # a paced deployment's (turns.py)
         self.admitted: set[str] = set()  # the open lease's requests, by lease id (keys)
         self.renewing: asyncio.Future[None] | None = None
         self.refused_until = 0.0
-        self.size = FIRST_REQUESTS
+        self.size = FIRST_REQUESTS  # the next budget lease's, in requests
+        self.turn_size = turns.FIRST_TURNS  # the next turn lease's, in turns
         self.timer: asyncio.TimerHandle | None = None  # gives the open lease back when idle
         self.private = SHARED  # what the open lease's turns carry back (its serial)
 
@@ -91,6 +102,7 @@ class Leases:
         self._owners: dict[Any, Owner] = {}
         self._serial = 0
         self._returning: set[asyncio.Task[Any]] = set()
+        self._origins = turns.Origins()  # where turn leases' times fall on this clock
 
     # -- client keys ---------------------------------------------------------------------
 
@@ -130,7 +142,7 @@ class Leases:
         size = self._size(owner, spent, now)
         if size is None:
             return None
-        turns, amounts = size
+        requests, amounts = size
         args = [self._now_arg()]
         for s, amount in zip(spent, amounts, strict=True):
             rate = s.rate
@@ -143,7 +155,7 @@ class Leases:
             at, hold, *debts = (float(x) for x in reply[1:])
             rates = [s.rate for s in spent]
             self._serial += 1
-            a = Allowance(self._serial, rates, amounts, debts, at, hold, now, received, turns)
+            a = Allowance(self._serial, rates, amounts, debts, at, hold, now, received, requests)
             return self._open(owner, a)
         owner.refused_until = received + REFUSED_FOR
         outcome, binding, wait, retry_after, at, *flat = reply[1:]
@@ -200,16 +212,28 @@ class Leases:
     # -- deployments ---------------------------------------------------------------------
 
     async def reserve(
-        self, group: str, d: DeploymentLimits, cost: Cost, names: Callable[[], list[str]]
+        self,
+        group: str,
+        d: DeploymentLimits,
+        cost: Cost,
+        names: Callable[[], list[str]],
+        max_wait: float,
     ) -> DeploymentVerdict | None:
-        """A turn now on ``d`` from its lease (renewed if need be); None: reserve per
-        request (the lease was refused, or ``d`` is not healthy, or states no limit: then
-        429s are all there is to learn its rate from, and every replica must hear of the
-        first at once)."""
+        """A turn on ``d`` from its lease (renewed if need be): now from a budget lease,
+        within ``max_wait`` from a turn lease when its windows pace (turns.py); None:
+        reserve per request (the lease was refused, or ``d`` is not healthy, or states no
+        limit: then 429s are all there is to learn its rate from, and every replica must
+        hear of the first at once)."""
         if not d.windows:
             return None
         owner = self._owner(("d", group, d.id), d.windows, names)
         spent = spends(d.windows, cost)
+        costs = [s.amount for s in spent]
+        rates = [s.rate for s in spent]
+        if lease_size(MIN_REQUESTS, costs, rates, costs) is None:
+            if not turns.worth(rates, [s.capacity for s in spent], costs):
+                return None
+            return await self._reserve_turn(owner, d, spent, max_wait)
         got = await self._admit(owner, spent, partial(self._renew_deployment, owner, spent))
         if got is None:
             return None
@@ -224,11 +248,12 @@ class Leases:
         size = self._size(owner, spent, now)
         if size is None:
             return None
-        turns, amounts = size
-        args = [self._now_arg(), str(turns)]
+        requests, amounts = size
+        args = [self._now_arg(), str(requests)]
         for s, amount in zip(spent, amounts, strict=True):
             args += [self._num(s.rate.interval), self._num(s.rate.capacity), self._num(amount)]
-        reply = await self._renew(owner, "lease_deployment", owner.keys, args)
+        keys = [*owner.keys[:2], *owner.names]  # health, learned window, windows
+        reply = await self._renew(owner, "lease_deployment", keys, args)
         received = time.monotonic()
         if reply[0] != "1":
             owner.refused_until = received + REFUSED_FOR
@@ -237,7 +262,7 @@ class Leases:
         self._serial += 1
         a = Allowance(
             self._serial, [s.rate for s in spent], amounts, [float(x) for x in debts],
-            float(at), float(hold), now, received, turns, int(epoch), int(sequence),
+            float(at), float(hold), now, received, requests, int(epoch), int(sequence),
             track=False,
         )  # fmt: skip
         return self._open(owner, a)
@@ -250,19 +275,132 @@ class Leases:
         if sent is None or not sent.private.lease:
             return s
         owner = self._owners.get(("d", s.group, s.deployment.id))
-        a = None if owner is None else owner.allowance
-        if owner is None or a is None or a.serial != sent.private.lease or a.closed:
+        if owner is None:
             return s
-        excess = a.correct([w.cost(s.cost) for w in owner.windows], time.monotonic())
+        a: Allowance | turns.TurnLease | None = owner.allowance
+        if a is None or a.serial != sent.private.lease:
+            a = owner.turns
+        if a is None or a.serial != sent.private.lease or a.closed:
+            return s
+        units = [w.cost(s.cost) for w in owner.windows]
+        if isinstance(a, turns.TurnLease):
+            excess = a.correct(units, time.monotonic() - a.origin)
+        else:
+            excess = a.correct(units, time.monotonic())
         assert excess is not None  # open
         # What the lease could not hold goes to the shared buckets.
         extra = excess_cost(owner.windows, excess)
         telling = s.outcome.kind == "failure" or s.remaining is not None or s.private.hold > 0.0
         if telling:
-            self._give_back(owner, a)
+            if isinstance(a, turns.TurnLease):
+                self._return_turns(owner, a)
+            else:
+                self._give_back(owner, a)
         elif not extra:
             return None
         return replace(s, cost=extra)
+
+    # -- turn leases (turns.py) ----------------------------------------------------------
+
+    async def _reserve_turn(
+        self, owner: Owner, d: DeploymentLimits, spent: list[Spend], max_wait: float
+    ) -> DeploymentVerdict | None:
+        """A turn on a paced deployment from its turn lease, renewed if need be (None:
+        reserve per request)."""
+        costs = [s.amount for s in spent]
+        for _ in range(RENEWALS):
+            now = time.monotonic()
+            t = owner.turns
+            if t is not None:
+                wait = t.turn(costs, now - t.origin, max_wait)
+                if wait is not None:
+                    return _leased_turn(owner, d, t, now, wait)
+            if owner.renewing is not None:  # another request is renewing it: wait for it
+                await asyncio.shield(owner.renewing)
+                continue
+            if now < owner.refused_until:
+                return None
+            if await self._renew_turns(owner, spent, now) is None:
+                return None
+        return None
+
+    async def _renew_turns(
+        self, owner: Owner, spent: list[Spend], now: float
+    ) -> turns.TurnLease | None:
+        """Give back the old turn lease and take the next turns, in one round trip
+        (None: refused, or the last lease says the deployment is near its limit)."""
+        old = owner.turns
+        if old is not None:
+            size = old.next_turns(owner.turn_size)
+            if size is None:
+                self._return_turns(owner, old)
+                owner.turns = None
+                owner.turn_size = turns.FIRST_TURNS
+                owner.refused_until = now + turns.REFUSED_FOR
+                return None
+            owner.turn_size = size
+            self._return_turns(owner, old)
+        owner.turns = None
+        args = [self._now_arg(), str(owner.turn_size)]
+        for s in spent:
+            rate = s.rate
+            long = 0.0 if rate.period <= turns.LONG else rate.capacity
+            args += [self._num(rate.interval), self._num(s.capacity), self._num(s.amount)]
+            args.append(self._num(long))
+        keys = [owner.keys[0], owner.keys[2], *owner.names]  # health, waiting, windows
+        renewing = owner.renewing = asyncio.get_running_loop().create_future()
+        try:
+            reply = await self.runner.run("lease_turns", keys, args)
+        finally:
+            owner.renewing = None
+            renewing.set_result(None)
+        received = time.monotonic()
+        if reply[0] != "1":
+            owner.refused_until = received + turns.REFUSED_FOR
+            owner.turn_size = turns.FIRST_TURNS
+            return None
+        at, epoch, sequence, taken, first, last, *debts = reply[1:]
+        clock = owner.keys[2]  # the group's: one storage clock (a cluster's slot) per group
+        trusted = self._origins.trusts(clock, received - now)
+        self._serial += 1
+        t = turns.TurnLease(
+            self._serial, [s.rate for s in spent], [float(x) for x in debts[::2]],
+            [float(x) for x in debts[1::2]], float(at), int(taken), float(last), int(epoch),
+            int(sequence), self._origins.origin(clock, float(at), received),
+        )  # fmt: skip
+        if not trusted:  # maybe read late, with nothing to tell: give it back, ask per request
+            self._return_turns(owner, t)
+            return None
+        owner.turns = t
+        owner.private = Private(lease=t.serial)
+        # Idle at the end of its use (counted from its first turn): give back what it did
+        # not hand out.
+        if owner.timer is not None:
+            owner.timer.cancel()
+        delay = float(first) + turns.USE_SHARE * turns.SPAN
+        owner.timer = asyncio.get_running_loop().call_later(delay, self._expire_turns, owner, t)
+        return t
+
+    def _expire_turns(self, owner: Owner, t: turns.TurnLease) -> None:
+        if owner.turns is t and not t.closed:
+            size = t.next_turns(owner.turn_size)
+            if size is None:
+                size = turns.FIRST_TURNS
+                owner.refused_until = time.monotonic() + turns.REFUSED_FOR
+            owner.turn_size = size
+            self._return_turns(owner, t)
+            owner.turns = None
+
+    def _return_turns(
+        self, owner: Owner, t: turns.TurnLease, *, urgent: bool = False
+    ) -> asyncio.Future[Any]:
+        """Give back the turns ``t`` did not hand out (turns.returned)."""
+        t.closed = True
+        args = [self._num(t.at)]
+        for rate, end, local in zip(t.rates, t.ends, t.stored(), strict=True):
+            args += [self._num(rate.interval), self._num(end.debt)]
+            args += [self._num(local.debt), self._num(local.at)]
+        return self._send("return_turns", owner.names, args, urgent)
 
     # -- both ----------------------------------------------------------------------------
 
@@ -275,6 +413,9 @@ class Leases:
             a = owner.allowance
             if a is not None and not a.closed:
                 returns.append(self._give_back(owner, a, urgent=True))
+            t = owner.turns
+            if t is not None and not t.closed:
+                returns.append(self._return_turns(owner, t, urgent=True))
         await asyncio.gather(*self._returning, *returns, return_exceptions=True)
 
     def _owner(
@@ -285,6 +426,8 @@ class Leases:
             return owner
         if owner is not None and owner.allowance is not None:  # limits changed (a reload)
             self._give_back(owner, owner.allowance)
+        if owner is not None and owner.turns is not None:
+            self._return_turns(owner, owner.turns)
         owner = self._owners[ident] = Owner(windows, names())
         return owner
 
@@ -339,9 +482,15 @@ class Leases:
         args = [self._now_arg(), self._num(a.at), self._num(a.hold)]
         for rate, amount, used, mark in zip(a.rates, a.amounts, a.used, a.marks, strict=True):
             args += [self._num(rate.interval), self._num(amount), self._num(used), self._num(mark)]
-        future = self.runner.submit("return_lease", owner.names, args, urgent=urgent)
+        return self._send("return_lease", owner.names, args, urgent)
+
+    def _send(
+        self, script: str, keys: list[str], args: list[str], urgent: bool
+    ) -> asyncio.Future[Any]:
+        """Run a give-back (before any later call; nobody need await it)."""
+        future = self.runner.submit(script, keys, args, urgent=urgent)
         if future is None:
-            task = asyncio.ensure_future(self.runner.run("return_lease", owner.names, args))
+            task = asyncio.ensure_future(self.runner.run(script, keys, args))
             self._returning.add(task)
             task.add_done_callback(self._returned)
             return task
@@ -362,6 +511,19 @@ def _admitted(
     owner.admitted.add(lease)
     assert a.states is not None  # a key's lease tracks its buckets
     return key_verdict(spent, _NOW, "", a.states, now, own)
+
+
+def _leased_turn(
+    owner: Owner, d: DeploymentLimits, t: turns.TurnLease, now: float, wait: float
+) -> DeploymentVerdict:
+    """The verdict of a turn ``t`` handed out at local time ``now``, ``wait`` ahead: its
+    time in the storage's, and how far the lease's turns go (the fallback starts after
+    them, policy.py)."""
+    lease_now = now - t.origin
+    number = t.sequence + min(t.uses, turns.counted(t.turns)) - 1
+    sent = Sent(t.epoch, number, t.at + lease_now + wait, owner.private)
+    tail = max(wait, t.last - lease_now)
+    return DeploymentVerdict(d.id, wait, waits={d.id: tail}, sent=sent)
 
 
 def _key_owner(limits: KeyLimits) -> tuple[str, str, str]:

@@ -3,8 +3,8 @@
 Each operation is one script. The bucket scripts are prefixed with ``bucket.lua``, the
 shared math (the key scripts also with ``quota.lua``, budgets' calendar math); the
 deployment and lease scripts also with the constants (taken from ``proxy.limiter.core.health``,
-``verdicts``, ``fairness`` and ``allowance``, so Lua and Python cannot disagree on them),
-``health.lua``, ``fairness.lua`` and ``lease.lua``. Every
+``verdicts``, ``fairness``, ``allowance`` and ``turns``, so Lua and Python cannot disagree
+on them), ``health.lua``, ``fairness.lua``, ``lease.lua`` and ``turns.lua``. Every
 script is thus self-contained for EVALSHA. No redis import here:
 tests run the same sources through any client.
 
@@ -20,17 +20,18 @@ import hashlib
 from functools import cache
 from importlib import resources
 
-from proxy.limiter.core import allowance, fairness, health
+from proxy.limiter.core import allowance, fairness, health, turns
 from proxy.limiter.core.verdicts import IN_FLIGHT_MARGIN
 
 LIBRARY = "bucket"
 HEALTH_LIBRARY = "health"
 FAIRNESS_LIBRARY = "fairness"
 LEASE_LIBRARY = "lease"
+TURNS_LIBRARY = "turns"
 QUOTA_LIBRARY = "quota"
 KEY_SCRIPTS = ("acquire_key", "settle_key", "key_snapshot", "settle_quota", "quota_snapshot")
 DEPLOYMENT_SCRIPTS = ("reserve_deployment", "settle_deployment", "snapshot")
-LEASE_SCRIPTS = ("lease_key", "lease_deployment", "return_lease")
+LEASE_SCRIPTS = ("lease_key", "lease_deployment", "return_lease", "lease_turns", "return_turns")
 BUCKET_SCRIPTS = KEY_SCRIPTS + DEPLOYMENT_SCRIPTS + LEASE_SCRIPTS
 PLAIN_SCRIPTS = ("heartbeat", "activity", "record_spend", "read_spend")
 
@@ -52,6 +53,11 @@ CONSTANTS = {
     "LEASE_HOLD_MIN": allowance.HOLD_MIN,
     "LEASE_FULL_AT": allowance.FULL_AT,
     "LEASE_HOLD_SHARE": allowance.HOLD_SHARE,
+    "LEASE_SHARE": allowance.SHARE,
+    "TURN_SPAN": turns.SPAN,
+    "TURN_WAIT": turns.WAIT,
+    "TURN_MIN": turns.MIN_TURNS,
+    "TURN_COUNTED": turns.COUNTED,
 }
 
 
@@ -70,7 +76,7 @@ def source(name: str) -> str:
 
 def _shared() -> list[str]:
     """What the deployment and lease scripts (and the library) are prefixed with."""
-    libraries = (QUOTA_LIBRARY, HEALTH_LIBRARY, FAIRNESS_LIBRARY, LEASE_LIBRARY)
+    libraries = (QUOTA_LIBRARY, HEALTH_LIBRARY, FAIRNESS_LIBRARY, LEASE_LIBRARY, TURNS_LIBRARY)
     return [_read(LIBRARY), _constants(), *(_read(name) for name in libraries)]
 
 

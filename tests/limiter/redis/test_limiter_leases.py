@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from support.limits import patient, window
 from support.redis_server import RedisServer
 
+from loadtest.redis_calls import script_calls as calls
 from proxy.costs import estimate_cost
 from proxy.limiter.base import (
     CooldownRule,
@@ -42,16 +43,6 @@ DAILY = KeyLimits("team-a", windows=(window("requests", 2000, 86400.0),))
 BIG = KeyLimits("team-b", windows=(window("requests", 1e6), window("tokens", 1e8)))
 DEP = DeploymentLimits("openai-a", windows=(window("requests", 1e6, 60.0, 1e5),))
 RULE = CooldownRule(allowed_fails=1, window=60.0, time=30.0)
-
-
-def calls(url: str) -> int:
-    """Scripts and functions Redis has run so far."""
-    with redis.Redis.from_url(url, decode_responses=True) as c:
-        stats = c.info("commandstats")
-    return sum(
-        int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
-        for name in ("fcall", "evalsha", "eval")
-    )
 
 
 async def warm(url: str) -> RedisLimiter:

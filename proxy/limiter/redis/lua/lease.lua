@@ -1,5 +1,16 @@
 -- Leases of budget (allowance.py), mirrored line by line: same formulas in the same order.
 
+-- A deployment's health, if it may be leased from (budget or turns) now, else nil: it is
+-- healthy, not cooling, no probe out, no 429's hold, no learned rate (its turns then go
+-- one by one).
+local function leasable_health(key, now)
+  local h, kept = load_health(key, now)
+  if h.cooling or hold_for(h, now) > 0.0 or learned_rate(h, now) > 0.0 then
+    return nil
+  end
+  return h, kept
+end
+
 -- allowance.lease_hold: buckets carry the lease's amount as their cost
 local function lease_hold(buckets)
   local hold = LEASE_HOLD

@@ -10,8 +10,8 @@
 --        window's debt before the lease; or '0' (nothing charged).
 local now = clock(ARGV[1])
 local turns = tonumber(ARGV[2])
-local h, kept = load_health(KEYS[1], now)
-if h.cooling or hold_for(h, now) > 0.0 or learned_rate(h, now) > 0.0 then
+local h, kept = leasable_health(KEYS[1], now)
+if h == nil then
   return {'0'}
 end
 local buckets = {}
