@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 MODES = ("memory", "redis", "nolimits", "redis-default")
@@ -190,24 +191,44 @@ def _instructions(source: Path, mode: str) -> int:
 _SERVED = 400  # requests counted per --server run (after 200 uninstrumented)
 
 
-def _served_instructions(source: Path, mode: str) -> int:
-    """Instructions per request of one real worker of the tree at ``source``."""
+def served_config(tmp: str, upstream: str, redis: str, mode: str) -> str:
+    """The bench's config for ``mode`` written into ``tmp``; its path. (A Redis reply
+    under valgrind or a profiler takes far longer than the default 0.1 s.)"""
     import yaml
 
     from loadtest.bench.configs import proxy_config
     from loadtest.bench.model import DEFAULT_CONFIG, LARGE_BURST
-    from loadtest.bench.servers import http_ok, servers
+
+    shared = redis if mode.startswith("redis") else None
+    bench = DEFAULT_CONFIG if mode == "redis-default" else LARGE_BURST
+    config = proxy_config(upstream, shared, mode != "nolimits", bench)
+    if shared:
+        config["redis"] = {"url": redis, "timeout": "30s"}
+    path = Path(tmp) / "proxy.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def wait_live(proxy: subprocess.Popen[bytes], port: int, log: Callable[[], str]) -> None:
+    """Until the proxy on ``port`` answers /health/live (it may start slowly, watched)."""
+    from loadtest.bench.servers import http_ok
+    from loadtest.topology import LOOPBACK
+
+    deadline = time.monotonic() + 300
+    while not http_ok(f"http://{LOOPBACK}:{port}/health/live"):
+        if proxy.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"the proxy did not start:\n{log()[-2000:]}")
+        time.sleep(0.5)
+
+
+def _served_instructions(source: Path, mode: str) -> int:
+    """Instructions per request of one real worker of the tree at ``source``."""
+    from loadtest.bench.servers import servers
     from loadtest.bench.wrk import API_KEY
     from loadtest.topology import LOOPBACK, free_port
 
     with tempfile.TemporaryDirectory() as tmp, servers(Path(tmp)) as (procs, upstream, redis):
-        shared = redis if mode.startswith("redis") else None
-        bench = DEFAULT_CONFIG if mode == "redis-default" else LARGE_BURST
-        config = proxy_config(upstream, shared, mode != "nolimits", bench)
-        if shared:  # under valgrind a Redis reply takes far longer than 0.1 s
-            config["redis"] = {"url": redis, "timeout": "30s"}
-        path = Path(tmp) / "proxy.yaml"
-        path.write_text(yaml.safe_dump(config))
+        path = served_config(tmp, upstream, redis, mode)
         port = free_port()
         out = Path(tmp) / "callgrind.out"
         proxy = procs.start(
@@ -215,17 +236,13 @@ def _served_instructions(source: Path, mode: str) -> int:
             [
                 "valgrind", "--tool=callgrind", "--instr-atstart=no",
                 f"--callgrind-out-file={out}", sys.executable, "-m", "proxy", "serve",
-                "--config", str(path), "--host", LOOPBACK, "--port", str(port),
+                "--config", path, "--host", LOOPBACK, "--port", str(port),
                 "--workers", "1",
             ],
             source,
         )  # fmt: skip
-        deadline = time.monotonic() + 300
-        while not http_ok(f"http://{LOOPBACK}:{port}/health/live"):
-            if proxy.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the proxy did not start:\n{procs.log('proxy')[-2000:]}")
-            time.sleep(0.5)
-        with _Client(port, API_KEY) as client:
+        wait_live(proxy, port, lambda: procs.log("proxy"))
+        with Client(port, API_KEY) as client:
             client.send(200)
             _callgrind(proxy.pid, "-i", "on")
             client.send(_SERVED)
@@ -245,7 +262,7 @@ def _callgrind(pid: int, *command: str) -> None:
     )
 
 
-class _Client:
+class Client:
     """One keep-alive connection posting the benchmark's request, one at a time."""
 
     def __init__(self, port: int, api_key: str) -> None:
@@ -263,7 +280,7 @@ class _Client:
             if response.status != 200:
                 raise SystemExit(f"unexpected answer {response.status}: {body!r}")
 
-    def __enter__(self) -> _Client:
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: object) -> None:
