@@ -13,6 +13,7 @@ from loadtest.bench.model import (
     PEER,
     TARGET_ADDED_MS,
     TARGET_PEER_ADDED_MS,
+    TARGET_PEER_EVERY_ROUND,
     TARGET_PEER_RATIO,
     TARGET_READY_S,
     TARGET_RPS,
@@ -149,6 +150,33 @@ def _peer_verdicts(peer: Alternation | None) -> list[Verdict]:
             f"<= +{TARGET_PEER_ADDED_MS:g} ms",
             fmt(added, "+.2f", " ms"),
             None if added is None else added <= TARGET_PEER_ADDED_MS,
+        ),
+        *_every_round(peer, label),
+    ]
+
+
+def _every_round(peer: Alternation | None, label: str) -> list[Verdict]:
+    """Issue 33's goals: each round, not their medians: ours over the peer's req/s, and
+    our added median less the peer's (rounds that measured both)."""
+    lowest = min(peer.ratios("rps")) if peer and peer.rounds else None
+    gaps = [
+        r.now.added_ms - r.before.added_ms
+        for r in (peer.rounds if peer else [])
+        if r.now.added_ms is not None and r.before.added_ms is not None
+    ]
+    worst = max(gaps) if gaps else None
+    return [
+        Verdict(
+            f"throughput over the peer's in every round ({label}, 64 connections)",
+            f">= {TARGET_PEER_EVERY_ROUND:.2f}x, lowest round",
+            fmt(lowest, ".2f", "x"),
+            None if lowest is None else lowest >= TARGET_PEER_EVERY_ROUND,
+        ),
+        Verdict(
+            f"latency added, ours less the peer's, in every round ({label}, 1 connection)",
+            "<= +0 ms, highest round",
+            fmt(worst, "+.2f", " ms"),
+            None if worst is None else worst <= 0.0,
         ),
     ]
 

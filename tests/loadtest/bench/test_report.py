@@ -226,6 +226,24 @@ def test_the_peer_comparisons_are_printed_and_checked_against_the_issues_goals()
     assert "TensorZero gateway (Rust), Redis rate limit" in render_table(report)
 
 
+def test_issue_33s_goals_are_checked_round_by_round_not_on_the_median() -> None:
+    """Every round must pass, so one bad round fails a config whose median passes."""
+    report = _with_peer()
+    # The large-burst comparison: ours ahead in two rounds of three, and below the peer's
+    # added latency in all but the last.
+    report.peers[1].rounds = [
+        Round(Turn(5000, 150, 0.45, 0.30, 20), Turn(6000, 140, 0.30, 0.20, 2)),  # 1.20x
+        Round(Turn(5000, 150, 0.45, 0.30, 20), Turn(5500, 140, 0.30, 0.25, 2)),  # 1.10x
+        Round(Turn(5000, 150, 0.45, 0.30, 20), Turn(4800, 140, 0.30, 0.32, 2)),  # 0.96x
+    ]
+    found = {v.name: v for v in verdicts(report)}
+    config = "(proxy, Redis, 2 workers, burst 100000, "
+    ratio = found[f"throughput over the peer's in every round {config}64 connections)"]
+    assert (ratio.measured, ratio.met) == ("0.96x", False)  # the median, 1.10x, would pass
+    added = found[f"latency added, ours less the peer's, in every round {config}1 connection)"]
+    assert (added.measured, added.met) == ("+0.02 ms", False)
+
+
 def test_the_throughput_goal_is_checked_on_the_headline_and_on_the_large_burst_rows() -> None:
     report = _report()
     report.results.append(
