@@ -444,15 +444,16 @@ class Pipeline:
         if usage is None or call.trip.deployment is None:
             return None
         price = self.catalog.prices.get(call.trip.deployment, FREE)
-        cost = 0.0 if price is FREE else usd(price, usage)
+        free = price is FREE  # an unpriced deployment: no dollars to count or price
+        cost = 0.0 if free else usd(price, usage)
         key, team = call.key_name or "", call.team
-        if cost > 0.0:  # a key's series starts at its first dollar
+        if not free:  # (which dollars move the metric is Metrics.spend's rule)
             self.telemetry.spent(key, team, call.model, cost)
         verdict = call.key_verdict
         started = verdict.at if verdict is not None and verdict.at else time.time()
         spend = Spend(cost, usage.input_tokens + usage.cache_read, usage.output_tokens)
         self.ledger.add(Owner(key, team, call.model), spend, started)
-        return None if price is FREE else cost
+        return None if free else cost
 
 
 def _granted(key_check: asyncio.Future[KeyVerdict] | None) -> KeyVerdict | None:
