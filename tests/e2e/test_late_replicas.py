@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from support.load import drive
 from support.models import strict_model
-from support.proxy_server import ProxyProcess
+from support.proxy_server import ProxyProcess, start_together
 from support.redis_server import RedisClusterServers, RedisServer, redis_available
 from support.stalled_proxy import STALLED
 
@@ -89,7 +89,7 @@ def test_a_replica_whose_loop_stalls_up_to_50ms_overshoots_nothing(
             )
             for i in range(replicas - 1)
         ]
-        proxies = [stack.enter_context(p) for p in (stalled, *on_time)]
+        proxies = start_together(stack, [stalled, *on_time])
         upstream.reset()
         result = asyncio.run(drive([p.base_url for p in proxies], 2 * RATE, DURATION))
         stats = upstream.stats()

@@ -15,6 +15,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +143,11 @@ class ProxyProcess:
         return f"{self.url}/v1"
 
     def start(self, timeout: float = 20.0) -> ProxyProcess:
+        self.launch()
+        return self.wait_ready(timeout)
+
+    def launch(self) -> ProxyProcess:
+        """Start the process and return at once (``wait_ready``: until it answers)."""
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
             [
@@ -162,6 +169,12 @@ class ProxyProcess:
             env=self.env,
             start_new_session=True,
         )
+        return self
+
+    def wait_ready(self, timeout: float = 20.0) -> ProxyProcess:
+        """Return once the launched process answers ``/health/ready`` with 200; stop it
+        and fail if it exits first or ``timeout`` seconds pass."""
+        assert self.process is not None, "launch() first"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -179,6 +192,15 @@ class ProxyProcess:
         if self.process is None or self.process.poll() is not None:
             return
         os.killpg(self.process.pid, signal.SIGTERM)
+        self._wait_stopped()
+
+    def _terminate(self) -> None:
+        """SIGTERM, not waited for (``stop``: the same, waited for)."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+
+    def _wait_stopped(self) -> None:
+        assert self.process is not None
         try:
             self.process.wait(timeout=15)
         except subprocess.TimeoutExpired:
@@ -193,3 +215,25 @@ class ProxyProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def start_together(stack: ExitStack, proxies: Sequence[ProxyProcess]) -> list[ProxyProcess]:
+    """Start ``proxies`` at once (their interpreters start up side by side, not one after
+    another) and return them once every one is ready; closing ``stack`` stops them all
+    (SIGTERM to each, then each waited for). The same servers, started and stopped as
+    ``with ProxyProcess(...)`` one by one would, in the time of about one."""
+    stack.callback(stop_together, proxies)
+    for proxy in proxies:
+        proxy.launch()
+    for proxy in proxies:
+        proxy.wait_ready()
+    return list(proxies)
+
+
+def stop_together(proxies: Sequence[ProxyProcess]) -> None:
+    """``stop`` each of ``proxies``, their graceful shutdowns side by side."""
+    for proxy in proxies:
+        proxy._terminate()
+    for proxy in proxies:
+        if proxy.process is not None and proxy.process.poll() is None:
+            proxy._wait_stopped()
