@@ -18,7 +18,8 @@ client's reset) before it writes anything.
 ``Gauge.inc`` and ``Histogram.observe`` check on every call what is settled once a
 child exists (its label values, an exemplar, a gauge's mode) and a histogram looks its
 bucket up in a Python loop. The writer calls the child's values directly, and a bisect
-finds the bucket.
+finds the bucket; in single-process mode (one worker) it adds to the value without the
+lock ``MutexValue.inc`` takes on every write.
 """
 
 from __future__ import annotations
@@ -105,7 +106,23 @@ def writer(child: Any) -> Callable[[float], None]:
         return _HistogramWriter(total.inc, tuple(bounds), tuple(b.inc for b in buckets))
     if getattr(child, "_is_most_recent", False) or getattr(child, "_value", None) is None:
         return child.inc  # type: ignore[no-any-return]
+    if type(child._value) is _prom_values.MutexValue:  # one process: no lock to take
+        return _UnlockedAdd(child._value)
     return child._value.inc  # type: ignore[no-any-return]
+
+
+class _UnlockedAdd:
+    """``MutexValue.inc`` without its lock: a worker's metrics are written from its event
+    loop's thread only, and a reader (the exposition, under the lock) sees a float
+    assigned whole either way."""
+
+    __slots__ = ("_target",)
+
+    def __init__(self, target: Any) -> None:
+        self._target = target
+
+    def __call__(self, amount: float) -> None:
+        self._target._value += amount
 
 
 class _HistogramWriter:

@@ -251,10 +251,12 @@ def key_verdict(
     else:  # the key's own windows come first, its team's after them (no copy without)
         mine, mine_states = spent[:own], states[:own]
     used = tuple(
-        (s.window, usage(state, s.rate, now)) for s, state in zip(mine, mine_states, strict=True)
+        [(s.window, usage(st, s.window.rate, now)) for s, st in zip(mine, mine_states, strict=True)]
     )
-    left = tuple(
-        (q, quota.usage(state, q, at)) for q, state in zip(quotas, quota_states, strict=True)
+    left = (
+        tuple([(q, quota.usage(st, q, at)) for q, st in zip(quotas, quota_states, strict=True)])
+        if quotas
+        else ()
     )
     if decision.admission is Admission.TOO_LARGE:
         window = spent[decision.binding].window
