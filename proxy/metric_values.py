@@ -103,12 +103,17 @@ def writer(child: Any) -> Callable[[float], None]:
         bounds, total = getattr(child, "_upper_bounds", None), getattr(child, "_sum", None)
         if bounds is None or total is None or len(bounds) != len(buckets):
             return child.observe  # type: ignore[no-any-return]
-        return _HistogramWriter(total.inc, tuple(bounds), tuple(b.inc for b in buckets))
+        return _HistogramWriter(_adder(total), tuple(bounds), tuple(_adder(b) for b in buckets))
     if getattr(child, "_is_most_recent", False) or getattr(child, "_value", None) is None:
         return child.inc  # type: ignore[no-any-return]
-    if type(child._value) is _prom_values.MutexValue:  # one process: no lock to take
-        return _UnlockedAdd(child._value)
-    return child._value.inc  # type: ignore[no-any-return]
+    return _adder(child._value)
+
+
+def _adder(value: Any) -> Callable[[float], None]:
+    """``value.inc``; in one process (a ``MutexValue``) without its lock."""
+    if type(value) is _prom_values.MutexValue:
+        return _UnlockedAdd(value)
+    return value.inc  # type: ignore[no-any-return]
 
 
 class _UnlockedAdd:
