@@ -20,6 +20,7 @@ import os
 import pstats
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -52,7 +53,11 @@ def _profiled_run(source: Path, mode: str, requests: int) -> collections.Counter
         with Client(port, API_KEY) as client:
             client.send(requests)
         proxy.send_signal(signal.SIGINT)  # uvicorn's graceful stop: the profile is written
-        proxy.wait(timeout=60)
+        try:
+            proxy.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # (an old revision's stop may hang: forced)
+            proxy.send_signal(signal.SIGINT)
+            proxy.wait(timeout=30)
         counted: collections.Counter[str] = collections.Counter()
         for (file, _, function), row in pstats.Stats(str(stats)).stats.items():
             counted[f"{_module(file, source)}:{function}"] += row[1]

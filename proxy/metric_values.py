@@ -18,7 +18,8 @@ client's reset) before it writes anything.
 ``Gauge.inc`` and ``Histogram.observe`` check on every call what is settled once a
 child exists (its label values, an exemplar, a gauge's mode) and a histogram looks its
 bucket up in a Python loop. The writer calls the child's values directly, and a bisect
-finds the bucket.
+finds the bucket; in single-process mode (one worker) it adds to the value without the
+lock ``MutexValue.inc`` takes on every write.
 """
 
 from __future__ import annotations
@@ -102,10 +103,31 @@ def writer(child: Any) -> Callable[[float], None]:
         bounds, total = getattr(child, "_upper_bounds", None), getattr(child, "_sum", None)
         if bounds is None or total is None or len(bounds) != len(buckets):
             return child.observe  # type: ignore[no-any-return]
-        return _HistogramWriter(total.inc, tuple(bounds), tuple(b.inc for b in buckets))
+        return _HistogramWriter(_adder(total), tuple(bounds), tuple(_adder(b) for b in buckets))
     if getattr(child, "_is_most_recent", False) or getattr(child, "_value", None) is None:
         return child.inc  # type: ignore[no-any-return]
-    return child._value.inc  # type: ignore[no-any-return]
+    return _adder(child._value)
+
+
+def _adder(value: Any) -> Callable[[float], None]:
+    """``value.inc``; in one process (a ``MutexValue``) without its lock."""
+    if type(value) is _prom_values.MutexValue:
+        return _UnlockedAdd(value)
+    return value.inc  # type: ignore[no-any-return]
+
+
+class _UnlockedAdd:
+    """``MutexValue.inc`` without its lock: a worker's metrics are written from its event
+    loop's thread only, and a reader (the exposition, under the lock) sees a float
+    assigned whole either way."""
+
+    __slots__ = ("_target",)
+
+    def __init__(self, target: Any) -> None:
+        self._target = target
+
+    def __call__(self, amount: float) -> None:
+        self._target._value += amount
 
 
 class _HistogramWriter:

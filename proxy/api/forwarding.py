@@ -255,9 +255,8 @@ def _check_content_type(content_type: str | None) -> None:
 
 
 async def _read_body(receive: Receive, declared: str | None, limit: int) -> bytes:
-    too_large = BodyTooLarge(f"The request body exceeds the limit of {limit} bytes.")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large
+        raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -267,10 +266,14 @@ async def _read_body(receive: Receive, declared: str | None, limit: int) -> byte
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise too_large
+            raise _too_large(limit)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _too_large(limit: int) -> BodyTooLarge:
+    return BodyTooLarge(f"The request body exceeds the limit of {limit} bytes.")
 
 
 async def _disconnected(receive: Receive) -> None:

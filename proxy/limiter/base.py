@@ -106,20 +106,20 @@ class Rate:
     period: float
     capacity: float
     ceiling: float | None = None
+    # Derived once here, not per use: the bucket math reads them several times a request
+    # (docs/performance.md, "the limiter's per-request Python").
+    interval: float = field(init=False, repr=False, compare=False)
+    """Seconds one unit of budget takes to refill."""
+    largest: float = field(init=False, repr=False, compare=False)
+    """The largest request it can ever take (and what 'full' means for headers)."""
 
     def __post_init__(self) -> None:
         if not (self.limit > 0 and self.period > 0 and self.capacity > 0):
             raise ValueError(f"a Rate needs positive limit, period and capacity: {self}")
-
-    @property
-    def interval(self) -> float:
-        """Seconds one unit of budget takes to refill."""
-        return self.period / self.limit
-
-    @property
-    def largest(self) -> float:
-        """The largest request it can ever take (and what 'full' means for headers)."""
-        return self.capacity if self.ceiling is None else max(self.capacity, self.ceiling)
+        derived = object.__setattr__
+        derived(self, "interval", self.period / self.limit)
+        ceiling = self.ceiling
+        derived(self, "largest", self.capacity if ceiling is None else max(self.capacity, ceiling))
 
     def capacity_for(self, cost: float) -> float:
         """The capacity a request of ``cost`` is measured against: a paced bucket lets a

@@ -489,7 +489,11 @@ class MemoryLimiter:
         self._last_sweep = now
 
     def _buckets_for(self, ids: Sequence[BucketId], spent: Sequence[Spend]) -> list[Bucket]:
-        return [Bucket(self._state(i), s.rate, s.amount) for i, s in zip(ids, spent, strict=True)]
+        get = self._buckets.get  # (_state, inlined: per window of every request)
+        return [
+            Bucket(FULL if (e := get(i)) is None else e[0], s.window.rate, s.amount)
+            for i, s in zip(ids, spent, strict=True)
+        ]
 
     def _state(self, bucket_id: BucketId) -> BucketState:
         entry = self._buckets.get(bucket_id)
@@ -499,11 +503,12 @@ class MemoryLimiter:
         self, ids: Sequence[BucketId], states: Sequence[BucketState], spent: Sequence[Spend]
     ) -> None:
         for i, state, s in zip(ids, states, spent, strict=True):
-            self._buckets[i] = (state, s.rate.interval)
+            self._buckets[i] = (state, s.window.rate.interval)
 
     def _adjust(self, bucket_id: BucketId, spend: Spend, now: float) -> None:
-        state = adjust(self._state(bucket_id), spend.rate, spend.amount, now)
-        self._buckets[bucket_id] = (state, spend.rate.interval)
+        rate = spend.window.rate
+        state = adjust(self._state(bucket_id), rate, spend.amount, now)
+        self._buckets[bucket_id] = (state, rate.interval)
 
     def _health_of(self, group: str, deployment_id: str, now: float) -> Health:
         entry = self._health.get((group, deployment_id))

@@ -125,7 +125,7 @@ class Settler:
             extra = settled_cost(estimate, None, windows)
         else:
             extra = settled_cost(estimate, used, windows, refund=False)
-        corrects = bool(extra) and any(w.kind in extra for w in windows)
+        corrects = bool(extra)  # (settled_cost: only kinds its windows count)
         if outcome.kind == "success" and not turn.probe and not self.least_busy and not corrects:
             return None  # the common case: it would change nothing
         sent = turn.sent if outcome.rate_limited or _leased(turn) else None

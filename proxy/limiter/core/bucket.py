@@ -113,15 +113,16 @@ def plan(buckets: Sequence[Bucket], now: float) -> Plan:
     binding = -1
     too_large = -1
     for i, b in enumerate(buckets):
-        interval = b.interval
+        rate, cost = b.rate, b.cost  # (Bucket's properties spelled out: this runs per request)
+        interval = rate.interval
         debt = debt_at(b.state, interval, now)
         debts.append(debt)
-        capacity = b.capacity
-        if b.cost > capacity and too_large < 0:
+        capacity = rate.capacity_for(cost)
+        if cost > capacity and too_large < 0:
             too_large = i
         # debt + cost - capacity is exact for whole units, so the last request of a
         # burst that exactly fills the bucket gets wait 0, not 1e-12.
-        w = (debt + b.cost - capacity) * interval
+        w = (debt + cost - capacity) * interval
         if w > wait:
             wait = w
             binding = i
@@ -146,8 +147,9 @@ def charge(buckets: Sequence[Bucket], p: Plan, now: float) -> list[BucketState]:
     from ``now`` is ``max(debt, wait / interval) + cost``. Charging earlier would let it
     refill early and admit a later request too close behind this one.
     """
+    wait = p.wait
     return [
-        BucketState(max(debt, p.wait / b.interval) + b.cost, now)
+        BucketState(max(debt, wait / b.rate.interval) + b.cost, now)
         for b, debt in zip(buckets, p.debts, strict=True)
     ]
 
@@ -229,9 +231,7 @@ def held_at_least(state: BucketState, rate: Rate, hold: float, now: float) -> Bu
 def usage(state: BucketState, rate: Rate, now: float) -> Usage:
     """The bucket as x-ratelimit-* headers describe it: ``remaining`` now, and ``reset``,
     the seconds until the bucket is full again."""
-    debt = debt_at(state, rate.interval, now)
-    return Usage(
-        limit=rate.limit,
-        remaining=remaining_now(state, rate, now),
-        reset=debt * rate.interval,
-    )
+    interval = rate.interval
+    debt = debt_at(state, interval, now)
+    # remaining_now's formula over the debt just computed (not computed twice).
+    return Usage(rate.limit, max(0.0, rate.largest - debt), debt * interval)

@@ -92,26 +92,24 @@ def settled_cost(
     estimate: Cost, used: Cost | None, windows: Sequence[Window], *, refund: bool = True
 ) -> Cost:
     """The correction of a request charged ``estimate`` that used ``used`` (None:
-    unknown, as nothing), per kind but requests (a request is one whatever it used): a
+    unknown, as nothing), per kind that some window of ``windows`` counts but requests (a
+    request is one whatever it used; a kind no window counts has nothing to correct): a
     use beyond the estimate is believed only as far as ``windows`` could admit it
     (``largest``); without ``refund`` an estimate is never given back (a deployment's
     tokens were spent upstream once it admitted the request). Kinds with nothing to
     correct are left out."""
     out: dict[str, float] | None = None  # made only when something is corrected
-    for kind, charged in estimate.items():
+    for w in windows:  # (two windows of a kind: the same correction, written twice)
+        kind = w.kind
         if kind == REQUESTS:
             continue
+        charged = estimate.get(kind, 0.0)
         real = 0.0 if used is None else used.get(kind, 0.0)
         if real > charged:
             real = max(charged, min(real, largest(windows, kind)))
         if real != charged and (refund or real > charged):
             out = {} if out is None else out
             out[kind] = real - charged
-    if used is not None:
-        for kind, real in used.items():
-            if kind not in estimate and kind != REQUESTS and real:
-                out = {} if out is None else out
-                out[kind] = min(real, largest(windows, kind))
     return NOTHING if out is None else out
 
 
@@ -251,10 +249,12 @@ def key_verdict(
     else:  # the key's own windows come first, its team's after them (no copy without)
         mine, mine_states = spent[:own], states[:own]
     used = tuple(
-        (s.window, usage(state, s.rate, now)) for s, state in zip(mine, mine_states, strict=True)
+        [(s.window, usage(st, s.window.rate, now)) for s, st in zip(mine, mine_states, strict=True)]
     )
-    left = tuple(
-        (q, quota.usage(state, q, at)) for q, state in zip(quotas, quota_states, strict=True)
+    left = (
+        tuple([(q, quota.usage(st, q, at)) for q, st in zip(quotas, quota_states, strict=True)])
+        if quotas
+        else ()
     )
     if decision.admission is Admission.TOO_LARGE:
         window = spent[decision.binding].window

@@ -229,15 +229,21 @@ class Leases:
         owner = self._owner(("d", group, d.id), d.windows, names)
         spent = spends(d.windows, cost)
         costs = [s.amount for s in spent]
-        rates = [s.rate for s in spent]
-        if lease_size(MIN_REQUESTS, costs, rates, costs) is None:
-            if not turns.worth(rates, [s.capacity for s in spent], costs):
+        # The usual request: its open lease covers it (``_admit``'s first step, taken here
+        # so that whether the deployment can be leased at all is asked only without one).
+        a, now = owner.allowance, time.monotonic()
+        if a is not None and a.covers(costs, now):
+            a.take(costs, now)
+        else:
+            rates = [s.window.rate for s in spent]
+            if lease_size(MIN_REQUESTS, costs, rates, costs) is None:
+                if not turns.worth(rates, [s.capacity for s in spent], costs):
+                    return None
+                return await self._reserve_turn(owner, d, spent, max_wait)
+            got = await self._admit(owner, spent, partial(self._renew_deployment, owner, spent))
+            if got is None:
                 return None
-            return await self._reserve_turn(owner, d, spent, max_wait)
-        got = await self._admit(owner, spent, partial(self._renew_deployment, owner, spent))
-        if got is None:
-            return None
-        a, now = got
+            a, now = got
         sent = Sent(a.epoch, a.sequence + a.uses - 1, a.at + (now - a.asked), owner.private)
         return DeploymentVerdict(d.id, 0.0, waits={d.id: 0.0}, sent=sent)
 

@@ -46,6 +46,13 @@ def test_a_deployment_is_never_refunded_only_charged_more() -> None:
     assert not settled_cost(ESTIMATE, None, WINDOWS, refund=False)
 
 
+def test_a_kind_no_window_counts_has_nothing_to_correct() -> None:
+    used = {"tokens": 150.0, "input_tokens": 120.0, "output_tokens": 30.0}
+    tokens_only = (window("requests", 10), window("tokens", 1000))
+    assert settled_cost(ESTIMATE, used, tokens_only) == {"tokens": -150.0}
+    assert settled_cost(ESTIMATE, None, (window("requests", 10),)) == {}
+
+
 def test_a_leases_excess_comes_back_as_the_largest_per_kind() -> None:
     windows = (window("tokens", 1000), window("tokens", 5000, 86400.0), window("requests", 10))
     assert excess_cost(windows, [5.0, 8.0, 0.0]) == {"tokens": 8.0}
