@@ -575,8 +575,8 @@ class ResilientLimiter:
 
     def _held_locally(self, s: Settlement) -> bool:
         """Whether the settled request's slot or in-flight slot was taken here."""
-        if isinstance(s, KeySettlement):
-            return self._local.holds_slot(s.limits, s.slot)
+        if isinstance(s, KeySettlement):  # (only max_parallel takes slots)
+            return s.limits.slotted and self._local.holds_slot(s.limits, s.slot)
         return self._local.holds_in_flight(s.group, s.deployment.id, s.slot)
 
     def _local_share(self, s: Settlement) -> Settlement:

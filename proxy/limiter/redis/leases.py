@@ -69,6 +69,7 @@ class Owner:
         "allowance",
         "keys",
         "names",
+        "paced",
         "private",
         "refused_until",
         "renewing",
@@ -92,6 +93,10 @@ class Owner:
         self.turn_size = turns.FIRST_TURNS  # the next turn lease's, in turns
         self.timer: asyncio.TimerHandle | None = None  # gives the open lease back when idle
         self.private = SHARED  # what the open lease's turns carry back (its serial)
+        # The costs last found to go by turns (no budget lease, worth a turn lease): a
+        # paced deployment's requests cost the same (its windows count requests), so the
+        # question is answered once, not per request.
+        self.paced: list[float] | None = None
 
 
 class Leases:
@@ -234,11 +239,14 @@ class Leases:
         a, now = owner.allowance, time.monotonic()
         if a is not None and a.covers(costs, now):
             a.take(costs, now)
+        elif costs == owner.paced:
+            return await self._reserve_turn(owner, d, spent, max_wait)
         else:
             rates = [s.window.rate for s in spent]
             if lease_size(MIN_REQUESTS, costs, rates, costs) is None:
                 if not turns.worth(rates, [s.capacity for s in spent], costs):
                     return None
+                owner.paced = costs
                 return await self._reserve_turn(owner, d, spent, max_wait)
             got = await self._admit(owner, spent, partial(self._renew_deployment, owner, spent))
             if got is None:
