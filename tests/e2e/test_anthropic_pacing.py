@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from support.load import drive
-from support.proxy_server import ProxyProcess
+from support.proxy_server import ProxyProcess, start_together
 from support.redis_server import RedisServer, redis_available
 
 from proxy.fake_upstream import FakeUpstreamConfig, run_in_thread
@@ -64,10 +64,9 @@ def test_input_tokens_are_paced_as_anthropic_enforces_them(tmp_path: Path) -> No
             ],
             "routing": {"max_wait": "5s", "retries": 0},
         }
-        proxies = [
-            stack.enter_context(ProxyProcess(config, tmp_path, name=f"replica-{i}"))
-            for i in range(2)
-        ]
+        proxies = start_together(
+            stack, [ProxyProcess(config, tmp_path, name=f"replica-{i}") for i in range(2)]
+        )
         upstream.reset()
         rate = 2 * PER_SECOND / INPUT
         urls = [p.base_url for p in proxies]

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from support.proxy_server import ProxyProcess
+from support.proxy_server import ProxyProcess, start_together
 from support.redis_server import RedisServer, redis_available
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
@@ -83,9 +83,9 @@ def test_two_replicas_never_pass_a_budget_together(
     with ExitStack() as stack:
         redis = stack.enter_context(RedisServer(tmp_path / "redis"))
         data = config(upstream, redis.url, budget)
-        replicas = [
-            stack.enter_context(ProxyProcess(data, tmp_path, name=f"replica-{i}")) for i in range(2)
-        ]
+        replicas = start_together(
+            stack, [ProxyProcess(data, tmp_path, name=f"replica-{i}") for i in range(2)]
+        )
         urls = [r.base_url for r in replicas]
         answers = asyncio.run(spread(urls, 60))
         for i in range(6):

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from support.load import LoadResult, closed_loop, drive, p90
 from support.models import LIMIT, RATE, STRICT_RPM, strict_model, strict_upstream_config
-from support.proxy_server import ProxyProcess
+from support.proxy_server import ProxyProcess, start_together
 from support.redis_server import RedisServer, redis_available
 
 from proxy.catalog import pacing_headroom
@@ -63,10 +63,9 @@ def _proxies(
     if replicas > 1:
         redis_url = stack.enter_context(RedisServer(tmp_path / "redis")).url
     config = _config(keys, upstream, redis_url)
-    proxies = [
-        stack.enter_context(ProxyProcess(config, tmp_path, name=f"replica-{i}"))
-        for i in range(replicas)
-    ]
+    proxies = start_together(
+        stack, [ProxyProcess(config, tmp_path, name=f"replica-{i}") for i in range(replicas)]
+    )
     return stack, [p.base_url for p in proxies]
 
 

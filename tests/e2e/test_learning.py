@@ -17,7 +17,7 @@ import openai
 import pytest
 from support.load import LoadResult, drive
 from support.models import RATE, WINDOW, strict_model, strict_upstream_config
-from support.proxy_server import ProxyProcess
+from support.proxy_server import ProxyProcess, start_together
 from support.redis_server import RedisServer, redis_available
 
 from proxy.catalog import pacing_headroom
@@ -53,10 +53,9 @@ def _run(
     with ExitStack() as stack:
         redis = stack.enter_context(RedisServer(tmp_path / "redis"))
         config = _config(redis.url, upstream, **deployment)
-        proxies = [
-            stack.enter_context(ProxyProcess(config, tmp_path, name=f"replica-{i}"))
-            for i in range(2)
-        ]
+        proxies = start_together(
+            stack, [ProxyProcess(config, tmp_path, name=f"replica-{i}") for i in range(2)]
+        )
         upstream.reset()
         result = asyncio.run(drive([p.base_url for p in proxies], rate, duration))
         return result, upstream.stats()
@@ -129,10 +128,9 @@ def test_tokens_are_paced_as_the_upstream_enforces_them(
         redis = stack.enter_context(RedisServer(tmp_path / "redis"))
         tpm = round(tokens_per_second * 60)
         proxy_config = _config(redis.url, upstream, tpm=tpm)
-        proxies = [
-            stack.enter_context(ProxyProcess(proxy_config, tmp_path, name=f"replica-{i}"))
-            for i in range(2)
-        ]
+        proxies = start_together(
+            stack, [ProxyProcess(proxy_config, tmp_path, name=f"replica-{i}") for i in range(2)]
+        )
         upstream.reset()
         rate = 2 * tokens_per_second / ADMITTED
         urls = [p.base_url for p in proxies]
@@ -277,10 +275,9 @@ def test_a_redis_outage_under_overload_overshoots_nothing(
         strict_upstream = stack.enter_context(run_in_thread(upstream))
         redis = stack.enter_context(RedisServer(tmp_path / "redis"))
         config = _outage_config(redis.url, strict_upstream)
-        proxies = [
-            stack.enter_context(ProxyProcess(config, tmp_path, name=f"replica-{i}"))
-            for i in range(2)
-        ]
+        proxies = start_together(
+            stack, [ProxyProcess(config, tmp_path, name=f"replica-{i}") for i in range(2)]
+        )
         strict_upstream.reset()
         urls = [p.base_url for p in proxies]
 

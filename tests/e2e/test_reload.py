@@ -18,7 +18,7 @@ import httpx
 import pytest
 import yaml
 from support.load import CHAT, LoadResult, drive
-from support.proxy_server import ProxyProcess
+from support.proxy_server import ProxyProcess, start_together
 from support.redis_server import RedisServer, redis_available
 from support.waiting import wait_until
 
@@ -107,10 +107,9 @@ def test_a_reload_under_load_rotates_a_key_changes_a_limit_and_adds_a_deployment
         redis = stack.enter_context(RedisServer(tmp_path / "redis"))
         before = _config(redis.url, [first], OLD, limited_rpm=600)
         after = _config(redis.url, [first, added], NEW, limited_rpm=3)
-        proxies = [
-            stack.enter_context(ProxyProcess(before, tmp_path, name=f"replica-{i}"))
-            for i in range(2)
-        ]
+        proxies = start_together(
+            stack, [ProxyProcess(before, tmp_path, name=f"replica-{i}") for i in range(2)]
+        )
         by_signal, by_post = proxies
 
         def reload_valid() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from support.load import LoadResult, drive
 from support.models import LIMIT, RATE, STRICT_RPM, WINDOW, strict_model, strict_upstream_config
-from support.proxy_server import ProxyProcess
+from support.proxy_server import ProxyProcess, start_together
 from support.redis_server import RedisClusterServers, RedisServer, redis_available
 from support.waiting import wait_until
 
@@ -47,9 +47,9 @@ def upstream() -> Iterator[FakeUpstreamHandle]:
 def _replicas(
     stack: ExitStack, config: dict[str, Any], workdir: Path, n: int = 3
 ) -> list[ProxyProcess]:
-    return [
-        stack.enter_context(ProxyProcess(config, workdir, name=f"replica-{i}")) for i in range(n)
-    ]
+    return start_together(
+        stack, [ProxyProcess(config, workdir, name=f"replica-{i}") for i in range(n)]
+    )
 
 
 def _assert_accurate(result: LoadResult, upstream: FakeUpstreamHandle, duration: float) -> None:

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 from support.load import drive
-from support.proxy_server import ProxyInThread, ProxyProcess, settings_from
+from support.proxy_server import ProxyInThread, ProxyProcess, settings_from, start_together
 from support.redis_server import RedisServer, redis_available
 from support.waiting import wait_until
 
@@ -67,9 +67,9 @@ def test_a_failing_deployment_is_cooled_on_every_replica_probed_and_restored(
                 cooldown=cooldown,
             ),
         }
-        proxies = [
-            stack.enter_context(ProxyProcess(config, tmp_path, name=f"r{i}")) for i in range(2)
-        ]
+        proxies = start_together(
+            stack, [ProxyProcess(config, tmp_path, name=f"r{i}") for i in range(2)]
+        )
         urls = [p.base_url for p in proxies]
         phases: list[tuple[str, int, dict[str, int]]] = []
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from support.proxy_server import ProxyProcess
+from support.proxy_server import ProxyProcess, start_together
 from support.redis_server import redis_available
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
@@ -66,7 +66,7 @@ def replicas(
 ) -> Iterator[tuple[ProxyProcess, ProxyProcess]]:
     with ExitStack() as stack:
         config = _config(upstream, redis_url)
-        a, b = (stack.enter_context(ProxyProcess(config, tmp_path, name=name)) for name in "ab")
+        a, b = start_together(stack, [ProxyProcess(config, tmp_path, name=name) for name in "ab"])
         yield a, b
 
 

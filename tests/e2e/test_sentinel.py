@@ -20,7 +20,7 @@ import httpx
 import pytest
 from support.load import LoadResult, drive
 from support.models import LIMIT, RATE, STRICT_RPM, WINDOW, strict_model
-from support.proxy_server import ProxyProcess
+from support.proxy_server import ProxyProcess, start_together
 from support.redis_server import SENTINEL_MASTER, SentinelGroup, redis_available
 from support.waiting import wait_until
 
@@ -107,12 +107,11 @@ def _run(tmp_path: Path, group: SentinelGroup, on_error: str) -> tuple[LoadResul
     counted. Every request the load sent has its outcome."""
     with ExitStack() as stack:
         upstream = stack.enter_context(run_in_thread(FakeUpstreamConfig(port=0, window=WINDOW)))
-        proxies = [
-            stack.enter_context(
-                ProxyProcess(_config(group, upstream, on_error), tmp_path, name=f"replica-{i}")
-            )
-            for i in range(REPLICAS)
-        ]
+        config = _config(group, upstream, on_error)
+        proxies = start_together(
+            stack,
+            [ProxyProcess(config, tmp_path, name=f"replica-{i}") for i in range(REPLICAS)],
+        )
         urls = [p.base_url for p in proxies]
         upstream.reset()
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from support.proxy_server import ProxyProcess
+from support.proxy_server import ProxyProcess, start_together
 from support.redis_server import RedisServer, redis_available
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
@@ -67,10 +67,9 @@ def test_two_keys_of_a_team_on_two_replicas_get_6_through_in_all(
     with ExitStack() as stack:
         redis = stack.enter_context(RedisServer(tmp_path / "redis"))
         config = _config(redis.url, upstream)
-        proxies = [
-            stack.enter_context(ProxyProcess(config, tmp_path, name=f"replica-{i}"))
-            for i in range(2)
-        ]
+        proxies = start_together(
+            stack, [ProxyProcess(config, tmp_path, name=f"replica-{i}") for i in range(2)]
+        )
         answers = asyncio.run(_burst(proxies))
         state = httpx.get(
             f"{proxies[1].url}/admin/state",

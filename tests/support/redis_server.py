@@ -285,13 +285,18 @@ class SentinelGroup:
     ) -> None:
         acl = ["--user", user[0], "on", f">{user[1]}", "~*", "+@all"] if user else []
         primary_tls, replica_tls = (free_port(), free_port()) if tls else (0, 0)
+        # A primary (either server, after a failover) starts a replica's full sync at once:
+        # by default (diskless sync) it first waits 5 s for more replicas to sync with, and
+        # none ever comes here. The same sync, without the idle wait.
+        sync = ["--repl-diskless-sync-delay", "0"]
         self.primary = RedisServer(
-            workdir / "primary", None, *acl, *(_tls_args(tls, primary_tls) if tls else [])
+            workdir / "primary", None, *sync, *acl, *(_tls_args(tls, primary_tls) if tls else [])
         )
         self.replica = RedisServer(
             workdir / "replica",
             None,
             "--replicaof", HOST, str(primary_tls or self.primary.port),
+            *sync,
             *acl,
             *(_tls_args(tls, replica_tls) if tls else []),
         )  # fmt: skip
