@@ -182,8 +182,9 @@ def adjust(
     raises it to that."""
     interval = rate.interval
     debt = debt_at(state, interval, now)
-    # With no floor (FULL) this is max(0.0, debt + units): the plain refund.
-    keep = min(debt, debt_at(floor, interval, now))
+    # With no floor (FULL, whose debt is 0 at any time) this is max(0.0, debt + units):
+    # the plain refund, computed so without a second debt_at (a lease's take runs this).
+    keep = 0.0 if floor is FULL else min(debt, debt_at(floor, interval, now))
     return BucketState(max(keep, debt + units), now)
 
 
