@@ -18,7 +18,6 @@ import argparse
 import collections
 import os
 import pstats
-import shutil
 import signal
 import subprocess
 import sys
@@ -97,18 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=MODES, action="append", help="default: memory")
     parser.add_argument("--top", type=int, default=40, help="functions listed")
     args = parser.parse_args(argv)
-    from loadtest.bench.servers import checkout
-    from loadtest.topology import REPO
+    from loadtest.bench.servers import trees
 
-    with tempfile.TemporaryDirectory() as keep:
-        baseline = None
-        if args.baseline:
-            with checkout(args.baseline) as tree:
-                baseline = Path(shutil.copytree(tree, f"{keep}/baseline"))
+    with trees(args.baseline) as measured:
         for mode in args.mode or ["memory"]:
             print(f"{mode}:", flush=True)
-            now = calls_per_request(REPO, mode)
-            before = None if baseline is None else calls_per_request(baseline, mode)
+            now = calls_per_request(measured["now"], mode)
+            before = None if not args.baseline else calls_per_request(measured[args.baseline], mode)
             _report(now, before, args.baseline or "", args.top)
     return 0
 

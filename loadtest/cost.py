@@ -300,17 +300,12 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("valgrind") is None:
         print("valgrind is needed (apt-get install -y valgrind)", file=sys.stderr)
         return 2
-    from loadtest.bench.servers import checkout
-    from loadtest.topology import REPO
+    from loadtest.bench.servers import trees
 
-    trees: dict[str, Path] = {"now": REPO}
-    with tempfile.TemporaryDirectory() as keep:
-        if args.baseline:
-            with checkout(args.baseline) as tree:
-                trees[args.baseline] = Path(shutil.copytree(tree, f"{keep}/baseline"))
+    with trees(args.baseline) as measured:
         for mode in args.mode or MODES:
             count = _served_instructions if args.server else _instructions
-            figures = {name: count(tree, mode) for name, tree in trees.items()}
+            figures = {name: count(tree, mode) for name, tree in measured.items()}
             line = ", ".join(f"{name} {n:,}" for name, n in figures.items())
             if args.baseline:
                 line += f" (now / {args.baseline}: {figures['now'] / figures[args.baseline]:.3f}x)"

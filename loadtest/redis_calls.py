@@ -16,16 +16,14 @@ machine.
 from __future__ import annotations
 
 import argparse
-import shutil
 import tempfile
 from pathlib import Path
 
 import redis
 
 from loadtest.bench.model import HEADLINE
-from loadtest.bench.servers import checkout, cpu_seconds, servers, start_proxy
+from loadtest.bench.servers import cpu_seconds, servers, start_proxy, trees
 from loadtest.bench.wrk import run_wrk
-from loadtest.topology import REPO
 
 SCRIPT_COMMANDS = ("fcall", "evalsha", "eval")
 
@@ -67,12 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run")
     args = parser.parse_args(argv)
     connections = args.connections or [1, 64]
-    with tempfile.TemporaryDirectory() as keep:
-        trees = {"now": REPO}
-        if args.baseline:
-            with checkout(args.baseline) as tree:
-                trees[args.baseline] = Path(shutil.copytree(tree, f"{keep}/baseline"))
-        for name, tree in trees.items():
+    with trees(args.baseline) as measured:
+        for name, tree in measured.items():
             measure(tree, name, connections, args.duration)
     return 0
 

@@ -429,6 +429,17 @@ def servers(workdir: Path) -> Iterator[tuple[Processes, str, str]]:
 
 
 @contextlib.contextmanager
+def trees(baseline: str | None) -> Iterator[dict[str, Path]]:
+    """The trees a before-and-after tool measures, by name: this work tree (``now``) and,
+    with ``baseline``, that revision checked out (named by it) while the block runs."""
+    with contextlib.ExitStack() as stack:
+        found = {"now": REPO}
+        if baseline:
+            found[baseline] = stack.enter_context(checkout(baseline))
+        yield found
+
+
+@contextlib.contextmanager
 def checkout(revision: str) -> Iterator[Path]:
     """``revision`` of this repository in a temporary directory (removed afterwards)."""
     with tempfile.TemporaryDirectory(prefix="llmproxy-baseline-") as tmp:

@@ -214,13 +214,10 @@ class ProxyProcess:
         raise RuntimeError(f"proxy not ready: {self.log_path.read_text()[-3000:]}")
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        self._wait_stopped()
+        stop_together([self])
 
     def _terminate(self) -> None:
-        """SIGTERM, not waited for (``stop``: the same, waited for)."""
+        """SIGTERM, not waited for (``_wait_stopped`` after it: ``stop_together``)."""
         if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
 
