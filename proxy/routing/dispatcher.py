@@ -55,6 +55,11 @@ __all__ = ["Dispatcher", "Served", "StreamDone"]
 logger = logging.getLogger("proxy.routing")
 
 LATENCY_SMOOTHING = 0.2  # weight of the newest sample in the moving average
+# A turn this close is slept for plainly: watching the client and the deployment's
+# learning costs two tasks and a wait_for, more than the wait itself (a burst's leased
+# turns are microseconds apart); the staleness is checked after it all the same, and a
+# client gone meanwhile is noticed by the call's own race (docs/performance.md).
+SHORT_WAIT = 0.001
 # Turns one request may take again after upstream 429s (beyond ``routing.retries``): each
 # is paced by what the 429 taught, so a second 429 means the upstream's hint was wrong.
 ASKS_AFTER_429 = 3
@@ -418,7 +423,8 @@ class Dispatcher:
         leaves meanwhile is noticed at once: its turn goes back and
         ``ClientClosedRequest`` ends the request (nothing goes upstream). A turn whose
         deployment learns meanwhile is stale: the sleep ends then (take a new one); so
-        does one ``until`` that event is set."""
+        does one ``until`` that event is set. (A wait up to ``SHORT_WAIT`` is slept
+        plainly.)"""
         if not queued:
             self.waiting += 1
         on = give_back.deployment if give_back is not None else None
@@ -426,14 +432,18 @@ class Dispatcher:
         self.tally.wait_started(model, deployment, call.key_name)
         self.events.queued(call.model, 1, call.tier)
         started = time.perf_counter()
-        if give_back is not None:
+        client_left = call.client_left
+        if seconds <= SHORT_WAIT:  # (SHORT_WAIT: plainly)
+            sleeping: Awaitable[object] = asyncio.sleep(seconds)
+            client_left = None
+        elif give_back is not None:
             sleeping = _until_stale(seconds, give_back, self.settler)
         elif until is not None:
             sleeping = _until_set(seconds, until)
         else:
             sleeping = asyncio.sleep(seconds)
         try:
-            if not await _watched(sleeping, call.client_left):
+            if not await _watched(sleeping, client_left):
                 raise ClientClosedRequest("The client closed the request while it waited.")
         except BaseException:
             if give_back is not None:

@@ -1,5 +1,6 @@
 """The dispatcher's journey without servers (support/journey.py): streams and their
-usage, and a turn dropped once its deployment learned a slower rate."""
+usage, a turn dropped once its deployment learned a slower rate, and a turn moments
+ahead still waited for."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import time
 
 import httpx
 import orjson
-from support.journey import REQUEST, Journey, Upstream, config, deployment
+from support.journey import REQUEST, Journey, Upstream, config, deployment, ok
 
 from proxy.call import Call
+from proxy.routing.dispatcher import SHORT_WAIT
 from proxy.shapes.chat import CHAT
 
 CHUNK = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
@@ -101,3 +103,25 @@ async def test_a_turn_reserved_before_its_deployment_learned_a_slower_rate_is_dr
     codes = [orjson.loads(r.body)["error"]["code"] for r in replies]
     assert codes == ["upstream_rate_limited", "model_unavailable"]
     assert sent == ["a.test"]  # B's stale turn never went upstream
+
+
+async def test_a_turn_a_fraction_of_a_millisecond_ahead_is_still_waited_for() -> None:
+    """Waits up to SHORT_WAIT are slept plainly (no watchers), but slept, and counted as
+    waits: the second of two requests at once sleeps out its turn, one interval after
+    the first's, and is sent no sooner."""
+    sends: list[float] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        sends.append(time.monotonic())
+        return ok()(request)
+
+    interval = SHORT_WAIT / 2
+    data = config([deployment("a", rpm=round(60 / interval))], retries=0, lookahead="0s")
+    journey = Journey(data, Upstream({}))
+    journey.pipeline.dispatcher.exchange.transport = httpx.MockTransport(upstream)
+    sent_at = time.monotonic()
+    replies = await asyncio.gather(journey.send(), journey.send())
+    assert [r.status for r in replies] == [200, 200]
+    assert max(sends) - sent_at >= interval
+    assert journey.counted("llmproxy_queue_wait_seconds_count") == 1
+    assert journey.counted("llmproxy_queue_wait_seconds_sum") >= 0.9 * interval
