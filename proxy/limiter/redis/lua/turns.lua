@@ -10,29 +10,72 @@ end
 
 -- turns.lease_turns over buckets (bucket()), each with its bound: returns the number of
 -- turns taken, the first and the last turn's waits; the buckets' ``debt`` is left at the
--- states after them (nothing stored).
+-- states after them (nothing stored). The loop runs once per turn (up to 512), so it
+-- works on locals, not on the buckets' tables: the same operations on the same doubles
+-- as plan() and charge(), a fraction of the cost (docs/performance.md).
 local function lease_turns(buckets, turns)
-  local first = plan(buckets)
+  local first, _, too_large = plan(buckets)
   local taken, last = 0, first
+  if too_large >= 0 then -- (a cost is a bucket's constant: every turn's plan says so)
+    return taken, first, last
+  end
+  local n = #buckets
+  local debt, cost, capacity, interval, bound, charged = {}, {}, {}, {}, {}, {}
+  for i, b in ipairs(buckets) do
+    debt[i], cost[i], capacity[i], interval[i], bound[i] = b.debt, b.cost, b.capacity, b.interval, b.bound
+  end
+  local limit = first + TURN_SPAN
+  if n == 1 then -- one window (a deployment's rpm): the loop below, with scalars
+    local d, c, cap, iv, bd = debt[1], cost[1], capacity[1], interval[1], bound[1]
+    while taken < turns do
+      local wait = (d + c - cap) * iv
+      if not (wait > 0.0) then
+        wait = 0.0
+      end
+      if wait > limit then
+        break
+      end
+      local charged1 = math.max(d, wait / iv) + c
+      if charged1 > bd then
+        break
+      end
+      d = charged1
+      taken = taken + 1
+      last = wait
+    end
+    buckets[1].debt = d
+    return taken, first, last
+  end
   while taken < turns do
-    local wait, _, too_large = plan(buckets)
-    if too_large >= 0 or wait > first + TURN_SPAN then
+    local wait = 0.0
+    for i = 1, n do
+      local w = (debt[i] + cost[i] - capacity[i]) * interval[i]
+      if w > wait then
+        wait = w
+      end
+    end
+    if wait > limit then
       break
     end
     local over = false
-    for _, b in ipairs(buckets) do
-      if math.max(b.debt, wait / b.interval) + b.cost > b.bound then
+    for i = 1, n do
+      local d = math.max(debt[i], wait / interval[i]) + cost[i]
+      if d > bound[i] then
         over = true
       end
+      charged[i] = d
     end
     if over then
       break
     end
-    for _, b in ipairs(buckets) do
-      b.debt = math.max(b.debt, wait / b.interval) + b.cost
+    for i = 1, n do
+      debt[i] = charged[i]
     end
     taken = taken + 1
     last = wait
+  end
+  for i, b in ipairs(buckets) do
+    b.debt = debt[i]
   end
   return taken, first, last
 end
