@@ -56,10 +56,11 @@ logger = logging.getLogger("proxy.routing")
 
 LATENCY_SMOOTHING = 0.2  # weight of the newest sample in the moving average
 # A turn this close is slept for plainly: watching the client and the deployment's
-# learning costs two tasks and a wait_for, more than the wait itself (a burst's leased
-# turns are microseconds apart); the staleness is checked after it all the same, and a
-# client gone meanwhile is noticed by the call's own race (docs/performance.md).
-SHORT_WAIT = 0.001
+# learning costs two tasks and a wait_for, more than the wait itself (a leased turn
+# waits at most about a span, 5 ms, behind another replica's lease: limiter/core/
+# turns.py); the staleness is checked after it all the same, and a client gone meanwhile
+# is noticed by the call's own race (docs/performance.md).
+SHORT_WAIT = 0.006
 # Turns one request may take again after upstream 429s (beyond ``routing.retries``): each
 # is paced by what the 429 taught, so a second 429 means the upstream's hint was wrong.
 ASKS_AFTER_429 = 3
@@ -433,7 +434,7 @@ class Dispatcher:
         self.events.queued(call.model, 1, call.tier)
         started = time.perf_counter()
         client_left = call.client_left
-        if seconds <= SHORT_WAIT:  # (SHORT_WAIT: plainly)
+        if seconds <= SHORT_WAIT:
             sleeping: Awaitable[object] = asyncio.sleep(seconds)
             client_left = None
         elif give_back is not None:

@@ -26,12 +26,13 @@ Nothing is ever returned from a bucket another turn was charged to since: that w
 put a later turn between turns already granted.
 
 **Only far from the limit.** A lease is taken while its first turn comes within ``WAIT``
-(no other replica's lease ahead, no queue of turns), nobody waits for a fair
-share, and the deployment is healthy; it reaches at most ``SPAN`` past its first turn,
-and a longer window (a day's) may lose at most ``SHARE`` of its capacity to it and stay
-at most ``FULL_AT`` full. A replica whose requests used more than ``NEAR`` of a lease's
-turns is near the limit: it asks per request for ``REFUSED_FOR``. Its size follows the
-demand it sees: about ``TARGET_USES`` requests per lease.
+(at most one other replica's lease ahead, no longer queue of turns), nobody waits for a
+fair share, and the deployment is healthy; it reaches at most ``SPAN`` past its first
+turn, and a longer window (a day's) may lose at most ``SHARE`` of its capacity to it and
+stay at most ``FULL_AT`` full. A replica whose requests took more than ``NEAR`` of the
+deployment's turns over a lease's cycle (from asking for it to asking for the next) is
+near the limit: it asks per request for ``REFUSED_FOR``. Its size follows the demand it
+sees: about ``TARGET_USES`` requests per lease.
 
 Times here are *lease time*: seconds since the storage granted the lease (``at``), so the
 comparisons are between small numbers, not epoch-sized ones.
@@ -49,9 +50,12 @@ from proxy.limiter.core.allowance import FULL_AT, SHARE
 from proxy.limiter.core.bucket import Bucket, BucketState, charge, debt_at, plan
 
 SPAN = 0.005  # a lease's last turn comes at most this long after its first (seconds)
-# Leased only while the first turn comes within this: no other replica's lease ahead (it
-# would make this one's requests wait for it), no queue of turns.
-WAIT = SPAN / 8
+# Leased only while the first turn comes within this: at most one other replica's lease
+# ahead, whose turns this one's requests wait out as they would per request behind it
+# (an eighth of a span refused the second of two replicas about every other lease, and
+# each refusal cost it a round trip per request for REFUSED_FOR: docs/performance.md);
+# more than that is a queue of turns, near the limit.
+WAIT = SPAN
 MIN_TURNS = 2  # a lease of fewer turns is not taken
 FIRST_TURNS = 64  # a first lease's turns; then sized by the demand...
 MAX_TURNS = 512  # ... up to this
@@ -60,7 +64,11 @@ TARGET_USES = 8  # ... for about this many requests per lease
 # by time): as many as it is expected to hand out, not every turn it holds, which would
 # make a 429 after leases teach a rate far above the one really sent.
 COUNTED = 2 * TARGET_USES
-NEAR = 0.25  # a lease whose requests used more than this share of its turns: near the limit
+# A replica whose requests took more than this share of the deployment's turns over a
+# lease's cycle is near the limit. (Measured over the cycle, not the lease's own turns:
+# the requests that waited for a renewal take its first turns at once, a burst, not a
+# rate.)
+NEAR = 0.25
 REFUSED_FOR = 0.25  # then (or when refused) ask per request for this long (seconds)
 USE_SHARE = 0.75  # a lease hands out turns for this share of SPAN from its first, then renews
 LONG = 60.0  # windows longer than this (seconds) cap a total: SHARE and FULL_AT bound them
@@ -175,7 +183,9 @@ class TurnLease:
 
     ``serial`` tells one lease from the next; it hands out at most ``turns`` turns,
     numbered from ``sequence`` in its deployment's health period (health.counted);
-    ``last`` is its last turn's wait when granted (lease time 0)."""
+    ``last`` is its last turn's wait when granted (lease time 0); ``spacing`` how long
+    one of its requests holds its deployment's turns (``spacing()``); ``read`` the lease
+    time its grant arrived at."""
 
     __slots__ = (
         "at",
@@ -185,8 +195,10 @@ class TurnLease:
         "last",
         "origin",
         "rates",
+        "read",
         "sequence",
         "serial",
+        "spacing",
         "states",
         "turns",
         "uses",
@@ -204,6 +216,8 @@ class TurnLease:
         epoch: int = 0,
         sequence: int = 0,
         origin: float = 0.0,
+        spacing: float = 0.0,
+        read: float = 0.0,
     ) -> None:
         self.serial = serial
         # The caller's clock at lease time 0: when the grant arrived, so that lease times
@@ -217,6 +231,8 @@ class TurnLease:
         self.last = last
         self.epoch = epoch
         self.sequence = sequence
+        self.spacing = spacing
+        self.read = read
         self.uses = 0
         self.closed = False
 
@@ -260,17 +276,29 @@ class TurnLease:
         """The local buckets in storage time (what a give-back sets the shared ones to)."""
         return [BucketState(s.debt, self.at + s.at) for s in self.states]
 
-    def next_turns(self, asked: int) -> int | None:
-        """The next lease's size in turns (this one was asked for ``asked``), for about
-        ``TARGET_USES`` requests at the demand it saw; None: near the limit (its requests
-        used more than ``NEAR`` of its turns), or not worth a lease (a whole lease as long
-        as may be went unused)."""
-        if self.uses > NEAR * self.turns:
+    def next_turns(self, asked: int, cycle: float) -> int | None:
+        """The next lease's size in turns (this one was asked for ``asked``, ``cycle``
+        seconds ago), for about ``TARGET_USES`` requests at the demand it saw; None: near
+        the limit (its requests took more than ``NEAR`` of the deployment's turns over the
+        cycle), or not worth a lease (a whole lease as long as may be went unused though
+        its grant came in time: one read after its last turn, the loop busy, says
+        nothing of the demand)."""
+        if self.uses * self.spacing > NEAR * cycle:
             return None
-        if self.uses == 0 and (self.turns < asked or asked >= MAX_TURNS):
+        in_time = self.read <= self.last
+        if self.uses == 0 and in_time and (self.turns < asked or asked >= MAX_TURNS):
             return None
         wanted = asked * TARGET_USES // max(self.uses, 1)
         return max(2 * MIN_TURNS, min(MAX_TURNS, wanted))
+
+
+def spacing(rates: Sequence[Rate], costs: Sequence[float]) -> float:
+    """The time a request costing ``costs`` takes of its deployment's turns: the longest
+    any of its pacing windows (a minute or less) takes to refill its cost."""
+    return max(
+        (c * r.interval for r, c in zip(rates, costs, strict=True) if r.period <= LONG),
+        default=0.0,
+    )
 
 
 def within(
@@ -303,6 +331,7 @@ __all__ = [
     "grants",
     "lease_turns",
     "returned",
+    "spacing",
     "within",
     "worth",
 ]

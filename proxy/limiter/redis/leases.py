@@ -67,6 +67,7 @@ class Owner:
     __slots__ = (
         "admitted",
         "allowance",
+        "asked_turns_at",
         "keys",
         "names",
         "paced",
@@ -91,6 +92,7 @@ class Owner:
         self.refused_until = 0.0
         self.size = FIRST_REQUESTS  # the next budget lease's, in requests
         self.turn_size = turns.FIRST_TURNS  # the next turn lease's, in turns
+        self.asked_turns_at = 0.0  # when the open turn lease was asked for (its cycle's start)
         self.timer: asyncio.TimerHandle | None = None  # gives the open lease back when idle
         self.private = SHARED  # what the open lease's turns carry back (its serial)
         # The costs last found to go by turns (no budget lease, worth a turn lease): a
@@ -345,7 +347,7 @@ class Leases:
         (None: refused, or the last lease says the deployment is near its limit)."""
         old = owner.turns
         if old is not None:
-            size = old.next_turns(owner.turn_size)
+            size = old.next_turns(owner.turn_size, now - owner.asked_turns_at)
             if size is None:
                 self._return_turns(owner, old)
                 owner.turns = None
@@ -355,6 +357,7 @@ class Leases:
             owner.turn_size = size
             self._return_turns(owner, old)
         owner.turns = None
+        owner.asked_turns_at = now
         args = [self._now_arg(), str(owner.turn_size)]
         for s in spent:
             rate = s.rate
@@ -376,11 +379,14 @@ class Leases:
         at, epoch, sequence, taken, first, last, *debts = reply[1:]
         clock = owner.keys[2]  # the group's: one storage clock (a cluster's slot) per group
         trusted = self._origins.trusts(clock, received - now)
+        origin = self._origins.origin(clock, float(at), received)
+        rates = [s.rate for s in spent]
         self._serial += 1
         t = turns.TurnLease(
-            self._serial, [s.rate for s in spent], [float(x) for x in debts[::2]],
+            self._serial, rates, [float(x) for x in debts[::2]],
             [float(x) for x in debts[1::2]], float(at), int(taken), float(last), int(epoch),
-            int(sequence), self._origins.origin(clock, float(at), received),
+            int(sequence), origin, turns.spacing(rates, [s.amount for s in spent]),
+            received - origin,
         )  # fmt: skip
         if not trusted:  # maybe read late, with nothing to tell: give it back, ask per request
             self._return_turns(owner, t)
@@ -391,16 +397,17 @@ class Leases:
         # not hand out.
         if owner.timer is not None:
             owner.timer.cancel()
-        delay = float(first) + turns.USE_SHARE * turns.SPAN
+        delay = max(float(first) + turns.USE_SHARE * turns.SPAN - t.read, 0.0)
         owner.timer = asyncio.get_running_loop().call_later(delay, self._expire_turns, owner, t)
         return t
 
     def _expire_turns(self, owner: Owner, t: turns.TurnLease) -> None:
         if owner.turns is t and not t.closed:
-            size = t.next_turns(owner.turn_size)
+            now = time.monotonic()
+            size = t.next_turns(owner.turn_size, now - owner.asked_turns_at)
             if size is None:
                 size = turns.FIRST_TURNS
-                owner.refused_until = time.monotonic() + turns.REFUSED_FOR
+                owner.refused_until = now + turns.REFUSED_FOR
             owner.turn_size = size
             self._return_turns(owner, t)
             owner.turns = None

@@ -215,16 +215,47 @@ def test_corrections_stay_in_the_lease_as_far_as_it_covers_them() -> None:
 
 
 def test_a_lease_is_sized_by_the_demand_it_saw() -> None:
-    t = TurnLease(1, [RPM], [0.0], [64.0], at=0.0, turns=64, last=63 * RPM.interval)
+    spacing = RPM.interval
+    t = TurnLease(1, [RPM], [0.0], [64.0], at=0.0, turns=64, last=63 * spacing, spacing=spacing)
+    cycle = 200 * spacing  # from asking for this lease to asking for the next
     t.uses = 2
-    assert t.next_turns(64) == 64 * turns.TARGET_USES // 2
+    assert t.next_turns(64, cycle) == 64 * turns.TARGET_USES // 2
     t.uses = 0
-    assert t.next_turns(64) == 64 * turns.TARGET_USES
-    assert t.next_turns(turns.MAX_TURNS) is None  # a whole lease unused: per request
+    assert t.next_turns(64, cycle) == 64 * turns.TARGET_USES
+    assert t.next_turns(turns.MAX_TURNS, cycle) is None  # a whole lease unused: per request
     t.uses = 1  # one request in a lease as long as may be: still leased (no worse)
-    assert t.next_turns(turns.MAX_TURNS) == turns.MAX_TURNS
-    t.uses = 17  # more than a quarter of its turns: near the limit
-    assert t.next_turns(64) is None
+    assert t.next_turns(turns.MAX_TURNS, cycle) == turns.MAX_TURNS
+
+
+def test_a_replica_taking_a_quarter_of_the_turns_over_a_cycle_is_near_the_limit() -> None:
+    spacing = RPM.interval
+    t = TurnLease(1, [RPM], [0.0], [64.0], at=0.0, turns=64, last=63 * spacing, spacing=spacing)
+    t.uses = 17  # more than a quarter of the lease's turns...
+    assert t.next_turns(64, 64 * spacing) is None  # ... in its own span: near
+    # ... but over a cycle four times as long (a burst of requests that waited for the
+    # renewal, then a lull): far from the limit, and the next lease sized for the demand.
+    assert t.next_turns(64, 4 * 64 * spacing) == 64 * turns.TARGET_USES // 17
+    assert t.next_turns(64, 4 * 64 * spacing) == max(2 * turns.MIN_TURNS, 30)
+
+
+def test_a_lease_read_after_its_last_turn_is_not_taken_for_no_demand() -> None:
+    """Its turns passed while the loop was busy: nothing said no request wanted them."""
+    spacing = RPM.interval
+    late = TurnLease(
+        1, [RPM], [0.0], [32.0], at=0.0, turns=32, last=31 * spacing, spacing=spacing,
+        read=40 * spacing,
+    )  # fmt: skip
+    assert late.next_turns(64, 80 * spacing) == 64 * turns.TARGET_USES
+    in_time = TurnLease(
+        1, [RPM], [0.0], [32.0], at=0.0, turns=32, last=31 * spacing, spacing=spacing
+    )
+    assert in_time.next_turns(64, 80 * spacing) is None
+
+
+def test_a_request_holds_its_paced_windows_turns_for_its_cost() -> None:
+    assert turns.spacing([RPM], [1.0]) == RPM.interval
+    assert turns.spacing([RPM, TPM], [1.0, 500.0]) == max(RPM.interval, 500 * TPM.interval)
+    assert turns.spacing([RPD], [1.0]) == 0.0  # a day's window does not pace
 
 
 def test_a_slow_deployment_is_not_worth_a_lease() -> None:
