@@ -31,8 +31,10 @@ fair share, and the deployment is healthy; it reaches at most ``SPAN`` past its 
 turn, and a longer window (a day's) may lose at most ``SHARE`` of its capacity to it and
 stay at most ``FULL_AT`` full. A replica whose requests took more than ``NEAR`` of the
 deployment's turns over a lease's cycle (from asking for it to asking for the next) is
-near the limit: it asks per request for ``REFUSED_FOR``. Its size follows the demand it
-sees: about ``TARGET_USES`` requests per lease.
+near the limit: it asks per request for ``REFUSED_FOR``; one refused for the turns ahead
+of it, until they could have drained (``refused_for``). Its size follows the demand it
+sees: about ``TARGET_USES`` requests per lease, and at least twice the requests the last
+one served (a burst that waited for it is served whole).
 
 Times here are *lease time*: seconds since the storage granted the lease (``at``), so the
 comparisons are between small numbers, not epoch-sized ones.
@@ -124,6 +126,16 @@ def lease_turns(
         taken += 1
         last = p.wait
     return states, taken, first, last
+
+
+def refused_for(first: float | None) -> float:
+    """How long a replica refused a lease asks per request: until the turns ahead of it
+    (``first`` seconds of them) could have drained to ``WAIT``, at least a span (another
+    lease's turns: they drain at their pace); ``REFUSED_FOR`` when something else refused
+    it (None: the deployment not healthy, or a key waiting for its fair share)."""
+    if first is None or not math.isfinite(first):
+        return REFUSED_FOR
+    return min(max(first - WAIT, SPAN), REFUSED_FOR)
 
 
 def grants(first: float, taken: int) -> bool:
@@ -288,7 +300,7 @@ class TurnLease:
         in_time = self.read <= self.last
         if self.uses == 0 and in_time and (self.turns < asked or asked >= MAX_TURNS):
             return None
-        wanted = asked * TARGET_USES // max(self.uses, 1)
+        wanted = max(asked * TARGET_USES // max(self.uses, 1), 2 * self.uses)
         return max(2 * MIN_TURNS, min(MAX_TURNS, wanted))
 
 
@@ -330,6 +342,7 @@ __all__ = [
     "counted",
     "grants",
     "lease_turns",
+    "refused_for",
     "returned",
     "spacing",
     "within",

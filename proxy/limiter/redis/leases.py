@@ -373,7 +373,8 @@ class Leases:
             renewing.set_result(None)
         received = time.monotonic()
         if reply[0] != "1":
-            owner.refused_until = received + turns.REFUSED_FOR
+            behind = float(reply[1]) if len(reply) > 1 else None
+            owner.refused_until = received + turns.refused_for(behind)
             owner.turn_size = turns.FIRST_TURNS
             return None
         at, epoch, sequence, taken, first, last, *debts = reply[1:]

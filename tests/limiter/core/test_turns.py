@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -233,9 +234,19 @@ def test_a_replica_taking_a_quarter_of_the_turns_over_a_cycle_is_near_the_limit(
     t.uses = 17  # more than a quarter of the lease's turns...
     assert t.next_turns(64, 64 * spacing) is None  # ... in its own span: near
     # ... but over a cycle four times as long (a burst of requests that waited for the
-    # renewal, then a lull): far from the limit, and the next lease sized for the demand.
-    assert t.next_turns(64, 4 * 64 * spacing) == 64 * turns.TARGET_USES // 17
-    assert t.next_turns(64, 4 * 64 * spacing) == max(2 * turns.MIN_TURNS, 30)
+    # renewal, then a lull): far from the limit, and the next lease sized for the demand
+    # (64 * 8 // 17 = 30 turns), but for twice the burst at least.
+    assert t.next_turns(64, 4 * 64 * spacing) == 2 * 17
+    t.uses = 3
+    assert t.next_turns(64, 4 * 64 * spacing) == 64 * turns.TARGET_USES // 3
+
+
+def test_a_replica_refused_for_the_turns_ahead_asks_again_once_they_could_drain() -> None:
+    assert turns.refused_for(turns.WAIT + 0.1) == pytest.approx(0.1)
+    assert turns.refused_for(turns.WAIT + 0.0001) == turns.SPAN  # at least a span
+    assert turns.refused_for(10.0) == turns.REFUSED_FOR  # at most as before
+    assert turns.refused_for(None) == turns.REFUSED_FOR  # not healthy, or a key waiting
+    assert turns.refused_for(math.nan) == turns.REFUSED_FOR
 
 
 def test_a_lease_read_after_its_last_turn_is_not_taken_for_no_demand() -> None:

@@ -9,7 +9,7 @@
 --       it paces)
 -- Reply: '1', now, the health's epoch, the first turn's sequence, the turns taken, the
 --        first and last turn's waits, then each window's debt before and after; or '0'
---        (nothing charged).
+--        (nothing charged), then the first turn's wait when that is what refused it.
 local now = clock(ARGV[1])
 local turns = tonumber(ARGV[2])
 local h, kept = leasable_health(KEYS[1], now)
@@ -26,7 +26,7 @@ for i = 3, #KEYS do
 end
 local taken, first, last = lease_turns(buckets, turns)
 if not turns_granted(first, taken) then
-  return {'0'}
+  return {'0', fmt(first)}
 end
 local reply = {'1', fmt(now), '', '', tostring(taken), fmt(first), fmt(last)}
 for _, b in ipairs(buckets) do
