@@ -424,8 +424,9 @@ class Dispatcher:
         leaves meanwhile is noticed at once: its turn goes back and
         ``ClientClosedRequest`` ends the request (nothing goes upstream). A turn whose
         deployment learns meanwhile is stale: the sleep ends then (take a new one); so
-        does one ``until`` that event is set. (A wait up to ``SHORT_WAIT`` is slept
-        plainly.)"""
+        does one ``until`` that event is set. A wait of at most ``SHORT_WAIT`` is slept
+        plainly, watching neither: a client gone during it is noticed as the upstream
+        call starts (its own race with the departure), staleness by the caller after it."""
         if not queued:
             self.waiting += 1
         on = give_back.deployment if give_back is not None else None
