@@ -372,10 +372,16 @@ class RedisLimiter:
         return key_state(limits, states, held, now, spent, wall)
 
     async def aclose(self) -> None:
-        if self._leases is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._leases.aclose(), CLOSING_RETURNS)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._closing_returns(), CLOSING_RETURNS)
         await self.runner.aclose()
+
+    async def _closing_returns(self) -> None:
+        """Give back the open leases, then wait for every give-back still lingering in
+        the batch (else it would open a new connection once this one is closed)."""
+        if self._leases is not None:
+            await self._leases.aclose()
+        await self.runner.drain()
 
     # -- replica heartbeats (used by policy.py) -----------------------------------------
 

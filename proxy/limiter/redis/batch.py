@@ -85,6 +85,13 @@ class Batcher:
                 self._timer = loop.call_later(self._linger, self._flush)
         return future
 
+    async def drain(self) -> None:
+        """Send what lingers now and wait for every batch in flight (each caller gets
+        its result or failure): a shutdown closes the connection after them."""
+        waiting = [*self._futures, *self._tasks]
+        self._flush()
+        await asyncio.gather(*waiting, *self._tasks, return_exceptions=True)
+
     def _flush(self) -> None:
         if self._timer is not None:
             self._timer.cancel()

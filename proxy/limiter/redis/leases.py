@@ -26,7 +26,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from proxy.costs import Cost
 from proxy.limiter.base import (
@@ -61,6 +61,13 @@ RENEWALS = 3  # a request asks for a new lease at most this many times, then per
 T = TypeVar("T")
 
 
+class _TurnWaiter(NamedTuple):
+    d: DeploymentLimits
+    costs: list[float]
+    max_wait: float
+    served: asyncio.Future[DeploymentVerdict | None]
+
+
 class Owner:
     """One key's or deployment's lease state in this replica."""
 
@@ -77,6 +84,7 @@ class Owner:
         "size",
         "timer",
         "turn_size",
+        "turn_waiters",
         "turns",
         "windows",
     )
@@ -89,6 +97,8 @@ class Owner:
         self.turns: turns.TurnLease | None = None  # a paced deployment's (turns.py)
         self.admitted: set[str] = set()  # the open lease's requests, by lease id (keys)
         self.renewing: asyncio.Future[None] | None = None
+        # Requests waiting for the turn lease being renewed: served when it is read.
+        self.turn_waiters: list[_TurnWaiter] = []
         self.refused_until = 0.0
         self.size = FIRST_REQUESTS  # the next budget lease's, in requests
         self.turn_size = turns.FIRST_TURNS  # the next turn lease's, in turns
@@ -182,12 +192,15 @@ class Leases:
         need be (once more if others took what a renewal brought); else what ``renew``
         answered instead of a lease (None: ask per request)."""
         costs = [s.amount for s in spent]
-        for _ in range(RENEWALS):
+        # One look more than renewals: a request takes from the lease it renewed last.
+        for renewals in range(RENEWALS + 1):
             now = time.monotonic()
             a = owner.allowance
             if a is not None and a.covers(costs, now):
                 a.take(costs, now)
                 return a, now
+            if renewals == RENEWALS:
+                break
             if owner.renewing is not None:  # another request is renewing it: wait for it
                 await asyncio.shield(owner.renewing)
                 continue
@@ -331,13 +344,22 @@ class Leases:
                 wait = t.turn(costs, now - t.origin, max_wait)
                 if wait is not None:
                     return _leased_turn(owner, d, t, now, wait)
-            if owner.renewing is not None:  # another request is renewing it: wait for it
-                await asyncio.shield(owner.renewing)
-                continue
-            if now < owner.refused_until:
+            renewing = owner.renewing is not None  # else this request renews it
+            if not renewing and now < owner.refused_until:
                 return None
-            if await self._renew_turns(owner, spent, now) is None:
-                return None
+            served: asyncio.Future[DeploymentVerdict | None]
+            served = asyncio.get_running_loop().create_future()
+            owner.turn_waiters.append(_TurnWaiter(d, costs, max_wait, served))
+            if not renewing:
+                try:
+                    await self._renew_turns(owner, spent, now)
+                finally:
+                    self._serve_waiters(owner)  # this request first: it came first
+            verdict = await served
+            if verdict is not None:
+                return verdict
+            if not renewing and owner.turns is None:
+                return None  # refused, or near the limit: per request
         return None
 
     async def _renew_turns(
@@ -368,9 +390,16 @@ class Leases:
         renewing = owner.renewing = asyncio.get_running_loop().create_future()
         try:
             reply = await self.runner.run("lease_turns", keys, args)
+            return self._turns_granted(owner, spent, reply, now)
         finally:
             owner.renewing = None
             renewing.set_result(None)
+
+    def _turns_granted(
+        self, owner: Owner, spent: list[Spend], reply: Any, now: float
+    ) -> turns.TurnLease | None:
+        """The turn lease of ``lease_turns``' ``reply`` to a request sent at ``now``, now
+        the owner's (None: refused, or not trusted and given back)."""
         received = time.monotonic()
         if reply[0] != "1":
             behind = float(reply[1]) if len(reply) > 1 else None
@@ -401,6 +430,20 @@ class Leases:
         delay = max(float(first) + turns.USE_SHARE * turns.SPAN - t.read, 0.0)
         owner.timer = asyncio.get_running_loop().call_later(delay, self._expire_turns, owner, t)
         return t
+
+    def _serve_waiters(self, owner: Owner) -> None:
+        """Hand the requests that waited for a renewal their turns from it, in the order
+        they came, the moment it is read: a grant read late has little of its span left,
+        and each request resumes later still. (A request sent after its turn is later,
+        never sooner, than the pacing allows.) None for each it cannot serve."""
+        waiters, owner.turn_waiters = owner.turn_waiters, []
+        t, now = owner.turns, time.monotonic()
+        for w in waiters:
+            if w.served.done():  # its request is gone
+                continue
+            wait = None if t is None else t.turn(w.costs, now - t.origin, w.max_wait)
+            verdict = None if t is None or wait is None else _leased_turn(owner, w.d, t, now, wait)
+            w.served.set_result(verdict)
 
     def _expire_turns(self, owner: Owner, t: turns.TurnLease) -> None:
         if owner.turns is t and not t.closed:

@@ -207,6 +207,10 @@ class ScriptRunner:
             return self._sentinel.describe()
         return shown(self._url)
 
+    async def drain(self) -> None:
+        """Wait for the batched calls, lingering ones sent now (a shutdown's first step)."""
+        await self._batch.drain()
+
     async def aclose(self) -> None:
         if self._pipelined is not None:
             self._pipelined.close()

@@ -8,7 +8,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import time
+from typing import Any
 
+import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -181,6 +184,36 @@ async def test_far_from_its_limit_a_paced_deployment_asks_once_per_lease(redis_u
         *(lim.reserve(GroupAsk("g", [PACED], estimate_cost(0), 5.0, f"r{i}")) for i in range(6))
     )
     assert calls(redis_url) - before <= 2  # one lease (and a give-back riding along)
+    assert apart([turn_time(v) for v in verdicts])
+    await lim.aclose()
+
+
+async def test_requests_waiting_for_a_renewal_are_served_as_it_is_read(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy event loop resumes the requests that waited for a turn lease long after
+    its grant was read, past the lease's last turn: they hold their turns from the
+    moment it was read, so one lease serves them all (not a renewal each, then a
+    round trip each)."""
+    lim = patient(redis_url)
+    ask = GroupAsk("g", [PACED], estimate_cost(0), 5.0, "warm")
+    await lim.reserve(ask)  # connected, the storage's clock placed
+    real_run = lim.runner.run
+
+    async def busy_after_grant(name: str, keys: list[str], args: list[str]) -> Any:
+        reply = await real_run(name, keys, args)
+        if name == "lease_turns":  # the loop busy before any waiter resumes
+            asyncio.get_running_loop().call_soon(time.sleep, 4 * turns.SPAN)
+        return reply
+
+    monkeypatch.setattr(lim.runner, "run", busy_after_grant)
+    await asyncio.sleep(10 * turns.SPAN)  # idle: the warm-up's lease, if any, given back
+    before = calls(redis_url)
+    verdicts = await asyncio.gather(
+        *(lim.reserve(GroupAsk("g", [PACED], estimate_cost(0), 5.0, f"r{i}")) for i in range(8))
+    )
+    assert all(v.sent is not None and v.sent.private.lease for v in verdicts)
+    assert calls(redis_url) - before <= 2  # one lease (and the old one's give-back)
     assert apart([turn_time(v) for v in verdicts])
     await lim.aclose()
 
