@@ -88,9 +88,9 @@ class Batcher:
     async def drain(self) -> None:
         """Send what lingers now and wait for every batch in flight (each caller gets
         its result or failure): a shutdown closes the connection after them."""
-        waiting = [*self._futures, *self._tasks]
-        self._flush()
-        await asyncio.gather(*waiting, *self._tasks, return_exceptions=True)
+        lingering = list(self._futures)
+        self._flush()  # a task, if not sent at once, joins the ones in flight
+        await asyncio.gather(*lingering, *self._tasks, return_exceptions=True)
 
     def _flush(self) -> None:
         if self._timer is not None:

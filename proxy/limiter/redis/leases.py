@@ -520,7 +520,7 @@ class Leases:
         finally:
             owner.renewing = None
             renewing.set_result(None)
-            self._serve_waiters(owner)  # a turn waiter, had one come: nothing, ask again
+            self._serve_waiters(owner)  # turn waiters, had any come: an open turn lease or None
 
     def _open(self, owner: Owner, a: Allowance) -> Allowance:
         """``a`` is the owner's lease from now on."""
