@@ -1,6 +1,6 @@
 """The dispatcher's journey without servers (support/journey.py): streams and their
 usage, a turn dropped once its deployment learned a slower rate, and a turn moments
-ahead still waited for."""
+ahead still waited for, on asyncio's loop and on uvloop's (whose timers end early)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import time
 
 import httpx
 import orjson
+import pytest
+import uvloop
 from support.journey import REQUEST, Journey, Upstream, config, deployment, ok
 
 from proxy.call import Call
-from proxy.routing.dispatcher import SHORT_WAIT
+from proxy.routing.dispatcher import SHORT_WAIT, TICK, sleep_until
 from proxy.shapes.chat import CHAT
 
 CHUNK = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
@@ -125,3 +127,40 @@ async def test_a_turn_a_fraction_of_a_millisecond_ahead_is_still_waited_for() ->
     assert max(sends) - sent_at >= interval
     assert journey.counted("llmproxy_queue_wait_seconds_count") == 1
     assert journey.counted("llmproxy_queue_wait_seconds_sum") >= 0.9 * interval
+
+
+def test_a_turn_under_a_millisecond_ahead_is_sent_no_sooner_on_uvloop() -> None:
+    """On uvloop (the loop the CLI serves on) a plain sleep of under a millisecond ends
+    at once: the second of two requests at once, its turn half a millisecond after the
+    first's, is still sent no sooner than its turn."""
+    interval = 0.0005
+
+    async def two_at_once() -> tuple[float, list[float]]:
+        sends: list[float] = []
+
+        def upstream(request: httpx.Request) -> httpx.Response:
+            sends.append(time.monotonic())
+            return ok()(request)
+
+        data = config([deployment("a", rpm=round(60 / interval))], retries=0, lookahead="0s")
+        journey = Journey(data, Upstream({}))
+        journey.pipeline.dispatcher.exchange.transport = httpx.MockTransport(upstream)
+        sent_at = time.monotonic()
+        replies = await asyncio.gather(journey.send(), journey.send())
+        assert [r.status for r in replies] == [200, 200]
+        return sent_at, sends
+
+    for _ in range(20):
+        sent_at, sends = uvloop.run(two_at_once())
+        assert max(sends) - sent_at >= interval
+
+
+@pytest.mark.parametrize("seconds", [0.0001, 0.0003, 0.0007, 0.0012, TICK, 0.0031])
+def test_a_turns_sleep_never_ends_before_its_time_on_uvloop(seconds: float) -> None:
+    async def sleeps() -> None:
+        for _ in range(10):
+            due = time.monotonic() + seconds
+            await sleep_until(due)
+            assert time.monotonic() >= due
+
+    uvloop.run(sleeps())
