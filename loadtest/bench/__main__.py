@@ -19,7 +19,14 @@ from loadtest.bench.alternate import alternate, compare_with_peer
 from loadtest.bench.chart import write_chart
 from loadtest.bench.machine import ForeignLoad, environment
 from loadtest.bench.model import COMPARED, PEER, TARGETS, Alternation, BenchReport
-from loadtest.bench.report import fmt, render_markdown, render_peer_summary, render_table, verdicts
+from loadtest.bench.report import (
+    fmt,
+    keep_addenda,
+    render_markdown,
+    render_peer_summary,
+    render_table,
+    verdicts,
+)
 from loadtest.bench.servers import PeerUnavailable, bench_target, checkout, servers
 from loadtest.topology import REPO
 
@@ -151,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     for line in render_peer_summary(report):
         print(line)
     print(f"CPU used by other processes during the run: {fmt(foreign.cores, '.2f')} cores")
-    args.output.write_text(render_markdown(report))
+    previous = args.output.read_text() if args.output.exists() else ""
+    args.output.write_text(keep_addenda(previous, render_markdown(report)))
     print(f"\nwrote {args.output} in {time.monotonic() - started:.0f} s")
     return 0
 

@@ -342,15 +342,17 @@ def render_markdown(report: BenchReport) -> str:
         " redis-server), 1 and 2 workers; and through a peer gateway, TensorZero's (see"
         ' "Peer"). Every proxy request carries a client key (auth),'
         " metrics are on, and the key's and the deployment's limits are set so high that no"
-        " request ever waits: what is measured is the proxy's own cost. Everything —"
-        " wrk, the fake upstream, Redis and the proxy — shares the same machine.",
+        " request is refused or waits for capacity: what is measured is the proxy's own"
+        " cost. Everything — wrk, the fake upstream, Redis and the proxy — shares the same"
+        " machine.",
         "",
         f'**The headline is the default config: "{HEADLINE.label}"** (a deployment with'
-        " `rpm` and the default `burst`, 1: exact pacing, a Redis round trip per request;"
-        " a key with `rpm` and `tpm`), what users run. The rows named `burst 100000` are the"
-        " bench's large-burst config: the deployment far from its limits with a burst that"
-        " lets leases answer almost every request without a Redis round trip. Both are"
-        ' stated rule by rule beside the peer\'s in "Configurations".',
+        " `rpm` and the default `burst`, 1: exact pacing, its turns leased from Redis a few"
+        " at a time far from its limit and slept out to the exact time, a fraction of a"
+        " millisecond; a key with `rpm` and `tpm`), what users run. The rows named"
+        " `burst 100000` are the bench's large-burst config: the deployment far from its"
+        " limits with a burst that lets leases answer almost every request without a Redis"
+        ' round trip. Both are stated rule by rule beside the peer\'s in "Configurations".',
         "",
         "## Targets",
         "",
@@ -426,3 +428,48 @@ def render_markdown(report: BenchReport) -> str:
         "",
     ]
     return "\n".join(md)
+
+
+# The sections render_markdown writes (a title starting with one of these): any other
+# section of the page is an addendum written by hand or by another tool, kept by a rerun.
+GENERATED_SECTIONS = (
+    "Targets",
+    "Throughput and latency",
+    "The proxy's overhead",
+    "Before and after",
+    "Configurations",
+    "Peer",
+    "Machine and versions",
+    "Command",
+)
+
+
+def keep_addenda(previous: str, page: str) -> str:
+    """``page`` with the sections of ``previous`` that the bench does not write (its
+    ``## `` sections, each with its subsections), in their order, before "Machine and
+    versions": a rerun of `make bench` replaces its own figures and keeps the rest."""
+    addenda = [
+        section
+        for section in _sections(previous)
+        if not section[3:].startswith(GENERATED_SECTIONS)
+        and section.partition("\n")[0] + "\n" not in page  # there already
+    ]
+    if not addenda:
+        return page
+    marker = "## Machine and versions\n"
+    head, found, tail = page.partition(marker)
+    if not found:
+        return page.rstrip("\n") + "\n\n" + "".join(addenda)
+    return head + "".join(addenda) + found + tail
+
+
+def _sections(text: str) -> list[str]:
+    """The ``## `` sections of a Markdown page, each up to the next (what comes before
+    the first is left out)."""
+    parts = ("\n" + text).split("\n## ")[1:]
+    # Each part but the last lost the line end before the next title to the split.
+    sections = ["## " + part + "\n" for part in parts[:-1]]
+    if parts:
+        last = "## " + parts[-1]
+        sections.append(last if last.endswith("\n") else last + "\n")
+    return sections

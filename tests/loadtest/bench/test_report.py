@@ -17,6 +17,7 @@ from loadtest.bench.model import (
     Turn,
 )
 from loadtest.bench.report import (
+    keep_addenda,
     overhead,
     render_markdown,
     render_peer_summary,
@@ -264,3 +265,23 @@ def test_a_peer_that_could_not_run_is_said_so_and_skipping_it_leaves_no_section(
     assert "## Peer: TensorZero's gateway\n\nNot measured in this run: tensorzero is not" in text
     assert render_peer_summary(report) == [f"peer: not measured ({report.peer_error})"]
     assert all(v.met is None for v in verdicts(report) if "peer" in v.name)
+
+
+def test_a_rerun_keeps_the_sections_it_does_not_write_and_replaces_its_own() -> None:
+    """Addenda (issue 31's client keys at scale, start-up passes) survive `make bench`;
+    the bench's own sections, a before-and-after of an older run included, do not."""
+    page = render_markdown(_report())
+    previous = (
+        "# Benchmarks\n\nold intro\n\n## Targets\n\nold targets\n\n"
+        "## Before and after: 4340b93 vs this commit\n\nold comparison\n\n"
+        "## Client keys at scale (issue 31)\n\nkeys\n\n### A second pass\n\nmore\n\n"
+        "## Machine and versions\n\nold machine\n\n## Command\n\nold command\n"
+    )
+    kept = keep_addenda(previous, page)
+    assert "## Client keys at scale (issue 31)\n\nkeys\n\n### A second pass\n\nmore\n" in kept
+    assert kept.index("## Client keys at scale") < kept.index("## Machine and versions")
+    for old in ("old intro", "old targets", "old comparison", "old machine", "old command"):
+        assert old not in kept
+    assert kept.count("## Machine and versions") == 1
+    assert keep_addenda(kept, page) == kept  # a second rerun keeps them once
+    assert keep_addenda("", page) == page
