@@ -755,8 +755,9 @@ async def sleep_until(due: float) -> None:
 
 
 async def _until_stale(seconds: float, turn: Turn, settler: Settler) -> None:
-    """Sleep ``seconds`` until ``turn`` (never less: ``sleep_until``), or less if it goes
-    stale meanwhile (its deployment learned: settlement.Settler.stale)."""
+    """Sleep ``seconds`` until ``turn``, never less (as ``sleep_until``: each wake-up is
+    checked on ``time.monotonic()``), or less if it goes stale meanwhile (its deployment
+    learned: settlement.Settler.stale)."""
     deadline = time.monotonic() + seconds
     while not settler.stale(turn):
         left = deadline - time.monotonic()
