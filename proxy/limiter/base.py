@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -547,6 +548,13 @@ class Activity:
 
 class StorageError(Exception):
     """The shared storage could not answer (connection, timeout, script error)."""
+
+
+# Whether the current task's operation reached the shared storage: set by the storage's
+# calls (redis/runner.py), cleared and read by the policy around each shared operation.
+# One answered from this replica alone (a lease's turn, verdict or settlement) tells a
+# circuit breaker nothing of the storage.
+STORAGE_REACHED: ContextVar[bool] = ContextVar("storage_reached", default=False)
 
 
 class LimiterUnavailable(Exception):

@@ -57,6 +57,7 @@ from proxy.background import stop
 from proxy.costs import NOTHING, Cost
 from proxy.limiter.base import (
     NO_CHANGE,
+    STORAGE_REACHED,
     Activity,
     CooldownRule,
     DeploymentLimits,
@@ -428,12 +429,21 @@ class ResilientLimiter:
         if not self._breaker.try_acquire():
             self._settle_locally(settlement)
             return True
+        reached_before = STORAGE_REACHED.get()
+        STORAGE_REACHED.set(False)
 
         def done(error: BaseException | None) -> None:
-            if self._ended("settle", error):
+            # Run at once when nothing was sent, else from the call's future, in the
+            # context it was sent from: either way STORAGE_REACHED says which.
+            if error is None and not STORAGE_REACHED.get():
+                self._breaker.record_abandoned()  # a lease took it whole: no outcome
+            elif self._ended("settle", error):
                 self._settle_locally(settlement)
 
-        return self._shared.settle_soon(settlement, done)
+        handled = self._shared.settle_soon(settlement, done)
+        if not STORAGE_REACHED.get():
+            STORAGE_REACHED.set(reached_before)
+        return handled
 
     async def snapshot(
         self, group: str, deployments: Sequence[DeploymentLimits]
@@ -492,6 +502,8 @@ class ResilientLimiter:
         (``operation`` names it for the error listeners)."""
         if not self._breaker.try_acquire():
             return SKIPPED
+        reached_before = STORAGE_REACHED.get()
+        STORAGE_REACHED.set(False)
         try:
             if self._local_tails:
                 await self._carry_over()  # it must land before any shared reservation
@@ -507,7 +519,11 @@ class ResilientLimiter:
         except BaseException as exc:
             self._ended(operation, exc)
             raise
-        self._ended(operation, None)
+        if STORAGE_REACHED.get():
+            self._ended(operation, None)
+        else:  # answered here alone (a lease's turn or verdict): no outcome of the storage
+            self._breaker.record_abandoned()
+            STORAGE_REACHED.set(reached_before)
         return result
 
     def _ended(self, operation: str, error: BaseException | None) -> bool:

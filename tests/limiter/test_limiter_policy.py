@@ -638,3 +638,28 @@ async def test_a_reservation_whose_reply_is_lost_is_asked_again_not_answered_loc
         assert all(v.sent is not None and not v.sent.private.fallback for v in verdicts)
     finally:
         await a.aclose()
+
+
+async def test_answers_from_a_lease_tell_the_breaker_nothing_of_the_storage(
+    disposable_redis: RedisServer, clock: Clock
+) -> None:
+    """Consecutive storage failures open the circuit even with requests in between that
+    the key's lease answered and settled alone: no call was made, so none counts as a
+    storage success (each used to reset the count of failures)."""
+    shared = RedisLimiter(disposable_redis.url, socket_timeout=0.5, connect_timeout=0.5)
+    a = ResilientLimiter(shared, on_error="local", replica_id="a", failure_threshold=3, clock=clock)
+    leased = KeyLimits("leased", windows=(rpm(1_000_000, 1_000_000), tpm(10**9, 10**9)))
+    other = KeyLimits("other", windows=(rpm(1_000_000, 1_000_000),))
+    try:
+        assert (await a.acquire_key(KeyAsk(leased, "r", estimate_cost(600)))).allowed
+        disposable_redis.kill()
+        for i in range(3):
+            assert (await a.acquire_key(KeyAsk(other, f"o{i}", estimate_cost(0)))).allowed
+            assert a.circuit is (CircuitState.OPEN if i == 2 else CircuitState.CLOSED)
+            if i < 2:  # the lease's, in the awaited way and without a task
+                ask = KeyAsk(leased, f"r{i}", estimate_cost(600))
+                assert (await a.acquire_key(ask)).allowed
+                assert a.settle_soon(KeySettlement(leased, f"r{i}", {"tokens": -500}))
+                await a.settle(KeySettlement(leased, "r", {"tokens": -500}))
+    finally:
+        await a.aclose()

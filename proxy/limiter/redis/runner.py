@@ -41,7 +41,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 from redis.retry import Retry
 
-from proxy.limiter.base import StorageError
+from proxy.limiter.base import STORAGE_REACHED, StorageError
 from proxy.limiter.redis import resp, scripts
 from proxy.limiter.redis.batch import LINGER, Batcher, Deliver, Merge, ScriptCall
 from proxy.limiter.redis.sentinel import SentinelTarget, open_primary
@@ -158,6 +158,7 @@ class ScriptRunner:
         failure as StorageError), or None when calls are not batched now (a cluster, or
         not connected yet): then ``run`` must be awaited instead."""
         if self.submit_ready:
+            STORAGE_REACHED.set(True)
             return self._batch.submit(script, keys, args, urgent=urgent)
         return None
 
@@ -173,6 +174,7 @@ class ScriptRunner:
 
     async def call(self, op: Callable[[Client], Awaitable[Any]]) -> Any:
         """``op`` on the client, within the operation deadline; failures as StorageError."""
+        STORAGE_REACHED.set(True)
         try:
             async with asyncio.timeout(self._op_timeout), self._slots:
                 return await op(await self._connected())
