@@ -429,8 +429,7 @@ class ResilientLimiter:
         if not self._breaker.try_acquire():
             self._settle_locally(settlement)
             return True
-        reached_before = STORAGE_REACHED.get()
-        STORAGE_REACHED.set(False)
+        STORAGE_REACHED.set(False)  # a storage call sets it
 
         def done(error: BaseException | None) -> None:
             # Run at once when nothing was sent, else from the call's future, in the
@@ -440,10 +439,7 @@ class ResilientLimiter:
             elif self._ended("settle", error):
                 self._settle_locally(settlement)
 
-        handled = self._shared.settle_soon(settlement, done)
-        if not STORAGE_REACHED.get():
-            STORAGE_REACHED.set(reached_before)
-        return handled
+        return self._shared.settle_soon(settlement, done)
 
     async def snapshot(
         self, group: str, deployments: Sequence[DeploymentLimits]
@@ -502,8 +498,7 @@ class ResilientLimiter:
         (``operation`` names it for the error listeners)."""
         if not self._breaker.try_acquire():
             return SKIPPED
-        reached_before = STORAGE_REACHED.get()
-        STORAGE_REACHED.set(False)
+        STORAGE_REACHED.set(False)  # a storage call sets it
         try:
             if self._local_tails:
                 await self._carry_over()  # it must land before any shared reservation
@@ -523,7 +518,6 @@ class ResilientLimiter:
             self._ended(operation, None)
         else:  # answered here alone (a lease's turn or verdict): no outcome of the storage
             self._breaker.record_abandoned()
-            STORAGE_REACHED.set(reached_before)
         return result
 
     def _ended(self, operation: str, error: BaseException | None) -> bool:

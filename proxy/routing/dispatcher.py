@@ -439,9 +439,10 @@ class Dispatcher:
         started = time.perf_counter()
         client_left = call.client_left
         if seconds <= SHORT_WAIT:
-            due = time.monotonic() + seconds
             sleeping: Awaitable[object] = (
-                asyncio.sleep(seconds) if give_back is None else sleep_until(due)
+                asyncio.sleep(seconds)
+                if give_back is None
+                else sleep_until(time.monotonic() + seconds)
             )
             client_left = None
         elif give_back is not None:

@@ -107,23 +107,30 @@ async def test_a_turn_reserved_before_its_deployment_learned_a_slower_rate_is_dr
     assert sent == ["a.test"]  # B's stale turn never went upstream
 
 
-async def test_a_turn_a_fraction_of_a_millisecond_ahead_is_still_waited_for() -> None:
-    """Waits up to SHORT_WAIT are slept plainly (no watchers), but slept, and counted as
-    waits: the second of two requests at once sleeps out its turn, one interval after
-    the first's, and is sent no sooner."""
+async def two_at_once(interval: float) -> tuple[Journey, float, list[float]]:
+    """Two requests at once to a deployment paced ``interval`` apart, both answered: the
+    journey, when they were sent, and when each reached the upstream."""
     sends: list[float] = []
 
     def upstream(request: httpx.Request) -> httpx.Response:
         sends.append(time.monotonic())
         return ok()(request)
 
-    interval = SHORT_WAIT / 2
     data = config([deployment("a", rpm=round(60 / interval))], retries=0, lookahead="0s")
     journey = Journey(data, Upstream({}))
     journey.pipeline.dispatcher.exchange.transport = httpx.MockTransport(upstream)
     sent_at = time.monotonic()
     replies = await asyncio.gather(journey.send(), journey.send())
     assert [r.status for r in replies] == [200, 200]
+    return journey, sent_at, sends
+
+
+async def test_a_turn_a_fraction_of_a_millisecond_ahead_is_still_waited_for() -> None:
+    """Waits up to SHORT_WAIT are slept plainly (no watchers), but slept, and counted as
+    waits: the second of two requests at once sleeps out its turn, one interval after
+    the first's, and is sent no sooner."""
+    interval = SHORT_WAIT / 2
+    journey, sent_at, sends = await two_at_once(interval)
     assert max(sends) - sent_at >= interval
     assert journey.counted("llmproxy_queue_wait_seconds_count") == 1
     assert journey.counted("llmproxy_queue_wait_seconds_sum") >= 0.9 * interval
@@ -134,24 +141,8 @@ def test_a_turn_under_a_millisecond_ahead_is_sent_no_sooner_on_uvloop() -> None:
     at once: the second of two requests at once, its turn half a millisecond after the
     first's, is still sent no sooner than its turn."""
     interval = 0.0005
-
-    async def two_at_once() -> tuple[float, list[float]]:
-        sends: list[float] = []
-
-        def upstream(request: httpx.Request) -> httpx.Response:
-            sends.append(time.monotonic())
-            return ok()(request)
-
-        data = config([deployment("a", rpm=round(60 / interval))], retries=0, lookahead="0s")
-        journey = Journey(data, Upstream({}))
-        journey.pipeline.dispatcher.exchange.transport = httpx.MockTransport(upstream)
-        sent_at = time.monotonic()
-        replies = await asyncio.gather(journey.send(), journey.send())
-        assert [r.status for r in replies] == [200, 200]
-        return sent_at, sends
-
     for _ in range(20):
-        sent_at, sends = uvloop.run(two_at_once())
+        _, sent_at, sends = uvloop.run(two_at_once(interval))
         assert max(sends) - sent_at >= interval
 
 
