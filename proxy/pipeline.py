@@ -221,7 +221,13 @@ class Pipeline:
                     await settlement.settle()
                 self._finish(call, status)
 
-            served = await self.dispatcher.run(call, group, stream_done, gate=key_check)
+            gate = key_check
+            if key_check is not None and key_check.done():
+                # Judged at once (in memory, or a lease's): a refusal answers before any
+                # turn is reserved, and a request let through needs no gate.
+                key_check.result()
+                gate = None
+            served = await self.dispatcher.run(call, group, stream_done, gate=gate)
             reply = served.reply
             if shape.name == RESPONSES.name:
                 reply = await self.follow_ups.answered(call, route, reply)

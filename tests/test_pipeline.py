@@ -71,11 +71,23 @@ async def test_a_fallback_group_serves_what_its_own_group_cannot() -> None:
     assert upstream.sent == ["a.test", "b.test"]
 
 
-async def test_a_key_refused_by_its_gate_sends_nothing_and_gives_its_turn_back() -> None:
+async def test_a_key_refused_sends_nothing_and_leaves_the_deployments_turn_free() -> None:
     upstream = Upstream({"a.test": ok()})
     journey = Journey(config([deployment("a", rpm=60, burst=2)], {"rpm": 1}), upstream)
     assert (await journey.send()).status == 200
+    reserved: list[GroupAsk] = []
+    limiter = journey.pipeline.limiter
+    assert isinstance(limiter, MemoryLimiter)
+    real_reserve_now = limiter.reserve_now
+
+    def reserve_now(ask: GroupAsk) -> DeploymentVerdict:
+        reserved.append(ask)
+        return real_reserve_now(ask)
+
+    limiter.reserve_now = reserve_now  # type: ignore[method-assign]
     refused = await journey.send()
+    # Judged at once (in memory): refused before any turn was asked for.
+    assert reserved == []
     assert (refused.status, error_code(refused)) == (429, "key_rpm")
     assert upstream.sent == ["a.test"]
     # The refused request's turn went back: the deployment's second turn is still free.

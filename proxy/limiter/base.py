@@ -600,6 +600,11 @@ class FastPaths(Protocol):
         (in memory, or from a lease of the key's windows); None: await ``acquire_key``."""
         ...
 
+    def reserve_now(self, ask: GroupAsk) -> DeploymentVerdict | None:
+        """``reserve``'s verdict when it can be given at once, without the storage (in
+        memory, or the next request or turn of an open lease); None: await ``reserve``."""
+        ...
+
     def settle_soon(self, settlement: KeySettlement) -> bool:
         """A key's settlement nobody awaits, handed over now without a task when that is
         possible (True: done or on its way, its failure handled as ``settle``'s would

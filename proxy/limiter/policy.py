@@ -366,15 +366,19 @@ class ResilientLimiter:
             return None
         return self._shared.acquire_key_now(ask)
 
+    def reserve_now(self, ask: GroupAsk) -> DeploymentVerdict | None:
+        # As acquire_key_now: only while the shared side is trusted.
+        if self._breaker.state is not CircuitState.CLOSED or self._local_tails:
+            return None
+        verdict = self._shared.reserve_now(ask)
+        if verdict is not None:
+            self._note_tails(ask.group, verdict)
+        return verdict
+
     async def reserve(self, ask: GroupAsk) -> DeploymentVerdict:
         async def shared() -> DeploymentVerdict:
             verdict = await self._shared.reserve(ask)
-            # Every candidate's wait (granted or refused) says how far its turns go.
-            now = self._clock()
-            for deployment_id, wait in verdict.waits.items():
-                if math.isfinite(wait):
-                    key = (ask.group, deployment_id)
-                    self._shared_tails[key] = max(now + wait, self._shared_tails.get(key, 0.0))
+            self._note_tails(ask.group, verdict)
             return verdict
 
         def local() -> DeploymentVerdict:
@@ -403,6 +407,15 @@ class ResilientLimiter:
                 break
             verdict = await self._via_shared("reserve", shared)
         return local() if isinstance(verdict, _Skipped) else verdict
+
+    def _note_tails(self, group: str, verdict: DeploymentVerdict) -> None:
+        """Every candidate's wait (granted or refused) says how far its turns go (where
+        an outage's local turns must start)."""
+        now = self._clock()
+        for deployment_id, wait in verdict.waits.items():
+            if math.isfinite(wait):
+                key = (group, deployment_id)
+                self._shared_tails[key] = max(now + wait, self._shared_tails.get(key, 0.0))
 
     async def settle(self, settlement: Settlement) -> HealthChange:
         def local() -> HealthChange:

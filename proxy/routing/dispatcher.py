@@ -40,7 +40,15 @@ from proxy.errors import (
     ServiceUnavailable,
     UpstreamError,
 )
-from proxy.limiter.base import NEUTRAL, SUCCESS, Activity, GroupAsk, Limiter, Outcome
+from proxy.limiter.base import (
+    NEUTRAL,
+    SUCCESS,
+    Activity,
+    FastPaths,
+    GroupAsk,
+    Limiter,
+    Outcome,
+)
 from proxy.pricing import FREE, usd
 from proxy.routing.activity import Tally
 from proxy.routing.events import Attempt, Events
@@ -116,6 +124,7 @@ class Dispatcher:
         self.routing = settings.routing
         self.catalog = catalog
         self.limiter = limiter
+        self.fast: FastPaths | None = limiter if isinstance(limiter, FastPaths) else None
         # The upstream calls (build, send, classify, read budget and usage, redact).
         self.exchange = Exchange(
             transport,
@@ -252,18 +261,20 @@ class Dispatcher:
                     line = await self._queue(call, group, budget, None)
                     continue
                 lease = f"{call.request_id}.{call.trip.retries}"
-                verdict = await self.limiter.reserve(
-                    GroupAsk(
-                        group.name,
-                        [self.catalog.limits(d) for d in ordered],
-                        call.cost,
-                        budget,
-                        lease,
-                        self.settler.least_busy,
-                        call.claimant,
-                        self.routing.lookahead,
-                    )
+                ask = GroupAsk(
+                    group.name,
+                    [self.catalog.limits(d) for d in ordered],
+                    call.cost,
+                    budget,
+                    lease,
+                    self.settler.least_busy,
+                    call.claimant,
+                    self.routing.lookahead,
                 )
+                # An open lease (or the memory limiter) answers without an await.
+                verdict = None if self.fast is None else self.fast.reserve_now(ask)
+                if verdict is None:
+                    verdict = await self.limiter.reserve(ask)
                 handled = time.monotonic()
                 deferred = verdict.deferred and verdict.retry_after <= budget
                 if line is not None and not deferred:

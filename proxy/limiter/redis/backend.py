@@ -184,14 +184,19 @@ class RedisLimiter:
             return None
         return self._leases.acquire_key_now(ask, partial(self._windows, limits))
 
+    def reserve_now(self, ask: GroupAsk) -> DeploymentVerdict | None:
+        if self._leases is None or ask.least_busy or not ask.candidates:
+            return None
+        names = partial(self._lease_keys, ask.group, ask.candidates[0])
+        return self._leases.reserve_now(ask, names)
+
     async def reserve(self, ask: GroupAsk) -> DeploymentVerdict:
         if not ask.candidates:
             raise ValueError("reserve needs at least one candidate")
         group = ask.group
         if self._leases is not None and not ask.least_busy:
-            first = ask.candidates[0]
-            names = partial(self._lease_keys, group, first)
-            leased = await self._leases.reserve(group, first, ask.cost, names, ask.max_wait)
+            names = partial(self._lease_keys, group, ask.candidates[0])
+            leased = await self._leases.reserve(ask, names)
             if leased is not None:
                 return leased
         claimant = ask.claimant or Claimant()

@@ -28,12 +28,12 @@ from dataclasses import replace
 from functools import partial
 from typing import Any, NamedTuple, TypeVar
 
-from proxy.costs import Cost
 from proxy.limiter.base import (
     SHARED,
     DeploymentLimits,
     DeploymentSettlement,
     DeploymentVerdict,
+    GroupAsk,
     KeyAsk,
     KeyLimits,
     KeySettlement,
@@ -232,43 +232,56 @@ class Leases:
     # -- deployments ---------------------------------------------------------------------
 
     async def reserve(
-        self,
-        group: str,
-        d: DeploymentLimits,
-        cost: Cost,
-        names: Callable[[], list[str]],
-        max_wait: float,
+        self, ask: GroupAsk, names: Callable[[], list[str]]
     ) -> DeploymentVerdict | None:
-        """A turn on ``d`` from its lease (renewed if need be): now from a budget lease,
-        within ``max_wait`` from a turn lease when its windows pace (turns.py); None:
-        reserve per request (the lease was refused, or ``d`` is not healthy, or states no
-        limit: then 429s are all there is to learn its rate from, and every replica must
-        hear of the first at once)."""
+        """A turn on the ask's first candidate from its lease (renewed if need be): now
+        from a budget lease, within ``max_wait`` from a turn lease when its windows pace
+        (turns.py); None: reserve per request (the lease was refused, or the deployment
+        is not healthy, or states no limit: then 429s are all there is to learn its rate
+        from, and every replica must hear of the first at once)."""
+        leased = self.reserve_now(ask, names)  # the usual request: its open lease covers it
+        d = ask.candidates[0]
+        if leased is not None or not d.windows:
+            return leased
+        owner = self._owner(("d", ask.group, d.id), d.windows, names)
+        spent = spends(d.windows, ask.cost)
+        costs = [s.amount for s in spent]
+        if costs == owner.paced:
+            return await self._reserve_turn(owner, d, spent, ask.max_wait)
+        # Whether the deployment can be leased at all is asked only without a lease.
+        rates = [s.window.rate for s in spent]
+        if lease_size(MIN_REQUESTS, costs, rates, costs) is None:
+            if not turns.worth(rates, [s.capacity for s in spent], costs):
+                return None
+            owner.paced = costs
+            return await self._reserve_turn(owner, d, spent, ask.max_wait)
+        got = await self._admit(owner, spent, partial(self._renew_deployment, owner, spent))
+        if got is None:
+            return None
+        return _leased(owner, d, *got)
+
+    def reserve_now(
+        self, ask: GroupAsk, names: Callable[[], list[str]]
+    ) -> DeploymentVerdict | None:
+        """``reserve``'s turn when the open lease gives it at once: the next request of
+        a budget lease, or a turn lease's next turn within ``max_wait`` (None: await
+        ``reserve``, which renews or asks per request)."""
+        d = ask.candidates[0]
         if not d.windows:
             return None
-        owner = self._owner(("d", group, d.id), d.windows, names)
-        spent = spends(d.windows, cost)
-        costs = [s.amount for s in spent]
-        # The usual request: its open lease covers it (``_admit``'s first step, taken here
-        # so that whether the deployment can be leased at all is asked only without one).
-        a, now = owner.allowance, time.monotonic()
+        owner = self._owner(("d", ask.group, d.id), d.windows, names)
+        costs = [ask.cost.get(w.kind, 0.0) for w in d.windows]  # spends()'s amounts
+        now = time.monotonic()
+        a = owner.allowance
         if a is not None and a.covers(costs, now):
             a.take(costs, now)
-        elif costs == owner.paced:
-            return await self._reserve_turn(owner, d, spent, max_wait)
-        else:
-            rates = [s.window.rate for s in spent]
-            if lease_size(MIN_REQUESTS, costs, rates, costs) is None:
-                if not turns.worth(rates, [s.capacity for s in spent], costs):
-                    return None
-                owner.paced = costs
-                return await self._reserve_turn(owner, d, spent, max_wait)
-            got = await self._admit(owner, spent, partial(self._renew_deployment, owner, spent))
-            if got is None:
-                return None
-            a, now = got
-        sent = Sent(a.epoch, a.sequence + a.uses - 1, a.at + (now - a.asked), owner.private)
-        return DeploymentVerdict(d.id, 0.0, waits={d.id: 0.0}, sent=sent)
+            return _leased(owner, d, a, now)
+        t = owner.turns
+        if t is not None and costs == owner.paced:
+            wait = t.turn(costs, now - t.origin, ask.max_wait)
+            if wait is not None:
+                return _leased_turn(owner, d, t, now, wait)
+        return None
 
     async def _renew_deployment(
         self, owner: Owner, spent: list[Spend], now: float
@@ -577,6 +590,12 @@ def _admitted(
     owner.admitted.add(lease)
     assert a.states is not None  # a key's lease tracks its buckets
     return key_verdict(spent, _NOW, "", a.states, now, own)
+
+
+def _leased(owner: Owner, d: DeploymentLimits, a: Allowance, now: float) -> DeploymentVerdict:
+    """The verdict of a request ``a`` (a deployment's budget lease) took at local ``now``."""
+    sent = Sent(a.epoch, a.sequence + a.uses - 1, a.at + (now - a.asked), owner.private)
+    return DeploymentVerdict(d.id, 0.0, waits={d.id: 0.0}, sent=sent)
 
 
 def _leased_turn(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import replace
 
 import redis
 from hypothesis import HealthCheck, given, settings
@@ -35,7 +36,7 @@ from proxy.limiter.core.allowance import (
     lease_refund,
 )
 from proxy.limiter.core.bucket import Bucket, BucketState, Plan, adjust, charge, debt_at
-from proxy.limiter.policy import ResilientLimiter
+from proxy.limiter.policy import CircuitState, ResilientLimiter
 from proxy.limiter.redis import scripts
 from proxy.limiter.redis.backend import RedisLimiter
 
@@ -345,4 +346,25 @@ async def test_leases_answer_at_once_only_while_the_storage_is_trusted(
         GroupAsk("g", [DeploymentLimits("free")], estimate_cost(0), max_wait=0.0)
     )
     assert resilient.acquire_key_now(KeyAsk(BIG, "r2", estimate_cost(10.0))) is None
+    await resilient.aclose()
+
+
+async def test_a_deployment_lease_answers_a_reservation_at_once_while_the_storage_is_trusted(
+    disposable_redis: RedisServer,
+) -> None:
+    shared = RedisLimiter(disposable_redis.url, op_timeout=0.5, connect_timeout=0.5)
+    resilient = ResilientLimiter(shared, on_error="local", replica_id="r", failure_threshold=1)
+    ask = GroupAsk("g", [DEP], estimate_cost(0), max_wait=0.0, slot="r0")
+    assert resilient.reserve_now(ask) is None  # no lease yet: await reserve
+    assert (await resilient.reserve(ask)).deployment_id == DEP.id  # which takes one
+    before = calls(disposable_redis.url)
+    verdict = resilient.reserve_now(replace(ask, slot="r1"))
+    assert verdict is not None and verdict.deployment_id == DEP.id
+    assert verdict.sent is not None and verdict.sent.private.lease
+    assert calls(disposable_redis.url) == before  # from the lease: no Redis call
+    disposable_redis.kill()
+    # A call that needs the storage fails: the breaker opens, the lease answers no more.
+    await resilient.acquire_key(KeyAsk(DAILY, "k", estimate_cost(0)))
+    assert resilient.circuit is CircuitState.OPEN
+    assert resilient.reserve_now(replace(ask, slot="r2")) is None
     await resilient.aclose()

@@ -157,7 +157,9 @@ async def test_two_replicas_never_grant_turns_closer_than_the_pacing(redis_url: 
     async def client(lim: RedisLimiter, name: str) -> None:
         for i in range(60):
             slot = f"{name}-{i}"
-            verdict = await lim.reserve(GroupAsk("g", [PACED], estimate_cost(0), 5.0, slot))
+            ask = GroupAsk("g", [PACED], estimate_cost(0), 5.0, slot)
+            # As the dispatcher asks: the open lease at once, else the awaited way.
+            verdict = lim.reserve_now(ask) or await lim.reserve(ask)
             granted.append(turn_time(verdict))
             assert verdict.sent is not None
             leased[replicas.index(lim)] += bool(verdict.sent.private.lease)
@@ -185,6 +187,25 @@ async def test_far_from_its_limit_a_paced_deployment_asks_once_per_lease(redis_u
     )
     assert calls(redis_url) - before <= 2  # one lease (and a give-back riding along)
     assert apart([turn_time(v) for v in verdicts])
+    await lim.aclose()
+
+
+async def test_an_open_turn_lease_hands_out_turns_without_an_await(redis_url: str) -> None:
+    """``reserve_now`` takes the next turn of the open lease, exactly as ``reserve``
+    would, and no Redis call; with no lease open it answers nothing (await ``reserve``)."""
+    lim = patient(redis_url)
+    assert lim.reserve_now(GroupAsk("g", [PACED], estimate_cost(0), 5.0, "cold")) is None
+    await lim.reserve(GroupAsk("g", [PACED], estimate_cost(0), 5.0, "warm"))  # connected
+    first = await lim.reserve(GroupAsk("g", [PACED], estimate_cost(0), 5.0, "first"))
+    assert first.sent is not None and first.sent.private.lease  # a lease is open
+    before = calls(redis_url)
+    now = [
+        lim.reserve_now(GroupAsk("g", [PACED], estimate_cost(0), 5.0, f"r{i}")) for i in range(4)
+    ]
+    assert calls(redis_url) == before
+    leased = [v for v in now if v is not None]
+    assert leased and all(v.sent is not None and v.sent.private.lease for v in leased)
+    assert apart([turn_time(v) for v in [first, *leased]])
     await lim.aclose()
 
 
