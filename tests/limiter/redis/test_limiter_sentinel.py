@@ -31,9 +31,9 @@ def _limiter(group: SentinelGroup) -> RedisLimiter:
     return RedisLimiter(
         "",
         sentinel=sentinel_target(config),
-        op_timeout=2.0,
-        socket_timeout=0.5,
-        connect_timeout=0.5,
+        op_timeout=5.0,  # generous, as support.limits.patient: a busy machine's TLS
+        socket_timeout=2.0,
+        connect_timeout=2.0,
         leases=False,
     )
 
@@ -97,7 +97,7 @@ def test_the_primarys_user_and_the_sentinels_own_password(tmp_path: Path) -> Non
         assert config is not None
 
         async def acquire() -> bool:
-            limiter = RedisLimiter("", sentinel=sentinel_target(config), op_timeout=2.0)
+            limiter = RedisLimiter("", sentinel=sentinel_target(config), op_timeout=5.0)
             try:
                 return (await limiter.acquire_key(KeyAsk(KEY, "a", estimate_cost(0)))).allowed
             finally:
