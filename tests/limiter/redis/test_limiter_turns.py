@@ -192,18 +192,22 @@ async def test_far_from_its_limit_a_paced_deployment_asks_once_per_lease(redis_u
 
 async def test_an_open_turn_lease_hands_out_turns_without_an_await(redis_url: str) -> None:
     """``reserve_now`` takes the next turn of the open lease, exactly as ``reserve``
-    would, and no Redis call; with no lease open it answers nothing (await ``reserve``)."""
+    would, and no Redis call; with no lease open it answers nothing (await ``reserve``).
+    (A busy machine can outlast a lease's span between two steps: then again.)"""
     lim = patient(redis_url)
     assert lim.reserve_now(GroupAsk("g", [PACED], estimate_cost(0), 5.0, "cold")) is None
-    await lim.reserve(GroupAsk("g", [PACED], estimate_cost(0), 5.0, "warm"))  # connected
-    first = await lim.reserve(GroupAsk("g", [PACED], estimate_cost(0), 5.0, "first"))
-    assert first.sent is not None and first.sent.private.lease  # a lease is open
-    before = calls(redis_url)
-    now = [
-        lim.reserve_now(GroupAsk("g", [PACED], estimate_cost(0), 5.0, f"r{i}")) for i in range(4)
-    ]
-    assert calls(redis_url) == before
-    leased = [v for v in now if v is not None]
+    leased: list[DeploymentVerdict] = []
+    for attempt in range(50):
+        first = await lim.reserve(GroupAsk("g", [PACED], estimate_cost(0), 5.0, f"f{attempt}"))
+        assert first.sent is not None
+        if not first.sent.private.lease:
+            continue  # per request this time (a first grant that came slowly, say)
+        before = calls(redis_url)
+        asked = [GroupAsk("g", [PACED], estimate_cost(0), 5.0, f"r{attempt}-{i}") for i in range(4)]
+        leased = [v for v in map(lim.reserve_now, asked) if v is not None]
+        assert calls(redis_url) == before
+        if leased:
+            break
     assert leased and all(v.sent is not None and v.sent.private.lease for v in leased)
     assert apart([turn_time(v) for v in [first, *leased]])
     await lim.aclose()
