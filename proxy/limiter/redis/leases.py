@@ -239,13 +239,15 @@ class Leases:
         (turns.py); None: reserve per request (the lease was refused, or the deployment
         is not healthy, or states no limit: then 429s are all there is to learn its rate
         from, and every replica must hear of the first at once)."""
-        leased = self.reserve_now(ask, names)  # the usual request: its open lease covers it
         d = ask.candidates[0]
-        if leased is not None or not d.windows:
-            return leased
+        if not d.windows:
+            return None
         owner = self._owner(("d", ask.group, d.id), d.windows, names)
         spent = spends(d.windows, ask.cost)
         costs = [s.amount for s in spent]
+        leased = _from_open(owner, d, costs, ask.max_wait)  # the usual request
+        if leased is not None:
+            return leased
         if costs == owner.paced:
             return await self._reserve_turn(owner, d, spent, ask.max_wait)
         # Whether the deployment can be leased at all is asked only without a lease.
@@ -271,17 +273,7 @@ class Leases:
             return None
         owner = self._owner(("d", ask.group, d.id), d.windows, names)
         costs = [ask.cost.get(w.kind, 0.0) for w in d.windows]  # spends()'s amounts
-        now = time.monotonic()
-        a = owner.allowance
-        if a is not None and a.covers(costs, now):
-            a.take(costs, now)
-            return _leased(owner, d, a, now)
-        t = owner.turns
-        if t is not None and costs == owner.paced:
-            wait = t.turn(costs, now - t.origin, ask.max_wait)
-            if wait is not None:
-                return _leased_turn(owner, d, t, now, wait)
-        return None
+        return _from_open(owner, d, costs, ask.max_wait)
 
     async def _renew_deployment(
         self, owner: Owner, spent: list[Spend], now: float
@@ -590,6 +582,24 @@ def _admitted(
     owner.admitted.add(lease)
     assert a.states is not None  # a key's lease tracks its buckets
     return key_verdict(spent, _NOW, "", a.states, now, own)
+
+
+def _from_open(
+    owner: Owner, d: DeploymentLimits, costs: list[float], max_wait: float
+) -> DeploymentVerdict | None:
+    """A request costing ``costs`` on ``d`` taken from its open lease now: the next of a
+    budget lease, or a turn lease's next turn within ``max_wait`` (None: neither can)."""
+    now = time.monotonic()
+    a = owner.allowance
+    if a is not None and a.covers(costs, now):
+        a.take(costs, now)
+        return _leased(owner, d, a, now)
+    t = owner.turns
+    if t is not None and costs == owner.paced:
+        wait = t.turn(costs, now - t.origin, max_wait)
+        if wait is not None:
+            return _leased_turn(owner, d, t, now, wait)
+    return None
 
 
 def _leased(owner: Owner, d: DeploymentLimits, a: Allowance, now: float) -> DeploymentVerdict:
