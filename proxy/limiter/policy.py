@@ -439,6 +439,13 @@ class ResilientLimiter:
             return True
         if self._local_tails or not self._shared.batching:
             return False
+        if self._breaker.state is CircuitState.CLOSED:
+            # As acquire_key_now: what the lease takes whole tells the breaker nothing.
+            # (Past the False above: the lease's part, once taken, is not taken again.)
+            left = self._shared.settle_leased(settlement)
+            if left is None:
+                return True
+            settlement = left
         if not self._breaker.try_acquire():
             self._settle_locally(settlement)
             return True

@@ -106,17 +106,28 @@ def stream_error(message: str) -> bytes:
     return b"data: " + payload + b"\n\n"
 
 
+# Each kind's header names, made once (they go on every answer of a limited key).
+_KEY_HEADERS: tuple[tuple[Kind, str, str, str], ...] = tuple(
+    (
+        kind,
+        f"x-ratelimit-limit-{kind}",
+        f"x-ratelimit-remaining-{kind}",
+        f"x-ratelimit-reset-{kind}",
+    )
+    for kind in ("requests", "tokens")
+)
+
+
 def key_headers(verdict: KeyVerdict, now: float) -> dict[str, str]:
     """OpenAI's x-ratelimit-* headers; of several windows of a kind, the one with the
     least left."""
     headers: dict[str, str] = {}
-    kinds: tuple[Kind, ...] = ("requests", "tokens")
-    for kind in kinds:
+    for kind, limit, remaining, reset in _KEY_HEADERS:
         usage = verdict.tightest(kind)
         if usage is not None:
-            headers[f"x-ratelimit-limit-{kind}"] = str(int(usage.limit))
-            headers[f"x-ratelimit-remaining-{kind}"] = str(max(int(usage.remaining), 0))
-            headers[f"x-ratelimit-reset-{kind}"] = format_reset(usage.reset)
+            headers[limit] = str(int(usage.limit))
+            headers[remaining] = str(max(int(usage.remaining), 0))
+            headers[reset] = format_reset(usage.reset)
     return headers
 
 

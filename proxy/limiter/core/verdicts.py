@@ -223,6 +223,18 @@ def key_spends(limits: KeyLimits, cost: Cost) -> list[Spend]:
     return spends(limits.all_windows, cost)
 
 
+def admitted_verdict(
+    windows: Sequence[Window], states: Sequence[BucketState], now: float, own: int
+) -> KeyVerdict:
+    """The verdict of a key's request admitted with no budget to check (a lease's): the
+    usage of its own ``own`` first windows after it (``states``: theirs, the team's after
+    them), what its x-ratelimit-* headers show. ``key_verdict``'s, without the rest."""
+    return KeyVerdict(
+        True,
+        usage=tuple([(w, usage(states[i], w.rate, now)) for i, w in enumerate(windows[:own])]),
+    )
+
+
 def key_verdict(
     spent: Sequence[Spend],
     decision: Decision,

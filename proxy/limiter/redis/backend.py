@@ -113,7 +113,11 @@ class RedisLimiter:
         # Leases (leases.py) unless told otherwise; never under an explicit clock (tests
         # that compare verdicts with the memory backend's, step by step).
         leasing = clock is None if leases is None else leases
-        self._leases = Leases(self.runner, _num, self._now) if leasing else None
+        self._leases = (
+            Leases(self.runner, _num, self._now, self._windows, self._lease_keys)
+            if leasing
+            else None
+        )
         self._lease_ttl = lease_ttl
         self._prefix = prefix
         self._key_prefixes: dict[tuple[str, str, str], str] = {}
@@ -140,7 +144,7 @@ class RedisLimiter:
         # A budget is never leased: each request's reservation is checked against every
         # replica's (quota.py: why concurrency cannot overshoot).
         if self._leases is not None and not limits.slotted and not quotas:
-            leased = await self._leases.acquire_key(ask, partial(self._windows, limits))
+            leased = await self._leases.acquire_key(ask)
             if leased is not None:
                 return leased
         spent = key_spends(limits, ask.cost)
@@ -182,21 +186,19 @@ class RedisLimiter:
             return KeyVerdict(True)
         if self._leases is None or limits.slotted or limits.all_quotas:
             return None
-        return self._leases.acquire_key_now(ask, partial(self._windows, limits))
+        return self._leases.acquire_key_now(ask)
 
     def reserve_now(self, ask: GroupAsk) -> DeploymentVerdict | None:
         if self._leases is None or ask.least_busy or not ask.candidates:
             return None
-        names = partial(self._lease_keys, ask.group, ask.candidates[0])
-        return self._leases.reserve_now(ask, names)
+        return self._leases.reserve_now(ask)
 
     async def reserve(self, ask: GroupAsk) -> DeploymentVerdict:
         if not ask.candidates:
             raise ValueError("reserve needs at least one candidate")
         group = ask.group
         if self._leases is not None and not ask.least_busy:
-            names = partial(self._lease_keys, group, ask.candidates[0])
-            leased = await self._leases.reserve(ask, names)
+            leased = await self._leases.reserve(ask)
             if leased is not None:
                 return leased
         claimant = ask.claimant or Claimant()
@@ -303,6 +305,12 @@ class RedisLimiter:
     def batching(self) -> bool:
         """Whether calls go out in batches now, so ``settle_soon`` needs no task."""
         return self.runner.submit_ready
+
+    def settle_leased(self, settlement: KeySettlement) -> KeySettlement | None:
+        """The part of a key's settlement the lease that admitted its request took, at
+        once (no storage call): what is left for the storage (None: nothing), to settle
+        as any other (its lease no longer holds it)."""
+        return settlement if self._leases is None else self._leases.settle_key(settlement)
 
     def settle_soon(self, settlement: KeySettlement, on_done: Done | None = None) -> bool:
         """``settle`` of a key's settlement with the next batch, without a task (False,

@@ -51,12 +51,18 @@ from proxy.limiter.core.allowance import (
     lease_size,
 )
 from proxy.limiter.core.bucket import Admission, BucketState, Decision
-from proxy.limiter.core.verdicts import Spend, excess_cost, key_spends, key_verdict, spends
+from proxy.limiter.core.verdicts import (
+    Spend,
+    admitted_verdict,
+    excess_cost,
+    key_spends,
+    key_verdict,
+    spends,
+)
 from proxy.limiter.redis.runner import ScriptRunner
 
 Num = Callable[[float], str]
 
-_NOW = Decision(Admission.ALLOWED)
 RENEWALS = 3  # a request asks for a new lease at most this many times, then per request
 T = TypeVar("T")
 
@@ -112,10 +118,22 @@ class Owner:
 
 
 class Leases:
-    def __init__(self, runner: ScriptRunner, num: Num, now_arg: Callable[[], str]) -> None:
+    """``key_keys`` and ``deployment_keys`` name an owner's Redis keys (the lease
+    scripts'), asked only when its lease state is made."""
+
+    def __init__(
+        self,
+        runner: ScriptRunner,
+        num: Num,
+        now_arg: Callable[[], str],
+        key_keys: Callable[[KeyLimits], list[str]],
+        deployment_keys: Callable[[str, DeploymentLimits], list[str]],
+    ) -> None:
         self.runner = runner
         self._num = num
         self._now_arg = now_arg
+        self._key_keys = key_keys
+        self._deployment_keys = deployment_keys
         self._owners: dict[Any, Owner] = {}
         self._serial = 0
         self._returning: set[asyncio.Task[Any]] = set()
@@ -123,33 +141,33 @@ class Leases:
 
     # -- client keys ---------------------------------------------------------------------
 
-    async def acquire_key(self, ask: KeyAsk, names: Callable[[], list[str]]) -> KeyVerdict | None:
+    async def acquire_key(self, ask: KeyAsk) -> KeyVerdict | None:
         """The key's verdict from its lease, or from the renewal's round trip; None: ask
         ``acquire_key`` per request."""
         limits = ask.limits
-        owner = self._owner(_key_owner(limits), limits.all_windows, names)
+        owner = self._key_owner(limits)
         spent = key_spends(limits, ask.cost)
         own = len(limits.windows)
         got = await self._admit(owner, spent, partial(self._renew_key, owner, spent, own))
         if isinstance(got, tuple):
             a, now = got
-            return _admitted(owner, a, spent, ask.slot, now, own)
+            return _admitted(owner, a, ask.slot, now, own)
         return got
 
-    def acquire_key_now(self, ask: KeyAsk, names: Callable[[], list[str]]) -> KeyVerdict | None:
+    def acquire_key_now(self, ask: KeyAsk) -> KeyVerdict | None:
         """The key's verdict from its open lease (None: none covers the request now)."""
         limits = ask.limits
-        owner = self._owner(_key_owner(limits), limits.all_windows, names)
+        owner = self._key_owner(limits)
         a = owner.allowance
         if a is None:
             return None
-        spent = key_spends(limits, ask.cost)
-        costs = [s.amount for s in spent]
+        cost = ask.cost
+        costs = [cost.get(w.kind, 0.0) for w in owner.windows]  # key_spends' amounts
         now = time.monotonic()
         if not a.covers(costs, now):
             return None
         a.take(costs, now)
-        return _admitted(owner, a, spent, ask.slot, now, len(limits.windows))
+        return _admitted(owner, a, ask.slot, now, len(limits.windows))
 
     async def _renew_key(
         self, owner: Owner, spent: list[Spend], own: int, now: float
@@ -214,7 +232,7 @@ class Leases:
     def settle_key(self, s: KeySettlement) -> KeySettlement | None:
         """What of ``s`` is left for the shared buckets (None: nothing) once the lease
         that admitted its request, if still open, took its part."""
-        owner = self._owners.get(_key_owner(s.limits))
+        owner = self._owners.get(_key_ident(s.limits))
         if owner is None or s.slot not in owner.admitted:
             return s
         owner.admitted.discard(s.slot)
@@ -231,9 +249,7 @@ class Leases:
 
     # -- deployments ---------------------------------------------------------------------
 
-    async def reserve(
-        self, ask: GroupAsk, names: Callable[[], list[str]]
-    ) -> DeploymentVerdict | None:
+    async def reserve(self, ask: GroupAsk) -> DeploymentVerdict | None:
         """A turn on the ask's first candidate from its lease (renewed if need be): now
         from a budget lease, within ``max_wait`` from a turn lease when its windows pace
         (turns.py); None: reserve per request (the lease was refused, or the deployment
@@ -242,7 +258,7 @@ class Leases:
         d = ask.candidates[0]
         if not d.windows:
             return None
-        owner = self._owner(("d", ask.group, d.id), d.windows, names)
+        owner = self._deployment_owner(ask.group, d)
         spent = spends(d.windows, ask.cost)
         costs = [s.amount for s in spent]
         leased = _from_open(owner, d, costs, ask.max_wait)  # the usual request
@@ -262,16 +278,14 @@ class Leases:
             return None
         return _leased(owner, d, *got)
 
-    def reserve_now(
-        self, ask: GroupAsk, names: Callable[[], list[str]]
-    ) -> DeploymentVerdict | None:
+    def reserve_now(self, ask: GroupAsk) -> DeploymentVerdict | None:
         """``reserve``'s turn when the open lease gives it at once: the next request of
         a budget lease, or a turn lease's next turn within ``max_wait`` (None: await
         ``reserve``, which renews or asks per request)."""
         d = ask.candidates[0]
         if not d.windows:
             return None
-        owner = self._owner(("d", ask.group, d.id), d.windows, names)
+        owner = self._deployment_owner(ask.group, d)
         costs = [ask.cost.get(w.kind, 0.0) for w in d.windows]  # spends()'s amounts
         return _from_open(owner, d, costs, ask.max_wait)
 
@@ -488,17 +502,30 @@ class Leases:
                 returns.append(self._return_turns(owner, t, urgent=True))
         await asyncio.gather(*self._returning, *returns, return_exceptions=True)
 
-    def _owner(
-        self, ident: Any, windows: tuple[Window, ...], names: Callable[[], list[str]]
-    ) -> Owner:
+    def _key_owner(self, limits: KeyLimits) -> Owner:
+        ident = _key_ident(limits)
         owner = self._owners.get(ident)
+        windows = limits.all_windows
         if owner is not None and (owner.windows is windows or owner.windows == windows):
             return owner
-        if owner is not None and owner.allowance is not None:  # limits changed (a reload)
+        return self._new_owner(ident, windows, self._key_keys(limits))
+
+    def _deployment_owner(self, group: str, d: DeploymentLimits) -> Owner:
+        ident = ("d", group, d.id)
+        owner = self._owners.get(ident)
+        windows = d.windows
+        if owner is not None and (owner.windows is windows or owner.windows == windows):
+            return owner
+        return self._new_owner(ident, windows, self._deployment_keys(group, d))
+
+    def _new_owner(self, ident: Any, windows: tuple[Window, ...], keys: list[str]) -> Owner:
+        """A fresh lease state for ``ident`` (new, or its limits changed: a reload)."""
+        owner = self._owners.get(ident)
+        if owner is not None and owner.allowance is not None:
             self._give_back(owner, owner.allowance)
         if owner is not None and owner.turns is not None:
             self._return_turns(owner, owner.turns)
-        owner = self._owners[ident] = Owner(windows, names())
+        owner = self._owners[ident] = Owner(windows, keys)
         return owner
 
     def _size(
@@ -574,14 +601,12 @@ class Leases:
             task.exception()  # a lost return only wastes the lease's units: nothing to do
 
 
-def _admitted(
-    owner: Owner, a: Allowance, spent: list[Spend], lease: str, now: float, own: int
-) -> KeyVerdict:
+def _admitted(owner: Owner, a: Allowance, lease: str, now: float, own: int) -> KeyVerdict:
     """The verdict of a key's request ``a`` took (``lease`` names it for its settlement):
     its headers read the lease's own buckets (the key's ``own`` first windows)."""
     owner.admitted.add(lease)
     assert a.states is not None  # a key's lease tracks its buckets
-    return key_verdict(spent, _NOW, "", a.states, now, own)
+    return admitted_verdict(owner.windows, a.states, now, own)
 
 
 def _from_open(
@@ -621,7 +646,7 @@ def _leased_turn(
     return DeploymentVerdict(d.id, wait, waits={d.id: tail}, sent=sent)
 
 
-def _key_owner(limits: KeyLimits) -> tuple[str, str, str]:
+def _key_ident(limits: KeyLimits) -> tuple[str, str, str]:
     """A key's lease, by key and team: a key moving team leases other Redis keys."""
     return ("k", limits.name, "" if limits.team is None else limits.team.name)
 

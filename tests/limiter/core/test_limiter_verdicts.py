@@ -1,11 +1,21 @@
-"""Corrections per kind (verdicts.py): what a request is charged after the fact."""
+"""Corrections per kind (verdicts.py): what a request is charged after the fact; the
+verdict of a request a lease admitted."""
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
 from support.limits import window
 
 from proxy.costs import estimate_cost
-from proxy.limiter.core.verdicts import excess_cost, settled_cost
+from proxy.limiter.core.bucket import Admission, BucketState, Decision
+from proxy.limiter.core.verdicts import (
+    admitted_verdict,
+    excess_cost,
+    key_verdict,
+    settled_cost,
+    spends,
+)
 
 WINDOWS = (window("tokens", 1000), window("input_tokens", 800), window("output_tokens", 300))
 ESTIMATE = estimate_cost(100, 200)
@@ -56,3 +66,19 @@ def test_a_kind_no_window_counts_has_nothing_to_correct() -> None:
 def test_a_leases_excess_comes_back_as_the_largest_per_kind() -> None:
     windows = (window("tokens", 1000), window("tokens", 5000, 86400.0), window("requests", 10))
     assert excess_cost(windows, [5.0, 8.0, 0.0]) == {"tokens": 8.0}
+
+
+@given(
+    st.lists(st.floats(0.0, 2000.0), min_size=3, max_size=3),
+    st.integers(1, 3),
+    st.floats(0.0, 100.0),
+)
+def test_an_admitted_verdict_is_key_verdicts_for_an_allowed_request(
+    debts: list[float], own: int, now: float
+) -> None:
+    states = [BucketState(d, 0.0) for d in debts]
+    spent = spends(WINDOWS, ESTIMATE)
+    allowed = Decision(Admission.ALLOWED)
+    assert admitted_verdict(WINDOWS, states, now, own) == key_verdict(
+        spent, allowed, "", states, now, own
+    )

@@ -29,6 +29,7 @@ from proxy.limiter.base import (
     Rate,
 )
 from proxy.limiter.core.allowance import (
+    FIRST_REQUESTS,
     HOLD,
     Allowance,
     lease_floor,
@@ -346,6 +347,41 @@ async def test_leases_answer_at_once_only_while_the_storage_is_trusted(
         GroupAsk("g", [DeploymentLimits("free")], estimate_cost(0), max_wait=0.0)
     )
     assert resilient.acquire_key_now(KeyAsk(BIG, "r2", estimate_cost(10.0))) is None
+    await resilient.aclose()
+
+
+async def test_a_settlement_its_lease_takes_whole_is_done_at_once_and_the_rest_goes_once(
+    disposable_redis: RedisServer,
+) -> None:
+    # Windows that barely drain (30 days'), so the storage's debt reads exactly.
+    month = 30 * 86400.0
+    limits = KeyLimits("k", windows=(window("requests", 1e6, month), window("tokens", 1e7, month)))
+    cost = estimate_cost(10.0)
+    shared = await warm(disposable_redis.url)
+    resilient = ResilientLimiter(shared, on_error="local", replica_id="r")
+    assert (await resilient.acquire_key(KeyAsk(limits, "r0", cost))).allowed  # leases
+    assert resilient.acquire_key_now(KeyAsk(limits, "r1", cost)) is not None
+    tokens = shared._windows(limits)[1]
+    with redis.Redis.from_url(disposable_redis.url, decode_responses=True) as c:
+        before, debt = calls(disposable_redis.url), float(c.hget(tokens, "d"))
+        # A refund the lease holds: settled at once, no storage call, the breaker untold.
+        assert resilient.settle_soon(KeySettlement(limits, "r1", {"tokens": -5.0}))
+        await asyncio.sleep(0.05)
+        assert calls(disposable_redis.url) == before
+        assert resilient.circuit is CircuitState.CLOSED
+        # More than the lease holds: the lease takes what it has room for, the rest
+        # reaches the storage in one call.
+        assert resilient.settle_soon(KeySettlement(limits, "r0", {"tokens": 1e5}))
+        for _ in range(100):
+            if calls(disposable_redis.url) > before:
+                break
+            await asyncio.sleep(0.02)
+        assert calls(disposable_redis.url) == before + 1
+        risen = float(c.hget(tokens, "d")) - debt
+    # The lease's part (its room: at most its first size's estimates and the refund) is
+    # not charged again.
+    room = FIRST_REQUESTS * cost["tokens"] + 5.0
+    assert 1e5 - room - 1.0 < risen < 1e5 - 1.0
     await resilient.aclose()
 
 
