@@ -4,15 +4,16 @@ headers (the default config's key: rpm and tpm, from its lease).
     python -m loadtest.key_path                      # this tree
     python -m loadtest.key_path --baseline 1d0d38c   # and a revision, in turns
 
-One process per measurement runs the pipeline's key steps in a loop over a private
-redis-server, as a request does (``Pipeline._check_key``, its settlement once the usage
-is read, ``key_headers``), with the key's lease renewed as it runs out: what is left is
-the Python of the key's path, without the forwarding, the deployment's turn or the
-server. It prints the best of several repetitions in CPU nanoseconds per request, less a
-loop that only makes the request's ``Call``. Trees are measured in turns, three times
-each: on these shared 2-core machines a single figure moves by 5-10%, a change of 15% or
-more reads through. ``loadtest.cost`` counts whole requests (instructions, noise-free);
-this isolates the key's part, where the leases' timing makes that count unsteady.
+One process per measurement runs the pipeline's key steps in a loop as a request does
+(``Pipeline._check_key``, its settlement once the usage is read, ``key_headers``), over
+a private redis-server (one for the run, emptied before each measurement), with the
+key's lease renewed as it runs out: what is left is the Python of the key's path,
+without the forwarding, the deployment's turn or the server. It prints the best of
+several repetitions in CPU nanoseconds per request, less a loop that only makes the
+request's ``Call``. Trees are measured in turns, three times each: on these shared
+2-core machines a single figure moves by 5-10%, a change of 15% or more reads through.
+``loadtest.cost`` counts whole requests (instructions, noise-free); this isolates the
+key's part, where the leases' timing makes that count unsteady.
 """
 
 from __future__ import annotations
@@ -95,42 +96,24 @@ async def _measure(
     return best["key"] - best["base"], best["base"]
 
 
-def _child() -> None:
+def _child(url: str) -> None:
+    """One measurement, of the ``proxy`` package on ``PYTHONPATH``, over the Redis at
+    ``url``; prints the two figures and where that package is."""
     import uvloop
 
-    from loadtest.bench.servers import Processes, flush_redis
-    from loadtest.topology import LOOPBACK, free_port
-
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = Processes(Path(tmp))
-        try:
-            port = free_port()
-            procs.start(
-                "redis",
-                ["redis-server", "--port", str(port), "--bind", LOOPBACK, "--save", "",
-                 "--appendonly", "no", "--dir", tmp],
-            )  # fmt: skip
-            url = f"redis://{LOOPBACK}:{port}/0"
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    flush_redis(url)
-                    break
-                except Exception:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.05)
-            key, base = uvloop.run(_measure(url))
-            print(f"{key:.0f} {base:.0f} {sys.modules['proxy'].__file__}")
-        finally:
-            procs.stop_all()
+    key, base = uvloop.run(_measure(url))
+    print(f"{key:.0f} {base:.0f} {sys.modules['proxy'].__file__}")
 
 
-def _run(tree: Path) -> tuple[float, float]:
-    """One measurement of the tree at ``tree`` (its ``proxy`` package), in a child."""
+def _run(tree: Path, url: str) -> tuple[float, float]:
+    """One measurement of the tree at ``tree`` (its ``proxy`` package), in a child, over
+    the emptied Redis at ``url``."""
+    from loadtest.bench.servers import flush_redis
+
+    flush_redis(url)
     with tempfile.TemporaryDirectory() as elsewhere:  # not the work tree's ``proxy``
         done = subprocess.run(
-            [sys.executable, __file__, "--child"],
+            [sys.executable, __file__, "--child", url],
             env={**os.environ, "PYTHONPATH": str(tree)},
             cwd=elsewhere, capture_output=True, text=True, timeout=600, check=True,
         )  # fmt: skip
@@ -143,23 +126,33 @@ def _run(tree: Path) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.key_path", description=__doc__)
     parser.add_argument("--baseline", metavar="REV", help="also measure this git revision")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        _child()
+        _child(args.child)
         return 0
-    from loadtest.bench.servers import trees
+    from loadtest.bench.servers import Processes, start_redis, trees
 
-    with trees(args.baseline) as measured:
-        figures: dict[str, list[float]] = {name: [] for name in measured}
-        for _ in range(_TURNS):
-            for name, tree in measured.items():
-                key, base = _run(tree)
-                figures[name].append(key)
-                print(f"{name}: key path {key:,.0f} ns per request (base {base:,.0f})", flush=True)
-        line = ", ".join(f"{name} {min(f):,.0f}-{max(f):,.0f}" for name, f in figures.items())
-        print(f"key path, CPU ns per request (range of {_TURNS} runs): {line}")
+    with tempfile.TemporaryDirectory() as tmp, trees(args.baseline) as measured:
+        procs = Processes(Path(tmp))
+        try:
+            url = start_redis(procs)
+            _compare(measured, url)
+        finally:
+            procs.stop_all()
     return 0
+
+
+def _compare(measured: dict[str, Path], url: str) -> None:
+    """Each tree of ``measured`` (by name) ``_TURNS`` times, in turns; then their ranges."""
+    figures: dict[str, list[float]] = {name: [] for name in measured}
+    for _ in range(_TURNS):
+        for name, tree in measured.items():
+            key, base = _run(tree, url)
+            figures[name].append(key)
+            print(f"{name}: key path {key:,.0f} ns per request (base {base:,.0f})", flush=True)
+    line = ", ".join(f"{name} {min(f):,.0f}-{max(f):,.0f}" for name, f in figures.items())
+    print(f"key path, CPU ns per request (range of {_TURNS} runs): {line}")
 
 
 if __name__ == "__main__":

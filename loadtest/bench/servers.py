@@ -398,34 +398,41 @@ def servers(workdir: Path) -> Iterator[tuple[Processes, str, str]]:
     """The fake upstream (no limits, no latency) and a private redis-server."""
     procs = Processes(workdir)
     try:
-        upstream_port, redis_port = free_port(), free_port()
+        upstream_port = free_port()
         upstream = procs.start(
             "fake-upstream",
             [sys.executable, "-m", "proxy.fake_upstream", "--host", LOOPBACK,
              "--port", str(upstream_port), "--log-level", "WARNING"],
         )  # fmt: skip
-        redis_server = procs.start(
-            "redis",
-            ["redis-server", "--port", str(redis_port), "--bind", LOOPBACK, "--save", "",
-             "--appendonly", "no", "--dir", str(workdir)],
-        )  # fmt: skip
+        redis_url = start_redis(procs)
         upstream_url = f"http://{LOOPBACK}:{upstream_port}"
         wait_until(f"{upstream_url}/stats", upstream, timeout=20)
-        redis_url = f"redis://{LOOPBACK}:{redis_port}/0"
-        deadline = time.monotonic() + 20
-        while True:
-            if redis_server.poll() is not None:
-                raise RuntimeError(f"redis-server exited:\n{procs.log('redis')}")
-            try:
-                flush_redis(redis_url)
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
         yield procs, upstream_url, redis_url
     finally:
         procs.stop_all()
+
+
+def start_redis(procs: Processes) -> str:
+    """A private redis-server (no persistence, in the processes' work directory),
+    answering and empty: its URL."""
+    port = free_port()
+    redis_server = procs.start(
+        "redis",
+        ["redis-server", "--port", str(port), "--bind", LOOPBACK, "--save", "",
+         "--appendonly", "no", "--dir", str(procs.workdir)],
+    )  # fmt: skip
+    url = f"redis://{LOOPBACK}:{port}/0"
+    deadline = time.monotonic() + 20
+    while True:
+        if redis_server.poll() is not None:
+            raise RuntimeError(f"redis-server exited:\n{procs.log('redis')}")
+        try:
+            flush_redis(url)
+            return url
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 @contextlib.contextmanager

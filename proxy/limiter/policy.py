@@ -359,16 +359,19 @@ class ResilientLimiter:
 
         return await self._route("acquire_key", lambda: self._shared.acquire_key(ask), local)
 
+    def _leases_answer(self) -> bool:
+        """Whether a lease may answer without the storage: only while the shared side is
+        trusted (a lease's answer tells the breaker nothing of the storage) and no
+        outage's carry-over is still to land."""
+        return self._breaker.state is CircuitState.CLOSED and not self._local_tails
+
     def acquire_key_now(self, ask: KeyAsk) -> KeyVerdict | None:
-        # Only while the shared side is trusted: a lease's verdict tells the breaker
-        # nothing of the storage, and an outage's carry-over must land first.
-        if self._breaker.state is not CircuitState.CLOSED or self._local_tails:
+        if not self._leases_answer():
             return None
         return self._shared.acquire_key_now(ask)
 
     def reserve_now(self, ask: GroupAsk) -> DeploymentVerdict | None:
-        # As acquire_key_now: only while the shared side is trusted.
-        if self._breaker.state is not CircuitState.CLOSED or self._local_tails:
+        if not self._leases_answer():
             return None
         verdict = self._shared.reserve_now(ask)
         if verdict is not None:
@@ -439,9 +442,9 @@ class ResilientLimiter:
             return True
         if self._local_tails or not self._shared.batching:
             return False
-        if self._breaker.state is CircuitState.CLOSED:
-            # As acquire_key_now: what the lease takes whole tells the breaker nothing.
-            # (Past the False above: the lease's part, once taken, is not taken again.)
+        if self._leases_answer():
+            # What the lease takes whole tells the breaker nothing. (Past the False
+            # above: the lease's part, once taken, is not taken again.)
             left = self._shared.settle_leased(settlement)
             if left is None:
                 return True

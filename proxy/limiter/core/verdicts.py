@@ -88,6 +88,11 @@ def spends(windows: Sequence[Window], cost: Cost) -> list[Spend]:
     return [Spend(w, cost.get(w.kind, 0.0)) for w in windows]
 
 
+def amounts(windows: Sequence[Window], cost: Cost) -> list[float]:
+    """``spends``' amounts alone (no ``Spend`` per window: a lease's hot path)."""
+    return [cost.get(w.kind, 0.0) for w in windows]
+
+
 def settled_cost(
     estimate: Cost, used: Cost | None, windows: Sequence[Window], *, refund: bool = True
 ) -> Cost:

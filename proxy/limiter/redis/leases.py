@@ -54,6 +54,7 @@ from proxy.limiter.core.bucket import Admission, BucketState, Decision
 from proxy.limiter.core.verdicts import (
     Spend,
     admitted_verdict,
+    amounts,
     excess_cost,
     key_spends,
     key_verdict,
@@ -116,6 +117,11 @@ class Owner:
         # question is answered once, not per request.
         self.paced: list[float] | None = None
 
+    def counts(self, windows: tuple[Window, ...]) -> bool:
+        """Whether it leases these windows (limits reloaded unchanged are equal, not the
+        same objects)."""
+        return self.windows is windows or self.windows == windows
+
 
 class Leases:
     """``key_keys`` and ``deployment_keys`` name an owner's Redis keys (the lease
@@ -161,8 +167,7 @@ class Leases:
         a = owner.allowance
         if a is None:
             return None
-        cost = ask.cost
-        costs = [cost.get(w.kind, 0.0) for w in owner.windows]  # key_spends' amounts
+        costs = amounts(owner.windows, ask.cost)
         now = time.monotonic()
         if not a.covers(costs, now):
             return None
@@ -286,7 +291,7 @@ class Leases:
         if not d.windows:
             return None
         owner = self._deployment_owner(ask.group, d)
-        costs = [ask.cost.get(w.kind, 0.0) for w in d.windows]  # spends()'s amounts
+        costs = amounts(d.windows, ask.cost)
         return _from_open(owner, d, costs, ask.max_wait)
 
     async def _renew_deployment(
@@ -502,29 +507,31 @@ class Leases:
                 returns.append(self._return_turns(owner, t, urgent=True))
         await asyncio.gather(*self._returning, *returns, return_exceptions=True)
 
+    # The lookups of a key's and a deployment's lease state: the Redis keys are named
+    # only when a state is made (no closure per request to name them).
     def _key_owner(self, limits: KeyLimits) -> Owner:
         ident = _key_ident(limits)
         owner = self._owners.get(ident)
-        windows = limits.all_windows
-        if owner is not None and (owner.windows is windows or owner.windows == windows):
+        if owner is not None and owner.counts(limits.all_windows):
             return owner
-        return self._new_owner(ident, windows, self._key_keys(limits))
+        return self._new_owner(ident, limits.all_windows, self._key_keys(limits), owner)
 
     def _deployment_owner(self, group: str, d: DeploymentLimits) -> Owner:
         ident = ("d", group, d.id)
         owner = self._owners.get(ident)
-        windows = d.windows
-        if owner is not None and (owner.windows is windows or owner.windows == windows):
+        if owner is not None and owner.counts(d.windows):
             return owner
-        return self._new_owner(ident, windows, self._deployment_keys(group, d))
+        return self._new_owner(ident, d.windows, self._deployment_keys(group, d), owner)
 
-    def _new_owner(self, ident: Any, windows: tuple[Window, ...], keys: list[str]) -> Owner:
-        """A fresh lease state for ``ident`` (new, or its limits changed: a reload)."""
-        owner = self._owners.get(ident)
-        if owner is not None and owner.allowance is not None:
-            self._give_back(owner, owner.allowance)
-        if owner is not None and owner.turns is not None:
-            self._return_turns(owner, owner.turns)
+    def _new_owner(
+        self, ident: Any, windows: tuple[Window, ...], keys: list[str], old: Owner | None
+    ) -> Owner:
+        """A fresh lease state for ``ident``: new, or replacing ``old``, whose limits
+        changed (a reload), once its open leases are given back."""
+        if old is not None and old.allowance is not None:
+            self._give_back(old, old.allowance)
+        if old is not None and old.turns is not None:
+            self._return_turns(old, old.turns)
         owner = self._owners[ident] = Owner(windows, keys)
         return owner
 

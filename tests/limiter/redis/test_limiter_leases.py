@@ -54,6 +54,12 @@ async def warm(url: str) -> RedisLimiter:
     return lim
 
 
+def quick_to_open(url: str) -> ResilientLimiter:
+    """A limiter whose circuit opens at the first failed call, and soon."""
+    shared = RedisLimiter(url, op_timeout=0.5, connect_timeout=0.5)
+    return ResilientLimiter(shared, on_error="local", replica_id="r", failure_threshold=1)
+
+
 def test_lease_scripts_compute_what_allowance_does(redis_url: str) -> None:
     rate = Rate(6000.0, 60.0, 6000.0)
     with redis.Redis.from_url(redis_url, decode_responses=True) as c:
@@ -336,8 +342,7 @@ async def test_a_key_check_its_lease_covers_is_answered_at_once(redis_url: str) 
 async def test_leases_answer_at_once_only_while_the_storage_is_trusted(
     disposable_redis: RedisServer,
 ) -> None:
-    shared = RedisLimiter(disposable_redis.url, op_timeout=0.5, connect_timeout=0.5)
-    resilient = ResilientLimiter(shared, on_error="local", replica_id="r", failure_threshold=1)
+    resilient = quick_to_open(disposable_redis.url)
     assert (await resilient.acquire_key(KeyAsk(BIG, "r0", estimate_cost(10.0)))).allowed
     assert resilient.acquire_key_now(KeyAsk(BIG, "r1", estimate_cost(10.0))) is not None
     disposable_redis.kill()
@@ -388,8 +393,7 @@ async def test_a_settlement_its_lease_takes_whole_is_done_at_once_and_the_rest_g
 async def test_a_deployment_lease_answers_a_reservation_at_once_while_the_storage_is_trusted(
     disposable_redis: RedisServer,
 ) -> None:
-    shared = RedisLimiter(disposable_redis.url, op_timeout=0.5, connect_timeout=0.5)
-    resilient = ResilientLimiter(shared, on_error="local", replica_id="r", failure_threshold=1)
+    resilient = quick_to_open(disposable_redis.url)
     ask = GroupAsk("g", [DEP], estimate_cost(0), max_wait=0.0, slot="r0")
     assert resilient.reserve_now(ask) is None  # no lease yet: await reserve
     assert (await resilient.reserve(ask)).deployment_id == DEP.id  # which takes one
