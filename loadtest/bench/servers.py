@@ -355,8 +355,8 @@ def is_loopback(ip: str) -> bool:
     return address.is_loopback or bool(mapped and mapped.is_loopback)
 
 
-def foreign_remotes(pid: int) -> list[str]:
-    """The remote IPs, other than loopback, of the sockets ``pid`` has open now."""
+def socket_inodes(pid: int) -> set[int]:
+    """The inodes of the sockets ``pid`` has open now."""
     inodes = set()
     with contextlib.suppress(OSError):
         for fd in Path(f"/proc/{pid}/fd").iterdir():
@@ -364,6 +364,30 @@ def foreign_remotes(pid: int) -> list[str]:
                 target = os.readlink(fd)
                 if target.startswith("socket:["):
                     inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def served_on(port: int) -> set[int]:
+    """The inodes of the established TCP connections whose local port is ``port``."""
+    inodes = set()
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
+                    inodes.add(int(fields[9]))
+    return inodes
+
+
+def connections_by_worker(pid: int, port: int) -> dict[int, int]:
+    """Worker pid -> the connections to ``port`` it holds, for the workers of ``pid``."""
+    served = served_on(port)
+    return {worker: len(socket_inodes(worker) & served) for worker in sorted(worker_pids(pid))}
+
+
+def foreign_remotes(pid: int) -> list[str]:
+    """The remote IPs, other than loopback, of the sockets ``pid`` has open now."""
+    inodes = socket_inodes(pid)
     remotes: dict[int, str] = {}
     for table in ("tcp", "tcp6", "udp", "udp6"):
         with contextlib.suppress(OSError):

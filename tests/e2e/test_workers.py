@@ -16,6 +16,7 @@ import pytest
 from support.proxy_server import ProxyProcess
 from support.waiting import wait_until
 
+from loadtest.bench.servers import connections_by_worker, worker_pids
 from proxy.api.balance import read_table
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 from proxy.worker_env import CONNECTIONS_ENV
@@ -52,53 +53,15 @@ def _ask(conn: socket.socket) -> bytes:
     return head.split(b"\r\n", 1)[0]
 
 
-def _workers(parent: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"resource_tracker" not in cmdline:
-            found.append(int(entry.name))
-    return found
-
-
 def _both_serving(parent: int) -> bool:
     """Whether both workers hold a slot in the connections table (their listeners are up)."""
-    workers = _workers(parent)
+    workers = worker_pids(parent)
     if len(workers) != 2:
         return False
     environ = Path(f"/proc/{workers[0]}/environ").read_bytes().split(b"\0")
     prefix = CONNECTIONS_ENV.encode() + b"="
     path = next(v[len(prefix) :] for v in environ if v.startswith(prefix)).decode()
     return {pid for pid, _ in read_table(path)} == set(workers)
-
-
-def _socket_inodes(pid: int) -> set[str]:
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[len("socket:[") : -1])
-    return inodes
-
-
-def _served_from(port: int) -> set[str]:
-    """Inodes of the established connections whose local end is ``port``."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
-                inodes.add(fields[9])
-    return inodes
 
 
 pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
@@ -113,8 +76,7 @@ def test_connections_opened_at_once_are_shared_evenly_by_two_workers(
         clients = [socket.create_connection(("127.0.0.1", proxy.port)) for _ in range(CONNECTIONS)]
         try:
             assert {_ask(conn) for conn in clients} == {b"HTTP/1.1 200 OK"}
-            served = _served_from(proxy.port)
-            held = sorted(len(_socket_inodes(pid) & served) for pid in _workers(proxy.process.pid))
+            held = sorted(connections_by_worker(proxy.process.pid, proxy.port).values())
             # Exactly half each unless a worker's loop stalled past balance.PATIENCE on this
             # busy machine; left to the event loop, one worker usually took nearly all.
             assert sum(held) == CONNECTIONS
@@ -130,32 +92,17 @@ def test_when_a_worker_dies_the_other_takes_every_new_connection(
     with ProxyProcess(_config(upstream), tmp_path, workers=2) as proxy:
         assert proxy.process is not None
         wait_until(lambda: _both_serving(proxy.process.pid), timeout=20, what="2 workers")
-        first = [socket.create_connection(("127.0.0.1", proxy.port)) for _ in range(2)]
-        assert {_ask(conn) for conn in first} == {b"HTTP/1.1 200 OK"}
+        kept = socket.create_connection(("127.0.0.1", proxy.port))
+        assert _ask(kept) == b"HTTP/1.1 200 OK"
         # The worker that dies holds fewer connections than the other (none against
         # one), so its last count would hold the survivor back if it were trusted.
-        victim, _ = _workers(proxy.process.pid)
-        served = _served_from(proxy.port)
-        mine = [c for c in first if _inode(c, served, victim)]
-        for conn in mine:
-            conn.close()
-        wait_until(lambda: not _socket_inodes(victim) & _served_from(proxy.port), timeout=10,
-                   what="the victim's connection closed")  # fmt: skip
+        held = connections_by_worker(proxy.process.pid, proxy.port)
+        victim = next(pid for pid, count in held.items() if count == 0)
         os.kill(victim, signal.SIGKILL)
 
         later = [socket.create_connection(("127.0.0.1", proxy.port)) for _ in range(8)]
         try:
             assert {_ask(conn) for conn in later} == {b"HTTP/1.1 200 OK"}
         finally:
-            for conn in first + later:
+            for conn in [kept, *later]:
                 conn.close()
-
-
-def _inode(conn: socket.socket, served: set[str], pid: int) -> bool:
-    """Whether ``pid`` holds the server end of the client connection ``conn``."""
-    client_port = conn.getsockname()[1]
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if int(fields[2].rsplit(":", 1)[1], 16) == client_port and fields[9] in served:
-            return fields[9] in _socket_inodes(pid)
-    return False
