@@ -368,7 +368,7 @@ def _serve_workers(args: argparse.Namespace, settings: Settings) -> int:
     os.environ[SUPERVISOR_ENV] = str(os.getpid())
     connections = create_table(args.workers)
     options = _uvicorn_options(args, settings.server.log_level)
-    # Each worker takes a connection only while it holds no more than the others.
+    # Each worker takes a connection only while it holds about as many as the others.
     options["loop"] = BALANCED_LOOP
     try:
         run_supervised(

@@ -2,10 +2,11 @@
 
 The workers accept from one listening socket. Left to the event loop, whichever worker
 wakes first takes every connection waiting: a client that opens its connections at once
-(an SDK's pool, a load balancer, a load generator) landed 62 of 64 on one worker, which
-then ran at a full core while the other idled, and keep-alive connections stay where they
-land (docs/performance.md, "Connections balanced across workers"). Here a worker accepts
-only while it holds no more open connections than the least loaded of the others.
+(an SDK's pool, a load balancer, a load generator) landed 62 of 64 on one worker, and
+keep-alive connections stay where they land: with a core per worker, that worker's core
+is then the whole proxy's (docs/performance.md, "Connections balanced across workers"). Here a worker accepts
+only while it holds at most ``SLACK`` (one) open connection more than the least loaded
+of the others.
 
 The counts live in a small file that the parent creates and every worker maps
 (:class:`ConnectionTable`: one slot per worker, its pid and its open connections). A
@@ -49,6 +50,10 @@ __all__ = [
 
 logger = logging.getLogger("uvicorn.error")
 
+# How far ahead of the least loaded worker another may take a connection: 64 connections
+# opened at once land 31 to 33 on each of two workers, and a worker that serves a
+# connection per request (counts moving by one all the time) rarely lets one wait.
+SLACK: Final = 1
 # How long a connection waits for a less loaded worker before another takes it.
 PATIENCE: Final = 0.05
 # How soon a worker that let a connection wait looks again.
@@ -62,8 +67,8 @@ _SLOT: Final = struct.Struct("=qq")  # pid, open connections
 
 def may_accept(mine: int, others: Sequence[int]) -> bool:
     """Whether a worker with ``mine`` open connections takes the next one, when the other
-    live workers hold ``others``: only the least loaded do (ties all may)."""
-    return not others or mine <= min(others)
+    live workers hold ``others``: those within ``SLACK`` of the least loaded do."""
+    return not others or mine <= min(others) + SLACK
 
 
 def create_table(workers: int) -> str:

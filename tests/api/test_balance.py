@@ -23,18 +23,19 @@ from proxy.api.balance import BalancedListener, ConnectionTable, may_accept
 from proxy.worker_env import CONNECTIONS_ENV
 
 
-def test_a_worker_takes_a_connection_only_while_no_other_holds_fewer() -> None:
-    assert may_accept(3, [3, 5])  # a tie: either may
-    assert may_accept(2, [3])
-    assert not may_accept(4, [3, 9])
+def test_a_worker_takes_a_connection_only_while_no_other_holds_much_fewer() -> None:
+    assert balance.SLACK == 1
+    assert may_accept(3, [3, 5])  # a tie
+    assert may_accept(4, [3, 9])  # one ahead of the least loaded: still
+    assert not may_accept(5, [3, 9])  # two ahead: no
     assert may_accept(7, [])  # alone
 
 
 @given(st.lists(st.integers(0, 100), min_size=1, max_size=8))
-def test_some_worker_always_takes_the_next_connection(counts: list[int]) -> None:
+def test_the_least_loaded_worker_always_takes_the_next_connection(counts: list[int]) -> None:
     takers = [i for i, mine in enumerate(counts) if may_accept(mine, counts[:i] + counts[i + 1 :])]
-    assert takers
-    assert all(counts[i] == min(counts) for i in takers)
+    assert counts.index(min(counts)) in takers
+    assert all(counts[i] <= min(counts) + balance.SLACK for i in takers)
 
 
 @pytest.fixture
@@ -59,11 +60,12 @@ def test_each_worker_sees_the_others_open_connections(table_path: str) -> None:
     b = ConnectionTable(table_path, pid=os.getppid())
     a.opened()
     a.opened()
+    a.opened()
     b.opened()
 
-    assert b.others() == [(os.getpid(), 2)]
+    assert b.others() == [(os.getpid(), 3)]
     assert a.others() == [(os.getppid(), 1)]
-    assert b.may_accept() and not a.may_accept()
+    assert b.may_accept() and not a.may_accept()  # two ahead
     a.closed()
     assert a.may_accept()
     b.release()
@@ -76,6 +78,7 @@ def test_a_dead_workers_slot_is_taken_by_its_replacement_and_forgotten_by_the_ot
 ) -> None:
     live = ConnectionTable(table_path, pid=os.getpid())
     dead = ConnectionTable(table_path, pid=_dead_pid())  # died holding no connection
+    live.opened()
     live.opened()
     assert not live.may_accept()  # the dead one's 0 holds it back...
     live.forget_dead()
@@ -148,8 +151,9 @@ async def test_two_listeners_on_one_socket_share_its_connections_evenly(table_pa
     clients = await _open(port, 20)
     await _wait_for(lambda: len(served) == 20)
 
-    assert sorted(served) == ["a"] * 10 + ["b"] * 10
-    assert tables["a"].open == tables["b"].open == 10
+    assert served.count("a") + served.count("b") == 20
+    assert abs(served.count("a") - served.count("b")) <= 2 * balance.SLACK
+    assert tables["a"].open == served.count("a") and tables["b"].open == served.count("b")
 
     # Closed connections are given back: the one with fewer takes the next ones.
     for _, writer in clients[:6]:
@@ -158,7 +162,7 @@ async def test_two_listeners_on_one_socket_share_its_connections_evenly(table_pa
     assert tables["a"].open + tables["b"].open == 14
     more = await _open(port, 6)
     await _wait_for(lambda: tables["a"].open + tables["b"].open == 20)
-    assert tables["a"].open == tables["b"].open == 10
+    assert abs(tables["a"].open - tables["b"].open) <= 2 * balance.SLACK
 
     for listener in listeners:
         listener.close()
@@ -179,13 +183,14 @@ async def test_a_connection_left_waiting_by_a_stalled_worker_is_taken_by_another
     # The other worker holds fewer connections but never accepts (its loop is stuck).
     stalled = ConnectionTable(table_path, pid=os.getppid())
     table = ConnectionTable(table_path, pid=os.getpid())
-    table.opened()  # one more than the stalled worker
+    table.opened()
+    table.opened()  # two more than the stalled worker
     listener = BalancedListener(loop, sock, lambda: _Recorder(served, "a"), table)
 
     clients = await _open(port, 3)
     await _wait_for(lambda: len(served) == 3)  # after PATIENCE, all that waited
 
-    assert table.open == 4
+    assert table.open == 5
     listener.close()
     stalled.release()
     for _, writer in clients:

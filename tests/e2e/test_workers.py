@@ -16,7 +16,7 @@ import pytest
 from support.proxy_server import ProxyProcess
 from support.waiting import wait_until
 
-from loadtest.bench.servers import connections_by_worker, worker_pids
+from loadtest.bench.servers import connections_by_worker, socket_inodes, worker_pids
 from proxy.api.balance import read_table
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 from proxy.worker_env import CONNECTIONS_ENV
@@ -92,17 +92,38 @@ def test_when_a_worker_dies_the_other_takes_every_new_connection(
     with ProxyProcess(_config(upstream), tmp_path, workers=2) as proxy:
         assert proxy.process is not None
         wait_until(lambda: _both_serving(proxy.process.pid), timeout=20, what="2 workers")
-        kept = socket.create_connection(("127.0.0.1", proxy.port))
-        assert _ask(kept) == b"HTTP/1.1 200 OK"
-        # The worker that dies holds fewer connections than the other (none against
-        # one), so its last count would hold the survivor back if it were trusted.
-        held = connections_by_worker(proxy.process.pid, proxy.port)
-        victim = next(pid for pid, count in held.items() if count == 0)
+        kept = [socket.create_connection(("127.0.0.1", proxy.port)) for _ in range(3)]
+        assert {_ask(conn) for conn in kept} == {b"HTTP/1.1 200 OK"}
+        # The worker that dies holds fewer connections than the other (none against two
+        # or more), so its last count would hold the survivor back if it were trusted.
+        holders = {conn: _holder(conn, proxy.port, proxy.process.pid) for conn in kept}
+        held = list(holders.values())
+        victim = min(worker_pids(proxy.process.pid), key=held.count)
+        for conn, holder in holders.items():
+            if holder == victim:
+                conn.close()
+        wait_until(
+            lambda: connections_by_worker(proxy.process.pid, proxy.port).get(victim) == 0,
+            timeout=10,
+            what="the victim's connections closed",
+        )
         os.kill(victim, signal.SIGKILL)
 
         later = [socket.create_connection(("127.0.0.1", proxy.port)) for _ in range(8)]
         try:
             assert {_ask(conn) for conn in later} == {b"HTTP/1.1 200 OK"}
         finally:
-            for conn in [kept, *later]:
+            for conn in kept + later:
                 conn.close()
+
+
+def _holder(conn: socket.socket, port: int, parent: int) -> int:
+    """The worker of ``parent`` that holds the server end of the client ``conn``."""
+    client_port = conn.getsockname()[1]
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote = fields[1].rsplit(":", 1)[1], fields[2].rsplit(":", 1)[1]
+        if int(local, 16) == port and int(remote, 16) == client_port:
+            inode = int(fields[9])
+            return next(w for w in worker_pids(parent) if inode in socket_inodes(w))
+    raise AssertionError(f"no server end for the client port {client_port}")
