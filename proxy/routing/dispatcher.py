@@ -314,7 +314,13 @@ class Dispatcher:
                         sent = verdict.sent
                         clock = (group.name, *sent.clock)
                         due = handled + self.turn_clock.sleep(clock, sent.at, verdict.wait, handled)
-                        await self._wait(call, due - time.monotonic(), turn, queued=True)
+                        left = due - time.monotonic()
+                        if left > 0.0:
+                            await self._wait(call, left, turn, queued=True)
+                        else:
+                            # Its turn came while it was handled (a lease's, read late):
+                            # it waits for nothing, and is not counted as having waited.
+                            self.waiting -= 1
                         if self.settler.stale(turn):
                             continue  # learned meanwhile: its turn was dropped, take a new one
                     return turn

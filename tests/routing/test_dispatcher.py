@@ -155,3 +155,24 @@ def test_a_turns_sleep_never_ends_before_its_time_on_uvloop(seconds: float) -> N
             assert time.monotonic() >= due
 
     uvloop.run(sleeps())
+
+
+class _TurnAlreadyCome:
+    """A turn clock on which every reserved turn has come by the time it is handled (as
+    a lease's turns read late under load)."""
+
+    def sleep(self, clock: object, at: float, wait: float, handled: float) -> float:
+        return -0.001
+
+
+async def test_a_turn_that_came_while_it_was_handled_is_sent_at_once_and_not_counted_a_wait() -> (
+    None
+):
+    journey = Journey(config([deployment("a", rpm=6000)], retries=0, lookahead="0s"), Upstream({}))
+    journey.pipeline.dispatcher.turn_clock = _TurnAlreadyCome()  # type: ignore[assignment]
+    journey.pipeline.dispatcher.exchange.transport = httpx.MockTransport(ok())
+    replies = await asyncio.gather(journey.send(), journey.send())  # the second's turn: later
+
+    assert [r.status for r in replies] == [200, 200]
+    assert journey.counted("llmproxy_queue_wait_seconds_count") == 0
+    assert journey.pipeline.dispatcher.waiting == 0  # its place in the queue given back
