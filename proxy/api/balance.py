@@ -4,9 +4,9 @@ The workers accept from one listening socket. Left to the event loop, whichever 
 wakes first takes every connection waiting: a client that opens its connections at once
 (an SDK's pool, a load balancer, a load generator) landed 62 of 64 on one worker, and
 keep-alive connections stay where they land: with a core per worker, that worker's core
-is then the whole proxy's (docs/performance.md, "Connections balanced across workers"). Here a worker accepts
-only while it holds at most ``SLACK`` (one) open connection more than the least loaded
-of the others.
+is then the whole proxy's (docs/performance.md, "Connections balanced across workers").
+Here a worker accepts only while it holds at most ``SLACK`` (one) open connection more
+than the least loaded of the others.
 
 The counts live in a small file that the parent creates and every worker maps
 (:class:`ConnectionTable`: one slot per worker, its pid and its open connections). A
