@@ -284,6 +284,14 @@ class TurnLease:
             self.states[i] = BucketState(debt + kept, now)
         return excess
 
+    def drained(self, now: float) -> bool:
+        """Whether every bucket the lease charged has drained by lease time ``now``: its
+        turns are all past, and the shared buckets read empty, given back or not (a
+        give-back would change nothing, so none need be sent)."""
+        return all(
+            e.debt - now / r.interval <= 0.0 for e, r in zip(self.ends, self.rates, strict=True)
+        )
+
     def stored(self) -> list[BucketState]:
         """The local buckets in storage time (what a give-back sets the shared ones to)."""
         return [BucketState(s.debt, self.at + s.at) for s in self.states]

@@ -482,9 +482,14 @@ class Leases:
 
     def _return_turns(
         self, owner: Owner, t: turns.TurnLease, *, urgent: bool = False
-    ) -> asyncio.Future[Any]:
-        """Give back the turns ``t`` did not hand out (turns.returned)."""
+    ) -> asyncio.Future[Any] | None:
+        """Give back the turns ``t`` did not hand out (turns.returned); None when its
+        buckets have drained (its span is past: nothing to give back, nothing sent)."""
         t.closed = True
+        # On this clock the lease's time 0 is never before the grant: its time read here
+        # is never ahead of the storage's, so a lease seen drained is.
+        if t.drained(time.monotonic() - t.origin):
+            return None
         args = [self._num(t.at)]
         for rate, end, local in zip(t.rates, t.ends, t.stored(), strict=True):
             args += [self._num(rate.interval), self._num(end.debt)]
@@ -504,7 +509,9 @@ class Leases:
                 returns.append(self._give_back(owner, a, urgent=True))
             t = owner.turns
             if t is not None and not t.closed:
-                returns.append(self._return_turns(owner, t, urgent=True))
+                returned = self._return_turns(owner, t, urgent=True)
+                if returned is not None:
+                    returns.append(returned)
         await asyncio.gather(*self._returning, *returns, return_exceptions=True)
 
     # The lookups of a key's and a deployment's lease state: the Redis keys are named

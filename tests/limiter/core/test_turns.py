@@ -37,12 +37,15 @@ class World:
     def buckets(self, costs: list[float]) -> list[Bucket]:
         return [Bucket(s, r, c) for s, r, c in zip(self.states, self.rates, costs, strict=True)]
 
-    def give_back(self, who: int) -> None:
+    def give_back(self, who: int, now: float | None = None) -> None:
+        """``now``: the give-back is skipped once the lease has drained (as leases.py)."""
         t = self.leases[who]
         self.leases[who] = None
         if t is None or t.closed:
             return
         t.closed = True
+        if now is not None and t.drained(now - t.at):
+            return
         for i, (end, local) in enumerate(zip(t.ends, t.stored(), strict=True)):
             got = returned(self.states[i], BucketState(end.debt, t.at), local)
             if got is not None:
@@ -124,7 +127,7 @@ def test_turns_sent_never_come_closer_than_the_buckets_allow(
         elif action == "per_request":
             world.per_request(costs, now)
         else:
-            world.give_back(who)
+            world.give_back(who, now if tokens == 1.0 else None)
     assert world.conforms()
     paced = sorted(at for at, _ in world.sent)
     # The request window paces: a turn every interval at the closest.
@@ -202,6 +205,44 @@ def test_a_give_back_leaves_only_the_turns_handed_out() -> None:
     assert returned(end, end, local) == BucketState(2.0, 100.0)
     # Another turn was charged since: nothing goes back (it would fall between turns).
     assert returned(BucketState(9.0, 100.0001), end, local) is None
+
+
+@given(
+    rates=windows,
+    used=st.integers(0, 8),
+    tokens=st.sampled_from([1.0, 40.0, 2000.0]),
+    later=st.floats(0.0, 120.0),
+)
+def test_a_drained_lease_given_back_or_not_leaves_the_same_buckets(
+    rates: list[Rate], used: int, tokens: float, later: float
+) -> None:
+    """Once every bucket a lease charged has drained, its give-back changes nothing
+    anyone reads: the shared buckets hold the same debt from then on either way."""
+    world = World(rates, 1)
+    costs = [tokens if r is TPM else 1.0 for r in rates]
+    t = world.lease(0, costs, 8, 0.0)
+    if t is None:
+        return
+    for _ in range(used):
+        t.turn(costs, 0.0, math.inf)
+    drained_at = max(e.debt * r.interval for e, r in zip(t.ends, t.rates, strict=True))
+    now = drained_at * (1 + 1e-9) + later  # past it by float rounding at least
+    assert t.drained(now)
+    kept = list(world.states)
+    world.give_back(0)  # written, as if not drained
+    for i, r in enumerate(rates):
+        for at in (now, now + later, now + 86400.0):
+            assert debt_at(world.states[i], r.interval, at) == pytest.approx(
+                debt_at(kept[i], r.interval, at), abs=EPS
+            )
+
+
+def test_a_lease_is_drained_only_once_every_window_it_charged_is() -> None:
+    t = TurnLease(1, [RPM, RPD], [0.0, 0.0], [8.0, 8.0], at=0.0, turns=8, last=0.0007)
+    assert not t.drained(8 * RPM.interval)  # the day's window holds its 8 turns
+    short = TurnLease(2, [RPM], [0.0], [8.0], at=0.0, turns=8, last=0.0007)
+    assert not short.drained(7.9 * RPM.interval)
+    assert short.drained(8 * RPM.interval)
 
 
 def test_corrections_stay_in_the_lease_as_far_as_it_covers_them() -> None:
