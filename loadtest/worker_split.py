@@ -6,9 +6,9 @@
 The bench's headline target (Redis, 2 workers, the default config) in front of the fake
 upstream; each round, wrk opens 64 connections at once and keeps them for its run, and
 the connections each worker holds are read from /proc halfway through. A split far from
-even leaves one worker at a full core while the other idles: the round's req/s and the
-proxy's CPU per request are printed beside it, for what they are worth on a shared
-machine.
+even puts most of the load on one worker's core: the round's req/s and the proxy's CPU
+per request are printed beside it, for what they are worth on a shared machine (on the
+bench's 2-core host, one worker holding every connection forwarded as much as two).
 """
 
 from __future__ import annotations

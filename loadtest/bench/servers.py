@@ -367,16 +367,23 @@ def socket_inodes(pid: int) -> set[int]:
     return inodes
 
 
-def served_on(port: int) -> set[int]:
-    """The inodes of the established TCP connections whose local port is ``port``."""
-    inodes = set()
+def established() -> list[tuple[int, int, int]]:
+    """(local port, remote port, socket inode) of this machine's established TCP
+    connections, from /proc/net/tcp and tcp6."""
+    found = []
     for table in ("tcp", "tcp6"):
         with contextlib.suppress(OSError):
             for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
                 fields = line.split()
-                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
-                    inodes.add(int(fields[9]))
-    return inodes
+                if fields[3] == "01":  # TCP_ESTABLISHED
+                    local, remote = (int(f.rsplit(":", 1)[1], 16) for f in fields[1:3])
+                    found.append((local, remote, int(fields[9])))
+    return found
+
+
+def served_on(port: int) -> set[int]:
+    """The inodes of the established TCP connections whose local port is ``port``."""
+    return {inode for local, _, inode in established() if local == port}
 
 
 def connections_by_worker(pid: int, port: int) -> dict[int, int]:

@@ -92,7 +92,14 @@ def remove_table(path: str) -> None:
 def read_table(path: str) -> list[tuple[int, int]]:
     """(pid, open connections) of every worker holding a slot in the table at ``path``."""
     with open(path, "rb") as table:
-        return [(pid, count) for pid, count in _SLOT.iter_unpack(table.read()) if pid != 0]
+        return [(pid, count) for _, pid, count in _held(table.read())]
+
+
+def _held(table: bytes | mmap.mmap) -> list[tuple[int, int, int]]:
+    """(slot, pid, open connections) of every slot a worker holds."""
+    return [
+        (slot, pid, count) for slot, (pid, count) in enumerate(_SLOT.iter_unpack(table)) if pid != 0
+    ]
 
 
 def _slots(workers: int) -> int:
@@ -156,19 +163,15 @@ class ConnectionTable:
 
     def others(self) -> list[tuple[int, int]]:
         """(pid, open connections) of every other worker holding a slot."""
-        found = []
-        for slot, (pid, count) in enumerate(_SLOT.iter_unpack(self._map)):
-            if pid != 0 and slot != self._slot:
-                found.append((pid, count))
-        return found
+        return [(pid, count) for slot, pid, count in _held(self._map) if slot != self._slot]
 
     def may_accept(self) -> bool:
         return may_accept(self.open, [count for _, count in self.others()])
 
     def forget_dead(self) -> None:
         """Free the slots of workers that are gone (their counts held the others back)."""
-        for slot, (pid, _) in enumerate(_SLOT.iter_unpack(self._map)):
-            if pid != 0 and slot != self._slot and not _alive(pid):
+        for slot, pid, _ in _held(self._map):
+            if slot != self._slot and not _alive(pid):
                 # A replacement claiming it at once writes the same zeroes.
                 _SLOT.pack_into(self._map, slot * _SLOT.size, 0, 0)
 
@@ -205,10 +208,6 @@ class BalancedListener:
         sock.setblocking(False)
         sock.listen(backlog)
         self._read()
-
-    @property
-    def sockets(self) -> tuple[socket.socket, ...]:
-        return (self._sock,)
 
     def is_serving(self) -> bool:
         return self._serving

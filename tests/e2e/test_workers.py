@@ -17,7 +17,12 @@ import pytest
 from support.proxy_server import ProxyProcess
 from support.waiting import wait_until
 
-from loadtest.bench.servers import connections_by_worker, socket_inodes, worker_pids
+from loadtest.bench.servers import (
+    connections_by_worker,
+    established,
+    socket_inodes,
+    worker_pids,
+)
 from proxy.api.balance import read_table
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 from proxy.worker_env import CONNECTIONS_ENV
@@ -129,10 +134,5 @@ def test_when_a_worker_dies_the_other_takes_every_new_connection(
 def _holder(conn: socket.socket, port: int, parent: int) -> int:
     """The worker of ``parent`` that holds the server end of the client ``conn``."""
     client_port = conn.getsockname()[1]
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        local, remote = fields[1].rsplit(":", 1)[1], fields[2].rsplit(":", 1)[1]
-        if int(local, 16) == port and int(remote, 16) == client_port:
-            inode = int(fields[9])
-            return next(w for w in worker_pids(parent) if inode in socket_inodes(w))
-    raise AssertionError(f"no server end for the client port {client_port}")
+    inode = next(i for local, remote, i in established() if (local, remote) == (port, client_port))
+    return next(w for w in worker_pids(parent) if inode in socket_inodes(w))
