@@ -112,6 +112,9 @@ def lease_turns(
     p = plan(buckets, now)
     first = p.wait
     states = [BucketState(d, now) for d in p.debts]
+    if len(buckets) == 1 and p.too_large < 0:
+        debt, taken, last = one_window_turns(buckets[0], p.debts[0], turns, bounds[0], first)
+        return [BucketState(debt, now)], taken, first, last
     taken = 0
     last = first
     while taken < turns:
@@ -126,6 +129,51 @@ def lease_turns(
         taken += 1
         last = p.wait
     return states, taken, first, last
+
+
+def one_window_turns(
+    bucket: Bucket, debt: float, turns: int, bound: float, first: float
+) -> tuple[float, int, float]:
+    """``lease_turns`` over one window (a deployment's rpm: the default config), without
+    the loop: the debt after, the turns taken, the last turn's wait. A cost within the
+    capacity makes each reservation add exactly its cost to the debt (its wait, over the
+    interval, is at most the debt before it), so the ``k``-th turn's wait is
+    ``(debt + k * cost - capacity) * interval`` and the debt after it ``debt + k * cost``:
+    the turns taken are the most whose last wait stays within ``SPAN`` of the first and
+    whose debt stays within ``bound``. A span at 6,000,000 a minute holds 500 turns, and
+    the loop ran in Redis once per turn (docs/performance.md)."""
+    rate, cost = bucket.rate, bucket.cost
+    interval = rate.interval
+    capacity = rate.capacity_for(cost)
+    limit = first + SPAN
+    most = turns  # a cost of nothing never fills the window: the checks below decide
+    if cost > 0.0:
+        most = min(most, math.floor((limit / interval + capacity - debt) / cost))
+        if bound < math.inf:
+            most = min(most, math.floor((bound - debt) / cost))
+    taken = max(0, most)
+    # The quotients may round across a boundary either way: the last turn is checked as
+    # the loop checks a turn (it fits, or fewer do: its wait and debt only grow with it).
+    while taken < turns and _fits(debt, taken + 1, cost, capacity, interval, limit, bound):
+        taken += 1
+    while taken > 0 and not _fits(debt, taken, cost, capacity, interval, limit, bound):
+        taken -= 1
+    if taken == 0:
+        return debt, 0, first
+    return debt + taken * cost, taken, _turn_wait(debt, taken, cost, capacity, interval)
+
+
+def _fits(
+    debt: float, k: int, cost: float, capacity: float, interval: float, limit: float, bound: float
+) -> bool:
+    """Whether the ``k``-th reservation comes within ``limit`` and keeps within ``bound``."""
+    return _turn_wait(debt, k, cost, capacity, interval) <= limit and debt + k * cost <= bound
+
+
+def _turn_wait(debt: float, k: int, cost: float, capacity: float, interval: float) -> float:
+    """The wait of the ``k``-th of consecutive reservations from ``debt`` (one window)."""
+    wait = (debt + k * cost - capacity) * interval
+    return wait if wait > 0.0 else 0.0
 
 
 def refused_for(first: float | None) -> float:

@@ -148,6 +148,37 @@ def test_a_lease_takes_the_turns_of_consecutive_reservations() -> None:
     assert s.debt == after[0].debt
 
 
+@settings(max_examples=400, deadline=None)
+@given(
+    debt=st.floats(0.0, 800.0),
+    cost=st.sampled_from([1.0, 0.5, 3.0, 1234.0]),
+    per_minute=st.sampled_from([600_000.0, 6_000_000.0, 60_000.0, 3.0e9]),
+    size=st.integers(1, 512),
+    capped=st.booleans(),
+)
+def test_one_window_is_counted_as_the_loop_counts_it(
+    debt: float, cost: float, per_minute: float, size: int, capped: bool
+) -> None:
+    """One window's turns without the loop (one_window_turns) are the loop's, to the
+    rounding: the loop adds the cost turn by turn (and its debt creeps up by an ulp now
+    and then, a wait divided back by the interval), where this adds them at once, so at
+    the span's or the bound's edge the two may differ by a turn. Otherwise the same
+    turns, the same last wait and debt after; and the last turn taken always fits.
+    (Two windows alike run the loop, each as one would.)"""
+    rate = Rate(per_minute, 60.0, max(cost, 1.0))
+    state = BucketState(debt, 0.0)
+    limit = debt + 37.5 * cost if capped else math.inf
+    (after,), taken, first, last = lease_turns([Bucket(state, rate, cost)], size, [limit], 0.0)
+    looped = lease_turns([Bucket(state, rate, cost)] * 2, size, [limit] * 2, 0.0)
+    assert first == looped[2]
+    assert abs(taken - looped[1]) <= 1
+    assert after.debt == (debt + taken * cost if taken else debt)
+    assert last <= first + turns.SPAN and after.debt <= limit
+    if taken == looped[1]:
+        assert math.isclose(last, looped[3], rel_tol=1e-12, abs_tol=1e-15)
+        assert math.isclose(after.debt, looped[0][0].debt, rel_tol=1e-12)
+
+
 def test_a_lease_reaches_at_most_a_span_past_its_first_turn() -> None:
     _, taken, first, last = lease_turns([Bucket(BucketState(), RPM, 1.0)], 10_000, [math.inf], 0.0)
     assert first == 0.0

@@ -8,9 +8,24 @@ local function turns_bound(long_capacity, debt)
   return math.min(LEASE_FULL_AT * long_capacity, debt + LEASE_SHARE * long_capacity)
 end
 
+-- turns._turn_wait: the wait of the k-th of consecutive reservations from debt d
+local function turn_wait(d, k, c, cap, iv)
+  local wait = (d + k * c - cap) * iv
+  if wait > 0.0 then
+    return wait
+  end
+  return 0.0
+end
+
+-- turns._fits: the k-th reservation comes within limit and keeps within bd
+local function turn_fits(d, k, c, cap, iv, limit, bd)
+  return turn_wait(d, k, c, cap, iv) <= limit and d + k * c <= bd
+end
+
 -- turns.lease_turns over buckets (bucket()), each with its bound: returns the number of
 -- turns taken, the first and the last turn's waits; the buckets' ``debt`` is left at the
--- states after them (nothing stored). The loop runs once per turn (up to 512), so it
+-- states after them (nothing stored). One window is counted without a loop
+-- (turns.one_window_turns); with several, the loop runs once per turn (up to 512), so it
 -- works on locals, not on the buckets' tables: the same operations on the same doubles
 -- as plan() and charge(), a fraction of the cost (docs/performance.md).
 local function lease_turns(buckets, turns)
@@ -25,25 +40,26 @@ local function lease_turns(buckets, turns)
     debt[i], cost[i], capacity[i], interval[i], bound[i] = b.debt, b.cost, b.capacity, b.interval, b.bound
   end
   local limit = first + TURN_SPAN
-  if n == 1 then -- one window (a deployment's rpm): the loop below, with scalars
+  if n == 1 then -- one window (a deployment's rpm): turns.one_window_turns, no loop
     local d, c, cap, iv, bd = debt[1], cost[1], capacity[1], interval[1], bound[1]
-    while taken < turns do
-      local wait = (d + c - cap) * iv
-      if not (wait > 0.0) then
-        wait = 0.0
+    local most = turns -- a cost of nothing never fills the window: the checks below decide
+    if c > 0.0 then
+      most = math.min(most, math.floor((limit / iv + cap - d) / c))
+      if bd < math.huge then
+        most = math.min(most, math.floor((bd - d) / c))
       end
-      if wait > limit then
-        break
-      end
-      local charged1 = math.max(d, wait / iv) + c
-      if charged1 > bd then
-        break
-      end
-      d = charged1
-      taken = taken + 1
-      last = wait
     end
-    buckets[1].debt = d
+    taken = math.max(0, most)
+    while taken < turns and turn_fits(d, taken + 1, c, cap, iv, limit, bd) do
+      taken = taken + 1
+    end
+    while taken > 0 and not turn_fits(d, taken, c, cap, iv, limit, bd) do
+      taken = taken - 1
+    end
+    if taken > 0 then
+      last = turn_wait(d, taken, c, cap, iv)
+      buckets[1].debt = d + taken * c
+    end
     return taken, first, last
   end
   while taken < turns do
