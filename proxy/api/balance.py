@@ -109,9 +109,7 @@ def _slots(workers: int) -> int:
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process now holds the pid: not our worker
+    except (ProcessLookupError, PermissionError):  # gone, or the pid is someone else's now
         return False
     return True
 
@@ -146,20 +144,20 @@ class ConnectionTable:
         for slot in range(len(self._map) // _SLOT.size):
             pid, _ = _SLOT.unpack_from(self._map, slot * _SLOT.size)
             if pid == 0 or not _alive(pid):
-                _SLOT.pack_into(self._map, slot * _SLOT.size, self._pid, 0)
+                self._put(slot, self._pid, 0)
                 return slot
         raise LookupError("every slot is held by a live worker")
 
-    def _write(self) -> None:
-        _SLOT.pack_into(self._map, self._slot * _SLOT.size, self._pid, self.open)
+    def _put(self, slot: int, pid: int, count: int) -> None:
+        _SLOT.pack_into(self._map, slot * _SLOT.size, pid, count)
 
     def opened(self) -> None:
         self.open += 1
-        self._write()
+        self._put(self._slot, self._pid, self.open)
 
     def closed(self) -> None:
         self.open -= 1
-        self._write()
+        self._put(self._slot, self._pid, self.open)
 
     def others(self) -> list[tuple[int, int]]:
         """(pid, open connections) of every other worker holding a slot."""
@@ -173,11 +171,11 @@ class ConnectionTable:
         for slot, pid, _ in _held(self._map):
             if slot != self._slot and not _alive(pid):
                 # A replacement claiming it at once writes the same zeroes.
-                _SLOT.pack_into(self._map, slot * _SLOT.size, 0, 0)
+                self._put(slot, 0, 0)
 
     def release(self) -> None:
         with contextlib.suppress(ValueError):  # already closed
-            _SLOT.pack_into(self._map, self._slot * _SLOT.size, 0, 0)
+            self._put(self._slot, 0, 0)
             self._map.close()
 
 

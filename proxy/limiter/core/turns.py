@@ -111,10 +111,10 @@ def lease_turns(
     bucket's debt above its bound (``bound``)."""
     p = plan(buckets, now)
     first = p.wait
-    states = [BucketState(d, now) for d in p.debts]
     if len(buckets) == 1 and p.too_large < 0:
         debt, taken, last = one_window_turns(buckets[0], p.debts[0], turns, bounds[0], first)
         return [BucketState(debt, now)], taken, first, last
+    states = [BucketState(d, now) for d in p.debts]
     taken = 0
     last = first
     while taken < turns:
