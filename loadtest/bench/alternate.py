@@ -3,10 +3,12 @@ both running at once, measured in turns (A B, B A, A B...) so the machine's drif
 both alike, and compared round by round.
 
 One run of each is at the mercy of whatever else the (virtual) machine does in those ten
-seconds; the rounds give the spread, which is the noise a difference must exceed to
-count. Besides req/s at 64 connections and the median latency at 1 connection, each round
-reads the proxy's CPU time per request from ``/proc`` (its own work, whatever the
-scheduler did to wrk or the fake upstream): the steadiest of the three.
+seconds, so each round's turns are cut into ``SLICES`` slices that alternate (A B, B A, ...
+within the round); the rounds give the spread, which is the noise a difference must
+exceed to count (``python -m loadtest.noise`` measures it between identical proxies).
+Besides req/s at 64 connections and the median latency at 1 connection, each round reads
+the proxy's CPU time per request from ``/proc`` (its own work, whatever the scheduler did
+to wrk or the fake upstream): the steadiest of the three.
 
 The peer comparison (``compare_with_peer``) runs the same turns between the peer gateway
 and one of our targets (each of model.COMPARED: the default config, the headline, and the
@@ -16,11 +18,13 @@ turn's 1-connection slice comes right after a direct one, for the added latency 
 
 from __future__ import annotations
 
+import statistics
 import subprocess
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from loadtest.bench.model import PEER, Alternation, Round, Target, Turn
+from loadtest.bench.model import PEER, SLICES, Alternation, Round, Target, Turn
 from loadtest.bench.servers import Processes, cpu_seconds, start_proxy, start_server
 from loadtest.bench.wrk import run_wrk
 
@@ -91,6 +95,31 @@ def compare_with_peer(
     return Alternation(ours_target, PEER.label, turns)
 
 
+@dataclass
+class _Tally:
+    """One side's slices of a round, summed into its ``Turn``."""
+
+    requests: int = 0
+    seconds: float = 0.0
+    cpu: float = 0.0
+    redis_cpu: float = 0.0
+    p50s: list[float] = field(default_factory=list)
+    added: list[float] = field(default_factory=list)
+
+    def turn(self, redis_measured: bool) -> Turn:
+        per_request = self.cpu / self.requests * 1e6 if self.requests else 0.0
+        redis_us = (
+            self.redis_cpu / self.requests * 1e6 if redis_measured and self.requests else None
+        )
+        return Turn(
+            self.requests / self.seconds if self.seconds else 0.0,
+            per_request,
+            statistics.median(self.p50s),
+            statistics.median(self.added) if self.added else None,
+            redis_us,
+        )
+
+
 def in_turns(
     started: list[Started],
     rounds: int,
@@ -100,30 +129,37 @@ def in_turns(
     direct_url: str | None = None,
     redis_pid: int | None = None,
 ) -> list[Round]:
-    """Two running servers (before, now) measured in turns: A B, B A, ... With
-    ``direct_url``, each 1-connection slice follows a direct one (``Turn.added_ms``);
-    with ``redis_pid``, the redis-server's CPU per request is read too (``Turn.redis_us``)."""
+    """Two running servers (before, now) measured in turns: in each round, ``SLICES``
+    slices of ``duration`` seconds in all at 64 connections, A B, B A, ..., then as many
+    of half that at 1 connection. With ``direct_url``, each 1-connection slice follows a
+    direct one (``Turn.added_ms``: the median difference); with ``redis_pid``, the
+    redis-server's CPU per request is read too (``Turn.redis_us``)."""
     for target, _, url in started:
         run_wrk(url, 64, 2.0, target.path, target.model)  # warm-up
     result = []
     for i in range(rounds):
-        order = (0, 1) if i % 2 == 0 else (1, 0)
-        turns: dict[int, Turn] = {}
-        for side in order:
-            target, process, url = started[side]
-            cpu = cpu_seconds(process.pid)
-            redis_cpu = cpu_seconds(redis_pid) if redis_pid else 0.0
-            loaded = run_wrk(url, 64, duration, target.path, target.model)
-            cpu = cpu_seconds(process.pid) - cpu
-            redis_cpu = cpu_seconds(redis_pid) - redis_cpu if redis_pid else 0.0
-            direct = run_wrk(direct_url, 1, duration / 2) if direct_url else None
-            single = run_wrk(url, 1, duration / 2, target.path, target.model)
-            per_request = cpu / loaded.requests * 1e6 if loaded.requests else 0.0
-            added = single.p50_ms - direct.p50_ms if direct else None
-            redis_us = redis_cpu / loaded.requests * 1e6 if redis_pid and loaded.requests else None
-            turns[side] = Turn(loaded.rps, per_request, single.p50_ms, added, redis_us)
-        result.append(Round(turns[0], turns[1]))
-        a, b = turns[0], turns[1]
+        tallies = [_Tally(), _Tally()]
+        for k in range(SLICES):
+            order = (0, 1) if (i + k) % 2 == 0 else (1, 0)
+            for side in order:
+                target, process, url = started[side]
+                tally = tallies[side]
+                cpu = cpu_seconds(process.pid)
+                redis_cpu = cpu_seconds(redis_pid) if redis_pid else 0.0
+                loaded = run_wrk(url, 64, duration / SLICES, target.path, target.model)
+                tally.cpu += cpu_seconds(process.pid) - cpu
+                tally.redis_cpu += cpu_seconds(redis_pid) - redis_cpu if redis_pid else 0.0
+                tally.requests += loaded.requests
+                tally.seconds += loaded.seconds
+            for side in order:
+                target, _, url = started[side]
+                direct = run_wrk(direct_url, 1, duration / 2 / SLICES) if direct_url else None
+                single = run_wrk(url, 1, duration / 2 / SLICES, target.path, target.model)
+                tallies[side].p50s.append(single.p50_ms)
+                if direct is not None:
+                    tallies[side].added.append(single.p50_ms - direct.p50_ms)
+        a, b = (tally.turn(redis_pid is not None) for tally in tallies)
+        result.append(Round(a, b))
         log(
             f"{name} round {i + 1}: req/s {a.rps:.0f} -> {b.rps:.0f},"
             f" CPU/request {a.cpu_us:.0f} -> {b.cpu_us:.0f} us,"

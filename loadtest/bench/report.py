@@ -11,6 +11,7 @@ from loadtest.bench.model import (
     LARGE_BURST,
     PAIRS,
     PEER,
+    SLICES,
     TARGET_ADDED_MS,
     TARGET_PEER_ADDED_MS,
     TARGET_PEER_EVERY_ROUND,
@@ -199,7 +200,8 @@ def render_alternations(report: BenchReport) -> list[str]:
         f"## Before and after: {report.baseline} vs this commit",
         "",
         f"Each proxy target as of `{report.baseline}` and as of this commit, both running at"
-        f" once and measured in turns for {rounds} rounds (A B, B A, ...; `alternate.py`):"
+        f" once and measured in turns for {rounds} rounds (A B, B A, ..., each round in"
+        f" {SLICES} slices a side that alternate; `alternate.py`):"
         " req/s and the proxy's CPU time per request at 64 connections, then the median"
         " latency at 1 connection. Each column is the median of the per-round ratios (now"
         " over before) or differences, with their range across rounds: the range is this"
@@ -275,7 +277,8 @@ def render_peer(report: BenchReport) -> list[str]:
         " redis-server, its own database); no ClickHouse, no Postgres, its usage analytics"
         " off. It and each compared config of the proxy (Redis, 2 workers, auth and metrics"
         " on) run at once and are measured in turns for"
-        f" {rounds} rounds (A B, B A, ...; `alternate.py`): req/s and CPU time per"
+        f" {rounds} rounds (A B, B A, ..., each round in {SLICES} slices a side that"
+        " alternate; `alternate.py`): req/s and CPU time per"
         " request at 64 connections, then at 1 connection a direct slice and one through the"
         " gateway, whose difference is the added median. Each figure is the median over the"
         " rounds with its range; the machine and the command are below.",
