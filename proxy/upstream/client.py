@@ -19,19 +19,18 @@ Upstreams reached without an egress proxy (``http://`` and ``https://``, the lat
 the deployment's TLS context) go to the lean transport (``lean.py``: asyncio's protocol
 API and httptools, about a third of this one's cost); egress proxies and ``HEAD`` stay
 here. The choice is made per URL once, and per request by the deployment's ``Egress``
-(its own ``proxy_url``).
+(its own ``proxy_url``). aiohttp is imported, and its session made, only when a request
+first needs them: a worker whose upstreams are all reached directly never loads it
+(about an eighth of a worker's start).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Mapping
-from typing import Any, NoReturn
+import urllib.request
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import TYPE_CHECKING, Any, NoReturn
 
-import aiohttp
 import httpx
-from aiohttp.helpers import get_env_proxy_for_url
-from httpx_aiohttp.transport import map_aiohttp_exceptions
 from yarl import URL
 
 from proxy.catalog import EGRESS, Egress
@@ -42,6 +41,9 @@ from proxy.upstream.interface import (
     UpstreamStream,
 )
 from proxy.upstream.lean import MAX_TARGETS, LeanTransport
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = [
     "HEADER_MAP",
@@ -101,21 +103,37 @@ class _Target:
 
     def __init__(self, url: str) -> None:
         self.url = URL(url)
-        self.env_proxy: URL | None = None
-        self.env_proxy_auth: aiohttp.BasicAuth | None = None
-        # HTTPS_PROXY / HTTP_PROXY / NO_PROXY, as every HTTP tool reads them (none: raises)
-        with contextlib.suppress(LookupError):
-            self.env_proxy, self.env_proxy_auth = get_env_proxy_for_url(self.url)
+        self.env_proxy, self.env_proxy_auth = _env_proxy(self.url)
         # Straight to the upstream, TLS or not: the lean transport can take it.
         self.lean = self.url.scheme in ("http", "https") and self.env_proxy is None
+
+
+def _env_proxy(url: URL) -> tuple[URL | None, aiohttp.BasicAuth | None]:
+    """The egress proxy HTTPS_PROXY / HTTP_PROXY / NO_PROXY name for ``url``, as every
+    HTTP tool reads them, with its netrc credentials (None: none). aiohttp's reading is
+    asked only when the environment names a proxy for the URL's scheme: it finds one for
+    no other (``proxies_from_env`` keeps ``getproxies``' schemes)."""
+    if url.scheme not in urllib.request.getproxies():
+        return None, None
+    from aiohttp.helpers import get_env_proxy_for_url
+
+    try:
+        return get_env_proxy_for_url(url)
+    except LookupError:  # NO_PROXY names the host
+        return None, None
 
 
 class UpstreamTransport(httpx.AsyncBaseTransport):
     """``lean``: the transport for upstreams without an egress proxy (None: this one takes
     every request)."""
 
-    def __init__(self, session: aiohttp.ClientSession, lean: LeanTransport | None = None) -> None:
-        self._session = session
+    def __init__(
+        self,
+        new_session: Callable[[], aiohttp.ClientSession],
+        lean: LeanTransport | None = None,
+    ) -> None:
+        self._new_session = new_session  # called on the first request that needs it
+        self._session: aiohttp.ClientSession | None = None
         self._lean = lean
         self._targets: dict[str, _Target] = {}
         self._timeouts: dict[tuple[float | None, ...], aiohttp.ClientTimeout] = {}
@@ -150,6 +168,8 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         if "proxy" not in options and target.env_proxy is not None:
             options["proxy"] = target.env_proxy
             options["proxy_auth"] = target.env_proxy_auth
+        if self._session is None:
+            self._session = self._new_session()
         try:
             response = await self._session.request(
                 request.method,
@@ -179,6 +199,8 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         key = (spec.get("connect"), spec.get("read"), spec.get("pool"))
         timeout = self._timeouts.get(key)
         if timeout is None:
+            import aiohttp  # loaded with the session, before any timeout is asked for
+
             timeout = self._timeouts[key] = aiohttp.ClientTimeout(
                 sock_connect=key[0], sock_read=key[1], connect=key[2]
             )
@@ -187,11 +209,15 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
     async def aclose(self) -> None:
         if self._lean is not None:
             await self._lean.aclose()
-        await self._session.close()
+        if self._session is not None:
+            await self._session.close()
 
 
 def _raise_mapped(exc: Exception) -> NoReturn:
     """Raise ``exc`` as httpx-aiohttp would: its httpx counterpart, ``exc`` the cause."""
+    import aiohttp  # a failure of the aiohttp session: loaded already
+    from httpx_aiohttp.transport import map_aiohttp_exceptions
+
     if isinstance(exc, aiohttp.ClientResponseError):
         # An answer aiohttp could not parse (httpx-aiohttp leaves it unmapped).
         raise httpx.RemoteProtocolError(str(exc)) from exc
@@ -205,16 +231,21 @@ def create_transport(
 ) -> UpstreamTransport:
     """The transport for all upstream calls; create it inside the running event loop.
     ``lean`` False: the general client for every upstream (tests compare the two)."""
-    session = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(
-            limit=max_connections,
-            limit_per_host=0,
-            keepalive_timeout=keepalive,
-            ttl_dns_cache=300,
-        ),
-        # Bodies pass through untouched; we ask upstreams for identity encoding anyway.
-        auto_decompress=False,
-        skip_auto_headers=("User-Agent",),
-        cookie_jar=aiohttp.DummyCookieJar(),
-    )
-    return UpstreamTransport(session, LeanTransport(max_connections) if lean else None)
+
+    def new_session() -> aiohttp.ClientSession:
+        import aiohttp
+
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(
+                limit=max_connections,
+                limit_per_host=0,
+                keepalive_timeout=keepalive,
+                ttl_dns_cache=300,
+            ),
+            # Bodies pass through untouched; we ask upstreams for identity encoding anyway.
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
+
+    return UpstreamTransport(new_session, LeanTransport(max_connections) if lean else None)

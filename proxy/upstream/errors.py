@@ -17,8 +17,9 @@ import asyncio
 import errno
 import socket
 import ssl
+import sys
+from types import ModuleType
 
-import aiohttp
 import httpx
 
 from proxy.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
@@ -45,10 +46,13 @@ def map_transport_error(exc: BaseException, deployment: str) -> tuple[UpstreamEr
     if plain is not None:
         kind = UpstreamTimeout if plain == "connect_timeout" else UpstreamUnavailable
         return _unreachable(deployment, plain, kind)
-    if isinstance(cause, aiohttp.ConnectionTimeoutError):
+    aiohttp = _aiohttp()
+    if aiohttp is not None and isinstance(cause, aiohttp.ConnectionTimeoutError):
         return _unreachable(deployment, "connect_timeout", UpstreamTimeout)
-    if isinstance(cause, aiohttp.ServerTimeoutError | asyncio.TimeoutError | TimeoutError) or (
-        cause is exc and isinstance(exc, httpx.TimeoutException)
+    if (
+        isinstance(cause, asyncio.TimeoutError | TimeoutError)
+        or (aiohttp is not None and isinstance(cause, aiohttp.ServerTimeoutError))
+        or (cause is exc and isinstance(exc, httpx.TimeoutException))
     ):
         return (
             UpstreamTimeout(f"The upstream deployment '{deployment}' timed out."),
@@ -59,7 +63,11 @@ def map_transport_error(exc: BaseException, deployment: str) -> tuple[UpstreamEr
         return _unreachable(deployment, connect, UpstreamUnavailable)
     if cause is exc and isinstance(exc, httpx.ConnectError):
         return _unreachable(deployment, "connection", UpstreamUnavailable)
-    if isinstance(cause, aiohttp.ClientOSError) and cause.errno == errno.ECONNRESET:
+    if (
+        aiohttp is not None
+        and isinstance(cause, aiohttp.ClientOSError)
+        and cause.errno == errno.ECONNRESET
+    ):
         return _unreachable(deployment, "reset", UpstreamUnavailable)
     return (
         UpstreamUnavailable(
@@ -71,11 +79,18 @@ def map_transport_error(exc: BaseException, deployment: str) -> tuple[UpstreamEr
     )
 
 
+def _aiohttp() -> ModuleType | None:
+    """aiohttp, if loaded (client.py loads it for the first request that needs it): when
+    it is not, none of its exceptions can be a cause."""
+    return sys.modules.get("aiohttp")
+
+
 def _socket_cause(exc: BaseException) -> str | None:
     """The lean transport's failures to connect, and resets before an answer (None: a
     timeout reading or a broken answer, which the general rules read alike)."""
     cause = exc.__cause__
-    if cause is None or isinstance(cause, aiohttp.ClientError):
+    aiohttp = _aiohttp()
+    if cause is None or (aiohttp is not None and isinstance(cause, aiohttp.ClientError)):
         return None
     if isinstance(exc, httpx.ConnectTimeout):
         return "connect_timeout"
@@ -96,6 +111,9 @@ def _socket_cause(exc: BaseException) -> str | None:
 
 def _connect_cause(cause: BaseException) -> str | None:
     """What kept the connection from being made (None: it was made)."""
+    aiohttp = _aiohttp()
+    if aiohttp is None:
+        return "tls_handshake" if isinstance(cause, ssl.SSLError) else None
     if isinstance(cause, aiohttp.ClientConnectorCertificateError):
         return "tls_certificate"
     if isinstance(cause, aiohttp.ClientConnectorSSLError | ssl.SSLError):
