@@ -88,6 +88,11 @@ def create_app(
         limiter.on_eviction_policy(metrics.set_redis_evicting_policy)
         await limiter.start()
         transport = create_transport()
+        transport.prepare(
+            (d.base_url, bool(d.proxy_url.get_secret_value()))
+            for group in settings.models
+            for d in group.deployments
+        )
         runtime_keys = runtime_keys_for(
             settings.redis.url, workers, settings.redis.timeout, sentinel=target
         )

@@ -10,7 +10,7 @@ import sys
 import pytest
 from yarl import URL
 
-from proxy.upstream.client import _env_proxy
+from proxy.upstream.client import _env_proxy, create_transport
 
 _PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
 
@@ -58,3 +58,21 @@ def test_the_environments_proxy_is_read_as_aiohttp_reads_it(
     assert _env_proxy(URL("https://upstream.example/v1")) == (None, None)  # no HTTPS_PROXY
     no_proxies.setenv("NO_PROXY", "upstream.example")
     assert _env_proxy(url) == (None, None)
+
+
+async def test_start_up_makes_the_session_only_for_a_deployment_that_will_need_it(
+    no_proxies: pytest.MonkeyPatch,
+) -> None:
+    direct = create_transport()
+    direct.prepare([("http://127.0.0.1:9/v1", False), ("https://api.openai.com/v1", False)])
+    assert direct._session is None
+    await direct.aclose()
+    own_proxy = create_transport()
+    own_proxy.prepare([("http://127.0.0.1:9/v1", False), ("http://127.0.0.1:9/v1", True)])
+    assert own_proxy._session is not None
+    await own_proxy.aclose()
+    no_proxies.setenv("HTTP_PROXY", "http://egress.example:3128")
+    environment_proxy = create_transport()
+    environment_proxy.prepare([("http://upstream.example/v1", False)])
+    assert environment_proxy._session is not None
+    await environment_proxy.aclose()
