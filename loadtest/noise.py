@@ -1,6 +1,6 @@
 """The bench's own noise floor: two identical proxies compared as the peer is.
 
-    python -m loadtest.noise                    # 8 rounds of 10 s, the default config
+    python -m loadtest.noise                    # 8 rounds, make bench's --duration (10)
     python -m loadtest.noise --rounds 6 --duration 5
 
 Issue 33 asks for ours over the peer's req/s >= 1.0x and our added p50 at one connection

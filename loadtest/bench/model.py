@@ -130,8 +130,9 @@ class TargetResult:
 
 # Each round's turns are cut into this many slices, the two sides alternating slice by
 # slice: the host's speed moves over seconds (two identical proxies, whole 5 s turns: one
-# round's req/s 0.84x to 1.42x apart, its added p50 up to 0.41 ms; in 5 slices: 0.92x to
-# 1.06x and 0.11 ms; docs/performance.md, "The bench's noise floor").
+# round's req/s 0.84x to 1.42x apart, its added p50 up to 0.41 ms; in 5 slices: 0.96x to
+# 1.06x and 0.10 ms, `python -m loadtest.noise`; docs/performance.md, "The bench's noise
+# floor").
 SLICES = 5
 
 

@@ -144,11 +144,14 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         deployment will need them (``deployments``: each one's base URL, and whether it
         names its own egress proxy), so that its first request pays no import (a tenth
         of a second, the event loop held)."""
-        for url, proxied in deployments:
-            if proxied or not _Target(url).lean:
-                if self._session is None:
-                    self._session = self._new_session()
-                return
+        if any(proxied or not _Target(url).lean for url, proxied in deployments):
+            self._opened()
+
+    def _opened(self) -> aiohttp.ClientSession:
+        """The aiohttp session, made on the first call."""
+        if self._session is None:
+            self._session = self._new_session()
+        return self._session
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.target if isinstance(request, UpstreamRequest) else str(request.url)
@@ -180,10 +183,8 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         if "proxy" not in options and target.env_proxy is not None:
             options["proxy"] = target.env_proxy
             options["proxy_auth"] = target.env_proxy_auth
-        if self._session is None:
-            self._session = self._new_session()
         try:
-            response = await self._session.request(
+            response = await self._opened().request(
                 request.method,
                 target.url,
                 headers=[
