@@ -58,19 +58,19 @@ class ForwardingEndpoint:
         receive: Receive,
         write: Callable[[Reply], Awaitable[None]],
         *,
-        arrived: bool = False,
+        body: bytes | None = None,
         watch_departure: WatchDeparture | None = None,
     ) -> None:
         """Answer one request whose body ``receive`` gives; ``write`` sends the reply (the
         ASGI messages, or ``direct.write_reply`` under the proxy's own protocol, which
-        also says whether the body has ``arrived`` whole already, and hears the client's
-        departure without a task: ``watch_departure``)."""
+        also hands over the ``body`` when all of it has arrived already, and hears the
+        client's departure without a task: ``watch_departure``)."""
         # The pipeline in force when the request arrived serves it to the end, even if a
         # reload replaces it meanwhile (it is retired once its requests are done).
         pipeline = self._pipeline()
         pipeline.enter()
         try:
-            reply = await self._answer(pipeline, raw_headers, receive, arrived, watch_departure)
+            reply = await self._answer(pipeline, raw_headers, receive, body, watch_departure)
             if reply is not None:
                 await write(reply)
         finally:
@@ -81,7 +81,7 @@ class ForwardingEndpoint:
         pipeline: Pipeline,
         raw_headers: list[tuple[bytes, bytes]],
         receive: Receive,
-        arrived: bool,
+        body: bytes | None,
         watch_departure: WatchDeparture | None,
     ) -> Reply | None:
         """None: the client left before its body arrived (nobody to answer). The key is
@@ -94,12 +94,14 @@ class ForwardingEndpoint:
             header, presented = presented_key(credential.headers, raw_headers, lookup)
             key = pipeline.keys.authenticate(presented, credential, header)
             _check_content_type(lookup.get("content-type"))
-            declared, limit = lookup.get("content-length"), server.max_body_size
-            if arrived:  # nothing to wait for: no timer
-                raw = await _read_body(receive, declared, limit)
+            limit = server.max_body_size
+            if body is not None:  # here whole: nothing to wait for, no timer
+                if len(body) > limit:
+                    raise _too_large(limit)
+                raw = body
             else:
                 async with asyncio.timeout(server.body_timeout):
-                    raw = await _read_body(receive, declared, limit)
+                    raw = await _read_body(receive, lookup.get("content-length"), limit)
         except ClientGone:
             return None
         except TimeoutError:
@@ -154,6 +156,7 @@ class HotPathRouter:
     def __init__(self, app: ASGIApp, endpoints: dict[str, ForwardingEndpoint]) -> None:
         self.app = app
         self.endpoints = endpoints
+        self._by_target = {path.encode("ascii"): endpoint for path, endpoint in endpoints.items()}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # the lifespan
@@ -185,6 +188,15 @@ class HotPathRouter:
         if _oversized(scope["headers"]):
             return None
         return self._forwarding(_canonical(scope))
+
+    def direct(
+        self, target: bytes, headers: list[tuple[bytes, bytes]]
+    ) -> ForwardingEndpoint | None:
+        """The forwarding endpoint whose path a POST's request ``target`` is exactly (no
+        query, no trailing slash, nothing percent-encoded), unless its ``headers`` are over
+        the bounds: what the proxy's own protocol serves with no ASGI scope made."""
+        endpoint = self._by_target.get(target)
+        return None if endpoint is None or _oversized(headers) else endpoint
 
     def _forwarding(self, scope: Scope) -> ForwardingEndpoint | None:
         if scope["type"] == "http" and scope["method"] == "POST" and not _encoded_slash(scope):

@@ -11,7 +11,11 @@ uvicorn discards what still arrives, and a body trickling on past ``body_timeout
 its connection closed (a body still being read is the endpoint's: 408,
 ``forwarding.py``). The timeouts are read from the environment (``HEADER_TIMEOUT_ENV``,
 ``BODY_TIMEOUT_ENV``, set by the CLI from ``server.header_timeout`` and
-``server.body_timeout``) so spawned workers get them too.
+``server.body_timeout``) so spawned workers get them too. The same timer also keeps
+uvicorn's keep-alive timeout (an idle connection closed once it has passed), where
+uvicorn makes a timer per reply and cancels it at the next request's first bytes: the
+timer never waits longer than the keep-alive timeout, so it finds an idle connection
+before its time and closes it right then.
 
 A request line or header uvicorn's parser refuses gets the contract's JSON 400 (with its
 ``x-request-id``), not uvicorn's plain text, in the error shape of the API its path
@@ -45,6 +49,7 @@ HEADER_TIMEOUT_ENV = "LLM_PROXY_HEADER_TIMEOUT"
 BODY_TIMEOUT_ENV = "LLM_PROXY_BODY_TIMEOUT"
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_BODY_TIMEOUT = 30.0
+_SHORTEST_PERIOD = 0.05  # seconds: a keep-alive timeout of 0 must not spin the timer
 
 
 class HeaderTimeoutProtocol(HttpToolsProtocol):
@@ -53,6 +58,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     _header_timer: asyncio.TimerHandle | None = None
     _headers_since: float | None = None  # when the request now awaiting headers began
     _body_since: float | None = None  # when the request now awaiting its body's end did
+    _idle_since: float | None = None  # when the connection's last reply went, none since
     # The parser is reading the body of a request whose upgrade was ignored, behind a
     # head made for it: that head's callbacks are not a new request's.
     _continuing = False
@@ -63,7 +69,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         """uvicorn's, but a non-WebSocket upgrade is ignored (``_ignore_upgrade``)."""
-        self._unset_keepalive_if_required()
+        self._idle_since = None
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
@@ -109,6 +115,11 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         if self._continuing:
             self._continuing = False
             return
+        self._headers_arrived()
+        super().on_headers_complete()
+
+    def _headers_arrived(self) -> None:
+        """The request's headers are complete: from now on its body's timeout counts."""
         # The body's time counts from the request's start (no clock read per request).
         self._body_since, self._headers_since = self._headers_since, None
         timer = self._header_timer
@@ -117,11 +128,25 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             if timer.when() > deadline:  # a body timeout shorter than the header timeout
                 timer.cancel()
                 self._header_timer = self.loop.call_at(deadline, self._check_deadlines)
-        super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         self._body_since = None
         super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        """uvicorn's, but an idle connection's keep-alive timeout is kept by the
+        connection's one timer (``_check_deadlines``), not a timer made per reply."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        elif self._headers_since is None:  # no next request begun: idle from now
+            self._idle_since = self.loop.time()
+            if self._header_timer is None:
+                self._header_timer = self.loop.call_later(self._period(), self._check_deadlines)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._header_timer is not None:
@@ -148,7 +173,15 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         if self._headers_since is None:
             self._headers_since = self.loop.time()
         if self._header_timer is None:
-            self._header_timer = self.loop.call_later(_timeout(), self._check_deadlines)
+            self._header_timer = self.loop.call_later(
+                min(_timeout(), self._period()), self._check_deadlines
+            )
+
+    def _period(self) -> float:
+        """The longest the connection's timer waits before it looks again: at most the
+        keep-alive timeout, so that an idle connection, whenever its idleness began, is
+        found before its keep-alive has passed and closed right on time."""
+        return max(self.timeout_keep_alive, _SHORTEST_PERIOD)
 
     def _check_deadlines(self) -> None:
         self._header_timer = None
@@ -159,10 +192,14 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             left = self._body_since + _body_timeout() - self.loop.time()
             if left <= 0 and not served:  # the endpoint is reading it: its 408 comes
                 left = _body_timeout()
+        elif self._idle_since is not None:  # uvicorn's keep-alive timeout
+            left = self._idle_since + self.timeout_keep_alive - self.loop.time()
         else:
             return  # nothing awaited: the next request arms the timer again
         if left > 0:
-            self._header_timer = self.loop.call_later(left, self._check_deadlines)
+            self._header_timer = self.loop.call_later(
+                min(left, self._period()), self._check_deadlines
+            )
         elif served:
             self.transport.close()
 

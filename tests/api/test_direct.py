@@ -1,6 +1,8 @@
 """The proxy's own HTTP/1.1 protocol (api/direct.py) answers forwarding requests as
-uvicorn's ASGI cycle would: whole replies with their length and date, keep-alive,
-pipelined requests in order, HTTP/1.0 closing, ``Expect: 100-continue``; a reply goes
+uvicorn's ASGI cycle would: whole replies with their length and date, keep-alive (an
+idle connection closed once its keep-alive timeout has passed, one in use kept),
+pipelined requests in order, HTTP/1.0 closing, ``Expect: 100-continue``, targets it does
+not serve itself (a query, a trailing slash) served through the ASGI cycle; a reply goes
 out in one write, and one whose headers could split the response never goes out."""
 
 from __future__ import annotations
@@ -8,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from support.proxy_server import ProxyInThread, settings_from
+from support.waiting import wait_until
 
 from proxy.api import direct
 from proxy.call import Reply
@@ -22,18 +26,21 @@ from proxy.fake_upstream import FakeUpstreamConfig, run_in_thread
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 
 
+KEEP_ALIVE = 1.0  # seconds, uvicorn's keep-alive timeout for these tests
+
+
 @pytest.fixture(scope="module")
 def proxy() -> Iterator[ProxyInThread]:
     with run_in_thread(FakeUpstreamConfig(port=0)) as upstream:
         deployment = {"id": "d", "base_url": upstream.base_url, "rpm": 6000}
         config = {"models": [{"name": "m", "deployments": [deployment]}]}
-        with ProxyInThread(settings_from(config)) as server:
+        with ProxyInThread(settings_from(config), keep_alive=KEEP_ALIVE) as server:
             yield server
 
 
-def _request(version: str = "1.1", extra: str = "") -> bytes:
+def _request(version: str = "1.1", extra: str = "", target: str = "/v1/chat/completions") -> bytes:
     return (
-        f"POST /v1/chat/completions HTTP/{version}\r\nHost: x\r\n"
+        f"POST {target} HTTP/{version}\r\nHost: x\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(BODY)}\r\n{extra}\r\n"
     ).encode() + BODY
 
@@ -58,6 +65,36 @@ def test_keep_alive_requests_get_whole_answers(proxy: ProxyInThread) -> None:
             status, headers, body = _read_answer(reader)
             assert status == "HTTP/1.1 200 OK"
             assert "date" in headers and headers["x-request-id"].startswith("req_")
+            assert json.loads(body)["object"] == "chat.completion"
+
+
+def test_an_idle_connection_is_closed_once_its_keep_alive_has_passed(
+    proxy: ProxyInThread,
+) -> None:
+    with _connect(proxy) as conn, conn.makefile("rb") as reader:
+        conn.sendall(_request())
+        assert _read_answer(reader)[0] == "HTTP/1.1 200 OK"
+        wait_until(lambda: reader.read(1) == b"", timeout=15, what="the idle connection closed")
+
+
+def test_a_connection_in_use_outlives_its_keep_alive(proxy: ProxyInThread) -> None:
+    """Requests a short while apart, for longer than the keep-alive timeout in all."""
+    with _connect(proxy) as conn, conn.makefile("rb") as reader:
+        for _ in range(int(3 * KEEP_ALIVE / 0.05)):
+            conn.sendall(_request())
+            assert _read_answer(reader)[0] == "HTTP/1.1 200 OK"
+            time.sleep(0.05)
+
+
+@pytest.mark.parametrize("target", ["/v1/chat/completions/", "/v1/chat/completions?x=1"])
+def test_a_target_the_protocol_does_not_serve_itself_is_served_as_asgi(
+    proxy: ProxyInThread, target: str
+) -> None:
+    with _connect(proxy) as conn, conn.makefile("rb") as reader:
+        for _ in range(2):
+            conn.sendall(_request(target=target))
+            status, headers, body = _read_answer(reader)
+            assert status == "HTTP/1.1 200 OK" and headers["x-request-id"].startswith("req_")
             assert json.loads(body)["object"] == "chat.completion"
 
 

@@ -65,7 +65,10 @@ class ProxyInThread:
 
     http: type[asyncio.Protocol] | str = DirectReplyProtocol
 
-    def __init__(self, settings: Settings, config_path: Path | None = None) -> None:
+    def __init__(
+        self, settings: Settings, config_path: Path | None = None, *, keep_alive: float = 5.0
+    ) -> None:
+        """``keep_alive``: uvicorn's keep-alive timeout, seconds (its default: 5)."""
         self.settings = settings
         self.app = create_app(settings, config_path=str(config_path) if config_path else None)
         self._sock = socket.socket()
@@ -80,6 +83,7 @@ class ProxyInThread:
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=5,
+            timeout_keep_alive=keep_alive,
         )
         self._server = _PromptServer(config)
         self._thread = threading.Thread(target=self._run, daemon=True)
