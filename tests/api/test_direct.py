@@ -13,11 +13,12 @@ import socket
 import time
 from collections.abc import Iterator
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from support.proxy_server import ProxyInThread, settings_from
 from support.waiting import wait_until
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from proxy.api import direct
 from proxy.call import Reply
@@ -183,3 +184,34 @@ def test_a_header_that_could_split_the_answer_never_goes_out(value: str) -> None
     with pytest.raises(RuntimeError, match="Invalid HTTP header"):
         asyncio.run(direct.write_reply(cycle, Reply(200, {"x-bad": value}, b"{}")))  # type: ignore[arg-type]
     assert cycle.transport.writes == [] and not cycle.response_started
+
+
+def test_the_direct_cycle_has_exactly_the_attributes_of_uvicorns_cycle() -> None:
+    """``_DirectCycle`` sets uvicorn's attributes itself (not through its constructor): an
+    uvicorn whose cycle gains or loses one is caught here, not on the request path."""
+    protocol = SimpleNamespace(
+        parser=SimpleNamespace(should_keep_alive=lambda: True, get_http_version=lambda: "1.1"),
+        transport=_Transport(),
+        flow=SimpleNamespace(),
+        logger=None,
+        access_logger=None,
+        server_state=SimpleNamespace(default_headers=[]),
+        on_response_complete=lambda: None,
+        expect_100_continue=False,
+    )
+    ours = direct._DirectCycle(protocol)  # type: ignore[arg-type]
+    theirs = RequestResponseCycle(
+        scope=cast(Any, {}),
+        transport=protocol.transport,
+        flow=protocol.flow,
+        logger=protocol.logger,
+        access_logger=protocol.access_logger,
+        access_log=False,
+        default_headers=[],
+        message_event=asyncio.Event(),
+        expect_100_continue=False,
+        keep_alive=True,
+        on_response=lambda: None,
+    )
+    assert sorted(vars(ours)) == sorted(vars(theirs))
+    assert ours.keep_alive and not ours.waiting_for_100_continue and ours.more_body
