@@ -726,3 +726,34 @@ def test_an_upstream_seen_closing_idle_tls_connections_sooner_shortens_their_exp
 
     with asyncio.Runner(loop_factory=loop_factory) as loop:
         loop.run(main())
+
+
+def test_a_reused_connection_times_out_by_its_new_requests_read_timeout(
+    loop_factory: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    """The lean transport keeps one read timer per connection across its exchanges: one
+    armed for a long timeout does not delay a later request's shorter one."""
+    served = [0]
+
+    async def reply(conversation: Conversation) -> None:
+        served[0] += 1
+        if served[0] == 1:
+            await conversation.send(answer(b"{}"))
+        else:
+            await conversation.stall()
+
+    async def main() -> None:
+        transport = create_transport(lean=True)
+        async with PLAIN.serve(reply) as upstream:
+            patient = PLAIN.request(upstream.url)
+            patient.extensions["timeout"] = {**TIMEOUTS, "read": 60.0}
+            await _fetch_request(transport, patient)
+            with pytest.raises(TransportFailure) as failure:
+                async with asyncio.timeout(10):  # not the first request's 60 s
+                    await _fetch(transport, upstream.url)  # read: 0.3 s
+            assert failure.value.reason == "timeout"
+            assert upstream.connections == 1
+        await transport.aclose()
+
+    with asyncio.Runner(loop_factory=loop_factory) as loop:
+        loop.run(main())
