@@ -134,9 +134,7 @@ class DirectReplyProtocol(HeaderTimeoutProtocol):
         """``endpoint`` on ``cycle``; a failure ends as under uvicorn's ``run_asgi``:
         logged, and a 500 if no reply has gone out yet, else the connection closed."""
         try:
-            receive, send = cast(Receive, cycle.receive), cast(Send, cycle.send)
-            scope = cast(Scope, _DIRECT_SCOPE)
-            await _serve(endpoint, cycle, self, headers, scope, receive, send)
+            await _serve(endpoint, cycle, self, headers)
         except BaseException as exc:
             self.logger.error("Exception in ASGI application\n", exc_info=exc)
             if not cycle.response_started:
@@ -158,7 +156,7 @@ class DirectReplyProtocol(HeaderTimeoutProtocol):
         endpoint = app.forwarding(scope) if isinstance(app, HotPathRouter) else None
         if endpoint is not None:
             # Still run by uvicorn's run_asgi: an error before the reply answers 500.
-            app = cast("ASGI3Application", partial(_serve, endpoint, cycle, self, scope["headers"]))
+            app = cast("ASGI3Application", partial(_serve_asgi, endpoint, cycle, self))
         super()._start_asgi_task(cycle, app)
 
     # Whoever waits for this connection's client to leave (the request running on it,
@@ -189,21 +187,31 @@ async def _serve(
     cycle: RequestResponseCycle,
     protocol: DirectReplyProtocol,
     headers: list[tuple[bytes, bytes]],
-    scope: Scope,
-    receive: Receive,
-    send: Send,
 ) -> None:
-    """``endpoint`` as the app of ``cycle``, its reply written by ``write_reply``."""
+    """``endpoint`` on ``cycle``: its body through the cycle's ``receive`` (handed over
+    whole if it has arrived), its reply written by ``write_reply``."""
     body = None
     if not cycle.more_body:  # all of it is here: handed over, no receive()
         body, cycle.body = bytes(cycle.body), bytearray()
     await endpoint.serve(
         headers,
-        receive,
+        cast(Receive, cycle.receive),
         partial(write_reply, cycle),
         body=body,
         watch_departure=partial(protocol.watch_departure, cycle),
     )
+
+
+async def _serve_asgi(
+    endpoint: ForwardingEndpoint,
+    cycle: RequestResponseCycle,
+    protocol: DirectReplyProtocol,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+) -> None:
+    """``_serve`` as the ASGI app ``run_asgi`` calls (its ``receive`` is the cycle's)."""
+    await _serve(endpoint, cycle, protocol, scope["headers"])
 
 
 class _DirectCycle(RequestResponseCycle):
