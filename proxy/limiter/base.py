@@ -34,7 +34,7 @@ budgets are not shared), refilled at the rate its health has learned.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import field
 from typing import Literal, Protocol, runtime_checkable
@@ -603,6 +603,13 @@ class FastPaths(Protocol):
     def reserve_now(self, ask: GroupAsk) -> DeploymentVerdict | None:
         """``reserve``'s verdict when it can be given at once, without the storage (in
         memory, or the next request or turn of an open lease); None: await ``reserve``."""
+        ...
+
+    def reserve_on_renewal(self, ask: GroupAsk) -> Awaitable[DeploymentVerdict | None] | None:
+        """When ``reserve_now`` had no turn because the lease that would give it is being
+        renewed: its turn from the renewal, once that is read, with no call of its own
+        (None: no renewal on its way, await ``reserve``). The awaited None: the renewal
+        brought no turn for it; await ``reserve``."""
         ...
 
     def settle_soon(self, settlement: KeySettlement) -> bool:

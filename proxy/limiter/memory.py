@@ -283,6 +283,10 @@ class MemoryLimiter:
     def _slots_of(self, owner: KeyLimits) -> Slots:
         return self._team_slots if owner.scope == TEAM else self._slots
 
+    def reserve_on_renewal(self, ask: GroupAsk) -> None:
+        """Never: every reservation is answered at once (``reserve_now``)."""
+        return None
+
     def reserve_now(self, ask: GroupAsk) -> DeploymentVerdict:
         now = self._now()
         group, candidates = ask.group, ask.candidates

@@ -51,6 +51,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Literal, TypeVar
 
 from proxy.background import stop
@@ -377,6 +378,21 @@ class ResilientLimiter:
         if verdict is not None:
             self._note_tails(ask.group, verdict)
         return verdict
+
+    def reserve_on_renewal(self, ask: GroupAsk) -> asyncio.Future[DeploymentVerdict | None] | None:
+        if not self._leases_answer():
+            return None
+        served = self._shared.reserve_on_renewal(ask)
+        if served is not None:
+            served.add_done_callback(partial(self._noted, ask.group))
+        return served
+
+    def _noted(self, group: str, served: asyncio.Future[DeploymentVerdict | None]) -> None:
+        """A turn from a renewal: its tails noted as ``reserve_now``'s are."""
+        if not served.cancelled() and served.exception() is None:
+            verdict = served.result()
+            if verdict is not None:
+                self._note_tails(group, verdict)
 
     async def reserve(self, ask: GroupAsk) -> DeploymentVerdict:
         async def shared() -> DeploymentVerdict:

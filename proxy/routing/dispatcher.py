@@ -272,7 +272,12 @@ class Dispatcher:
                     self.routing.lookahead,
                 )
                 # An open lease (or the memory limiter) answers without an await.
-                verdict = None if self.fast is None else self.fast.reserve_now(ask)
+                verdict = None
+                if self.fast is not None:
+                    verdict = self.fast.reserve_now(ask)
+                    if verdict is None:  # its lease being renewed: the turn it brings
+                        renewal = self.fast.reserve_on_renewal(ask)
+                        verdict = None if renewal is None else await renewal
                 if verdict is None:
                     verdict = await self.limiter.reserve(ask)
                 handled = time.monotonic()

@@ -194,6 +194,23 @@ async def test_local_fallback_uses_this_replicas_share_then_recovers(
     assert modes == [LimiterMode.FALLBACK, LimiterMode.SHARED]
 
 
+async def test_no_lease_answers_a_reservation_while_the_circuit_is_open(
+    make: Callable[[OnError, str], ResilientLimiter], disposable_redis: RedisServer
+) -> None:
+    """Neither an open lease nor a lease renewal on its way answers while the storage
+    is not trusted: the local share does (``reserve``)."""
+    a = make("local", "a")
+    await a.heartbeat()
+    disposable_redis.kill()
+    for i in range(3):  # the failure threshold
+        await a.acquire_key(KeyAsk(KEY, f"r{i}", estimate_cost(0)))
+    assert a.circuit is CircuitState.OPEN
+    ask = GroupAsk("g", [DEP], estimate_cost(0), max_wait=0)
+    assert a.reserve_now(ask) is None
+    assert a.reserve_on_renewal(ask) is None
+    assert (await a.reserve(ask)).deployment_id == "d"  # the local share
+
+
 async def test_reject_raises_limiter_unavailable(
     make: Callable[[OnError, str], ResilientLimiter],
     disposable_redis: RedisServer,

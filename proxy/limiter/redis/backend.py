@@ -193,6 +193,11 @@ class RedisLimiter:
             return None
         return self._leases.reserve_now(ask)
 
+    def reserve_on_renewal(self, ask: GroupAsk) -> asyncio.Future[DeploymentVerdict | None] | None:
+        if self._leases is None or ask.least_busy or not ask.candidates:
+            return None
+        return self._leases.reserve_on_renewal(ask)
+
     async def reserve(self, ask: GroupAsk) -> DeploymentVerdict:
         if not ask.candidates:
             raise ValueError("reserve needs at least one candidate")

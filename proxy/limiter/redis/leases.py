@@ -294,6 +294,25 @@ class Leases:
         costs = amounts(d.windows, ask.cost)
         return _from_open(owner, d, costs, ask.max_wait)
 
+    def reserve_on_renewal(self, ask: GroupAsk) -> asyncio.Future[DeploymentVerdict | None] | None:
+        """A turn on the ask's first candidate from the turn lease being renewed, served
+        with the renewal's other waiters when it is read (``_serve_waiters``), as
+        ``reserve`` would wait for it, without a coroutine of its own; None: no turn lease
+        of its costs is being renewed (await ``reserve``)."""
+        d = ask.candidates[0]
+        owner = self._owners.get(("d", ask.group, d.id))
+        if owner is None or owner.renewing is None or owner.paced is None:
+            return None
+        if not owner.counts(d.windows):
+            return None
+        costs = amounts(d.windows, ask.cost)
+        if costs != owner.paced:
+            return None
+        served: asyncio.Future[DeploymentVerdict | None]
+        served = asyncio.get_running_loop().create_future()
+        owner.turn_waiters.append(_TurnWaiter(d, costs, ask.max_wait, served))
+        return served
+
     async def _renew_deployment(
         self, owner: Owner, spent: list[Spend], now: float
     ) -> Allowance | None:

@@ -9,6 +9,8 @@ import asyncio
 import itertools
 import math
 import time
+from collections.abc import Awaitable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -146,6 +148,16 @@ def turn_time(verdict: DeploymentVerdict) -> float:
     return verdict.sent.at
 
 
+async def take_turn(lim: RedisLimiter, ask: GroupAsk) -> DeploymentVerdict:
+    """As the dispatcher asks: the open lease at once, else the turn of the renewal on
+    its way, else the awaited way."""
+    verdict = lim.reserve_now(ask)
+    if verdict is None:
+        renewal = lim.reserve_on_renewal(ask)
+        verdict = None if renewal is None else await renewal
+    return verdict or await lim.reserve(ask)
+
+
 async def test_two_replicas_never_grant_turns_closer_than_the_pacing(redis_url: str) -> None:
     """Both replicas' turns, leased and per request, in one timeline: at least the
     interval apart (the granted times; each is sent no sooner than its time, and up to
@@ -158,8 +170,7 @@ async def test_two_replicas_never_grant_turns_closer_than_the_pacing(redis_url: 
         for i in range(60):
             slot = f"{name}-{i}"
             ask = GroupAsk("g", [PACED], estimate_cost(0), 5.0, slot)
-            # As the dispatcher asks: the open lease at once, else the awaited way.
-            verdict = lim.reserve_now(ask) or await lim.reserve(ask)
+            verdict = await take_turn(lim, ask)
             granted.append(turn_time(verdict))
             assert verdict.sent is not None
             leased[replicas.index(lim)] += bool(verdict.sent.private.lease)
@@ -240,6 +251,49 @@ async def test_requests_waiting_for_a_renewal_are_served_as_it_is_read(
     assert all(v.sent is not None and v.sent.private.lease for v in verdicts)
     assert calls(redis_url) - before <= 2  # one lease (and the old one's give-back)
     assert apart([turn_time(v) for v in verdicts])
+    await lim.aclose()
+
+
+async def test_requests_finding_their_lease_renewed_take_its_turns_with_no_call(
+    redis_url: str,
+) -> None:
+    """``reserve_on_renewal``: a request that finds its deployment's turn lease being
+    renewed (by another request) takes its turn from that renewal as it is read, with no
+    call of its own; with no renewal on its way it answers nothing (await ``reserve``).
+    (Whether a renewal is caught on its way depends on the machine: tried again.)"""
+    lim = patient(redis_url)
+    ask = GroupAsk("g", [PACED], estimate_cost(0), 5.0, "warm")
+    await lim.reserve(ask)  # connected, the storage's clock placed, the costs known paced
+    assert lim.reserve_on_renewal(ask) is None  # nothing on its way
+    served: list[DeploymentVerdict] = []
+    for attempt in range(50):
+        # Idle past a refusal's wait: the next request renews the lease.
+        await asyncio.sleep(turns.REFUSED_FOR + 10 * turns.SPAN)
+        before = calls(redis_url)
+        renewing = asyncio.ensure_future(take_turn(lim, replace(ask, slot=f"first{attempt}")))
+        renewals: list[Awaitable[DeploymentVerdict | None]] = []
+        for _ in range(20):  # until the renewal is on its way (a step of the request's)
+            await asyncio.sleep(0)
+            renewal = lim.reserve_on_renewal(replace(ask, slot=f"w{attempt}-0"))
+            if renewal is not None:
+                renewals.append(renewal)
+                break
+        if not renewals:
+            await renewing
+            continue
+        for i in range(1, 5):
+            renewal = lim.reserve_on_renewal(replace(ask, slot=f"w{attempt}-{i}"))
+            assert renewal is not None  # the same renewal, still on its way
+            renewals.append(renewal)
+        first = await renewing
+        got = [await r for r in renewals]
+        if not all(v is not None and v.sent is not None and v.sent.private.lease for v in got):
+            continue  # the renewal brought no lease (refused, or read too late to trust)
+        assert calls(redis_url) - before <= 2  # the renewal (and a give-back): theirs, none
+        served = [v for v in got if v is not None]
+        assert apart([turn_time(v) for v in [first, *served]])
+        break
+    assert served
     await lim.aclose()
 
 
