@@ -301,17 +301,12 @@ class Leases:
         of its costs is being renewed (await ``reserve``)."""
         d = ask.candidates[0]
         owner = self._owners.get(("d", ask.group, d.id))
-        if owner is None or owner.renewing is None or owner.paced is None:
-            return None
-        if not owner.counts(d.windows):
+        if owner is None or owner.renewing is None or not owner.counts(d.windows):
             return None
         costs = amounts(d.windows, ask.cost)
         if costs != owner.paced:
             return None
-        served: asyncio.Future[DeploymentVerdict | None]
-        served = asyncio.get_running_loop().create_future()
-        owner.turn_waiters.append(_TurnWaiter(d, costs, ask.max_wait, served))
-        return served
+        return _wait_for_renewal(owner, d, costs, ask.max_wait)
 
     async def _renew_deployment(
         self, owner: Owner, spent: list[Spend], now: float
@@ -390,9 +385,7 @@ class Leases:
             renewing = owner.renewing is not None  # else this request renews it
             if not renewing and now < owner.refused_until:
                 return None
-            served: asyncio.Future[DeploymentVerdict | None]
-            served = asyncio.get_running_loop().create_future()
-            owner.turn_waiters.append(_TurnWaiter(d, costs, max_wait, served))
+            served = _wait_for_renewal(owner, d, costs, max_wait)
             if not renewing:
                 try:
                     await self._renew_turns(owner, spent, now)
@@ -658,6 +651,17 @@ def _from_open(
         if wait is not None:
             return _leased_turn(owner, d, t, now, wait)
     return None
+
+
+def _wait_for_renewal(
+    owner: Owner, d: DeploymentLimits, costs: list[float], max_wait: float
+) -> asyncio.Future[DeploymentVerdict | None]:
+    """A turn from the owner's renewal on its way, served with its other waiters when it
+    is read (``Leases._serve_waiters``; None: it brought none within ``max_wait``)."""
+    served: asyncio.Future[DeploymentVerdict | None]
+    served = asyncio.get_running_loop().create_future()
+    owner.turn_waiters.append(_TurnWaiter(d, costs, max_wait, served))
+    return served
 
 
 def _leased(owner: Owner, d: DeploymentLimits, a: Allowance, now: float) -> DeploymentVerdict:
