@@ -416,7 +416,10 @@ class Leases:
             self._return_turns(owner, old)
         owner.turns = None
         owner.asked_turns_at = now
-        args = [self._now_arg(), str(owner.turn_size)]
+        one = spent[0]
+        lanes = turns.lanes_for(one.rate, one.amount, one.window.kind == "requests", len(spent))
+        size = turns.MAX_GROUP if lanes > 1 else owner.turn_size  # a group: its whole span
+        args = [self._now_arg(), str(size), str(lanes)]
         for s in spent:
             rate = s.rate
             long = 0.0 if rate.period <= turns.LONG else rate.capacity
@@ -437,23 +440,40 @@ class Leases:
         """The turn lease of ``lease_turns``' ``reply`` to a request sent at ``now``, now
         the owner's (None: refused, or not trusted and given back)."""
         received = time.monotonic()
-        if reply[0] != "1":
+        if reply[0] == "0":
             behind = float(reply[1]) if len(reply) > 1 else None
             owner.refused_until = received + turns.refused_for(behind)
             owner.turn_size = turns.FIRST_TURNS
             return None
-        at, epoch, sequence, taken, first, last, *debts = reply[1:]
         clock = owner.keys[2]  # the group's: one storage clock (a cluster's slot) per group
         trusted = self._origins.trusts(clock, received - now)
-        origin = self._origins.origin(clock, float(at), received)
+        origin = self._origins.origin(clock, float(reply[1]), received)
         rates = [s.rate for s in spent]
+        spacing = turns.spacing(rates, [s.amount for s in spent])
         self._serial += 1
-        t = turns.TurnLease(
-            self._serial, rates, [float(x) for x in debts[::2]],
-            [float(x) for x in debts[1::2]], float(at), int(taken), float(last), int(epoch),
-            int(sequence), origin, turns.spacing(rates, [s.amount for s in spent]),
-            received - origin,
-        )  # fmt: skip
+        t: turns.TurnLease
+        if reply[0] == "2":  # a lane of another replica's group: lease time 0 is the group's
+            at, epoch, sequence, _, _, _, group_at, debt, slots, k = reply[1:]
+            origin -= float(at) - float(group_at)
+            group = _group(spent[0], float(group_at), float(debt), int(slots))
+            t = turns.LaneLease(
+                self._serial, rates[0], group, int(k), int(epoch), int(sequence), origin,
+                spacing, received - origin,
+            )  # fmt: skip
+        else:
+            at, epoch, sequence, taken, first, last, grouped, *debts = reply[1:]
+            if grouped == "1":  # its own group: lane 0
+                group = _group(spent[0], float(at), float(debts[0]), int(taken))
+                t = turns.LaneLease(
+                    self._serial, rates[0], group, 1, int(epoch), int(sequence), origin,
+                    spacing, received - origin, creator=True,
+                )  # fmt: skip
+            else:
+                t = turns.TurnLease(
+                    self._serial, rates, [float(x) for x in debts[::2]],
+                    [float(x) for x in debts[1::2]], float(at), int(taken), float(last),
+                    int(epoch), int(sequence), origin, spacing, received - origin,
+                )  # fmt: skip
         if not trusted:  # maybe read late, with nothing to tell: give it back, ask per request
             self._return_turns(owner, t)
             return None
@@ -463,7 +483,10 @@ class Leases:
         # not hand out.
         if owner.timer is not None:
             owner.timer.cancel()
-        delay = max(float(first) + turns.USE_SHARE * turns.SPAN - t.read, 0.0)
+        if isinstance(t, turns.LaneLease):  # used to its last slot: a group is not given back
+            delay = max(t.last - t.read, 0.0)
+        else:
+            delay = max(float(first) + turns.USE_SHARE * turns.SPAN - t.read, 0.0)
         owner.timer = asyncio.get_running_loop().call_later(delay, self._expire_turns, owner, t)
         return t
 
@@ -500,7 +523,7 @@ class Leases:
         t.closed = True
         # On this clock the lease's time 0 is never before the grant: its time read here
         # is never ahead of the storage's, so a lease seen drained is.
-        if t.drained(time.monotonic() - t.origin):
+        if not t.returnable or t.drained(time.monotonic() - t.origin):
             return None
         args = [self._num(t.at)]
         for rate, end, local in zip(t.rates, t.ends, t.stored(), strict=True):
@@ -678,9 +701,14 @@ def _leased_turn(
     them, policy.py)."""
     lease_now = now - t.origin
     number = t.sequence + min(t.uses, turns.counted(t.turns)) - 1
-    sent = Sent(t.epoch, number, t.at + lease_now + wait, owner.private)
+    sent = Sent(t.epoch, number, t.at + t.granted, owner.private)
     tail = max(wait, t.last - lease_now)
     return DeploymentVerdict(d.id, wait, waits={d.id: tail}, sent=sent)
+
+
+def _group(spent: Spend, at: float, debt: float, slots: int) -> turns.Group:
+    """The group of a lane lease over ``spent``'s window (its slots counted at its cost)."""
+    return turns.Group(at, debt, slots, spent.amount, spent.capacity, spent.rate.interval)
 
 
 def _key_ident(limits: KeyLimits) -> tuple[str, str, str]:

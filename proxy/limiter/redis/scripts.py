@@ -58,6 +58,8 @@ CONSTANTS = {
     "TURN_WAIT": turns.WAIT,
     "TURN_MIN": turns.MIN_TURNS,
     "TURN_COUNTED": turns.COUNTED,
+    "TURN_LANES": turns.LANES,
+    "TURN_GROUP_SPAN": turns.GROUP_SPAN,
 }
 
 
