@@ -418,8 +418,7 @@ class Leases:
         owner.asked_turns_at = now
         one = spent[0]
         lanes = turns.lanes_for(one.rate, one.amount, one.window.kind == "requests", len(spent))
-        size = turns.MAX_GROUP if lanes > 1 else owner.turn_size  # a group: its whole span
-        args = [self._now_arg(), str(size), str(lanes)]
+        args = [self._now_arg(), str(owner.turn_size), str(lanes)]
         for s in spent:
             rate = s.rate
             long = 0.0 if rate.period <= turns.LONG else rate.capacity

@@ -60,6 +60,7 @@ CONSTANTS = {
     "TURN_COUNTED": turns.COUNTED,
     "TURN_LANES": turns.LANES,
     "TURN_GROUP_SPAN": turns.GROUP_SPAN,
+    "TURN_MAX_GROUP": turns.MAX_GROUP,
 }
 
 

@@ -7,7 +7,8 @@
 -- charged); else the lease taken is a group, recorded in the bucket ('g', 'gn': lanes
 -- taken) when its turns are evenly spaced.
 -- KEYS: its health, its group's waiting keys (fair share), then one bucket per window
--- ARGV: now ('' = server time), the most turns, the lanes (1: none), then per window:
+-- ARGV: now ('' = server time), the most turns (a group: TURN_MAX_GROUP), the lanes (1:
+--       none), then per window:
 --       interval, capacity (Rate.capacity_for the cost), cost, and its capacity if longer
 --       than a minute (0: it paces)
 -- Reply: '1', now, the health's epoch, the first turn's sequence, the turns taken, the
@@ -49,8 +50,9 @@ if lanes > 1 and #buckets == 1 then
   grouped = evenly_spaced(b.debt, b.cost, b.capacity)
 end
 local span = TURN_SPAN
-if grouped then
+if grouped then -- a group: as many turns as its span holds, whatever the size asked
   span = TURN_GROUP_SPAN
+  turns = TURN_MAX_GROUP
 end
 local taken, first, last = lease_turns(buckets, turns, span)
 if not turns_granted(first, taken) then
