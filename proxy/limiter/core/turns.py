@@ -499,11 +499,12 @@ class LaneLease(TurnLease):
         creator: bool = False,
     ) -> None:
         d, c, cap, iv, k = group.debt, group.cost, group.capacity, group.interval, group.slots
-        n = lane_count(first, k)
-        last = _turn_wait(d, first + LANES * (n - 1), c, cap, iv) if n else 0.0
+        # Its last turn is the group's, not the lane's: the other lanes' turns go up to it,
+        # and a verdict says how far turns go (an outage's local turns start after them).
+        last = _turn_wait(d, k, c, cap, iv)
         super().__init__(
-            serial, [rate], [d], [d + k * c], group.at, n, last, epoch, sequence, origin,
-            spacing, read,
+            serial, [rate], [d], [d + k * c], group.at, lane_count(first, k), last, epoch,
+            sequence, origin, spacing, read,
         )  # fmt: skip
         self.debt, self.cost, self.capacity, self.interval = d, c, cap, iv
         self.slots = k

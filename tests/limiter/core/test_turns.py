@@ -225,6 +225,8 @@ def test_a_lane_hands_out_its_own_slots_once_each_the_last_passed_if_unused() ->
     assert lane.granted == pytest.approx(21 * iv)
     assert lane.turn([1.0], 45 * iv, 1.0) is None  # its last slot (38, at 37) is a gap gone
     assert not turns.LaneLease(2, RPM, group, 1).returnable  # a joiner gives nothing back
+    # How far its turns go, for the verdicts: the group's last (slot 40), every lane's.
+    assert lane.last == pytest.approx(39 * iv) and lane.turns == 10
 
 
 def test_lanes_are_for_one_fast_window_of_requests() -> None:
