@@ -157,7 +157,7 @@ local function load_group(key)
     table.insert(f, tonumber(x))
   end
   local group = {at = f[1], debt = f[2], slots = f[3], cost = f[4], capacity = f[5], interval = f[6]}
-  return group, tonumber(g[2])
+  return group, tonumber(g[2] or '1') -- (written together with 'g': its taker's lane)
 end
 
 -- turns.grants
