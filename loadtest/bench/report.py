@@ -350,9 +350,10 @@ def render_markdown(report: BenchReport) -> str:
         " machine.",
         "",
         f'**The headline is the default config: "{HEADLINE.label}"** (a deployment with'
-        " `rpm` and the default `burst`, 1: exact pacing, its turns leased from Redis a few"
-        " at a time far from its limit and slept out to the exact time, a fraction of a"
-        " millisecond; a key with `rpm` and `tpm`), what users run. The rows named"
+        " `rpm` and the default `burst`, 1: exact pacing, its turns leased from Redis 20 ms"
+        " of them at a time far from its limit, in lanes both workers share, each turn at"
+        ' its exact time: docs/limiter.md, "Lanes"; a key with `rpm` and `tpm`), what users'
+        " run. The rows named"
         " `burst 100000` are the bench's large-burst config: the deployment far from its"
         " limits with a burst that lets leases answer almost every request without a Redis"
         ' round trip. Both are stated rule by rule beside the peer\'s in "Configurations".',
