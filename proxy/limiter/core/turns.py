@@ -524,9 +524,13 @@ class LaneLease(TurnLease):
             return None
         self.next = k + LANES
         self.uses += 1
-        self.states = [BucketState(d + k * c, 0.0)]  # what a give-back leaves
         self.granted = at
         return wait
+
+    def stored(self) -> list[BucketState]:
+        """What a give-back leaves: the reservations up to its last slot handed out."""
+        used = self.next - LANES if self.uses else 0
+        return [BucketState(self.debt + used * self.cost, self.at)]
 
     def correct(self, units: Sequence[float], now: float) -> list[float] | None:
         """What is added goes to the shared buckets (a lane holds slots, not room for

@@ -451,28 +451,28 @@ class Leases:
         spacing = turns.spacing(rates, [s.amount for s in spent])
         self._serial += 1
         t: turns.TurnLease
+        # A lane: its group, its first slot, and whether this replica took the group.
+        lane: tuple[turns.Group, int, bool] | None = None
         if reply[0] == "2":  # a lane of another replica's group: lease time 0 is the group's
             at, epoch, sequence, _, _, _, group_at, debt, slots, k = reply[1:]
             origin -= float(at) - float(group_at)
-            group = _group(spent[0], float(group_at), float(debt), int(slots))
-            t = turns.LaneLease(
-                self._serial, rates[0], group, int(k), int(epoch), int(sequence), origin,
-                spacing, received - origin,
-            )  # fmt: skip
+            lane = (_group(spent[0], float(group_at), float(debt), int(slots)), int(k), False)
         else:
             at, epoch, sequence, taken, first, last, grouped, *debts = reply[1:]
             if grouped == "1":  # its own group: lane 0
-                group = _group(spent[0], float(at), float(debts[0]), int(taken))
-                t = turns.LaneLease(
-                    self._serial, rates[0], group, 1, int(epoch), int(sequence), origin,
-                    spacing, received - origin, creator=True,
-                )  # fmt: skip
+                lane = (_group(spent[0], float(at), float(debts[0]), int(taken)), 1, True)
             else:
                 t = turns.TurnLease(
                     self._serial, rates, [float(x) for x in debts[::2]],
                     [float(x) for x in debts[1::2]], float(at), int(taken), float(last),
                     int(epoch), int(sequence), origin, spacing, received - origin,
                 )  # fmt: skip
+        if lane is not None:
+            group, k, creator = lane
+            t = turns.LaneLease(
+                self._serial, rates[0], group, k, int(epoch), int(sequence), origin, spacing,
+                received - origin, creator,
+            )  # fmt: skip
         if not trusted:  # maybe read late, with nothing to tell: give it back, ask per request
             self._return_turns(owner, t)
             return None
