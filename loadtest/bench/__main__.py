@@ -15,10 +15,18 @@ from pathlib import Path
 
 from loadtest.bench import __doc__ as DESCRIPTION
 from loadtest.bench import peer as peer_config
+from loadtest.bench import plan, real, saturation
 from loadtest.bench.alternate import alternate, compare_with_peer
 from loadtest.bench.chart import write_chart
 from loadtest.bench.machine import ForeignLoad, environment
-from loadtest.bench.model import COMPARED, PEER, TARGETS, Alternation, BenchReport
+from loadtest.bench.model import (
+    COMPARED,
+    DEFAULT_TARGETS,
+    PEER,
+    TARGETS,
+    Alternation,
+    BenchReport,
+)
 from loadtest.bench.report import (
     fmt,
     keep_addenda,
@@ -27,6 +35,7 @@ from loadtest.bench.report import (
     render_table,
     verdicts,
 )
+from loadtest.bench.report_real import render_real_summary, saturation_seconds
 from loadtest.bench.servers import PeerUnavailable, bench_target, checkout, servers
 from loadtest.topology import REPO
 
@@ -43,7 +52,14 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         action="append",
         default=[],
-        help="target slugs (direct, memory-1w, ..., redis-2w-default, tensorzero: the peer)",
+        help="rows by slug: real, real-latency, 100k-keys, saturated (the real traffic);"
+        " direct, redis-2w-default, tensorzero (the peer), and with --all-rows memory-1w, ...",
+    )
+    parser.add_argument(
+        "--all-rows",
+        action="store_true",
+        help="also the one-key rows of the in-memory limiter, of 1 worker, of no limits and"
+        " of the large-burst config (and the peer beside the latter): about 6 more minutes",
     )
     parser.add_argument(
         "--peer-rule",
@@ -64,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rounds",
         type=int,
-        default=6,
-        help="rounds of the alternated comparisons (with --baseline, and with the peer)",
+        default=5,
+        help="rounds of the real-traffic rows and of the alternated comparisons",
     )
     args = parser.parse_args(argv)
     for tool in ("wrk", "redis-server"):
@@ -73,17 +89,37 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{tool} is needed (apt-get install -y {tool})", file=sys.stderr)
             return 2
     peer_target = dataclasses.replace(PEER, config=args.peer_rule)
-    candidates = TARGETS if args.no_peer else (*TARGETS, peer_target)
+    rows = TARGETS if args.all_rows else DEFAULT_TARGETS
+    candidates = rows if args.no_peer else (*rows, peer_target)
     targets = [t for t in candidates if not args.only or t.slug in args.only]
+    real_rows = [row for row in real.ROWS if not args.only or row.slug in args.only]
+    saturated = not args.only or "saturated" in args.only
     command = shlex.join(["python", "-m", "loadtest.bench", *sys.argv[1:]])
     if os.environ.get("BENCH_COMMAND"):  # `make bench` names itself
         command = os.environ["BENCH_COMMAND"]
+    compared = [t for t in COMPARED if t in targets] if peer_target in targets else []
+    steps = [
+        *plan.real_steps(real_rows, args.rounds, args.duration, args.warmup, bool(args.baseline)),
+        *(plan.saturation_steps(args.rounds, args.duration) if saturated else []),
+        *plan.target_steps(targets, args.duration, args.warmup),
+        *plan.compare_steps(
+            len(compared),
+            len([t for t in targets if t.proxy]) if args.baseline else 0,
+            args.rounds,
+            args.duration,
+        ),
+    ]
+    print("plan:")
+    for line in plan.render(steps):
+        print(line)
     started = time.monotonic()
     machine = environment()  # before the runs: the commit is the code that was measured
     results = []
     alternations: list[Alternation] = []
     peers: list[Alternation] = []
     peer_error: str | None = None
+    real_results: list[real.RowResult] = []
+    saturation_result: saturation.SaturationResult | None = None
     with contextlib.ExitStack() as stack:
         foreign = stack.enter_context(ForeignLoad())
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="llmproxy-bench-"))
@@ -91,6 +127,35 @@ def main(argv: list[str] | None = None) -> int:
         sources = {}
         if args.baseline:
             sources[args.baseline] = stack.enter_context(checkout(args.baseline))
+        running: real.Stack | None = None
+        for row in real_rows:  # the headline first
+            if running is None or running.shape != row.shape:
+                if running is not None:
+                    real.stop_stack(procs, running)
+                running = real.start_stack(
+                    procs, row.shape, upstream_url, redis_url, sources.get(args.baseline or ""),
+                    print,
+                )  # fmt: skip
+            real_results.append(
+                real.run_row(
+                    row,
+                    running,
+                    procs,
+                    upstream_url,
+                    args.rounds,
+                    args.duration,
+                    args.warmup,
+                    print,
+                    args.baseline,
+                )
+            )
+        if running is not None:
+            real.stop_stack(procs, running)
+            real.restore_upstream(upstream_url)
+        if saturated:
+            saturation_result = saturation.run_saturation(
+                procs, redis_url, args.rounds, saturation_seconds(args.duration), print
+            )
         for target in targets:
             try:
                 results.append(
@@ -102,9 +167,8 @@ def main(argv: list[str] | None = None) -> int:
                 peer_error = str(exc).splitlines()[0]
                 print(f"{target.label}: not measured, {exc}", file=sys.stderr)
         # The peer beside each compared config of ours that was measured (--only), the
-        # default config (the headline) first.
-        compared = [t for t in COMPARED if t in targets]
-        for ours in compared if peer_target in targets and peer_error is None else []:
+        # one-key config first.
+        for ours in compared if peer_error is None else []:
             print(f"{PEER.label} and {ours.label}, in turns")
             try:
                 compared_once = compare_with_peer(
@@ -144,17 +208,23 @@ def main(argv: list[str] | None = None) -> int:
         peers=peers,
         peer_error=peer_error,
         peer_rule=args.peer_rule,
+        real=real_results,
+        saturation=saturation_result,
+        rounds=args.rounds,
     )
-    if not args.no_chart:
+    if not args.no_chart and results:
         chart = args.output.with_name(args.output.stem + ".png")
         write_chart(report, chart)
         report.chart = chart.name
     print()
-    print(render_table(report))
-    print()
-    for v in verdicts(report):
+    if results:
+        print(render_table(report))
+        print()
+    for v in verdicts(report) if results else []:
         met = "n/a" if v.met is None else ("met" if v.met else "NOT met")
         print(f"{v.name}: {v.measured} (target {v.target}): {met}")
+    for line in render_real_summary(report.real, report.saturation):
+        print(line)
     for line in render_peer_summary(report):
         print(line)
     print(f"CPU used by other processes during the run: {fmt(foreign.cores, '.2f')} cores")

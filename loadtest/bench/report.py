@@ -23,6 +23,7 @@ from loadtest.bench.model import (
     BenchReport,
     TargetResult,
 )
+from loadtest.bench.report_real import render_real
 
 
 def fmt(value: float | None, spec: str, unit: str = "") -> str:
@@ -85,7 +86,7 @@ class Verdict:
 def verdicts(report: BenchReport) -> list[Verdict]:
     """The issue's targets against the measured figures."""
     out = []
-    for config in (HEADLINE.config, LARGE_BURST):  # the headline first
+    for config in (HEADLINE.config, LARGE_BURST):  # the one-key config first
         redis2 = report.find("redis", 2, config)
         run = redis2.runs.get(64) if redis2 else None
         label = HEADLINE.label if config == HEADLINE.config else "Redis, 2 workers, burst 100000"
@@ -228,9 +229,10 @@ def _peer_version(report: BenchReport) -> str:
 
 
 def _role(peer: Alternation) -> str:
-    """Which comparison this is: the headline (the default config) or the bench's own."""
+    """Which comparison this is: the default config's rules on one key and one deployment,
+    or the bench's own large-burst config."""
     if peer.target == HEADLINE:
-        return "the headline: the default config, as users run it"
+        return "the default config's rules, one key and one deployment"
     return "the bench's large-burst config"
 
 
@@ -337,28 +339,29 @@ def render_markdown(report: BenchReport) -> str:
         " side in the same run). The figures are one run on the machine below: they are only"
         " comparable with runs on the same machine.",
         "",
-        "Non-streamed chat completions (`max_tokens` 16) sent by [wrk](https://github.com/wg/wrk)"
-        " (one thread, `loadtest/bench_chat.lua`) for"
-        f" {report.duration:g} s per row after a warm-up, at 1 and at 64 connections:"
-        " directly to the built-in fake upstream (no latency, no limits), and through the"
-        " proxy with the in-memory limiter and with the Redis limiter (a private"
-        " redis-server), 1 and 2 workers; and through a peer gateway, TensorZero's (see"
-        ' "Peer"). Every proxy request carries a client key (auth),'
-        " metrics are on, and the key's and the deployment's limits are set so high that no"
-        " request is refused or waits for capacity: what is measured is the proxy's own"
-        " cost. Everything — wrk, the fake upstream, Redis and the proxy — shares the same"
-        " machine.",
+        '**The headline is real traffic** ("Real traffic", below): 2 replicas on one'
+        " Redis, many client keys with limits some of them reach, several model groups of"
+        " deployments at provider-tier limits on three API shapes, a share of requests"
+        " streamed; the upstream answering at once (the proxy's own cost) or as a model"
+        " does; and a saturated group of strict upstreams. The sections after it are the"
+        " bench's older, narrower rows, kept for comparison with earlier runs and with the"
+        " peer: non-streamed chat completions (`max_tokens` 16) sent by"
+        " [wrk](https://github.com/wg/wrk) (one thread, `loadtest/bench_chat.lua`) for"
+        f" {report.duration:g} s per row after a warm-up, at 1 and at 64 connections,"
+        " directly to the built-in fake upstream (no latency, no limits) and through the"
+        " proxy (Redis, 2 workers; `--all-rows` adds the in-memory limiter and 1 worker) with"
+        " **one client key and one deployment whose limit is 6,000,000 requests a minute**"
+        f' ("{HEADLINE.label}": the default config\'s rules, `burst` unset, but a'
+        " configuration no team runs: nothing is ever near a limit), and through a peer"
+        ' gateway, TensorZero\'s (see "Peer"). Every proxy request carries a client key'
+        " (auth) and metrics are on. The rows named `burst 100000` (`--all-rows`) are the"
+        " bench's large-burst config: a burst that lets leases answer almost every request"
+        ' without a Redis round trip. Both are stated rule by rule in "Configurations".'
+        " Everything — wrk, the fake upstream, Redis and the proxy — shares the same machine.",
         "",
-        f'**The headline is the default config: "{HEADLINE.label}"** (a deployment with'
-        " `rpm` and the default `burst`, 1: exact pacing, its turns leased from Redis 20 ms"
-        " of them at a time far from its limit, in lanes both workers share, each turn at"
-        ' its exact time: docs/limiter.md, "Lanes"; a key with `rpm` and `tpm`), what users'
-        " run. The rows named"
-        " `burst 100000` are the bench's large-burst config: the deployment far from its"
-        " limits with a burst that lets leases answer almost every request without a Redis"
-        ' round trip. Both are stated rule by rule beside the peer\'s in "Configurations".',
+        *render_real(report.real, report.saturation, report.rounds, report.duration),
         "",
-        "## Targets",
+        "## Targets (the one-key rows)",
         "",
         "| target | goal | measured | met |",
         "|---|---|---|---|",
@@ -437,6 +440,7 @@ def render_markdown(report: BenchReport) -> str:
 # The sections render_markdown writes (a title starting with one of these): any other
 # section of the page is an addendum written by hand or by another tool, kept by a rerun.
 GENERATED_SECTIONS = (
+    "Real traffic",
     "Targets",
     "Throughput and latency",
     "The proxy's overhead",

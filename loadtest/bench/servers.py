@@ -299,36 +299,54 @@ def start_proxy(
     up and settled: (its process, its URL, seconds from start to ready)."""
     assert target.backend is not None
     name = name or target.slug
-    port = free_port()
-    config = procs.workdir / f"{name}.yaml"
     backend_url = redis_url if target.backend == "redis" else None
-    config.write_text(
-        yaml.safe_dump(
-            proxy_config(upstream_url, backend_url, target.backend != "nolimit", target.config)
-        )
-    )
+    settings = proxy_config(upstream_url, backend_url, target.backend != "nolimit", target.config)
     if backend_url:  # every run starts from empty buckets
         flush_redis(redis_url)
+    source = (sources or {}).get(target.baseline or "", REPO)
+    try:
+        return serve_config(procs, name, settings, target.workers, source)
+    except RuntimeError as exc:
+        raise RuntimeError(f"{target.label}: {exc}") from exc
+
+
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # 100,000 keys: seconds, not minutes
+
+
+def serve_config(
+    procs: Processes,
+    name: str,
+    settings: dict[str, object],
+    workers: int = 1,
+    source: Path = REPO,
+    ready_timeout: float = 30.0,
+) -> tuple[subprocess.Popen[bytes], str, float]:
+    """``llm-proxy serve`` on ``settings`` (written to ``name``.yaml) from ``source``,
+    every worker up and settled: (its process, its URL, seconds from start to ready)."""
+    port = free_port()
+    config = procs.workdir / f"{name}.yaml"
+    config.write_text(yaml.dump(settings, Dumper=_DUMPER, sort_keys=False))
     process = procs.start(
         name,
         [
             sys.executable, "-m", "proxy", "serve", "--config", str(config),
-            "--host", LOOPBACK, "--port", str(port), "--workers", str(target.workers),
+            "--host", LOOPBACK, "--port", str(port), "--workers", str(workers),
         ],
-        source=(sources or {}).get(target.baseline or "", REPO),
+        source=source,
     )  # fmt: skip
     url = f"http://{LOOPBACK}:{port}"
     try:
-        ready_s = wait_until(f"{url}/health/ready", process, timeout=30)
+        ready_s = wait_until(f"{url}/health/ready", process, timeout=ready_timeout)
         # Every worker up and settled: the supervisor answers through any of them.
         deadline = time.monotonic() + 10
-        while len(worker_pids(process.pid)) < target.workers and target.workers > 1:
+        while len(worker_pids(process.pid)) < workers and workers > 1:
             if time.monotonic() > deadline:
                 raise RuntimeError("workers did not start")
             time.sleep(0.05)
         time.sleep(1.0)
     except RuntimeError as exc:
-        raise RuntimeError(f"{target.label}: {exc}\n{procs.log(name)}") from exc
+        procs.stop(process)
+        raise RuntimeError(f"{name}: {exc}\n{procs.log(name)}") from exc
     return process, url, ready_s
 
 

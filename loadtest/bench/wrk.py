@@ -11,6 +11,7 @@ from pathlib import Path
 from loadtest.bench.model import CHAT_PATH, MODEL, PAIRS, Run
 
 LUA_SCRIPT = Path(__file__).resolve().parent.parent / "bench_chat.lua"
+TRAFFIC_SCRIPT = LUA_SCRIPT.with_name("bench_traffic.lua")  # real traffic (traffic.py)
 API_KEY = "sk-bench-client"
 
 
@@ -34,14 +35,23 @@ def parse_wrk(output: str, connections: int) -> Run:
     )
 
 
-def wrk_command(url: str, connections: int, duration: float, path: str = CHAT_PATH) -> list[str]:
+def wrk_command(
+    url: str,
+    connections: int,
+    duration: float,
+    path: str = CHAT_PATH,
+    script: Path = LUA_SCRIPT,
+    threads: int = 1,
+) -> list[str]:
     return [
         "wrk",
-        "-t1",  # one thread: the 2-core machine needs the other cycles for the servers
-        f"-c{connections}",
+        # One thread (one per replica with real traffic): the 2-core machine needs the
+        # other cycles for the servers.
+        f"-t{threads}",
+        f"-c{max(connections, threads)}",
         f"-d{max(1, round(duration))}s",
         "--timeout", "10s",
-        "-s", str(LUA_SCRIPT),
+        "-s", str(script),
         url + path,
     ]  # fmt: skip
 
@@ -61,6 +71,49 @@ def run_wrk(
         check=True,
     )
     return parse_wrk(done.stdout, connections)
+
+
+def thread_counts(output: str) -> list[dict[str, int]]:
+    """bench_traffic.lua's per-thread answers by status (saturation: a key per thread)."""
+    line = next((ln for ln in reversed(output.splitlines()) if ln.startswith('{"requests"')), None)
+    return [] if line is None else list(json.loads(line).get("threads", []))
+
+
+def start_traffic(
+    url: str, connections: int, duration: float, env: dict[str, str], threads: int = 1
+) -> subprocess.Popen[str]:
+    """bench_traffic.lua at ``url`` with ``threads`` threads (one per replica port named
+    in ``env``), running: ``finish_traffic`` reads it."""
+    return subprocess.Popen(
+        wrk_command(url, connections, duration, "/", TRAFFIC_SCRIPT, threads),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
+    )
+
+
+def finish_traffic(
+    process: subprocess.Popen[str], connections: int, timeout: float
+) -> tuple[Run, list[dict[str, int]]]:
+    """The run's figures and, if it counts them, each thread's answers."""
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise
+    if process.returncode != 0:
+        raise RuntimeError(f"wrk exited with {process.returncode}: {err[-2000:]}")
+    return parse_wrk(out, connections), thread_counts(out)
+
+
+def run_traffic(
+    url: str, connections: int, duration: float, env: dict[str, str], threads: int = 1
+) -> tuple[Run, list[dict[str, int]]]:
+    """``start_traffic`` and ``finish_traffic``: wrk's run, done."""
+    process = start_traffic(url, connections, duration, env, threads)
+    return finish_traffic(process, max(connections, threads), duration + 30)
 
 
 def paired_run(

@@ -25,6 +25,8 @@ from loadtest.bench.report import (
     verdicts,
 )
 
+ONE_KEY = "one key, one deployment at 6,000,000 rpm"  # the row that was the headline
+
 
 def _run(connections: int, rps: float, p50: float) -> Run:
     return Run(connections, int(rps * 10), 10.0, p50, p50 * 2, p50 * 5, 0, 0)
@@ -162,17 +164,17 @@ def test_the_peer_section_gives_each_configs_ratio_of_alternated_rounds_and_adde
     assert "`/openai/v1/chat/completions` (model `tensorzero::model_name::gpt-4o-mini`)" in text
     assert "one rate-limit rule (`requests+tokens`" in text
     headline = text.index(
-        "### proxy, Redis, 2 workers, default config (burst 1) (the headline: the default config"
+        f"### proxy, Redis, 2 workers, {ONE_KEY} (the default config's rules, one key and"
     )
     large_burst = text.index(
         "### proxy, Redis, 2 workers, burst 100000 (the bench's large-burst config)"
     )
-    assert headline < large_burst  # the headline first
+    assert headline < large_burst  # the one-key config first
     assert (
-        "| proxy, Redis, 2 workers, default config (burst 1) | 4,050 (4,000 to 4,500)"
+        f"| proxy, Redis, 2 workers, {ONE_KEY} | 4,050 (4,000 to 4,500)"
         " | 510 us (500 to 520) | 92 us (90 to 95) | +0.55 ms (+0.52 to +0.60) |"
     ) in text[headline:large_burst]
-    assert "default config (burst 1): 0.45x (0.40 to 0.50)**" in text[headline:large_burst]
+    assert f"{ONE_KEY}: 0.45x (0.40 to 0.50)**" in text[headline:large_burst]
     assert (
         "| TensorZero gateway (Rust), Redis rate limit | 9,500 (9,000 to 10,000)"
         " | 145 us (140 to 150) | 20 us (18 to 22) | +0.20 ms (+0.16 to +0.22) |"
@@ -187,22 +189,23 @@ def test_the_peer_section_gives_each_configs_ratio_of_alternated_rounds_and_adde
     assert "| TensorZero gateway (Rust), Redis rate limit | 64 | 9,000 |" in text
 
 
-def test_the_page_names_the_headline_and_the_benchs_own_config() -> None:
+def test_the_page_names_the_one_key_config_and_the_benchs_own_config() -> None:
     text = render_markdown(_report())
-    assert "## Configurations" in text and "| rule | ours: default config (the headline)" in text
+    assert "## Configurations" in text and f"| rule | ours: {ONE_KEY} |" in text
     # The default config's pacing beside the fastest gateway (memory, 2 workers: 3,000 req/s).
     assert "allows 100,000 req/s, 33x the most any gateway served in this run (3,000" in text
+    assert "**The headline is real traffic**" in text
     assert (
-        '**The headline is the default config: "proxy, Redis, 2 workers, default config'
-        ' (burst 1)"**'
-    ) in text
-    assert "The rows named `burst 100000` are the bench's large-burst config" in text
+        "**one client key and one deployment whose limit is 6,000,000 requests a minute**" in text
+    )
+    assert f'("proxy, Redis, 2 workers, {ONE_KEY}": the default config' in text
+    assert "The rows named `burst 100000` (`--all-rows`) are the bench's large-burst config" in text
 
 
 def test_the_peer_comparisons_are_printed_and_checked_against_the_issues_goals() -> None:
     report = _with_peer()
     summary = "\n".join(render_peer_summary(report))
-    assert summary.index("default config (burst 1) (the headline") < summary.index(
+    assert summary.index(f"{ONE_KEY} (the default config's rules") < summary.index(
         "burst 100000 (the bench's large-burst config)"
     )
     assert "ours / peer: 0.45x (0.40 to 0.50)" in summary
@@ -210,7 +213,7 @@ def test_the_peer_comparisons_are_printed_and_checked_against_the_issues_goals()
     assert "peer +0.20 ms (+0.16 to +0.22), ours +0.35 ms (+0.32 to +0.38)" in summary
     assert "(rule requests+tokens)" in summary
     found = {v.name: v for v in verdicts(report)}
-    headline = "(proxy, Redis, 2 workers, default config (burst 1), "
+    headline = f"(proxy, Redis, 2 workers, {ONE_KEY}, "
     large_burst = "(proxy, Redis, 2 workers, burst 100000, "
     ratio = found[f"throughput over the peer's {headline}64 connections, in turns)"]
     assert (ratio.measured, ratio.met) == ("0.45x", False)  # goal 0.90x
@@ -252,7 +255,7 @@ def test_the_throughput_goal_is_checked_on_the_headline_and_on_the_large_burst_r
     )
     throughput = [v for v in verdicts(report) if v.name.startswith("throughput (")]
     assert [(v.name.split(", 64")[0], v.measured, v.met) for v in throughput] == [
-        ("throughput (Redis, 2 workers, default config (burst 1)", "1,900 req/s", False),
+        (f"throughput (Redis, 2 workers, {ONE_KEY}", "1,900 req/s", False),
         ("throughput (Redis, 2 workers, burst 100000", "2,100 req/s", True),
     ]
 
