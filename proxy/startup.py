@@ -131,10 +131,10 @@ def redis_problem(settings: Settings, timeout: float = 1.0) -> str | None:
         sentinel_kwargs, primary_kwargs = client_options(target, options)
         for host, port in target.nodes:
             servers.append((f"sentinel {host}:{port}", redis.Redis(host, port, **sentinel_kwargs)))
-        sentinels = Sentinel(  # type: ignore[no-untyped-call]
+        sentinels = Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
             list(target.nodes), sentinel_kwargs=sentinel_kwargs, **primary_kwargs
         )
-        primary = sentinels.master_for(target.master)  # type: ignore[no-untyped-call]
+        primary = sentinels.master_for(target.master)  # type: ignore[no-untyped-call,unused-ignore]
         servers.append((f"the primary of {target.master!r}", primary))
     elif config.url:
         scheme, _, rest = config.url.partition("://")

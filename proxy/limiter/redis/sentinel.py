@@ -46,7 +46,7 @@ def open_primary(
     ``options`` (timeouts, decoding) apply to the sentinels too, so finding the primary
     is as quickly given up as a call."""
     sentinel_kwargs, primary_kwargs = client_options(target, options)
-    sentinels = Sentinel(  # type: ignore[no-untyped-call]
+    sentinels = Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
         list(target.nodes), sentinel_kwargs=sentinel_kwargs, **primary_kwargs
     )
     primary = sentinels.master_for(target.master, max_connections=max_connections)
