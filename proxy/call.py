@@ -124,6 +124,9 @@ class Call:
     claimant: Claimant = field(default_factory=Claimant)  # fair share: tier and weight
     max_wait: float = 0.0  # the longest this request may wait for a turn, in all
     model: str = "unknown"  # a configured name once known: safe as a metric label
+    # The model asked for when no group has that name: the log line's (logs.client_text:
+    # bounded, printable), never a metric label.
+    requested_model: str | None = None
     body: dict[str, Any] = field(default_factory=dict)
     raw: bytes = b""
     stream: bool = False

@@ -22,6 +22,8 @@ __all__ = [
     "DEMO_KEY",
     "DEMO_KEY_RPM",
     "DEMO_MODEL",
+    "EXAMPLE_REQUESTS",
+    "LEFT_FOR_THE_LIMIT",
     "UPSTREAM_RPS",
     "Try",
     "demo_settings",
@@ -37,6 +39,9 @@ DEMO_ADMIN_KEY = "demo-admin"
 UPSTREAM_RPS = 2
 BURST = 6  # a burst the key's limit admits whole: paced, none refused
 OVER_THE_KEY = DEMO_KEY_RPM + 2  # at least two over a full bucket: 429 at once
+EXAMPLE_REQUESTS = 2  # example.py's: a completion, then a stream
+# What the steps before the key's limit leave of it (it refills one every 6 s).
+LEFT_FOR_THE_LIMIT = DEMO_KEY_RPM - EXAMPLE_REQUESTS - BURST
 
 
 def upstream_options() -> dict[str, Any]:
@@ -106,8 +111,11 @@ def tries(proxy_url: str) -> list[Try]:
             concurrently(BURST, ["x-llm-proxy-queue-ms"]),
         ),
         Try(
-            f"Past the key's own limit ({DEMO_KEY_RPM} a minute), {OVER_THE_KEY} at once:"
-            " those over it get 429 at once,\n   with retry-after and x-ratelimit-*:",
+            f"Past the key's own limit, {OVER_THE_KEY} at once: its {DEMO_KEY_RPM} a minute"
+            f" (one more every {60 // DEMO_KEY_RPM} s) are shared with the steps above"
+            f" ({EXAMPLE_REQUESTS + BURST} requests),\n   so about {LEFT_FOR_THE_LIMIT} get 200"
+            " (more if you waited) and the rest 429 at once, with retry-after and"
+            " x-ratelimit-*:",
             concurrently(OVER_THE_KEY, ["retry-after:", "x-ratelimit-remaining-requests"]),
         ),
         Try(

@@ -33,6 +33,7 @@ __all__ = [
     "RedactingFilter",
     "RequestLog",
     "TextFormatter",
+    "client_text",
     "configure_logging",
     "log_request",
     "logging_config",
@@ -241,7 +242,7 @@ class RequestLog:
 
     request_id: str
     key_name: str | None
-    model: str
+    model: str  # the configured group ("unknown": none has the name asked for)
     deployment: str | None
     status: int
     latency_ms: float
@@ -253,6 +254,28 @@ class RequestLog:
     shadow_rejection: str | None = None  # a shadow key's limit that would have refused it
     cost_usd: float | None = None  # its usage priced (a priced deployment that reported it)
     api: str = ""  # the API it came through (shapes.base.api_label)
+    # The name asked for when no group has it (what to configure): ``client_text``'s.
+    requested_model: str | None = None
+
+
+CLIENT_TEXT_LIMIT: Final = 200  # characters of client input a log line quotes
+
+
+def client_text(text: str, limit: int = CLIENT_TEXT_LIMIT) -> str:
+    r"""Client input as a log line may quote it: its first ``limit`` characters (``...``
+    after them if there were more), each one that is not printable (a line break that
+    would forge a line of the text format, a terminal's escape) written as its escape
+    (``\n``, ``\x1b``, ``\u2028``)."""
+    shown = text[:limit]
+    if not shown.isprintable():
+        shown = "".join(c if c.isprintable() else _escape(c) for c in shown)
+    if len(text) > limit or len(shown) > limit:
+        return shown[:limit] + "..."
+    return shown
+
+
+def _escape(character: str) -> str:
+    return character.encode("unicode_escape").decode("ascii")
 
 
 _access_log = logging.getLogger(ACCESS_LOGGER)
@@ -280,5 +303,6 @@ def log_request(entry: RequestLog) -> None:
         shadow_rejection=entry.shadow_rejection,
         cost_usd=entry.cost_usd,
         api=entry.api,
+        requested_model=entry.requested_model,
     )
     _access_log.handle(record)

@@ -56,7 +56,7 @@ from proxy.limiter.base import (
 from proxy.limiter.core.quota import budget_label
 from proxy.limiter.core.verdicts import settled_cost
 from proxy.limiter.ledger import Ledger, MemoryLedger
-from proxy.logs import RequestLog
+from proxy.logs import RequestLog, client_text
 from proxy.metrics import Metrics
 from proxy.pricing import FREE, usd
 from proxy.ratelimit_headers import format_reset
@@ -192,7 +192,7 @@ class Pipeline:
                     call.max_wait = key.max_wait
             if route is None:
                 call.body, call.raw = _parse_body(raw), raw
-                group = self._group(call.body)
+                group = self._group(call)
             else:
                 group = await self.follow_ups.stored(call, route)
             call.model = group.name
@@ -303,14 +303,16 @@ class Pipeline:
 
     # --- steps ------------------------------------------------------------------------
 
-    def _group(self, body: dict[str, Any]) -> GroupRoute:
-        model = body.get("model")
+    def _group(self, call: Call) -> GroupRoute:
+        model = call.body.get("model")
         if not isinstance(model, str) or not model:
             raise InvalidRequest(
                 "'model' is required and must be a string.", code="missing_model", param="model"
             )
         group = self.catalog.groups.get(model)
         if group is None:
+            # The log line names it (the group to configure); no metric label ever does.
+            call.requested_model = client_text(model)
             raise ModelNotFound(f"The model '{model[:200]}' does not exist.", param="model")
         return group
 
@@ -427,6 +429,7 @@ class Pipeline:
                 request_id=call.request_id,
                 key_name=call.key_name,
                 model=call.model,
+                requested_model=call.requested_model,
                 deployment=call.trip.deployment,
                 status=status,
                 latency_ms=round(duration * 1000, 2),

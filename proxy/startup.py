@@ -11,6 +11,7 @@ import os
 import socket
 import ssl
 import threading
+import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
@@ -205,11 +206,19 @@ def _reason(exc: BaseException) -> str:
 
 
 _LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+# An upstream on this machine started just before the proxy (the README's
+# `fake-upstream ... &` then `serve`) is given this long to listen before it is warned
+# about: its process is still starting, not missing. Tried again every _RETRY seconds.
+COMING_UP = 2.0
+_RETRY = 0.1
 
 
-def warn_about_unreachable_upstreams(settings: Settings, timeout: float = 3.0) -> None:
-    """In the background, try one TCP connection to each upstream address on this machine
-    and log a warning for each that nothing answers at: its requests would all fail with 502 while
+def warn_about_unreachable_upstreams(
+    settings: Settings, timeout: float = 3.0, grace: float = COMING_UP
+) -> None:
+    """In the background, connect to each upstream address on this machine (again and
+    again for ``grace`` seconds while nothing listens there yet) and log a warning for
+    each that nothing answers at: its requests would all fail with 502 while
     /health/ready still says ready (a deployment is usable until it fails)."""
     by_address: dict[tuple[str, int], list[str]] = defaultdict(list)
     for deployment in _on_this_machine(settings):
@@ -222,12 +231,12 @@ def warn_about_unreachable_upstreams(settings: Settings, timeout: float = 3.0) -
         by_address[(parts.hostname, port)].append(deployment.id)
     for address, ids in by_address.items():
         threading.Thread(
-            target=_probe, args=(address, ids, timeout), name="upstream-probe", daemon=True
+            target=_probe, args=(address, ids, timeout, grace), name="upstream-probe", daemon=True
         ).start()
     if by_address:
         threading.Thread(
             target=_warn_about_wrong_paths,
-            args=(settings, timeout),
+            args=(settings, timeout, list(by_address), grace),
             name="upstream-path-probe",
             daemon=True,
         ).start()
@@ -245,7 +254,11 @@ def _on_this_machine(settings: Settings) -> list[Deployment]:
     ]
 
 
-def _warn_about_wrong_paths(settings: Settings, timeout: float) -> None:
+def _warn_about_wrong_paths(
+    settings: Settings, timeout: float, addresses: list[tuple[str, int]], grace: float
+) -> None:
+    for address in addresses:  # those coming up: their paths can be asked once they listen
+        _connect(address, timeout, grace)
     for warning in wrong_paths(settings, timeout):
         logger.warning("%s", warning)
 
@@ -289,12 +302,25 @@ def _wrong_path(deployment: Deployment, timeout: float) -> str | None:
 _PROBE_HEADERS = {"content-type": "application/json"}
 
 
-def _probe(address: tuple[str, int], ids: list[str], timeout: float) -> None:
-    try:
-        with socket.create_connection(address, timeout=timeout):
-            return
-    except OSError as exc:
-        reason = exc.strerror or str(exc) or type(exc).__name__
+def _connect(address: tuple[str, int], timeout: float, grace: float) -> OSError | None:
+    """None once a TCP connection to ``address`` is made; what the last attempt met if
+    none was within ``grace`` seconds (tried every ``_RETRY``)."""
+    deadline = time.monotonic() + grace
+    while True:
+        try:
+            with socket.create_connection(address, timeout=timeout):
+                return None
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                return exc
+        time.sleep(_RETRY)
+
+
+def _probe(address: tuple[str, int], ids: list[str], timeout: float, grace: float) -> None:
+    exc = _connect(address, timeout, grace)
+    if exc is None:
+        return
+    reason = exc.strerror or str(exc) or type(exc).__name__
     host, port = address
     reason += "; is it running?"
     logger.warning(

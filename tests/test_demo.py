@@ -23,6 +23,8 @@ from proxy.demo import (
     BURST,
     DEMO_ADMIN_KEY,
     DEMO_KEY_RPM,
+    EXAMPLE_REQUESTS,
+    LEFT_FOR_THE_LIMIT,
     OVER_THE_KEY,
     demo_settings,
     instructions,
@@ -56,6 +58,17 @@ def test_the_instructions_name_the_keys_and_every_command() -> None:
         assert _indented(attempt.command) in text
     # On the default port, the README's command as it is.
     assert "\n   .venv/bin/python example.py\n" in text
+
+
+def test_the_key_limit_step_says_what_the_steps_before_it_left() -> None:
+    """The key's limit is one budget for every step: the text says what the SDK's call
+    and the burst took of it, so 200s before the 429s are what it said to expect."""
+    assert (ROOT / "example.py").read_text().count(".create(") == EXAMPLE_REQUESTS
+    assert LEFT_FOR_THE_LIMIT == DEMO_KEY_RPM - EXAMPLE_REQUESTS - BURST > 0
+    step = " ".join(tries("http://127.0.0.1:8000")[2].what.split())
+    assert f"its {DEMO_KEY_RPM} a minute" in step and "shared with the steps above" in step
+    assert f"({EXAMPLE_REQUESTS + BURST} requests)" in step
+    assert f"about {LEFT_FOR_THE_LIMIT} get 200 (more if you waited)" in step
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +138,8 @@ def test_the_printed_key_limit_answers_429_with_retry_after(demo: tuple[str, str
     statuses = re.findall(r"^HTTP/1.1 (\d+)", out, re.M)
     assert len(statuses) == OVER_THE_KEY and statuses.count("429") >= OVER_THE_KEY - DEMO_KEY_RPM
     assert set(statuses) == {"200", "429"}, out
+    # The steps before took their share: what is left (and refilled since) gets through.
+    assert statuses.count("200") >= LEFT_FOR_THE_LIMIT, out
     assert len(re.findall(r"^retry-after: [1-9]", out, re.M | re.I)) == statuses.count("429")
     assert len(re.findall(r"^x-ratelimit-remaining-requests: \d", out, re.M | re.I)) == len(
         statuses

@@ -14,6 +14,7 @@ import uvicorn
 
 from proxy.logs import (
     RequestLog,
+    client_text,
     configure_logging,
     log_request,
     logging_config,
@@ -166,7 +167,18 @@ def test_the_request_log_has_no_place_for_a_key_or_a_prompt() -> None:
         "shadow_rejection",
         "cost_usd",
         "api",
+        "requested_model",
     }
+
+
+def test_client_text_is_bounded_and_printable() -> None:
+    """What a log line quotes of client input (an unknown model's name)."""
+    assert client_text("gpt-4o-mini") == "gpt-4o-mini"
+    assert client_text("a\nb\r\x1b[31m\u2028\x00") == "a\\nb\\r\\x1b[31m\\u2028\\x00"
+    assert client_text("é ü 模型") == "é ü 模型"  # printable, kept
+    assert client_text("x" * 200) == "x" * 200
+    assert client_text("x" * 201) == "x" * 200 + "..."
+    assert len(client_text("\n" * 10_000)) == 203  # escapes count against the bound
 
 
 def test_request_lines_can_be_silenced_by_level(stream: io.StringIO) -> None:

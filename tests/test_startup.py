@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -69,6 +70,25 @@ def test_an_upstream_nothing_answers_at_is_named_in_a_warning(warnings: _Records
     assert f"127.0.0.1:{dead}" in message and "deployment(s) a, b" in message
     assert "is it running?" in message and "502" in message
     assert "sk-a-secret" not in message
+
+
+def test_an_upstream_that_listens_just_after_start_up_is_no_warning(warnings: _Records) -> None:
+    """The README's recipe starts the fake upstream in the background, then `serve`: the
+    upstream's port is bound a moment after the check begins. Start-up gives a loopback
+    upstream a short while to listen (``startup.COMING_UP``) before it warns."""
+    with socket.socket() as late:
+        late.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
+        port = late.getsockname()[1]
+        deployments = [{"id": "late", "base_url": f"http://127.0.0.1:{port}/v1"}]
+        settings = parse_settings({"models": [{"name": "m", "deployments": deployments}]})
+        warn_about_unreachable_upstreams(settings, timeout=5)
+        threading.Event().wait(0.2)  # the upstream's process still starting
+        late.listen()
+        late.settimeout(10)
+        late.accept()[0].close()  # the probe got through
+        for probe in [t for t in threading.enumerate() if t.name == "upstream-probe"]:
+            probe.join(timeout=10)
+    assert warnings.messages == []
 
 
 def test_a_variable_that_must_be_a_number_says_so_in_one_line(

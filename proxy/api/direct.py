@@ -18,7 +18,8 @@ rest costs about as much as the proxy's own work on a forwarding POST's headers
   under ``run_asgi`` (``_start_asgi_task``). Everything else (the admin API, oversized
   headers) goes to the ASGI app, as does every request under another ASGI server.
 - Either way a buffered reply goes out as one block in one write (``write_reply``); a
-  streamed one through the cycle's own ASGI ``send``.
+  streamed one through the cycle's own ASGI ``send`` (to an HTTP/1.0 client, unchunked
+  and ended by closing the connection: ``protocol.CloseDelimited``).
 
 What uvicorn's ``send`` does for a reply, this does too: the server's default headers
 (``date``), ``content-length``, ``connection: close`` when the connection ends, header
@@ -41,7 +42,7 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 
 from proxy.api.forwarding import ForwardingEndpoint, HotPathRouter, send_reply
-from proxy.api.protocol import HeaderTimeoutProtocol
+from proxy.api.protocol import CloseDelimited, HeaderTimeoutProtocol
 from proxy.call import Reply
 
 if TYPE_CHECKING:
@@ -93,7 +94,12 @@ class DirectReplyProtocol(HeaderTimeoutProtocol):
             super().on_headers_complete()
             return
         self._headers_arrived()
-        self.cycle = cycle = _DirectCycle(self)
+        parser = self.parser
+        if parser.get_http_version() != "1.0":
+            cycle: _DirectCycle = _DirectCycle(self, parser.should_keep_alive())
+        else:  # a stream unchunked, closed at its end; its connection closed after
+            cycle = _DirectCycle10(self, False)
+        self.cycle = cycle
         task = self.loop.create_task(self._serve_direct(endpoint, cycle, self.headers))
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
@@ -219,8 +225,7 @@ class _DirectCycle(RequestResponseCycle):
     from the protocol's state at once (its ``receive`` and ``send`` as uvicorn's: a body
     that is still arriving, a streamed reply)."""
 
-    def __init__(self, protocol: DirectReplyProtocol) -> None:
-        parser = protocol.parser
+    def __init__(self, protocol: DirectReplyProtocol, keep_alive: bool) -> None:
         self.scope = _DIRECT_SCOPE
         self.transport = protocol.transport
         self.flow = protocol.flow
@@ -231,7 +236,7 @@ class _DirectCycle(RequestResponseCycle):
         self.message_event = asyncio.Event()
         self.on_response = protocol.on_response_complete
         self.disconnected = False
-        self.keep_alive = parser.should_keep_alive() and parser.get_http_version() != "1.0"
+        self.keep_alive = keep_alive
         self.waiting_for_100_continue = protocol.expect_100_continue
         self.body = bytearray()
         self.more_body = True
@@ -239,6 +244,11 @@ class _DirectCycle(RequestResponseCycle):
         self.response_complete = False
         self.chunked_encoding = None
         self.expected_content_length = 0
+
+
+class _DirectCycle10(_DirectCycle, CloseDelimited):
+    """``_DirectCycle`` for an HTTP/1.0 request: a streamed reply unchunked, ended by
+    closing the connection (``protocol.CloseDelimited``)."""
 
 
 def _nothing() -> None:

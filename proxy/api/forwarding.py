@@ -8,6 +8,12 @@ upstream request at once, not at the next chunk. Under the CLI the proxy's own H
 protocol (``direct.py``) runs the same endpoint without ASGI messages
 (``ForwardingEndpoint.serve`` with its own writer); under any other ASGI server, the
 endpoint is this plain ASGI app.
+
+An HTTP/1.0 client cannot read a chunked body, and uvicorn's stock protocol chunks every
+body sent without a length: under a server whose scope does not say it sends such a
+body unframed, ended by closing the connection (``CLOSE_DELIMITED``: the proxy's own
+protocol, ``protocol.CloseDelimited``), a stream to an HTTP/1.0 client is collected and
+sent whole, with its length (``Whole``), at most ``server.max_upstream_body_size``.
 """
 
 from __future__ import annotations
@@ -15,10 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from proxy.api import CLOSE_DELIMITED
 from proxy.api.responses import error_response
 from proxy.call import Reply, StreamSource, WatchDeparture
 from proxy.errors import (
@@ -29,12 +37,13 @@ from proxy.errors import (
     ProxyError,
     RequestTimeout,
     UnsupportedMediaType,
+    UpstreamUnavailable,
 )
 from proxy.pipeline import Pipeline
 from proxy.request_ids import HEADER, new_request_id
 from proxy.shapes.base import Shape
 
-__all__ = ["ForwardingEndpoint", "HotPathRouter"]
+__all__ = ["ForwardingEndpoint", "HotPathRouter", "Whole", "whole_for"]
 
 
 class ClientGone(Exception):
@@ -50,7 +59,9 @@ class ForwardingEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI app: the portable path, under any ASGI server."""
-        await self.serve(scope["headers"], receive, partial(send_reply, receive=receive, send=send))
+        whole = whole_for(scope, self.shape, self._pipeline)
+        write = partial(send_reply, receive=receive, send=send, whole=whole)
+        await self.serve(scope["headers"], receive, write)
 
     async def serve(
         self,
@@ -299,29 +310,79 @@ def _raw_headers(reply: Reply) -> list[tuple[bytes, bytes]]:
     return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in reply.headers.items()]
 
 
-async def send_reply(reply: Reply, receive: Receive, send: Send) -> None:
+@dataclass(frozen=True, slots=True)
+class Whole:
+    """A stream to send whole, with its length (an HTTP/1.0 client's under a server that
+    would chunk it): at most ``limit`` bytes, else a 502 in ``shape``'s error shape."""
+
+    limit: int
+    shape: Shape
+
+
+def whole_for(scope: Scope, shape: Shape, pipeline: Callable[[], Pipeline]) -> Whole | None:
+    """How a stream is sent to the request of ``scope``: whole (``Whole``) to an HTTP/1.0
+    client unless the server sends it unframed (``CLOSE_DELIMITED``); None: as it comes."""
+    if scope.get("http_version") != "1.0" or CLOSE_DELIMITED in scope.get("extensions", {}):
+        return None
+    return Whole(pipeline().settings.server.max_upstream_body_size, shape)
+
+
+async def send_reply(
+    reply: Reply, receive: Receive, send: Send, whole: Whole | None = None
+) -> None:
+    """``reply`` as ASGI messages; a stream as it comes, or collected first (``whole``)."""
     if reply.stream is None:
-        headers = _raw_headers(reply)
-        headers.append((b"content-length", str(len(reply.body)).encode()))
-        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
-        await send({"type": "http.response.body", "body": reply.body})
+        await _send_buffered(reply, send)
         return
-    await _send_stream(reply, reply.stream, receive, send)
+    if whole is None:
+        pump = _pump(reply, reply.stream, send)
+    else:
+        pump = _pump_whole(reply, reply.stream, send, whole)
+    await _send_stream(pump, reply.stream, receive)
 
 
-async def _send_stream(reply: Reply, body: StreamSource, receive: Receive, send: Send) -> None:
-    """Pass chunks through until the upstream ends or the client leaves, whichever first;
-    either way the upstream response is closed and the budgets settled."""
+async def _send_buffered(reply: Reply, send: Send) -> None:
+    headers = _raw_headers(reply)
+    headers.append((b"content-length", str(len(reply.body)).encode()))
+    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+    await send({"type": "http.response.body", "body": reply.body})
 
-    async def pump() -> None:
-        await send(
-            {"type": "http.response.start", "status": reply.status, "headers": _raw_headers(reply)}
-        )
-        async for chunk in body:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b""})
 
-    streaming = asyncio.ensure_future(pump())
+async def _pump(reply: Reply, body: StreamSource, send: Send) -> None:
+    await send(
+        {"type": "http.response.start", "status": reply.status, "headers": _raw_headers(reply)}
+    )
+    async for chunk in body:
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def _pump_whole(reply: Reply, body: StreamSource, send: Send, whole: Whole) -> None:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in body:
+        size += len(chunk)
+        if size > whole.limit:
+            error = UpstreamUnavailable(
+                f"The streamed answer exceeds {whole.limit} bytes"
+                " (server.max_upstream_body_size), the most an HTTP/1.0 client is sent"
+                " whole; ask over HTTP/1.1 to have it passed through as it comes.",
+                code="upstream_error",
+            )
+            headers = {"content-type": "application/json", HEADER: reply.headers.get(HEADER, "")}
+            reply = Reply(error.status, headers, whole.shape.error_body(error))
+            break
+        chunks.append(chunk)
+    else:
+        reply = Reply(reply.status, reply.headers, b"".join(chunks))
+    await _send_buffered(reply, send)
+
+
+async def _send_stream(pump: Awaitable[None], body: StreamSource, receive: Receive) -> None:
+    """Run ``pump`` (the stream's chunks on their way) until the upstream ends or the
+    client leaves, whichever first; either way the upstream response is closed and the
+    budgets settled."""
+    streaming = asyncio.ensure_future(pump)
     watching = asyncio.ensure_future(_disconnected(receive))
     try:
         await asyncio.wait({streaming, watching}, return_when=asyncio.FIRST_COMPLETED)

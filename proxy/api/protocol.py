@@ -27,6 +27,10 @@ A request asking to upgrade to anything but a WebSocket (``Upgrade: h2c``, as ``
 7.8: a server may ignore an upgrade). httptools stops at such a request's head and
 takes what follows for the new protocol; uvicorn then serves it without its body. Here
 the parser is handed the body again behind a head of its own framing (``_ignore_upgrade``).
+
+An HTTP/1.0 client cannot read a chunked body (RFC 9112 6.1), which uvicorn sends it
+for every reply without a ``content-length`` (a stream): its reply without one goes
+unframed instead, ended by closing the connection (``CloseDelimited``).
 """
 
 from __future__ import annotations
@@ -34,16 +38,25 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
+from proxy.api import CLOSE_DELIMITED
 from proxy.errors import InvalidRequest
 from proxy.request_ids import HEADER, new_request_id
 from proxy.shapes import surface
 
-__all__ = ["BODY_TIMEOUT_ENV", "HEADER_TIMEOUT_ENV", "HeaderTimeoutProtocol"]
+if TYPE_CHECKING:
+    from uvicorn._types import ASGI3Application, ASGISendEvent, HTTPResponseStartEvent
+
+__all__ = ["BODY_TIMEOUT_ENV", "HEADER_TIMEOUT_ENV", "CloseDelimited", "HeaderTimeoutProtocol"]
 
 HEADER_TIMEOUT_ENV = "LLM_PROXY_HEADER_TIMEOUT"
 BODY_TIMEOUT_ENV = "LLM_PROXY_BODY_TIMEOUT"
@@ -133,6 +146,15 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._body_since = None
         super().on_message_complete()
 
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+        """uvicorn's, but an HTTP/1.0 request's cycle sends an unframed reply unchunked
+        (and its scope says so: ``CLOSE_DELIMITED``)."""
+        if cycle.scope.get("http_version") == "1.0":
+            cycle.__class__ = CloseDelimited
+            extensions = cycle.scope.setdefault("extensions", {})
+            extensions[CLOSE_DELIMITED] = {}
+        super()._start_asgi_task(cycle, app)
+
     def on_response_complete(self) -> None:
         """uvicorn's, but an idle connection's keep-alive timeout is kept by the
         connection's one timer (``_check_deadlines``), not a timer made per reply."""
@@ -202,6 +224,32 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             )
         elif served:
             self.transport.close()
+
+
+class CloseDelimited(RequestResponseCycle):
+    """uvicorn's request cycle for an HTTP/1.0 request: a reply with no
+    ``content-length`` (a stream) is sent as it comes, without the chunked encoding a
+    1.0 client cannot read, and ends when the connection closes (RFC 9112 6.3: a
+    close-delimited body). A reply with a length is uvicorn's (and, as uvicorn does for
+    1.0, closes its connection after it)."""
+
+    _until_close = False
+
+    async def send(self, message: ASGISendEvent) -> None:
+        if not self.response_started:
+            if message["type"] == "http.response.start" and not _framed(message):
+                self._until_close = True
+                self.keep_alive = False  # uvicorn says `connection: close`
+                self.chunked_encoding = False  # and no transfer-encoding
+        elif self._until_close and message["type"] == "http.response.body":
+            # uvicorn counts a body against its length: this part's is the length.
+            self.expected_content_length = len(message.get("body", b""))
+        await super().send(message)
+
+
+def _framed(start: HTTPResponseStartEvent) -> bool:
+    """Whether a reply's head gives its body's length."""
+    return any(name.lower() == b"content-length" for name, _ in start.get("headers", ()))
 
 
 def target_path(target: bytes) -> str:

@@ -6,10 +6,12 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from proxy.api.forwarding import presented_key
 from proxy.api.responses import error_response
 from proxy.auth import bearer_matches
 from proxy.errors import AuthenticationFailed, ModelNotFound, ProxyError
 from proxy.pipeline import Pipeline
+from proxy.shapes.credentials import BEARER
 
 
 def _pipeline(request: Request) -> Pipeline:
@@ -18,9 +20,11 @@ def _pipeline(request: Request) -> Pipeline:
 
 
 def _visible_models(request: Request) -> list[str]:
-    """The model groups the request's key may use (raises for a bad key)."""
+    """The model groups the request's key may use (raises for a bad key): the key in
+    either form a served API takes (``Authorization: Bearer``, ``x-api-key``)."""
     pipeline = _pipeline(request)
-    key = pipeline.keys.authenticate(request.headers.get("authorization"))
+    header, presented = presented_key(BEARER.headers, request.headers.raw)
+    key = pipeline.keys.authenticate(presented, BEARER, header)
     names = [g.name for g in pipeline.settings.models]
     if key is not None and key.models is not None:
         names = [n for n in names if n in key.models]

@@ -20,7 +20,7 @@ from urllib.parse import parse_qsl
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from proxy.api.forwarding import _disconnected, presented_key, send_reply
+from proxy.api.forwarding import _disconnected, presented_key, send_reply, whole_for
 from proxy.call import Reply
 from proxy.errors import ProxyError
 from proxy.follow_ups import StoredRoute
@@ -45,7 +45,9 @@ class StoredResponseEndpoint:
         pipeline = self._pipeline()
         pipeline.enter()
         try:
-            await send_reply(await self._answer(pipeline, scope, receive), receive, send)
+            reply = await self._answer(pipeline, scope, receive)
+            whole = whole_for(scope, STORED_RESPONSES, self._pipeline)
+            await send_reply(reply, receive, send, whole)
         finally:
             pipeline.leave()
 

@@ -1,7 +1,11 @@
-"""How clients present their key to the proxy (pure): one class per scheme.
+"""How clients present their key to the proxy (pure): one class per API.
 
-``Authorization: Bearer KEY`` (OpenAI's APIs, and the proxy's own routes), and
-Anthropic's ``x-api-key: KEY`` or the bearer form (current Anthropic SDKs send either).
+Every client route takes the key in either form a served API's clients send it:
+``Authorization: Bearer KEY`` (OpenAI's SDKs; Anthropic's with an auth token) or
+``x-api-key: KEY`` (Anthropic's SDKs, Claude Code with ``ANTHROPIC_API_KEY``). They
+differ only in which header counts when a request carries both (the API's own first)
+and in what a request without either is told: OpenAI's APIs and the proxy's own routes
+(models, stored responses) ``Bearer``, Anthropic's ``AnthropicKey``.
 """
 
 from __future__ import annotations
@@ -23,13 +27,23 @@ def bearer_secret(authorization: str | None) -> str | None:
     return secret
 
 
+def _secret(header: str, value: str | None) -> str | None:
+    """The key in ``value`` of ``header``: ``x-api-key``'s whole (trimmed), a bearer's."""
+    if header != "x-api-key":
+        return bearer_secret(value)
+    secret = (value or "").strip()
+    return secret or None
+
+
 @value
 class Bearer:
-    headers: tuple[str, ...] = ("authorization",)
+    """``Authorization: Bearer KEY`` first (OpenAI's header), else ``x-api-key: KEY``."""
+
+    headers: tuple[str, ...] = ("authorization", "x-api-key")
     missing: str = "Missing API key: send 'Authorization: Bearer YOUR_KEY'."
 
     def secret(self, header: str, value: str | None) -> str | None:
-        return bearer_secret(value)
+        return _secret(header, value)
 
 
 BEARER = Bearer()
@@ -43,10 +57,7 @@ class AnthropicKey:
     missing: str = "Missing API key: send 'x-api-key: YOUR_KEY'."
 
     def secret(self, header: str, value: str | None) -> str | None:
-        if header != "x-api-key":
-            return bearer_secret(value)
-        secret = (value or "").strip()
-        return secret or None
+        return _secret(header, value)
 
 
 ANTHROPIC_KEY = AnthropicKey()

@@ -201,6 +201,45 @@ def test_the_keys_limits_come_as_anthropic_headers(proxy: ProxyInThread) -> None
     assert not any(name.startswith("x-ratelimit-") for name in answer.headers)
 
 
+def test_the_sdks_beta_messages_as_claude_code_sends_them(proxy: ProxyInThread) -> None:
+    """Claude Code (``ANTHROPIC_BASE_URL`` at the proxy, ``ANTHROPIC_AUTH_TOKEN`` a client
+    key) sends the beta client's calls: ``/v1/messages?beta=true`` and its token count,
+    with a bearer key."""
+    client = anthropic.Anthropic(base_url=proxy.url, auth_token=CLIENT, max_retries=0)
+    message = client.beta.messages.create(model="claude", max_tokens=50, messages=MESSAGES)
+    assert message.content and message.usage.output_tokens > 0
+    counted = client.beta.messages.count_tokens(model="claude", messages=MESSAGES)
+    assert counted.input_tokens > 0
+
+
+def test_the_models_routes_take_the_key_as_anthropic_clients_send_it(
+    client: anthropic.Anthropic, proxy: ProxyInThread
+) -> None:
+    """``GET /v1/models`` with ``x-api-key`` (the Anthropic SDK, Claude Code): the key
+    is taken in either form a served API takes, on every client route, its allow-list
+    applied as for a bearer key."""
+    assert {model.id for model in client.models.list()} >= {"claude", "gpt"}
+    assert client.models.retrieve("claude").id == "claude"
+    bearer = anthropic.Anthropic(base_url=proxy.url, auth_token=CLIENT, max_retries=0)
+    assert {model.id for model in bearer.models.list()} >= {"claude", "gpt"}
+    gpt_only = anthropic.Anthropic(base_url=proxy.url, api_key=GPT_ONLY, max_retries=0)
+    assert [model.id for model in gpt_only.models.list()] == ["gpt"]
+    with pytest.raises(anthropic.NotFoundError):
+        gpt_only.models.retrieve("claude")
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=proxy.url, api_key="sk-no", max_retries=0).models.list()
+    # An OpenAI route and a stored response's route know the key too (403, 404: not 401).
+    chat = {"model": "claude", "messages": MESSAGES}
+    for method, path, body, key, status in (
+        ("POST", "/v1/chat/completions", chat, GPT_ONLY, 403),
+        ("GET", "/v1/responses/resp_unknown", None, CLIENT, 404),
+    ):
+        answer = httpx.request(
+            method, f"{proxy.url}{path}", json=body, headers={"x-api-key": key}, timeout=10
+        )
+        assert answer.status_code == status, answer.text
+
+
 # --- errors: Anthropic's shape, the OpenAI surface's statuses -------------------------------
 
 

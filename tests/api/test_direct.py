@@ -199,7 +199,7 @@ def test_the_direct_cycle_has_exactly_the_attributes_of_uvicorns_cycle() -> None
         on_response_complete=lambda: None,
         expect_100_continue=False,
     )
-    ours = direct._DirectCycle(protocol)  # type: ignore[arg-type]
+    ours = direct._DirectCycle(protocol, True)  # type: ignore[arg-type]
     theirs = RequestResponseCycle(
         scope=cast(Any, {}),
         transport=protocol.transport,

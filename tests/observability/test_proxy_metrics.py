@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,3 +111,27 @@ def test_no_key_or_prompt_appears_in_logs_or_metrics(
     for secret in (CLIENT_KEY, WRONG_KEY, UPSTREAM_KEY, PROMPT, "SECRET"):
         assert secret not in logs, secret
         assert secret not in metrics, secret
+
+
+def test_an_unknown_models_log_line_names_the_model_asked_for(
+    tmp_path: Path, upstream: FakeUpstreamHandle
+) -> None:
+    """What the operator must configure is in the request's log line (``requested_model``,
+    bounded, control characters escaped: a client cannot forge a line), never in a metric
+    label (``model`` stays the configured name, ``unknown``)."""
+    asked = ["gpt-5-turbo", 'gpt-6\n{"level": "error"}\x1b[2J', "x" * 5000]
+    with ProxyProcess(_config(upstream), tmp_path) as proxy, httpx.Client(timeout=10) as client:
+        statuses = [_chat(client, proxy.base_url, model=model) for model in asked]
+        metrics = client.get(f"{proxy.url}/metrics").text
+    assert statuses == [404, 404, 404]
+    lines = [json.loads(line) for line in proxy.logs().splitlines() if '"request_id"' in line]
+    logged = [line for line in lines if line.get("status") == 404]
+    assert [line["model"] for line in logged] == ["unknown"] * 3
+    assert [line["requested_model"] for line in logged] == [
+        "gpt-5-turbo",
+        'gpt-6\\n{"level": "error"}\\x1b[2J',
+        "x" * 200 + "...",
+    ]
+    for model in ("gpt-5", "gpt-6", "xxxx"):
+        assert model not in metrics
+    assert 'model="unknown"' in metrics

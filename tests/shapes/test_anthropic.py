@@ -15,7 +15,7 @@ from proxy.errors import InvalidRequest, ModelNotFound, RateLimited, ServiceUnav
 from proxy.limiter.base import KeyVerdict, Usage
 from proxy.shapes.anthropic import error_body, key_headers, stream_error, usage_of
 from proxy.shapes.count_tokens import COUNT_TOKENS
-from proxy.shapes.credentials import ANTHROPIC_KEY
+from proxy.shapes.credentials import ANTHROPIC_KEY, BEARER
 from proxy.shapes.messages import MESSAGES
 from proxy.shapes.sse import UsageTap
 
@@ -114,6 +114,15 @@ def test_the_key_comes_as_x_api_key_or_bearer() -> None:
     assert ANTHROPIC_KEY.secret("x-api-key", "") is None
     assert ANTHROPIC_KEY.secret("authorization", "Bearer sk-2") == "sk-2"
     assert ANTHROPIC_KEY.secret("authorization", "Basic abc") is None
+
+
+def test_openais_apis_take_the_key_as_bearer_or_x_api_key() -> None:
+    """Every client route takes either form (a request with both: the API's own wins)."""
+    assert BEARER.headers == ("authorization", "x-api-key")
+    assert BEARER.secret("authorization", "Bearer sk-1") == "sk-1"
+    assert BEARER.secret("x-api-key", " sk-2 ") == "sk-2"
+    assert BEARER.secret("x-api-key", " ") is None
+    assert BEARER.secret("authorization", "Basic abc") is None
 
 
 def test_max_tokens_is_required_and_the_read_fields_checked() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 
-__all__ = ["read_answer"]
+__all__ = ["read_answer", "read_to_close"]
 
 
 def read_answer(conn: socket.socket) -> tuple[int, dict[str, str], bytes]:
@@ -18,3 +18,21 @@ def read_answer(conn: socket.socket) -> tuple[int, dict[str, str], bytes]:
             name, _, value = line.decode().partition(":")
             headers[name.lower()] = value.strip()
         return status, headers, reader.read(int(headers["content-length"]))
+
+
+def read_to_close(conn: socket.socket) -> tuple[str, int, dict[str, str], bytes]:
+    """Everything the peer sends until it closes the connection (within the socket's
+    timeout: one left open fails the test), as an answer: its HTTP version
+    (``HTTP/1.1``), status, headers (names lower case) and body as sent (framing
+    included: a chunked body stays chunked)."""
+    received = bytearray()
+    while chunk := conn.recv(65536):
+        received += chunk
+    head, _, body = bytes(received).partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    version, status = status_line.split()[:2]
+    headers: dict[str, str] = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        headers[name.lower()] = value.strip()
+    return version, int(status), headers, body
