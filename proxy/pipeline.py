@@ -186,6 +186,7 @@ class Pipeline:
             call.max_wait = self.settings.routing.max_wait
             if key is not None:
                 call.key_name = key.name
+                call.key_identity = key.identity()
                 call.team = key.team or ""
                 call.allowed_models = key.models
                 call.claimant = Claimant(key.name, key.priority, key.weight)
