@@ -52,7 +52,8 @@ MAX_TOKENS = 100_000_000  # a conversation's tokens, bounded: more is no count w
 @value
 class Owner:
     """Who holds a stored response: the deployment that created it, its model group,
-    and the name of the client key it was created for (None: the proxy runs open).
+    and the identity of the client key it was created for (``ClientKey.identity``: a
+    config key's name, an API key's id; None: the proxy runs open).
     ``tokens``: the conversation so far (the response's input and output, as its usage
     said; 0: not known yet), which the upstream counts again as the input of a request
     that continues it."""

@@ -120,6 +120,8 @@ class Call:
     started: float
     headers: list[tuple[str, str]] = field(default_factory=list)
     key_name: str | None = None
+    # Its key's identity (``ClientKey.identity``): who owns the responses it stores.
+    key_identity: str | None = None
     allowed_models: list[str] | None = None  # its key's allow-list (fallbacks too): None, all
     claimant: Claimant = field(default_factory=Claimant)  # fair share: tier and weight
     max_wait: float = 0.0  # the longest this request may wait for a turn, in all

@@ -387,6 +387,8 @@ class ClientKey(_Owner):
 
     # The digest, computed once where the key is validated.
     _sha256: bytes = PrivateAttr(default=b"")
+    # Who the key is, beyond its name (``identity``): an API key's id ("": its name).
+    _identity: str = PrivateAttr(default="")
 
     @model_validator(mode="after")
     def _one_secret(self) -> ClientKey:
@@ -404,6 +406,18 @@ class ClientKey(_Owner):
     def digest(self) -> bytes:
         """The sha256 of the key, whichever way it was given."""
         return typing.cast(bytes, self._private()["_sha256"])
+
+    def identity(self) -> str:
+        """Who owns what this key stores (a stored response, ``affinity.Owner``): a config
+        key's name (its secret changed in the file is its rotation: the config has no
+        other), an API key's id, made with it and kept by a rotation or a change, never
+        by a new key given a revoked one's name (``keys/records.py``)."""
+        identity = typing.cast(str, self._private()["_identity"])
+        return identity or self.name
+
+    def identified_as(self, identity: str) -> None:
+        """Set once, as it is built (an API key's record)."""
+        self._private()["_identity"] = identity
 
     def _private(self) -> dict[str, Any]:
         # Pydantic's dict of private attributes, read directly: ``self._sha256`` goes

@@ -49,11 +49,35 @@ class TokenUsage:
 
 
 def count(value: object) -> int | None:
-    """A count an upstream reports: an int, not negative (anything else is not a count it
-    means, and is read as none)."""
+    """A count a client sends (an output cap): an int, not negative (anything else is
+    not a count it means, and is read as none)."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     return None
+
+
+MAX_COUNT = 100_000_000  # tokens one count of an answer's usage may say: more is clamped
+_BEYOND_64_BITS = float(2**64)  # orjson reads a larger integer as a float
+
+
+class NoCount(ValueError):
+    """A usage count the upstream wrote that is no count: its usage cannot be read."""
+
+
+def usage_count(value: object) -> int | None:
+    """A count of an answer's usage: None where it states none (absent, null); an integer
+    not negative, bounded by ``MAX_COUNT`` (a larger one, an integer beyond 64 bits read
+    as a float included, is that bound: no request uses more). Anything else (negative,
+    a fraction, a string, a boolean) raises ``NoCount``: the usage is unreadable, and the
+    request is charged its estimate, never 0 for the count it garbled."""
+    if type(value) is int:
+        if value >= 0:
+            return min(value, MAX_COUNT)
+    elif value is None:
+        return None
+    elif type(value) is float and value >= _BEYOND_64_BITS:
+        return MAX_COUNT
+    raise NoCount(f"not a token count: {value!r}"[:100])
 
 
 def usage_cost(usage: TokenUsage) -> dict[str, float]:

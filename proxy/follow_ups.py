@@ -9,7 +9,9 @@ where it was created (``affinity.py``), and what follows it goes there only.
     POST .../cancel, GET .../input_items  a DELETE forgets it
 
 An id this proxy did not see created, or created for another key, is 404 (``not_found``,
-the same answer for both: ids tell one tenant nothing of another's). A pinned request
+the same answer for both: ids tell one tenant nothing of another's). A key is its
+identity (``ClientKey.identity``), not its name: an API key revoked and created again
+under the same name is another key. A pinned request
 waits for its deployment (cooling, out of budget) within max_wait, or fails naming it;
 it is never sent to another account, where the id does not exist.
 """
@@ -62,7 +64,7 @@ class FollowUps:
     async def stored(self, call: Call, route: StoredRoute) -> GroupRoute:
         """The group of the deployment holding ``route``'s response; ``call`` pinned to
         that deployment, with the route's method and path."""
-        owner = await self._owner(route.response_id, call.key_name, None)
+        owner = await self._owner(route.response_id, call.key_identity, None)
         deployment = self._deployment(owner, route.response_id, None)
         call.pinned = deployment.id
         call.upstream_method, call.upstream_path = route.method, route.path
@@ -77,7 +79,7 @@ class FollowUps:
         previous = call.body.get(_PREVIOUS)
         if not isinstance(previous, str):
             return
-        owner = await self._owner(previous, call.key_name, _PREVIOUS)
+        owner = await self._owner(previous, call.key_identity, _PREVIOUS)
         deployment = self._deployment(owner, previous, _PREVIOUS)
         if deployment.group != group.name:
             raise InvalidRequest(
@@ -110,7 +112,7 @@ class FollowUps:
         deployment = self._by_id(call.trip.deployment)
         if deployment is None:
             return reply
-        owner = Owner(deployment.id, deployment.group, call.key_name)
+        owner = Owner(deployment.id, deployment.group, call.key_identity)
         if reply.stream is None:
             response_id = created_id(reply.body)
             if response_id is not None:
@@ -133,7 +135,8 @@ class FollowUps:
         return reply
 
     async def _owner(self, response_id: str, key: str | None, param: str | None) -> Owner:
-        """Its holder, if this key created it; else 404 (503: it cannot be told)."""
+        """Its holder, if the key of identity ``key`` created it; else 404 (503: it cannot
+        be told)."""
         try:
             owner = None if len(response_id) > MAX_ID else await self.affinity.owner(response_id)
         except AffinityUnavailable:

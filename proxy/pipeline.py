@@ -38,6 +38,7 @@ from proxy.errors import (
     ServiceUnavailable,
 )
 from proxy.follow_ups import FollowUps, StoredRoute
+from proxy.json_keys import duplicate
 from proxy.json_splice import set_fields
 from proxy.limiter.base import (
     Activity,
@@ -185,6 +186,7 @@ class Pipeline:
             call.max_wait = self.settings.routing.max_wait
             if key is not None:
                 call.key_name = key.name
+                call.key_identity = key.identity()
                 call.team = key.team or ""
                 call.allowed_models = key.models
                 call.claimant = Claimant(key.name, key.priority, key.weight)
@@ -504,6 +506,14 @@ def _parse_body(raw: bytes) -> dict[str, Any]:
         ) from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_body")
+    twice = duplicate(raw, body)
+    if twice is not None:  # the parse keeps the last; the upstream, sent the bytes, may not
+        raise InvalidRequest(
+            f"The request body has the key '{twice}' more than once in one object;"
+            " give each key once.",
+            code="duplicate_key",
+            param=twice,
+        )
     return body
 
 

@@ -2,8 +2,22 @@
 
 from __future__ import annotations
 
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from proxy.call import Trip
-from proxy.costs import NOTHING, TokenUsage, estimate_cost, negated, usage_cost
+from proxy.costs import (
+    MAX_COUNT,
+    NOTHING,
+    NoCount,
+    TokenUsage,
+    estimate_cost,
+    negated,
+    usage_cost,
+    usage_count,
+)
 from proxy.shapes.chat import CHAT
 from proxy.shapes.embeddings import EMBEDDINGS
 
@@ -67,3 +81,30 @@ def test_cache_reads_are_not_charged_as_input_but_count_in_tokens() -> None:
         "input_tokens": 25.0,
         "output_tokens": 16.0,
     }
+
+
+@given(st.integers(min_value=0, max_value=2**70))
+def test_a_usage_count_is_an_integer_bounded_by_max_count(value: int) -> None:
+    assert usage_count(value) == min(value, MAX_COUNT)
+    as_orjson_reads_it = orjson.loads(str(value))  # a float beyond 64 bits
+    assert usage_count(as_orjson_reads_it) == min(value, MAX_COUNT)
+
+
+@given(
+    st.one_of(
+        st.integers(max_value=-1),
+        st.floats(max_value=2.0**64, exclude_max=True),
+        st.floats(allow_nan=True).filter(lambda f: f != f),
+        st.floats(max_value=-1.0),
+        st.booleans(),
+        st.text(),
+        st.lists(st.integers()),
+    )
+)
+def test_anything_else_is_no_count(value: object) -> None:
+    with pytest.raises(NoCount):
+        usage_count(value)
+
+
+def test_a_count_stated_nowhere_is_none() -> None:
+    assert usage_count(None) is None

@@ -25,6 +25,7 @@ from proxy.limiter.base import KeyLimits
 __all__ = [
     "NOT_YET_SUPPORTED",
     "KeyRecord",
+    "new_key_id",
     "new_secret",
     "parse_expiry",
     "parse_grace",
@@ -48,6 +49,13 @@ def new_secret() -> str:
     return "sk-llmp-" + secrets.token_urlsafe(32)
 
 
+def new_key_id() -> str:
+    """An API key's identity (``ClientKey.identity``): 128 random bits, made with its
+    record and kept by its rotations and changes; a key created again under a revoked
+    one's name gets its own."""
+    return "key_" + secrets.token_hex(16)
+
+
 def digest_of(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
@@ -56,7 +64,9 @@ def digest_of(secret: str) -> str:
 class KeyRecord:
     """``spec``: the config entry's fields without the name and secret (validated);
     ``sha256``: the secret's digest; ``previous_sha256`` works until ``previous_until``
-    (a rotation's grace); times are Unix seconds."""
+    (a rotation's grace); times are Unix seconds. ``key_id``: the key's identity
+    (``new_key_id``); None in a record stored before keys had one: its name is then (what
+    its stored responses were kept under)."""
 
     name: str
     spec: dict[str, Any]
@@ -66,6 +76,7 @@ class KeyRecord:
     expires_at: float | None = None
     previous_sha256: str | None = None
     previous_until: float | None = None
+    key_id: str | None = None
     _built: tuple[ClientKey, KeyLimits] | None = field(default=None, repr=False, compare=False)
 
     def client_key(self) -> tuple[ClientKey, KeyLimits]:
@@ -75,6 +86,8 @@ class KeyRecord:
             key = ClientKey.model_validate(
                 {**self.spec, "name": self.name, "key_sha256": self.sha256}
             )
+            if self.key_id is not None:
+                key.identified_as(self.key_id)
             self._built = (key, key_limits(key))
         return self._built
 
@@ -132,6 +145,7 @@ class KeyRecord:
                 "expires_at": self.expires_at,
                 "previous_sha256": self.previous_sha256,
                 "previous_until": self.previous_until,
+                "key_id": self.key_id,
             }
         )
 
@@ -147,6 +161,7 @@ class KeyRecord:
             expires_at=data.get("expires_at"),
             previous_sha256=data.get("previous_sha256"),
             previous_until=data.get("previous_until"),
+            key_id=data.get("key_id"),
         )
 
 

@@ -22,7 +22,7 @@ from proxy.errors import InvalidRequest, ModelNotFound, ServiceUnavailable
 from proxy.keys.index import KeyIndex
 from proxy.keys.listing import Page, page_of
 from proxy.keys.memory_backend import MemoryKeyBackend
-from proxy.keys.records import KeyRecord, digest_of, new_secret
+from proxy.keys.records import KeyRecord, digest_of, new_key_id, new_secret
 from proxy.keys.redis_backend import RedisKeyBackend, WriteRefused
 from proxy.limiter.base import KeyLimits
 from proxy.limiter.redis.sentinel import SentinelTarget
@@ -166,7 +166,7 @@ class RuntimeKeys:
         self._check_allowed()
         now = self._clock()
         secret = new_secret()
-        record = KeyRecord(name, spec, digest_of(secret), now, now, expires_at)
+        record = KeyRecord(name, spec, digest_of(secret), now, now, expires_at, key_id=new_key_id())
         await self._write(self.backend.create(record), name)
         self.index.apply(name, record)
         return record, secret

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from proxy.costs import Cost, TokenUsage, count
+from proxy.costs import Cost, NoCount, TokenUsage, usage_count
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.shapes.base import AS_SENT, ClientCredential, Prepared, StreamUsage
 from proxy.shapes.credentials import ANTHROPIC_KEY
@@ -87,18 +87,21 @@ def stream_error(message: str) -> bytes:
 
 
 def usage_of(usage: object) -> TokenUsage | None:
-    """A usage object's counts (None: it states neither input nor output)."""
+    """A usage object's counts (None: it states neither input nor output, or one of its
+    counts is no count: ``usage_count``)."""
     if not isinstance(usage, dict):
         return None
-    given, output = count(usage.get("input_tokens")), count(usage.get("output_tokens"))
+    try:
+        given, output, write, read = (usage_count(usage.get(name)) for name in _COUNTS)
+    except NoCount:
+        return None
     if given is None and output is None:
         return None
-    write = count(usage.get("cache_creation_input_tokens")) or 0
     return TokenUsage(
-        input_tokens=(given or 0) + write,
+        input_tokens=(given or 0) + (write or 0),
         output_tokens=output or 0,
-        cache_read=count(usage.get("cache_read_input_tokens")) or 0,
-        cache_write=write,
+        cache_read=read or 0,
+        cache_write=write or 0,
     )
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from proxy.costs import Cost, TokenUsage, count, estimate_cost
+from proxy.costs import Cost, NoCount, TokenUsage, estimate_cost, usage_count
 from proxy.errors import error_body
 from proxy.ratelimit_headers import format_reset
 from proxy.shapes import openai_fields
@@ -48,15 +48,18 @@ def token_usage(payload: object, given: str, made: str) -> TokenUsage | None:
     """The ``usage`` of an OpenAI object whose input and output counts are named
     ``given`` and ``made`` (chat's ``prompt_tokens``, the Responses API's
     ``input_tokens``...), ``{given}_details.cached_tokens`` the cached part of the input;
-    None when it states neither count."""
+    None when it states neither count, or any of them is no count (``usage_count``)."""
     usage = payload.get("usage") if isinstance(payload, dict) else None
     if not isinstance(usage, dict):
         return None
-    prompt, completion = count(usage.get(given)), count(usage.get(made))
+    details = usage.get(f"{given}_details")
+    try:
+        prompt, completion = usage_count(usage.get(given)), usage_count(usage.get(made))
+        cached = usage_count(details.get("cached_tokens")) if isinstance(details, dict) else None
+    except NoCount:
+        return None
     if prompt is None and completion is None:
         return None
-    details = usage.get(f"{given}_details")
-    cached = count(details.get("cached_tokens")) if isinstance(details, dict) else None
     return TokenUsage(
         input_tokens=prompt or 0,
         output_tokens=completion or 0,

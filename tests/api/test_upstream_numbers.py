@@ -9,14 +9,16 @@ daily limit of 5 admits 5."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import httpx
+import openai
 import orjson
 import pytest
 from support.proxy_server import ProxyInThread, settings_from
 from support.raw_upstream import Conversation, RawUpstream
+from support.scripted_upstream import ScriptedUpstream
 from support.waiting import wait_until
 
 from proxy.catalog import pacing_headroom
@@ -296,3 +298,101 @@ def test_a_usage_no_request_could_have_used_is_charged_at_most_one_requests_wort
         assert key_tpm["name"] == "tpm" and key_tpm["full_in"]["in"] <= 61.0, key_tpm
 
     asyncio.run(_with_proxy(upstream, storage, {"tpm": 100_000}, scenario, key={"tpm": 100_000}))
+
+
+# -- usage counts that are no counts ----------------------------------------------------
+
+# A usage count as the upstream writes it: none of these is a count of a request's tokens.
+USAGE_LIES = {
+    "beyond-64-bits": b"18446744073709551617",
+    "negative-beyond-64-bits": b"-18446744073709551617",
+    "negative": b"-5",
+    "infinite": b"1e400",
+    "fraction": b"12.5",
+    "string": b'"12"',
+    "boolean": b"true",
+}
+USAGE_CASES = [(lie, field) for lie in USAGE_LIES for field in ("prompt", "completion")]
+LIAR_MAX_TOKENS = 1000
+LIAR_WINDOW = 1_000_000  # tokens a key may use in 30 days: what refills in a test is < 1
+
+
+def _usage(case: str) -> bytes:
+    lie, field = case.split(":")
+    counts = {"prompt": b"7", "completion": b"3"}
+    counts[field] = USAGE_LIES[lie]
+    return b'{"prompt_tokens":%s,"completion_tokens":%s}' % (counts["prompt"], counts["completion"])
+
+
+async def _liar(conversation: Conversation) -> None:
+    """A chat upstream whose usage says what the request's last message names."""
+    body = orjson.loads(conversation.request.body)
+    usage = _usage(body["messages"][-1]["content"])
+    if body.get("stream") is not True:
+        message = b'{"role":"assistant","content":"ok"}'
+        choice = b'{"index":0,"message":%s,"finish_reason":"stop"}' % message
+        head = b'{"id":"c","object":"chat.completion","created":1,"model":"m",'
+        await conversation.send(
+            _reply(200, "OK", head + b'"choices":[%s],"usage":%s}' % (choice, usage), {})
+        )
+        return
+    chunk = b'{"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
+    delta = chunk + b'"choices":[{"index":0,"delta":{"content":"ok"},"finish_reason":"stop"}]}'
+    last = chunk + b'"choices":[],"usage":%s}' % usage
+    events = b"".join(b"data: %s\n\n" % e for e in (delta, last, b"[DONE]"))
+    sse = f"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {len(events)}"
+    await conversation.send(sse.encode() + b"\r\n\r\n" + events)
+
+
+@pytest.fixture(scope="module")
+def liar_proxy() -> Iterator[ProxyInThread]:
+    """One key per case (its window counts that case's charge alone)."""
+    with ScriptedUpstream(_liar) as upstream:
+        window = [{"tokens": LIAR_WINDOW, "per": "30d"}]
+        keys = [
+            {"name": f"{lie}:{field}:{way}", "key": f"sk-{lie}-{field}-{way}", "limits": window}
+            for lie, field in USAGE_CASES
+            for way in ("plain", "stream")
+        ]
+        config = {
+            "admin": {"keys": [ADMIN_KEY]},
+            "keys": keys,
+            "models": [
+                {"name": "m", "deployments": [{"id": "d", "base_url": f"{upstream.url}/v1"}]}
+            ],
+            "routing": {"retries": 0},
+        }
+        with ProxyInThread(settings_from(config)) as server:
+            yield server
+
+
+@pytest.mark.parametrize("way", ["plain", "stream"])
+@pytest.mark.parametrize(("lie", "field"), USAGE_CASES)
+def test_a_usage_count_that_is_no_count_is_never_charged_as_0(
+    liar_proxy: ProxyInThread, lie: str, field: str, way: str
+) -> None:
+    """A count beyond 64 bits (orjson reads it as a float), negative, infinite, a
+    fraction, a string or a boolean, plain or streamed: the answer is served and
+    the key is charged at least the request's estimate (at least its 1,000 tokens of
+    output cap): an absurd count clamped, one that is none read as no usage, never as
+    0 tokens."""
+    client = openai.OpenAI(
+        base_url=liar_proxy.base_url, api_key=f"sk-{lie}-{field}-{way}", max_retries=0
+    )
+    messages: Any = [{"role": "user", "content": f"{lie}:{field}"}]
+    if way == "plain":
+        done = client.chat.completions.create(
+            model="m", messages=messages, max_tokens=LIAR_MAX_TOKENS
+        )
+        assert done.choices[0].message.content == "ok"
+    else:
+        stream = client.chat.completions.create(
+            model="m", messages=messages, max_tokens=LIAR_MAX_TOKENS, stream=True
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "ok"
+    liar_proxy.settled()
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    state = httpx.get(f"{liar_proxy.url}/admin/state", headers=admin, timeout=10).json()
+    [window] = next(k for k in state["keys"] if k["name"] == f"{lie}:{field}:{way}")["windows"]
+    charged = LIAR_WINDOW - window["remaining"]
+    assert charged >= LIAR_MAX_TOKENS, (lie, field, way, charged)

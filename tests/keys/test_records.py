@@ -3,10 +3,18 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from proxy.errors import InvalidRequest
-from proxy.keys.records import parse_expiry, parse_grace, validate_entry
+from proxy.keys.records import (
+    KeyRecord,
+    digest_of,
+    new_key_id,
+    parse_expiry,
+    parse_grace,
+    validate_entry,
+)
 
 MODELS = frozenset({"gpt-4o-mini"})
 
@@ -70,3 +78,25 @@ def test_a_grace_is_a_bounded_duration(grace: object) -> None:
 def test_a_grace_defaults_to_zero() -> None:
     assert parse_grace(None) == 0.0 and parse_grace({}) == 0.0
     assert parse_grace({"grace": "1h"}) == 3600.0
+
+
+def test_a_keys_identity_is_its_id_kept_by_rotations_and_changes_and_stored() -> None:
+    record = KeyRecord("svc", {"rpm": 10}, digest_of("sk-a"), 1.0, 1.0, key_id=new_key_id())
+    key, _ = record.client_key()
+    assert key.identity() == record.key_id and key.identity() != "svc"
+    rotated = record.rotated("sk-b", grace=0.0, now=2.0)
+    changed = rotated.changed({"rpm": 20}, None, now=3.0)
+    stored = KeyRecord.from_json(changed.to_json())
+    assert [r.client_key()[0].identity() for r in (rotated, changed, stored)] == [
+        key.identity()
+    ] * 3
+    again = KeyRecord("svc", {"rpm": 10}, digest_of("sk-a"), 4.0, 4.0, key_id=new_key_id())
+    assert again.client_key()[0].identity() != key.identity()  # the same name: another key
+
+
+def test_a_record_stored_before_keys_had_ids_is_its_name() -> None:
+    old = orjson.loads(KeyRecord("svc", {}, digest_of("sk-a"), 1.0, 1.0).to_json())
+    del old["key_id"]
+    record = KeyRecord.from_json(orjson.dumps(old))
+    assert record.client_key()[0].identity() == "svc"
+    assert record.rotated("sk-b", 0.0, 2.0).client_key()[0].identity() == "svc"

@@ -10,7 +10,7 @@ from typing import Any, cast
 import orjson
 import pytest
 
-from proxy.costs import TokenUsage
+from proxy.costs import MAX_COUNT, TokenUsage
 from proxy.errors import InvalidRequest, ModelNotFound, RateLimited, ServiceUnavailable
 from proxy.limiter.base import KeyVerdict, Usage
 from proxy.shapes.anthropic import error_body, key_headers, stream_error, usage_of
@@ -32,6 +32,26 @@ def test_cache_writes_count_as_input_and_reads_stand_apart() -> None:
     assert usage == TokenUsage(input_tokens=25, output_tokens=16, cache_read=300, cache_write=5)
     assert usage_of({"service_tier": "standard"}) is None
     assert usage_of({"input_tokens": -1, "output_tokens": True}) is None  # no counts
+
+
+@pytest.mark.parametrize("field", list(USAGE))
+@pytest.mark.parametrize("lie", [b"-5", b"-18446744073709551617", b"12.5", b'"12"', b"true"])
+def test_a_usage_with_a_count_that_is_no_count_is_unreadable(field: str, lie: bytes) -> None:
+    """Plain or streamed: none (the request is charged its estimate), never the other
+    counts alone."""
+    body = orjson.dumps({"type": "message", "usage": USAGE})
+    assert MESSAGES.usage(body.replace(b'"%s":' % field.encode(), b'"x":')) is not None
+    told = f'"{field}":{USAGE[field]}'.encode()
+    assert MESSAGES.usage(body.replace(told, b'"%s":%s' % (field.encode(), lie))) is None
+    tap = UsageTap(MESSAGES.stream_usage(), strip_usage_event=False)
+    for chunk in (START, DELTA.replace(b'"output_tokens":16', b'"%s":%s' % (field.encode(), lie))):
+        tap.feed(chunk)
+    assert tap.usage is None
+
+
+def test_a_count_beyond_64_bits_is_clamped_to_the_bound() -> None:
+    body = b'{"type":"message","usage":{"input_tokens":18446744073709551617,"output_tokens":2}}'
+    assert MESSAGES.usage(body) == TokenUsage(input_tokens=MAX_COUNT, output_tokens=2)
 
 
 def test_a_plain_messages_usage() -> None:

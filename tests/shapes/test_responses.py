@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.costs import TokenUsage
+from proxy.costs import MAX_COUNT, TokenUsage
 from proxy.errors import InvalidRequest
 from proxy.shapes.responses import (
     RESPONSES,
@@ -59,6 +59,25 @@ def test_a_plain_answer_s_usage() -> None:
     body = orjson.dumps({"id": "resp_1", "status": "completed", "usage": USAGE})
     assert RESPONSES.usage(body) == EXPECTED
     assert created_id(body) == "resp_1"
+
+
+@pytest.mark.parametrize(
+    ("lie", "read"),
+    [
+        (b"18446744073709551617", TokenUsage(MAX_COUNT, 16, 4)),
+        (b"-3", None),
+        (b'"11"', None),
+        (b"true", None),
+        (b"1.5", None),
+    ],
+)
+def test_a_usage_count_beyond_any_request_is_clamped_and_one_that_is_no_count_unread(
+    lie: bytes, read: TokenUsage | None
+) -> None:
+    body = orjson.dumps({"id": "resp_1", "status": "completed", "usage": USAGE})
+    told = b'"input_tokens":11'
+    assert told in body
+    assert RESPONSES.usage(body.replace(told, b'"input_tokens":' + lie)) == read
 
 
 def test_a_response_not_yet_ended_states_no_usage() -> None:

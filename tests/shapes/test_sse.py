@@ -2,7 +2,7 @@
 
 import pytest
 
-from proxy.costs import TokenUsage
+from proxy.costs import MAX_COUNT, TokenUsage
 from proxy.shapes.openai import OpenAIStreamUsage, usage_of_payload
 from proxy.shapes.sse import MAX_HELD, UsageTap
 
@@ -40,11 +40,28 @@ def test_events_split_across_chunks() -> None:
     assert tap.usage is not None and tap.usage.input_tokens == 7
 
 
-@pytest.mark.parametrize("count", [-5, -1])
-def test_a_negative_usage_count_is_unknown(count: int) -> None:
+@pytest.mark.parametrize("count", [-5, -1, -(2.0**64), 12.5, "12", True, [1]])
+@pytest.mark.parametrize("field", ["prompt_tokens", "completion_tokens"])
+def test_a_usage_with_a_count_that_is_no_count_is_unreadable(count: object, field: str) -> None:
+    """Not the other count alone (its request would be charged 0 for the garbled one):
+    none, and the request is charged its estimate."""
+    counts = {"prompt_tokens": 7, "completion_tokens": 3, field: count}
+    assert usage_of_payload({"usage": counts}) is None
+    details = {"prompt_tokens": 7, "prompt_tokens_details": {"cached_tokens": count}}
+    assert usage_of_payload({"usage": details}) is None
+
+
+@pytest.mark.parametrize("count", [2**64 + 1, 2.0**64, 1e300, 10**12])
+def test_an_absurd_usage_count_is_clamped_to_the_bound(count: float) -> None:
     usage = usage_of_payload({"usage": {"prompt_tokens": count, "completion_tokens": 3}})
-    assert usage == TokenUsage(output_tokens=3)
-    assert usage_of_payload({"usage": {"prompt_tokens": count}}) is None
+    assert usage == TokenUsage(input_tokens=MAX_COUNT, output_tokens=3)
+
+
+def test_a_count_beyond_64_bits_in_a_stream_is_clamped_not_dropped() -> None:
+    event = USAGE.replace(b'"prompt_tokens":7', b'"prompt_tokens":18446744073709551617')
+    tap = _tap(strip_usage_event=True)
+    assert tap.feed(CHUNK + event + DONE) + tap.flush() == CHUNK + DONE
+    assert tap.usage == TokenUsage(input_tokens=MAX_COUNT, output_tokens=3)
 
 
 def test_cached_prompt_tokens_are_read_as_cached_input() -> None:
