@@ -26,10 +26,11 @@ from proxy import shapes
 from proxy.api import admin, routes, stored_responses
 from proxy.api.forwarding import ForwardingEndpoint, HotPathRouter
 from proxy.api.responses import error_response
+from proxy.auth import open_when_empty
 from proxy.config import Settings, config_warnings, load_settings
 from proxy.config_watch import ConfigWatcher, FileSignature, file_signature
 from proxy.errors import InvalidRequest, ModelNotFound, ProxyError
-from proxy.keys.store import runtime_keys_for
+from proxy.keys.store import RuntimeKeys, runtime_keys_for
 from proxy.limiter.base import LimiterMode, ManagedLimiter
 from proxy.limiter.factory import create_limiter, sentinel_target
 from proxy.limiter.ledger import create_ledger
@@ -96,6 +97,7 @@ def create_app(
         runtime_keys = runtime_keys_for(
             settings.redis.url, workers, settings.redis.timeout, sentinel=target
         )
+        runtime_keys.on_lost = metrics.key_store_lost
         await runtime_keys.start()
         app.state.runtime_keys = runtime_keys
         ledger = create_ledger(limiter)
@@ -226,19 +228,31 @@ def _readiness(app: FastAPI) -> dict[str, Any]:
     limiter: ManagedLimiter = app.state.limiter
     observer: StateObserver = app.state.observer
     usable = observer.usable()
+    runtime: RuntimeKeys = app.state.runtime_keys
+    settings = pipeline.settings
+    # A replica that cannot read the admin API's key store, when requests depend on it,
+    # is not ready (design.md): it cannot tell a revoked or a new key.
+    needed = runtime.needed(bool(settings.admin.secrets()), bool(settings.keys))
     return {
-        "ready": limiter.ready and usable > 0,
+        "ready": limiter.ready and usable > 0 and (runtime.current or not needed),
         "limiter": limiter.mode.value,
         "deployments_usable": usable,
+        "key_store": runtime.state() if runtime.shared else "process",
     }
 
 
 def _warn_about(settings: Settings, workers: int, shared: bool) -> None:
     for warning in config_warnings(settings):
         logger.warning("config: %s", warning)
-    if not settings.keys:
+    if not settings.keys and open_when_empty(settings):
         logger.warning(
             "No client keys configured: the proxy accepts requests from anyone (dev only)."
+        )
+    elif not settings.keys:
+        logger.info(
+            "No client keys in the config file: every client key lives in the admin API's"
+            " store (/admin/keys); while it holds none, requests get 401"
+            " (server.open_access: false)."
         )
     if not shared:
         note = (

@@ -8,25 +8,43 @@ import hmac
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from proxy.config import ClientKey
+from proxy.config import ClientKey, Settings
 from proxy.config_keys import ConfigKeys
-from proxy.errors import AuthenticationFailed, ModelNotAllowed
+from proxy.errors import AuthenticationFailed, ModelNotAllowed, ProxyError
 from proxy.limiter.base import KeyLimits
 from proxy.shapes.base import ClientCredential
 from proxy.shapes.credentials import BEARER, bearer_secret
 
-__all__ = ["KeyStore", "RuntimeLookup", "bearer_matches"]
+__all__ = ["KeyStore", "RuntimeLookup", "bearer_matches", "open_when_empty"]
 
 
 class RuntimeLookup(Protocol):
     """The keys created through the admin API (``proxy/keys/store.RuntimeKeys``);
-    ``on_gone`` hears the name of each key it no longer has."""
+    ``on_gone`` hears the name of each key it no longer has. ``known``: its store has
+    been read (what it holds is known); ``current``: and no read has failed since;
+    ``can_hold_keys``: keys can be created in it at all."""
 
     on_gone: Callable[[str], None]
 
+    @property
+    def known(self) -> bool: ...
+    @property
+    def current(self) -> bool: ...
+    @property
+    def can_hold_keys(self) -> bool: ...
+
     def find(self, sha256: str) -> tuple[ClientKey, KeyLimits] | None: ...
     def limits_of(self, key: ClientKey) -> KeyLimits: ...
+    def unavailable(self) -> ProxyError: ...
     def __len__(self) -> int: ...
+
+
+def open_when_empty(settings: Settings) -> bool:
+    """Whether no client key at all may mean open access: the admin key API is off (no
+    ``admin.keys``: keys cannot be created at run time), or the file says so
+    (``server.open_access: true``). Otherwise the keys live in the admin API's store, and
+    an empty store (a fresh one, or one that lost its data) must not open the proxy."""
+    return settings.server.open_access or not settings.admin.secrets()
 
 
 class KeyStore:
@@ -36,16 +54,30 @@ class KeyStore:
     never on how many leading characters of a real key were guessed; the final check
     uses ``hmac.compare_digest`` as well. Config may hold plain keys or their sha256.
     ``runtime``: the keys of the admin API, asked after the config's, which win on a name
-    clash. Without config keys the proxy is open only while no such key exists either.
+    clash.
+
+    Access is open (no key asked for) only when the config has no client keys, the admin
+    API's store has been read and holds none, and either it cannot hold any (no such
+    store, or several workers without Redis) or ``open_when_empty`` (see the function of
+    that name). Whether Redis answers never opens it: while the store has not been read, a
+    request no config key authenticates gets 503 ``key_store_unavailable``, and while it
+    does not answer, so does a key this process never saw.
     """
 
-    def __init__(self, keys: Sequence[ClientKey], runtime: RuntimeLookup | None = None) -> None:
+    def __init__(
+        self,
+        keys: Sequence[ClientKey],
+        runtime: RuntimeLookup | None = None,
+        *,
+        open_when_empty: bool = True,
+    ) -> None:
         # Digests to positions: a key's model is built when it is first presented.
         self._keys = ConfigKeys.of(keys)
         # Read on every request: kept here (attributes, not calls).
         self._digests = self._keys.digests()
         self._configured = bool(self._digests)
         self._by_digest = dict(zip(self._digests, range(len(self._digests)), strict=True))
+        self._open_when_empty = open_when_empty
         self.runtime = runtime
 
     def held(self) -> list[object]:
@@ -54,7 +86,14 @@ class KeyStore:
 
     @property
     def open_access(self) -> bool:
-        return not self._configured and (self.runtime is None or len(self.runtime) == 0)
+        if self._configured:
+            return False
+        runtime = self.runtime
+        if runtime is None:
+            return True
+        if not runtime.known or len(runtime):
+            return False
+        return self._open_when_empty or not runtime.can_hold_keys
 
     def authenticate(
         self,
@@ -67,18 +106,29 @@ class KeyStore:
         access."""
         if self.open_access:
             return None
+        runtime = self.runtime
         secret = credential.secret(header, presented)
         if secret is None:
+            if runtime is not None and not runtime.known and not self._configured:
+                raise runtime.unavailable()  # open or not: unknown until the store is read
             raise AuthenticationFailed(credential.missing, code="missing_api_key")
         digest = hashlib.sha256(secret.encode()).digest()
         found = self._by_digest.get(digest)
-        if found is None and self.runtime is not None:
-            created = self.runtime.find(digest.hex())
+        if found is None and runtime is not None:
+            created = runtime.find(digest.hex())
             if created is not None and self._keys.position(created[0].name) is None:
                 return created[0]
+            if created is None and not runtime.current and self._unsure(runtime):
+                raise runtime.unavailable()  # a key created meanwhile is not known here
         if found is None or not hmac.compare_digest(self._digests[found], digest):
             raise AuthenticationFailed("Incorrect API key provided.")
         return self._keys[found]
+
+    def _unsure(self, runtime: RuntimeLookup) -> bool:
+        """Whether a key the store's last view lacks may still be one of its own: the
+        store was never read, or it holds keys, or it holds every key (none in the file).
+        A store read empty beside the file's keys: a stranger's key is a 401, as ever."""
+        return not runtime.known or len(runtime) > 0 or not self._configured
 
     def limits(
         self, key: ClientKey | None, configured: Mapping[str, KeyLimits]

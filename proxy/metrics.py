@@ -89,7 +89,8 @@ RELOAD_RESULTS: Final = ("success", "failure")
 # Operations on run-time client keys and their results (llmproxy_key_operations_total):
 # fixed sets, never the key's name (an API caller's input).
 KEY_OPERATIONS: Final = ("create", "update", "rotate", "revoke")
-KEY_RESULTS: Final = ("success", "invalid", "conflict", "not_found", "unavailable")
+# unknown: sent to the shared store, whose answer never came (it may have happened).
+KEY_RESULTS: Final = ("success", "invalid", "conflict", "not_found", "unavailable", "unknown")
 
 # LLM calls last from milliseconds (cached, tiny embeddings) to many minutes (long generations).
 DURATION_BUCKETS: Final = (
@@ -348,6 +349,13 @@ class Metrics:
             ["operation", "result"],
             registry=reg,
         )
+        self._key_store_lost_total = Counter(
+            "llmproxy_key_store_lost_total",
+            "Times this process found that the shared store of client keys (Redis) had lost"
+            " its data (wiped: a restart without persistence, a failover to an empty"
+            " replica, FLUSHALL; or rolled back), each also an error log line.",
+            registry=reg,
+        )
 
         # Children by label values (see the module docstring).
         self._c_requests = _Children(self._requests_total)
@@ -522,6 +530,10 @@ class Metrics:
         if operation not in KEY_OPERATIONS or result not in KEY_RESULTS:
             raise ValueError(f"unknown key operation or result: {operation!r}, {result!r}")
         self._key_operations_total.labels(operation, result).inc()
+
+    def key_store_lost(self) -> None:
+        """This process found that the shared key store had lost its data."""
+        self._key_store_lost_total.inc()
 
     # -- exposition -------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ import orjson
 
 from proxy import budgets
 from proxy.affinity import Affinity, affinity_for
-from proxy.auth import KeyStore, RuntimeLookup
+from proxy.auth import KeyStore, RuntimeLookup, open_when_empty
 from proxy.background import Background
 from proxy.call import Call, ClientLeft, Reply, Settlement, WatchDeparture
 from proxy.catalog import Catalog, GroupRoute
@@ -103,7 +103,9 @@ class Pipeline:
         runtime = runtime_keys
         if runtime is None and previous is not None:
             runtime = previous.keys.runtime
-        self.keys: KeyStore = key_store or KeyStore(settings.keys)
+        self.keys: KeyStore = key_store or KeyStore(
+            settings.keys, open_when_empty=open_when_empty(settings)
+        )
         self.keys.runtime = runtime
         if runtime is not None:  # its revoked keys' limits go from this catalog
             runtime.on_gone = self.catalog.forget

@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from proxy.auth import KeyStore
+from proxy.auth import KeyStore, open_when_empty
 from proxy.catalog import Catalog
 from proxy.config import ClientKey, ConfigError, Settings, config_warnings, parse_settings
 from proxy.config_changes import ConfigChanges, config_changes, in_force
@@ -183,7 +183,8 @@ class Reloader:
             return self._failed(path, exc.problems)
         loaded, settings, changes = ready.loaded, ready.settings, ready.changes
         runtime = previous.keys.runtime
-        if not loaded.keys and (runtime is None or len(runtime) == 0):  # anyone could use it
+        # No keys left anywhere (a store not read yet may hold some: it opens nothing).
+        if not loaded.keys and (runtime is None or (runtime.known and len(runtime) == 0)):
             if not loaded.server.open_access:
                 logger.warning("config reload refused: it would leave no client keys (open access)")
                 return self._failed(path, [_OPEN_ACCESS_REFUSED])
@@ -311,7 +312,7 @@ def _prepare(path: str, old: Settings, previous: Pipeline, share: float) -> _Pre
             loaded,
             settings,
             config_changes(old, loaded),
-            KeyStore(loaded.keys),
+            KeyStore(loaded.keys, open_when_empty=open_when_empty(settings)),
             catalog,
             shadow_keys_of(settings),
             retired,

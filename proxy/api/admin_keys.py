@@ -72,20 +72,30 @@ def _teams(settings: Settings) -> frozenset[str]:
     return frozenset(t.name for t in settings.teams)
 
 
-Operation = Callable[[Request, RuntimeKeys, Settings], Awaitable[tuple[str, Response]]]
+class _Asked:
+    """The name of the key a call is about, as soon as it is known (the path's, or a
+    create's body's): every audit line names it, refused calls' too."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+Operation = Callable[[Request, RuntimeKeys, Settings, _Asked], Awaitable[Response]]
 
 
 def _audited(operation: str, run: Operation) -> Callable[[Request], Awaitable[Response]]:
     async def handler(request: Request) -> Response:
         keys: RuntimeKeys = request.app.state.runtime_keys
         settings: Settings = request.app.state.settings
-        name = request.path_params.get("name", "")
+        asked = _Asked(request.path_params.get("name", ""))
         try:
-            name, response = await run(request, keys, settings)
+            response = await run(request, keys, settings, asked)
         except ProxyError as error:
-            audit(request.app.state.metrics, operation, name, _who(request), error)
+            audit(request.app.state.metrics, operation, asked.name, _who(request), error)
             return error_response(error)
-        audit(request.app.state.metrics, operation, name, _who(request))
+        audit(request.app.state.metrics, operation, asked.name, _who(request))
         return response
 
     return handler
@@ -99,17 +109,24 @@ def _refuse_config_key(settings: Settings, name: str) -> None:
         )
 
 
-async def _create(request: Request, keys: RuntimeKeys, settings: Settings) -> tuple[str, Response]:
+async def _create(
+    request: Request, keys: RuntimeKeys, settings: Settings, asked: _Asked
+) -> Response:
+    body = await _body(request)
+    if isinstance(body, dict) and isinstance(body.get("name"), str):
+        asked.name = body["name"]  # named in the audit even if the entry is refused
     name, spec, expires_at, _ = validate_entry(
-        await _body(request), name=None, models=_models(settings), teams=_teams(settings)
+        body, name=None, models=_models(settings), teams=_teams(settings)
     )
     _refuse_config_key(settings, name)
     record, secret = await keys.create(name, spec, expires_at)
-    return name, _json({"name": record.name, "key": secret, **_public(record)}, status=201)
+    return _json({"name": record.name, "key": secret, **_public(record)}, status=201)
 
 
-async def _update(request: Request, keys: RuntimeKeys, settings: Settings) -> tuple[str, Response]:
-    name = request.path_params["name"]
+async def _update(
+    request: Request, keys: RuntimeKeys, settings: Settings, asked: _Asked
+) -> Response:
+    name = asked.name
     _refuse_config_key(settings, name)
     body = await _body(request)
     models, teams = _models(settings), _teams(settings)
@@ -122,22 +139,26 @@ async def _update(request: Request, keys: RuntimeKeys, settings: Settings) -> tu
         return validate_entry({**spec, "name": name}, name=name, models=models, teams=teams)[1]
 
     record = await keys.update(name, changes, expires, validate)
-    return name, _json(_public(record))
+    return _json(_public(record))
 
 
-async def _rotate(request: Request, keys: RuntimeKeys, settings: Settings) -> tuple[str, Response]:
-    name = request.path_params["name"]
+async def _rotate(
+    request: Request, keys: RuntimeKeys, settings: Settings, asked: _Asked
+) -> Response:
+    name = asked.name
     _refuse_config_key(settings, name)
     grace = parse_grace(await _body(request))
     record, secret = await keys.rotate(name, grace)
-    return name, _json({"name": record.name, "key": secret, **_public(record)})
+    return _json({"name": record.name, "key": secret, **_public(record)})
 
 
-async def _revoke(request: Request, keys: RuntimeKeys, settings: Settings) -> tuple[str, Response]:
-    name = request.path_params["name"]
+async def _revoke(
+    request: Request, keys: RuntimeKeys, settings: Settings, asked: _Asked
+) -> Response:
+    name = asked.name
     _refuse_config_key(settings, name)
     await keys.revoke(name)
-    return name, Response(status_code=204)
+    return Response(status_code=204)
 
 
 def _public(record: KeyRecord) -> dict[str, Any]:

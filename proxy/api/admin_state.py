@@ -72,7 +72,10 @@ async def read_state(
         activity=activity,
         teams={t.name: s for t, s in zip(teams, team_states, strict=True)},
     )
-    return state(settings, catalog, reading, shown, chosen.as_dict())
+    view = state(settings, catalog, reading, shown, chosen.as_dict())
+    if runtime is not None:  # the admin API's key store: read? lost its data?
+        view["key_store"] = runtime.status()
+    return view
 
 
 async def requested_state(request: Request) -> dict[str, Any]:

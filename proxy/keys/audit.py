@@ -20,7 +20,11 @@ _RESULTS = {400: "invalid", 404: "not_found", 409: "conflict", 503: "unavailable
 
 
 def result_of(error: ProxyError | None) -> str:
-    return "success" if error is None else _RESULTS.get(error.status, "invalid")
+    """``success``, or what went wrong; ``unknown``: a write sent to the shared store
+    whose answer never came (it may have happened)."""
+    if error is None:
+        return "success"
+    return getattr(error, "audit_result", None) or _RESULTS.get(error.status, "invalid")
 
 
 def audit(

@@ -66,6 +66,10 @@ class KeyIndex:
         it of 100,000 keys on the event loop)."""
         return [name for name in self._records if name not in newer._records]
 
+    def records(self) -> list[KeyRecord]:
+        """Every record, in no order (a store that lost its data is given them back)."""
+        return list(self._records.values())
+
     def names(self) -> list[str]:
         if self._sorted is None:
             self._sorted = sorted(self._records)

@@ -3,32 +3,40 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from proxy.keys.backend import Changes, Snapshot, WriteRefused
 from proxy.keys.records import KeyRecord
-from proxy.keys.redis_backend import WriteRefused
 
 __all__ = ["MemoryKeyBackend"]
+
+EPOCH = "process"  # this process's store lives and dies with it: never lost under it
+_KEEP_REVOKED = 10_000
 
 
 class MemoryKeyBackend:
     def __init__(self) -> None:
         self._records: dict[str, bytes] = {}
+        self._revoked: dict[str, float] = {}
 
-    async def load_all(self) -> tuple[int, list[KeyRecord]]:
-        return 0, [KeyRecord.from_json(raw) for raw in self._records.values()]
+    async def load_all(self) -> Snapshot:
+        records = [KeyRecord.from_json(raw) for raw in self._records.values()]
+        return Snapshot(EPOCH, 0, records, dict(self._revoked))
 
-    async def changes(self, seen: int) -> tuple[int, list[tuple[str, KeyRecord | None]] | None]:
-        return seen, []  # every change is applied by the process that made it
+    async def changes(self, seen: int) -> Changes:
+        return Changes(EPOCH, seen, [])  # every change is applied by the process that made it
 
     async def get(self, name: str) -> tuple[KeyRecord, bytes] | None:
         raw = self._records.get(name)
         return None if raw is None else (KeyRecord.from_json(raw), raw)
 
-    async def create(self, record: KeyRecord) -> None:
+    async def create(self, record: KeyRecord, epoch: str) -> None:
         if record.name in self._records:
             raise WriteRefused("exists")
         self._records[record.name] = record.to_json()
+        self._revoked.pop(record.name, None)
 
-    async def update(self, record: KeyRecord, expected: bytes) -> None:
+    async def update(self, record: KeyRecord, expected: bytes, epoch: str) -> None:
         current = self._records.get(record.name)
         if current is None:
             raise WriteRefused("missing")
@@ -36,9 +44,20 @@ class MemoryKeyBackend:
             raise WriteRefused("changed")
         self._records[record.name] = record.to_json()
 
-    async def delete(self, name: str) -> None:
+    async def delete(self, name: str, epoch: str, at: float) -> None:
         if self._records.pop(name, None) is None:
+            revoked_at = self._revoked.get(name)
+            if revoked_at is not None:
+                raise WriteRefused("revoked", revoked_at)
             raise WriteRefused("missing")
+        self._revoked[name] = at
+        if len(self._revoked) > _KEEP_REVOKED:
+            del self._revoked[next(iter(self._revoked))]
+
+    async def merge(
+        self, records: Sequence[KeyRecord], revoked: Sequence[tuple[str, float]], epoch: str
+    ) -> tuple[str, int]:
+        return EPOCH, 0  # nothing to restore: this store is lost only with its process
 
     async def aclose(self) -> None:
         return None

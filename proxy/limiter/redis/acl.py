@@ -52,7 +52,9 @@ KEY_STORE_COMMANDS = (
     "zcard",
     "zrange",
     "zrangebyscore",
+    "zrem",
     "zremrangebyrank",
+    "zscore",
 )
 # Where each stored response lives (affinity.py): one key per response id.
 AFFINITY_COMMANDS = ("get", "set", "del")
