@@ -88,6 +88,7 @@ class FollowUps:
             )
         call.pinned = deployment.id
         if owner.tokens:  # the upstream reads the conversation again: its input grows
+            call.context = owner.tokens  # (and its budgets' reservation: budgets.py)
             context = float(owner.tokens)
             cost = call.cost
             call.cost = {

@@ -404,6 +404,7 @@ class Pipeline:
             shape,
             self.settings.server.default_max_tokens,
             self.catalog.dearest.get(group.name, FREE),
+            call.context,
         )
         call.reserved = dict(reservation.cost)
         if reservation.cap_field is not None:
