@@ -21,7 +21,7 @@ took as a failed request's, before the next one is asked.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from proxy import budgets
@@ -42,15 +42,24 @@ LimitsFor = Callable[[str], tuple[KeyLimits, KeyLimits]]
 
 
 def settlement(
-    call: Call, limits: KeyLimits, slot: str, started: float, price: Price, *, failed: bool = False
+    call: Call,
+    limits: KeyLimits,
+    slot: str,
+    started: float,
+    prices: Mapping[str, Price],
+    *,
+    failed: bool = False,
 ) -> KeySettlement:
     """What ``limits``, taken for ``call`` under ``slot`` at ``started``, settle to: its
     real usage (``failed``: none, as a failed request's), its budgets' reservation
-    corrected to its real cost at ``price``."""
+    corrected to its real cost at the price of the deployment that answered (``prices``:
+    by deployment id; unpriced: free)."""
     correction = settled_cost(call.cost, None if failed else call.trip.charged, limits.all_windows)
     if not call.reserved:
         return KeySettlement(limits, slot, correction)
-    real = None if failed else budgets.settled_cost(call, price)
+    real = None
+    if not failed:
+        real = budgets.settled_cost(call, prices.get(call.trip.deployment or "", FREE))
     cost = budgets.correction(real, call.reserved)
     return KeySettlement(limits, slot, correction, budget_cost=cost, started=started)
 
@@ -70,13 +79,21 @@ class Moved:
 
 class FallbackCharge:
     """Per request whose key (or team) has windows or budgets of some models only, for a
-    group with fallbacks."""
+    group with fallbacks; ``prices``: by deployment id."""
 
-    def __init__(self, call: Call, limits_for: LimitsFor, acquire: Acquire, settle: Settle):
+    def __init__(
+        self,
+        call: Call,
+        limits_for: LimitsFor,
+        acquire: Acquire,
+        settle: Settle,
+        prices: Mapping[str, Price],
+    ) -> None:
         self._call = call
         self._limits_for = limits_for
         self._acquire = acquire
         self._settle = settle
+        self._prices = prices
         self.moved: Moved | None = None
 
     async def admit(self, group: str) -> None:
@@ -89,9 +106,8 @@ class FallbackCharge:
             self.moved = None
             verdict = await _taken(moved.check)
             if verdict is not None:
-                failed = settlement(
-                    self._call, moved.added, moved.slot, verdict.at, FREE, failed=True
-                )
+                call, slot = self._call, moved.slot
+                failed = settlement(call, moved.added, slot, verdict.at, {}, failed=True)
                 await self._settle(failed)
         added, dropped = self._limits_for(group)
         slot = f"{self._call.request_id}>{group}"
@@ -106,20 +122,20 @@ class FallbackCharge:
             self.moved = None  # refused (or unknown to the limiter): nothing to settle
             raise
 
-    async def settlements(self, main: KeySettlement | None, price: Price) -> list[KeySettlement]:
+    async def settlements(self, main: KeySettlement | None) -> list[KeySettlement]:
         """What the answer settles beyond the check's own ``main`` (None: it took
         nothing), in order after it."""
         moved = self.moved
         if moved is None:
             return []
-        call = self._call
+        call, prices = self._call, self._prices
         verdict = await _taken(moved.check)
         out = []
         if verdict is not None:
-            out.append(settlement(call, moved.added, moved.slot, verdict.at, price))
+            out.append(settlement(call, moved.added, moved.slot, verdict.at, prices))
         if main is None or moved.dropped.unlimited:
             return out
-        failed = settlement(call, moved.dropped, main.slot, main.started, price, failed=True)
+        failed = settlement(call, moved.dropped, main.slot, main.started, prices, failed=True)
         cost = _minus(failed.cost, main.cost)
         budget_cost = _minus(failed.budget_cost, main.budget_cost)
         if cost or budget_cost:  # (none when it failed anyway)

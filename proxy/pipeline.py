@@ -58,7 +58,7 @@ from proxy.limiter.core.quota import budget_label
 from proxy.limiter.ledger import Ledger, MemoryLedger
 from proxy.logs import RequestLog
 from proxy.metrics import Metrics
-from proxy.pricing import FREE, Price, usd
+from proxy.pricing import FREE, usd
 from proxy.ratelimit_headers import format_reset
 from proxy.request_ids import new_request_id
 from proxy.routing.dispatcher import Dispatcher, Served
@@ -348,7 +348,7 @@ class Pipeline:
         def limits_for(served: str) -> tuple[KeyLimits, KeyLimits]:
             return self.catalog.fallback_limits(key, limits, group.name, served)
 
-        return FallbackCharge(call, limits_for, acquire, self.limiter.settle)
+        return FallbackCharge(call, limits_for, acquire, self.limiter.settle, self.catalog.prices)
 
     def _check_key(self, call: Call, limits: KeyLimits, shadow: bool) -> asyncio.Future[KeyVerdict]:
         """The key's verdict to come (the dispatcher's gate): given at once when the
@@ -415,15 +415,14 @@ class Pipeline:
             granted = _granted(key_check)
             if granted is None:
                 return None
-            return key_charges.settlement(
-                call, limits, call.request_id, granted.at, self._price(call)
-            )
+            prices = self.catalog.prices
+            return key_charges.settlement(call, limits, call.request_id, granted.at, prices)
 
         async def release() -> None:
             if key_check is not None and not key_check.done():  # it is, once answered
                 await asyncio.wait([key_check])
             s = settlement()
-            moved = [] if fallback is None else await fallback.settlements(s, self._price(call))
+            moved = [] if fallback is None else await fallback.settlements(s)
             for each in moved if s is None else [s, *moved]:
                 await self.limiter.settle(each)
 
@@ -436,10 +435,6 @@ class Pipeline:
             return s is None or (self.fast is not None and self.fast.settle_soon(s))
 
         return Settlement(release, release_soon)
-
-    def _price(self, call: Call) -> Price:
-        """The price of the deployment that answered (unpriced, or none: free)."""
-        return self.catalog.prices.get(call.trip.deployment or "", FREE)
 
     def _reserve_budget(self, call: Call, shape: Shape, group: GroupRoute) -> None:
         """What the key's budgets reserve for this request (an upper bound of its cost);
@@ -496,7 +491,7 @@ class Pipeline:
         usage = budgets.usage_of(call)
         if usage is None or call.trip.deployment is None:
             return None
-        price = self._price(call)
+        price = self.catalog.prices.get(call.trip.deployment, FREE)
         free = price is FREE  # an unpriced deployment: no dollars to count or price
         cost = 0.0 if free else usd(price, usage)
         key, team = call.key_name or "", call.team
