@@ -5,8 +5,10 @@ cost (quota.py says why that suffices):
 
 * input: a BPE token covers at least one byte, so the request body's length in bytes
   bounds every input token it can cost (text, tools, the JSON around them, which also
-  covers the few framing tokens per message), priced at the dearest input price the
-  request can meet (its group's deployments and fallbacks, cache prices included);
+  covers the few framing tokens per message), and a follow-up's earlier conversation,
+  which the upstream reads again (the tokens it reported for the stored response:
+  ``Call.context``), priced at the dearest input price the request can meet (its group's
+  deployments and fallbacks, cache prices included);
 * output: the request's own cap (``max_completion_tokens`` / ``max_tokens``) for each
   of its ``n`` choices, as its API shape estimates it; a request with no cap is
   forwarded *with* the cap it was reserved for (``server.default_max_tokens``, in its
@@ -57,12 +59,17 @@ class Reservation:
 
 
 def reservation(
-    body: dict[str, Any], raw: bytes, shape: Shape, default_cap: int, price: Price
+    body: dict[str, Any],
+    raw: bytes,
+    shape: Shape,
+    default_cap: int,
+    price: Price,
+    context: float = 0.0,
 ) -> Reservation:
     """An upper bound of what the request can cost, at ``price`` (the dearest it can
-    meet): its body's bytes in, its shape's output estimate (its cap, or ``default_cap``,
-    per choice) out."""
-    input_bound = float(len(raw))
+    meet): its body's bytes and the ``context`` tokens it continues in, its shape's output
+    estimate (its cap, or ``default_cap``, per choice) out."""
+    input_bound = float(len(raw)) + context
     output_bound = float(shape.estimate(body, default_cap).get(costs.OUTPUT_TOKENS, 0.0))
     uncapped = output_bound > 0 and not shape.estimate(body, 0).get(costs.OUTPUT_TOKENS, 0.0)
     return Reservation(

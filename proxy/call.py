@@ -141,6 +141,9 @@ class Call:
     watch_departure: WatchDeparture | None = None  # else client_left, during upstream calls
     key_verdict: KeyVerdict | None = None  # the client key's check, granted or refused
     team: str = ""  # its key's team ("" for none): the spend report's and metric's label
+    # A follow-up's earlier conversation, in tokens, which the upstream reads again
+    # (follow_ups.py): in its estimate and its budgets' reservation.
+    context: int = 0
     # Its budgets' reservation (kind -> amount; empty: no budget applies).
     reserved: dict[str, float] = field(default_factory=dict)
     # A follow-up of a stored response (proxy/affinity.py): the one deployment that holds

@@ -301,20 +301,36 @@ def _counts(spec: LimitRule | BudgetSpec, model: str) -> bool:
     return not spec.models or model in spec.models
 
 
+def _without(limits: KeyLimits, other: KeyLimits) -> KeyLimits:
+    """``limits``' windows and budgets that ``other`` (the same owner's, asked for another
+    model) lacks, and its team's likewise (kept, if empty: a team's key's windows are
+    stored under the team); no parallel slots."""
+    windows = {w.name for w in other.windows}
+    quotas = {q.name for q in other.quotas}
+    team = limits.team
+    return KeyLimits(
+        name=limits.name,
+        windows=tuple(w for w in limits.windows if w.name not in windows),
+        team=None if team is None or other.team is None else _without(team, other.team),
+        scope=limits.scope,
+        quotas=tuple(q for q in limits.quotas if q.name not in quotas),
+    )
+
+
 class _TeamLimits:
     """A team's limits, and per model group the windows and budgets that apply (built on
     first use)."""
 
-    __slots__ = ("_by_model", "_scoped", "_team", "limits")
+    __slots__ = ("_by_model", "_team", "limits", "scoped")
 
     def __init__(self, team: Team, share: float) -> None:
         self.limits = key_limits(team, share)
         self._team = team
-        self._scoped = team.model_scoped
+        self.scoped = team.model_scoped
         self._by_model: dict[str, KeyLimits] = {}
 
     def for_model(self, model: str) -> KeyLimits:
-        if not self._scoped:
+        if not self.scoped:
             return self.limits
         built = self._by_model.get(model)
         if built is None:
@@ -412,6 +428,10 @@ class Catalog:
         self.prices: dict[str, Price] = {
             d.id: d.price for g in self.groups.values() for d in g.deployments
         }
+        # The group of each deployment: what served a request (its spend is that model's).
+        self.group_of: dict[str, str] = {
+            d.id: g.name for g in self.groups.values() for d in g.deployments
+        }
         self.share = share
         # What upstreams announce of their limits, lowering the configured ones for a
         # while: the one part of the catalog that changes as it serves (announced.py).
@@ -453,6 +473,24 @@ class Catalog:
             built = replace(built, team=team_limits)
         self._asks[(key.name, model)] = (limits, built)
         return built
+
+    def scoped(self, key: ClientKey) -> bool:
+        """Whether a window or a budget of ``key`` or of its team counts some models'
+        requests only (its asks differ from one model group to another)."""
+        team = self._teams.get(key.team) if key.team is not None else None
+        return key.model_scoped or (team is not None and team.scoped)
+
+    def fallback_limits(
+        self, key: ClientKey, limits: KeyLimits, asked: str, served: str
+    ) -> tuple[KeyLimits, KeyLimits]:
+        """When group ``served`` (a fallback) serves a request of ``key`` for ``asked``:
+        the windows and budgets of the key and its team that count ``served``'s requests
+        and not ``asked``'s (taken before it is tried), and those that count only
+        ``asked``'s (given back as for a request that failed there). Neither holds a
+        parallel slot: the request holds its own."""
+        there = self.ask_limits(key, limits, served)
+        here = self.ask_limits(key, limits, asked)
+        return _without(there, here), _without(here, there)
 
     def forget(self, name: str) -> None:
         """The key named ``name`` is gone (an API key revoked or deleted): its limits per

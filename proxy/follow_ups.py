@@ -59,7 +59,6 @@ class FollowUps:
     def __init__(self, affinity: Affinity, catalog: Catalog) -> None:
         self.affinity = affinity
         self.catalog = catalog
-        self._group_of = {d.id: g.name for g in catalog.groups.values() for d in g.deployments}
 
     async def stored(self, call: Call, route: StoredRoute) -> GroupRoute:
         """The group of the deployment holding ``route``'s response; ``call`` pinned to
@@ -90,6 +89,7 @@ class FollowUps:
             )
         call.pinned = deployment.id
         if owner.tokens:  # the upstream reads the conversation again: its input grows
+            call.context = owner.tokens  # (and its budgets' reservation: budgets.py)
             context = float(owner.tokens)
             cost = call.cost
             call.cost = {
@@ -162,7 +162,7 @@ class FollowUps:
         return deployment
 
     def _by_id(self, deployment_id: str) -> DeploymentRoute | None:
-        group = self.catalog.groups.get(self._group_of.get(deployment_id, ""))
+        group = self.catalog.groups.get(self.catalog.group_of.get(deployment_id, ""))
         if group is None:
             return None
         return next((d for d in group.deployments if d.id == deployment_id), None)

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy import budgets
+from proxy import budgets, key_charges
 from proxy.affinity import Affinity, affinity_for
 from proxy.auth import KeyStore, RuntimeLookup, open_when_empty
 from proxy.background import Background
@@ -40,6 +40,7 @@ from proxy.errors import (
 from proxy.follow_ups import FollowUps, StoredRoute
 from proxy.json_keys import duplicate
 from proxy.json_splice import set_fields
+from proxy.key_charges import FallbackCharge
 from proxy.limiter.base import (
     Activity,
     Claimant,
@@ -55,7 +56,6 @@ from proxy.limiter.base import (
     describe,
 )
 from proxy.limiter.core.quota import budget_label
-from proxy.limiter.core.verdicts import settled_cost
 from proxy.limiter.ledger import Ledger, MemoryLedger
 from proxy.logs import RequestLog, client_text
 from proxy.metrics import Metrics
@@ -209,16 +209,7 @@ class Pipeline:
             call.estimate = int(call.cost[TOKENS])
             if shape.name == RESPONSES.name:
                 await self.follow_ups.prepare(call, group)
-            limits = self.keys.limits(key, self.catalog.key_limits)
-            if limits is not None and key is not None:
-                limits = self.catalog.ask_limits(key, limits, group.name)
-            if limits is not None and limits.unlimited:
-                limits = None  # nothing to check nor charge: no limiter call at all
-            if limits is not None and limits.all_quotas:
-                self._reserve_budget(call, shape, group)
-            if limits is not None:
-                key_check = self._check_key(call, limits, shadow=key is not None and key.shadow)
-                settlement = self._key_settlement(call, limits, key_check)
+            key_check, settlement, fallback = self._charge_key(call, key, group)
 
             async def stream_done(status: int) -> None:
                 if settlement is not None:
@@ -231,7 +222,8 @@ class Pipeline:
                 # turn is reserved, and a request let through needs no gate.
                 key_check.result()
                 gate = None
-            served = await self.dispatcher.run(call, group, stream_done, gate=gate)
+            admit = None if fallback is None else fallback.admit
+            served = await self.dispatcher.run(call, group, stream_done, gate=gate, admit=admit)
             reply = served.reply
             if shape.name == RESPONSES.name:
                 reply = await self.follow_ups.answered(call, route, reply)
@@ -320,6 +312,50 @@ class Pipeline:
             raise ModelNotFound(f"The model '{model[:200]}' does not exist.", param="model")
         return group
 
+    def _charge_key(
+        self, call: Call, key: ClientKey | None, group: GroupRoute
+    ) -> tuple[asyncio.Future[KeyVerdict] | None, Settlement | None, FallbackCharge | None]:
+        """The key's check for the model asked for (None: nothing to check or charge: no
+        limiter call at all), its settlement, and what a fallback group costs the key
+        beyond it (None: nothing: key_charges.py)."""
+        limits = self.keys.limits(key, self.catalog.key_limits)
+        if limits is None or key is None:
+            return None, None, None
+        asked = self.catalog.ask_limits(key, limits, group.name)
+        fallback = None
+        if self.catalog.fallbacks.get(group.name) and self.catalog.scoped(key):
+            fallback = self._fallback_charge(call, key, limits, group)
+        if asked.unlimited:
+            if fallback is None:
+                return None, None, None
+            return None, self._key_settlement(call, asked, None, fallback), fallback
+        if asked.all_quotas:
+            self._reserve_budget(call, call.shape, group)
+        key_check = self._check_key(call, asked, shadow=key.shadow)
+        return key_check, self._key_settlement(call, asked, key_check, fallback), fallback
+
+    def _fallback_charge(
+        self, call: Call, key: ClientKey, limits: KeyLimits, group: GroupRoute
+    ) -> FallbackCharge:
+        """What the fallbacks of ``group`` cost ``key`` (its ``limits``) beyond ``group``:
+        taken before one is tried, all or nothing, never waiting (a refusal: that fallback
+        is not tried)."""
+
+        async def acquire(added: KeyLimits, slot: str) -> KeyVerdict | None:
+            if added.all_quotas and not call.reserved:  # no budget counted the model asked for
+                self._reserve_budget(call, call.shape, group)
+            ask = KeyAsk(added, slot, call.cost, budget_cost=call.reserved)
+            verdict = await self.limiter.acquire_key(ask)
+            if not self._goes_on(call, added, key.shadow, verdict):
+                code, wait = verdict.code or "rate_limited", verdict.retry_after
+                raise RateLimited(_refusal_message(verdict), code=code, retry_after=wait)
+            return verdict if verdict.allowed else None
+
+        def limits_for(served: str) -> tuple[KeyLimits, KeyLimits]:
+            return self.catalog.fallback_limits(key, limits, group.name, served)
+
+        return FallbackCharge(call, limits_for, acquire, self.limiter.settle, self.catalog.prices)
+
     def _check_key(self, call: Call, limits: KeyLimits, shadow: bool) -> asyncio.Future[KeyVerdict]:
         """The key's verdict to come (the dispatcher's gate): given at once when the
         limiter can (in memory, or a lease's), else asked together with the first
@@ -344,15 +380,9 @@ class Pipeline:
         the key's windows keep counting exactly what enforcing them would let through."""
         limits = ask.limits
         call.key_verdict = verdict  # its x-ratelimit-* go on the answer, 429s included
-        for budget, left in verdict.budgets:
-            self.telemetry.budget_left(budget.owner, budget_label(budget), left.remaining)
-        if verdict.allowed:
+        if self._goes_on(call, limits, shadow, verdict):
             return verdict
         code = verdict.code or "rate_limited"
-        if shadow:
-            call.shadow_rejection = code
-            self.telemetry.shadow_refused(limits.name, code)
-            return verdict
         self.telemetry.refused(code, call.model)
         if code == "request_too_large":
             raise InvalidRequest(
@@ -362,40 +392,51 @@ class Pipeline:
             )
         raise RateLimited(_refusal_message(verdict), code=code, retry_after=verdict.retry_after)
 
+    def _goes_on(self, call: Call, limits: KeyLimits, shadow: bool, verdict: KeyVerdict) -> bool:
+        """Whether the request goes on past ``verdict`` of ``limits``: allowed, or a
+        shadow key's refusal (counted); its budgets' gauges set either way."""
+        for budget, left in verdict.budgets:
+            self.telemetry.budget_left(budget.owner, budget_label(budget), left.remaining)
+        if verdict.allowed:
+            return True
+        if not shadow:
+            return False
+        code = verdict.code or "rate_limited"
+        call.shadow_rejection = code
+        self.telemetry.shadow_refused(limits.name, code)
+        return True
+
     def _key_settlement(
-        self, call: Call, limits: KeyLimits, key_check: asyncio.Future[KeyVerdict]
+        self,
+        call: Call,
+        limits: KeyLimits,
+        key_check: asyncio.Future[KeyVerdict] | None,
+        fallback: FallbackCharge | None,
     ) -> Settlement:
         def settlement() -> KeySettlement | None:
             """What to give back once the key check is over (None: nothing was taken,
-            it was refused or never answered)."""
+            it was refused, never answered, or never asked). Unknown usage (an error, no
+            usage in a buffered answer) refunds the whole estimate; a stream without usage
+            is charged at least it (Trip.charge)."""
             granted = _granted(key_check)
             if granted is None:
                 return None
-            # Unknown usage (an error, no usage in a buffered answer) refunds the whole
-            # estimate; a stream without usage is charged at least it (Trip.charge).
-            correction = settled_cost(call.cost, call.trip.charged, limits.all_windows)
-            if not call.reserved:
-                return KeySettlement(limits, call.request_id, correction)
-            price = self.catalog.prices.get(call.trip.deployment or "", FREE)
-            real = budgets.settled_cost(call, price)
-            return KeySettlement(
-                limits,
-                call.request_id,
-                correction,
-                budget_cost=budgets.correction(real, call.reserved),
-                started=granted.at,
-            )
+            prices = self.catalog.prices
+            return key_charges.settlement(call, limits, call.request_id, granted.at, prices)
 
         async def release() -> None:
-            if not key_check.done():  # it is, once an answer came: spares asyncio.wait
+            if key_check is not None and not key_check.done():  # it is, once answered
                 await asyncio.wait([key_check])
             s = settlement()
-            if s is not None:
-                await self.limiter.settle(s)
+            moved = [] if fallback is None else await fallback.settlements(s)
+            for each in moved if s is None else [s, *moved]:
+                await self.limiter.settle(each)
 
         def release_soon() -> bool:  # no task: the usual case, after an answer
-            if not key_check.done():
-                return False
+            if fallback is not None and fallback.moved is not None:
+                return False  # settlements in order, with a fallback's: a task
+            if key_check is None or not key_check.done():
+                return key_check is None
             s = settlement()
             return s is None or (self.fast is not None and self.fast.settle_soon(s))
 
@@ -410,6 +451,7 @@ class Pipeline:
             shape,
             self.settings.server.default_max_tokens,
             self.catalog.dearest.get(group.name, FREE),
+            call.context,
         )
         call.reserved = dict(reservation.cost)
         if reservation.cap_field is not None:
@@ -460,12 +502,13 @@ class Pipeline:
         free = price is FREE  # an unpriced deployment: no dollars to count or price
         cost = 0.0 if free else usd(price, usage)
         key, team = call.key_name or "", call.team
+        model = self.catalog.group_of.get(call.trip.deployment, call.model)  # a fallback's
         if not free:  # (which dollars move the metric is Metrics.spend's rule)
-            self.telemetry.spent(key, team, call.model, cost)
+            self.telemetry.spent(key, team, model, cost)
         verdict = call.key_verdict
         started = verdict.at if verdict is not None and verdict.at else time.time()
         spend = Spend(cost, usage.input_tokens + usage.cache_read, usage.output_tokens)
-        self.ledger.add(Owner(key, team, call.model), spend, started)
+        self.ledger.add(Owner(key, team, model), spend, started)
         return None if free else cost
 
 

@@ -4,6 +4,7 @@ settles to."""
 from __future__ import annotations
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -14,6 +15,7 @@ from proxy.pricing import Price, usd
 from proxy.shapes.base import Shape
 from proxy.shapes.chat import CHAT
 from proxy.shapes.embeddings import EMBEDDINGS
+from proxy.shapes.responses import RESPONSES
 
 PRICE = Price(input=3.0, output=15.0, cache_read=0.3, cache_write=3.75)
 
@@ -42,6 +44,20 @@ def test_a_request_without_a_cap_is_given_the_default_one() -> None:
     embedding = {"model": "m", "input": "x"}
     made = reservation(embedding, orjson.dumps(embedding), EMBEDDINGS, 64, PRICE)
     assert made.cap_field is None and made.cost["output_tokens"] == 0
+
+
+def test_a_follow_up_reserves_the_conversation_the_upstream_reads_again() -> None:
+    body = {
+        "model": "m",
+        "input": "and?",
+        "previous_response_id": "resp_1",
+        "max_output_tokens": 16,
+    }
+    raw = orjson.dumps(body)
+    made = reservation(body, raw, RESPONSES, 64, PRICE, context=1_500)
+    assert made.cost["input_tokens"] == len(raw) + 1_500
+    assert made.cost["tokens"] == len(raw) + 1_500 + 16
+    assert made.cost["usd"] == pytest.approx((len(raw) + 1_500) * 3.75 / 1e6 + 16 * 15.0 / 1e6)
 
 
 @given(st.text(max_size=200), st.integers(min_value=1, max_value=500))

@@ -303,6 +303,21 @@ def test_a_teams_budgets_count_only_the_requests_of_their_models() -> None:
     ]
 
 
+def test_a_fallback_adds_the_limits_of_its_model_and_drops_those_of_the_one_asked_for() -> None:
+    catalog = _teams_catalog()
+    alice = catalog.key_limits["alice"]
+    key = _key(catalog, "alice")
+    assert catalog.scoped(key) and not catalog.scoped(_key(catalog, "bob"))
+    added, dropped = catalog.fallback_limits(key, alice, "small", "big")
+    assert [w.name for w in added.windows] == ["rpm@big"]
+    assert added.team is not None and [w.name for w in added.team.windows] == ["tpm@big"]
+    assert [q.name for q in added.team.quotas] == ["budget_tokens_day:big"]
+    assert dropped.unlimited and dropped.team is not None  # a team's key's: kept
+    back, _ = catalog.fallback_limits(key, alice, "big", "small")
+    assert back.unlimited
+    assert added.max_parallel is None and added.team.max_parallel is None
+
+
 def test_a_model_scoped_window_refuses_with_its_windows_code() -> None:
     catalog = _teams_catalog()
     [_, scoped] = catalog.key_limits["alice"].windows

@@ -71,6 +71,35 @@ async def test_a_fallback_group_serves_what_its_own_group_cannot() -> None:
     assert upstream.sent == ["a.test", "b.test"]
 
 
+async def test_a_fallback_that_fails_too_gives_back_what_it_took_for_the_next() -> None:
+    """``m`` fails, then its first fallback ``b``; ``c`` serves. The key's windows of each
+    model: ``c``'s counts the request's usage; ``m``'s and ``b``'s keep what a failure
+    leaves (its tokens back, its request counted)."""
+    windows = [
+        {kind: amount, "per": "1d", "models": [model]}
+        for model in ("m", "b", "c")
+        for kind, amount in (("tokens", 1000), ("requests", 10))
+    ]
+    data = config([deployment("a")], {"limits": windows}, retries=2)
+    data["models"] += [{"name": g, "deployments": [deployment(g)]} for g in ("b", "c")]
+    data["routing"]["fallbacks"] = {"m": ["b", "c"]}
+    upstream = Upstream({"a.test": status(503), "b.test": status(503), "c.test": ok()})
+    journey = Journey(data, upstream)
+    reply = await journey.send()
+    assert reply.status == 200
+    assert upstream.sent == ["a.test", "b.test", "c.test"]
+    limits = journey.pipeline.catalog.key_limits["k"]
+    left = (await journey.pipeline.limiter.key_snapshot(limits)).remaining
+    assert left == {
+        "tpd@m": 1000,
+        "rpd@m": 9,
+        "tpd@b": 1000,
+        "rpd@b": 9,
+        "tpd@c": 1000 - USAGE["total_tokens"],
+        "rpd@c": 9,
+    }
+
+
 async def test_a_key_refused_sends_nothing_and_leaves_the_deployments_turn_free() -> None:
     upstream = Upstream({"a.test": ok()})
     journey = Journey(config([deployment("a", rpm=60, burst=2)], {"rpm": 1}), upstream)

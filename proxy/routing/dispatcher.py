@@ -80,6 +80,9 @@ INTERRUPTED = Outcome(kind="failure", reason="protocol")
 # A stream ended with this status (499: its client left); its usage is reported in the
 # call before (``Dispatcher._stream_ended``), so the key settles from it.
 StreamDone = Callable[[int], Awaitable[None]]
+# Takes what the fallback group named costs the client key before it is tried; raises
+# the key's refusal (key_charges.FallbackCharge.admit).
+Admit = Callable[[str], Awaitable[None]]
 
 
 @dataclass(slots=True)
@@ -166,12 +169,15 @@ class Dispatcher:
         group: GroupRoute,
         stream_done: StreamDone,
         gate: Awaitable[object] | None = None,
+        admit: Admit | None = None,
     ) -> Served:
         """The first good answer from ``group`` or its fallbacks; else the right error.
 
         ``gate`` (the client key's check) runs alongside the first reservation and must
         pass before anything is forwarded; if it fails, the reserved turn is given back
-        and its error is the answer."""
+        and its error is the answer. ``admit`` takes what a fallback group costs the key
+        beyond ``group``'s before it is tried: refused, that fallback is not (the answer
+        is the first failure, as when a fallback has no turn within max_wait)."""
         last_error: UpstreamError | None = None
         refusal: ProxyError | None = None
         attempts_left = self.routing.retries + 1
@@ -192,18 +198,14 @@ class Dispatcher:
                 if not candidates:
                     break
                 try:
+                    if admit is not None and current is not group:
+                        await admit(current.name)
                     turn = await self._reserve(call, current, candidates, gate)
                     gate = None
                 except GateClosed as closed:
                     raise closed.error from None
                 except (RateLimited, ServiceUnavailable) as refused:
-                    if after_429 and isinstance(refused, ServiceUnavailable):
-                        # Held beyond max_wait: the upstream's 429 answers, with when
-                        # the earliest turn comes. (At capacity: the refusal answers.)
-                        assert last_error is not None
-                        last_error.retry_after = refused.retry_after
-                    elif after_429:
-                        last_error = None
+                    last_error = _refused(refused, last_error) if after_429 else last_error
                     refusal = refusal or refused
                     break
                 after_429 = False
@@ -699,6 +701,19 @@ class Dispatcher:
         self.events.upstream_budget(deployment.group, deployment.id, budget)
         if answer.remaining is not None:
             self.settler.report(deployment, answer.remaining)
+
+
+def _refused(
+    refused: RateLimited | ServiceUnavailable, upstream_429: UpstreamError | None
+) -> UpstreamError | None:
+    """What answers when a turn asked again after ``upstream_429`` is refused: held beyond
+    max_wait, the upstream's 429, with when the earliest turn comes; at capacity, the
+    refusal (None)."""
+    if not isinstance(refused, ServiceUnavailable):
+        return None
+    assert upstream_429 is not None
+    upstream_429.retry_after = refused.retry_after
+    return upstream_429
 
 
 class Departure:
