@@ -7,6 +7,8 @@ upstream on loopback and a redis-server this test starts and stops with SIGSTOP.
   background response (no usage yet) as estimates, marked; a background response's
   usage, once a later ``GET /v1/responses/{id}`` shows it, replaces its estimate in the
   budget and the report, once.
+* After ten stalls under load (the limiter falling back to its local share and back),
+  the report and the budgets in Redis agree.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from __future__ import annotations
 import itertools
 import logging
 import re
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -185,9 +189,11 @@ def total(rows: list[dict[str, Any]], field: str) -> float:
 
 
 def charged(proxy: ProxyInThread) -> dict[str, float]:
-    """What alice's budgets hold, as the shared limiter reads them (Redis awake)."""
+    """What alice's budgets hold, as the shared limiter reads them (Redis awake, and
+    paid what it was owed: at the first heartbeat after an outage)."""
     limiter = proxy.app.state.pipeline.limiter
     wait_until(lambda: limiter.storage_available, 10.0, "the limiter back on Redis")
+    wait_until(lambda: not limiter.owed, 10.0, "the budgets' settlements paid")
     state = httpx.get(f"{proxy.url}/admin/state", headers=ADMIN_HEADERS, timeout=10).json()
     [alice] = state["keys"]
     return {b["kind"]: b["spent"] for b in alice["budgets"]}
@@ -337,3 +343,102 @@ def test_a_background_response_is_an_estimate_until_read_then_settled_once(
     assert budget["tokens"] == 2 * (INPUT + OUTPUT)
     assert spent_metric(proxy, "m") == pytest.approx(2 * REAL_USD)
     assert cuts == [True, True], "a write met no stall"
+
+
+@pytest.fixture
+def live_proxy(redis: RedisServer) -> Iterator[ProxyInThread]:
+    """A proxy whose ledger writes once a second, as it does in service."""
+    with (
+        ScriptedUpstream(Upstream()) as upstream,
+        ProxyInThread(settings_from(config(redis.url, upstream.url))) as server,
+    ):
+        yield server
+
+
+class Load:
+    """Requests of every kind, from a few threads, each a little apart, until the stalls
+    are over (at most ``limit`` in all): how each ended, and the background responses
+    made."""
+
+    def __init__(self, proxy: ProxyInThread, limit: int) -> None:
+        self.proxy = proxy
+        self.limit = limit
+        self.started = itertools.count()
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+        self.outcomes: dict[str, int] = {}
+        self.background: list[str] = []
+
+    def run(self) -> None:
+        client = sdk(self.proxy)
+        kinds = ["chat", "responses-cut", "messages-cut", "background"]
+        while not self.done.wait(0.02) and (n := next(self.started)) < self.limit:
+            kind = kinds[n % len(kinds)]
+            self.note(f"{kind} {self.one(client, kind)}")
+
+    def one(self, client: openai.OpenAI, kind: str) -> str:
+        try:
+            if kind == "chat":
+                chat(client)
+            elif kind == "responses-cut":
+                cut_response_stream(client)
+            elif kind == "messages-cut":
+                cut_message_stream(self.proxy)
+            else:
+                queued = client.responses.create(model="m", input="later", background=True)
+                with self.lock:
+                    self.background.append(queued.id)
+        except (openai.APIStatusError, anthropic.APIStatusError) as error:
+            return f"failed {error.status_code}"
+        return "ok"
+
+    def note(self, outcome: str) -> None:
+        with self.lock:
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+
+def test_after_ten_stalls_under_load_the_report_is_what_the_budgets_were_charged(
+    live_proxy: ProxyInThread, redis: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Requests of every kind through ten stalls of Redis (each cutting a write of the
+    ledger, 0.3-0.6 s): key checks and settlements cut, the limiter falling back to its
+    local share and back. The report equals what the budgets hold: their real cost, or
+    what they kept of requests without usage (marked estimated)."""
+    caplog.set_level(logging.WARNING, logger="proxy.limiter")
+    proxy = live_proxy
+    chat(sdk(proxy))
+    written(proxy)  # the ledger's script loaded
+    load = Load(proxy, limit=1500)
+    with ThreadPoolExecutor(4) as pool:
+        workers = [pool.submit(load.run) for _ in range(4)]
+        for i in range(10):  # each stall cuts a write of the ledger (and whatever else)
+            redis.freeze()
+            try:
+                proxy.run(proxy.app.state.ledger.flush())
+                time.sleep(0.2 + 0.1 * (i % 3))
+            finally:
+                redis.thaw()
+            time.sleep(0.3)
+        load.done.set()
+        for w in workers:
+            w.result()
+    settled(proxy)
+    client = sdk(proxy)
+    read = load.background[:10]  # read: settled to their usage; the others estimates
+    for rid in read:
+        assert client.responses.retrieve(rid).status == "completed"
+    rows, budget = report_and_budgets(proxy)
+    messages = [r.getMessage() for r in caplog.records]
+    cut = sum("spend report not written yet" in m for m in messages)
+    fallbacks = sum("mode: fallback" in m for m in messages)
+    reported = {f: total(rows, f) for f in ("usd", "input_tokens", "output_tokens", "estimated")}
+    print(f"\n{load.outcomes}; {cut} writes cut, {fallbacks} fallbacks")
+    print(f"reported {reported}\nbudgets {budget}")
+    assert budget["usd"] == pytest.approx(reported["usd"])
+    assert budget["tokens"] == reported["input_tokens"] + reported["output_tokens"]
+    ends = load.outcomes.get
+    estimated = ends("responses-cut ok", 0) + ends("messages-cut ok", 0) + ends("background ok", 0)
+    assert reported["estimated"] == estimated - len(read)
+    answered = sum(n for outcome, n in load.outcomes.items() if outcome.endswith("ok"))
+    assert total(rows, "requests") == 1 + answered + len(read)  # a read is a request
+    assert cut > 0 and fallbacks > 0, "the stalls cut nothing"
