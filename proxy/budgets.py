@@ -17,7 +17,8 @@ cost (quota.py says why that suffices):
 Settled, the correction is the real cost (the usage priced at the deployment that
 answered) less the reservation; an answer without usage gives it all back, a stream
 cut before its usage keeps it all (reading a stream and leaving is no way around a
-budget).
+budget), and so does a 200 whose usage cannot be read (a background response): the
+spend report shows what was kept, as an estimate (``estimated_spend``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from proxy.limiter.base import KeyVerdict
 from proxy.pricing import Price, bound, usd
 from proxy.ratelimit_headers import format_reset
 from proxy.shapes.base import Shape
+from proxy.spend import Spend
 from proxy.values import value
 
 COST_HEADER = "x-llm-proxy-cost-usd"
@@ -108,6 +110,27 @@ def settled_cost(call: Call, price: Price) -> dict[str, float] | None:
     if usage is None:
         return dict(call.reserved) if call.trip.unreported_tokens is not None else None
     return real_cost(usage, price)
+
+
+def estimated_spend(call: Call, price: Price) -> Spend | None:
+    """What a request charged without usage (a stream cut before it, a 200 whose usage
+    cannot be read) reports: what its budgets kept (its reservation), else what its
+    windows were charged priced at ``price``; None: nothing was charged."""
+    if call.trip.unreported_tokens is None:
+        return None
+    reserved = call.reserved
+    if reserved:
+        return Spend(
+            reserved.get(costs.USD, 0.0),
+            round(reserved.get(costs.INPUT_TOKENS, 0.0)),
+            round(reserved.get(costs.OUTPUT_TOKENS, 0.0)),
+            estimated=1,
+        )
+    charged = call.trip.charged_cost(call.cost) or {}
+    tokens = TokenUsage(
+        round(charged.get(costs.INPUT_TOKENS, 0.0)), round(charged.get(costs.OUTPUT_TOKENS, 0.0))
+    )
+    return Spend(usd(price, tokens), tokens.input_tokens, tokens.output_tokens, estimated=1)
 
 
 def correction(real: Mapping[str, float] | None, reserved: Mapping[str, float]) -> dict[str, float]:

@@ -151,6 +151,11 @@ class Call:
     pinned: str | None = None
     upstream_method: str = "POST"
     upstream_path: str = ""
+    # The Responses API's: the id of the response a create made (its usage, if not read
+    # from the answer, may be read later: spend.Held), and a stored response's usage
+    # read from an answer that shows it over (its id and usage: the held one settles).
+    created: str | None = None
+    retrieved: tuple[str, TokenUsage] | None = None
 
     @property
     def input_estimate(self) -> int:

@@ -26,7 +26,7 @@ from proxy.call import Call, Reply, StreamSource
 from proxy.catalog import Catalog, DeploymentRoute, GroupRoute
 from proxy.costs import INPUT_TOKENS, TOKENS
 from proxy.errors import InvalidRequest, ProxyError, ServiceUnavailable
-from proxy.shapes.responses import RESPONSES, FirstEvent, created_id
+from proxy.shapes.responses import RESPONSES, FirstEvent, created_id, final_usage
 from proxy.values import value
 
 __all__ = ["FollowUps", "ResponseNotFound", "StoredRoute"]
@@ -100,12 +100,17 @@ class FollowUps:
             call.estimate = int(call.cost[TOKENS])
 
     async def answered(self, call: Call, route: StoredRoute | None, reply: Reply) -> Reply:
-        """Remember the response a create made; forget one a DELETE removed."""
+        """Remember the response a create made; forget one a DELETE removed; read the
+        usage of one an answer shows over (``call.retrieved``: its held estimate
+        settles)."""
         if reply.status != 200 or call.trip.deployment is None:
             return reply
         if route is not None:
             if route.method == "DELETE" and route.path == f"/{route.response_id}":
                 await self.affinity.forget(route.response_id)
+            elif reply.stream is None and _describes(route):
+                usage = final_usage(reply.body, route.response_id)  # a held estimate's
+                call.retrieved = None if usage is None else (route.response_id, usage)
             return reply
         if call.body.get("store") is False:  # not stored upstream: nothing follows it
             return reply
@@ -114,7 +119,7 @@ class FollowUps:
             return reply
         owner = Owner(deployment.id, deployment.group, call.key_identity)
         if reply.stream is None:
-            response_id = created_id(reply.body)
+            response_id = call.created = created_id(reply.body)
             if response_id is not None:
                 tokens = RESPONSES.usage(reply.body)
                 total = 0 if tokens is None else min(tokens.total, MAX_TOKENS)
@@ -129,9 +134,11 @@ class FollowUps:
                     response_id, replace(owner, tokens=min(total, MAX_TOKENS))
                 )
 
-        reply.stream = Remembering(
-            reply.stream, lambda rid: self.affinity.remember(rid, owner), ended
-        )
+        async def created(response_id: str) -> None:
+            call.created = response_id
+            await self.affinity.remember(response_id, owner)
+
+        reply.stream = Remembering(reply.stream, created, ended)
         return reply
 
     async def _owner(self, response_id: str, key: str | None, param: str | None) -> Owner:
@@ -166,6 +173,12 @@ class FollowUps:
         if group is None:
             return None
         return next((d for d in group.deployments if d.id == deployment_id), None)
+
+
+def _describes(route: StoredRoute) -> bool:
+    """Whether the route's answer is the response object (its status and usage)."""
+    rid = route.response_id
+    return route.path.partition("?")[0] in (f"/{rid}", f"/{rid}/cancel")
 
 
 def _not_found(response_id: str, param: str | None) -> ResponseNotFound:

@@ -29,7 +29,7 @@ from proxy.background import Background
 from proxy.call import Call, ClientLeft, Reply, Settlement, WatchDeparture
 from proxy.catalog import Catalog, GroupRoute
 from proxy.config import ClientKey, Settings
-from proxy.costs import TOKENS
+from proxy.costs import TOKENS, USD, TokenUsage
 from proxy.errors import (
     InvalidRequest,
     ModelNotFound,
@@ -59,14 +59,14 @@ from proxy.limiter.core.quota import budget_label
 from proxy.limiter.ledger import Ledger, MemoryLedger
 from proxy.logs import RequestLog, client_text
 from proxy.metrics import Metrics
-from proxy.pricing import FREE, usd
+from proxy.pricing import FREE, Price, usd
 from proxy.ratelimit_headers import format_reset
 from proxy.request_ids import new_request_id
 from proxy.routing.dispatcher import Dispatcher, Served
 from proxy.routing.settlement import Settler
 from proxy.shapes.base import Shape, api_label
 from proxy.shapes.responses import RESPONSES
-from proxy.spend import Owner, Spend
+from proxy.spend import Held, Owner, Spend, correction
 from proxy.telemetry import Telemetry
 
 __all__ = ["Pipeline"]
@@ -185,30 +185,8 @@ class Pipeline:
         served: Served | None = None
         reply: Reply | None = None
         try:
-            call.max_wait = self.settings.routing.max_wait
-            if key is not None:
-                call.key_name = key.name
-                call.key_identity = key.identity()
-                call.team = key.team or ""
-                call.allowed_models = key.models
-                call.claimant = Claimant(key.name, key.priority, key.weight)
-                if key.max_wait is not None:
-                    call.max_wait = key.max_wait
-            if route is None:
-                call.body, call.raw = _parse_body(raw), raw
-                group = self._group(call)
-            else:
-                group = await self.follow_ups.stored(call, route)
-            call.model = group.name
-            self.keys.authorize(key, group.name)
-            _check_speaks(group, shape)
-            shape.check(call.body)
-            if route is None:  # a stored response's route: its query said (follow_ups)
-                call.stream = call.body.get("stream") is True
-            call.cost = shape.estimate(call.body, self.settings.server.default_max_tokens)
-            call.estimate = int(call.cost[TOKENS])
-            if shape.name == RESPONSES.name:
-                await self.follow_ups.prepare(call, group)
+            self._identify(call, key)
+            group = await self._read(call, shape, raw, key, route)
             key_check, settlement, fallback = self._charge_key(call, key, group)
 
             async def stream_done(status: int) -> None:
@@ -227,6 +205,7 @@ class Pipeline:
             reply = served.reply
             if shape.name == RESPONSES.name:
                 reply = await self.follow_ups.answered(call, route, reply)
+                self._settle_retrieved(call, key)
         except ProxyError as error:
             reply = self._error_reply(call, error)
         except (LimiterUnavailable, StorageError):
@@ -298,6 +277,45 @@ class Pipeline:
         await self.background.drain()
 
     # --- steps ------------------------------------------------------------------------
+
+    def _identify(self, call: Call, key: ClientKey | None) -> None:
+        """The key's name, team, allow-list, share and bound on waiting, on the call."""
+        call.max_wait = self.settings.routing.max_wait
+        if key is None:
+            return
+        call.key_name = key.name
+        call.key_identity = key.identity()
+        call.team = key.team or ""
+        call.allowed_models = key.models
+        call.claimant = Claimant(key.name, key.priority, key.weight)
+        if key.max_wait is not None:
+            call.max_wait = key.max_wait
+
+    async def _read(
+        self,
+        call: Call,
+        shape: Shape,
+        raw: bytes,
+        key: ClientKey | None,
+        route: StoredRoute | None,
+    ) -> GroupRoute:
+        """The request read and checked, its cost estimated: its model group."""
+        if route is None:
+            call.body, call.raw = _parse_body(raw), raw
+            group = self._group(call)
+        else:
+            group = await self.follow_ups.stored(call, route)
+        call.model = group.name
+        self.keys.authorize(key, group.name)
+        _check_speaks(group, shape)
+        shape.check(call.body)
+        if route is None:  # a stored response's route: its query said (follow_ups)
+            call.stream = call.body.get("stream") is True
+        call.cost = shape.estimate(call.body, self.settings.server.default_max_tokens)
+        call.estimate = int(call.cost[TOKENS])
+        if shape.name == RESPONSES.name:
+            await self.follow_ups.prepare(call, group)
+        return group
 
     def _group(self, call: Call) -> GroupRoute:
         model = call.body.get("model")
@@ -494,22 +512,76 @@ class Pipeline:
     def _spent(self, call: Call) -> float | None:
         """The request's dollars, counted (metric) and reported (ledger) once its usage
         is known: to the period its key's check was in (a stream that ends after
-        midnight is the day before's); None when no usage was reported."""
-        usage = budgets.usage_of(call)
-        if usage is None or call.trip.deployment is None:
+        midnight is the day before's); None when no usage was reported (an estimate
+        may be reported instead: ``_estimated``)."""
+        if call.trip.deployment is None:
             return None
         price = self.catalog.prices.get(call.trip.deployment, FREE)
-        free = price is FREE  # an unpriced deployment: no dollars to count or price
-        cost = 0.0 if free else usd(price, usage)
-        key, team = call.key_name or "", call.team
         model = self.catalog.group_of.get(call.trip.deployment, call.model)  # a fallback's
-        if not free:  # (which dollars move the metric is Metrics.spend's rule)
-            self.telemetry.spent(key, team, model, cost)
+        owner = Owner(call.key_name or "", call.team, model)
         verdict = call.key_verdict
         started = verdict.at if verdict is not None and verdict.at else time.time()
+        usage = budgets.usage_of(call)
+        if usage is None:
+            self._estimated(call, owner, price, started)
+            return None
+        free = price is FREE  # an unpriced deployment: no dollars to count or price
+        cost = 0.0 if free else usd(price, usage)
+        if not free:  # (which dollars move the metric is Metrics.spend's rule)
+            self.telemetry.spent(owner.key, owner.team, owner.model, cost)
         spend = Spend(cost, usage.input_tokens + usage.cache_read, usage.output_tokens)
-        self.ledger.add(Owner(key, team, model), spend, started)
+        self.ledger.add(owner, spend, started)
         return None if free else cost
+
+    def _estimated(self, call: Call, owner: Owner, price: Price, started: float) -> None:
+        """A request charged without its usage: reported as what it was charged, an
+        estimate. A response that may tell its usage later (a background one) is held
+        until then, and counted in the metric once it does (a counter takes nothing
+        back); any other estimate is counted now."""
+        spend = budgets.estimated_spend(call, price)
+        if spend is None:
+            return
+        self.ledger.add(owner, spend, started)
+        if call.created is None:
+            self.telemetry.spent(owner.key, owner.team, owner.model, spend.usd)
+            return
+        # Its budgets hold the reservation only if its key check took it (not a shadow
+        # key's refused request): only then is there a budget to correct later.
+        verdict = call.key_verdict
+        reserved = call.reserved if verdict is not None and verdict.allowed else {}
+        deployment = call.trip.deployment or ""
+        self.ledger.hold(call.created, Held(owner, started, deployment, spend, reserved))
+
+    def _settle_retrieved(self, call: Call, key: ClientKey | None) -> None:
+        """A stored response's answer told its usage: its held estimate, if any, is
+        settled to it, in the background, against the budgets of ``key`` that count its
+        model."""
+        if call.retrieved is None:
+            return
+        response_id, usage = call.retrieved
+        limits = self.keys.limits(key, self.catalog.key_limits)
+        if limits is not None and key is not None:
+            limits = self.catalog.ask_limits(key, limits, call.model)
+        self.background.run(self._settle_held(response_id, usage, limits))
+
+    async def _settle_held(
+        self, response_id: str, usage: TokenUsage, limits: KeyLimits | None
+    ) -> None:
+        """A held estimate replaced by the real usage, once (``Ledger.claim``): in the
+        report, the metric, and the budgets it was charged to (``limits``: its key's)."""
+        held = await self.ledger.claim(response_id)
+        if held is None:
+            return
+        price = self.catalog.prices.get(held.deployment, FREE)
+        real = budgets.real_cost(usage, price)
+        spent = Spend(real[USD], usage.input_tokens + usage.cache_read, usage.output_tokens)
+        self.ledger.add(held.owner, correction(held.spend, spent), held.started)
+        self.telemetry.spent(held.owner.key, held.owner.team, held.owner.model, spent.usd)
+        if held.reserved and limits is not None and limits.all_quotas:
+            budget_cost = budgets.correction(real, held.reserved)
+            await self.limiter.settle(
+                KeySettlement(limits, "", budget_cost=budget_cost, started=held.started)
+            )
 
 
 def _granted(key_check: asyncio.Future[KeyVerdict] | None) -> KeyVerdict | None:

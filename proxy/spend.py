@@ -1,10 +1,14 @@
 """Who spent what: spend records per key, team and model per calendar period (pure).
 
-Every answered request with known usage adds one ``Spend`` (dollars, input and output
-tokens, one request) to its (key, team, model) in the day, the week and the month it
-*started* in (a stream that ends after midnight is yesterday's). ``Tally`` sums them
-until the ledger writes them (limiter/ledger.py); ``report`` turns the stored totals of
-a period and the one before it into ``GET /admin/spend``'s rows, JSON or CSV.
+Every answered request a budget or window is charged for adds one ``Spend`` (dollars,
+input and output tokens, one request) to its (key, team, model) in the day, the week
+and the month it *started* in (a stream that ends after midnight is yesterday's): its
+usage priced, or, when no usage was read (a stream cut before it, a background
+response), what its budgets were charged instead, counted as ``estimated``. A
+background response's estimate is ``Held`` until its usage is read (``GET
+/v1/responses/{id}``), then corrected once (``correction``). ``Tally`` sums them until
+the ledger writes them (limiter/ledger.py); ``report`` turns the stored totals of a
+period and the one before it into ``GET /admin/spend``'s rows, JSON or CSV.
 """
 
 from __future__ import annotations
@@ -15,11 +19,13 @@ import io
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import orjson
+
 from proxy.limiter.base import Period
 from proxy.limiter.core import periods
 from proxy.values import value
 
-FIELDS: tuple[str, ...] = ("usd", "input_tokens", "output_tokens", "requests")
+FIELDS: tuple[str, ...] = ("usd", "input_tokens", "output_tokens", "requests", "estimated")
 SEP = "\t"  # between a record's parts in a stored field name (no key name holds a tab)
 
 
@@ -34,10 +40,64 @@ class Owner:
 
 @value
 class Spend:
+    """One request's (``requests`` 1), or a correction of one's (0). ``estimated``: 1 when
+    its figures are what its budgets were charged, no usage being known (-1: such an
+    estimate replaced by the usage)."""
+
     usd: float = 0.0
     input_tokens: int = 0
     output_tokens: int = 0
     requests: int = 1
+    estimated: int = 0
+
+
+@value
+class Held:
+    """A request whose usage is not known yet (a background response): who it is
+    reported for, when it started, the deployment that has it, the estimate reported
+    (``spend``) and what its budgets were charged (``reserved``, kind -> amount; empty:
+    none applied). Settled once when its usage is read."""
+
+    owner: Owner
+    started: float
+    deployment: str
+    spend: Spend
+    reserved: Mapping[str, float]
+
+    def encode(self) -> bytes:
+        o, s = self.owner, self.spend
+        fields = [o.key, o.team, o.model, self.started, self.deployment]
+        return orjson.dumps([*fields, s.usd, s.input_tokens, s.output_tokens, self.reserved])
+
+    @staticmethod
+    def decode(data: str | bytes) -> Held | None:
+        """A record as ``encode`` wrote it; None for anything else (never trusted)."""
+        try:
+            f = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return None
+        if not (isinstance(f, list) and len(f) == 9 and isinstance(f[8], dict)):
+            return None
+        if not all(isinstance(x, str) for x in f[:3] + f[4:5]):
+            return None
+        numbers = [f[3], f[5], f[6], f[7], *f[8].values()]
+        if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in numbers):
+            return None
+        spend = Spend(float(f[5]), int(f[6]), int(f[7]), estimated=1)
+        reserved = {str(k): float(v) for k, v in f[8].items()}
+        return Held(Owner(f[0], f[1], f[2]), float(f[3]), f[4], spend, reserved)
+
+
+def correction(held: Spend, real: Spend) -> Spend:
+    """What turns a held estimate into the real spend: no request more, one estimate
+    fewer."""
+    return Spend(
+        real.usd - held.usd,
+        real.input_tokens - held.input_tokens,
+        real.output_tokens - held.output_tokens,
+        requests=0,
+        estimated=-1,
+    )
 
 
 def field_name(metric: str, owner: Owner) -> str:
@@ -76,6 +136,7 @@ class Tally:
         sums[1] += spend.input_tokens
         sums[2] += spend.output_tokens
         sums[3] += spend.requests
+        sums[4] += spend.estimated
         return day
 
     def totals(self) -> Totals:
@@ -127,6 +188,7 @@ def rows(stored: Mapping[str, float]) -> list[dict[str, Any]]:
             "input_tokens": int(totals["input_tokens"]),
             "output_tokens": int(totals["output_tokens"]),
             "requests": int(totals["requests"]),
+            "estimated": int(totals["estimated"]),
         }
         for owner, totals in sorted(
             by_owner.items(), key=lambda item: (item[0].key, item[0].team, item[0].model)

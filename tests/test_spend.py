@@ -9,7 +9,17 @@ import io
 from support.limits import at
 
 from proxy.limiter.core import periods
-from proxy.spend import Owner, Spend, Tally, field_name, parse_field, report, to_csv
+from proxy.spend import (
+    Held,
+    Owner,
+    Spend,
+    Tally,
+    correction,
+    field_name,
+    parse_field,
+    report,
+    to_csv,
+)
 
 ALICE = Owner("alice", "research", "gpt-4o")
 BOB = Owner("bob", "", "gpt-4o")
@@ -65,6 +75,7 @@ def test_the_report_has_this_period_and_the_last_per_owner_and_as_csv() -> None:
         "input_tokens": 0,
         "output_tokens": 0,
         "requests": 3,
+        "estimated": 0,
     }
     rows = list(csv.DictReader(io.StringIO(to_csv(document))))
     assert [(r["period_start"][:7], r["key"], r["usd"]) for r in rows] == [
@@ -79,3 +90,25 @@ def test_a_name_a_spreadsheet_would_run_is_quoted_as_text() -> None:
     document = report("day", at(2026, 11, 25), {field_name("usd", owner): 1.0}, {})
     [row] = list(csv.DictReader(io.StringIO(to_csv(document))))
     assert row["key"] == "'=HYPERLINK(1)"
+
+
+def test_an_estimate_is_counted_and_its_correction_leaves_the_real_spend() -> None:
+    tally = Tally()
+    day = at(2026, 11, 25, 9)
+    estimate = Spend(0.5, 400, 256, estimated=1)
+    tally.add(ALICE, estimate, day)
+    tally.add(ALICE, correction(estimate, Spend(0.1, 100, 20)), day)
+    totals = tally.totals()[("month", periods.index("month", day))]
+    [row] = report("month", day, totals, {})["current"]["spend"]
+    assert (row["usd"], row["input_tokens"], row["output_tokens"]) == (0.1, 100, 20)
+    assert (row["requests"], row["estimated"]) == (1, 0)
+    rows = list(csv.DictReader(io.StringIO(to_csv(report("month", day, totals, {})))))
+    assert rows[0]["estimated"] == "0"
+
+
+def test_a_held_estimate_round_trips_and_nothing_else_is_read_as_one() -> None:
+    held = Held(ALICE, at(2026, 11, 25), "d", Spend(0.5, 400, 256, estimated=1), {"usd": 0.5})
+    assert Held.decode(held.encode()) == held
+    assert Held.decode(held.encode().decode()) == held
+    for junk in (b"-", b"[]", b'["a", "b"]', b'{"x": 1}', held.encode().replace(b'"d"', b"1")):
+        assert Held.decode(junk) is None

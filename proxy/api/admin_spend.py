@@ -2,7 +2,9 @@
 
 ``?period=month`` (default), ``week`` or ``day``; ``?format=csv`` for a spreadsheet.
 Two reads of the ledger (limiter/ledger.py): the current period's totals and the
-previous one's; this replica's spend of the last second is not written yet.
+previous one's; this replica's spend of the last second is not written yet. A row's
+``estimated`` counts its requests reported at what their budgets kept, no usage being
+known (spend.py).
 """
 
 from __future__ import annotations

@@ -39,6 +39,13 @@ give up (neutral results: no health change, every deployment usable), since a le
 cannot be released expires on its own and a lost correction only errs on one request's
 estimate. A settlement goes where its request's budget was taken when that was here (a
 slot or in-flight slot held locally), otherwise where requests currently go.
+
+Budgets (quotas of a calendar period) lose nothing to an outage: a request's budget
+settlement the storage did not get (its circuit was open, or the request was admitted
+here) is owed to it and paid once it answers again (after the next good heartbeat):
+the correction of a reservation it holds, or the whole cost of a request admitted by
+the fallback without its reservation reaching it. A call that was sent and failed is
+taken as done, never sent again (a stalled Redis runs what it read once it wakes).
 """
 
 from __future__ import annotations
@@ -80,6 +87,7 @@ from proxy.limiter.base import (
     StorageError,
     Window,
 )
+from proxy.limiter.core import periods
 from proxy.limiter.memory import MemoryLimiter
 from proxy.limiter.redis.backend import RedisLimiter
 from proxy.limiter.redis.eviction import EvictionWatch
@@ -90,6 +98,7 @@ T = TypeVar("T")
 Clock = Callable[[], float]
 OnError = Literal["local", "reject"]
 TailKey = tuple[str, str]  # (group, deployment id)
+OwedSlot = tuple[KeyLimits, int]  # (a key's limits, the day its settlements started in)
 
 OUTAGE_MARGIN = 0.5
 """Seconds between the last turn one side handed out and the first the other hands out:
@@ -258,6 +267,10 @@ class ResilientLimiter:
         # The storage error last counted by the breaker: the calls of one batch fail
         # together with one error, which is one failure, not one per call.
         self._last_failure: BaseException | None = None
+        # Budget settlements the storage is owed (sent once it answers again), and the
+        # requests admitted here whose reservation it never saw (slot -> reserved).
+        self._owed: dict[OwedSlot, KeySettlement] = {}
+        self._unshared: dict[str, Cost] = {}
 
     # -- health ----------------------------------------------------------------------
 
@@ -279,6 +292,11 @@ class ResilientLimiter:
     def storage_available(self) -> bool:
         """The circuit is closed: the last calls to the storage succeeded."""
         return self._breaker.state is CircuitState.CLOSED
+
+    @property
+    def owed(self) -> int:
+        """Budget settlements the storage is owed (paid once it answers again)."""
+        return len(self._owed)
 
     @property
     def live_replicas(self) -> int:
@@ -324,6 +342,7 @@ class ResilientLimiter:
             self._stopping.set()
             await stop(task)
             if self._breaker.state is CircuitState.CLOSED:
+                await self._pay_owed()  # what the budgets are owed, before leaving
                 with contextlib.suppress(StorageError):
                     await self._shared.leave(self._replica_id)
         await self._shared.aclose()
@@ -338,6 +357,7 @@ class ResilientLimiter:
         )
         if not isinstance(count, _Skipped):
             self._replicas = max(1, count)
+            await self._pay_owed()
             if self._eviction_check_due:
                 await self._check_eviction()
 
@@ -353,12 +373,22 @@ class ResilientLimiter:
     # -- Limiter ---------------------------------------------------------------------
 
     async def acquire_key(self, ask: KeyAsk) -> KeyVerdict:
+        sent = False
+
+        def shared() -> Awaitable[KeyVerdict]:
+            nonlocal sent
+            sent = True
+            return self._shared.acquire_key(ask)
+
         def local() -> KeyVerdict:
             self._require_fallback()
             limits = share_key(ask.limits, self._replicas, ask.cost)
-            return self._local.acquire_key_now(replace(ask, limits=limits))
+            verdict = self._local.acquire_key_now(replace(ask, limits=limits))
+            if not sent and verdict.allowed and ask.limits.all_quotas:
+                self._unshared[ask.slot] = ask.budget_cost  # its cost is owed whole
+            return verdict
 
-        return await self._route("acquire_key", lambda: self._shared.acquire_key(ask), local)
+        return await self._route("acquire_key", shared, local)
 
     def _leases_answer(self) -> bool:
         """Whether a lease may answer without the storage: only while the shared side is
@@ -437,13 +467,19 @@ class ResilientLimiter:
                 self._shared_tails[key] = max(now + wait, self._shared_tails.get(key, 0.0))
 
     async def settle(self, settlement: Settlement) -> HealthChange:
+        sent = False
+
         def local() -> HealthChange:
+            if not sent:
+                self._owe(settlement)
             return self._settle_locally(settlement)
 
         def shared() -> Awaitable[HealthChange]:
+            nonlocal sent
+            sent = True
             return self._shared.settle(_told(settlement, local=False))
 
-        if self._held_locally(settlement):
+        if self._taken_here(settlement):
             return local()  # the request's budget was taken here: give it back here
         return await self._route("settle", shared, local)
 
@@ -453,7 +489,8 @@ class ResilientLimiter:
         failed, the local fallback) from the batch's callback, as ``_via_shared`` would
         have it. False (nothing done) while an outage's turns must be carried over
         first, or calls are not batched: then await ``settle``."""
-        if self._held_locally(settlement):
+        if self._taken_here(settlement):
+            self._owe(settlement)
             self._settle_locally(settlement)
             return True
         if self._local_tails or not self._shared.batching:
@@ -466,6 +503,7 @@ class ResilientLimiter:
                 return True
             settlement = left
         if not self._breaker.try_acquire():
+            self._owe(settlement)
             self._settle_locally(settlement)
             return True
         STORAGE_REACHED.set(False)  # a storage call sets it
@@ -618,9 +656,51 @@ class ResilientLimiter:
                 self._local_tails[key] = (limits, max(tail, latest))
             raise
 
+    def _owe(self, s: Settlement) -> None:
+        """A key settlement's budgets, owed to the storage (it did not get them): the
+        correction, or the request's whole cost if its reservation never reached it.
+        Summed per key and day (the day says the week and the month too)."""
+        if not isinstance(s, KeySettlement) or not s.limits.all_quotas:
+            return
+        reserved = self._unshared.pop(s.slot, None) or NOTHING
+        slot = (s.limits, periods.index("day", s.started))
+        before = self._owed.get(slot)
+        cost = dict(before.budget_cost) if before is not None else {}
+        for part in (s.budget_cost, reserved):
+            for kind, amount in part.items():
+                cost[kind] = cost.get(kind, 0.0) + amount
+        started = s.started if before is None else before.started
+        self._owed[slot] = KeySettlement(s.limits, "", budget_cost=cost, started=started)
+
+    async def _pay_owed(self) -> None:
+        """The budget settlements owed to the storage, now that it answers, all in one
+        go; those the circuit does not let through stay owed. A call sent that fails is
+        taken as done (as any settlement's)."""
+        owed, self._owed = self._owed, {}
+        sent: set[OwedSlot] = set()
+
+        def call(slot: OwedSlot, s: KeySettlement) -> Awaitable[HealthChange]:
+            sent.add(slot)
+            return self._shared.settle(s)
+
+        try:
+            await asyncio.gather(
+                *(self._via_shared("settle", partial(call, k, s)) for k, s in owed.items()),
+                return_exceptions=True,
+            )
+        finally:  # (cancelled too: what was not sent stays owed)
+            for slot, s in owed.items():
+                if slot not in sent:
+                    self._owe(s)
+
     def _require_fallback(self) -> None:
         if self._on_error == "reject":
             raise LimiterUnavailable("rate-limit storage unavailable")
+
+    def _taken_here(self, s: Settlement) -> bool:
+        """Whether the settled request was admitted here: a slot held locally, or its
+        budgets reserved here alone."""
+        return self._held_locally(s) or (isinstance(s, KeySettlement) and s.slot in self._unshared)
 
     def _held_locally(self, s: Settlement) -> bool:
         """Whether the settled request's slot or in-flight slot was taken here."""

@@ -29,6 +29,7 @@ __all__ = [
     "FirstEvent",
     "ResponsesStreamUsage",
     "created_id",
+    "final_usage",
     "usage_of_response",
 ]
 
@@ -37,6 +38,8 @@ _ITEM_TEXT = ("content", "output", "arguments", "summary", "text")
 _CHARS_PER_TOKEN = 4
 # The events that end a stream; their ``response`` carries the usage.
 TERMINAL = ("response.completed", "response.incomplete", "response.failed")
+# The statuses of a response that is over: its usage is what it cost.
+OVER = ("completed", "incomplete", "failed", "cancelled")
 _MARKERS = tuple(f'"{name}"'.encode() for name in TERMINAL)
 MAX_FIRST_EVENT = 64 * 1024  # bytes of a stream's first event looked at for its id
 
@@ -54,6 +57,18 @@ def created_id(content: bytes) -> str | None:
     except orjson.JSONDecodeError:
         return None
     return _response_id(payload)
+
+
+def final_usage(content: bytes, response_id: str) -> TokenUsage | None:
+    """The usage of response ``response_id`` as an answer describes it, once it is over
+    (``GET /v1/responses/{id}``, ``.../cancel``); None while it runs, or without usage."""
+    try:
+        payload = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None
+    if _response_id(payload) != response_id or payload.get("status") not in OVER:
+        return None
+    return usage_of_response(payload)
 
 
 def _response_id(response: object) -> str | None:

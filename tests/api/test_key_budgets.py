@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 from support.proxy_server import ProxyInThread, settings_from
+from support.waiting import wait_until
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 
@@ -340,3 +341,49 @@ def test_an_anthropic_answer_is_priced_with_its_cache_reads_and_writes(
     ) / 1e6
     assert float(answer.headers["x-llm-proxy-cost-usd"]) == pytest.approx(expected)
     assert row["usd"] == pytest.approx(expected)
+
+
+def test_a_background_response_is_reported_as_its_estimate_until_read_then_settled_once(
+    upstream: FakeUpstreamHandle, redis: str
+) -> None:
+    """Answered before it has run (no usage): its budgets keep the reservation and the
+    report shows it, marked estimated; read once it is over, both become its usage,
+    and reading it again changes nothing."""
+    key = {"budgets": [{"usd": 1.0, "period": "month"}]}
+    admin = {"authorization": f"Bearer {ADMIN}"}
+
+    def kept() -> float:
+        state = httpx.get(f"{proxy.url}/admin/state", headers=admin, timeout=10).json()
+        spent: float = state["keys"][0]["budgets"][0]["spent"]
+        return spent
+
+    with ProxyInThread(settings_from(config(upstream, redis, **key))) as proxy:
+        client = openai.OpenAI(base_url=proxy.base_url, api_key=KEY, max_retries=0)
+        queued = client.responses.create(model="m", input="later", background=True)
+        assert queued.usage is None
+        [estimate] = spend_report(proxy).json()["current"]["spend"]
+        reserved = kept()
+        done = client.responses.retrieve(queued.id)
+        assert done.usage is not None
+        client.responses.retrieve(queued.id)  # again: nothing more
+        wait_until(lambda: not proxy.app.state.pipeline.background._tasks, what="settled")
+
+        def report_settled() -> bool:  # with Redis: once the correction's write is in
+            [row] = spend_report(proxy).json()["current"]["spend"]
+            return row["estimated"] == 0 and row["requests"] == 3
+
+        wait_until(report_settled, what="the correction reported")
+        [row] = spend_report(proxy).json()["current"]["spend"]
+        settled = kept()
+        spent = metric(proxy, "llmproxy_spend_usd_total", 'key="alice",model="m",team=""')
+    assert (estimate["requests"], estimate["estimated"]) == (1, 1)
+    assert estimate["usd"] == pytest.approx(reserved)
+    cost = (done.usage.input_tokens * PRICE["input"] + done.usage.output_tokens * 1000.0) / 1e6
+    assert (row["requests"], row["estimated"]) == (3, 0)  # two reads: requests of no cost
+    assert (row["input_tokens"], row["output_tokens"]) == (
+        done.usage.input_tokens,
+        done.usage.output_tokens,
+    )
+    assert row["usd"] == pytest.approx(cost)
+    assert settled == pytest.approx(cost)
+    assert spent == pytest.approx(cost)

@@ -107,7 +107,8 @@ def test_an_allkeys_lru_redis_is_a_warning_and_a_metric_and_every_key_has_a_ttl(
     for key, ttl in buckets.items():
         assert ttl <= PERIODS[key.rpartition(":")[2]] + SLACK, (key, ttl)
     # A budget lives until its period ends, and a day; the spend report's totals until
-    # the next period ends, and a day (ledger.py).
+    # the next period ends, and a day, and the mark of its writes' numbers as long
+    # (ledger.py).
     now = time.time()
     long_lived = {k: t for k, t in ttls.items() if t > LONGEST}
     for key, ttl in long_lived.items():
@@ -127,6 +128,8 @@ def _kept_until(key: str, now: float) -> float:
         return periods.start("month", periods.index("month", now) + 1) + DAY
     spend = f"{{{KEY_PREFIX}:spend}}:"
     assert key.startswith(spend), key
+    if key.startswith(f"{spend}writer:"):  # a ledger's mark: as long as its longest totals
+        return periods.start("month", periods.index("month", now) + 2) + DAY
     period, index = key.removeprefix(spend).split(":")
     assert period in periods.PERIODS, key
     return periods.start(period, int(index) + 2) + DAY  # type: ignore[arg-type]

@@ -1,5 +1,7 @@
 """The spend report's totals: in the process, or in the limiter's Redis (written in one
-call, kept and written later when Redis is away, and written at shutdown)."""
+call, kept and written later when Redis is away, written once however often a write is
+sent again, and written at shutdown); estimates held until their usage is known, taken
+once."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from support.redis_server import RedisServer
 
 from proxy.limiter.core import periods
 from proxy.limiter.ledger import MemoryLedger, RedisLedger
-from proxy.spend import Owner, Spend, field_name
+from proxy.limiter.redis.backend import RedisLimiter
+from proxy.spend import Held, Owner, Spend, field_name
 
 ALICE = Owner("alice", "", "m")
 
@@ -65,13 +68,7 @@ def test_spend_written_while_redis_is_away_is_kept_and_written_when_it_is_back(
             await ledger.flush()  # fails: kept
             server.start()
             ledger.add(ALICE, Spend(4.0, 1, 1), now)
-            for _ in range(50):  # the client reconnects
-                await ledger.flush()
-                totals = await _read(ledger, now)
-                if totals.get(field_name("usd", ALICE)) == 7.0:
-                    return totals
-                await asyncio.sleep(0.1)
-            return await _read(ledger, now)
+            return await _written(ledger, now, "usd", 7.0)  # once the client reconnects
         finally:
             await limiter.aclose()
 
@@ -83,8 +80,84 @@ def test_spend_written_while_redis_is_away_is_kept_and_written_when_it_is_back(
     assert totals[field_name("requests", ALICE)] == 3
 
 
+async def _written(ledger: RedisLedger, now: float, field: str, amount: float) -> dict[str, float]:
+    """The day's totals once ``field`` reads ``amount`` (flushing meanwhile; 5 s at most)."""
+    for _ in range(50):
+        await ledger.flush()
+        totals = await _read(ledger, now)
+        if totals.get(field_name(field, ALICE)) == amount:
+            return totals
+        await asyncio.sleep(0.1)
+    return await _read(ledger, now)
+
+
 async def _read(ledger: RedisLedger, now: float) -> dict[str, float]:
     try:
         return await ledger.totals("day", periods.index("day", now))
     except Exception:
         return {}
+
+
+def test_a_write_cut_by_a_stall_and_sent_again_counts_once(tmp_path: Path) -> None:
+    """A stopped Redis (SIGSTOP) keeps the write it was sent and runs it once it wakes;
+    the ledger, which gave up on it, sends it again: the second copy adds nothing."""
+    server = RedisServer(tmp_path / "redis").start()
+
+    async def main() -> dict[str, float]:
+        limiter = RedisLimiter(server.url)  # the proxy's short timeouts
+        ledger = RedisLedger(limiter.runner, limiter.prefix)
+        now = time.time()
+        try:
+            ledger.add(ALICE, Spend(1.0, 1, 1), now)
+            await ledger.flush()  # the script is loaded
+            ledger.add(ALICE, Spend(2.0, 1, 1), now)
+            server.freeze()
+            try:
+                await ledger.flush()  # times out: kept, and sent again below
+                ledger.add(ALICE, Spend(4.0, 1, 1), now)
+                await ledger.flush()  # times out again
+            finally:
+                server.thaw()
+            await _written(ledger, now, "requests", 3)  # Redis ran both; the retry landed
+            await ledger.aclose()
+            return await _read(ledger, now)
+        finally:
+            await limiter.aclose()
+
+    try:
+        totals = asyncio.run(main())
+    finally:
+        server.kill()
+    assert (totals[field_name("usd", ALICE)], totals[field_name("requests", ALICE)]) == (7, 3)
+
+
+HELD = Held(ALICE, 0.0, "d", Spend(0.5, 400, 256, estimated=1), {"usd": 0.5})
+
+
+def test_an_estimate_held_in_memory_is_taken_once() -> None:
+    ledger = MemoryLedger()
+    ledger.hold("resp_1", HELD)
+    assert asyncio.run(ledger.claim("resp_1")) == HELD
+    assert asyncio.run(ledger.claim("resp_1")) is None
+    assert asyncio.run(ledger.claim("resp_other")) is None
+
+
+def test_an_estimate_held_in_redis_is_taken_once_by_any_replica(redis_url: str) -> None:
+    async def main() -> list[Held | None]:
+        limiter = patient(redis_url, prefix=f"ld{uuid.uuid4().hex}")
+        one = RedisLedger(limiter.runner, limiter.prefix)
+        other = RedisLedger(limiter.runner, limiter.prefix)
+        try:
+            one.hold("resp_local", HELD)
+            taken = [await one.claim("resp_local")]  # not written yet: taken here
+            one.hold("resp_1", HELD)
+            taken.append(await other.claim("resp_1"))  # not written yet: unknown there
+            await one.flush()
+            taken += [await other.claim("resp_1"), await one.claim("resp_1")]
+            await one.flush()  # nothing written again
+            taken.append(await other.claim("resp_1"))
+            return taken
+        finally:
+            await limiter.aclose()
+
+    assert asyncio.run(main()) == [HELD, None, HELD, None, None]

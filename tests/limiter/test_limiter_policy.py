@@ -24,10 +24,12 @@ from proxy.limiter.base import (
     LimiterMode,
     LimiterUnavailable,
     Outcome,
+    Quota,
     Rate,
     Remaining,
     StorageError,
 )
+from proxy.limiter.core.quota import quota_name
 from proxy.limiter.factory import create_limiter
 from proxy.limiter.memory import MemoryLimiter
 from proxy.limiter.policy import (
@@ -446,6 +448,37 @@ async def test_a_request_reserved_locally_is_settled_locally(
     assert change.cooled and a.local.in_flight("g", "d") == 0
     # The cooldown was decided locally: the shared health never heard of it.
     assert await unusable(a, "g", [DEP]) == {"d": 0.0}
+
+
+async def test_budget_settlements_an_outage_kept_from_redis_are_paid_once_it_is_back(
+    make: Callable[[OnError, str], ResilientLimiter],
+    disposable_redis: RedisServer,
+    clock: Clock,
+) -> None:
+    """A correction the open circuit kept from Redis, and the whole cost of a request
+    admitted locally (its reservation never reached Redis), are paid at the first good
+    heartbeat after the outage: Redis's budget ends as what the requests cost."""
+    a = make("local", "a")
+    budget = Quota(quota_name("usd", "month"), "usd", 100.0, "month")
+    key = KeyLimits("k", quotas=(budget,))
+    first = await a.acquire_key(KeyAsk(key, "r1", NOTHING, budget_cost={"usd": 1.0}))
+    disposable_redis.freeze()
+    try:
+        for _ in range(3):  # calls that time out (Redis runs them once it wakes): open
+            await a.reserve(GroupAsk("g", [OTHER], estimate_cost(0), max_wait=0))
+        assert a.mode is LimiterMode.FALLBACK
+        second = await a.acquire_key(KeyAsk(key, "r2", NOTHING, budget_cost={"usd": 1.0}))
+        assert second.allowed
+        await a.settle(KeySettlement(key, "r1", budget_cost={"usd": -0.5}, started=first.at))
+        a.settle_soon(KeySettlement(key, "r2", budget_cost={"usd": -0.25}, started=second.at))
+        assert a.owed == 1  # one key, one day: summed
+    finally:
+        disposable_redis.thaw()
+    clock.now += 1.0
+    await a.heartbeat()  # closes the circuit, and pays
+    assert a.mode is LimiterMode.SHARED and a.owed == 0
+    [(_, left)] = (await a.key_snapshot(key)).budgets
+    assert left.remaining == pytest.approx(100.0 - (0.5 + 0.75))
 
 
 async def test_reject_refuses_reservations_and_settles_nothing(

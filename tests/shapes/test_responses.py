@@ -15,6 +15,7 @@ from proxy.shapes.responses import (
     STORED_RESPONSES,
     FirstEvent,
     created_id,
+    final_usage,
     input_tokens,
 )
 from proxy.shapes.sse import MAX_HELD, UsageTap
@@ -84,6 +85,20 @@ def test_a_response_not_yet_ended_states_no_usage() -> None:
     body = orjson.dumps({"id": "resp_1", "status": "queued", "usage": None})
     assert RESPONSES.usage(body) is None
     assert created_id(b"not json") is None
+
+
+def test_a_read_response_s_usage_counts_once_it_is_over() -> None:
+    """A background response read later: its usage is what it cost once it is over
+    (completed, cancelled...); not while it runs, nor another response's."""
+    over = orjson.dumps({"id": "resp_1", "status": "completed", "usage": USAGE})
+    assert final_usage(over, "resp_1") == EXPECTED
+    cancelled = orjson.dumps({"id": "resp_1", "status": "cancelled", "usage": USAGE})
+    assert final_usage(cancelled, "resp_1") == EXPECTED
+    running = orjson.dumps({"id": "resp_1", "status": "in_progress", "usage": USAGE})
+    assert final_usage(running, "resp_1") is None
+    assert final_usage(over, "resp_2") is None
+    assert final_usage(b"[1]", "resp_1") is None
+    assert final_usage(b"not json", "resp_1") is None
 
 
 def test_a_stored_response_s_routes_use_no_tokens() -> None:

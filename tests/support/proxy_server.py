@@ -16,10 +16,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import uvicorn
@@ -29,6 +29,8 @@ from proxy.api.direct import DirectReplyProtocol
 from proxy.app import create_app
 from proxy.config import Settings, parse_settings
 from support.ports import free_port
+
+T = TypeVar("T")
 
 
 def settings_from(data: dict[str, Any]) -> Settings:
@@ -111,6 +113,11 @@ class ProxyInThread:
         self._loop.call_soon_threadsafe(ran.set)
         if not ran.wait(timeout):
             raise TimeoutError("the proxy's loop did not turn")
+
+    def run(self, work: Coroutine[Any, Any, T]) -> T:
+        """``work`` run on the proxy's own loop (what lives there: its ledger, its
+        limiter), its result returned here."""
+        return asyncio.run_coroutine_threadsafe(work, self._loop).result(timeout=10)
 
     def start(self) -> ProxyInThread:
         self._thread.start()

@@ -100,11 +100,13 @@ def check(
 def settle(state: QuotaState, quota: Quota, started: float, units: float) -> QuotaState | None:
     """``units`` (real minus estimate; negative refunds) added to the period that
     ``started`` (the reservation's time) falls in, never below zero; None when that
-    period is no longer the state's (nothing to write)."""
+    period is no longer the state's (nothing to write). A charge for a period the state
+    has not reached yet starts it: a request this store never reserved (admitted by a
+    replica's fallback while it was down: policy.py) is charged what it cost."""
     i = periods.index(quota.period, started)
-    if state.period != i:
+    if state.period != i and not (state.period < i and units > 0):
         return None
-    return QuotaState(i, max(0.0, state.spent + units))
+    return QuotaState(i, max(0.0, spent_in(state, i) + units))
 
 
 def usage(state: QuotaState, quota: Quota, now: float) -> QuotaUsage:

@@ -25,6 +25,8 @@ SCRIPT_COMMANDS = (
     "hget",
     "hgetall",
     "hincrbyfloat",  # the spend report's totals (record_spend.lua)
+    "get",  # its writers' marks, held estimates (record_spend.lua, claim_spend.lua)
+    "set",
     "hmget",
     "hset",
     "pexpire",

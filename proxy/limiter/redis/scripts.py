@@ -33,7 +33,7 @@ KEY_SCRIPTS = ("acquire_key", "settle_key", "key_snapshot", "settle_quota", "quo
 DEPLOYMENT_SCRIPTS = ("reserve_deployment", "settle_deployment", "snapshot")
 LEASE_SCRIPTS = ("lease_key", "lease_deployment", "return_lease", "lease_turns", "return_turns")
 BUCKET_SCRIPTS = KEY_SCRIPTS + DEPLOYMENT_SCRIPTS + LEASE_SCRIPTS
-PLAIN_SCRIPTS = ("heartbeat", "activity", "record_spend", "read_spend")
+PLAIN_SCRIPTS = ("heartbeat", "activity", "record_spend", "read_spend", "claim_spend")
 
 CONSTANTS = {
     "MARGIN": health.MARGIN,

@@ -81,6 +81,15 @@ def test_a_settlement_corrects_the_period_its_reservation_started_in() -> None:
     assert settle(january, USD_MONTH, started, 3.0) is None
 
 
+def test_a_charge_for_a_period_the_budget_has_not_reached_starts_it_a_refund_does_not() -> None:
+    """A request this store never reserved (admitted by the fallback while Redis was
+    down) is charged what it cost; a refund of nothing reserved changes nothing."""
+    december = QuotaState(2026 * 12 + 11, 4.0)
+    assert settle(december, USD_MONTH, NEW_YEAR + 5, 1.5) == QuotaState(2027 * 12, 1.5)
+    assert settle(EMPTY, USD_MONTH, NEW_YEAR + 5, 1.5) == QuotaState(2027 * 12, 1.5)
+    assert settle(december, USD_MONTH, NEW_YEAR + 5, -1.5) is None
+
+
 def test_a_refund_never_makes_the_spend_negative() -> None:
     state = QuotaState(2026 * 12 + 11, 1.0)
     assert settle(state, USD_MONTH, NEW_YEAR - 5, -4.0) == QuotaState(state.period, 0.0)
