@@ -30,21 +30,23 @@ class MemoryKeyBackend:
         raw = self._records.get(name)
         return None if raw is None else (KeyRecord.from_json(raw), raw)
 
-    async def create(self, record: KeyRecord, epoch: str) -> None:
+    async def create(self, record: KeyRecord, epoch: str) -> str:
         if record.name in self._records:
             raise WriteRefused("exists")
         self._records[record.name] = record.to_json()
         self._revoked.pop(record.name, None)
+        return EPOCH
 
-    async def update(self, record: KeyRecord, expected: bytes, epoch: str) -> None:
+    async def update(self, record: KeyRecord, expected: bytes, epoch: str) -> str:
         current = self._records.get(record.name)
         if current is None:
             raise WriteRefused("missing")
         if expected and current != expected:
             raise WriteRefused("changed")
         self._records[record.name] = record.to_json()
+        return EPOCH
 
-    async def delete(self, name: str, epoch: str, at: float) -> None:
+    async def delete(self, name: str, epoch: str, at: float) -> str:
         if self._records.pop(name, None) is None:
             revoked_at = self._revoked.get(name)
             if revoked_at is not None:
@@ -53,6 +55,7 @@ class MemoryKeyBackend:
         self._revoked[name] = at
         if len(self._revoked) > _KEEP_REVOKED:
             del self._revoked[next(iter(self._revoked))]
+        return EPOCH
 
     async def merge(
         self, records: Sequence[KeyRecord], revoked: Sequence[tuple[str, float]], epoch: str

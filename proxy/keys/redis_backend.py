@@ -6,7 +6,7 @@ Layout (one hash tag: one cluster slot; no secret anywhere, only sha256 digests)
     llmproxy:{apikeys}:version   int    bumped by every change
     llmproxy:{apikeys}:changes   zset   name -> the version of its last change
     llmproxy:{apikeys}:trimmed   int    the newest version dropped from ``changes``
-    llmproxy:{apikeys}:epoch     str    an id written when the store is first used
+    llmproxy:{apikeys}:epoch     str    an id written with the store's first write
     llmproxy:{apikeys}:revoked   zset   name -> when it was revoked (the latest 10,000)
     llmproxy:{apikeys}:ops       hash   a write's id -> its answer (the latest 1,000)
     llmproxy:{apikeys}:ops_order zset   a write's id -> when it ran
@@ -76,7 +76,8 @@ end
 """
 
 # ARGV: op (create | update | delete), name, new JSON, expected current JSON (update:
-# "" for any), changes to keep, the epoch expected, now, the write's id, answers kept.
+# "" for any), changes to keep, the epoch expected ("": a store never written, whose
+# epoch this write creates as ARGV[10]), now, the write's id, answers kept.
 # Returns {version}, or {-1}: the name exists (create), {-2}: no such name, {-3}: the
 # record changed since it was read, {-4}: not the epoch expected, {-5, when}: a delete
 # of a name revoked then. The answer is kept under the write's id: sent again, the same.
@@ -85,7 +86,9 @@ _WRITE = (
     + """
 local done = redis.call('HGET', KEYS[7], ARGV[8])
 if done then return cjson.decode(done) end
-if redis.call('GET', KEYS[5]) ~= ARGV[6] then return {-4} end
+local epoch = redis.call('GET', KEYS[5])
+if not epoch and ARGV[6] == '' then redis.call('SET', KEYS[5], ARGV[10]) epoch = ARGV[10] end
+if epoch ~= ARGV[6] and not (ARGV[6] == '' and epoch == ARGV[10]) then return {-4} end
 local op, name = ARGV[1], ARGV[2]
 local current = redis.call('HGET', KEYS[1], name)
 local result
@@ -184,13 +187,6 @@ end
 return out
 """
 
-# ARGV: an epoch id. The store's epoch, this one if it had none (its first use).
-_EPOCH = """
-local epoch = redis.call('GET', KEYS[1])
-if not epoch then redis.call('SET', KEYS[1], ARGV[1]) epoch = ARGV[1] end
-return epoch
-"""
-
 _REFUSALS = {-1: "exists", -2: "missing", -3: "changed", -4: "epoch", -5: "revoked"}
 
 
@@ -244,15 +240,15 @@ class RedisKeyBackend:
                 self._write = client.register_script(_WRITE)
                 self._merge = client.register_script(_MERGE)
                 self._changes = client.register_script(_CHANGES)
-                self._epoch = client.register_script(_EPOCH)
                 self._client = client
         return self._client
 
     async def load_all(self) -> Snapshot:
         """Every record and revocation, the version they are at least as new as, and the
-        store's epoch (made now if the store had none: its first use)."""
+        store's epoch ("" before its first write: a proxy that only reads writes nothing,
+        so a Redis whose keys all expire holds none of the key store's)."""
         redis = await self._redis()
-        epoch = _text(await self._epoch(keys=[EPOCH], args=[uuid.uuid4().hex]))
+        epoch = _text(await redis.get(EPOCH) or b"")
         version = int(await redis.get(VERSION) or 0)
         records: list[KeyRecord] = []
         cursor: int | bytes = 0
@@ -287,21 +283,27 @@ class RedisKeyBackend:
         raw = await (await self._redis()).hget(RECORDS, name)
         return None if raw is None else (KeyRecord.from_json(raw), raw)
 
-    async def create(self, record: KeyRecord, epoch: str) -> None:
-        await self._run("create", record.name, record.to_json(), b"", epoch, record.updated_at)
+    async def create(self, record: KeyRecord, epoch: str) -> str:
+        return await self._run(
+            "create", record.name, record.to_json(), b"", epoch, record.updated_at
+        )
 
-    async def update(self, record: KeyRecord, expected: bytes, epoch: str) -> None:
-        await self._run("update", record.name, record.to_json(), expected, epoch, record.updated_at)
+    async def update(self, record: KeyRecord, expected: bytes, epoch: str) -> str:
+        return await self._run(
+            "update", record.name, record.to_json(), expected, epoch, record.updated_at
+        )
 
-    async def delete(self, name: str, epoch: str, at: float) -> None:
-        await self._run("delete", name, b"", b"", epoch, at)
+    async def delete(self, name: str, epoch: str, at: float) -> str:
+        return await self._run("delete", name, b"", b"", epoch, at)
 
     async def _run(
         self, op: str, name: str, new: bytes, expected: bytes, epoch: str, now: float
-    ) -> None:
+    ) -> str:
         """One write, sent again once (the same id) if its answer does not come; raises
-        ``WriteUnknown`` if it may have run and no answer says so."""
-        args = [op, name, new, expected, _KEEP_CHANGES, epoch, now, uuid.uuid4().hex, _KEEP_OPS]
+        ``WriteUnknown`` if it may have run and no answer says so. Returns the store's
+        epoch after it: the one expected, or this write's id if it created it."""
+        op_id = uuid.uuid4().hex
+        args = [op, name, new, expected, _KEEP_CHANGES, epoch, now, op_id, _KEEP_OPS, op_id]
         sent = False
         failure: Exception = RuntimeError("no attempt")
         for _ in range(_WRITE_ATTEMPTS):
@@ -324,7 +326,7 @@ class RedisKeyBackend:
             if code < 0:
                 at = float(reply[1]) if len(reply) > 1 else None
                 raise WriteRefused(_REFUSALS[code], at)
-            return
+            return epoch or op_id
         if sent:
             raise WriteUnknown(f"{type(failure).__name__}: {failure}") from failure
         raise failure

@@ -299,6 +299,9 @@ class RuntimeKeys:
         once; what this process knew written back; then everything read again."""
         reason = "wiped" if changes.epoch != self._epoch else "rolled_back"
         held = bool(self.index) or bool(self._revoked)
+        if not self._epoch and changes.epoch:  # its first write since this process read it
+            await self._reload()
+            return
         if not held:  # nothing was lost that this process knew of: adopt it quietly
             logger.info("run-time client keys: the shared store was reset (it held no keys)")
             await self._reload()
@@ -469,9 +472,10 @@ class RuntimeKeys:
             current, raw = found
             record = change(current)
             try:
-                await self._call(
+                epoch = await self._call(
                     self.backend.update(record, raw, self._epoch), name=name, kind=operation
                 )
+                self._adopt(epoch)
             except WriteRefused as refused:
                 if refused.reason == "missing":
                     raise _missing(name) from None
@@ -482,18 +486,23 @@ class RuntimeKeys:
             return record
         raise Conflict(f"The key '{name}' kept changing; try again.", code="key_busy")
 
-    async def _write(self, operation: Callable[[], Awaitable[None]], name: str, kind: str) -> None:
+    async def _write(self, operation: Callable[[], Awaitable[str]], name: str, kind: str) -> None:
         """A create or a revoke: once more after a look at the store if it is not the
         one this process read (it lost its data: the look writes back what it knew)."""
         for attempt in range(2):
             try:
-                await self._call(operation(), name=name, kind=kind)
+                self._adopt(await self._call(operation(), name=name, kind=kind))
                 return
             except WriteRefused as refused:
                 if refused.reason == "epoch" and attempt == 0:
                     await self._read_now()
                     continue
                 raise _refused(refused, name) from None
+
+    def _adopt(self, epoch: str) -> None:
+        """The epoch this process's first write to a store never written created."""
+        if not self._epoch:
+            self._epoch = epoch
 
     async def _ensure_read(self) -> None:
         if not self.loaded:
