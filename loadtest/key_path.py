@@ -74,7 +74,7 @@ async def _measure(
         assert limits is not None
         limits = pipeline.catalog.ask_limits(key, limits, call.model)
         check = pipeline._check_key(call, limits, False)
-        settlement = pipeline._key_settlement(call, limits, check)
+        settlement = pipeline._key_settlement(call, limits, check, None)
         (await check) if not check.done() else check.result()
         call.trip.used = _USED
         call.trip.charge(call.cost)
