@@ -103,8 +103,9 @@ def _pasted(command: str, ports: dict[int, int]) -> str:
     for .venv's."""
     for documented, port in ports.items():
         command = re.sub(rf"(?<=[:\s]){documented}\b", str(port), command)
-    command = command.replace(".venv/bin/llm-proxy", f"{PYTHON} -m proxy")
-    return command.replace(".venv/bin/python", PYTHON)
+    # One pass: this interpreter's own path may hold ".venv/bin/python" (CI's does).
+    venv = {".venv/bin/llm-proxy": f"{PYTHON} -m proxy", ".venv/bin/python": PYTHON}
+    return re.sub(r"\.venv/bin/(?:llm-proxy|python)", lambda m: venv[m[0]], command)
 
 
 def _start(script: str, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
