@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from proxy import shapes
+from proxy import fast_paths, shapes
 from proxy.api import admin, routes, stored_responses
 from proxy.api.forwarding import ForwardingEndpoint, HotPathRouter
 from proxy.api.responses import error_response
@@ -88,7 +88,7 @@ def create_app(
         limiter.on_storage_error(metrics.limiter_error)
         limiter.on_eviction_policy(metrics.set_redis_evicting_policy)
         await limiter.start()
-        transport = create_transport()
+        transport = create_transport(lean=fast_paths.enabled("lean"))
         transport.prepare(
             (d.base_url, bool(d.proxy_url.get_secret_value()))
             for group in settings.models

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from proxy import fast_paths
 from proxy.config import (
     ConfigError,
     Settings,
@@ -258,6 +259,7 @@ def _resolve_options(args: argparse.Namespace) -> str:
                     port_fix=f"set {DEMO_UPSTREAM_PORT_ENV}=N",
                 )
             )
+    problems.add(_fast_paths_problem())
     log_level = os.environ.get(LOG_LEVEL_ENV, "").strip().lower() or "info"
     try:
         _configure_logging(log_level, LOG_LEVEL_ENV)
@@ -337,6 +339,14 @@ def _serve_demo(args: argparse.Namespace, log_level: str) -> int:
     return 0
 
 
+def _fast_paths_problem() -> str | None:
+    try:
+        fast_paths.disabled()
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def _url(args: argparse.Namespace) -> str:
     """Where a client on this machine reaches the server that ``args`` describe."""
     host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(args.host, args.host)
@@ -369,7 +379,8 @@ def _serve_workers(args: argparse.Namespace, settings: Settings) -> int:
     connections = create_table(args.workers)
     options = _uvicorn_options(args, settings.server.log_level)
     # Each worker takes a connection only while it holds about as many as the others.
-    options["loop"] = BALANCED_LOOP
+    if fast_paths.enabled("balance"):
+        options["loop"] = BALANCED_LOOP
     try:
         run_supervised(
             uvicorn.Config(
@@ -399,6 +410,8 @@ GRACEFUL_SHUTDOWN_SECONDS = 30
 # By name: uvicorn imports it where it serves, and the parent of several workers, which
 # does not serve, need not import the app's code for it.
 HTTP_PROTOCOL = "proxy.api.direct:DirectReplyProtocol"
+# The same protocol's timeouts and limits, every reply through uvicorn's ASGI cycle.
+ASGI_PROTOCOL = "proxy.api.protocol:HeaderTimeoutProtocol"
 BALANCED_LOOP = "proxy.api.balance:new_event_loop"
 
 
@@ -411,7 +424,7 @@ def _uvicorn_options(args: argparse.Namespace, log_level: str) -> dict[str, Any]
         "ssl_certfile": args.ssl_certfile,
         "ssl_keyfile": args.ssl_keyfile,
         "loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-        "http": HTTP_PROTOCOL,
+        "http": HTTP_PROTOCOL if fast_paths.enabled("protocol") else ASGI_PROTOCOL,
         "access_log": False,  # the proxy writes its own structured line per request
         # Workers are spawned: they get the logging set-up through uvicorn, not from us.
         "log_config": logging_config(log_level),

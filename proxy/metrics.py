@@ -40,7 +40,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client import values as _prom_values
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
-from proxy import metric_values
+from proxy import fast_paths, metric_values
 
 __all__ = [
     "CONTENT_TYPE",
@@ -144,7 +144,8 @@ class Metrics:
         self.multiprocess_dir = _multiprocess_dir()
         self._render_registry = self.registry
         if self.multiprocess_dir is not None:
-            metric_values.install()  # no lock and no getpid per write (metric_values.py)
+            if fast_paths.enabled("metric-writers"):
+                metric_values.install()  # no lock and no getpid per write (metric_values.py)
             # The aggregating registry reads every worker's files; self.registry still
             # holds this process's own values (handy in tests and for debugging).
             self._render_registry = CollectorRegistry(auto_describe=False)

@@ -35,9 +35,11 @@ from loadtest.bench.report import (
     render_table,
     verdicts,
 )
-from loadtest.bench.report_real import render_real_summary, saturation_seconds
+from loadtest.bench.report_real import WITHOUT, render_real_summary, saturation_seconds
 from loadtest.bench.servers import PeerUnavailable, bench_target, checkout, servers
 from loadtest.topology import REPO
+from proxy.fast_paths import ENV as FAST_PATHS_ENV
+from proxy.fast_paths import FAST_PATHS
 
 DEFAULT_OUTPUT = REPO / "docs" / "benchmarks.md"
 
@@ -78,12 +80,24 @@ def main(argv: list[str] | None = None) -> int:
         help="also compare every proxy target with itself as of this git revision",
     )
     parser.add_argument(
+        "--without",
+        metavar="FAST_PATH",
+        choices=sorted(FAST_PATHS),
+        help="compare the real-traffic rows with the same code without this fast path"
+        " (LLM_PROXY_WITHOUT; docs/performance.md), in turns, as --baseline does",
+    )
+    parser.add_argument(
         "--rounds",
         type=int,
         default=5,
         help="rounds of the real-traffic rows and of the alternated comparisons",
     )
     args = parser.parse_args(argv)
+    if args.without and args.baseline:
+        parser.error("--without and --baseline each name the other side: give one")
+    without_env = {FAST_PATHS_ENV: args.without} if args.without else None
+    if args.without:  # the work tree's code as the other side, that fast path off
+        args.baseline = f"{WITHOUT}{args.without}"
     for tool in ("wrk", "redis-server"):
         if shutil.which(tool) is None:
             print(f"{tool} is needed (apt-get install -y {tool})", file=sys.stderr)
@@ -104,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         *plan.target_steps(targets, args.duration, args.warmup),
         *plan.compare_steps(
             len(compared),
-            len([t for t in targets if t.proxy]) if args.baseline else 0,
+            len([t for t in targets if t.proxy]) if args.baseline and not args.without else 0,
             args.rounds,
             args.duration,
         ),
@@ -125,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="llmproxy-bench-"))
         procs, upstream_url, redis_url = stack.enter_context(servers(Path(tmp)))
         sources = {}
-        if args.baseline:
+        if args.without:
+            sources[args.baseline] = REPO
+        elif args.baseline:
             sources[args.baseline] = stack.enter_context(checkout(args.baseline))
         running: real.Stack | None = None
         for row in real_rows:  # the headline first
@@ -134,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                     real.stop_stack(procs, running)
                 running = real.start_stack(
                     procs, row.shape, upstream_url, redis_url, sources.get(args.baseline or ""),
-                    print,
+                    print, without_env,
                 )  # fmt: skip
             real_results.append(
                 real.run_row(
@@ -180,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                 peer_error = str(exc).splitlines()[0]
                 print(f"{PEER.label}: not compared, {exc}", file=sys.stderr)
                 break
-        if args.baseline:
+        if args.baseline and not args.without:  # (--without: the real-traffic rows only)
             for target in targets:
                 if not target.proxy:
                     continue

@@ -114,8 +114,10 @@ def start_stack(
     redis_url: str,
     baseline: Path | None,
     log: Callable[[str], None],
+    baseline_env: dict[str, str] | None = None,
 ) -> Stack:
-    """The work tree's replicas (Redis database 0) and the baseline's (database 1)."""
+    """The work tree's replicas (Redis database 0) and the baseline's (database 1): the
+    code of another revision, or with ``baseline_env`` (a fast path off) the work tree's."""
     upstreams_by_group = {g.model: [upstream_url] for g in shape.groups}
     flush_redis(redis_url)
     log(f"{shape.describe()}: starting {REPLICAS} replicas")
@@ -130,6 +132,7 @@ def start_stack(
             before = start_replicas(
                 procs, f"{shape.name}-before",
                 traffic.proxy_config(shape, upstreams_by_group, before_redis), REPLICAS, baseline,
+                extra_env=baseline_env,
             )  # fmt: skip
         except BaseException:
             stop_replicas(procs, now)

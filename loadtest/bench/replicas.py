@@ -33,13 +33,14 @@ def start_replicas(
     count: int,
     source: Path = REPO,
     ready_timeout: float = 60.0,
+    extra_env: dict[str, str] | None = None,
 ) -> list[Replica]:
     """``count`` replicas of one worker each on ``settings``, all ready."""
     started: list[Replica] = []
     try:
         for i in range(count):
             process, url, ready_s = serve_config(
-                procs, f"{name}-{i + 1}", settings, 1, source, ready_timeout
+                procs, f"{name}-{i + 1}", settings, 1, source, ready_timeout, extra_env
             )
             started.append(Replica(process, url, ready_s))
     except BaseException:

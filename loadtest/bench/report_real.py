@@ -115,7 +115,13 @@ def figures(rounds: Rounds) -> list[Figure]:
 def command(slug: str, rounds: int, duration: float, baseline: str | None = None) -> str:
     """The command that measures one row alone, as this run did."""
     found = f"python -m loadtest.bench --only {slug} --rounds {rounds} --duration {duration:g}"
+    if baseline and baseline.startswith(WITHOUT):  # the same code, a fast path off
+        return f"{found} --without {baseline.removeprefix(WITHOUT)}"
     return found + (f" --baseline {baseline}" if baseline else "")
+
+
+# The other side of a run with --without NAME is named "without-NAME".
+WITHOUT = "without-"
 
 
 def render_row(result: RowResult, duration: float) -> list[str]:

@@ -320,9 +320,11 @@ def serve_config(
     workers: int = 1,
     source: Path = REPO,
     ready_timeout: float = 30.0,
+    extra_env: dict[str, str] | None = None,
 ) -> tuple[subprocess.Popen[bytes], str, float]:
     """``llm-proxy serve`` on ``settings`` (written to ``name``.yaml) from ``source``,
-    every worker up and settled: (its process, its URL, seconds from start to ready)."""
+    with ``extra_env`` (e.g. a fast path turned off), every worker up and settled: (its
+    process, its URL, seconds from start to ready)."""
     port = free_port()
     config = procs.workdir / f"{name}.yaml"
     config.write_text(yaml.dump(settings, Dumper=_DUMPER, sort_keys=False))
@@ -333,6 +335,7 @@ def serve_config(
             "--host", LOOPBACK, "--port", str(port), "--workers", str(workers),
         ],
         source=source,
+        env={**source_env(source), **extra_env} if extra_env else None,
     )  # fmt: skip
     url = f"http://{LOOPBACK}:{port}"
     try:

@@ -9,6 +9,7 @@ import socket
 import uuid
 from typing import Any
 
+from proxy import fast_paths
 from proxy.config import SentinelConfig, TlsConfig
 from proxy.limiter.base import ManagedLimiter
 from proxy.limiter.memory import MemoryLimiter
@@ -62,6 +63,8 @@ def create_limiter(
         connect_timeout=connect_timeout,
         op_timeout=op_timeout,
         max_connections=max_connections,
+        leases=fast_paths.enabled("leases"),
+        lanes=fast_paths.enabled("lanes"),
     )
     return ResilientLimiter(
         shared,

@@ -107,6 +107,7 @@ class RedisLimiter:
         prefix: str = KEY_PREFIX,
         clock: Clock | None = None,
         leases: bool | None = None,
+        lanes: bool = True,
         **options: Unpack[RunnerOptions],
     ) -> None:
         self.runner = ScriptRunner(url, merge=merge_key_settlements, **options)
@@ -114,7 +115,7 @@ class RedisLimiter:
         # that compare verdicts with the memory backend's, step by step).
         leasing = clock is None if leases is None else leases
         self._leases = (
-            Leases(self.runner, _num, self._now, self._windows, self._lease_keys)
+            Leases(self.runner, _num, self._now, self._windows, self._lease_keys, lanes=lanes)
             if leasing
             else None
         )

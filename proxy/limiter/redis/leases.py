@@ -134,8 +134,13 @@ class Leases:
         now_arg: Callable[[], str],
         key_keys: Callable[[KeyLimits], list[str]],
         deployment_keys: Callable[[str, DeploymentLimits], list[str]],
+        *,
+        lanes: bool = True,
     ) -> None:
+        """``lanes`` False: a paced deployment's turns are leased as one replica's span,
+        never cut into lanes (the ``lanes`` fast path off: proxy/fast_paths.py)."""
         self.runner = runner
+        self._lanes = lanes
         self._num = num
         self._now_arg = now_arg
         self._key_keys = key_keys
@@ -418,6 +423,7 @@ class Leases:
         owner.asked_turns_at = now
         one = spent[0]
         lanes = turns.lanes_for(one.rate, one.amount, one.window.kind == "requests", len(spent))
+        lanes = lanes if self._lanes else 1
         args = [self._now_arg(), str(owner.turn_size), str(lanes)]
         for s in spent:
             rate = s.rate

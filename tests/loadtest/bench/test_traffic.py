@@ -149,3 +149,11 @@ def test_the_real_traffic_section_gives_each_figure_with_its_range_and_command()
     assert "| share of the limit used (upstream's served) | 93.8% (93.3 to 94.3) |" in text
     assert "LiteLLM and Portkey are not installed" in text
     assert spread([], ".1f") == "n/a" and spread([2.0], ".1f", " s") == "2.0 s"
+
+
+def test_a_rows_command_says_how_its_other_side_was_measured() -> None:
+    from loadtest.bench.report_real import command
+
+    assert command("real", 5, 10) == "python -m loadtest.bench --only real --rounds 5 --duration 10"
+    assert command("real", 3, 4, "e0ffaca").endswith("--duration 4 --baseline e0ffaca")
+    assert command("real", 3, 4, "without-lean").endswith("--duration 4 --without lean")
