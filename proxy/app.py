@@ -31,6 +31,7 @@ from proxy.config import Settings, config_warnings, load_settings
 from proxy.config_watch import ConfigWatcher, FileSignature, file_signature
 from proxy.errors import InvalidRequest, ModelNotFound, ProxyError
 from proxy.keys.store import RuntimeKeys, runtime_keys_for
+from proxy.keys.teams import RuntimeTeams, runtime_teams_for
 from proxy.limiter.base import LimiterMode, ManagedLimiter
 from proxy.limiter.factory import create_limiter, sentinel_target
 from proxy.limiter.ledger import create_ledger
@@ -98,8 +99,14 @@ def create_app(
             settings.redis.url, workers, settings.redis.timeout, sentinel=target
         )
         runtime_keys.on_lost = metrics.key_store_lost
+        runtime_teams = runtime_teams_for(
+            settings.redis.url, workers, settings.redis.timeout, sentinel=target
+        )
+        runtime_teams.on_lost = metrics.key_store_lost
+        await runtime_teams.start()  # first: a key read may name a team
         await runtime_keys.start()
         app.state.runtime_keys = runtime_keys
+        app.state.runtime_teams = runtime_teams
         ledger = create_ledger(limiter)
         await ledger.start()
         pipeline = Pipeline(
@@ -109,6 +116,7 @@ def create_app(
             metrics,
             share=share,
             runtime_keys=runtime_keys,
+            runtime_teams=runtime_teams,
             ledger=ledger,
         )
         app.state.pipeline = pipeline
@@ -152,6 +160,7 @@ def create_app(
             await ledger.aclose()  # what is pending written before the limiter closes
             await transport.aclose()
             await runtime_keys.aclose()
+            await runtime_teams.aclose()
             await limiter.aclose()
 
     app = FastAPI(
@@ -229,12 +238,16 @@ def _readiness(app: FastAPI) -> dict[str, Any]:
     observer: StateObserver = app.state.observer
     usable = observer.usable()
     runtime: RuntimeKeys = app.state.runtime_keys
+    teams: RuntimeTeams = app.state.runtime_teams
     settings = pipeline.settings
     # A replica that cannot read the admin API's key store, when requests depend on it,
-    # is not ready (design.md): it cannot tell a revoked or a new key.
-    needed = runtime.needed(bool(settings.admin.secrets()), bool(settings.keys))
+    # is not ready (design.md): it cannot tell a revoked or a new key; nor its teams'
+    # (a team's changed limits).
+    key_api = bool(settings.admin.secrets())
+    needed = runtime.needed(key_api, bool(settings.keys))
+    stores = (runtime.current or not needed) and (teams.current or not teams.needed(key_api))
     return {
-        "ready": limiter.ready and usable > 0 and (runtime.current or not needed),
+        "ready": limiter.ready and usable > 0 and stores,
         "limiter": limiter.mode.value,
         "deployments_usable": usable,
         "key_store": runtime.state() if runtime.shared else "process",

@@ -12,7 +12,7 @@ import ssl
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import httpx
 
@@ -27,6 +27,7 @@ from proxy.config import (
     Team,
 )
 from proxy.config_keys import ConfigKeys
+from proxy.errors import ProxyError
 from proxy.limiter.base import (
     KEY,
     MINUTE,
@@ -44,7 +45,7 @@ from proxy.pricing import FREE, Price, dearest
 from proxy.providers import Provider, provider_of
 from proxy.routing.announced import Announced
 
-__all__ = ["Catalog", "DeploymentRoute", "GroupRoute", "for_model", "key_limits"]
+__all__ = ["Catalog", "DeploymentRoute", "GroupRoute", "TeamLookup", "for_model", "key_limits"]
 
 # A deployment's request bucket holds one request unless configured: requests then go
 # 60/rpm seconds apart, which no sliding-window upstream limit can reject...
@@ -317,15 +318,25 @@ def _without(limits: KeyLimits, other: KeyLimits) -> KeyLimits:
     )
 
 
+class TeamLookup(Protocol):
+    """The teams of the admin API (``keys/teams.RuntimeTeams``): ``team`` is the one of
+    a name (None: none; raises its 503 while it cannot know); ``on_gone`` hears the name
+    of each team it no longer has."""
+
+    on_gone: Callable[[str], None]
+
+    def team(self, name: str) -> Team | None: ...
+
+
 class _TeamLimits:
     """A team's limits, and per model group the windows and budgets that apply (built on
     first use)."""
 
-    __slots__ = ("_by_model", "_team", "limits", "scoped")
+    __slots__ = ("_by_model", "limits", "scoped", "team")
 
     def __init__(self, team: Team, share: float) -> None:
         self.limits = key_limits(team, share)
-        self._team = team
+        self.team = team
         self.scoped = team.model_scoped
         self._by_model: dict[str, KeyLimits] = {}
 
@@ -334,7 +345,7 @@ class _TeamLimits:
             return self.limits
         built = self._by_model.get(model)
         if built is None:
-            built = self._by_model[model] = for_model(self.limits, self._team, model)
+            built = self._by_model[model] = for_model(self.limits, self.team, model)
         return built
 
 
@@ -410,9 +421,14 @@ class Catalog:
         }
         self._key_limits = _KeyLimits(settings.keys, share, self._teams)
         self.key_limits: Mapping[str, KeyLimits] = self._key_limits
+        # The teams of the admin API (set by the pipeline), for keys naming a team the
+        # config does not have; what was built of each, until its record changes.
+        self.runtime_teams: TeamLookup | None = None
+        self._api_teams: dict[str, _TeamLimits] = {}
         # Per (key, model group): the limits its requests are checked against, and the
-        # key's limits they were made from (an API key's change makes new ones).
-        self._asks: dict[tuple[str, str], tuple[KeyLimits, KeyLimits]] = {}
+        # key's limits and team they were made from (an API key's or an API team's
+        # change makes new ones).
+        self._asks: dict[tuple[str, str], tuple[KeyLimits, _TeamLimits | None, KeyLimits]] = {}
         self.fallbacks = settings.routing.fallbacks
         # Per group, the dearest price a request to it may be served at (its deployments
         # and its fallbacks'): what a budget in dollars reserves.
@@ -447,10 +463,34 @@ class Catalog:
         release.py)."""
         return [*self._key_limits.built(), *self._asks.values()]
 
+    def _team(self, name: str | None) -> _TeamLimits | None:
+        """The team named ``name``: the config's (it wins), else the admin API's (its
+        store never read: its 503), else none (a team deleted or removed from the
+        config since the key named it)."""
+        if name is None:
+            return None
+        team = self._teams.get(name)
+        if team is None and self.runtime_teams is not None:
+            found = self.runtime_teams.team(name)
+            if found is None:
+                return None
+            team = self._api_teams.get(name)
+            if team is None or team.team is not found:  # new, or changed since
+                team = self._api_teams[name] = _TeamLimits(found, self.share)
+        return team
+
+    def forget_team(self, name: str) -> None:
+        """The API team named ``name`` is gone: what was built of it is dropped."""
+        self._api_teams.pop(name, None)
+
     def with_team(self, key: ClientKey, limits: KeyLimits) -> KeyLimits:
-        """``limits`` (``key``'s own) with its team's as this config has them (an API
-        key names a team of the config in force; one no longer in it: none)."""
-        team = self._teams.get(key.team) if key.team is not None else None
+        """``limits`` (``key``'s own) with its team's as they are now (an API key names
+        a team of the config in force or of the admin API; one no longer there, or
+        that cannot be read now: none)."""
+        try:
+            team = self._team(key.team)
+        except ProxyError:
+            team = None
         team_limits = None if team is None else team.limits
         return limits if limits.team is team_limits else replace(limits, team=team_limits)
 
@@ -463,21 +503,21 @@ class Catalog:
         nothing (no reservation, no budget in the limiter's step)."""
         if key.team is None and limits.team is None and not key.model_scoped:
             return limits  # the usual key: its own windows and budgets, every one counting
-        team = self._teams.get(key.team) if key.team is not None else None
+        team = self._team(key.team)
         cached = self._asks.get((key.name, model))
-        if cached is not None and cached[0] is limits:
-            return cached[1]
+        if cached is not None and cached[0] is limits and cached[1] is team:
+            return cached[2]
         built = for_model(limits, key, model)
         team_limits = None if team is None else team.for_model(model)
         if built.team is not team_limits:
             built = replace(built, team=team_limits)
-        self._asks[(key.name, model)] = (limits, built)
+        self._asks[(key.name, model)] = (limits, team, built)
         return built
 
     def scoped(self, key: ClientKey) -> bool:
         """Whether a window or a budget of ``key`` or of its team counts some models'
         requests only (its asks differ from one model group to another)."""
-        team = self._teams.get(key.team) if key.team is not None else None
+        team = self._team(key.team)
         return key.model_scoped or (team is not None and team.scoped)
 
     def fallback_limits(

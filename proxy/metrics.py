@@ -86,9 +86,17 @@ LIMITER_OPERATIONS: Final = ("acquire_key", "reserve", "settle", "snapshot", "he
 # Outcomes of a config reload (labels of llmproxy_config_reloads_total).
 RELOAD_RESULTS: Final = ("success", "failure")
 
-# Operations on run-time client keys and their results (llmproxy_key_operations_total):
-# fixed sets, never the key's name (an API caller's input).
-KEY_OPERATIONS: Final = ("create", "update", "rotate", "revoke")
+# Operations on run-time client keys and teams and their results
+# (llmproxy_key_operations_total): fixed sets, never a name (an API caller's input).
+KEY_OPERATIONS: Final = (
+    "create",
+    "update",
+    "rotate",
+    "revoke",
+    "team_create",
+    "team_update",
+    "team_delete",
+)
 # unknown: sent to the shared store, whose answer never came (it may have happened).
 KEY_RESULTS: Final = ("success", "invalid", "conflict", "not_found", "unavailable", "unknown")
 
@@ -345,16 +353,18 @@ class Metrics:
 
         self._key_operations_total = Counter(
             "llmproxy_key_operations_total",
-            "Operations on client keys through the admin API, by operation (create,"
-            " update, rotate, revoke) and result.",
+            "Operations on client keys and teams through the admin API, by operation"
+            " (create, update, rotate, revoke; team_create, team_update, team_delete) and"
+            " result.",
             ["operation", "result"],
             registry=reg,
         )
         self._key_store_lost_total = Counter(
             "llmproxy_key_store_lost_total",
-            "Times this process found that the shared store of client keys (Redis) had lost"
-            " its data (wiped: a restart without persistence, a failover to an empty"
-            " replica, FLUSHALL; or rolled back), each also an error log line.",
+            "Times this process found that a shared store of the admin API (client keys,"
+            " teams; Redis) had lost its data (wiped: a restart without persistence, a"
+            " failover to an empty replica, FLUSHALL; or rolled back), each also an error"
+            " log line.",
             registry=reg,
         )
 
@@ -527,13 +537,14 @@ class Metrics:
         self._config_reloads_total.labels(result).inc(share)
 
     def key_operation(self, operation: str, result: str) -> None:
-        """An admin API operation on a client key ended with ``result`` (KEY_RESULTS)."""
+        """An admin API operation on a client key or a team ended with ``result``
+        (KEY_RESULTS)."""
         if operation not in KEY_OPERATIONS or result not in KEY_RESULTS:
             raise ValueError(f"unknown key operation or result: {operation!r}, {result!r}")
         self._key_operations_total.labels(operation, result).inc()
 
     def key_store_lost(self) -> None:
-        """This process found that the shared key store had lost its data."""
+        """This process found that a shared store (keys, teams) had lost its data."""
         self._key_store_lost_total.inc()
 
     # -- exposition -------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from proxy.affinity import Affinity, affinity_for
 from proxy.auth import KeyStore, RuntimeLookup, open_when_empty
 from proxy.background import Background
 from proxy.call import Call, ClientLeft, Reply, Settlement, WatchDeparture
-from proxy.catalog import Catalog, GroupRoute
+from proxy.catalog import Catalog, GroupRoute, TeamLookup
 from proxy.config import ClientKey, Settings
 from proxy.costs import TOKENS, USD, TokenUsage
 from proxy.errors import (
@@ -87,6 +87,7 @@ class Pipeline:
         rng: random.Random | None = None,
         previous: Pipeline | None = None,
         runtime_keys: RuntimeLookup | None = None,
+        runtime_teams: TeamLookup | None = None,
         key_store: KeyStore | None = None,
         catalog: Catalog | None = None,
         ledger: Ledger | None = None,
@@ -94,21 +95,17 @@ class Pipeline:
     ) -> None:
         """``previous``: the pipeline a reload replaces; what this process learned while
         it ran (routing averages, limits its upstreams announced) carries over, and so do
-        the keys of the admin API (``runtime_keys``). ``key_store``: the config's keys
-        indexed beforehand, ``catalog`` built beforehand (a reload does both in a thread).
-        ``ledger``: where spend is reported (a reload keeps the previous pipeline's)."""
+        the keys and teams of the admin API (``runtime_keys``, ``runtime_teams``).
+        ``key_store``: the config's keys indexed beforehand, ``catalog`` built beforehand
+        (a reload does both in a thread). ``ledger``: where spend is reported (a reload
+        keeps the previous pipeline's)."""
         self.settings = settings
         self.ledger: Ledger = ledger or (previous.ledger if previous else MemoryLedger())
         self.catalog = catalog or Catalog(settings, share)
-        runtime = runtime_keys
-        if runtime is None and previous is not None:
-            runtime = previous.keys.runtime
         self.keys: KeyStore = key_store or KeyStore(
             settings.keys, open_when_empty=open_when_empty(settings)
         )
-        self.keys.runtime = runtime
-        if runtime is not None:  # its revoked keys' limits go from this catalog
-            runtime.on_gone = self.catalog.forget
+        self._follow_stores(runtime_keys, runtime_teams, previous)
         self.limiter = limiter
         # Where stored responses live: one store per process, kept across reloads.
         if affinity is None:
@@ -144,6 +141,27 @@ class Pipeline:
         self.users = 0
         self._idle = asyncio.Event()
         self._idle.set()
+
+    def _follow_stores(
+        self,
+        runtime_keys: RuntimeLookup | None,
+        runtime_teams: TeamLookup | None,
+        previous: Pipeline | None,
+    ) -> None:
+        """The keys and teams of the admin API (``previous``'s when not given), read by
+        this pipeline's key store and catalog; what they no longer have, forgotten by
+        this catalog."""
+        runtime, teams = runtime_keys, runtime_teams
+        if runtime is None and previous is not None:  # (an empty store is falsy)
+            runtime = previous.keys.runtime
+        if teams is None and previous is not None:
+            teams = previous.catalog.runtime_teams
+        self.keys.runtime = runtime
+        if runtime is not None:  # its revoked keys' limits go from this catalog
+            runtime.on_gone = self.catalog.forget
+        self.catalog.runtime_teams = teams
+        if teams is not None:  # and its deleted teams'
+            teams.on_gone = self.catalog.forget_team
 
     def enter(self) -> None:
         self.users += 1

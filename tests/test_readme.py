@@ -142,11 +142,9 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
         _stop(process)
 
 
-@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
-def test_the_admin_key_commands_run_against_the_demo(demo: int) -> None:
-    """Each curl gets the status its comment documents (200 otherwise): the key is
-    created (its secret shown once), listed, changed, rotated and revoked."""
-    block = _block_with("/admin/keys")
+def _run_curls(block: str, port: int) -> tuple[list[int], str]:
+    """The block's commands run against the demo on ``port``: each curl's status, checked
+    against the status its comment documents (200 otherwise), and what they printed."""
     commands = _commands(block)
     documented = []
     for command in commands:
@@ -158,7 +156,7 @@ def test_the_admin_key_commands_run_against_the_demo(demo: int) -> None:
             status = re.search(r"#\s*(\d{3})\b", comments)
             documented.append(int(status.group(1)) if status else 200)
     # Each curl also writes its status (the only change to the pasted text but the port).
-    script = _pasted(block, {8000: demo}).replace(
+    script = _pasted(block, {8000: port}).replace(
         "curl -s ", "curl -s --write-out '\\n[status %{http_code}]\\n' "
     )
     done = subprocess.run(
@@ -167,8 +165,24 @@ def test_the_admin_key_commands_run_against_the_demo(demo: int) -> None:
     assert done.returncode == 0, done.stderr
     statuses = [int(s) for s in re.findall(r"^\[status (\d{3})\]$", done.stdout, re.M)]
     assert statuses == documented, done.stdout
+    return documented, done.stdout
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_the_admin_key_commands_run_against_the_demo(demo: int) -> None:
+    """Each curl gets the status its comment documents (200 otherwise): the key is
+    created (its secret shown once), listed, changed, rotated and revoked."""
+    documented, printed = _run_curls(_block_with("/admin/keys"), demo)
     assert documented[0] == 201 and documented[-1] == 204
-    assert done.stdout.count('"key":"sk-llmp-') == 2, done.stdout  # created, then rotated
+    assert printed.count('"key":"sk-llmp-') == 2, printed  # created, then rotated
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_the_admin_team_commands_run_against_the_demo(demo: int) -> None:
+    """The team is created, listed, changed and deleted, as documented."""
+    documented, printed = _run_curls(_block_with("/admin/teams"), demo)
+    assert documented == [201, 200, 200, 204]
+    assert printed.count('"name":"platform"') == 3, printed  # created, listed, changed
 
 
 def test_the_demo_from_its_file_starts_quietly(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from proxy.api import admin_keys
+from proxy.api import admin_keys, admin_teams
 from proxy.api.admin_keys_page import key_manager
 from proxy.api.admin_page import admin_page
 from proxy.api.admin_spend import admin_spend
@@ -73,6 +73,7 @@ ROUTES: list[tuple[str, Handler, list[str]]] = [
     ("/admin/reload", reload_config, ["POST"]),
     ("/admin/key-manager", key_manager, ["GET"]),
     *admin_keys.ROUTES,
+    *admin_teams.ROUTES,
 ]
 
 

@@ -23,6 +23,7 @@ from proxy.config import ClientKey
 from proxy.errors import ProxyError
 from proxy.keys.listing import DEFAULT_PER_PAGE, page_of, parse_page
 from proxy.keys.store import RuntimeKeys
+from proxy.keys.teams import RuntimeTeams
 from proxy.limiter.base import KeyLimits, ManagedLimiter
 from proxy.pipeline import Pipeline
 from proxy.state_view import Reading, state
@@ -36,9 +37,11 @@ async def read_state(
     runtime: RuntimeKeys | None = None,
     page: int = 1,
     per_page: int = DEFAULT_PER_PAGE,
+    team_store: RuntimeTeams | None = None,
 ) -> dict[str, Any]:
     """The admin state of the config in force (the pipeline's), with one page of the
-    client keys: the config's, then the admin API's (``runtime``)."""
+    client keys: the config's, then the admin API's (``runtime``); the admin
+    API's store of teams (its status): ``team_store``."""
     catalog = pipeline.catalog
     settings = pipeline.settings
     groups = list(catalog.groups.values())
@@ -73,9 +76,13 @@ async def read_state(
         teams={t.name: s for t, s in zip(teams, team_states, strict=True)},
     )
     view = state(settings, catalog, reading, shown, chosen.as_dict())
-    if runtime is not None:  # the admin API's key store: read? lost its data?
-        view["key_store"] = runtime.status()
+    view.update(_stores(key_store=runtime, team_store=team_store))
     return view
+
+
+def _stores(**stores: RuntimeKeys | RuntimeTeams | None) -> dict[str, Any]:
+    """The admin API's stores (keys, teams), by name: read? lost their data?"""
+    return {name: store.status() for name, store in stores.items() if store is not None}
 
 
 async def requested_state(request: Request) -> dict[str, Any]:
@@ -83,7 +90,9 @@ async def requested_state(request: Request) -> dict[str, Any]:
     default 1 and 100; a bad one raises its 400): ``/admin/state``'s and ``/admin``'s."""
     page, per_page = parse_page(request.query_params)
     app = request.app.state
-    return await read_state(app.pipeline, app.limiter, app.runtime_keys, page, per_page)
+    return await read_state(
+        app.pipeline, app.limiter, app.runtime_keys, page, per_page, app.runtime_teams
+    )
 
 
 async def admin_state(request: Request) -> Response:

@@ -1,8 +1,11 @@
-"""The audit trail of client key operations: one log line and one metric each.
+"""The audit trail of operations on client keys and teams: one log line and one metric
+each.
 
-The log line names the key and who did it (the admin key's position in ``admin.keys``,
-never the key itself); the metric's labels are the operation and its result only, fixed
-sets, so an API caller's names never become label values. No secret is ever passed here.
+The log line (``key operation``, ``team operation``) names the key or team and who did it
+(the admin key's position in ``admin.keys``, never the key itself); the metric's labels
+are the operation (``create`` ... ``revoke``, ``team_create`` ... ``team_delete``) and its
+result only, fixed sets, so an API caller's names never become label values. No secret
+is ever passed here.
 """
 
 from __future__ import annotations
@@ -28,11 +31,19 @@ def result_of(error: ProxyError | None) -> str:
 
 
 def audit(
-    metrics: Metrics, operation: str, name: str, who: str, error: ProxyError | None = None
+    metrics: Metrics,
+    operation: str,
+    name: str,
+    who: str,
+    error: ProxyError | None = None,
+    *,
+    subject: str = "key",
 ) -> None:
+    """``operation`` on the ``subject`` (``key``, ``team``) named ``name`` by ``who``."""
     result = result_of(error)
     metrics.key_operation(operation, result)
-    fields = {"operation": operation, "key_name": name[:200], "who": who, "result": result}
+    fields = {"operation": operation, f"{subject}_name": name[:200], "who": who, "result": result}
     if error is not None:
         fields["reason"] = error.code
-    logger.log(logging.INFO if error is None else logging.WARNING, "key operation", extra=fields)
+    level = logging.INFO if error is None else logging.WARNING
+    logger.log(level, f"{subject} operation", extra=fields)

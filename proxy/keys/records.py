@@ -10,26 +10,31 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Container
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from pydantic import ValidationError
 
 from proxy.catalog import key_limits
-from proxy.config import ClientKey, parse_duration
+from proxy.config import ClientKey, Team, parse_duration
 from proxy.errors import InvalidRequest
+from proxy.keys.backend import Kind
 from proxy.limiter.base import KeyLimits
 
 __all__ = [
+    "KEYS",
     "NOT_YET_SUPPORTED",
     "KeyRecord",
     "new_key_id",
     "new_secret",
     "parse_expiry",
     "parse_grace",
+    "rfc3339",
     "validate_entry",
+    "validated",
 ]
 
 # Fields of the contract's key entry that another issue adds: refused by name until
@@ -127,11 +132,11 @@ class KeyRecord:
     def public(self, now: float) -> dict[str, Any]:
         """The entry as the API lists it: no secret, no digest."""
         entry: dict[str, Any] = {"name": self.name, **self.spec, "source": "api"}
-        entry["created_at"] = _rfc3339(self.created_at)
-        entry["expires_at"] = _rfc3339(self.expires_at) if self.expires_at is not None else None
+        entry["created_at"] = rfc3339(self.created_at)
+        entry["expires_at"] = rfc3339(self.expires_at) if self.expires_at is not None else None
         entry["expired"] = self.expired(now)
         if self.previous_until is not None and now < self.previous_until:
-            entry["previous_key_valid_until"] = _rfc3339(self.previous_until)
+            entry["previous_key_valid_until"] = rfc3339(self.previous_until)
         return entry
 
     def to_json(self) -> bytes:
@@ -165,18 +170,38 @@ class KeyRecord:
         )
 
 
+KEYS: Kind[KeyRecord] = Kind(
+    noun="key",
+    label="run-time client keys",
+    tag="apikeys",
+    decode=KeyRecord.from_json,
+    path="/admin/keys",
+    gone="revoked",
+    retry_says={
+        "create": "a retry answers 409 key_exists if it was (rotate the key for a secret:"
+        " POST /admin/keys/{name}/rotate)",
+        "update": "retrying the same change is safe",
+        "rotate": "a retry rotates it again and answers the secret in force (that of an"
+        " attempt which happened is never shown, and the grace then runs from the retry)",
+        "revoke": "a retry answers 204, or 404 key_revoked if it was",
+    },
+    exists_note=" (if an earlier create of it answered that its outcome is unknown, it"
+    " happened: rotate the key for a secret)",
+)
+
+
 def validate_entry(
     body: object,
     *,
     name: str | None,
     models: frozenset[str],
-    teams: frozenset[str] = frozenset(),
+    teams: Container[str] = frozenset(),
 ) -> tuple[str, dict[str, Any], float | None, set[str]]:
     """A key entry sent to the API: its name, its fields (validated as a config key's),
     its expiry and which fields it gave. ``name``: the one in the path (a PATCH), which the
     body may not change; ``models``: the configured groups an allow-list or a window's
-    ``models`` may name; ``teams``: the configured teams ``team`` may name. Raises
-    ``InvalidRequest`` naming the field."""
+    ``models`` may name; ``teams``: the teams (the config's and the API's) ``team`` may
+    name. Raises ``InvalidRequest`` naming the field."""
     if not isinstance(body, dict):
         raise InvalidRequest("The body must be a JSON object: a key entry.")
     for secret_field in _SECRET_FIELDS:
@@ -193,23 +218,53 @@ def validate_entry(
             )
     given = set(body)
     fields = {k: v for k, v in body.items() if k not in _API_FIELDS}
+    name = entry_name(fields, name, "key")
+    checked = validated(ClientKey, {**fields, "name": name, "key_sha256": "0" * 64}, "key")
+    check_models(checked, models)
+    if checked.team is not None and checked.team not in teams:
+        raise InvalidRequest(
+            f"'team' names no team (of the config or the API): {checked.team}.", param="team"
+        )
+    expiry = parse_expiry(body.get("expires_at")) if "expires_at" in body else None
+    return name, fields, expiry, given
+
+
+_Entry = TypeVar("_Entry", ClientKey, Team)
+
+
+def entry_name(fields: dict[str, Any], name: str | None, noun: str) -> str:
+    """The name of an entry sent to the API, taken out of ``fields``: the body's (a
+    create), checked; or ``name``, the path's (a PATCH), which the body may not change."""
     if name is None:
         name = fields.get("name")
         if not isinstance(name, str) or not name:
-            raise InvalidRequest("A key needs a 'name'.", param="name")
-        _check_name(name)
+            raise InvalidRequest(f"A {noun} needs a 'name'.", param="name")
+        _check_name(name, noun)
     elif "name" in fields and fields["name"] != name:
-        raise InvalidRequest("A key's name cannot be changed.", param="name")
+        raise InvalidRequest(f"A {noun}'s name cannot be changed.", param="name")
     fields.pop("name", None)
+    return name
+
+
+def validated(model: type[_Entry], fields: dict[str, Any], noun: str) -> _Entry:
+    """``fields`` as the config's ``model`` (a key's or a team's entry) validates them;
+    the first error as a 400 naming its field."""
     try:
-        checked = ClientKey.model_validate({**fields, "name": name, "key_sha256": "0" * 64})
+        return model.model_validate(fields)
     except ValidationError as exc:
         first = exc.errors()[0]
         param = ".".join(str(part) for part in first["loc"]) or None
-        raise InvalidRequest(f"Invalid key entry: {param}: {first['msg']}", param=param) from None
-    named = [("models", checked.models)] + [
-        (f"budgets.{i}.models", b.models) for i, b in enumerate(checked.budgets)
-    ]
+        raise InvalidRequest(
+            f"Invalid {noun} entry: {param}: {first['msg']}", param=param
+        ) from None
+
+
+def check_models(owner: ClientKey | Team, models: frozenset[str]) -> None:
+    """Every model group an entry names (a key's allow-list, a window's or a budget's
+    ``models``) is a configured one: a typo must not leave a limit counting nothing."""
+    named = [(f"budgets.{i}.models", b.models) for i, b in enumerate(owner.budgets)]
+    if isinstance(owner, ClientKey):
+        named.insert(0, ("models", owner.models))
     for param, allowed in named:
         unknown = sorted(set(allowed or ()) - models)
         if unknown:
@@ -217,17 +272,13 @@ def validate_entry(
                 f"'{param}' names no configured model group: {', '.join(unknown)}.",
                 param=param,
             )
-    for i, spec in enumerate(checked.limits):
+    for i, spec in enumerate(owner.limits):
         unknown = sorted(set(spec.models or ()) - models)
         if unknown:
             raise InvalidRequest(
                 f"'limits[{i}].models' names no configured model group: {', '.join(unknown)}.",
                 param=f"limits.{i}.models",
             )
-    if checked.team is not None and checked.team not in teams:
-        raise InvalidRequest(f"'team' names no configured team: {checked.team}.", param="team")
-    expiry = parse_expiry(body.get("expires_at")) if "expires_at" in body else None
-    return name, fields, expiry, given
 
 
 def parse_expiry(value: object) -> float | None:
@@ -266,13 +317,15 @@ def parse_grace(body: object) -> float:
     return grace
 
 
-def _check_name(name: str) -> None:
+def _check_name(name: str, noun: str) -> None:
     if len(name) > _MAX_NAME or not set(name) <= _NAME_CHARS:
         raise InvalidRequest(
-            f"A key's name has at most {_MAX_NAME} characters among letters, digits and . _ : @ -",
+            f"A {noun}'s name has at most {_MAX_NAME} characters among letters, digits and"
+            " . _ : @ -",
             param="name",
         )
 
 
-def _rfc3339(seconds: float) -> str:
+def rfc3339(seconds: float) -> str:
+    """Unix seconds as RFC 3339 in UTC (``2030-01-31T00:00:00Z``)."""
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

@@ -1,6 +1,8 @@
-"""Run-time keys in Redis, shared by every replica and kept across restarts.
+"""Run-time records in Redis (the client keys of the admin API, its teams), shared by
+every replica and kept across restarts.
 
-Layout (one hash tag: one cluster slot; no secret anywhere, only sha256 digests)::
+Layout of the keys' store (one hash tag: one cluster slot; no secret anywhere, only
+sha256 digests); the teams' is the same under ``llmproxy:{apiteams}:`` (``Kind.tag``)::
 
     llmproxy:{apikeys}:records   hash   name -> the record's JSON
     llmproxy:{apikeys}:version   int    bumped by every change
@@ -25,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Generic
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
@@ -34,21 +36,27 @@ from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
 
-from proxy.keys.backend import Changes, Snapshot, WriteRefused, WriteUnknown
-from proxy.keys.records import KeyRecord
+from proxy.keys.backend import Changes, Kind, R, Snapshot, WriteRefused, WriteUnknown
+from proxy.keys.records import KEYS, KeyRecord
 from proxy.limiter.redis.runner import is_cluster, redis_target
 from proxy.limiter.redis.sentinel import SentinelTarget, open_primary
 
-__all__ = ["RedisKeyBackend", "WriteRefused", "WriteUnknown"]
+__all__ = ["RedisKeyBackend", "RedisRecordBackend", "WriteRefused", "WriteUnknown", "key_names"]
 
-_PREFIX = "llmproxy:{apikeys}:"
 # Connections to a Sentinel-managed primary (its pool must be bounded); writes are rare.
 _MAX_CONNECTIONS = 16
-RECORDS, VERSION, CHANGES, TRIMMED, EPOCH, REVOKED, OPS, OPS_ORDER = (
-    _PREFIX + part
-    for part in ("records", "version", "changes", "trimmed", "epoch", "revoked", "ops", "ops_order")
-)
-_WRITE_KEYS = [RECORDS, VERSION, CHANGES, TRIMMED, EPOCH, REVOKED, OPS, OPS_ORDER]
+_PARTS = ("records", "version", "changes", "trimmed", "epoch", "revoked", "ops", "ops_order")
+
+
+def key_names(tag: str) -> list[str]:
+    """The Redis keys of the store whose hash tag is ``tag``, in the order the write
+    scripts take them (``KEYS[1]`` ... ``KEYS[8]``)."""
+    return [f"llmproxy:{{{tag}}}:{part}" for part in _PARTS]
+
+
+# The client keys' store (what tests and docs name).
+_WRITE_KEYS = key_names(KEYS.tag)
+RECORDS, VERSION, CHANGES, TRIMMED, EPOCH, REVOKED, OPS, OPS_ORDER = _WRITE_KEYS
 _KEEP_CHANGES = 10_000  # entries of the change log (and revocations) kept
 _KEEP_OPS = 1_000  # answers of writes kept for a write sent again
 _SCAN_CHUNK = 2_000
@@ -199,17 +207,25 @@ def _before_sending(exc: BaseException) -> bool:
     return "connecting" in str(exc).lower()
 
 
-class RedisKeyBackend:
-    """``redis+cluster://`` means a cluster; other ``redis://`` URLs are probed once with
-    ``INFO cluster``, as the limiter's (``limiter/redis/runner.py``). redis-py never sends
-    a call again by itself: a write is sent again here, under the same id, and a read
-    fails to its caller (the poll reads again)."""
+class RedisRecordBackend(Generic[R]):
+    """The store of one ``kind`` of records. ``redis+cluster://`` means a cluster; other
+    ``redis://`` URLs are probed once with ``INFO cluster``, as the limiter's
+    (``limiter/redis/runner.py``). redis-py never sends a call again by itself: a write is
+    sent again here, under the same id, and a read fails to its caller (the poll reads
+    again)."""
 
     def __init__(
-        self, url: str, *, timeout: float = 1.0, sentinel: SentinelTarget | None = None
+        self,
+        url: str,
+        *,
+        kind: Kind[R],
+        timeout: float = 1.0,
+        sentinel: SentinelTarget | None = None,
     ) -> None:
         """``sentinel``: the primary its sentinels name (``url`` is then ignored), as the
         limiter's."""
+        self._decode = kind.decode
+        self._keys = key_names(kind.tag)
         self._url, self._cluster = redis_target(url)
         self._sentinel = sentinel
         self._sentinels: Sentinel | None = None
@@ -243,52 +259,54 @@ class RedisKeyBackend:
                 self._client = client
         return self._client
 
-    async def load_all(self) -> Snapshot:
+    async def load_all(self) -> Snapshot[R]:
         """Every record and revocation, the version they are at least as new as, and the
         store's epoch ("" before its first write: a proxy that only reads writes nothing,
         so a Redis whose keys all expire holds none of the key store's)."""
         redis = await self._redis()
-        epoch = _text(await redis.get(EPOCH) or b"")
-        version = int(await redis.get(VERSION) or 0)
-        records: list[KeyRecord] = []
+        records_key, version_key, _, _, epoch_key, revoked_key, _, _ = self._keys
+        epoch = _text(await redis.get(epoch_key) or b"")
+        version = int(await redis.get(version_key) or 0)
+        records: list[R] = []
         cursor: int | bytes = 0
         while True:
-            cursor, chunk = await redis.hscan(RECORDS, cursor, count=_SCAN_CHUNK)
-            records.extend(KeyRecord.from_json(raw) for raw in chunk.values())
+            cursor, chunk = await redis.hscan(records_key, cursor, count=_SCAN_CHUNK)
+            records.extend(self._decode(raw) for raw in chunk.values())
             if not cursor or cursor == b"0":
                 break
-        revoked = await redis.zrange(REVOKED, 0, -1, withscores=True)
-        if _text(await redis.get(EPOCH) or b"") != epoch:
-            raise RuntimeError("the key store lost its data while it was read")
+        revoked = await redis.zrange(revoked_key, 0, -1, withscores=True)
+        if _text(await redis.get(epoch_key) or b"") != epoch:
+            raise RuntimeError("the store lost its data while it was read")
         return Snapshot(epoch, version, records, {_text(n): float(at) for n, at in revoked})
 
-    async def changes(self, seen: int) -> Changes:
+    async def changes(self, seen: int) -> Changes[R]:
         """The epoch and version now, and the records changed since ``seen``."""
         await self._redis()
-        keys = [VERSION, CHANGES, TRIMMED, EPOCH, RECORDS, REVOKED]
+        records, version_key, changes, trimmed_key, epoch_key, revoked = self._keys[:6]
+        keys = [version_key, changes, trimmed_key, epoch_key, records, revoked]
         reply = await self._changes(keys=keys, args=[seen])
         version, trimmed, epoch = int(reply[0]), int(reply[1]), _text(reply[2])
         if version <= seen:
             return Changes(epoch, version, [])
         if trimmed > seen:
             return Changes(epoch, version, None)
-        changed: list[tuple[str, KeyRecord | None, float | None]] = []
+        changed: list[tuple[str, R | None, float | None]] = []
         for at in range(3, len(reply), 3):
-            name, raw, revoked = _text(reply[at]), reply[at + 1], reply[at + 2]
-            record = KeyRecord.from_json(raw) if raw else None
-            changed.append((name, record, float(revoked) if revoked else None))
+            name, raw, revoked_at = _text(reply[at]), reply[at + 1], reply[at + 2]
+            record = self._decode(raw) if raw else None
+            changed.append((name, record, float(revoked_at) if revoked_at else None))
         return Changes(epoch, version, changed)
 
-    async def get(self, name: str) -> tuple[KeyRecord, bytes] | None:
-        raw = await (await self._redis()).hget(RECORDS, name)
-        return None if raw is None else (KeyRecord.from_json(raw), raw)
+    async def get(self, name: str) -> tuple[R, bytes] | None:
+        raw = await (await self._redis()).hget(self._keys[0], name)
+        return None if raw is None else (self._decode(raw), raw)
 
-    async def create(self, record: KeyRecord, epoch: str) -> str:
+    async def create(self, record: R, epoch: str) -> str:
         return await self._run(
             "create", record.name, record.to_json(), b"", epoch, record.updated_at
         )
 
-    async def update(self, record: KeyRecord, expected: bytes, epoch: str) -> str:
+    async def update(self, record: R, expected: bytes, epoch: str) -> str:
         return await self._run(
             "update", record.name, record.to_json(), expected, epoch, record.updated_at
         )
@@ -315,7 +333,7 @@ class RedisKeyBackend:
                 failure = exc
                 continue
             try:
-                reply = await self._write(keys=_WRITE_KEYS, args=args)
+                reply = await self._write(keys=self._keys, args=args)
             except ResponseError:
                 raise  # refused by the server: it did not run
             except Exception as exc:
@@ -332,7 +350,7 @@ class RedisKeyBackend:
         raise failure
 
     async def merge(
-        self, records: Sequence[KeyRecord], revoked: Sequence[tuple[str, float]], epoch: str
+        self, records: Sequence[R], revoked: Sequence[tuple[str, float]], epoch: str
     ) -> tuple[str, int]:
         """Write ``records`` and ``revoked`` back where they are newer than what the store
         holds (``epoch``: the one expected, "" for any: the store gets one if it has
@@ -344,7 +362,7 @@ class RedisKeyBackend:
         args.append(len(revoked))
         for name, at in revoked:
             args += [name, at]
-        reply = await self._merge(keys=_WRITE_KEYS[:6], args=args)
+        reply = await self._merge(keys=self._keys[:6], args=args)
         changed = int(reply[1])
         if changed < 0:
             raise WriteRefused("epoch")
@@ -355,3 +373,12 @@ class RedisKeyBackend:
             await self._client.aclose()
         if self._sentinels is not None:
             await self._sentinels.aclose()
+
+
+class RedisKeyBackend(RedisRecordBackend[KeyRecord]):
+    """The client keys' store (``records.KEYS``: ``llmproxy:{apikeys}:*``)."""
+
+    def __init__(
+        self, url: str, *, timeout: float = 1.0, sentinel: SentinelTarget | None = None
+    ) -> None:
+        super().__init__(url, kind=KEYS, timeout=timeout, sentinel=sentinel)

@@ -1,4 +1,5 @@
-"""``RuntimeKeys``: the client keys of the admin API, for one process.
+"""``RecordStore``: named records of one kind managed through the admin API, for one
+process; ``RuntimeKeys``: its client keys (``teams.py``'s ``RuntimeTeams``: its teams).
 
 Lookups read this process's index only (``index.py``), never Redis: the hot path costs
 one dict access more for a key the config does not have. Writes go to the backend first
@@ -7,13 +8,13 @@ replicas see them at their next poll, every ``POLL_INTERVAL``, reading only what
 
 What this process knows of a shared store is its *view*: ``unread`` until a first full
 read succeeds (nothing from the store can be authenticated: 503, and the replica is not
-ready), ``current`` while reads succeed, ``unreachable`` once one failed (the keys read
+ready), ``current`` while reads succeed, ``unreachable`` once one failed (the records read
 keep working, a key it never saw gets 503, not 401). A store that lost its data (its epoch
 gone or another: ``backend.py``) is an error line, ``on_lost`` (a metric) and
 ``status()``'s ``losses_detected``; this process writes what it knew back (the newest of
 each name wins, so several replicas' copies merge, and what was written since the loss
-stays), then reads the store again: every replica ends with the same keys, each still
-revocable, and a key no replica could restore stops working.
+stays), then reads the store again: every replica ends with the same records, each still
+deletable, and a record no replica could restore is gone.
 """
 
 from __future__ import annotations
@@ -22,19 +23,18 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Container
-from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic
 
 from proxy.background import stop
 from proxy.catalog import key_limits
 from proxy.config import ClientKey
 from proxy.errors import InvalidRequest, ModelNotFound, ServiceUnavailable
-from proxy.keys.backend import Changes, KeyBackend, WriteRefused, WriteUnknown
-from proxy.keys.index import KeyIndex
+from proxy.keys.backend import Changes, Kind, R, RecordBackend, WriteRefused, WriteUnknown
+from proxy.keys.index import KeyIndex, RecordIndex
 from proxy.keys.listing import Page, page_of
-from proxy.keys.memory_backend import MemoryKeyBackend
-from proxy.keys.records import KeyRecord, digest_of, new_key_id, new_secret
-from proxy.keys.redis_backend import RedisKeyBackend
+from proxy.keys.memory_backend import MemoryBackend
+from proxy.keys.records import KEYS, KeyRecord, digest_of, new_key_id, new_secret, rfc3339
+from proxy.keys.redis_backend import RedisRecordBackend
 from proxy.limiter.base import KeyLimits
 from proxy.limiter.redis.sentinel import SentinelTarget
 
@@ -45,10 +45,15 @@ __all__ = [
     "KeyRevoked",
     "KeyStoreUnavailable",
     "OutcomeUnknown",
+    "RecordStore",
     "RuntimeKeys",
+    "backend_for",
+    "merged",
 ]
 
 logger = logging.getLogger("proxy.keys")
+
+KeyBackend = RecordBackend[KeyRecord]
 
 POLL_INTERVAL = 0.25  # a change reaches every replica within this and a round trip
 _ATTEMPTS = 5  # a PATCH or rotation racing another replica's write is retried
@@ -66,7 +71,7 @@ class Conflict(InvalidRequest):
 
 
 class KeyStoreUnavailable(ServiceUnavailable):
-    """The shared key store did not answer: nothing was changed (audited
+    """The shared store (of keys, of teams) did not answer: nothing was changed (audited
     ``unavailable``)."""
 
     default_code = "key_store_unavailable"
@@ -83,30 +88,31 @@ class OutcomeUnknown(KeyStoreUnavailable):
 
 
 class KeyRevoked(ModelNotFound):
-    """A revoke of a key already revoked (a retry whose first attempt happened)."""
+    """A delete of a record already deleted (a retry whose first attempt happened):
+    ``key_revoked``, ``team_deleted``."""
 
     default_code = "key_revoked"
 
 
 def _nobody(name: str) -> None:
-    """Told of a key gone, by default: no one."""
+    """Told of a record gone, by default: no one."""
 
 
 def _no_one() -> None:
     """Told of a store that lost its data, by default: no one (the log line is written)."""
 
 
-class RuntimeKeys:
-    """``shared``: the backend is seen by other replicas (poll it); ``refusal``: why
-    keys cannot be managed here at all (several workers without Redis), answered 409.
-    ``on_gone`` hears the name of every key this process stops knowing (revoked here,
-    deleted by another replica, absent from a full reload): the pipeline in force's
-    catalog drops what it built for it (``Catalog.forget``). ``on_lost`` hears of every
+class RecordStore(Generic[R]):
+    """The records of one ``kind``. ``shared``: the backend is seen by other replicas
+    (poll it); ``refusal``: why records cannot be managed here at all (several workers
+    without Redis), answered 409. ``on_gone`` hears the name of every record this process
+    stops knowing (deleted here or by another replica, absent from a full reload): the
+    pipeline in force's catalog drops what it built for it. ``on_lost`` hears of every
     loss of the shared store's data this process detects."""
 
     def __init__(
         self,
-        backend: KeyBackend,
+        backend: RecordBackend[R],
         *,
         shared: bool,
         refusal: str | None = None,
@@ -114,9 +120,10 @@ class RuntimeKeys:
         poll_interval: float = POLL_INTERVAL,
     ) -> None:
         self.backend = backend
+        self.kind = self._kind()
         self.shared = shared
         self.refusal = refusal
-        self.index = KeyIndex()
+        self.index = self._new_index()
         self._clock = clock
         self._poll_interval = poll_interval
         self._seen = 0
@@ -133,22 +140,12 @@ class RuntimeKeys:
         self.on_gone: Callable[[str], None] = _nobody
         self.on_lost: Callable[[], None] = _no_one
 
-    # -- lookups (the request path) -------------------------------------------------------
+    def _kind(self) -> Kind[R]:
+        """What this store holds (each subclass's)."""
+        raise NotImplementedError
 
-    def find(self, sha256: str) -> tuple[ClientKey, KeyLimits] | None:
-        if not self.index:
-            return None
-        return self.index.find(sha256, self._clock())
-
-    def limits_of(self, key: ClientKey) -> KeyLimits:
-        """The limits of ``key``, which ``find`` returned: its record's (built once), or,
-        if that record has changed or gone since, built from the key itself."""
-        record = self.index.get(key.name)
-        if record is not None:
-            built, limits = record.client_key()
-            if built is key:
-                return limits
-        return key_limits(key)
+    def _new_index(self) -> RecordIndex[R]:
+        return RecordIndex()
 
     def __len__(self) -> int:
         return len(self.index)
@@ -168,17 +165,6 @@ class RuntimeKeys:
     def can_hold_keys(self) -> bool:
         return self.refusal is None
 
-    def needed(self, key_api: bool, configured: bool) -> bool:
-        """Whether requests depend on reading the shared store (``key_api``: the admin
-        key API is on; ``configured``: the config file has client keys): not read yet
-        (with the key API on, or no keys in the file: it may hold every key), or it holds
-        keys (their revocations must reach this process), or every key lives in it."""
-        if not self.shared:
-            return False
-        if not self.loaded:
-            return key_api or not configured
-        return len(self.index) > 0 or (key_api and not configured)
-
     def state(self) -> str:
         """``current``, ``unread`` (never read since start) or ``unreachable`` (read, but
         the last look failed)."""
@@ -187,40 +173,44 @@ class RuntimeKeys:
         return "unreachable" if self._failing else "current"
 
     def unavailable(self) -> KeyStoreUnavailable:
-        """The answer to a request whose key this process cannot check now."""
+        """The answer to a request this process cannot check now."""
         why = "has not been read yet" if not self.loaded else "does not answer"
         return KeyStoreUnavailable(
-            f"The client key store (Redis) {why} on this replica: the key cannot be"
-            " checked now; retry shortly."
+            f"The store of {self.kind.label} (Redis) {why} on this replica: the request"
+            " cannot be checked now; retry shortly."
         )
 
     def status(self) -> dict[str, Any]:
-        """What ``/admin/state`` shows of the store (``key_store``)."""
+        """What ``/admin/state`` shows of the store (``key_store``, ``team_store``)."""
         return {
             "backend": "redis" if self.shared else "process",
             "state": self.state(),
-            "keys": len(self.index),
+            f"{self.kind.noun}s": len(self.index),
             "losses_detected": self.losses,
             "last_loss": self.last_loss,
         }
 
+    async def get(self, name: str) -> R | None:
+        return self.index.get(name)
+
     # -- life -----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Load every key (a Redis that does not answer: retried by the poll), then poll."""
+        """Load every record (a Redis that does not answer: retried by the poll), then
+        poll."""
         if not self.shared:
             return
         try:
             await self.refresh()
         except Exception as exc:
             logger.warning(
-                "run-time client keys: cannot read the shared store at start: %s; until"
-                " it is read, a key the config file does not have gets 503"
-                " key_store_unavailable (retried every %g s)",
+                "%s: cannot read the shared store at start: %s; until it is read, what"
+                " needs it gets 503 key_store_unavailable (retried every %g s)",
+                self.kind.label,
                 exc,
                 self._poll_interval,
             )
-        self._task = asyncio.create_task(self._poll_forever(), name="runtime-keys-poll")
+        self._task = asyncio.create_task(self._poll_forever(), name=f"{self.kind.tag}-poll")
 
     async def aclose(self) -> None:
         await stop(self._task)
@@ -255,11 +245,11 @@ class RuntimeKeys:
         self._seen = changes.version
 
     async def _reload(self) -> list[str]:
-        """Every key again: a new index built beside the one in use, a slice per loop
+        """Every record again: a new index built beside the one in use, a slice per loop
         turn (100,000 keys would stall requests), then swapped in at once. Returns the
         names gone."""
         snapshot = await self.backend.load_all()
-        index = KeyIndex()
+        index = self._new_index()
         records = snapshot.records
         for start in range(0, len(records), _INDEX_SLICE):
             for record in records[start : start + _INDEX_SLICE]:
@@ -273,10 +263,11 @@ class RuntimeKeys:
         self.loaded = True
         for name in gone:
             self.on_gone(name)
-        logger.info("run-time client keys loaded", extra={"keys": len(records)})
+        logger.info(f"{self.kind.label} loaded", extra={f"{self.kind.noun}s": len(records)})
         return gone
 
     async def _poll_forever(self) -> None:
+        label = self.kind.label
         while True:
             await asyncio.sleep(self._poll_interval)
             failing = self._failing or not self.loaded
@@ -284,43 +275,47 @@ class RuntimeKeys:
                 await self.refresh()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # Redis away: keep the keys known, try again
+            except Exception as exc:  # Redis away: keep the records known, try again
                 if not failing:
-                    logger.warning("run-time client keys: cannot read the shared store: %s", exc)
+                    logger.warning("%s: cannot read the shared store: %s", label, exc)
             else:
                 if failing:
-                    logger.info("run-time client keys: the shared store answers again")
+                    logger.info("%s: the shared store answers again", label)
 
     # -- a store that lost its data -------------------------------------------------------
 
-    async def _recover(self, changes: Changes) -> None:
+    async def _recover(self, changes: Changes[R]) -> None:
         """The store is not the one last read: its epoch is gone or another (wiped), or
         its version went back (a failover to a replica that lagged). Counted and logged
         once; what this process knew written back; then everything read again."""
         reason = "wiped" if changes.epoch != self._epoch else "rolled_back"
         held = bool(self.index) or bool(self._revoked)
+        label, noun = self.kind.label, self.kind.noun
         if not self._epoch and changes.epoch:  # its first write since this process read it
             await self._reload()
             return
         if not held:  # nothing was lost that this process knew of: adopt it quietly
-            logger.info("run-time client keys: the shared store was reset (it held no keys)")
+            logger.info("%s: the shared store was reset (it held no %ss)", label, noun)
             await self._reload()
             return
         if self._counted != (self._epoch, self._seen):
             self._counted = (self._epoch, self._seen)
             self.losses += 1
             self.on_lost()
-            self.last_loss = {"at": _rfc3339(self._clock()), "reason": reason, "outcome": "pending"}
+            self.last_loss = {"at": rfc3339(self._clock()), "reason": reason, "outcome": "pending"}
             logger.error(
-                "run-time client keys: the shared key store lost its data (%s): epoch %s"
-                " version %d was read, the store now has epoch %s version %d; writing back"
-                " the %d keys and %d revocations this replica knew",
+                "%s: the shared %s store lost its data (%s): epoch %s version %d was read,"
+                " the store now has epoch %s version %d; writing back the %d %ss and %d"
+                " deletions this replica knew",
+                label,
+                noun,
                 reason,
                 self._epoch or "-",
                 self._seen,
                 changes.epoch or "none",
                 changes.version,
                 len(self.index),
+                noun,
                 len(self._revoked),
             )
         fresh = time.monotonic() - self._last_read <= RESTORE_MAX_AGE
@@ -330,20 +325,23 @@ class RuntimeKeys:
             self.last_loss.update(
                 outcome="restored" if fresh else "not_restored",
                 written_back=written,
-                keys_gone=len(gone),
+                **{f"{noun}s_gone": len(gone)},
             )
         log = logger.error if gone or not fresh else logger.warning
         log(
-            "run-time client keys: the shared key store was filled again: %d names written"
-            " back from this replica, %d keys it knew are gone%s",
+            "%s: the shared %s store was filled again: %d names written back from this"
+            " replica, %d %ss it knew are gone%s",
+            label,
+            noun,
             written,
             len(gone),
+            noun,
             "" if fresh else " (its copy was too old to write back)",
             extra={"gone": gone[:100]},
         )
 
     async def _write_back(self) -> int:
-        """This process's records and revocations into the store, newest wins."""
+        """This process's records and deletions into the store, newest wins."""
         records = self.index.records()
         revoked = list(self._revoked.items())
         epoch, written = "", 0
@@ -365,17 +363,239 @@ class RuntimeKeys:
 
     # -- operations (the admin API) -------------------------------------------------------
 
-    async def create(
-        self, name: str, spec: dict[str, Any], expires_at: float | None
-    ) -> tuple[KeyRecord, str]:
+    async def _create(self, record: R) -> None:
+        """``record`` written (409 if its name exists), then known here."""
         self._check_allowed()
-        await self._ensure_read()
-        now = self._clock()
-        secret = new_secret()
-        record = KeyRecord(name, spec, digest_of(secret), now, now, expires_at, key_id=new_key_id())
+        await self.ensure_read()
+        name = record.name
         await self._write(lambda: self.backend.create(record, self._epoch), name, "create")
         self.index.apply(name, record)
         self._remember(name, None)
+
+    async def _delete(self, name: str, operation: str) -> None:
+        """``name`` deleted (404 if there is none), then gone here."""
+        self._check_allowed()
+        await self.ensure_read()
+        at = self._clock()
+        await self._write(lambda: self.backend.delete(name, self._epoch, at), name, operation)
+        self._apply(name, None)
+        self._remember(name, at)
+
+    def _apply(self, name: str, record: R | None) -> None:
+        """``name`` is now ``record`` (None: deleted, here or by another replica)."""
+        known = self.index.get(name) is not None
+        self.index.apply(name, record)
+        if record is None and known:
+            self.on_gone(name)
+
+    def names(
+        self,
+        prefix: str = "",
+        skip: Container[str] = (),
+        where: Callable[[R], bool] | None = None,
+    ) -> list[str]:
+        """The records' names in order, those starting with ``prefix`` (and ``where``
+        holds of), without ``skip`` (the config's: they win)."""
+        names = self.index.names()
+        if prefix:
+            names = [n for n in names if n.startswith(prefix)]
+        if skip:
+            names = [n for n in names if n not in skip]
+        if where is not None:
+            names = [n for n in names if (r := self.index.get(n)) and where(r)]
+        return names
+
+    def listing(
+        self,
+        configured: Collection[str],
+        page: int,
+        per_page: int,
+        prefix: str = "",
+        *,
+        where: Callable[[R], bool] | None = None,
+        hidden: Collection[str] | None = None,
+    ) -> tuple[Page, list[R]]:
+        """One page of the listing of both sources (``listing.page_of``): the config's
+        ``configured`` names first, then this store's (``prefix``, ``where``, those the
+        config's ``hidden``, default ``configured``, do not hide); with the records of
+        this store's on it."""
+        skip = configured if hidden is None else hidden
+        created = self.names(prefix, skip=skip, where=where)
+        chosen = page_of(list(configured), created, page, per_page)
+        return chosen, [r for n in chosen.created if (r := self.index.get(n)) is not None]
+
+    async def _change(self, name: str, change: Callable[[R], R], operation: str) -> R:
+        await self.ensure_read()
+        looked_again = False
+        for _ in range(_ATTEMPTS):
+            found = await self._call(self.backend.get(name))
+            if found is None and not looked_again:
+                looked_again = True  # the store may have lost it: a look recovers it
+                await self.read_now()
+                continue
+            if found is None:
+                raise self._missing(name)
+            current, raw = found
+            record = change(current)
+            try:
+                epoch = await self._call(
+                    self.backend.update(record, raw, self._epoch), name=name, kind=operation
+                )
+                self._adopt(epoch)
+            except WriteRefused as refused:
+                if refused.reason == "missing":
+                    raise self._missing(name) from None
+                if refused.reason == "epoch":
+                    await self.read_now()
+                continue  # another replica changed it meanwhile: again, from its version
+            self.index.apply(name, record)
+            return record
+        noun = self.kind.noun
+        raise Conflict(f"The {noun} '{name}' kept changing; try again.", code=f"{noun}_busy")
+
+    async def _write(self, operation: Callable[[], Awaitable[str]], name: str, kind: str) -> None:
+        """A create or a delete: once more after a look at the store if it is not the
+        one this process read (it lost its data: the look writes back what it knew)."""
+        for attempt in range(2):
+            try:
+                self._adopt(await self._call(operation(), name=name, kind=kind))
+                return
+            except WriteRefused as refused:
+                if refused.reason == "epoch" and attempt == 0:
+                    await self.read_now()
+                    continue
+                raise self._refused(refused, name) from None
+
+    def _adopt(self, epoch: str) -> None:
+        """The epoch this process's first write to a store never written created."""
+        if not self._epoch:
+            self._epoch = epoch
+
+    async def ensure_read(self) -> None:
+        """The store read once at least (else a 503 saying nothing was changed)."""
+        if not self.loaded:
+            await self.read_now()
+
+    async def read_now(self) -> None:
+        """What changed read now (else a 503 saying nothing was changed)."""
+        try:
+            await self.refresh()
+        except Exception as exc:
+            raise KeyStoreUnavailable(
+                f"The shared {self.kind.noun} store cannot be read ({type(exc).__name__});"
+                " nothing was changed; retry shortly."
+            ) from None
+
+    async def _call(self, call: Awaitable[Any], *, name: str = "", kind: str = "") -> Any:
+        """``call``'s result; a store that does not answer is a 503: ``OutcomeUnknown``
+        if the ``kind`` of write on ``name`` may have happened."""
+        try:
+            return await call
+        except (WriteRefused, asyncio.CancelledError):
+            raise
+        except WriteUnknown as exc:
+            raise self._unknown(kind, name, exc) from None
+        except Exception as exc:
+            raise KeyStoreUnavailable(
+                f"The shared {self.kind.noun} store is unavailable ({type(exc).__name__});"
+                " nothing was changed; retry shortly."
+            ) from None
+
+    def _check_allowed(self) -> None:
+        if self.refusal is not None:
+            raise Conflict(self.refusal, code="runtime_keys_unavailable")
+
+    def _unknown(self, operation: str, name: str, exc: WriteUnknown) -> OutcomeUnknown:
+        says = self.kind.retry_says.get(operation, "retry").format(name=name)
+        return OutcomeUnknown(
+            f"The shared {self.kind.noun} store did not answer in time ({exc}): the outcome"
+            f" is unknown, the {operation or 'write'} of '{name}' may have happened."
+            f" Retry: {says}."
+        )
+
+    def _refused(self, refused: WriteRefused, name: str) -> Exception:
+        noun = self.kind.noun
+        if refused.reason == "exists":
+            return Conflict(
+                f"A {noun} named '{name}' exists{self.kind.exists_note}.", code=f"{noun}_exists"
+            )
+        if refused.reason == "revoked":
+            when = f" at {rfc3339(refused.revoked_at)}" if refused.revoked_at else ""
+            return KeyRevoked(
+                f"The {noun} '{name}' was {self.kind.gone}{when}: nothing left to do.",
+                code=f"{noun}_{self.kind.gone}",
+            )
+        if refused.reason == "epoch":
+            return KeyStoreUnavailable(
+                f"The shared {noun} store changed while it was written to; nothing was"
+                " changed; retry shortly."
+            )
+        return self._missing(name)
+
+    def _missing(self, name: str) -> ModelNotFound:
+        noun = self.kind.noun
+        return ModelNotFound(
+            f"No {noun} created through the API is named '{name}'.", code=f"{noun}_not_found"
+        )
+
+
+class RuntimeKeys(RecordStore[KeyRecord]):
+    """The client keys of the admin API (``records.KEYS``): ``on_gone`` tells the
+    pipeline in force's catalog of a key gone (``Catalog.forget``)."""
+
+    index: KeyIndex
+
+    def _kind(self) -> Kind[KeyRecord]:
+        return KEYS
+
+    def _new_index(self) -> KeyIndex:
+        return KeyIndex()
+
+    # -- lookups (the request path) -------------------------------------------------------
+
+    def find(self, sha256: str) -> tuple[ClientKey, KeyLimits] | None:
+        if not self.index:
+            return None
+        return self.index.find(sha256, self._clock())
+
+    def limits_of(self, key: ClientKey) -> KeyLimits:
+        """The limits of ``key``, which ``find`` returned: its record's (built once), or,
+        if that record has changed or gone since, built from the key itself."""
+        record = self.index.get(key.name)
+        if record is not None:
+            built, limits = record.client_key()
+            if built is key:
+                return limits
+        return key_limits(key)
+
+    def needed(self, key_api: bool, configured: bool) -> bool:
+        """Whether requests depend on reading the shared store (``key_api``: the admin
+        key API is on; ``configured``: the config file has client keys): not read yet
+        (with the key API on, or no keys in the file: it may hold every key), or it holds
+        keys (their revocations must reach this process), or every key lives in it."""
+        if not self.shared:
+            return False
+        if not self.loaded:
+            return key_api or not configured
+        return len(self.index) > 0 or (key_api and not configured)
+
+    def unavailable(self) -> KeyStoreUnavailable:
+        """The answer to a request whose key this process cannot check now."""
+        why = "has not been read yet" if not self.loaded else "does not answer"
+        return KeyStoreUnavailable(
+            f"The client key store (Redis) {why} on this replica: the key cannot be"
+            " checked now; retry shortly."
+        )
+
+    # -- operations (the admin API) -------------------------------------------------------
+
+    async def create(
+        self, name: str, spec: dict[str, Any], expires_at: float | None
+    ) -> tuple[KeyRecord, str]:
+        now = self._clock()
+        secret = new_secret()
+        record = KeyRecord(name, spec, digest_of(secret), now, now, expires_at, key_id=new_key_id())
+        await self._create(record)
         return record, secret
 
     async def update(
@@ -390,10 +610,8 @@ class RuntimeKeys:
         self._check_allowed()
 
         def change(record: KeyRecord) -> KeyRecord:
-            merged = {**record.spec, **changes}
-            spec = validate({k: v for k, v in merged.items() if v is not None})
             expiry = record.expires_at if expires is None else expires[0]
-            return record.changed(spec, expiry, self._clock())
+            return record.changed(merged(record.spec, changes, validate), expiry, self._clock())
 
         return await self._change(name, change, "update")
 
@@ -406,36 +624,7 @@ class RuntimeKeys:
         return record, secret
 
     async def revoke(self, name: str) -> None:
-        self._check_allowed()
-        await self._ensure_read()
-        at = self._clock()
-        await self._write(lambda: self.backend.delete(name, self._epoch, at), name, "revoke")
-        self._apply(name, None)
-        self._remember(name, at)
-
-    async def get(self, name: str) -> KeyRecord | None:
-        return self.index.get(name)
-
-    def _apply(self, name: str, record: KeyRecord | None) -> None:
-        """``name`` is now ``record`` (None: deleted, here or by another replica)."""
-        known = self.index.get(name) is not None
-        self.index.apply(name, record)
-        if record is None and known:
-            self.on_gone(name)
-
-    def names(
-        self, prefix: str = "", skip: Container[str] = (), team: str | None = None
-    ) -> list[str]:
-        """The keys' names in order, those starting with ``prefix`` (and in ``team``),
-        without ``skip`` (the config's: they win)."""
-        names = self.index.names()
-        if prefix:
-            names = [n for n in names if n.startswith(prefix)]
-        if skip:
-            names = [n for n in names if n not in skip]
-        if team is not None:
-            names = [n for n in names if (r := self.index.get(n)) and r.spec.get("team") == team]
-        return names
+        await self._delete(name, "revoke")
 
     def page(
         self,
@@ -447,163 +636,71 @@ class RuntimeKeys:
         team: str | None = None,
         hidden: Collection[str] | None = None,
     ) -> tuple[Page, list[KeyRecord]]:
-        """One page of the listing of both sources (``listing.page_of``): the config's
-        ``configured`` names first, then this store's (``prefix``, ``team``, those the
-        config's ``hidden``, default ``configured``, do not hide); with the records of
-        this store's on it."""
-        skip = configured if hidden is None else hidden
-        created = self.names(prefix, skip=skip, team=team)
-        chosen = page_of(list(configured), created, page, per_page)
-        return chosen, [r for n in chosen.created if (r := self.index.get(n)) is not None]
+        """One page of the keys' listing (``listing``): those of ``team`` if given."""
+        where = None if team is None else _in_team(team)
+        return self.listing(configured, page, per_page, prefix, where=where, hidden=hidden)
 
-    async def _change(
-        self, name: str, change: Callable[[KeyRecord], KeyRecord], operation: str
-    ) -> KeyRecord:
-        await self._ensure_read()
-        looked_again = False
-        for _ in range(_ATTEMPTS):
-            found = await self._call(self.backend.get(name))
-            if found is None and not looked_again:
-                looked_again = True  # the store may have lost it: a look recovers it
-                await self._read_now()
-                continue
-            if found is None:
-                raise _missing(name)
-            current, raw = found
-            record = change(current)
-            try:
-                epoch = await self._call(
-                    self.backend.update(record, raw, self._epoch), name=name, kind=operation
-                )
-                self._adopt(epoch)
-            except WriteRefused as refused:
-                if refused.reason == "missing":
-                    raise _missing(name) from None
-                if refused.reason == "epoch":
-                    await self._read_now()
-                continue  # another replica changed it meanwhile: again, from its version
-            self.index.apply(name, record)
-            return record
-        raise Conflict(f"The key '{name}' kept changing; try again.", code="key_busy")
-
-    async def _write(self, operation: Callable[[], Awaitable[str]], name: str, kind: str) -> None:
-        """A create or a revoke: once more after a look at the store if it is not the
-        one this process read (it lost its data: the look writes back what it knew)."""
-        for attempt in range(2):
-            try:
-                self._adopt(await self._call(operation(), name=name, kind=kind))
-                return
-            except WriteRefused as refused:
-                if refused.reason == "epoch" and attempt == 0:
-                    await self._read_now()
-                    continue
-                raise _refused(refused, name) from None
-
-    def _adopt(self, epoch: str) -> None:
-        """The epoch this process's first write to a store never written created."""
-        if not self._epoch:
-            self._epoch = epoch
-
-    async def _ensure_read(self) -> None:
-        if not self.loaded:
-            await self._read_now()
-
-    async def _read_now(self) -> None:
-        try:
-            await self.refresh()
-        except Exception as exc:
-            raise KeyStoreUnavailable(
-                f"The shared key store cannot be read ({type(exc).__name__}); nothing was"
-                " changed; retry shortly."
-            ) from None
-
-    @staticmethod
-    async def _call(call: Awaitable[Any], *, name: str = "", kind: str = "") -> Any:
-        """``call``'s result; a store that does not answer is a 503: ``OutcomeUnknown``
-        if the ``kind`` of write on ``name`` may have happened."""
-        try:
-            return await call
-        except (WriteRefused, asyncio.CancelledError):
-            raise
-        except WriteUnknown as exc:
-            raise _unknown(kind, name, exc) from None
-        except Exception as exc:
-            raise KeyStoreUnavailable(
-                f"The shared key store is unavailable ({type(exc).__name__}); nothing was"
-                " changed; retry shortly."
-            ) from None
-
-    def _check_allowed(self) -> None:
-        if self.refusal is not None:
-            raise Conflict(self.refusal, code="runtime_keys_unavailable")
+    def in_team(self, team: str) -> list[str]:
+        """The names of the keys of ``team`` (a team's delete is refused while any is)."""
+        return self.names(where=_in_team(team))
 
 
-# What a retry of a write whose outcome is unknown answers, by operation.
-_RETRY_SAYS = {
-    "create": "a retry answers 409 key_exists if it was (rotate the key for a secret:"
-    " POST /admin/keys/{name}/rotate)",
-    "update": "retrying the same change is safe",
-    "rotate": "a retry rotates it again and answers the secret in force (that of an"
-    " attempt which happened is never shown, and the grace then runs from the retry)",
-    "revoke": "a retry answers 204, or 404 key_revoked if it was",
-}
+def merged(
+    spec: dict[str, Any],
+    changes: dict[str, Any],
+    validate: Callable[[dict[str, Any]], dict[str, Any]],
+) -> dict[str, Any]:
+    """An entry's fields after a PATCH: ``changes`` over ``spec`` (a null removes a
+    field), checked by ``validate``."""
+    fields = {**spec, **changes}
+    return validate({k: v for k, v in fields.items() if v is not None})
 
 
-def _unknown(operation: str, name: str, exc: WriteUnknown) -> OutcomeUnknown:
-    says = _RETRY_SAYS.get(operation, "retry").format(name=name)
-    return OutcomeUnknown(
-        f"The shared key store did not answer in time ({exc}): the outcome is unknown,"
-        f" the {operation or 'write'} of '{name}' may have happened. Retry: {says}."
+def _in_team(team: str) -> Callable[[KeyRecord], bool]:
+    return lambda record: record.spec.get("team") == team
+
+
+def backend_for(
+    kind: Kind[R],
+    redis_url: str,
+    workers: int,
+    timeout: float,
+    sentinel: SentinelTarget | None = None,
+) -> tuple[RecordBackend[R], bool, str | None]:
+    """Where one process keeps the records of ``kind``, whether that is shared, and why
+    they cannot be managed (None: they can): in Redis when there is one (a URL, or the
+    primary its ``sentinel``s name); else in this process, and refused (409) with several
+    workers, each of which would hold its own."""
+    plural = kind.label.removeprefix("run-time ")
+    if redis_url or sentinel is not None:
+        backend = RedisRecordBackend(
+            redis_url, kind=kind, timeout=max(timeout, 0.5), sentinel=sentinel
+        )
+        return backend, True, None
+    if workers > 1:
+        refusal = (
+            f"{plural.capitalize()} cannot be managed through the API with {workers} workers"
+            f" and no redis.url: each worker is a process of its own and would know only the"
+            f" {plural} created through it. Configure redis.url, or run one worker."
+        )
+        logger.info(
+            "%s (%s) are off: %d workers, no redis.url.",
+            kind.label.capitalize(),
+            kind.path,
+            workers,
+        )
+        return MemoryBackend(kind), False, refusal
+    logger.info(
+        "%s created through %s live in this process (no redis.url): they are lost on restart.",
+        plural.capitalize(),
+        kind.path,
     )
-
-
-def _refused(refused: WriteRefused, name: str) -> Exception:
-    if refused.reason == "exists":
-        return Conflict(
-            f"A key named '{name}' exists (if an earlier create of it answered that its"
-            " outcome is unknown, it happened: rotate the key for a secret).",
-            code="key_exists",
-        )
-    if refused.reason == "revoked":
-        when = f" at {_rfc3339(refused.revoked_at)}" if refused.revoked_at else ""
-        return KeyRevoked(f"The key '{name}' was revoked{when}: nothing left to do.")
-    if refused.reason == "epoch":
-        return KeyStoreUnavailable(
-            "The shared key store changed while it was written to; nothing was changed;"
-            " retry shortly."
-        )
-    return _missing(name)
-
-
-def _missing(name: str) -> ModelNotFound:
-    return ModelNotFound(f"No key created through the API is named '{name}'.", code="key_not_found")
-
-
-def _rfc3339(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return MemoryBackend(kind), False, None
 
 
 def runtime_keys_for(
     redis_url: str, workers: int, timeout: float, sentinel: SentinelTarget | None = None
 ) -> RuntimeKeys:
-    """The run-time key store of one process: in Redis when there is one (a URL, or the
-    primary its ``sentinel``s name); else in this process, and refused (409) with several
-    workers, each of which would hold its own."""
-    if redis_url or sentinel is not None:
-        backend = RedisKeyBackend(redis_url, timeout=max(timeout, 0.5), sentinel=sentinel)
-        return RuntimeKeys(backend, shared=True)
-    if workers > 1:
-        refusal = (
-            f"Client keys cannot be managed through the API with {workers} workers and no"
-            " redis.url: each worker is a process of its own and would know only the keys"
-            " created through it. Configure redis.url, or run one worker."
-        )
-        logger.info(
-            "Run-time client keys (/admin/keys) are off: %d workers, no redis.url.", workers
-        )
-        return RuntimeKeys(MemoryKeyBackend(), shared=False, refusal=refusal)
-    logger.info(
-        "Client keys created through /admin/keys live in this process (no redis.url):"
-        " they are lost on restart."
-    )
-    return RuntimeKeys(MemoryKeyBackend(), shared=False)
+    """The run-time key store of one process (``backend_for``)."""
+    backend, shared, refusal = backend_for(KEYS, redis_url, workers, timeout, sentinel)
+    return RuntimeKeys(backend, shared=shared, refusal=refusal)

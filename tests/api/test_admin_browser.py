@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import html
 import json
 import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -89,6 +91,21 @@ def test_the_admin_page_in_a_browser_shows_cooling_and_waiting(
     assert "data-deployment" not in refused.dom
 
 
+_RESULT = "document.getElementById('result').textContent"
+
+
+def _script(steps: list[list[Any]], seen: str = _RESULT) -> str:
+    """The user's ``steps`` (form, fields) on the key manager; after each, ``seen`` (a
+    JavaScript expression) is kept in the page (``_answers``)."""
+    return _SUBMIT % {"admin": json.dumps(ADMIN_KEY), "steps": json.dumps(steps), "seen": seen}
+
+
+def _answers(page: Page) -> list[Any]:
+    found = re.search(r'data-answers="([^"]*)"', page.dom)
+    assert found, page.dom[-2000:]
+    return list(json.loads(html.unescape(found.group(1))))
+
+
 # What a user does on the key manager: type the admin key, fill a form, press its button,
 # and wait for the page's answer. One form a step; the answer is in <output id="result">.
 _SUBMIT = """
@@ -108,7 +125,7 @@ _SUBMIT = """
     for (const [name, value] of Object.entries(fields)) set(form, name, value);
     document.querySelector(`#${form} button`).click();
     await done();
-    answers.push(document.getElementById('result').textContent);
+    answers.push(%(seen)s);
   }
   document.body.dataset.answers = JSON.stringify(answers);
 })()
@@ -128,7 +145,7 @@ def test_the_key_manager_creates_rotates_and_revokes_from_the_browser(
         ["rotate", {"target": "from-browser", "grace": "0s"}],
         ["revoke", {"target": "from-browser"}],
     ]
-    script = _SUBMIT % {"admin": json.dumps(ADMIN_KEY), "steps": json.dumps(steps)}
+    script = _script(steps)
 
     with ProxyInThread(settings_from(config(upstream.base_url))) as proxy:
         page = asyncio.run(
@@ -147,12 +164,75 @@ def test_the_key_manager_creates_rotates_and_revokes_from_the_browser(
         listed = httpx.get(f"{proxy.url}/admin/keys", headers=ADMIN).json()["keys"]
 
     assert page.status == 200
-    answers = json.loads(
-        re.search(r'data-answers="([^"]*)"', page.dom).group(1).replace("&quot;", '"')  # type: ignore[union-attr]
-    )
-    created, rotated, revoked = answers
+    created, rotated, revoked = _answers(page)
     assert created.startswith("201 ") and '"key":"sk-llmp-' in created
     assert rotated.startswith("200 ") and '"key":"sk-llmp-' in rotated
     assert revoked.startswith("204 ")
     assert forged.status_code == 401
     assert [k["name"] for k in listed] == ["team-a"]  # created, then revoked: gone
+
+
+def test_the_key_manager_gives_keys_a_team_windows_budgets_and_expiry_and_manages_teams(
+    chromium: str, upstream: FakeUpstreamHandle
+) -> None:
+    """The teams section: a team created, changed and deleted from the page (refused while
+    a key names it); a key given that team (chosen among the known ones, the new one
+    included), windows, budgets and an expiry from its forms. After each step the page's
+    answer and its teams table are kept."""
+    settings = config(upstream.base_url)
+    settings["teams"] = [{"name": "research", "rpm": 50}]
+    steps = [
+        [
+            "team-create",
+            {"name": "squad", "rpm": "2", "budgets": '[{"usd": 5, "period": "month"}]'},
+        ],
+        [
+            "create",
+            {
+                "name": "member",
+                "team": "squad",
+                "limits": '[{"requests": 100, "per": "1h"}]',
+                "budgets": '[{"tokens": 1000, "period": "day"}]',
+                "expires_at": "2030-01-15T12:00",
+            },
+        ],
+        ["team-edit", {"target": "squad", "rpm": "9", "limits": '[{"tokens": 500, "per": "1m"}]'}],
+        ["team-delete", {"target": "squad"}],
+        ["edit", {"target": "member", "team": "-", "rpm": "4"}],
+        ["team-delete", {"target": "squad"}],
+        ["create", {"name": "broken", "limits": "not json"}],
+    ]
+    rows = "[...document.querySelectorAll('#team-rows tr')].map(r => r.textContent)"
+    choices = "[...document.querySelectorAll('#create [name=team] option')].map(o => o.value)"
+    script = _script(steps, seen=f"[{_RESULT}, {rows}, {choices}]")
+
+    with ProxyInThread(settings_from(settings)) as proxy:
+        page = asyncio.run(
+            load(f"{proxy.url}/admin/key-manager", ADMIN, None, BROWSER_TIMEOUT, chromium, script)
+        )
+        member = next(
+            k
+            for k in httpx.get(f"{proxy.url}/admin/keys", headers=ADMIN).json()["keys"]
+            if k["name"] == "member"
+        )
+        teams = httpx.get(f"{proxy.url}/admin/teams", headers=ADMIN).json()["teams"]
+
+    assert page.status == 200
+    answers = _answers(page)
+    results = [answer[0] for answer in answers]
+    assert results[0].startswith("201 ") and '"source":"api"' in results[0]
+    assert answers[0][1] == ["researchconfigrpm 50", "squadapirpm 2usd 5/month"]
+    assert answers[0][2] == ["", "research", "squad"]  # the new team offered to keys
+    assert results[1].startswith("201 ") and '"team":"squad"' in results[1]
+    assert results[2].startswith("200 ")
+    assert answers[2][1][1] == "squadapirpm 9, tokens 500/1musd 5/month"
+    assert results[3].startswith("409 ") and "team_in_use" in results[3] and "member" in results[3]
+    assert results[4].startswith("200 ") and '"team"' not in results[4]
+    assert results[5].startswith("204 ")
+    assert answers[5][1] == ["researchconfigrpm 50"] and answers[5][2] == ["", "research"]
+    assert results[6].startswith("0 'limits' is not JSON")
+    assert [t["name"] for t in teams] == ["research"]
+    assert member["rpm"] == 4 and "team" not in member
+    assert member["limits"] == [{"requests": 100, "per": "1h"}]
+    assert member["budgets"] == [{"tokens": 1000, "period": "day"}]
+    assert member["expires_at"].startswith("2030-01-1") and not member["expired"]

@@ -51,6 +51,17 @@ def config(
     }
 
 
+def sdk_chat(base_url: str, key: str, model: str) -> tuple[int, str | None]:
+    """Status and error code of one chat completion of ``key`` through the OpenAI SDK
+    (``base_url``: the proxy's ``/v1``)."""
+    client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=10)
+    try:
+        client.chat.completions.create(**chat(model))
+    except openai.APIStatusError as failed:
+        return failed.status_code, getattr(failed, "code", None)
+    return 200, None
+
+
 def chat(model: str) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 

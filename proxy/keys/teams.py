@@ -1,0 +1,86 @@
+"""``RuntimeTeams``: the teams of the admin API (``/admin/teams``), for one process.
+
+The same store as the client keys' (``store.RecordStore``: this process's index, writes
+to the backend first, a poll every 250 ms, a loss of the shared store's data detected by
+its epoch and filled again), of ``team_records.TEAMS``: in Redis under
+``llmproxy:{apiteams}:*``. The request path asks it for a team a key names that the
+config does not have (``Catalog``), one dict access; a store never read answers 503
+``key_store_unavailable`` rather than let the key pass without its team's limits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from proxy.config import Team
+from proxy.keys.backend import Kind
+from proxy.keys.store import RecordStore, backend_for, merged
+from proxy.keys.team_records import TEAMS, TeamRecord
+from proxy.limiter.redis.sentinel import SentinelTarget
+
+__all__ = ["RuntimeTeams", "runtime_teams_for"]
+
+
+class RuntimeTeams(RecordStore[TeamRecord]):
+    """``on_gone`` tells the pipeline in force's catalog of a team gone
+    (``Catalog.forget_team``)."""
+
+    def _kind(self) -> Kind[TeamRecord]:
+        return TEAMS
+
+    # -- lookups (the request path) -------------------------------------------------------
+
+    def team(self, name: str) -> Team | None:
+        """The team named ``name`` (its record's, built once), None if there is none; a
+        store never read raises its 503 (the team may be in it)."""
+        record = self.index.get(name)
+        if record is not None:
+            return record.team()
+        if not self.loaded:
+            raise self.unavailable()
+        return None
+
+    def needed(self, key_api: bool) -> bool:
+        """Whether requests depend on reading the shared store: not read yet (with the
+        admin API on, it may hold teams keys name), or it holds teams (their changes
+        must reach this process)."""
+        if not self.shared:
+            return False
+        if not self.loaded:
+            return key_api
+        return len(self.index) > 0
+
+    # -- operations (the admin API) -------------------------------------------------------
+
+    async def create(self, name: str, spec: dict[str, Any]) -> TeamRecord:
+        now = self._clock()
+        record = TeamRecord(name, spec, now, now)
+        await self._create(record)
+        return record
+
+    async def update(
+        self,
+        name: str,
+        changes: dict[str, Any],
+        validate: Callable[[dict[str, Any]], dict[str, Any]],
+    ) -> TeamRecord:
+        """``changes`` merged over the entry (a null removes a field), checked by
+        ``validate``."""
+        self._check_allowed()
+
+        def change(record: TeamRecord) -> TeamRecord:
+            return record.changed(merged(record.spec, changes, validate), self._clock())
+
+        return await self._change(name, change, "update")
+
+    async def delete(self, name: str) -> None:
+        await self._delete(name, "delete")
+
+
+def runtime_teams_for(
+    redis_url: str, workers: int, timeout: float, sentinel: SentinelTarget | None = None
+) -> RuntimeTeams:
+    """The run-time team store of one process, where its keys' is (``backend_for``)."""
+    backend, shared, refusal = backend_for(TEAMS, redis_url, workers, timeout, sentinel)
+    return RuntimeTeams(backend, shared=shared, refusal=refusal)
