@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test test-fast lint format install install-dev bench bench-compare stack clean showcase
+.PHONY: demo test test-fast lint format install install-dev bench bench-compare stack clean showcase admin-screenshots
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ $(VENV)/.showcase: $(VENV)/.runtime
 
 showcase: $(VENV)/.showcase
 	$(BIN)/llm-proxy showcase
+
+# docs/admin-*.png: the admin page on an idle, a loaded and a saturated proxy, and its
+# spend view, from the test that checks them (headless Chromium, a redis-server).
+admin-screenshots: install-dev
+	ADMIN_SCREENSHOTS=docs $(BIN)/pytest -q tests/api/test_admin_views.py
 
 # The load scenarios spend most of their time waiting on real clocks (rate windows,
 # outages, reloads), not on the CPU: one test process per core takes about half the time

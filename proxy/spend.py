@@ -196,16 +196,55 @@ def rows(stored: Mapping[str, float]) -> list[dict[str, Any]]:
     ]
 
 
+def summed(spend: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Rows (``rows``' or any part of them) added up: dollars, tokens, requests and the
+    estimated requests among them."""
+    sums: dict[str, Any] = {"usd": 0.0, **dict.fromkeys(FIELDS[1:], 0)}
+    for row in spend:
+        for metric in FIELDS:
+            sums[metric] += row[metric]
+    sums["usd"] = round(sums["usd"], 10)
+    return sums
+
+
 def report(
-    period: Period, now: float, current: Mapping[str, float], previous: Mapping[str, float]
+    period: Period,
+    now: float,
+    current: Mapping[str, float],
+    previous: Mapping[str, float],
+    days: Iterable[Mapping[str, float]] | None = None,
 ) -> dict[str, Any]:
-    """``GET /admin/spend``'s JSON: the period ``now`` falls in and the one before."""
+    """``GET /admin/spend``'s JSON: the period ``now`` falls in and the one before;
+    ``days``: the stored totals of each day of the current period up to ``now``'s, in
+    order, shown as ``current.days`` (each day's sums, no rows)."""
     span = periods.span(period, now)
     before = periods.Span(span.index - 1, periods.start(period, span.index - 1), span.start)
-    return {
+    document: dict[str, Any] = {
         "period": period,
         "current": _period(span, rows(current)),
         "previous": _period(before, rows(previous)),
+    }
+    if days is not None:
+        first = periods.index("day", span.start)
+        document["current"]["days"] = [_day(first + i, stored) for i, stored in enumerate(days)]
+    return document
+
+
+def days_of(period: Period, now: float) -> range:
+    """The day indices of ``now``'s period up to ``now``'s day: what ``report`` shows
+    day by day."""
+    return range(
+        periods.index("day", periods.span(period, now).start), periods.index("day", now) + 1
+    )
+
+
+def _day(day: int, stored: Mapping[str, float]) -> dict[str, Any]:
+    start = periods.start("day", day)
+    return {
+        "date": _iso(start)[:10],
+        "start": _iso(start),
+        "end": _iso(start + periods.DAY),
+        **summed(rows(stored)),
     }
 
 

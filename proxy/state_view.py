@@ -29,7 +29,7 @@ from proxy.limiter.base import (
 )
 
 if TYPE_CHECKING:  # types only: this module stays free of I/O imports
-    from proxy.catalog import Catalog, DeploymentRoute
+    from proxy.catalog import Catalog, DeploymentRoute, GroupRoute
     from proxy.config import ClientKey, LimitRule, Settings, Team
 
 __all__ = ["Reading", "health_state", "moment", "state"]
@@ -86,19 +86,7 @@ def state(
     config key."""
     now = reading.now
     totals = _sum(reading.activity)
-    models = [
-        {
-            "name": group.name,
-            "waiting": totals["waiting"].get(group.name, 0),
-            "deployments": [
-                _deployment(
-                    d, catalog, reading.deployments.get(group.name, {}).get(d.id), totals, now
-                )
-                for d in group.deployments
-            ],
-        }
-        for group in catalog.groups.values()
-    ]
+    models = [_model(group, catalog, reading, totals) for group in catalog.groups.values()]
     if keys is None:
         keys = [(key, catalog.key_limits.get(key.name)) for key in settings.keys]
     shown = [
@@ -126,6 +114,28 @@ def state(
         "keys": shown,
         **({"keys_page": keys_page} if keys_page is not None else {}),
         "without_key": {"waiting": anonymous[0], "in_flight": anonymous[1]},
+    }
+
+
+def _model(
+    group: GroupRoute, catalog: Catalog, reading: Reading, totals: Mapping[str, Mapping[str, int]]
+) -> Json:
+    """A model group: its requests waiting (``waiting``), those of them that wait for a
+    turn on one of its deployments (each deployment's ``waiting``) and the rest,
+    ``waiting_for_any_deployment``: no turn taken yet (deferred for fair share, every
+    deployment cooling, a probe's answer awaited). The two parts add up to ``waiting``."""
+    states = reading.deployments.get(group.name, {})
+    deployments = [
+        _deployment(d, catalog, states.get(d.id), totals, reading.now) for d in group.deployments
+    ]
+    waiting = totals["waiting"].get(group.name, 0)
+    on_turns = sum(d["waiting"] for d in deployments)
+    return {
+        "name": group.name,
+        "waiting": waiting,
+        # A deployment a reload removed may still hold turns of the group: counted here.
+        "waiting_for_any_deployment": max(waiting - on_turns, 0),
+        "deployments": deployments,
     }
 
 
@@ -216,6 +226,9 @@ def _window(w: Window, rule: LimitRule | None, s: DeploymentState | KeyState, no
         "per_seconds": w.rate.period,
         "configured": rule.amount if rule is not None else None,
         "limit": round(w.rate.limit, 3),
+        # What "full" means: the most that can go at once (``limit`` for a key's window;
+        # a deployment's burst, or a paced window's whole allowance).
+        "capacity": round(w.rate.largest, 3),
         "remaining": round(s.remaining.get(w.name, w.rate.largest), 3),
         "full_in": moment(s.reset.get(w.name, 0.0), now),
     }

@@ -15,9 +15,11 @@ from proxy.spend import (
     Spend,
     Tally,
     correction,
+    days_of,
     field_name,
     parse_field,
     report,
+    summed,
     to_csv,
 )
 
@@ -112,3 +114,50 @@ def test_a_held_estimate_round_trips_and_nothing_else_is_read_as_one() -> None:
     assert Held.decode(held.encode().decode()) == held
     for junk in (b"-", b"[]", b'["a", "b"]', b'{"x": 1}', held.encode().replace(b'"d"', b"1")):
         assert Held.decode(junk) is None
+
+
+def test_the_report_shows_the_current_periods_days_summed_when_asked() -> None:
+    """``?by_day=true``: each day of the period up to today, its sums (no rows)."""
+    now = at(2026, 12, 3, 12)  # a Thursday: the week began on Monday, Nov 30
+    days = days_of("week", now)
+    assert [periods.start("day", d) for d in days] == [
+        at(2026, 11, 30),
+        at(2026, 12, 1),
+        at(2026, 12, 2),
+        at(2026, 12, 3),
+    ]
+    stored = [
+        {},
+        {field_name("usd", ALICE): 1.5, field_name("requests", ALICE): 2.0},
+        {field_name("usd", BOB): 0.5, field_name("requests", BOB): 1.0}
+        | {field_name("estimated", BOB): 1.0, field_name("usd", ALICE): 0.25},
+        {},
+    ]
+    document = report("week", now, {}, {}, stored)
+    assert [d["date"] for d in document["current"]["days"]] == [
+        "2026-11-30",
+        "2026-12-01",
+        "2026-12-02",
+        "2026-12-03",
+    ]
+    second, third = document["current"]["days"][1:3]
+    assert second == {
+        "date": "2026-12-01",
+        "start": "2026-12-01T00:00:00Z",
+        "end": "2026-12-02T00:00:00Z",
+        "usd": 1.5,
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "requests": 2,
+        "estimated": 0,
+    }
+    assert (third["usd"], third["requests"], third["estimated"]) == (0.75, 1, 1)
+    assert "days" not in report("week", now, {}, {})["current"]
+    assert list(days_of("month", at(2026, 12, 1, 0, 1))) == [periods.index("day", at(2026, 12, 1))]
+    assert summed([]) == {
+        "usd": 0.0,
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "requests": 0,
+        "estimated": 0,
+    }

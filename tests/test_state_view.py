@@ -65,11 +65,13 @@ def test_every_replicas_counts_are_added_up() -> None:
     [model] = view["models"]
     [d1] = model["deployments"]
     assert (model["waiting"], d1["waiting"], d1["in_flight"]) == (4, 4, 2)
+    assert model["waiting_for_any_deployment"] == 0
     assert d1["next_turn"]["in"] == 1.0 and d1["learned"] is None
     [key] = view["keys"]
     assert (key["waiting"], key["slots_held"], key["max_parallel"]) == (2, 1, 2)
     [rpm] = key["windows"]
     assert (rpm["configured"], rpm["limit"], rpm["remaining"]) == (10, 10, 7.0)
+    assert rpm["capacity"] == 10  # a key's window holds its whole limit at once
     assert rpm["full_in"]["in"] == 18.0
     assert view["without_key"] == {"waiting": 2, "in_flight": 0}
 
@@ -114,3 +116,36 @@ def test_teams_are_shown_like_keys_and_a_key_names_its_team() -> None:
     [scoped] = key["windows"]
     assert (scoped["name"], scoped["configured"], scoped["models"]) == ("rpm@m", 3, ["m"])
     assert scoped["remaining"] == 1.0
+
+
+def test_a_models_waiting_requests_are_those_on_its_deployments_turns_and_the_rest() -> None:
+    """Requests deferred for fair share (or waiting while every deployment cools down)
+    wait on the model without a turn on any deployment: shown apart, so the model's
+    count is its deployments' counts plus them."""
+    settings = settings_from(
+        {
+            "keys": [{"name": "a", "key": "sk-a"}],
+            "models": [
+                {
+                    "name": "m",
+                    "deployments": [
+                        {"id": "d1", "base_url": "http://127.0.0.1:1/v1", "rpm": 6},
+                        {"id": "d2", "base_url": "http://127.0.0.1:1/v1"},
+                    ],
+                }
+            ],
+        }
+    )
+    replicas = [
+        Activity(waiting={"m": 3}, waiting_on={"d1": 1}, waiting_keys={"a": 3}),
+        Activity(waiting={"m": 2}, waiting_on={"d1": 1, "d2": 1}, waiting_keys={"a": 2}),
+    ]
+    view = state(settings, Catalog(settings), Reading(NOW, LimiterMode.SHARED, {}, {}, replicas))
+    [model] = view["models"]
+    d1, d2 = model["deployments"]
+    assert (model["waiting"], d1["waiting"], d2["waiting"]) == (5, 2, 1)
+    assert model["waiting_for_any_deployment"] == 2
+    # A deployment paced one request at a time: full means one, refilled at its rate.
+    [rpm] = d1["windows"]
+    assert (rpm["configured"], rpm["capacity"]) == (6, 1)
+    assert rpm["limit"] < 6

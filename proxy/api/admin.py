@@ -1,9 +1,10 @@
 """The operator's endpoints under ``/admin``: who may call them, and their routes.
 
 They exist only while ``admin.keys`` names at least one key (otherwise 404, as for any
-unknown path), and need one of those keys as a bearer token (otherwise 401). The HTML page
-also takes it as the password of HTTP Basic credentials, and its 401 asks for them: a
-plain browser shows its login prompt, then sends them with every refresh of the page. The config is
+unknown path), and need one of those keys as a bearer token (otherwise 401). The HTML pages
+and the spend report (``/admin/spend``, which the page's spend view links to) also take it
+as the password of HTTP Basic credentials, and their 401 asks for them: a plain browser
+shows its login prompt, then sends them with every refresh of the page. The config is
 read per request, so a reload that adds, rotates or removes admin keys takes effect at once.
 """
 
@@ -77,9 +78,11 @@ ROUTES: list[tuple[str, Handler, list[str]]] = [
 ]
 
 
-# The pages a browser opens (HTTP Basic accepted, and asked for); the JSON API takes
+# What a browser opens (HTTP Basic accepted, and asked for): the pages, and the spend
+# report the spend view links to (its CSV), which only reads (a cross-site page can
+# send a browser there but not read the answer: no CORS). The rest of the JSON API takes
 # bearer tokens only, so no credential a browser sends by itself can drive it (CSRF).
-_PAGES = frozenset({"/admin", "/admin/key-manager"})
+_PAGES = frozenset({"/admin", "/admin/key-manager", "/admin/spend"})
 
 
 def routes() -> list[Route]:

@@ -4,7 +4,8 @@ The budgets themselves are quotas in the limiter (quota.py), exact and atomic; t
 the report (``GET /admin/spend``): per (key, team, model), the dollars, tokens and
 requests of each day, week and month. A request's spend is summed here (``spend.Tally``)
 and written once a second in one script call (``lua/record_spend.lua``, one hash per
-period under ``{P:spend}``, kept two periods and a day), not once per request. A write
+period under ``{P:spend}``, kept two periods and a day, a day's ``DAYS_KEPT`` days: the
+admin page shows this month day by day), not once per request. A write
 that fails is kept and sent again, as it was, before anything newer; what is pending is
 written at shutdown, so a restart loses none of it. A write that timed out may still
 have run (Redis stalled, then read it): each write carries this ledger's id and a
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 
 FLUSH_EVERY = 1.0  # seconds between writes of the pending spend
 KEEP_SLACK = 86400.0  # a period's totals outlive the next period by a day
+DAYS_KEPT = 32  # a day's totals: for as many days (the longest month, and today)
 HELD_FOR = 30 * 86400.0  # a held estimate: as long as OpenAI keeps a stored response
 MAX_HELD = 100_000  # held estimates one process keeps without Redis (the oldest go)
 
@@ -189,7 +191,8 @@ class RedisLedger:
         args = [str(self._sequence), "", str(len(holds))]
         longest = 0
         for (period, index), fields in taken.totals().items():
-            keep = max(1000, int((periods.start(period, index + 2) - now + KEEP_SLACK) * 1000))
+            kept = index + (DAYS_KEPT if period == "day" else 2)
+            keep = max(1000, int((periods.start(period, kept) - now + KEEP_SLACK) * 1000))
             longest = max(longest, keep)
             keys.append(self._key(period, index))
             args += [str(keep), str(len(fields))]

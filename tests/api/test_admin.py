@@ -115,7 +115,7 @@ def test_the_admin_page_renders_the_state(upstream: FakeUpstreamHandle) -> None:
     assert "<script" not in html and "http://" not in html and "https://" not in html
 
 
-@pytest.mark.parametrize("path", ["/admin", "/admin/state"])
+@pytest.mark.parametrize("path", ["/admin", "/admin/state", "/admin/spend", "/admin?view=spend"])
 def test_the_admin_endpoints_need_the_admin_key(upstream: FakeUpstreamHandle, path: str) -> None:
     with ProxyInThread(settings_from(config(upstream.base_url))) as proxy:
         for headers in ({}, {"authorization": "Bearer sk-team-a"}, {"authorization": ADMIN_KEY}):
@@ -141,7 +141,8 @@ def test_a_browser_is_asked_for_the_admin_key_and_may_give_it_as_a_password(
     upstream: FakeUpstreamHandle,
 ) -> None:
     """A plain browser cannot send a bearer token: the page's 401 asks for Basic
-    credentials (its login prompt), whose password is the admin key. The JSON API and
+    credentials (its login prompt), whose password is the admin key. The spend report,
+    which the page's spend view links to, takes them too; the rest of the JSON API and
     the reload keep to bearer tokens."""
     with ProxyInThread(settings_from(config(upstream.base_url))) as proxy:
         refused = httpx.get(f"{proxy.url}/admin")
@@ -153,6 +154,12 @@ def test_a_browser_is_asked_for_the_admin_key_and_may_give_it_as_a_password(
         state = httpx.get(f"{proxy.url}/admin/state", auth=("admin", secret))
         assert state.status_code == 401
         assert "www-authenticate" not in state.headers
+        assert httpx.get(f"{proxy.url}/admin/spend", auth=("admin", secret)).status_code == 200
+        spend = httpx.get(f"{proxy.url}/admin/spend", auth=("admin", "wrong"))
+        assert spend.status_code == 401
+        assert spend.headers["www-authenticate"].startswith('Basic realm="llm-proxy admin"')
+        view = httpx.get(f"{proxy.url}/admin?view=spend", auth=("admin", secret))
+        assert view.status_code == 200 and "<h1>Spend</h1>" in view.text
 
 
 def test_a_request_deferred_by_fair_share_waits_on_its_model_without_a_turn(

@@ -13,7 +13,6 @@ import asyncio
 import base64
 import html
 import json
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +28,7 @@ from support.admin import (
     poll_state,
     shows_cooling_and_waiting,
 )
-from support.browser import Page, find_chromium, load
+from support.browser import Page, load, required_chromium
 from support.proxy_server import ProxyInThread, settings_from
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
@@ -39,12 +38,7 @@ BROWSER_TIMEOUT = 60.0  # seconds for one page load, Chromium's start included
 
 @pytest.fixture
 def chromium() -> str:
-    path = find_chromium()
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is required in CI (.ci/run installs it)")
-        pytest.skip("chromium is not installed")
-    return path
+    return required_chromium()
 
 
 @pytest.fixture

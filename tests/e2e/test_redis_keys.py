@@ -20,6 +20,7 @@ from support.waiting import wait_until
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 from proxy.limiter.core import periods
 from proxy.limiter.core.health import FORGET_AFTER
+from proxy.limiter.ledger import DAYS_KEPT
 from proxy.limiter.redis.backend import KEY_PREFIX
 
 pytestmark = pytest.mark.skipif(not redis_available(), reason="redis-server is not installed")
@@ -107,8 +108,8 @@ def test_an_allkeys_lru_redis_is_a_warning_and_a_metric_and_every_key_has_a_ttl(
     for key, ttl in buckets.items():
         assert ttl <= PERIODS[key.rpartition(":")[2]] + SLACK, (key, ttl)
     # A budget lives until its period ends, and a day; the spend report's totals until
-    # the next period ends, and a day, and the mark of its writes' numbers as long
-    # (ledger.py).
+    # the next period ends (a day's: DAYS_KEPT days on), and a day, and the mark of its
+    # writes' numbers as long (ledger.py).
     now = time.time()
     long_lived = {k: t for k, t in ttls.items() if t > LONGEST}
     for key, ttl in long_lived.items():
@@ -129,10 +130,12 @@ def _kept_until(key: str, now: float) -> float:
     spend = f"{{{KEY_PREFIX}:spend}}:"
     assert key.startswith(spend), key
     if key.startswith(f"{spend}writer:"):  # a ledger's mark: as long as its longest totals
-        return periods.start("month", periods.index("month", now) + 2) + DAY
+        month = periods.start("month", periods.index("month", now) + 2)
+        return max(month, periods.start("day", periods.index("day", now) + DAYS_KEPT)) + DAY
     period, index = key.removeprefix(spend).split(":")
     assert period in periods.PERIODS, key
-    return periods.start(period, int(index) + 2) + DAY  # type: ignore[arg-type]
+    kept = DAYS_KEPT if period == "day" else 2  # a day's: the admin page's month, by day
+    return periods.start(period, int(index) + kept) + DAY  # type: ignore[arg-type]
 
 
 def test_a_noeviction_redis_reports_the_gauge_0(

@@ -10,11 +10,12 @@ import time
 import uuid
 from pathlib import Path
 
+import redis
 from support.limits import patient
 from support.redis_server import RedisServer
 
 from proxy.limiter.core import periods
-from proxy.limiter.ledger import MemoryLedger, RedisLedger
+from proxy.limiter.ledger import DAYS_KEPT, MemoryLedger, RedisLedger
 from proxy.limiter.redis.backend import RedisLimiter
 from proxy.spend import Held, Owner, Spend, field_name
 
@@ -161,3 +162,30 @@ def test_an_estimate_held_in_redis_is_taken_once_by_any_replica(redis_url: str) 
             await limiter.aclose()
 
     assert asyncio.run(main()) == [HELD, None, HELD, None, None]
+
+
+def test_a_days_totals_are_kept_for_the_admin_pages_month_day_by_day(redis_url: str) -> None:
+    """A day's totals outlive the longest month (the spend view shows this month day by
+    day); a week's and a month's, the next period and a day."""
+    prefix = f"ld{uuid.uuid4().hex}"
+
+    async def main(now: float) -> None:
+        limiter = patient(redis_url, prefix=prefix)
+        ledger = RedisLedger(limiter.runner, limiter.prefix, clock=lambda: now)
+        try:
+            ledger.add(ALICE, Spend(0.5, 10, 20), now)
+            await ledger.aclose()
+        finally:
+            await limiter.aclose()
+
+    now = time.time()
+    asyncio.run(main(now))
+    with redis.Redis.from_url(redis_url) as client:
+        day = client.pttl(f"{{{prefix}:spend}}:day:{periods.index('day', now)}") / 1000
+        month = client.pttl(f"{{{prefix}:spend}}:month:{periods.index('month', now)}") / 1000
+    # Set from ``now`` at the write, a TTL only goes down: at most what was set, and
+    # more than a day's kept days (or the next month) however slow the test ran.
+    today = periods.start("day", periods.index("day", now))
+    assert DAYS_KEPT * periods.DAY < day <= today + (DAYS_KEPT + 1) * periods.DAY - now
+    following = periods.start("month", periods.index("month", now) + 2)
+    assert following - now - 31 * periods.DAY < month <= following + periods.DAY - now

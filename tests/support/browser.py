@@ -1,6 +1,7 @@
 """A real headless Chromium driven over the DevTools protocol (aiohttp's websocket client,
 no new dependency): load a page with extra request headers (the admin key stays out of
-the URL), read its DOM after scripts ran, keep a screenshot.
+the URL), read its DOM and its text (what a reader sees) after scripts ran, keep a
+screenshot of the whole page at a given width.
 
 Every step is bounded: Chromium's start, the page's load, each command.
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome")
 FLAGS = (
@@ -46,11 +48,27 @@ def find_chromium() -> str | None:
     return None
 
 
+def required_chromium() -> str:
+    """Chromium's path; the test is skipped without one, unless ``CI`` is set (then it
+    fails: ``.ci/run`` installs it)."""
+    path = find_chromium()
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is required in CI (.ci/run installs it)")
+        pytest.skip("chromium is not installed")
+    return path
+
+
+WIDTH = 1200  # CSS pixels: the window's width, and the screenshot's
+MAX_HEIGHT = 4000  # a screenshot's height at most (the page's top)
+
+
 @dataclass
 class Page:
     status: int  # the document's HTTP status
     dom: str  # document.documentElement.outerHTML once loaded
     seconds: float  # from starting Chromium to the DOM read
+    text: str = ""  # document.body.innerText: the page's text as rendered
 
 
 async def load(
@@ -98,6 +116,10 @@ async def _drive(
             cdp = _Session(ws)
             await cdp.call("Network.enable")
             await cdp.call("Network.setExtraHTTPHeaders", {"headers": headers})
+            await cdp.call(
+                "Emulation.setDeviceMetricsOverride",
+                {"width": WIDTH, "height": 800, "deviceScaleFactor": 1, "mobile": False},
+            )
             await cdp.call("Page.enable")
             await cdp.call("Page.navigate", {"url": url})
             response = await cdp.event(
@@ -113,16 +135,28 @@ async def _drive(
                 )
                 if "exceptionDetails" in ran:
                     raise RuntimeError(f"the page's script failed: {ran['exceptionDetails']}")
-            result = await cdp.call(
-                "Runtime.evaluate",
-                {"expression": "document.documentElement.outerHTML", "returnByValue": True},
-            )
-            dom = result["result"]["value"]
+            dom = await _value(cdp, "document.documentElement.outerHTML")
+            text = await _value(cdp, "document.body ? document.body.innerText : ''")
             seconds = time.monotonic() - started
             if screenshot is not None:
-                shot = await cdp.call("Page.captureScreenshot", {"format": "png"})
-                screenshot.write_bytes(base64.b64decode(shot["data"]))
-            return Page(int(response["response"]["status"]), dom, seconds)
+                await _screenshot(cdp, screenshot)
+            return Page(int(response["response"]["status"]), dom, seconds, text)
+
+
+async def _value(cdp: _Session, expression: str) -> str:
+    result = await cdp.call("Runtime.evaluate", {"expression": expression, "returnByValue": True})
+    return str(result["result"]["value"])
+
+
+async def _screenshot(cdp: _Session, path: Path) -> None:
+    """The whole page (at most ``MAX_HEIGHT`` tall), ``WIDTH`` wide, as a PNG."""
+    metrics = await cdp.call("Page.getLayoutMetrics")
+    height = min(int(metrics["cssContentSize"]["height"]) + 1, MAX_HEIGHT)
+    clip = {"x": 0, "y": 0, "width": WIDTH, "height": height, "scale": 1}
+    shot = await cdp.call(
+        "Page.captureScreenshot", {"format": "png", "clip": clip, "captureBeyondViewport": True}
+    )
+    path.write_bytes(base64.b64decode(shot["data"]))
 
 
 async def _debugging_port(profile: Path) -> int:
