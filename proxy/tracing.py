@@ -254,19 +254,28 @@ class TracedTelemetry(Telemetry):
         self._admitted(trace_, call, attempt.started)
         trace_.attempts += 1
         trace_.first_token, trace_.body, trace_.watch = None, None, None
+        span = trace_.attempt = self._attempt_span(trace_, call, attempt)
+        if attempt.headers is not None:  # the upstream continues this attempt's trace
+            context = span.get_span_context()
+            attempt.headers["traceparent"] = (
+                f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+            )
+
+    def _attempt_span(self, trace_: RequestTrace, call: Call, attempt: Attempt) -> Span:
+        """The attempt's span, started (a request not sampled: one without attributes,
+        whose context still goes upstream, not sampled)."""
+        start = self.tracing.ns(attempt.started)
+        if not trace_.root.is_recording():
+            return self.tracer.start_span("attempt", trace_.context, SpanKind.CLIENT)
         route = self.routes.get(attempt.deployment)
-        attributes = attempt_attributes(call, attempt, route, trace_.attempts)
         upstream_model = route.model_for(call.shape.name) if route is not None else attempt.model
-        span = self.tracer.start_span(
+        return self.tracer.start_span(
             f"{_operation(call)} {upstream_model}",
             context=trace_.context,
             kind=SpanKind.CLIENT,
-            start_time=self.tracing.ns(attempt.started),
-            attributes=attributes,
+            start_time=start,
+            attributes=attempt_attributes(call, attempt, route, trace_.attempts),
         )
-        trace_.attempt = span
-        if attempt.headers is not None:  # the upstream continues this attempt's trace
-            _PROPAGATOR.inject(attempt.headers, context=trace.set_span_in_context(span))
 
     def answered(self, attempt: Attempt, reply: Reply) -> None:
         super().answered(attempt, reply)

@@ -3,6 +3,7 @@
 * off (the default): the proxy imports no OpenTelemetry module, serving requests;
 * OTLP over gRPC (``OTEL_EXPORTER_OTLP_PROTOCOL=grpc``) to a real gRPC receiver;
 * ``--workers 2``: each worker its own provider, and every span flushed at shutdown;
+* the sampler variables (``OTEL_TRACES_SAMPLER``) decide, and the upstream hears it;
 * a start that cannot export traces says why, one line: a protocol the exporter does
   not speak, the OpenTelemetry packages missing (naming the extra to install).
 """
@@ -23,6 +24,8 @@ import yaml
 from support.otlp import SERVER, OtlpGrpcReceiver, OtlpHttpReceiver
 from support.ports import free_port
 from support.proxy_server import ProxyInThread, ProxyProcess, settings_from
+from support.raw_upstream import Conversation, answer
+from support.scripted_upstream import ScriptedUpstream
 from support.waiting import wait_until
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
@@ -186,3 +189,35 @@ def test_traces_without_the_opentelemetry_packages_name_the_extra(
     assert run.returncode == 1, run.stderr[-2000:]
     assert "telemetry.traces: true needs" in run.stderr
     assert "pip install 'llm-proxy[otel]'" in run.stderr
+
+
+async def _ok(conversation: Conversation) -> None:
+    body = b'{"id":"c","object":"chat.completion","model":"m","choices":[]}'
+    await conversation.send(answer(body, "content-type: application/json"))
+
+
+def test_the_sampler_variables_decide_and_the_upstream_hears_the_decision(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``OTEL_TRACES_SAMPLER=always_off``: no span is exported (the proxy stopped, its
+    spans flushed), and the upstream still gets the trace's context, not sampled."""
+    with OtlpHttpReceiver() as receiver, ScriptedUpstream(_ok) as upstream:
+        for name, value in {**_env(receiver.url), "OTEL_TRACES_SAMPLER": "always_off"}.items():
+            monkeypatch.setenv(name, value)
+        config = {
+            "models": [{"name": "m", "deployments": [{"id": "d", "base_url": upstream.url}]}],
+            "telemetry": {"traces": True},
+        }
+        client_trace = os.urandom(16).hex()
+        with ProxyInThread(settings_from(config)) as proxy:
+            sent = httpx.post(
+                f"{proxy.base_url}/chat/completions",
+                json=CHAT,
+                headers={"traceparent": f"00-{client_trace}-{os.urandom(8).hex()}-01"},
+                timeout=10,
+            )
+            assert sent.status_code == 200
+        assert receiver.spans.all() == []
+        version, trace_id, span_id, flags = upstream.requests[-1].headers["traceparent"].split("-")
+    assert (version, trace_id, flags) == ("00", client_trace, "00")
+    assert len(span_id) == 16 and span_id != "0" * 16
