@@ -95,9 +95,6 @@ class Tracing:
         """A pipeline's events sink: metrics, logs and spans."""
         return TracedTelemetry(metrics, self, catalog, record_content)
 
-    def force_flush(self, timeout_ms: int = 5000) -> bool:
-        return self.provider.force_flush(timeout_ms)
-
     def shutdown(self) -> None:
         self.provider.shutdown()
 

@@ -452,12 +452,11 @@ class Dispatcher:
         until: asyncio.Event | None = None,
     ) -> None:
         """Sleep ``seconds`` as one of the waiting requests (``queued``: already counted),
-        for the turn ``give_back`` or for a model ``group`` with no turn yet (why:
-        ``cause``, for its event). A client that
-        leaves meanwhile is noticed at once: its turn goes back and
-        ``ClientClosedRequest`` ends the request (nothing goes upstream). A turn whose
-        deployment learns meanwhile is stale: the sleep ends then (take a new one); so
-        does one ``until`` that event is set. A wait of at most ``SHORT_WAIT`` is slept
+        for the turn ``give_back`` or for a model ``group`` with no turn yet; ``cause``:
+        why, for its event. A client that leaves meanwhile is noticed at once: its turn
+        goes back and ``ClientClosedRequest`` ends the request (nothing goes upstream). A
+        turn whose deployment learns meanwhile is stale: the sleep ends then (take a new
+        one); so does one ``until`` that event is set. A wait of at most ``SHORT_WAIT`` is slept
         plainly, watching neither: a client gone during it is noticed as the upstream
         call starts (its own race with the departure), staleness by the caller after it."""
         if not queued:
@@ -542,12 +541,11 @@ class Dispatcher:
         except InvalidRequest:  # the body cannot be sent as it is: its turn goes back
             self.settler.give_back(turn, call.cost)
             raise
-        started = time.perf_counter()
         attempt = Attempt(
             call.request_id,
             deployment.group,
             deployment.id,
-            started,
+            time.perf_counter(),
             call=call,
             headers=request.fields,
         )
