@@ -40,6 +40,7 @@ from proxy.metrics import Metrics
 from proxy.observer import StateObserver, publish_configured_state
 from proxy.pipeline import Pipeline
 from proxy.reloading import Reloader, hold_sighup
+from proxy.telemetry import close_tracing, tracing_for
 from proxy.upstream.client import create_transport
 from proxy.worker_env import CONFIG_ENV, SUPERVISOR_ENV, WORKERS_ENV
 
@@ -74,6 +75,9 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # This process's tracer provider, its own (each worker has one): None when
+        # telemetry.traces is off (OpenTelemetry is then not imported).
+        tracing = tracing_for(settings.telemetry)
         sentinel = settings.redis.sentinel
         target = sentinel_target(sentinel) if sentinel is not None else None
         limiter = create_limiter(
@@ -118,6 +122,7 @@ def create_app(
             runtime_keys=runtime_keys,
             runtime_teams=runtime_teams,
             ledger=ledger,
+            tracing=tracing,
         )
         app.state.pipeline = pipeline
         app.state.ledger = ledger
@@ -138,6 +143,7 @@ def create_app(
             share=share,
             workers=workers,
             supervisor=supervisor,
+            tracing=tracing,
         )
         app.state.reloader = reloader
         watcher: ConfigWatcher | None = None
@@ -162,6 +168,7 @@ def create_app(
             await runtime_keys.aclose()
             await runtime_teams.aclose()
             await limiter.aclose()
+            await close_tracing(tracing)  # the spans of the last requests exported
 
     app = FastAPI(
         title="llm-proxy",

@@ -20,6 +20,7 @@ from proxy.shapes.base import Shape
 
 if TYPE_CHECKING:
     from proxy.limiter.base import KeyVerdict
+    from proxy.tracing import RequestTrace
 
 __all__ = [
     "Call",
@@ -156,6 +157,9 @@ class Call:
     # read from an answer that shows it over (its id and usage: the held one settles).
     created: str | None = None
     retrieved: tuple[str, TokenUsage] | None = None
+    # Its trace while traces are on (proxy/tracing.py), begun by the first event that
+    # needs it; None otherwise.
+    trace: RequestTrace | None = None
 
     @property
     def input_estimate(self) -> int:

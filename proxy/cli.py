@@ -37,6 +37,7 @@ from proxy.startup import (
     StartupError,
     redis_problem,
     tls_problem,
+    traces_problem,
     warn_about_unreachable_upstreams,
     wrong_paths,
 )
@@ -301,9 +302,7 @@ def _serve(args: argparse.Namespace) -> int:
 
         hold_sighup()
     _configure_logging(settings.server.log_level, f"{args.config}: server.log_level")
-    refused = redis_problem(settings)
-    if refused is not None:
-        raise StartupError(f"{args.config}: {refused}")
+    _refuse_start(args.config, settings)
     warn_about_unreachable_upstreams(settings)
     from proxy.api.protocol import BODY_TIMEOUT_ENV, HEADER_TIMEOUT_ENV
 
@@ -319,6 +318,16 @@ def _serve(args: argparse.Namespace) -> int:
     )
     _run(app, args, settings.server.log_level)
     return 0
+
+
+def _refuse_start(path: str, settings: Settings) -> None:
+    """What in the config stops a start: its Redis refusing the proxy, traces that
+    cannot be exported (every problem at once, one line each, naming the file)."""
+    problems = Problems()
+    problems.add(redis_problem(settings))
+    problems.add(traces_problem() if settings.telemetry.traces else None)
+    problems.lines = [f"{path}: {line}" for line in problems.lines]
+    problems.raise_any()
 
 
 def _serve_demo(args: argparse.Namespace, log_level: str) -> int:

@@ -44,6 +44,7 @@ __all__ = [
     "LimitRule",
     "Settings",
     "Team",
+    "TelemetryConfig",
     "config_warnings",
     "load_settings",
     "parse_settings",
@@ -618,6 +619,14 @@ class AdminConfig(_Strict):
         return [k.get_secret_value() for k in self.keys if k.get_secret_value()]
 
 
+class TelemetryConfig(_Strict):
+    """OpenTelemetry (design.md, fourth release): the exporter is configured by the
+    standard ``OTEL_*`` variables (proxy/tracing.py); off, nothing of it is imported."""
+
+    traces: bool = False  # one trace per request; read at start (a change needs a restart)
+    record_content: bool = False  # prompts and completions in spans only when true
+
+
 class Settings(_Strict):
     redis: RedisConfig = RedisConfig()
     teams: list[Team] = Field(default_factory=list)
@@ -627,6 +636,7 @@ class Settings(_Strict):
     routing: RoutingConfig = RoutingConfig()
     server: ServerConfig = ServerConfig()
     admin: AdminConfig = AdminConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
 
     def group(self, name: str) -> ModelGroup | None:
         return next((m for m in self.models if m.name == name), None)

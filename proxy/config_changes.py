@@ -21,7 +21,8 @@ _T = TypeVar("_T")
 
 # Read once by what the process built at start: the limiter's connection and policy
 # (redis.*), uvicorn's protocol (header_timeout, body_timeout), the logging set-up
-# (log_level) and the config file's watcher (watch_config).
+# (log_level), the config file's watcher (watch_config) and the tracer provider
+# (telemetry.traces: proxy/tracing.py).
 RESTART_ONLY = (
     "redis.url",
     "redis.sentinel",
@@ -31,6 +32,7 @@ RESTART_ONLY = (
     "server.body_timeout",
     "server.log_level",
     "server.watch_config",
+    "telemetry.traces",
 )
 
 
@@ -83,7 +85,7 @@ def config_changes(old: Settings, new: Settings) -> ConfigChanges:
     restart = tuple(path for path in RESTART_ONLY if _at(old, path) != _at(new, path))
     other = tuple(
         section
-        for section in ("routing", "admin", "server")
+        for section in ("routing", "admin", "server", "telemetry")
         if getattr(old, section) != getattr(new, section)
         and not _only_restart_fields(section, old, new, restart)
     )
@@ -108,9 +110,17 @@ def config_changes(old: Settings, new: Settings) -> ConfigChanges:
 
 def in_force(old: Settings, new: Settings) -> Settings:
     """``new`` as a running process applies it: the ``RESTART_ONLY`` fields stay ``old``'s."""
-    kept = {field: getattr(old.server, field) for field in _fields_of("server", RESTART_ONLY)}
-    server = new.server.model_copy(update=kept)
-    return new.model_copy(update={"redis": old.redis, "server": server})  # redis.*: all
+    server = _kept("server", old, new)
+    telemetry = _kept("telemetry", old, new)
+    return new.model_copy(update={"redis": old.redis, "server": server, "telemetry": telemetry})
+
+
+def _kept(section: str, old: Settings, new: Settings) -> Any:
+    """``new``'s ``section`` with the ``RESTART_ONLY`` fields of ``old``'s."""
+    kept = {
+        field: getattr(getattr(old, section), field) for field in _fields_of(section, RESTART_ONLY)
+    }
+    return getattr(new, section).model_copy(update=kept)
 
 
 def _changed(

@@ -17,7 +17,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import orjson
@@ -67,7 +67,10 @@ from proxy.routing.settlement import Settler
 from proxy.shapes.base import Shape, api_label
 from proxy.shapes.responses import RESPONSES
 from proxy.spend import Held, Owner, Spend, correction
-from proxy.telemetry import Telemetry
+from proxy.telemetry import telemetry_for
+
+if TYPE_CHECKING:
+    from proxy.tracing import Tracing
 
 __all__ = ["Pipeline"]
 
@@ -92,13 +95,15 @@ class Pipeline:
         catalog: Catalog | None = None,
         ledger: Ledger | None = None,
         affinity: Affinity | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         """``previous``: the pipeline a reload replaces; what this process learned while
         it ran (routing averages, limits its upstreams announced) carries over, and so do
         the keys and teams of the admin API (``runtime_keys``, ``runtime_teams``).
         ``key_store``: the config's keys indexed beforehand, ``catalog`` built beforehand
         (a reload does both in a thread). ``ledger``: where spend is reported (a reload
-        keeps the previous pipeline's)."""
+        keeps the previous pipeline's). ``tracing``: the process's tracer provider when
+        traces are on (``telemetry``)."""
         self.settings = settings
         self.ledger: Ledger = ledger or (previous.ledger if previous else MemoryLedger())
         self.catalog = catalog or Catalog(settings, share)
@@ -113,7 +118,7 @@ class Pipeline:
         self.follow_ups: FollowUps = FollowUps(affinity, self.catalog)
         # The fast paths, when the backend has them: looked for once, here.
         self.fast: FastPaths | None = limiter if isinstance(limiter, FastPaths) else None
-        self.telemetry = Telemetry(metrics)
+        self.telemetry = telemetry_for(metrics, tracing, settings, self.catalog)
         self.background = Background()
         routing = settings.routing
         rule = CooldownRule(
@@ -525,6 +530,7 @@ class Pipeline:
                 api=api_label(call.shape.name),
             ),
             duration,
+            call,
         )
 
     def _spent(self, call: Call) -> float | None:

@@ -26,7 +26,7 @@ import os
 import signal
 import ssl
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -40,6 +40,9 @@ from proxy.metrics import Metrics
 from proxy.observer import StateObserver, publish_configured_state, shadow_keys_of
 from proxy.pipeline import Pipeline
 from proxy.release import release_in_slices
+
+if TYPE_CHECKING:
+    from proxy.tracing import Tracing
 
 __all__ = ["ReloadResult", "Reloader", "hold_sighup"]
 
@@ -96,6 +99,7 @@ class Reloader:
         share: float,
         workers: int = 1,
         supervisor: int | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.state = state
         self.config_path = config_path
@@ -106,6 +110,7 @@ class Reloader:
         self.share = share
         self.workers = max(workers, 1)
         self.supervisor = supervisor
+        self.tracing = tracing  # the process's, kept by every pipeline (telemetry.traces)
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._retired: set[Pipeline] = set()
@@ -201,6 +206,7 @@ class Reloader:
             previous=previous,
             key_store=ready.key_store,
             catalog=ready.catalog,
+            tracing=self.tracing,
         )
         # One step, no await: every request from here on gets the new pipeline.
         self.state.pipeline = pipeline

@@ -2,21 +2,32 @@
 
 The dispatcher and the pipeline report what happened (``routing/events.py``); this is
 the one place that decides which metrics move and what is logged for it, so neither the
-control flow nor the metrics registry knows about the other.
+control flow nor the metrics registry knows about the other. With ``telemetry.traces``
+on, ``proxy/tracing.py``'s subclass hears the same events and makes spans of them too;
+off, that module (and OpenTelemetry with it) is never imported.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from typing import TYPE_CHECKING
 
+from proxy.call import Call, Reply
+from proxy.catalog import Catalog
+from proxy.config import Settings, TelemetryConfig
 from proxy.limiter.base import HealthChange, Outcome
 from proxy.logs import RequestLog, log_request
 from proxy.metrics import Metrics
-from proxy.routing.events import Attempt
+from proxy.routing.events import Attempt, WaitCause
+from proxy.startup import StartupError, traces_problem
 from proxy.upstream.ratelimits import UpstreamBudget
 
-__all__ = ["Telemetry"]
+if TYPE_CHECKING:
+    from proxy.tracing import Tracing
+
+__all__ = ["Telemetry", "close_tracing", "telemetry_for", "tracing_for"]
 
 logger = logging.getLogger("proxy.routing")
 
@@ -29,7 +40,7 @@ class Telemetry:
 
     # -- one request -----------------------------------------------------------------
 
-    def request_finished(self, line: RequestLog, duration: float) -> None:
+    def request_finished(self, line: RequestLog, duration: float, call: Call) -> None:
         self.metrics.request_finished(line.model, line.status, duration, line.api)
         log_request(line)
 
@@ -44,6 +55,9 @@ class Telemetry:
 
     def attempt_started(self, attempt: Attempt) -> None:
         self.metrics.in_flight_add(attempt.model, attempt.deployment, 1)
+
+    def answered(self, attempt: Attempt, reply: Reply) -> None:
+        pass  # metrics and logs read an answer when its attempt ends
 
     def first_token(self, attempt: Attempt, seconds: float) -> None:
         self.metrics.first_token(attempt.model, attempt.deployment, seconds)
@@ -123,8 +137,8 @@ class Telemetry:
     def queued(self, model: str, delta: int, tier: str) -> None:
         self.metrics.queue_depth_add(model, delta, tier)
 
-    def waited(self, model: str, seconds: float, tier: str) -> None:
-        self.metrics.queue_wait(model, seconds, tier)
+    def waited(self, call: Call, seconds: float, cause: WaitCause) -> None:
+        self.metrics.queue_wait(call.model, seconds, call.tier)
 
     def refused(self, scope: str, model: str) -> None:
         self.metrics.rate_limited(scope, model)
@@ -133,3 +147,33 @@ class Telemetry:
         """A shadow key's own ``limit`` would have refused a request; it went on (its
         request log line says so too)."""
         self.metrics.shadow_rejection(key, limit)
+
+
+def tracing_for(config: TelemetryConfig) -> Tracing | None:
+    """The process's tracer provider when ``telemetry.traces`` is on (None: off, and
+    OpenTelemetry is not imported); raises ``StartupError`` naming the extra to install
+    when its packages are missing."""
+    if not config.traces:
+        return None
+    problem = traces_problem()
+    if problem is not None:
+        raise StartupError(f"telemetry: {problem}")
+    from proxy.tracing import start_tracing  # OpenTelemetry from here on
+
+    return start_tracing()
+
+
+async def close_tracing(tracing: Tracing | None) -> None:
+    """At shutdown: the spans still batched exported, then the exporter closed (in a
+    thread: an unreachable collector holds it up to its timeout)."""
+    if tracing is not None:
+        await asyncio.to_thread(tracing.shutdown)
+
+
+def telemetry_for(
+    metrics: Metrics, tracing: Tracing | None, settings: Settings, catalog: Catalog
+) -> Telemetry:
+    """A pipeline's events sink: metrics and logs, and spans too when tracing is on."""
+    if tracing is None:
+        return Telemetry(metrics)
+    return tracing.telemetry(metrics, catalog, record_content=settings.telemetry.record_content)

@@ -108,3 +108,18 @@ def test_the_body_timeout_is_the_protocols_and_needs_a_restart() -> None:
     new = _settings(server={"body_timeout": "5s"})
     assert config_changes(old, new).restart_needed == ("server.body_timeout",)
     assert in_force(old, new).server.body_timeout == old.server.body_timeout == 30.0
+
+
+def test_traces_are_switched_at_start_and_their_content_by_a_reload() -> None:
+    """The tracer provider is the process's, built at start (proxy/tracing.py): a reload
+    keeps ``telemetry.traces`` as it was and says it needs a restart; whether prompts
+    and completions are recorded is each pipeline's, applied."""
+    old = _settings()
+    new = _settings(telemetry={"traces": True, "record_content": True})
+    changes = config_changes(old, new)
+    assert changes.restart_needed == ("telemetry.traces",)
+    assert changes.other == ("telemetry",)  # record_content
+    applied = in_force(old, new).telemetry
+    assert (applied.traces, applied.record_content) == (False, True)
+    only_traces = config_changes(old, _settings(telemetry={"traces": True}))
+    assert only_traces.other == () and only_traces.restart_needed == ("telemetry.traces",)

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loadtest.bench import traffic, upstreams
+from loadtest.bench.otlp_sink import report as report_traces
+from loadtest.bench.otlp_sink import with_traces
 from loadtest.bench.replicas import Replica, start_replicas, stop_replicas
 from loadtest.bench.rounds import Rounds, Side, Slot, measure
 from loadtest.bench.servers import Processes, flush_redis
@@ -121,10 +123,9 @@ def start_stack(
     upstreams_by_group = {g.model: [upstream_url] for g in shape.groups}
     flush_redis(redis_url)
     log(f"{shape.describe()}: starting {REPLICAS} replicas")
-    now = start_replicas(
-        procs, f"{shape.name}-now", traffic.proxy_config(shape, upstreams_by_group, redis_url),
-        REPLICAS,
-    )  # fmt: skip
+    config = traffic.proxy_config(shape, upstreams_by_group, redis_url)
+    # BENCH_TRACES=1: this tree's replicas trace every request (otlp_sink.py).
+    now = start_replicas(procs, f"{shape.name}-now", with_traces(procs, config), REPLICAS)
     before: list[Replica] = []
     if baseline is not None:
         before_redis = redis_url.rsplit("/", 1)[0] + "/1"
@@ -183,6 +184,7 @@ def run_row(
         name=row.slug,
     )
     result.rss_after_mb = [r.rss_mb() for r in stack.now]
+    report_traces(procs, log)
     return result
 
 

@@ -51,7 +51,7 @@ from proxy.limiter.base import (
 )
 from proxy.pricing import FREE, usd
 from proxy.routing.activity import Tally
-from proxy.routing.events import Attempt, Events
+from proxy.routing.events import Attempt, Events, WaitCause
 from proxy.routing.lines import Line, Lines, Ticket, turn_spacing
 from proxy.routing.settlement import Settler, Turn
 from proxy.routing.strategies import RoutingState, order_candidates
@@ -323,7 +323,7 @@ class Dispatcher:
                         due = handled + self.turn_clock.sleep(clock, sent.at, verdict.wait, handled)
                         left = due - time.monotonic()
                         if left > 0.0:
-                            await self._wait(call, left, turn, queued=True)
+                            await self._wait(call, left, turn, "pacing", queued=True)
                         else:
                             # Its turn came while it was handled (a lease's, read late):
                             # it waits for nothing, and is not counted as having waited.
@@ -344,17 +344,21 @@ class Dispatcher:
                         line = await self._queue(call, group, budget, verdict.retry_after)
                     else:
                         line.defer(time.monotonic() + verdict.retry_after)
-                        await self._wait(call, verdict.retry_after, None, group=group.name)
+                        wait = verdict.retry_after
+                        await self._wait(call, wait, None, "fair_share", group=group.name)
                     continue
                 if verdict.cooling and 0.0 < verdict.retry_after <= budget:
                     # Every usable deployment is cooling down: wait for the first to return.
-                    await self._wait(call, verdict.retry_after, None, group=group.name)
+                    wait = verdict.retry_after
+                    await self._wait(call, wait, None, "cooldown", group=group.name)
                     continue
                 answered = self._probe_answered(ordered) if verdict.cooling else None
                 if answered is not None and budget > 0.0:
                     # A probe sent from here is out: its answer may come within max_wait
                     # (its deadline is only the latest it can come). Wait for it, ask again.
-                    await self._wait(call, budget, None, group=group.name, until=answered)
+                    await self._wait(
+                        call, budget, None, "cooldown", group=group.name, until=answered
+                    )
                     continue
                 raise self._refusal(call, group, verdict.cooling, queue_full, verdict.retry_after)
         finally:
@@ -393,7 +397,7 @@ class Dispatcher:
         try:
             delay = line.not_before - time.monotonic()
             if delay > 0.0:
-                await self._wait(call, delay, None, group=group.name)
+                await self._wait(call, delay, None, "fair_share", group=group.name)
         except BaseException:
             line.leave()
             raise
@@ -442,16 +446,17 @@ class Dispatcher:
         call: Call,
         seconds: float,
         give_back: Turn | None,
+        cause: WaitCause,
         queued: bool = False,
         group: str = "",
         until: asyncio.Event | None = None,
     ) -> None:
         """Sleep ``seconds`` as one of the waiting requests (``queued``: already counted),
-        for the turn ``give_back`` or for a model ``group`` with no turn yet. A client that
-        leaves meanwhile is noticed at once: its turn goes back and
-        ``ClientClosedRequest`` ends the request (nothing goes upstream). A turn whose
-        deployment learns meanwhile is stale: the sleep ends then (take a new one); so
-        does one ``until`` that event is set. A wait of at most ``SHORT_WAIT`` is slept
+        for the turn ``give_back`` or for a model ``group`` with no turn yet; ``cause``:
+        why, for its event. A client that leaves meanwhile is noticed at once: its turn
+        goes back and ``ClientClosedRequest`` ends the request (nothing goes upstream). A
+        turn whose deployment learns meanwhile is stale: the sleep ends then (take a new
+        one); so does one ``until`` that event is set. A wait of at most ``SHORT_WAIT`` is slept
         plainly, watching neither: a client gone during it is noticed as the upstream
         call starts (its own race with the departure), staleness by the caller after it."""
         if not queued:
@@ -487,7 +492,7 @@ class Dispatcher:
             self.tally.wait_ended(model, deployment, call.key_name)
             self.events.queued(call.model, -1, call.tier)
             call.trip.queue_wait += time.perf_counter() - started
-        self.events.waited(call.model, time.perf_counter() - started, call.tier)
+        self.events.waited(call, time.perf_counter() - started, cause)
 
     async def _wait_in_line(
         self, call: Call, ticket: Ticket, budget: float, group: str
@@ -509,7 +514,7 @@ class Dispatcher:
             self.tally.wait_ended(group, None, call.key_name)
             self.events.queued(call.model, -1, call.tier)
             call.trip.queue_wait += time.perf_counter() - started
-        self.events.waited(call.model, time.perf_counter() - started, call.tier)
+        self.events.waited(call, time.perf_counter() - started, "fair_share")
         if not ticket.done():  # its max_wait ran out in line
             return time.monotonic() + max(budget - (time.perf_counter() - started), 0.0)
         return ticket.result()
@@ -536,7 +541,14 @@ class Dispatcher:
         except InvalidRequest:  # the body cannot be sent as it is: its turn goes back
             self.settler.give_back(turn, call.cost)
             raise
-        attempt = Attempt(call.request_id, deployment.group, deployment.id, time.perf_counter())
+        attempt = Attempt(
+            call.request_id,
+            deployment.group,
+            deployment.id,
+            time.perf_counter(),
+            call=call,
+            headers=request.fields,
+        )
         self._started(attempt)
         self.tally.call_started(call.key_name)
         departure = Departure(call)
@@ -595,6 +607,7 @@ class Dispatcher:
             assert isinstance(answer.error, UpstreamError)  # only an upstream's is retried
             learning = settled if answer.outcome.rate_limited else None
             raise Retryable(answer.error, learning)
+        self.events.answered(attempt, reply)
         if reply.stream is not None:
             return Served(reply)
         price = turn.deployment.price

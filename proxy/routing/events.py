@@ -1,16 +1,25 @@
 """What the dispatcher reports as a request goes: one event per upstream attempt, and the
 few that are not about an attempt (waiting, refusals, health). Metrics and logs consume
-them (``proxy/telemetry.py``); the dispatcher itself touches neither."""
+them (``proxy/telemetry.py``), and traces when they are on (``proxy/tracing.py``); the
+dispatcher itself touches none of them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from proxy.limiter.base import NEUTRAL, HealthChange, Outcome
 from proxy.upstream.ratelimits import UpstreamBudget
 
-__all__ = ["Attempt", "Events"]
+if TYPE_CHECKING:
+    from proxy.call import Call, Reply
+
+__all__ = ["Attempt", "Events", "WaitCause"]
+
+# Why a request waited: for its reserved turn (the deployment's pace), behind other
+# requests of its key or for others' fair share (routing.lookahead), or for a cooling
+# deployment to come back (or a probe's answer).
+WaitCause = Literal["pacing", "fair_share", "cooldown"]
 
 
 @dataclass(slots=True)
@@ -28,6 +37,10 @@ class Attempt:
     outcome: Outcome = NEUTRAL
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    call: Call | None = None  # the request it is for
+    # The headers it forwards, still to be sent when ``attempt_started`` is heard: where a
+    # tracer writes the attempt's ``traceparent``.
+    headers: dict[str, str] | None = None
 
     @property
     def duration(self) -> float:
@@ -36,6 +49,11 @@ class Attempt:
 
 class Events(Protocol):
     def attempt_started(self, attempt: Attempt) -> None: ...
+
+    def answered(self, attempt: Attempt, reply: Reply) -> None:
+        """The upstream's answer to pass on (before it is on its way): its body, or its
+        stream still to be read (``reply.stream``, which a listener may wrap)."""
+        ...
 
     def first_token(self, attempt: Attempt, seconds: float) -> None:
         """A streamed answer's first chunk arrived ``seconds`` after it was sent."""
@@ -66,7 +84,9 @@ class Events(Protocol):
         key's priority, as configured)."""
         ...
 
-    def waited(self, model: str, seconds: float, tier: str) -> None: ...
+    def waited(self, call: Call, seconds: float, cause: WaitCause) -> None:
+        """``call`` waited ``seconds``, until now, for the reason ``cause``."""
+        ...
 
     def refused(self, scope: str, model: str) -> None:
         """The proxy refused a request because of ``scope``'s limit (a 429 or 503)."""
