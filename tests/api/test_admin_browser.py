@@ -30,6 +30,7 @@ from support.admin import (
 )
 from support.browser import Page, load, required_chromium
 from support.proxy_server import ProxyInThread, settings_from
+from support.waiting import wait_until
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 
@@ -167,13 +168,14 @@ def test_the_key_manager_creates_rotates_and_revokes_from_the_browser(
 
 
 def test_the_key_manager_gives_keys_a_team_windows_budgets_and_expiry_and_manages_teams(
-    chromium: str, upstream: FakeUpstreamHandle
+    chromium: str, upstream: FakeUpstreamHandle, redis_url: str
 ) -> None:
     """The teams section: a team created, changed and deleted from the page (refused while
     a key names it); a key given that team (chosen among the known ones, the new one
     included), windows, budgets and an expiry from its forms. After each step the page's
-    answer and its teams table are kept."""
-    settings = config(upstream.base_url)
+    answer and its teams table are kept. Two replicas share the Redis: what the page did
+    on one, the other's API lists."""
+    settings = config(upstream.base_url, redis_url)
     settings["teams"] = [{"name": "research", "rpm": 50}]
     steps = [
         [
@@ -200,16 +202,23 @@ def test_the_key_manager_gives_keys_a_team_windows_budgets_and_expiry_and_manage
     choices = "[...document.querySelectorAll('#create [name=team] option')].map(o => o.value)"
     script = _script(steps, seen=f"[{_RESULT}, {rows}, {choices}]")
 
-    with ProxyInThread(settings_from(settings)) as proxy:
+    with (
+        ProxyInThread(settings_from(settings)) as proxy,
+        ProxyInThread(settings_from(settings)) as other,
+    ):
         page = asyncio.run(
             load(f"{proxy.url}/admin/key-manager", ADMIN, None, BROWSER_TIMEOUT, chromium, script)
         )
-        member = next(
-            k
-            for k in httpx.get(f"{proxy.url}/admin/keys", headers=ADMIN).json()["keys"]
-            if k["name"] == "member"
-        )
-        teams = httpx.get(f"{proxy.url}/admin/teams", headers=ADMIN).json()["teams"]
+
+        def seen_by_other() -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+            keys = httpx.get(f"{other.url}/admin/keys", headers=ADMIN).json()["keys"]
+            teams = httpx.get(f"{other.url}/admin/teams", headers=ADMIN).json()["teams"]
+            member = next((k for k in keys if k["name"] == "member"), None)
+            done = member is not None and member.get("rpm") == 4 and len(teams) == 1
+            return (member, teams) if done and member is not None else None
+
+        wait_until(seen_by_other, timeout=5, what="the page's changes on the other replica")
+        member, teams = seen_by_other() or ({}, [])
 
     assert page.status == 200
     answers = _answers(page)
