@@ -479,6 +479,15 @@ class Catalog:
                 team = self._api_teams[name] = _TeamLimits(found, self.share)
         return team
 
+    def api_team_limits(self, name: str) -> KeyLimits | None:
+        """The limits of the admin API's team ``name`` as requests are charged to them
+        (None: no such team now, or its store cannot be read)."""
+        try:
+            team = self._team(name)
+        except ProxyError:
+            return None
+        return None if team is None else team.limits
+
     def forget_team(self, name: str) -> None:
         """The API team named ``name`` is gone: what was built of it is dropped."""
         self._api_teams.pop(name, None)

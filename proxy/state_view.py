@@ -80,10 +80,11 @@ def state(
     reading: Reading,
     keys: Sequence[tuple[ClientKey, KeyLimits | None]] | None = None,
     keys_page: Json | None = None,
+    api_teams: Sequence[tuple[Team, KeyLimits]] = (),
 ) -> Json:
-    """The whole view: ``limiter``, ``models`` (their deployments), ``teams`` and
-    ``keys``: those given with their limits (a page: ``keys_page`` says which), or every
-    config key."""
+    """The whole view: ``limiter``, ``models`` (their deployments), ``teams`` (the
+    config's, then the admin API's: ``api_teams``, with their limits) and ``keys``: those
+    given with their limits (a page: ``keys_page`` says which), or every config key."""
     now = reading.now
     totals = _sum(reading.activity)
     models = [_model(group, catalog, reading, totals) for group in catalog.groups.values()]
@@ -97,6 +98,7 @@ def state(
         _owner(team, catalog.team_limits.get(team.name), reading.teams.get(team.name), now)
         for team in settings.teams
     ]
+    teams += [_owner(team, limits, reading.teams.get(team.name), now) for team, limits in api_teams]
     anonymous = totals["waiting_keys"].get("", 0), totals["in_flight_keys"].get("", 0)
     shared = reading.mode is LimiterMode.SHARED
     return {

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.api.responses import error_response
-from proxy.config import ClientKey
+from proxy.config import ClientKey, Team
 from proxy.errors import ProxyError
 from proxy.keys.listing import DEFAULT_PER_PAGE, page_of, parse_page
 from proxy.keys.store import RuntimeKeys
@@ -58,7 +58,8 @@ async def read_state(
     built = (record.client_key() for record in records)
     shown += [(key, catalog.with_team(key, limits)) for key, limits in built]
     keys = [limits for _, limits in shown if limits is not None]
-    teams = list(catalog.team_limits.values())
+    api_teams = _api_teams(pipeline, team_store)
+    teams = [*catalog.team_limits.values(), *_limits_of(api_teams)]
     deployments, key_states, team_states, activity = await asyncio.gather(
         asyncio.gather(
             *(limiter.snapshot(g.name, [catalog.limits(d) for d in g.deployments]) for g in groups)
@@ -75,9 +76,27 @@ async def read_state(
         activity=activity,
         teams={t.name: s for t, s in zip(teams, team_states, strict=True)},
     )
-    view = state(settings, catalog, reading, shown, chosen.as_dict())
+    view = state(settings, catalog, reading, shown, chosen.as_dict(), api_teams)
     view.update(_stores(key_store=runtime, team_store=team_store))
     return view
+
+
+def _api_teams(pipeline: Pipeline, team_store: RuntimeTeams | None) -> list[tuple[Team, KeyLimits]]:
+    """The admin API's teams this process knows (not a config team's name), with their
+    limits as requests are charged to them."""
+    if team_store is None:
+        return []
+    configured = {team.name for team in pipeline.settings.teams}
+    found = []
+    for record in team_store.index.records():
+        limits = pipeline.catalog.api_team_limits(record.name)
+        if record.name not in configured and limits is not None:
+            found.append((record.team(), limits))
+    return found
+
+
+def _limits_of(teams: list[tuple[Team, KeyLimits]]) -> list[KeyLimits]:
+    return [limits for _, limits in teams]
 
 
 def _stores(**stores: RuntimeKeys | RuntimeTeams | None) -> dict[str, Any]:

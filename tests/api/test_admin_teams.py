@@ -274,3 +274,16 @@ def test_the_key_manager_shows_the_teams_and_offers_them_to_keys(proxy: ProxyInT
     assert 'name="expires_at" type="datetime-local"' in html
     assert "<td>member</td><td>api</td><td>squad</td>" in html
     assert "<link" not in html and "src=" not in html and "http" not in html.split("<script")[1]
+
+
+def test_an_api_teams_windows_are_in_the_admin_state_as_a_config_teams_are(
+    proxy: ProxyInThread,
+) -> None:
+    with admin(proxy) as api:
+        assert api.post("/teams", json={"name": "squad", "rpm": 3}).status_code == 201
+        member = _key(api, "member", team="squad")
+        assert chat(proxy.url, member)[0] == 200
+        teams = {t["name"]: t for t in api.get("/state").json()["teams"]}
+    assert list(teams) == ["research", "squad"]
+    (window,) = teams["squad"]["windows"]
+    assert window["limit"] == 3 and window["remaining"] < 3  # the request it counted
