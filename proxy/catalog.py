@@ -479,9 +479,10 @@ class Catalog:
                 team = self._api_teams[name] = _TeamLimits(found, self.share)
         return team
 
-    def api_team_limits(self, name: str) -> KeyLimits | None:
-        """The limits of the admin API's team ``name`` as requests are charged to them
-        (None: no such team now, or its store cannot be read)."""
+    def team_limits_now(self, name: str | None) -> KeyLimits | None:
+        """The limits of the team ``name`` as requests are charged to them now: the
+        config's, else the admin API's (None: no such team now, or its store cannot be
+        read)."""
         try:
             team = self._team(name)
         except ProxyError:
@@ -496,11 +497,7 @@ class Catalog:
         """``limits`` (``key``'s own) with its team's as they are now (an API key names
         a team of the config in force or of the admin API; one no longer there, or
         that cannot be read now: none)."""
-        try:
-            team = self._team(key.team)
-        except ProxyError:
-            team = None
-        team_limits = None if team is None else team.limits
+        team_limits = self.team_limits_now(key.team)
         return limits if limits.team is team_limits else replace(limits, team=team_limits)
 
     def ask_limits(self, key: ClientKey, limits: KeyLimits, model: str) -> KeyLimits:

@@ -89,7 +89,7 @@ def _api_teams(pipeline: Pipeline, team_store: RuntimeTeams | None) -> list[tupl
     configured = {team.name for team in pipeline.settings.teams}
     found = []
     for record in team_store.index.records():
-        limits = pipeline.catalog.api_team_limits(record.name)
+        limits = pipeline.catalog.team_limits_now(record.name)
         if record.name not in configured and limits is not None:
             found.append((record.team(), limits))
     return found
