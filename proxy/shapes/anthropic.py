@@ -121,6 +121,7 @@ class AnthropicStreamUsage:
     estimate), not the start's partial count."""
 
     markers = (b'"usage"',)
+    ends = (b"message_stop",)
 
     def __init__(self) -> None:
         self._counts: dict[str, Any] = {}

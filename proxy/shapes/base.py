@@ -57,6 +57,12 @@ class StreamUsage(Protocol):
         """Bytes one of which an event that may hold usage contains."""
         ...
 
+    @property
+    def ends(self) -> tuple[bytes, ...]:
+        """Bytes one of which the stream's last event contains: a client that leaves
+        after reading it read the whole answer (the OpenAI SDK closes on ``[DONE]``)."""
+        ...
+
     def record(self, payload: dict[str, Any]) -> None:
         """Read the usage a parsed event carries (events may add up, as Anthropic's do)."""
         ...

@@ -80,6 +80,7 @@ class OpenAIStreamUsage:
     usage-only event, ``choices: []``, when it asked for one)."""
 
     markers = _USAGE_MARKERS
+    ends = (b"data: [DONE]",)
 
     def __init__(self) -> None:
         self.usage: TokenUsage | None = None

@@ -114,6 +114,7 @@ class ResponsesStreamUsage:
     the tap to hold comes as ``{"usage": ...}`` alone: sse.UsageTap's tail.)"""
 
     markers = _MARKERS
+    ends = _MARKERS
 
     def __init__(self) -> None:
         self.usage: TokenUsage | None = None
@@ -186,6 +187,7 @@ class _Replayed:
     repeats the usage counted when it was made; nothing is read, none is charged."""
 
     markers: tuple[bytes, ...] = ()
+    ends = _MARKERS
     usage = TokenUsage()
 
     def record(self, payload: dict[str, Any]) -> None:

@@ -50,6 +50,8 @@ class StreamBody:
     async def __aiter__(self) -> AsyncIterator[bytes]:
         first = True
         decoder = self._decoder
+        ends = self.tap.reader.ends
+        ending = False
         try:
             async for chunk in self._response.aiter_raw():
                 if first:
@@ -60,6 +62,11 @@ class StreamBody:
                     if out:
                         self.events += out.count(b"data:")
                         yield out
+                        ending = ending or any(end in out for end in ends)
+                        if ending and out.endswith(b"\n\n"):
+                            # The last event sent: a client leaving now (before the
+                            # upstream's EOF) read the whole answer.
+                            self._end = "completed"
             if decoder is not None:
                 decoder.end()
             rest = self._redactor.feed(self.tap.flush()) + self._redactor.flush()

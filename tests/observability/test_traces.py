@@ -13,6 +13,8 @@ official SDKs as clients, exporting by OTLP/HTTP to a receiver this test starts
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -23,7 +25,7 @@ import orjson
 import pytest
 from support.otlp import CLIENT, INTERNAL, SERVER, STATUS_ERROR, OtlpHttpReceiver, ReceivedSpan
 from support.proxy_server import ProxyInThread, settings_from
-from support.raw_upstream import Conversation, answer
+from support.raw_upstream import Conversation, answer, chunked
 from support.scripted_upstream import ScriptedUpstream
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
@@ -452,3 +454,48 @@ def test_a_wait_for_a_cooling_deployment_is_a_span_with_its_cause(
     attempt = _one(spans, kind=CLIENT)
     assert attempt.attributes["http.response.status_code"] == 200
     assert waits[0].end <= attempt.start
+
+
+# --- a client that leaves once it read the last event ---------------------------------
+
+CHAT_EVENTS = [
+    {"id": "c", "object": "chat.completion.chunk", "model": "m-upstream",
+     "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]},
+    {"id": "c", "object": "chat.completion.chunk", "model": "m-upstream", "choices": [],
+     "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}},
+]  # fmt: skip
+
+
+async def _lingering(conversation: Conversation) -> None:
+    """A whole chat stream, ``[DONE]`` last, then the connection held open a while
+    before its end: the OpenAI SDK closes on ``[DONE]``, before the upstream's EOF."""
+    events = [b"data: " + orjson.dumps(e) + b"\n\n" for e in CHAT_EVENTS]
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+    await conversation.send(head + b"transfer-encoding: chunked\r\n\r\n")
+    await conversation.send(chunked(*events, b"data: [DONE]\n\n"))
+    await asyncio.sleep(1.0)
+    with contextlib.suppress(ConnectionError):
+        await conversation.send(b"0\r\n\r\n")
+
+
+def test_a_client_that_leaves_after_the_last_event_was_served_whole(
+    receiver: OtlpHttpReceiver,
+) -> None:
+    """Not a 499 (the client left): it read everything the upstream had to say."""
+    with ScriptedUpstream(_lingering) as upstream:
+        deployment = {"id": "only", "base_url": upstream.url, "api_key": UPSTREAM_KEY}
+        config = {
+            "keys": [{"name": "app", "key": CLIENT_KEY}],
+            "models": [{"name": "m", "deployments": [deployment]}],
+            "telemetry": {"traces": True},
+        }
+        with ProxyInThread(settings_from(config)) as proxy:
+            messages: Any = [{"role": "user", "content": "hi"}]
+            raw = _openai(proxy).chat.completions.with_raw_response.create(
+                model="m", messages=messages, stream=True
+            )
+            assert [c.choices[0].delta.content for c in raw.parse()] == ["hi"]
+            spans = receiver.spans.request(raw.headers["x-request-id"], spans_at_least=5)
+    root = _one(spans, kind=SERVER)
+    assert root.attributes["http.response.status_code"] == 200
+    assert root.attributes["gen_ai.usage.output_tokens"] == 1
