@@ -21,7 +21,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -44,6 +44,7 @@ from proxy.limiter.base import (
     NEUTRAL,
     SUCCESS,
     Activity,
+    DeploymentVerdict,
     FastPaths,
     GroupAsk,
     Limiter,
@@ -54,7 +55,7 @@ from proxy.routing.activity import Tally
 from proxy.routing.events import Attempt, Events, WaitCause
 from proxy.routing.lines import Line, Lines, Ticket, turn_spacing
 from proxy.routing.settlement import Settler, Turn
-from proxy.routing.strategies import RoutingState, order_candidates
+from proxy.routing.strategies import RoutingState, first_asked, order_candidates
 from proxy.routing.turn_clock import TurnClock
 from proxy.upstream.exchange import Answer, Exchange, StreamEnd, build_request
 
@@ -263,25 +264,7 @@ class Dispatcher:
                     line = await self._queue(call, group, budget, None)
                     continue
                 lease = f"{call.request_id}.{call.trip.retries}"
-                ask = GroupAsk(
-                    group.name,
-                    [self.catalog.limits(d) for d in ordered],
-                    call.cost,
-                    budget,
-                    lease,
-                    self.settler.least_busy,
-                    call.claimant,
-                    self.routing.lookahead,
-                )
-                # An open lease (or the memory limiter) answers without an await.
-                verdict = None
-                if self.fast is not None:
-                    verdict = self.fast.reserve_now(ask)
-                    if verdict is None:  # its lease being renewed: the turn it brings
-                        renewal = self.fast.reserve_on_renewal(ask)
-                        verdict = None if renewal is None else await renewal
-                if verdict is None:
-                    verdict = await self.limiter.reserve(ask)
+                verdict = await self._ask(call, group.name, ordered, budget, lease)
                 handled = time.monotonic()
                 deferred = verdict.deferred and verdict.retry_after <= budget
                 if line is not None and not deferred:
@@ -364,6 +347,46 @@ class Dispatcher:
         finally:
             if line is not None:
                 line.leave()
+
+    async def _ask(
+        self, call: Call, group: str, ordered: list[DeploymentRoute], budget: float, lease: str
+    ) -> DeploymentVerdict:
+        """The limiter's verdict on a turn for ``call``: among the strategy's first
+        candidates, else among all (``strategies.first_asked``)."""
+        first = first_asked(self.routing.strategy, ordered)
+        if first is not None:
+            verdict = await self._ask_about(call, group, first, budget, lease)
+            if verdict.sent is not None or verdict.deferred:
+                return verdict
+        return await self._ask_about(call, group, ordered, budget, lease)
+
+    async def _ask_about(
+        self,
+        call: Call,
+        group: str,
+        candidates: Sequence[DeploymentRoute],
+        budget: float,
+        lease: str,
+    ) -> DeploymentVerdict:
+        ask = GroupAsk(
+            group,
+            [self.catalog.limits(d) for d in candidates],
+            call.cost,
+            budget,
+            lease,
+            self.settler.least_busy,
+            call.claimant,
+            self.routing.lookahead,
+        )
+        # An open lease (or the memory limiter) answers without an await.
+        if self.fast is not None:
+            verdict = self.fast.reserve_now(ask)
+            if verdict is None:  # its lease being renewed: the turn it brings
+                renewal = self.fast.reserve_on_renewal(ask)
+                verdict = None if renewal is None else await renewal
+            if verdict is not None:
+                return verdict
+        return await self.limiter.reserve(ask)
 
     def _probe_answered(self, deployments: list[DeploymentRoute]) -> asyncio.Event | None:
         """The answer of a probe out from here on one of ``deployments`` (None: none)."""

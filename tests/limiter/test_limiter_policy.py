@@ -701,6 +701,8 @@ async def test_answers_from_a_lease_tell_the_breaker_nothing_of_the_storage(
     leased = KeyLimits("leased", windows=(rpm(1_000_000, 1_000_000), tpm(10**9, 10**9)))
     other = KeyLimits("other", windows=(rpm(1_000_000, 1_000_000),))
     try:
+        # The key's second request takes a lease (leases.WARM_USES: it is busy).
+        assert (await a.acquire_key(KeyAsk(leased, "w", estimate_cost(600)))).allowed
         assert (await a.acquire_key(KeyAsk(leased, "r", estimate_cost(600)))).allowed
         disposable_redis.kill()
         for i in range(3):

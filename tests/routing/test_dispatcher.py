@@ -176,3 +176,21 @@ async def test_a_turn_that_came_while_it_was_handled_is_sent_at_once_and_not_cou
     assert [r.status for r in replies] == [200, 200]
     assert journey.counted("llmproxy_queue_wait_seconds_count") == 0
     assert journey.pipeline.dispatcher.waiting == 0  # its place in the queue given back
+
+
+async def test_of_a_large_group_all_are_asked_when_none_of_the_first_can_take_it() -> None:
+    """Six deployments, five of them out of requests this minute: whichever three the
+    weighted order puts first, every request is served by the sixth."""
+    full = [deployment(f"d{i}", rpm=1) for i in range(5)]
+    data = config([*full, deployment("free")], retries=0, max_wait="0s")
+    script = {f"d{i}.test": ok() for i in range(5)} | {"free.test": ok()}
+    journey = Journey(data, Upstream(script))
+    small = {f"d{i}.test" for i in range(5)}
+    for _ in range(200):  # spend the five small ones (and some of the free one's)
+        if small <= set(journey.upstream.sent):
+            break
+        await journey.send()
+    spent = len(journey.upstream.sent)
+    for _ in range(20):
+        assert (await journey.send()).status == 200
+    assert set(journey.upstream.sent[spent:]) == {"free.test"}

@@ -4,7 +4,13 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 
-from proxy.routing.strategies import RoutingState, order_candidates, weighted_shuffle
+from proxy.routing.strategies import (
+    SAMPLED,
+    RoutingState,
+    first_asked,
+    order_candidates,
+    weighted_shuffle,
+)
 
 
 @dataclass(frozen=True)
@@ -55,3 +61,15 @@ def test_every_strategy_returns_every_candidate_once() -> None:
     for strategy in ("least-wait", "weighted-random", "least-busy", "lowest-latency"):
         order = order_candidates(strategy, deployments, rng, RoutingState())
         assert sorted(d.id for d in order) == sorted(d.id for d in deployments)
+
+
+def test_least_wait_asks_about_the_head_of_a_large_group_first() -> None:
+    """The power of d choices: of more than ``SAMPLED`` deployments, the head of the
+    weighted order first; a small group, and the strategies that rank by what this
+    process saw, are asked about whole."""
+    many = [D(f"d{i}") for i in range(10)]
+    assert first_asked("least-wait", many) == many[:SAMPLED]
+    assert first_asked("weighted-random", many) == many[:SAMPLED]
+    assert first_asked("least-wait", many[:SAMPLED]) is None
+    assert first_asked("least-busy", many) is None
+    assert first_asked("lowest-latency", many) is None

@@ -22,6 +22,7 @@ until the hold ends, allowance.py).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
@@ -45,8 +46,10 @@ from proxy.limiter.base import (
 from proxy.limiter.core import turns
 from proxy.limiter.core.allowance import (
     FIRST_REQUESTS,
+    HOLD,
     MIN_REQUESTS,
     REFUSED_FOR,
+    USE_SHARE,
     Allowance,
     lease_size,
 )
@@ -65,6 +68,11 @@ from proxy.limiter.redis.runner import ScriptRunner
 Num = Callable[[float], str]
 
 RENEWALS = 3  # a request asks for a new lease at most this many times, then per request
+# A key is leased only while its requests here come often enough that a lease serves
+# this many of them in its use (allowance.HOLD * USE_SHARE): a lease that serves one
+# request costs two round trips (lease, give back) where asking costs one. With many
+# keys each of which sends a few requests a second, no lease pays (docs/performance.md).
+WARM_USES = 4
 T = TypeVar("T")
 
 
@@ -81,7 +89,9 @@ class Owner:
     __slots__ = (
         "admitted",
         "allowance",
+        "arrival",
         "asked_turns_at",
+        "gap",
         "keys",
         "names",
         "paced",
@@ -101,6 +111,8 @@ class Owner:
         self.keys = keys  # the lease script's Redis keys, ending with the windows'
         self.names = keys[len(keys) - len(windows) :]  # the windows' Redis keys
         self.allowance: Allowance | None = None
+        self.arrival = -math.inf  # the last request asked without a lease (local time)
+        self.gap = math.inf  # the time between such requests, smoothed
         self.turns: turns.TurnLease | None = None  # a paced deployment's (turns.py)
         self.admitted: set[str] = set()  # the open lease's requests, by lease id (keys)
         self.renewing: asyncio.Future[None] | None = None
@@ -116,6 +128,13 @@ class Owner:
         # paced deployment's requests cost the same (its windows count requests), so the
         # question is answered once, not per request.
         self.paced: list[float] | None = None
+
+    def warm(self, now: float) -> bool:
+        """Whether a lease taken now would serve ``WARM_USES`` requests or more, judged
+        by the smoothed gap between this owner's requests so far (this one counted)."""
+        gap, self.arrival = now - self.arrival, now
+        self.gap = gap if math.isinf(self.gap) else (self.gap + gap) / 2.0
+        return self.gap * WARM_USES <= HOLD * USE_SHARE
 
     def counts(self, windows: tuple[Window, ...]) -> bool:
         """Whether it leases these windows (limits reloaded unchanged are equal, not the
@@ -157,6 +176,8 @@ class Leases:
         ``acquire_key`` per request."""
         limits = ask.limits
         owner = self._key_owner(limits)
+        if owner.allowance is None and not owner.warm(time.monotonic()):
+            return None
         spent = key_spends(limits, ask.cost)
         own = len(limits.windows)
         got = await self._admit(owner, spent, partial(self._renew_key, owner, spent, own))

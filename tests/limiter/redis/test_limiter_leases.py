@@ -31,6 +31,7 @@ from proxy.limiter.base import (
 from proxy.limiter.core.allowance import (
     FIRST_REQUESTS,
     HOLD,
+    USE_SHARE,
     Allowance,
     lease_floor,
     lease_hold,
@@ -40,6 +41,7 @@ from proxy.limiter.core.bucket import Bucket, BucketState, Plan, adjust, charge,
 from proxy.limiter.policy import CircuitState, ResilientLimiter
 from proxy.limiter.redis import scripts
 from proxy.limiter.redis.backend import RedisLimiter
+from proxy.limiter.redis.leases import WARM_USES
 
 DAILY = KeyLimits("team-a", windows=(window("requests", 2000, 86400.0),))
 BIG = KeyLimits("team-b", windows=(window("requests", 1e6), window("tokens", 1e8)))
@@ -162,8 +164,24 @@ async def test_far_from_its_limits_a_key_costs_a_round_trip_per_lease(redis_url:
         verdict = await lim.acquire_key(KeyAsk(BIG, f"r{i}", estimate_cost(100.0)))
         assert verdict.allowed
         await lim.settle(KeySettlement(BIG, f"r{i}", cost={"tokens": -50.0}))
-    # Leases of 8, 16, 32 requests: three round trips (and two give-backs riding along).
-    assert calls(redis_url) - before <= 6
+    # The first request asks (and settles) alone: nothing says yet that the key is
+    # busy. Then leases of 8, 16, 32 requests: three round trips (and two give-backs
+    # riding along).
+    assert calls(redis_url) - before <= 8
+    await lim.aclose()
+
+
+async def test_a_key_whose_requests_come_far_apart_is_never_leased(redis_url: str) -> None:
+    """A lease would serve one request and cost two round trips (lease, give back): each
+    request asks, and settles, by itself."""
+    lim = await warm(redis_url)
+    before = calls(redis_url)
+    for i in range(4):
+        verdict = await lim.acquire_key(KeyAsk(BIG, f"r{i}", estimate_cost(100.0)))
+        assert verdict.allowed
+        await lim.settle(KeySettlement(BIG, f"r{i}", cost={"tokens": -50.0}))
+        await asyncio.sleep(HOLD * USE_SHARE / WARM_USES + 0.01)
+    assert calls(redis_url) - before == 8
     await lim.aclose()
 
 
@@ -331,9 +349,10 @@ def test_lua_leases_match_the_pure_core(
 async def test_a_key_check_its_lease_covers_is_answered_at_once(redis_url: str) -> None:
     lim = patient(redis_url)
     assert lim.acquire_key_now(KeyAsk(BIG, "r0", estimate_cost(10.0))) is None  # no lease yet: ask
+    assert (await lim.acquire_key(KeyAsk(BIG, "w", estimate_cost(10.0)))).allowed  # alone
     assert (
         await lim.acquire_key(KeyAsk(BIG, "r0", estimate_cost(10.0)))
-    ).allowed  # which takes one
+    ).allowed  # the key is busy: this one takes a lease
     verdict = lim.acquire_key_now(KeyAsk(BIG, "r1", estimate_cost(10.0)))
     assert verdict is not None and verdict.allowed
     await lim.aclose()
@@ -343,6 +362,7 @@ async def test_leases_answer_at_once_only_while_the_storage_is_trusted(
     disposable_redis: RedisServer,
 ) -> None:
     resilient = quick_to_open(disposable_redis.url)
+    assert (await resilient.acquire_key(KeyAsk(BIG, "w", estimate_cost(10.0)))).allowed
     assert (await resilient.acquire_key(KeyAsk(BIG, "r0", estimate_cost(10.0)))).allowed
     assert resilient.acquire_key_now(KeyAsk(BIG, "r1", estimate_cost(10.0))) is not None
     disposable_redis.kill()
@@ -364,6 +384,7 @@ async def test_a_settlement_its_lease_takes_whole_is_done_at_once_and_the_rest_g
     cost = estimate_cost(10.0)
     shared = await warm(disposable_redis.url)
     resilient = ResilientLimiter(shared, on_error="local", replica_id="r")
+    assert (await resilient.acquire_key(KeyAsk(limits, "w", cost))).allowed  # asks alone
     assert (await resilient.acquire_key(KeyAsk(limits, "r0", cost))).allowed  # leases
     assert resilient.acquire_key_now(KeyAsk(limits, "r1", cost)) is not None
     tokens = shared._windows(limits)[1]
