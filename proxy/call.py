@@ -126,9 +126,10 @@ class Call:
     allowed_models: list[str] | None = None  # its key's allow-list (fallbacks too): None, all
     claimant: Claimant = field(default_factory=Claimant)  # fair share: tier and weight
     max_wait: float = 0.0  # the longest this request may wait for a turn, in all
-    model: str = "unknown"  # a configured name once known: safe as a metric label
-    # The model asked for when no group has that name: the log line's (logs.client_text:
-    # bounded, printable), never a metric label.
+    model: str = "unknown"  # its group's name once known: safe as a metric label
+    # The model the client asked for (a group's name, an alias, a name a pattern serves,
+    # or one no group has): the log line's (logs.client_text: bounded, printable), never
+    # a metric label.
     requested_model: str | None = None
     body: dict[str, Any] = field(default_factory=dict)
     raw: bytes = b""

@@ -41,6 +41,7 @@ from proxy.limiter.base import (
     window_name,
 )
 from proxy.limiter.core.quota import quota_name
+from proxy.model_names import ModelNames, is_pattern
 from proxy.pricing import FREE, Price, dearest
 from proxy.providers import Provider, provider_of
 from proxy.routing.announced import Announced
@@ -130,7 +131,9 @@ class DeploymentRoute:
     config: Deployment
     group: str
     limits: DeploymentLimits
-    upstream_model: str
+    # The model it is sent: its ``model:``, else its group's name; None (a pattern
+    # group's deployment without ``model:``): the name the client asked for.
+    upstream_model: str | None
     # Built once: the upstream URL per API shape it speaks (parsed, and as text) and the
     # request's extensions (the timeout, as httpx spells it, and how to reach it).
     urls: dict[str, tuple[httpx.URL, str]]
@@ -148,8 +151,9 @@ class DeploymentRoute:
     def weight(self) -> float:
         return self.config.weight
 
-    def model_for(self, shape: str) -> str:
-        """The ``model`` the forwarded body of the shape named ``shape`` names."""
+    def model_for(self, shape: str) -> str | None:
+        """The ``model`` the forwarded body of the shape named ``shape`` names (None:
+        the client's own, as it asked)."""
         if not self.body_models:  # the usual case: one model for every shape
             return self.upstream_model
         return self.body_models.get(shape, self.upstream_model)
@@ -355,7 +359,7 @@ def _group(group: ModelGroup, share: float, pacing_margin: float) -> GroupRoute:
             config=d,
             group=group.name,
             limits=deployment_limits(d, share, pacing_margin),
-            upstream_model=d.model or group.name,
+            upstream_model=d.model or (None if is_pattern(group.name) else group.name),
             urls=shape_urls(d),
             extensions={"timeout": timeout_extension(d.timeout), EGRESS: egress(d)},
             provider=provider_of(d.provider),
@@ -367,6 +371,11 @@ def _group(group: ModelGroup, share: float, pacing_margin: float) -> GroupRoute:
     )
     shapes = frozenset(name for d in deployments for name in d.urls)
     return GroupRoute(name=group.name, deployments=deployments, shapes=shapes)
+
+
+def _exact_routes(names: ModelNames, groups: Mapping[str, GroupRoute]) -> dict[str, GroupRoute]:
+    """Each exact name (a group's, an alias) to its group: ``Catalog.route``'s lookup."""
+    return {name: groups[group] for name, group in names.exact.items()}
 
 
 class _KeyLimits(Mapping[str, KeyLimits]):
@@ -415,6 +424,9 @@ class Catalog:
     ) -> None:
         self.pacing_margin = settings.routing.pacing_margin
         self.groups = {g.name: _group(g, share, self.pacing_margin) for g in settings.models}
+        # The names clients may send: each group's, its aliases, its pattern (``route``).
+        self.names = ModelNames.of(settings.models)
+        self._exact = _exact_routes(self.names, self.groups)
         self._teams = {t.name: _TeamLimits(t, share) for t in settings.teams}
         self.team_limits: Mapping[str, KeyLimits] = {
             name: t.limits for name, t in self._teams.items()
@@ -457,6 +469,15 @@ class Catalog:
         # announces. (Announced's own method: a call less on every reservation and
         # settlement.) How fast its windows refill after 429s is the limiter's business.
         self.limits: Callable[[DeploymentRoute], DeploymentLimits] = self.announced.limits
+
+    def route(self, name: str) -> GroupRoute | None:
+        """The group that serves the model name ``name`` a client sent: by its name or
+        an alias, else the longest pattern that matches (model_names.py); None: none."""
+        group = self._exact.get(name)  # the usual case: one lookup
+        if group is None and self.names.patterns:
+            found = self.names.resolve(name)
+            group = None if found is None else self.groups[found]
+        return group
 
     def held(self) -> list[object]:
         """The key limits built so far (a retired catalog's are freed off the event loop:

@@ -216,7 +216,8 @@ def _summary(path: str, settings: Settings) -> str:
     ]
     for model in settings.models:
         ids = ", ".join(d.id for d in model.deployments)
-        lines.append(f"  - {model.name}: {ids}")
+        also = f" (also {', '.join(model.aliases)})" if model.aliases else ""
+        lines.append(f"  - {model.name}{also}: {ids}")
     return "\n".join(lines)
 
 

@@ -34,7 +34,7 @@ from pydantic import (
     model_validator,
 )
 
-from proxy import yaml_load
+from proxy import model_names, yaml_load
 from proxy.config_keys import ConfigKeys, KeysBuilder, plain_digest
 from proxy.upstream.redact import redaction_warning
 
@@ -545,7 +545,10 @@ class Deployment(_Limited):
 
 
 class ModelGroup(_Strict):
+    # What clients send as ``model``; with ``*`` in it, a pattern (model_names.py).
     name: str = Field(min_length=1)
+    # Other names clients send for this group, exact (model_names.py checks them).
+    aliases: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
     deployments: list[Deployment] = Field(min_length=1)
     # USD per 1M tokens for every deployment without its own.
     price: PriceSpec | None = None
@@ -652,6 +655,8 @@ def _reference_problems(data: Mapping[str, Any]) -> list[str]:
     models = [m for m in _items(data.get("models")) if isinstance(m, dict)]
     names: list[str] = [m["name"] for m in models if isinstance(m.get("name"), str)]
     problems = _duplicates("models", names, "name")
+    problems += model_names.problems(_items(data.get("models")))
+    served = _served_names(models)
     teams = [t for t in _items(data.get("teams")) if isinstance(t, dict)]
     team_names: list[str] = [t["name"] for t in teams if isinstance(t.get("name"), str)]
     known: set[str] = set(names)
@@ -667,7 +672,7 @@ def _reference_problems(data: Mapping[str, Any]) -> list[str]:
             key_names.append(name)
         if "models" in key:
             named += [
-                f"keys[{i}].models: unknown model {m!r}{_suggest(m, known)}"
+                f"keys[{i}].models: unknown model {m!r}{_hint(m, known, served)}"
                 for m in _items(key["models"])
                 if isinstance(m, str) and m not in known
             ]
@@ -675,7 +680,7 @@ def _reference_problems(data: Mapping[str, Any]) -> list[str]:
         if isinstance(team, str) and team and team not in known_teams:
             named.append(f"keys[{i}].team: unknown team {team!r}{_suggest(team, team_names)}")
         if "limits" in key or "budgets" in key:
-            scoped += _scoped_model_problems(f"keys[{i}]", key, known)
+            scoped += _scoped_model_problems(f"keys[{i}]", key, known, served)
     problems += _duplicates("keys", key_names, "name")
     ids = [
         d.get("id")
@@ -687,26 +692,45 @@ def _reference_problems(data: Mapping[str, Any]) -> list[str]:
     problems += _duplicates("teams", team_names, "name")
     problems += named
     for i, team in enumerate(_items(data.get("teams"))):
-        problems += _scoped_model_problems(f"teams[{i}]", team, known)
+        problems += _scoped_model_problems(f"teams[{i}]", team, known, served)
     problems += scoped
     routing = data.get("routing")
     fallbacks = routing.get("fallbacks") if isinstance(routing, dict) else None
     for source, targets in fallbacks.items() if isinstance(fallbacks, dict) else []:
         problems += [
-            f"routing.fallbacks.{source}: unknown model {m!r}{_suggest(m, known)}"
+            f"routing.fallbacks.{source}: unknown model {m!r}{_hint(m, known, served)}"
             for m in [source, *_items(targets)]
             if isinstance(m, str) and m not in known
         ]
     return problems
 
 
-def _scoped_model_problems(where: str, owner: object, known: set[str]) -> list[str]:
+def _served_names(models: list[dict[Any, Any]]) -> model_names.ModelNames:
+    """The names the raw ``models`` entries serve (the well-formed ones' names and
+    aliases): what an unknown reference is told of (``_hint``)."""
+    groups: list[tuple[str, list[str]]] = []
+    for m in models:
+        name, aliases = m.get("name"), _items(m.get("aliases"))
+        if isinstance(name, str):
+            groups.append((name, [a for a in aliases if isinstance(a, str)]))
+    return model_names.ModelNames(groups)
+
+
+def _hint(name: str, known: set[str], served: model_names.ModelNames) -> str:
+    """After "unknown model": what serves ``name`` (an alias, a name a pattern matches:
+    references name groups), else a close group name."""
+    return served.hint(name) or _suggest(name, known)
+
+
+def _scoped_model_problems(
+    where: str, owner: object, known: set[str], served: model_names.ModelNames
+) -> list[str]:
     """A window's or a budget's ``models`` naming no configured group is an error: it
     would count nothing, silently (a typo must not leave a limit unenforced)."""
     if not isinstance(owner, dict):
         return []
     problems = [
-        f"{where}.limits[{j}].models: unknown model {m!r}{_suggest(m, known)}"
+        f"{where}.limits[{j}].models: unknown model {m!r}{_hint(m, known, served)}"
         for j, spec in enumerate(_items(owner.get("limits")))
         for m in _items(spec.get("models") if isinstance(spec, dict) else None)
         if isinstance(m, str) and m not in known
@@ -714,7 +738,7 @@ def _scoped_model_problems(where: str, owner: object, known: set[str]) -> list[s
     for j, budget in enumerate(_items(owner.get("budgets"))):
         scoped = budget.get("models") if isinstance(budget, dict) else None
         problems += [
-            f"{where}.budgets[{j}].models: unknown model {m!r}{_suggest(m, known)}"
+            f"{where}.budgets[{j}].models: unknown model {m!r}{_hint(m, known, served)}"
             for m in _items(scoped)
             if isinstance(m, str) and m not in known
         ]

@@ -3,7 +3,10 @@ it tells a new user to try.
 
 A demo that answers like OpenAI shows an echo, not a rate limiter; so its fake upstream
 enforces a strict limit (2 requests a second, 429 beyond it), its one client key has a
-small limit of its own, and an admin key opens ``/admin``. config/demo.yaml is the same
+small limit of its own, and an admin key opens ``/admin``. Two groups share the upstream,
+each paced to half of it: ``gpt-4o-mini`` (OpenAI's API) and ``claude-*``, a pattern that
+serves every name Claude Code sends (Anthropic's Messages API, on the same fake), so that
+Claude Code needs only ``ANTHROPIC_BASE_URL`` and the key. config/demo.yaml is the same
 configuration as a file (a test keeps them equal). *pure*
 """
 
@@ -19,6 +22,7 @@ from proxy.config import Settings, parse_settings
 
 __all__ = [
     "DEMO_ADMIN_KEY",
+    "DEMO_CLAUDE",
     "DEMO_KEY",
     "DEMO_KEY_RPM",
     "DEMO_MODEL",
@@ -33,10 +37,13 @@ __all__ = [
 ]
 
 DEMO_MODEL = "gpt-4o-mini"
+DEMO_CLAUDE = "claude-*"  # every name Claude Code sends: claude-opus-4-8, claude-haiku-4-5...
 DEMO_KEY = "demo-key"
 DEMO_KEY_RPM = 10
 DEMO_ADMIN_KEY = "demo-admin"
 UPSTREAM_RPS = 2
+GROUPS = 2  # the groups on the one upstream (its one account): each paced to its share
+GROUP_RPM = UPSTREAM_RPS * 60 // GROUPS
 BURST = 6  # a burst the key's limit admits whole: paced, none refused
 OVER_THE_KEY = DEMO_KEY_RPM + 2  # at least two over a full bucket: 429 at once
 EXAMPLE_REQUESTS = 2  # example.py's: a completion, then a stream
@@ -51,23 +58,22 @@ def upstream_options() -> dict[str, Any]:
 
 
 def demo_settings(upstream_url: str) -> Settings:
-    """The demo's proxy: one model on the fake upstream at ``upstream_url``, paced to its
-    limit; one client key with its own limit; one admin key."""
+    """The demo's proxy: two groups on the fake upstream at ``upstream_url``, each paced
+    to half its limit (OpenAI's API for ``gpt-4o-mini``, Anthropic's for any ``claude-*``
+    name, sent upstream as asked); one client key with its own limit; one admin key."""
+    openai = {"id": "fake-openai", "base_url": f"{upstream_url}/v1"}
+    anthropic = {"id": "fake-anthropic", "provider": "anthropic", "base_url": upstream_url}
     return parse_settings(
         {
             "keys": [{"name": "demo", "key": DEMO_KEY, "rpm": DEMO_KEY_RPM}],
             "models": [
                 {
-                    "name": DEMO_MODEL,
+                    "name": name,
                     "deployments": [
-                        {
-                            "id": "fake-openai",
-                            "base_url": f"{upstream_url}/v1",
-                            "api_key": "fake-upstream-key",
-                            "rpm": UPSTREAM_RPS * 60,
-                        }
+                        {**deployment, "api_key": "fake-upstream-key", "rpm": GROUP_RPM}
                     ],
                 }
+                for name, deployment in ((DEMO_MODEL, openai), (DEMO_CLAUDE, anthropic))
             ],
             "routing": {"max_wait": "10s"},
             "admin": {"keys": [DEMO_ADMIN_KEY]},
@@ -105,9 +111,10 @@ def tries(proxy_url: str) -> list[Try]:
     return [
         Try("The OpenAI SDK (the README's example.py, with the demo key):", sdk),
         Try(
-            f"A burst of {BURST} at once: the upstream takes {UPSTREAM_RPS} a second, so the"
-            " proxy paces them\n   instead of failing them (every answer 200;"
-            " x-llm-proxy-queue-ms: how long each waited for its turn):",
+            f"A burst of {BURST} at once: {DEMO_MODEL} has {GROUP_RPM // 60} of the"
+            f" upstream's {UPSTREAM_RPS} requests a second, so the proxy paces them\n"
+            "   instead of failing them (every answer 200; x-llm-proxy-queue-ms: how long"
+            " each waited for its turn):",
             concurrently(BURST, ["x-llm-proxy-queue-ms"]),
         ),
         Try(
@@ -124,6 +131,12 @@ def tries(proxy_url: str) -> list[Try]:
             f"{proxy_url}/admin\n"
             f"curl -s {proxy_url}/admin/state -H 'Authorization: Bearer {DEMO_ADMIN_KEY}'",
         ),
+        Try(
+            f"Claude Code (npm install -g @anthropic-ai/claude-code), its own model names"
+            f" served by the pattern {DEMO_CLAUDE}\n   (its requests count against the"
+            " key's 10 a minute too: after the steps above, it may retry a while):",
+            f"ANTHROPIC_BASE_URL={proxy_url} ANTHROPIC_API_KEY={DEMO_KEY} claude -p 'say hi'",
+        ),
     ]
 
 
@@ -131,9 +144,10 @@ def instructions(proxy_url: str, upstream_url: str) -> str:
     """What start-up prints: what the demo is, its keys, and what to try."""
     lines = [
         "",
-        f"The demo: the proxy on {proxy_url}, in front of a fake OpenAI upstream"
-        f" ({upstream_url}) that takes {UPSTREAM_RPS} requests a second and answers 429"
-        " beyond that.",
+        f"The demo: the proxy on {proxy_url}, in front of a fake OpenAI and Anthropic"
+        f" upstream ({upstream_url}) that takes {UPSTREAM_RPS} requests a second and"
+        f" answers 429 beyond that;\n{DEMO_MODEL} and any {DEMO_CLAUDE} model each have"
+        " half of it.",
         f"  client key: {DEMO_KEY}  (its own limit: {DEMO_KEY_RPM} requests a minute)",
         f"  admin key:  {DEMO_ADMIN_KEY}",
         "",

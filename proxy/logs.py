@@ -254,7 +254,8 @@ class RequestLog:
     shadow_rejection: str | None = None  # a shadow key's limit that would have refused it
     cost_usd: float | None = None  # its usage priced (a priced deployment that reported it)
     api: str = ""  # the API it came through (shapes.base.api_label)
-    # The name asked for when no group has it (what to configure): ``client_text``'s.
+    # The name the client asked for (``model`` is the group that served it: its name,
+    # an alias, a name its pattern matches; none: what to configure): ``client_text``'s.
     requested_model: str | None = None
 
 

@@ -346,10 +346,11 @@ class Pipeline:
             raise InvalidRequest(
                 "'model' is required and must be a string.", code="missing_model", param="model"
             )
-        group = self.catalog.groups.get(model)
+        # The log line names it beside its group (an alias, a name a pattern serves; an
+        # unknown one: the group to configure); no metric label ever does.
+        call.requested_model = client_text(model)
+        group = self.catalog.route(model)
         if group is None:
-            # The log line names it (the group to configure); no metric label ever does.
-            call.requested_model = client_text(model)
             raise ModelNotFound(f"The model '{model[:200]}' does not exist.", param="model")
         return group
 

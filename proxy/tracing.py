@@ -265,7 +265,7 @@ class TracedTelemetry(Telemetry):
         if not trace_.root.is_recording():
             return self.tracer.start_span("attempt", trace_.context, SpanKind.CLIENT)
         route = self.routes.get(attempt.deployment)
-        upstream_model = route.model_for(call.shape.name) if route is not None else attempt.model
+        upstream_model = _upstream_model(call, route) or attempt.model
         return self.tracer.start_span(
             f"{_operation(call)} {upstream_model}",
             context=trace_.context,
@@ -376,6 +376,15 @@ def _max_tokens(call: Call) -> int | None:
     return None
 
 
+def _upstream_model(call: Call, route: DeploymentRoute | None) -> str | None:
+    """The model an attempt on ``route`` asks its upstream for: the deployment's, or
+    the client's own name (a pattern group's deployment without ``model:``: bounded,
+    printable, as the log line quotes it)."""
+    if route is None:
+        return None
+    return route.model_for(call.shape.name) or call.requested_model
+
+
 def _provider(route: DeploymentRoute | None) -> str | None:
     if route is None:
         return None
@@ -418,7 +427,7 @@ def attempt_attributes(
         {
             "gen_ai.operation.name": _operation(call),
             "gen_ai.provider.name": _provider(route),
-            "gen_ai.request.model": None if route is None else route.model_for(call.shape.name),
+            "gen_ai.request.model": _upstream_model(call, route),
             "gen_ai.request.max_tokens": _max_tokens(call),
             "gen_ai.request.stream": call.stream,
             "server.address": None if url is None else url.host,

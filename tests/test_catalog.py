@@ -354,3 +354,42 @@ def test_a_revoked_api_keys_limits_are_forgotten() -> None:
     catalog.forget("carol")
     assert len(catalog.held()) == before
     assert catalog.ask_limits(carol, own, "big") is not asked[0]  # built again if it returns
+
+
+def test_a_name_routes_to_its_group_and_a_patterns_deployment_sends_it_as_asked() -> None:
+    """``Catalog.route``: exact names (a group's, an alias) first, then the longest
+    pattern; a pattern group's deployment without ``model:`` names none of its own (the
+    client's goes upstream), with one it names it; an exact group's sends its name."""
+    url = "http://127.0.0.1:1/v1"
+    catalog = Catalog(
+        settings_from(
+            {
+                "models": [
+                    {
+                        "name": "s",
+                        "aliases": ["s-1"],
+                        "deployments": [{"id": "a", "base_url": url}],
+                    },
+                    {"name": "c*", "deployments": [{"id": "b", "base_url": url}]},
+                    {
+                        "name": "co*",
+                        "deployments": [{"id": "c", "base_url": url, "model": "opus"}],
+                    },
+                ]
+            }
+        )
+    )
+    routed = {name: catalog.route(name) for name in ("s", "s-1", "c-x", "co-x", "x")}
+    assert {n: None if g is None else g.name for n, g in routed.items()} == {
+        "s": "s",
+        "s-1": "s",
+        "c-x": "c*",
+        "co-x": "co*",
+        "x": None,
+    }
+    model = {
+        d.id: d.model_for("chat_completions")
+        for g in catalog.groups.values()
+        for d in g.deployments
+    }
+    assert model == {"a": "s", "b": None, "c": "opus"}

@@ -30,6 +30,33 @@ def test_check_config_prints_a_summary(capsys: object) -> None:
     assert "OK" in out and "gpt-4o-mini: fake-openai" in out
 
 
+def test_check_config_reports_ambiguous_model_names_and_lists_aliases(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Overlapping patterns, an alias twice or equal to a group's name: problems naming
+    their field (exit 1); a valid file's summary names each group's aliases."""
+    deployment = "    deployments: [{{id: {}, base_url: 'http://127.0.0.1:9/v1'}}]\n"
+    bad = tmp_path / "names.yaml"
+    bad.write_text(
+        "models:\n  - name: m\n    aliases: [a, a]\n"
+        + deployment.format("d1")
+        + "  - name: 'gpt-*'\n    aliases: [m]\n"
+        + deployment.format("d2")
+        + "  - name: '*-4o-'\n"
+        + deployment.format("d3")
+    )
+    assert main(["check-config", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "3 problem(s)" in err
+    assert "models[0].aliases[1]: 'a' is already models[0].aliases[0]" in err
+    assert "models[1].aliases[0]: 'm' is the name of models[0].name" in err
+    assert "models[2].name: the pattern '*-4o-' overlaps 'gpt-*' (models[1].name)" in err
+    good = tmp_path / "good.yaml"
+    good.write_text("models:\n  - name: m\n    aliases: [a, 'b[1m]']\n" + deployment.format("d"))
+    assert main(["check-config", str(good)]) == 0
+    assert "  - m (also a, b[1m]): d" in capsys.readouterr().out
+
+
 def test_check_config_lists_every_problem_and_exits_1(tmp_path: Path, capsys: object) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(

@@ -172,7 +172,7 @@ def _run_printed(printed: str, command: str) -> str:
 
 
 def _upstream_url(printed: str) -> str:
-    found = re.search(r"fake OpenAI upstream \((http://[^)]+)\)", printed)
+    found = re.search(r"fake OpenAI and Anthropic upstream \((http://[^)]+)\)", printed)
     assert found is not None, printed
     return found.group(1)
 
@@ -182,6 +182,6 @@ def _read_instructions(process: subprocess.Popen[str]) -> str:
     lines: list[str] = []
     for line in process.stdout:  # the demo prints them before it serves
         lines.append(line)
-        if line.startswith("   curl -s http") and "/admin/state" in line:
-            return "".join(lines)
+        if line.startswith("   ANTHROPIC_BASE_URL=http") and "claude -p" in line:
+            return "".join(lines)  # the last thing to try
     raise AssertionError(f"the demo exited after printing {''.join(lines)!r}")

@@ -37,8 +37,8 @@ SKIPPED = {
     "make stack": "long-running processes (Redis, replicas, a balancer): tests/loadtest",
     "make bench": "15 minutes of wrk: its report and chart are tested in tests/loadtest/bench",
     ".venv/bin/locust": "needs `make stack`: tests/loadtest/test_locustfile.py runs Locust",
-    "export ANTHROPIC_": "Claude Code's settings; its calls are tests/api/test_anthropic_api.py's",
-    "claude": "Claude Code is not installed here",
+    "export ANTHROPIC_": "Claude Code's settings: tests/api/test_claude_code.py sets them",
+    "claude": "Claude Code (a TTY): tests/api/test_claude_code.py runs `claude -p` so",
 }
 # Each command's beginning -> the test that runs it (``make demo``: what it runs, the
 # `demo` fixture's `llm-proxy serve`).

@@ -226,9 +226,10 @@ def _deployments(deployments: Iterable[Json]) -> str:
             if health[field] is not None
         ]
         learned = d["learned"]
+        upstream = d["upstream_model"] or "the name asked for"  # a pattern group's: None
         rows.append(
             f'<tr data-deployment="{_e(d["id"])}" data-health="{_e(state)}">'
-            f'<td>{_e(d["id"])}<br><span class="muted">{_e(d["upstream_model"])}</span></td>'
+            f'<td>{_e(d["id"])}<br><span class="muted">{_e(upstream)}</span></td>'
             f'<td><span class="state {_e(state)}">{_e(state)}</span>'
             f"{'<br>' + '<br>'.join(detail) if detail else ''}</td>"
             f"<td>{_windows(d['windows'])}</td>"

@@ -19,7 +19,7 @@ def _pipeline(request: Request) -> Pipeline:
     return pipeline
 
 
-def _visible_models(request: Request) -> list[str]:
+def _visible_groups(request: Request) -> list[str]:
     """The model groups the request's key may use (raises for a bad key): the key in
     either form a served API takes (``Authorization: Bearer``, ``x-api-key``)."""
     pipeline = _pipeline(request)
@@ -29,6 +29,13 @@ def _visible_models(request: Request) -> list[str]:
     if key is not None and key.models is not None:
         names = [n for n in names if n in key.models]
     return names
+
+
+def _visible_models(request: Request) -> list[str]:
+    """The model names listed to the request's key: each group's name and aliases, in
+    the config's order; a pattern is no model name, so a pattern group shows only its
+    aliases (model_names.ModelNames.listed)."""
+    return _pipeline(request).catalog.names.listed(_visible_groups(request))
 
 
 def _model(name: str) -> dict[str, object]:
@@ -45,10 +52,12 @@ async def list_models(request: Request) -> Response:
 
 
 async def retrieve_model(request: Request) -> Response:
-    """One model as OpenAI describes it; 404 for a model the key may not see either."""
+    """One model as OpenAI describes it: any name a request may send (a group's, an
+    alias, one a pattern serves); 404 for one the key may not use either."""
     name = request.path_params["model"]
     try:
-        if name not in _visible_models(request):
+        groups = _visible_groups(request)  # (a bad key: 401 first)
+        if _pipeline(request).catalog.names.resolve(name) not in groups:
             raise ModelNotFound(f"The model '{name[:200]}' does not exist.", param="model")
     except ProxyError as error:
         return error_response(error)

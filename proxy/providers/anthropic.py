@@ -40,11 +40,16 @@ class Anthropic:
     def budget(self, headers: Mapping[str, str], now: float) -> UpstreamBudget:
         return anthropic_budget(headers, now)
 
-    def misconfigured(self, status: int, body: bytes, cooldown_time: float) -> Outcome | None:
+    def misconfigured(
+        self, status: int, body: bytes, cooldown_time: float, asked: bool = False
+    ) -> Outcome | None:
         """The path is the proxy's and the model the deployment's (``model:``): an
-        Anthropic 404 (``not_found_error``) says one of them is wrong, never the client.
-        Its 401 and 403 are a bad key, cooled as any upstream's are (outcomes)."""
-        if status != 404 or b"not_found_error" not in body[:1024]:
+        Anthropic 404 (``not_found_error``) says one of them is wrong, never the client,
+        unless the model was the client's own name (``asked``): then it is the client's
+        answer (a deployment cooled for any name a client makes up would be a way to
+        take it out). Its 401 and 403 are a bad key, cooled as any upstream's are
+        (outcomes)."""
+        if status != 404 or asked or b"not_found_error" not in body[:1024]:
             return None
         return Outcome(kind="failure", reason="misconfigured", cool_for=cooldown_time)
 

@@ -48,7 +48,9 @@ class AzureOpenAI:
     def budget(self, headers: Mapping[str, str], now: float) -> UpstreamBudget:
         return parse_budget(headers, now)
 
-    def misconfigured(self, status: int, body: bytes, cooldown_time: float) -> Outcome | None:
+    def misconfigured(
+        self, status: int, body: bytes, cooldown_time: float, asked: bool = False
+    ) -> Outcome | None:
         """Its path (deployment name, api-version) comes from the config: its 404 (no such
         deployment, no api-version) and its 400 of an unsupported api-version are never
         the client's fault. A 404 of another kind (a stored response it does not have,

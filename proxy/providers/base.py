@@ -57,7 +57,11 @@ class Provider(Protocol):
         """What an answer's headers say of the upstream's budget (``now``: epoch)."""
         ...
 
-    def misconfigured(self, status: int, body: bytes, cooldown_time: float) -> Outcome | None:
+    def misconfigured(
+        self, status: int, body: bytes, cooldown_time: float, asked: bool = False
+    ) -> Outcome | None:
         """An answer that says the deployment's own config is wrong (cooled as a bad key
-        is, for ``cooldown_time``); None: an ordinary answer."""
+        is, for ``cooldown_time``); None: an ordinary answer. ``asked``: the body's
+        ``model`` was the client's own name (a pattern group's deployment without
+        ``model:``), so an answer about the model is about the client's request."""
         ...

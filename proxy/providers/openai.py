@@ -35,7 +35,9 @@ class OpenAICompatible:
     # parse_budget reads both dialects. The function itself: a call less per answer.
     budget = staticmethod(parse_budget)
 
-    def misconfigured(self, status: int, body: bytes, cooldown_time: float) -> Outcome | None:
+    def misconfigured(
+        self, status: int, body: bytes, cooldown_time: float, asked: bool = False
+    ) -> Outcome | None:
         return None  # the client's path is the proxy's: an error is about the request
 
 

@@ -191,7 +191,8 @@ class Exchange:
         content = redact(content, secret)
         ended = time.perf_counter()
         upstream_time += ended - headers_at  # and its body
-        wrong = deployment.provider.misconfigured(status, content, self.cooldown_time)
+        asked = deployment.model_for(shape.name) is None  # the client's name went
+        wrong = deployment.provider.misconfigured(status, content, self.cooldown_time, asked)
         if wrong is not None:  # not the client's fault: cool it as a bad key is cooled
             error = misconfigured_error(status, deployment.id)
             refund = not admitted(status)

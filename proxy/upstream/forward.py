@@ -75,9 +75,10 @@ def build_request(
     """
     prepared = shape.prepare(body, stream)
     payload = raw
-    model = deployment.model_for(shape.name)
-    if (model != body.get("model") and "model" in body) or prepared.changed:
-        changed: dict[str, Any] = {"model": model, **prepared.changed}
+    model = deployment.model_for(shape.name)  # None: the client's, as it asked
+    if (model is not None and model != body.get("model") and "model" in body) or prepared.changed:
+        changed: dict[str, Any] = {} if model is None else {"model": model}
+        changed.update(prepared.changed)
         try:
             payload = orjson.dumps({**body, **changed})
         except orjson.JSONEncodeError:  # nested deeper than orjson dumps: splice instead

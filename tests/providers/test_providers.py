@@ -65,3 +65,6 @@ def test_anthropics_not_found_says_the_deployments_model_or_url_is_wrong() -> No
     assert anthropic.misconfigured(404, not_found, 30.0) is not None
     assert anthropic.misconfigured(400, b'{"type":"error"}', 30.0) is None
     assert anthropic.misconfigured(404, b"<html>", 30.0) is None  # left to outcomes.unshaped
+    # The model was the client's own name (a pattern group's): the client's answer.
+    assert anthropic.misconfigured(404, not_found, 30.0, asked=True) is None
+    assert provider_of("azure").misconfigured(404, b"{}", 30.0, asked=True) is not None  # its path
