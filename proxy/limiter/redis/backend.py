@@ -80,7 +80,7 @@ from proxy.limiter.core.verdicts import (
 )
 from proxy.limiter.redis.batch import ScriptCall
 from proxy.limiter.redis.eviction import evicting
-from proxy.limiter.redis.leases import Leases
+from proxy.limiter.redis.leases import WARM_USES, Leases
 from proxy.limiter.redis.runner import RunnerOptions, ScriptRunner
 
 Clock = Callable[[], float]
@@ -108,6 +108,7 @@ class RedisLimiter:
         clock: Clock | None = None,
         leases: bool | None = None,
         lanes: bool = True,
+        lease_warm_uses: int = WARM_USES,
         **options: Unpack[RunnerOptions],
     ) -> None:
         self.runner = ScriptRunner(url, merge=merge_key_settlements, **options)
@@ -115,7 +116,15 @@ class RedisLimiter:
         # that compare verdicts with the memory backend's, step by step).
         leasing = clock is None if leases is None else leases
         self._leases = (
-            Leases(self.runner, _num, self._now, self._windows, self._lease_keys, lanes=lanes)
+            Leases(
+                self.runner,
+                _num,
+                self._now,
+                self._windows,
+                self._lease_keys,
+                lanes=lanes,
+                warm_uses=lease_warm_uses,
+            )
             if leasing
             else None
         )

@@ -73,6 +73,8 @@ RENEWALS = 3  # a request asks for a new lease at most this many times, then per
 # request costs two round trips (lease, give back) where asking costs one. With many
 # keys each of which sends a few requests a second, no lease pays (docs/performance.md).
 WARM_USES = 4
+BUDGET_USE = HOLD * USE_SHARE  # how long a budget lease is used (allowance.py)
+TURN_USE = turns.SPAN * turns.USE_SHARE  # how long a turn lease hands out turns (turns.py)
 T = TypeVar("T")
 
 
@@ -111,8 +113,8 @@ class Owner:
         self.keys = keys  # the lease script's Redis keys, ending with the windows'
         self.names = keys[len(keys) - len(windows) :]  # the windows' Redis keys
         self.allowance: Allowance | None = None
-        self.arrival = -math.inf  # the last request asked without a lease (local time)
-        self.gap = math.inf  # the time between such requests, smoothed
+        self.arrival = -math.inf  # the owner's last request (local time)
+        self.gap = math.inf  # the time between its requests no lease covered, smoothed
         self.turns: turns.TurnLease | None = None  # a paced deployment's (turns.py)
         self.admitted: set[str] = set()  # the open lease's requests, by lease id (keys)
         self.renewing: asyncio.Future[None] | None = None
@@ -129,12 +131,17 @@ class Owner:
         # question is answered once, not per request.
         self.paced: list[float] | None = None
 
-    def warm(self, now: float) -> bool:
-        """Whether a lease taken now would serve ``WARM_USES`` requests or more, judged
-        by the smoothed gap between this owner's requests so far (this one counted)."""
+    def warm(self, now: float, use: float, uses: int) -> bool:
+        """Whether a lease used for ``use`` seconds from now would serve ``uses``
+        requests or more, judged by the smoothed gap between this owner's requests so far
+        (this one counted; those a lease admitted are ``arrived``)."""
         gap, self.arrival = now - self.arrival, now
         self.gap = gap if math.isinf(self.gap) else (self.gap + gap) / 2.0
-        return self.gap * WARM_USES <= HOLD * USE_SHARE
+        return uses == 0 or self.gap * uses <= use
+
+    def arrived(self, now: float) -> None:
+        """A request its open lease admitted: the gap to the next counts from it."""
+        self.arrival = now
 
     def counts(self, windows: tuple[Window, ...]) -> bool:
         """Whether it leases these windows (limits reloaded unchanged are equal, not the
@@ -155,10 +162,13 @@ class Leases:
         deployment_keys: Callable[[str, DeploymentLimits], list[str]],
         *,
         lanes: bool = True,
+        warm_uses: int = WARM_USES,
     ) -> None:
         """``lanes`` False: a paced deployment's turns are leased as one replica's span,
-        never cut into lanes (the ``lanes`` fast path off: proxy/fast_paths.py)."""
+        never cut into lanes (the ``lanes`` fast path off: proxy/fast_paths.py).
+        ``warm_uses`` 0: lease from an owner's first request (tests of the leases)."""
         self.runner = runner
+        self._warm_uses = warm_uses
         self._lanes = lanes
         self._num = num
         self._now_arg = now_arg
@@ -169,6 +179,10 @@ class Leases:
         self._returning: set[asyncio.Task[Any]] = set()
         self._origins = turns.Origins()  # where turn leases' times fall on this clock
 
+    def _warm(self, owner: Owner, use: float) -> bool:
+        """Whether a lease of ``owner`` would pay now (``Owner.warm``)."""
+        return owner.warm(time.monotonic(), use, self._warm_uses)
+
     # -- client keys ---------------------------------------------------------------------
 
     async def acquire_key(self, ask: KeyAsk) -> KeyVerdict | None:
@@ -176,7 +190,7 @@ class Leases:
         ``acquire_key`` per request."""
         limits = ask.limits
         owner = self._key_owner(limits)
-        if owner.allowance is None and not owner.warm(time.monotonic()):
+        if owner.allowance is None and not self._warm(owner, BUDGET_USE):
             return None
         spent = key_spends(limits, ask.cost)
         own = len(limits.windows)
@@ -198,6 +212,7 @@ class Leases:
         if not a.covers(costs, now):
             return None
         a.take(costs, now)
+        owner.arrived(now)
         return _admitted(owner, a, ask.slot, now, len(limits.windows))
 
     async def _renew_key(
@@ -247,6 +262,7 @@ class Leases:
             a = owner.allowance
             if a is not None and a.covers(costs, now):
                 a.take(costs, now)
+                owner.arrived(now)
                 return a, now
             if renewals == RENEWALS:
                 break
@@ -296,6 +312,8 @@ class Leases:
         if leased is not None:
             return leased
         if costs == owner.paced:
+            if not self._warm(owner, TURN_USE):
+                return None
             return await self._reserve_turn(owner, d, spent, ask.max_wait)
         # Whether the deployment can be leased at all is asked only without a lease.
         rates = [s.window.rate for s in spent]
@@ -303,7 +321,11 @@ class Leases:
             if not turns.worth(rates, [s.capacity for s in spent], costs):
                 return None
             owner.paced = costs
+            if not self._warm(owner, TURN_USE):
+                return None
             return await self._reserve_turn(owner, d, spent, ask.max_wait)
+        if not self._warm(owner, BUDGET_USE):
+            return None
         got = await self._admit(owner, spent, partial(self._renew_deployment, owner, spent))
         if got is None:
             return None
@@ -693,11 +715,13 @@ def _from_open(
     a = owner.allowance
     if a is not None and a.covers(costs, now):
         a.take(costs, now)
+        owner.arrived(now)
         return _leased(owner, d, a, now)
     t = owner.turns
     if t is not None and costs == owner.paced:
         wait = t.turn(costs, now - t.origin, max_wait)
         if wait is not None:
+            owner.arrived(now)
             return _leased_turn(owner, d, t, now, wait)
     return None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import replace
+from typing import Any
 
 import redis
 from hypothesis import HealthCheck, given, settings
@@ -49,16 +50,17 @@ DEP = DeploymentLimits("openai-a", windows=(window("requests", 1e6, 60.0, 1e5),)
 RULE = CooldownRule(allowed_fails=1, window=60.0, time=30.0)
 
 
-async def warm(url: str) -> RedisLimiter:
+async def warm(url: str, **options: Any) -> RedisLimiter:
     """A limiter that has loaded its functions (so calls() counts only operations)."""
-    lim = patient(url)
+    lim = patient(url, **options)
     await lim.key_snapshot(BIG)
     return lim
 
 
 def quick_to_open(url: str) -> ResilientLimiter:
-    """A limiter whose circuit opens at the first failed call, and soon."""
-    shared = RedisLimiter(url, op_timeout=0.5, connect_timeout=0.5)
+    """A limiter whose circuit opens at the first failed call, and soon; it leases a
+    deployment from its first request."""
+    shared = RedisLimiter(url, op_timeout=0.5, connect_timeout=0.5, lease_warm_uses=0)
     return ResilientLimiter(shared, on_error="local", replica_id="r", failure_threshold=1)
 
 
@@ -227,7 +229,7 @@ async def test_replicas_leasing_from_one_key_pass_exactly_its_limit(redis_url: s
 async def test_a_healthy_deployment_gives_turns_from_its_lease_until_it_fails(
     redis_url: str,
 ) -> None:
-    lim = await warm(redis_url)
+    lim = await warm(redis_url, lease_warm_uses=0)
     ask = GroupAsk("g", [DEP], estimate_cost(10.0), max_wait=0.0, slot="r")
     before = calls(redis_url)
     turns = [await lim.reserve(ask) for _ in range(8)]
@@ -244,7 +246,7 @@ async def test_a_healthy_deployment_gives_turns_from_its_lease_until_it_fails(
 
 
 async def test_a_turn_given_back_returns_to_the_lease(redis_url: str) -> None:
-    lim = patient(redis_url)
+    lim = patient(redis_url, lease_warm_uses=0)
     ask = GroupAsk("g", [DEP], estimate_cost(0), max_wait=0.0, slot="r")
     first = await lim.reserve(ask)
     before = calls(redis_url)
@@ -258,7 +260,7 @@ async def test_a_turn_given_back_returns_to_the_lease(redis_url: str) -> None:
 
 async def test_a_429_on_a_leased_turn_teaches_as_a_reserved_one_would(redis_url: str) -> None:
     free = DeploymentLimits("free", windows=(window("requests", 1e6, 60.0, 1e5),))
-    lim = patient(redis_url)
+    lim = patient(redis_url, lease_warm_uses=0)
     ask = GroupAsk("g", [free], estimate_cost(0), max_wait=5.0, slot="r")
     turns = [await lim.reserve(ask) for _ in range(8)]
     assert [t.sent.sequence for t in turns if t.sent] == list(range(1, 9))
@@ -275,7 +277,7 @@ async def test_a_429_on_a_leased_turn_teaches_as_a_reserved_one_would(redis_url:
 async def test_a_deployment_without_limits_is_never_leased(redis_url: str) -> None:
     """Only its 429s tell its rate: every replica must hear of the first at once."""
     free = DeploymentLimits("free", probe_timeout=10.0)
-    lim = patient(redis_url)
+    lim = patient(redis_url, lease_warm_uses=0)
     verdict = await lim.reserve(GroupAsk("g", [free], estimate_cost(0), max_wait=5.0, slot="r"))
     assert verdict.sent is not None and not verdict.sent.private.lease
     await lim.aclose()

@@ -237,7 +237,7 @@ async def test_two_replicas_never_grant_turns_closer_than_the_pacing(redis_url: 
     """Both replicas' turns, leased and per request, in one timeline: at least the
     interval apart (the granted times; each is sent no sooner than its time, and up to
     the late-turns margin later: docs/limiter.md)."""
-    replicas = [patient(redis_url), patient(redis_url)]
+    replicas = [patient(redis_url, lease_warm_uses=0), patient(redis_url, lease_warm_uses=0)]
     granted: list[float] = []
     leased = [0, 0]
 
@@ -271,7 +271,7 @@ async def test_two_replicas_take_turns_of_one_group_side_by_side(redis_url: str)
     first grant that came slowly is not trusted, on a busy machine: tried again.)"""
     bucket = "{llmproxy:v2:g:g}:d:paced:rpm"
     for attempt in range(20):
-        first, second = patient(redis_url), patient(redis_url)
+        first, second = patient(redis_url, lease_warm_uses=0), patient(redis_url, lease_warm_uses=0)
         for lim in (first, second):  # connected, the storage's clock placed
             await lim.reserve(GroupAsk("g", [PACED], estimate_cost(0), 5.0, f"warm{attempt}"))
         await asyncio.sleep(turns.REFUSED_FOR + turns.GROUP_SPAN)  # past any refusal's wait
@@ -302,7 +302,7 @@ async def test_two_replicas_take_turns_of_one_group_side_by_side(redis_url: str)
 
 
 async def test_far_from_its_limit_a_paced_deployment_asks_once_per_lease(redis_url: str) -> None:
-    lim = patient(redis_url)
+    lim = patient(redis_url, lease_warm_uses=0)
     await lim.reserve(GroupAsk("g", [PACED], estimate_cost(0), 5.0, "warm"))
     before = calls(redis_url)
     verdicts = await asyncio.gather(
@@ -317,7 +317,7 @@ async def test_an_open_turn_lease_hands_out_turns_without_an_await(redis_url: st
     """``reserve_now`` takes the next turn of the open lease, exactly as ``reserve``
     would, and no Redis call; with no lease open it answers nothing (await ``reserve``).
     (A busy machine can outlast a lease's span between two steps: then again.)"""
-    lim = patient(redis_url)
+    lim = patient(redis_url, lease_warm_uses=0)
     assert lim.reserve_now(GroupAsk("g", [PACED], estimate_cost(0), 5.0, "cold")) is None
     leased: list[DeploymentVerdict] = []
     for attempt in range(50):
@@ -343,7 +343,7 @@ async def test_requests_waiting_for_a_renewal_are_served_as_it_is_read(
     its grant was read, past the lease's last turn: they hold their turns from the
     moment it was read, so one lease serves them all (not a renewal each, then a
     round trip each)."""
-    lim = patient(redis_url)
+    lim = patient(redis_url, lease_warm_uses=0)
     ask = GroupAsk("g", [PACED], estimate_cost(0), 5.0, "warm")
     await lim.reserve(ask)  # connected, the storage's clock placed
     real_run = lim.runner.run
@@ -373,7 +373,7 @@ async def test_requests_finding_their_lease_renewed_take_its_turns_with_no_call(
     renewed (by another request) takes its turn from that renewal as it is read, with no
     call of its own; with no renewal on its way it answers nothing (await ``reserve``).
     (Whether a renewal is caught on its way depends on the machine: tried again.)"""
-    lim = patient(redis_url)
+    lim = patient(redis_url, lease_warm_uses=0)
     ask = GroupAsk("g", [PACED], estimate_cost(0), 5.0, "warm")
     await lim.reserve(ask)  # connected, the storage's clock placed, the costs known paced
     assert lim.reserve_on_renewal(ask) is None  # nothing on its way
@@ -410,7 +410,7 @@ async def test_requests_finding_their_lease_renewed_take_its_turns_with_no_call(
 
 
 async def test_a_failure_on_a_leased_turn_closes_the_lease(redis_url: str) -> None:
-    lim = patient(redis_url)
+    lim = patient(redis_url, lease_warm_uses=0)
     ask = GroupAsk("g", [PACED], estimate_cost(0), 5.0, "r")
     await lim.reserve(ask)  # connected: a first grant that came slowly is not trusted
     verdict = await lim.reserve(ask)
@@ -423,7 +423,7 @@ async def test_a_failure_on_a_leased_turn_closes_the_lease(redis_url: str) -> No
 
 
 async def test_a_group_with_waiting_keys_is_served_one_turn_at_a_time(redis_url: str) -> None:
-    lim = patient(redis_url)
+    lim = patient(redis_url, lease_warm_uses=0)
     with redis.Redis.from_url(redis_url, decode_responses=True) as c:
         (now, _) = c.time()
         c.hset(f"{{{lim.prefix}:g:g}}:fair:waiting", "other", f"0 1 {now + 60}")
