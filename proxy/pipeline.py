@@ -372,7 +372,8 @@ class Pipeline:
                 return None, None, None
             return None, self._key_settlement(call, asked, None, fallback), fallback
         if asked.all_quotas:
-            self._reserve_budget(call, call.shape, group, clamp=_clamps(key, limits))
+            clamp = self._may_clamp(key, limits, asked, fallback is not None)
+            self._reserve_budget(call, call.shape, group, clamp)
         key_check = self._check_key(call, asked, shadow=key.shadow)
         return key_check, self._key_settlement(call, asked, key_check, fallback), fallback
 
@@ -385,7 +386,7 @@ class Pipeline:
 
         async def acquire(added: KeyLimits, slot: str) -> KeyVerdict | None:
             if added.all_quotas and not call.reserved:  # no budget counted the model asked for
-                self._reserve_budget(call, call.shape, group, clamp=_clamps(key, limits))
+                self._reserve_budget(call, call.shape, group, self._may_clamp(key, limits))
             verdict = await self.limiter.acquire_key(_key_ask(call, added, slot))
             if not self._goes_on(call, added, key.shadow, verdict):
                 code, wait = verdict.code or "rate_limited", verdict.retry_after
@@ -398,6 +399,23 @@ class Pipeline:
             return self.catalog.fallback_limits(key, limits, group.name, served)
 
         return FallbackCharge(call, limits_for, acquire, self.limiter.settle, self.catalog.prices)
+
+    def _may_clamp(
+        self,
+        key: ClientKey,
+        limits: KeyLimits,
+        asked: KeyLimits | None = None,
+        fallbacks: bool = True,
+    ) -> bool:
+        """Whether a budget that ``key``'s request is charged to may lower its output cap
+        (``budget_edge: clamp``): one of ``asked`` (its check's), or with ``fallbacks``
+        any of the key's (``limits``) and its team's. Never a shadow key's: its limits are
+        counted, not enforced."""
+        if key.shadow:
+            return False
+        if asked is not None and asked.clamps:
+            return True
+        return fallbacks and self.catalog.with_team(key, limits).clamps
 
     def _check_key(self, call: Call, limits: KeyLimits, shadow: bool) -> asyncio.Future[KeyVerdict]:
         """The key's verdict to come (the dispatcher's gate): given at once when the
@@ -625,13 +643,6 @@ def _granted(key_check: asyncio.Future[KeyVerdict] | None) -> KeyVerdict | None:
         return None
     verdict = key_check.result()
     return verdict if verdict.allowed else None
-
-
-def _clamps(key: ClientKey, limits: KeyLimits) -> bool:
-    """Whether a budget of ``key`` (``limits``: all of its own and its team's) may lower
-    a request's output cap (``budget_edge: clamp``); never a shadow key's: its limits
-    are counted, not enforced."""
-    return limits.clamps and not key.shadow
 
 
 def _key_ask(call: Call, limits: KeyLimits, slot: str) -> KeyAsk:
