@@ -223,3 +223,46 @@ def test_keys_and_teams_of_the_admin_api_take_budget_edge(proxy: ProxyInThread) 
         check_clamped(until_refused(lambda: chat(proxy, member)))
         bad_team = api.patch("/teams/api-team", json={"budget_edge": 3})
         assert bad_team.status_code == 400 and bad_team.json()["error"]["param"] == "budget_edge"
+
+
+def test_a_fallback_s_budget_clamps_the_request_it_serves(upstream: FakeUpstreamHandle) -> None:
+    """``big`` fails every request and falls back to ``m``; the key's budget counts
+    ``m`` only: the fallback takes it before it serves, at the cap it can pay, and
+    settles its own reservation (the request asked for ``big`` was reserved nothing)."""
+    failing = FakeUpstreamConfig(port=0, fail_rate=1.0, fail_status=500)
+    with run_in_thread(failing) as big:
+        data = config(upstream)
+        data["models"].append(
+            {"name": "big", "deployments": [{"id": "big-d", "base_url": big.base_url}]}
+        )
+        scoped = [{"tokens": BUDGET, "period": "day", "models": ["m"]}]
+        data["keys"] = [{"name": "scoped", "key": "sk-scoped", "budgets": scoped}]
+        data["keys"][0]["budget_edge"] = "clamp"
+        data["routing"] = {
+            "retries": 1,
+            "fallbacks": {"big": ["m"]},
+            "cooldown": {"allowed_fails": 1000, "window": "1s", "time": "1s"},
+        }
+        with ProxyInThread(settings_from(data)) as proxy:
+            client = openai.OpenAI(base_url=proxy.base_url, api_key="sk-scoped", max_retries=0)
+
+            def send() -> Answer:
+                try:
+                    raw = client.chat.completions.with_raw_response.create(
+                        model="big", messages=MESSAGES, max_tokens=ASKED
+                    )
+                except openai.APIStatusError as failed:
+                    # big's own failure: the fallback its budget refused was not tried
+                    assert failed.status_code >= 500, failed
+                    return failed.status_code, False, 0
+                finally:
+                    proxy.settled()
+                completion = raw.parse()
+                assert completion.usage is not None
+                output = completion.usage.completion_tokens
+                return raw.status_code, raw.headers.get(CLAMPED) == "1", output
+
+            answers = until_refused(send)
+            check_clamped(answers)
+            used = spent(proxy, "scoped")
+    assert BUDGET - 100 <= used <= BUDGET
