@@ -55,7 +55,7 @@ def config(upstream: FakeUpstreamHandle) -> dict[str, Any]:
                         "id": "a",
                         "provider": "anthropic",
                         "base_url": upstream.url,
-                        "api_key": "sk-a",
+                        "api_key": "sk-ant-upstream-key",
                     }
                 ],
             },
@@ -129,6 +129,32 @@ def test_a_clamping_key_is_served_to_the_end_of_its_budget(
     # What is left cannot pay the next request's input bound (its body's bytes) and one
     # output token: a hundred tokens at most.
     assert BUDGET - 100 <= used <= BUDGET
+
+
+def test_a_stream_says_it_was_clamped_before_its_first_event(proxy: ProxyInThread) -> None:
+    client = openai.OpenAI(base_url=proxy.base_url, api_key="sk-clamping", max_retries=0)
+
+    def send() -> Answer:
+        try:
+            raw = client.chat.completions.with_raw_response.create(
+                model="m",
+                messages=MESSAGES,
+                max_tokens=ASKED,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        except openai.APIStatusError as refused:
+            assert refused.status_code == 429
+            return refused.status_code, False, 0
+        try:
+            chunks = list(raw.parse())  # its usage comes last
+        finally:
+            proxy.settled()
+        usage = chunks[-1].usage
+        assert usage is not None
+        return raw.status_code, raw.headers.get(CLAMPED) == "1", usage.completion_tokens
+
+    check_clamped(until_refused(send))
 
 
 def test_a_refusing_key_is_refused_as_before(proxy: ProxyInThread) -> None:
