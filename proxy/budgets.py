@@ -12,7 +12,11 @@ cost (quota.py says why that suffices):
 * output: the request's own cap (``max_completion_tokens`` / ``max_tokens``) for each
   of its ``n`` choices, as its API shape estimates it; a request with no cap is
   forwarded *with* the cap it was reserved for (``server.default_max_tokens``, in its
-  shape's ``CAP_FIELDS``), so the bound holds.
+  shape's ``CAP_FIELDS``), so the bound holds. For a key or team whose budgets clamp
+  (``budget_edge: clamp``) the bound is also written as a function of that cap
+  (``Clamp``): the limiter may lower the cap to what they have left can pay
+  (``limiter/core/edge.py``), and the request then goes with the lower one
+  (``lower_cap``), which bounds it as its own did.
 
 Settled, the correction is the real cost (the usage priced at the deployment that
 answered) less the reservation; an answer without usage gives it all back, a stream
