@@ -3,7 +3,9 @@ SDK, spread over two proxy replicas sharing a real Redis, against a key's budget
 pays about half of them. The budget is used to at least 98% and never passed (in tokens,
 and in dollars at the model's price); the requests it could not pay whole went with the
 output cap it had left and say so (``x-llm-proxy-clamped: 1``); with ``refuse`` (the
-default) they are refused as before. Issue 55's acceptance criteria."""
+default) they are refused as before. The official Anthropic SDK (Messages' ``max_tokens``)
+and the OpenAI SDK's Responses (``max_output_tokens``) alike. Issue 55's acceptance
+criteria."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -162,3 +165,98 @@ def test_fifty_requests_on_two_replicas_use_the_budget_to_the_end(
         assert share >= 0.98
     else:
         assert not clamped  # refuse: whole requests or none, as before
+
+
+async def one_message(client: anthropic.AsyncAnthropic, cap: int) -> Answer:
+    try:
+        raw = await client.messages.with_raw_response.create(
+            model="claude", max_tokens=cap, messages=[{"role": "user", "content": "hi"}]
+        )
+    except anthropic.APIStatusError as refused:
+        assert CLAMPED not in refused.response.headers
+        body = refused.body if isinstance(refused.body, dict) else {}
+        return Answer(refused.status_code, code=body.get("error", {}).get("type"))
+    message = await raw.parse()
+    assert message.stop_reason == "max_tokens"  # as long as its cap let it be
+    used = message.usage
+    cost = {"tokens": float(used.input_tokens + used.output_tokens)}
+    return Answer(raw.status_code, raw.headers.get(CLAMPED) == "1", used.output_tokens, cost)
+
+
+async def one_response(client: openai.AsyncOpenAI, cap: int) -> Answer:
+    try:
+        raw = await client.responses.with_raw_response.create(
+            model="m", input="hi", max_output_tokens=cap
+        )
+    except openai.APIStatusError as refused:
+        assert CLAMPED not in refused.response.headers
+        error = refused.body if isinstance(refused.body, dict) else {}
+        return Answer(refused.status_code, code=error.get("code"))
+    usage = raw.parse().usage
+    assert usage is not None
+    cost = {"tokens": float(usage.input_tokens + usage.output_tokens)}
+    return Answer(raw.status_code, raw.headers.get(CLAMPED) == "1", usage.output_tokens, cost)
+
+
+@pytest.mark.parametrize("api", ["messages", "responses"])
+def test_anthropic_and_responses_clients_get_their_cap_lowered_on_two_replicas(
+    tmp_path: Path, upstream: FakeUpstreamHandle, api: str
+) -> None:
+    """20 at once of 20,000 output tokens against 210,000: ten whole, the eleventh sent
+    with the ``max_tokens`` / ``max_output_tokens`` the budget has left, the rest 429."""
+    budget, cap, n = {"tokens": 210_000, "period": "day"}, 20_000, 20
+    with ExitStack() as stack:
+        redis = stack.enter_context(RedisServer(tmp_path / "redis"))
+        data = config(upstream, redis.url, budget, "clamp")
+        data["models"].append(
+            {
+                "name": "claude",
+                "deployments": [
+                    {
+                        "id": "a1",
+                        "provider": "anthropic",
+                        "base_url": upstream.url,
+                        "api_key": "sk-ant-upstream-key",
+                    }
+                ],
+            }
+        )
+        replicas = start_together(
+            stack, [ProxyProcess(data, tmp_path, name=f"replica-{i}") for i in range(2)]
+        )
+
+        async def main() -> list[Answer]:
+            if api == "messages":
+                clients: list[Any] = [
+                    anthropic.AsyncAnthropic(base_url=r.url, api_key=KEY, max_retries=0)
+                    for r in replicas
+                ]
+                send: Any = one_message
+            else:
+                clients = [
+                    openai.AsyncOpenAI(base_url=r.base_url, api_key=KEY, max_retries=0)
+                    for r in replicas
+                ]
+                send = one_response
+            try:
+                targets = itertools.islice(itertools.cycle(clients), n)
+                return await asyncio.gather(*(send(c, cap) for c in targets))
+            finally:
+                for c in clients:
+                    await c.close()
+
+        answers = asyncio.run(main())
+        passed = [a for a in answers if a.status == 200]
+        spent = sum(a.cost["tokens"] for a in passed)
+        in_redis = settled_spend(replicas[0].url, 210_000.0, spent)
+
+    clamped = [a for a in passed if a.clamped]
+    print(
+        f"\n{api}: {len(passed)} of {n} served, clamped to {[a.output for a in clamped]},"
+        f" spent {spent:g} of 210000 ({spent / 210_000:.3%}; the shared budget says {in_redis:g})"
+    )
+    assert spent <= 210_000 and abs(in_redis - spent) <= 0.21
+    assert clamped and all(a.output < cap for a in clamped)
+    assert all(a.output == cap for a in passed if not a.clamped)
+    assert {a.status for a in answers if a.status != 200} == {429}
+    assert spent >= 0.98 * 210_000
