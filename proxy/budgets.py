@@ -12,7 +12,11 @@ cost (quota.py says why that suffices):
 * output: the request's own cap (``max_completion_tokens`` / ``max_tokens``) for each
   of its ``n`` choices, as its API shape estimates it; a request with no cap is
   forwarded *with* the cap it was reserved for (``server.default_max_tokens``, in its
-  shape's ``CAP_FIELDS``), so the bound holds.
+  shape's ``CAP_FIELDS``), so the bound holds. For a key or team whose budgets clamp
+  (``budget_edge: clamp``) the bound is also written as a function of that cap
+  (``Clamp``): the limiter may lower the cap to what they have left can pay
+  (``limiter/core/edge.py``), and the request then goes with the lower one
+  (``lower_cap``), which bounds it as its own did.
 
 Settled, the correction is the real cost (the usage priced at the deployment that
 answered) less the reservation; an answer without usage gives it all back, a stream
@@ -25,12 +29,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
-from proxy import costs
+from proxy import costs, output_caps
 from proxy.call import Call
 from proxy.costs import TokenUsage
-from proxy.limiter.base import KeyVerdict
+from proxy.json_splice import set_fields
+from proxy.limiter.base import Clamp, KeyVerdict
+from proxy.limiter.core import edge
+from proxy.output_caps import CAP_FIELDS
 from proxy.pricing import Price, bound, usd
 from proxy.ratelimit_headers import format_reset
 from proxy.shapes.base import Shape
@@ -38,26 +46,20 @@ from proxy.spend import Spend
 from proxy.values import value
 
 COST_HEADER = "x-llm-proxy-cost-usd"
-# The field a request's output cap is sent in, per API shape (``Shape.name``). A request
-# of a shape not named here that sets no cap is reserved at the default cap but sent as
-# it is (docs/limiter.md).
-CAP_FIELDS = {
-    "chat/completions": "max_tokens",
-    "completions": "max_tokens",
-    "responses": "max_output_tokens",
-    "messages": "max_tokens",
-}
+CLAMPED_HEADER = "x-llm-proxy-clamped"  # the request went with a lower output cap
 
 
 @value
 class Reservation:
     """What the budgets reserve (kind -> amount), and the cap the request must be sent
     with when it set none (``cap_field``: None when it set its own, or generates
-    nothing)."""
+    nothing). ``clamp``: the same bound as a function of its output cap (None: not
+    asked for, or its cap cannot be lowered); ``cost`` is then that at its cap."""
 
     cost: Mapping[str, float]
     cap: int = 0
     cap_field: str | None = None
+    clamp: Clamp | None = None
 
 
 def reservation(
@@ -67,13 +69,20 @@ def reservation(
     default_cap: int,
     price: Price,
     context: float = 0.0,
+    *,
+    clamp: bool = False,
 ) -> Reservation:
     """An upper bound of what the request can cost, at ``price`` (the dearest it can
     meet): its body's bytes and the ``context`` tokens it continues in, its shape's output
-    estimate (its cap, or ``default_cap``, per choice) out."""
+    estimate (its cap, or ``default_cap``, per choice) out. ``clamp``: also as a
+    function of its cap, for budgets that may lower it (``budget_edge: clamp``)."""
     input_bound = float(len(raw)) + context
     output_bound = float(shape.estimate(body, default_cap).get(costs.OUTPUT_TOKENS, 0.0))
     uncapped = output_bound > 0 and not shape.estimate(body, 0).get(costs.OUTPUT_TOKENS, 0.0)
+    cap_field = CAP_FIELDS.get(shape.name) if uncapped else None
+    linear = _clamp(body, shape.name, price, input_bound, output_bound) if clamp else None
+    if linear is not None:
+        return Reservation(edge.at(linear, linear.most), default_cap, cap_field, linear)
     return Reservation(
         cost={
             costs.REQUESTS: 1.0,
@@ -83,8 +92,52 @@ def reservation(
             costs.USD: bound(price, input_bound, output_bound),
         },
         cap=default_cap,
-        cap_field=CAP_FIELDS.get(shape.name) if uncapped else None,
+        cap_field=cap_field,
     )
+
+
+def _clamp(
+    body: dict[str, Any], shape: str, price: Price, input_bound: float, output_bound: float
+) -> Clamp | None:
+    """The reservation as ``base + per * cap`` (``Clamp``): its input bound, then each
+    token of cap in each of its completions; None when its cap cannot be lowered."""
+    if output_bound <= 0 or not output_caps.clampable(shape):
+        return None
+    n = output_caps.completions(body, shape)
+    most = int(output_bound) // n
+    least = output_caps.least(body, shape)
+    if least >= most:
+        return None
+    base = {
+        costs.REQUESTS: 1.0,
+        costs.TOKENS: input_bound,
+        costs.INPUT_TOKENS: input_bound,
+        costs.OUTPUT_TOKENS: 0.0,
+        costs.USD: bound(price, input_bound, 0.0),
+    }
+    per = {costs.TOKENS: float(n), costs.OUTPUT_TOKENS: float(n), costs.USD: bound(price, 0, n)}
+    return Clamp(base, per, most, least)
+
+
+def lower_cap(call: Call, cap: int) -> None:
+    """``call`` to go with at most ``cap`` output tokens per completion (a budget that
+    clamps could pay no more: ``KeyVerdict.cap``): every field that carries its cap, in
+    its body and its bytes."""
+    clamp = call.clamp
+    assert clamp is not None  # (a verdict lowers only an ask's clamp)
+    fields = output_caps.lowered(call.body, call.shape.name, cap)
+    if fields:
+        call.body.update(fields)
+        call.raw = set_fields(call.raw, fields)
+    call.clamp = replace(clamp, most=cap)
+    call.clamped = True
+
+
+def bound_now(call: Call) -> Mapping[str, float]:
+    """What the request's budgets reserve for it as it would go now: its reservation,
+    at the cap a budget lowered it to since (a fallback's: its own), if one did."""
+    clamp = call.clamp
+    return call.reserved if clamp is None else edge.at(clamp, clamp.most)
 
 
 def real_cost(usage: TokenUsage, price: Price) -> dict[str, float]:
@@ -103,12 +156,17 @@ def format_usd(amount: float) -> str:
     return f"{amount:.10f}".rstrip("0").rstrip(".") or "0"
 
 
-def settled_cost(call: Call, price: Price) -> dict[str, float] | None:
+def settled_cost(
+    call: Call, price: Price, reserved: Mapping[str, float] | None = None
+) -> dict[str, float] | None:
     """What its budgets settle to: the real cost; a stream cut before its usage keeps
-    its reservation; None: no usage known (the reservation goes back)."""
+    its reservation (``reserved``, if not ``call.reserved``: a fallback's own); None: no
+    usage known (the reservation goes back)."""
     usage = usage_of(call)
     if usage is None:
-        return dict(call.reserved) if call.trip.unreported_tokens is not None else None
+        if call.trip.unreported_tokens is None:
+            return None
+        return dict(call.reserved if reserved is None else reserved)
     return real_cost(usage, price)
 
 

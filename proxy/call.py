@@ -15,7 +15,7 @@ from proxy.costs import (
     TokenUsage,
     usage_cost,
 )
-from proxy.limiter.base import Claimant
+from proxy.limiter.base import Claimant, Clamp
 from proxy.shapes.base import Shape
 
 if TYPE_CHECKING:
@@ -148,6 +148,10 @@ class Call:
     context: int = 0
     # Its budgets' reservation (kind -> amount; empty: no budget applies).
     reserved: dict[str, float] = field(default_factory=dict)
+    # The same as a function of its output cap, when a budget of its key may lower it
+    # (``budget_edge: clamp``; ``most``: the cap it goes with now), and whether one did.
+    clamp: Clamp | None = None
+    clamped: bool = False
     # A follow-up of a stored response (proxy/affinity.py): the one deployment that holds
     # it (no other, no fallback), and the route below the shape's URL with its method.
     pinned: str | None = None

@@ -247,13 +247,24 @@ def key_limits(
         ),
         team=team,
         scope=scope,
-        quotas=tuple(budget(b, share, owner=key.name, scope=scope) for b in key.budgets),
+        quotas=tuple(
+            budget(b, share, owner=key.name, scope=scope, clamp=key.budget_edge == "clamp")
+            for b in key.budgets
+        ),
     )
 
 
-def budget(spec: BudgetSpec, share: float = 1.0, *, owner: str, scope: str = "key") -> Quota:
+def budget(
+    spec: BudgetSpec,
+    share: float = 1.0,
+    *,
+    owner: str,
+    scope: str = "key",
+    clamp: bool = False,
+) -> Quota:
     """One configured budget of ``owner`` (a key's, or a ``scope`` ``team``'s) as a
-    limiter quota (``share`` of it: this process's part when budgets are not shared)."""
+    limiter quota (``share`` of it: this process's part when budgets are not shared);
+    ``clamp``: its owner's ``budget_edge`` is ``clamp``."""
     models = tuple(sorted(spec.models or ()))
     return Quota(
         quota_name(spec.kind, spec.period, models),
@@ -263,6 +274,7 @@ def budget(spec: BudgetSpec, share: float = 1.0, *, owner: str, scope: str = "ke
         models,
         scope,
         owner,
+        clamp,
     )
 
 

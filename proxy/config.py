@@ -337,6 +337,9 @@ class _Owner(_Limited):
     name: str = Field(min_length=1)
     max_parallel: PositiveInt | None = None
     budgets: list[BudgetSpec] = Field(default_factory=list)
+    # What its budgets do with a request they cannot pay whole: refuse it (429), or
+    # clamp its output cap to what they have left (proxy/limiter/core/edge.py).
+    budget_edge: Annotated[Literal["refuse", "clamp"], BeforeValidator(_lower)] = "refuse"
 
     @cached_property
     def model_scoped(self) -> bool:

@@ -49,18 +49,23 @@ def settlement(
     prices: Mapping[str, Price],
     *,
     failed: bool = False,
+    reserved: Cost | None = None,
 ) -> KeySettlement:
     """What ``limits``, taken for ``call`` under ``slot`` at ``started``, settle to: its
     real usage (``failed``: none, as a failed request's), its budgets' reservation
-    corrected to its real cost at the price of the deployment that answered (``prices``:
-    by deployment id; unpriced: free)."""
+    (``reserved``, if not ``call.reserved``: a fallback's own) corrected to its real
+    cost at the price of the deployment that answered (``prices``: by deployment id;
+    unpriced: free)."""
     correction = settled_cost(call.cost, None if failed else call.trip.charged, limits.all_windows)
     if not call.reserved:
         return KeySettlement(limits, slot, correction)
+    if reserved is None:
+        reserved = call.reserved
     real = None
     if not failed:
-        real = budgets.settled_cost(call, prices.get(call.trip.deployment or "", FREE))
-    cost = budgets.correction(real, call.reserved)
+        price = prices.get(call.trip.deployment or "", FREE)
+        real = budgets.settled_cost(call, price, reserved)
+    cost = budgets.correction(real, reserved)
     return KeySettlement(limits, slot, correction, budget_cost=cost, started=started)
 
 
@@ -107,7 +112,10 @@ class FallbackCharge:
             verdict = await _taken(moved.check)
             if verdict is not None:
                 call, slot = self._call, moved.slot
-                failed = settlement(call, moved.added, slot, verdict.at, {}, failed=True)
+                own = budgets.bound_now(call)  # (what its ask took: the cap not lowered since)
+                failed = settlement(
+                    call, moved.added, slot, verdict.at, {}, failed=True, reserved=own
+                )
                 await self._settle(failed)
         added, dropped = self._limits_for(group)
         slot = f"{self._call.request_id}>{group}"
@@ -132,7 +140,8 @@ class FallbackCharge:
         verdict = await _taken(moved.check)
         out = []
         if verdict is not None:
-            out.append(settlement(call, moved.added, moved.slot, verdict.at, prices))
+            own = budgets.bound_now(call)  # its ask's reservation, at the cap it went with
+            out.append(settlement(call, moved.added, moved.slot, verdict.at, prices, reserved=own))
         if main is None or moved.dropped.unlimited:
             return out
         failed = settlement(call, moved.dropped, main.slot, main.started, prices, failed=True)

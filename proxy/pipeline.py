@@ -55,6 +55,7 @@ from proxy.limiter.base import (
     StorageError,
     describe,
 )
+from proxy.limiter.core import edge
 from proxy.limiter.core.quota import budget_label
 from proxy.limiter.ledger import Ledger, MemoryLedger
 from proxy.logs import RequestLog, client_text
@@ -251,7 +252,7 @@ class Pipeline:
                     self._answered, call, after, settlement, status, time.perf_counter()
                 )
         reply.headers["x-request-id"] = call.request_id
-        reply.headers.update(_timing_headers(call))
+        reply.headers.update(_proxy_headers(call))
         if call.key_verdict is not None:
             reply.headers.update(call.shape.key_headers(call.key_verdict, time.time()))
         return reply
@@ -285,7 +286,7 @@ class Pipeline:
         if close:
             reply.headers["connection"] = "close"
         reply.headers["x-request-id"] = call.request_id
-        reply.headers.update(_timing_headers(call))
+        reply.headers.update(_proxy_headers(call))
         self._finish(call, reply.status)
         return reply
 
@@ -372,7 +373,8 @@ class Pipeline:
                 return None, None, None
             return None, self._key_settlement(call, asked, None, fallback), fallback
         if asked.all_quotas:
-            self._reserve_budget(call, call.shape, group)
+            clamp = self._may_clamp(key, limits, asked, fallback is not None)
+            self._reserve_budget(call, call.shape, group, clamp)
         key_check = self._check_key(call, asked, shadow=key.shadow)
         return key_check, self._key_settlement(call, asked, key_check, fallback), fallback
 
@@ -385,12 +387,13 @@ class Pipeline:
 
         async def acquire(added: KeyLimits, slot: str) -> KeyVerdict | None:
             if added.all_quotas and not call.reserved:  # no budget counted the model asked for
-                self._reserve_budget(call, call.shape, group)
-            ask = KeyAsk(added, slot, call.cost, budget_cost=call.reserved)
-            verdict = await self.limiter.acquire_key(ask)
+                self._reserve_budget(call, call.shape, group, self._may_clamp(key, limits))
+            verdict = await self.limiter.acquire_key(_key_ask(call, added, slot))
             if not self._goes_on(call, added, key.shadow, verdict):
                 code, wait = verdict.code or "rate_limited", verdict.retry_after
                 raise RateLimited(_refusal_message(verdict), code=code, retry_after=wait)
+            if verdict.cap:  # sent with the cap it could pay (its own reservation: moved)
+                budgets.lower_cap(call, verdict.cap)
             return verdict if verdict.allowed else None
 
         def limits_for(served: str) -> tuple[KeyLimits, KeyLimits]:
@@ -398,11 +401,28 @@ class Pipeline:
 
         return FallbackCharge(call, limits_for, acquire, self.limiter.settle, self.catalog.prices)
 
+    def _may_clamp(
+        self,
+        key: ClientKey,
+        limits: KeyLimits,
+        asked: KeyLimits | None = None,
+        fallbacks: bool = True,
+    ) -> bool:
+        """Whether a budget that ``key``'s request is charged to may lower its output cap
+        (``budget_edge: clamp``): one of ``asked`` (its check's), or with ``fallbacks``
+        any of the key's (``limits``) and its team's. Never a shadow key's: its limits are
+        counted, not enforced."""
+        if key.shadow:
+            return False
+        if asked is not None and asked.clamps:
+            return True
+        return fallbacks and self.catalog.with_team(key, limits).clamps
+
     def _check_key(self, call: Call, limits: KeyLimits, shadow: bool) -> asyncio.Future[KeyVerdict]:
         """The key's verdict to come (the dispatcher's gate): given at once when the
         limiter can (in memory, or a lease's), else asked together with the first
         reservation, one Redis round trip for both."""
-        ask = KeyAsk(limits, call.request_id, call.cost, budget_cost=call.reserved)
+        ask = _key_ask(call, limits, call.request_id)
         verdict = None if self.fast is None else self.fast.acquire_key_now(ask)
         if verdict is None:
             return asyncio.ensure_future(self._acquire_key(call, ask, shadow))
@@ -423,6 +443,9 @@ class Pipeline:
         limits = ask.limits
         call.key_verdict = verdict  # its x-ratelimit-* go on the answer, 429s included
         if self._goes_on(call, limits, shadow, verdict):
+            if verdict.cap:  # its budgets could pay a lower output cap: reserved, sent
+                call.reserved = dict(edge.reserved(call.reserved, call.clamp, verdict.cap))
+                budgets.lower_cap(call, verdict.cap)
             return verdict
         code = verdict.code or "rate_limited"
         self.telemetry.refused(code, call.model)
@@ -484,9 +507,10 @@ class Pipeline:
 
         return Settlement(release, release_soon)
 
-    def _reserve_budget(self, call: Call, shape: Shape, group: GroupRoute) -> None:
-        """What the key's budgets reserve for this request (an upper bound of its cost);
-        a request without an output cap goes with the one it was reserved for."""
+    def _reserve_budget(self, call: Call, shape: Shape, group: GroupRoute, clamp: bool) -> None:
+        """What the key's budgets reserve for this request (an upper bound of its cost;
+        ``clamp``: also as a function of its output cap, which a budget may lower); a
+        request without an output cap goes with the one it was reserved for."""
         reservation = budgets.reservation(
             call.body,
             call.raw,
@@ -494,8 +518,10 @@ class Pipeline:
             self.settings.server.default_max_tokens,
             self.catalog.dearest.get(group.name, FREE),
             call.context,
+            clamp=clamp,
         )
         call.reserved = dict(reservation.cost)
+        call.clamp = reservation.clamp
         if reservation.cap_field is not None:
             call.body[reservation.cap_field] = reservation.cap
             call.raw = set_fields(call.raw, {reservation.cap_field: reservation.cap})
@@ -620,6 +646,13 @@ def _granted(key_check: asyncio.Future[KeyVerdict] | None) -> KeyVerdict | None:
     return verdict if verdict.allowed else None
 
 
+def _key_ask(call: Call, limits: KeyLimits, slot: str) -> KeyAsk:
+    """The ask of ``limits`` for ``call``: its estimate, and its budgets' reservation
+    (as a function of its output cap when one of ``limits``' budgets clamps)."""
+    clamp = call.clamp if limits.clamps else None
+    return KeyAsk(limits, slot, call.cost, budgets.bound_now(call), clamp)
+
+
 def _check_speaks(group: GroupRoute, shape: Shape) -> None:
     """A model none of whose deployments serves the request's API: the client's error."""
     if shape.name not in group.shapes:  # the names its deployments speak (``speaks``)
@@ -659,13 +692,15 @@ def _parse_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def _timing_headers(call: Call) -> dict[str, str]:
-    """The proxy's own time so far (without the upstream and the wait for a turn), and
-    the wait when there was one (design.md)."""
+def _proxy_headers(call: Call) -> dict[str, str]:
+    """The proxy's own time so far (without the upstream and the wait for a turn), the
+    wait when there was one, and whether a budget lowered its output cap (design.md)."""
     spent = time.perf_counter() - call.started - call.trip.queue_wait - call.trip.upstream_time
     headers = {"x-llm-proxy-overhead-ms": f"{max(spent, 0.0) * 1000:.2f}"}
     if call.trip.queue_wait > 0:
         headers["x-llm-proxy-queue-ms"] = f"{call.trip.queue_wait * 1000:.2f}"
+    if call.clamped:
+        headers[budgets.CLAMPED_HEADER] = "1"
     return headers
 
 

@@ -565,6 +565,20 @@ def test_a_bad_budget_names_its_field(budget: dict[str, object], field: str) -> 
     assert any(p.startswith(field) for p in problems), problems
 
 
+def test_budget_edge_is_read_for_keys_and_teams_and_a_bad_one_names_its_field() -> None:
+    budget = {"usd": 5, "period": "day"}
+    data = _with({"budgets": [budget], "budget_edge": "Clamp", "team": "t"})
+    data["teams"] = [{"name": "t", "budgets": [budget], "budget_edge": "clamp"}]
+    settings = parse_settings(data, env={})
+    assert settings.keys[0].budget_edge == settings.teams[0].budget_edge == "clamp"
+    assert parse_settings(_with({"budgets": [budget]}), env={}).keys[0].budget_edge == "refuse"
+    problems = _problems(_with({"budget_edge": "trim"}))
+    assert any(p.startswith("keys[0].budget_edge") for p in problems), problems
+    bad_team = {**MINIMAL, "teams": [{"name": "t", "budget_edge": 1}]}
+    problems = _problems(bad_team)
+    assert any(p.startswith("teams[0].budget_edge") for p in problems), problems
+
+
 def test_a_budget_given_twice_is_refused() -> None:
     twice = [{"usd": 5, "period": "day"}, {"usd": 9, "period": "day"}]
     assert any("two budgets of usd per day" in p for p in _problems(_with({"budgets": twice})))

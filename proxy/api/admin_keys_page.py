@@ -154,7 +154,8 @@ def _e(value: object) -> str:
 
 
 def _windows_and_budgets() -> str:
-    """A form's windows (the shorthands, ``limits``) and ``budgets`` (JSON lists)."""
+    """A form's windows (the shorthands, ``limits``), ``budgets`` (JSON lists) and what
+    they do at their edge (``budget_edge``; none chosen: the default, or unchanged)."""
     return (
         '<input name="rpm" placeholder="rpm" inputmode="numeric">'
         '<input name="tpm" placeholder="tpm" inputmode="numeric">'
@@ -163,6 +164,8 @@ def _windows_and_budgets() -> str:
         '<input name="max_parallel" placeholder="max_parallel" inputmode="numeric">'
         f'<textarea name="limits" placeholder="{_e(f"limits (JSON): [{_LIMITS}]")}"></textarea>'
         f'<textarea name="budgets" placeholder="{_e(f"budgets (JSON): [{_BUDGETS}]")}"></textarea>'
+        '<select name="budget_edge"><option value="">budget edge</option>'
+        '<option value="refuse">refuse</option><option value="clamp">clamp</option></select>'
     )
 
 

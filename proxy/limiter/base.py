@@ -37,6 +37,7 @@ import enum
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import field
+from operator import attrgetter
 from typing import Literal, Protocol, runtime_checkable
 
 from proxy.costs import NOTHING, Cost
@@ -50,6 +51,9 @@ DEFAULT_MAX_HOLD = 300.0  # server.max_upstream_hold's default: five minutes
 
 # A budget's calendar period in UTC (core/periods.py: a period's index and bounds).
 Period = Literal["day", "week", "month"]
+
+
+_CLAMPS = attrgetter("clamp")  # a budget's ``Quota.clamp``
 
 
 @value
@@ -76,6 +80,9 @@ class Quota:
     models: tuple[str, ...] = ()
     scope: str = "key"
     owner: str = ""
+    # Its owner's ``budget_edge: clamp``: a request it cannot pay whole is charged (and
+    # sent) with a lower output cap, what it has left pays (``Clamp``, core/edge.py).
+    clamp: bool = False
 
     @property
     def code(self) -> str:
@@ -215,6 +222,7 @@ class KeyLimits:
     all_quotas: tuple[Quota, ...] = field(init=False, repr=False, compare=False)
     slotted: bool = field(init=False, repr=False, compare=False)  # some max_parallel
     unlimited: bool = field(init=False, repr=False, compare=False)  # nothing to check
+    clamps: bool = field(init=False, repr=False, compare=False)  # some budget clamps
 
     def __post_init__(self) -> None:
         # ``@value`` is frozen to mypy only: set as a frozen dataclass would, once.
@@ -225,6 +233,7 @@ class KeyLimits:
         derived(self, "all_windows", tuple(w for o in owners for w in o.windows))
         derived(self, "all_quotas", tuple(q for o in owners for q in o.quotas))
         derived(self, "slotted", any(o.max_parallel is not None for o in owners))
+        derived(self, "clamps", any(map(_CLAMPS, self.all_quotas)))
         derived(
             self, "unlimited", not self.all_windows and not self.all_quotas and not self.slotted
         )
@@ -304,17 +313,34 @@ class Usage:
 
 
 @value
+class Clamp:
+    """A request whose output cap the budgets that clamp (``Quota.clamp``) may lower:
+    sent with cap ``c`` (output tokens per choice) it costs at most ``base + per * c``
+    of each kind (``base``: its input bound, ``per``: one more token of cap, in each of
+    its choices); ``most``: the cap it asks for, ``least``: the lowest it may be sent
+    with (core/edge.py)."""
+
+    base: Cost
+    per: Cost
+    most: int
+    least: int = 1
+
+
+@value
 class KeyAsk:
     """May the key send one request of ``cost`` (its estimate, ``requests: 1``
     included)? ``slot`` names the request in the key's parallel slots. ``budget_cost``
     (kind -> amount: an upper bound of the request's cost) is what its budgets charge
     (quota.py; ``limits`` holds only those counting the request's model:
-    ``Catalog.ask_limits``)."""
+    ``Catalog.ask_limits``). ``clamp``: the same bound as a function of the request's
+    output cap, when a budget clamps (then ``budget_cost`` is it at ``clamp.most``):
+    the budgets charge it at the cap they can pay (core/edge.py)."""
 
     limits: KeyLimits
     slot: str
     cost: Cost
     budget_cost: Cost = NOTHING
+    clamp: Clamp | None = None
 
 
 @value
@@ -470,6 +496,9 @@ class KeyVerdict:
     budgets: tuple[tuple[Quota, QuotaUsage], ...] = ()  # each budget after the decision
     budget: Quota | None = None  # the budget that refused
     at: float = 0.0  # the limiter's time of the decision (a settlement's ``started``)
+    # Allowed with the ask's output cap lowered to this (``KeyAsk.clamp``): what its
+    # budgets were charged for and the request must be sent with; 0: not lowered.
+    cap: int = 0
 
     def tightest(self, kind: Kind) -> Usage | None:
         """The window of ``kind`` with the least left (what x-ratelimit-* headers show)."""

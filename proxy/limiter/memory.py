@@ -36,7 +36,7 @@ from proxy.limiter.base import (
     Settlement,
     Window,
 )
-from proxy.limiter.core import bucket, health, periods, quota
+from proxy.limiter.core import bucket, edge, health, periods, quota
 from proxy.limiter.core.bucket import (
     FULL,
     Bucket,
@@ -47,7 +47,7 @@ from proxy.limiter.core.bucket import (
 )
 from proxy.limiter.core.fairness import FairView, Waiter, waiting_until
 from proxy.limiter.core.health import HEALTHY, Health
-from proxy.limiter.core.quota import EMPTY, QuotaState
+from proxy.limiter.core.quota import EMPTY, QuotaCheck, QuotaState
 from proxy.limiter.core.selection import Candidate, Selection, select
 from proxy.limiter.core.verdicts import (
     LEARNED,
@@ -236,11 +236,11 @@ class MemoryLimiter:
         wall, budget = now, QUOTA_ALLOWED  # the usual key: no budget
         before: list[QuotaState] = []
         charged: list[QuotaState] = []
+        cap = 0
         if quotas:
             wall = self._wall()
             before = [self._quota(q) for q in quotas]
-            costs = quota_costs(limits, ask.budget_cost)
-            charged, budget = quota.check(quotas, before, costs, wall)
+            charged, budget, cap = _check_budgets(ask, before, wall)
         full = ""
         admitted = decision.allowed and budget.allowed
         if admitted and limits.slotted:
@@ -263,6 +263,7 @@ class MemoryLimiter:
             charged,
             budget,
             wall,
+            cap,
         )
 
     def _take_slots(self, limits: KeyLimits, lease_id: str, now: float) -> str:
@@ -552,6 +553,22 @@ def _key_buckets(limits: KeyLimits) -> list[BucketId]:
     if limits.team is not None:
         ids += [_key_bucket(limits.team, w) for w in limits.team.windows]
     return ids
+
+
+def _check_budgets(
+    ask: KeyAsk, states: list[QuotaState], wall: float
+) -> tuple[list[QuotaState], QuotaCheck, int]:
+    """``quota.check`` of the ask's budgets (``states``, in ``all_quotas`` order) at
+    ``wall``, charged its ``budget_cost``, or with a clamp at the output cap its budgets
+    that clamp can pay (core/edge.py): their states if charged, the check, that cap (0:
+    not lowered)."""
+    quotas, cap = ask.limits.all_quotas, 0
+    if ask.clamp is None:
+        costs = quota_costs(ask.limits, ask.budget_cost)
+    else:
+        costs, cap = edge.charge(quotas, states, ask.clamp, wall)
+    charged, budget = quota.check(quotas, states, costs, wall)
+    return charged, budget, cap
 
 
 def _quota_id(q: Quota) -> tuple[str, str, str]:

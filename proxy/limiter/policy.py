@@ -87,7 +87,7 @@ from proxy.limiter.base import (
     StorageError,
     Window,
 )
-from proxy.limiter.core import periods
+from proxy.limiter.core import edge, periods
 from proxy.limiter.memory import MemoryLimiter
 from proxy.limiter.redis.backend import RedisLimiter
 from proxy.limiter.redis.eviction import EvictionWatch
@@ -385,7 +385,8 @@ class ResilientLimiter:
             limits = share_key(ask.limits, self._replicas, ask.cost)
             verdict = self._local.acquire_key_now(replace(ask, limits=limits))
             if not sent and verdict.allowed and ask.limits.all_quotas:
-                self._unshared[ask.slot] = ask.budget_cost  # its cost is owed whole
+                # Its cost is owed whole: what its budgets charged (at a lowered cap too).
+                self._unshared[ask.slot] = edge.reserved(ask.budget_cost, ask.clamp, verdict.cap)
             return verdict
 
         return await self._route("acquire_key", shared, local)

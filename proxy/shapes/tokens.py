@@ -99,13 +99,19 @@ def _json_tokens(value: Any) -> int:
         return text_tokens(value)
 
 
+def choices(body: dict[str, Any]) -> int:
+    """How many completions an OpenAI request asks for (``n``; 1 unless a positive
+    integer says otherwise)."""
+    n = body.get("n")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
+
+
 def completion_tokens(body: dict[str, Any], default: int) -> int:
     """The most completion tokens the request may produce: its own cap (else
     ``default``) for each of its ``n`` choices."""
-    n = body.get("n")
-    choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
+    n = choices(body)
     for field in ("max_completion_tokens", "max_tokens"):
         value = body.get(field)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value * choices
-    return default * choices
+            return value * n
+    return default * n

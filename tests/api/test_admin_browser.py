@@ -172,9 +172,9 @@ def test_the_key_manager_gives_keys_a_team_windows_budgets_and_expiry_and_manage
 ) -> None:
     """The teams section: a team created, changed and deleted from the page (refused while
     a key names it); a key given that team (chosen among the known ones, the new one
-    included), windows, budgets and an expiry from its forms. After each step the page's
-    answer and its teams table are kept. Two replicas share the Redis: what the page did
-    on one, the other's API lists."""
+    included), windows, budgets (and their edge) and an expiry from its forms. After each
+    step the page's answer and its teams table are kept. Two replicas share the Redis:
+    what the page did on one, the other's API lists."""
     settings = config(upstream.base_url, redis_url)
     settings["teams"] = [{"name": "research", "rpm": 50}]
     steps = [
@@ -189,6 +189,7 @@ def test_the_key_manager_gives_keys_a_team_windows_budgets_and_expiry_and_manage
                 "team": "squad",
                 "limits": '[{"requests": 100, "per": "1h"}]',
                 "budgets": '[{"tokens": 1000, "period": "day"}]',
+                "budget_edge": "clamp",
                 "expires_at": "2030-01-15T12:00",
             },
         ],
@@ -238,4 +239,5 @@ def test_the_key_manager_gives_keys_a_team_windows_budgets_and_expiry_and_manage
     assert member["rpm"] == 4 and "team" not in member
     assert member["limits"] == [{"requests": 100, "per": "1h"}]
     assert member["budgets"] == [{"tokens": 1000, "period": "day"}]
+    assert member["budget_edge"] == "clamp"
     assert member["expires_at"].startswith("2030-01-1") and not member["expired"]

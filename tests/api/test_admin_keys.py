@@ -161,7 +161,7 @@ def test_a_config_keys_entry_shows_every_field_it_sets(upstream: FakeUpstreamHan
     """As an API key's entry does: its limits, allow-list, fair share, wait and shadow."""
     key = {"name": "full", "key": "sk-full-config", "rpm": 5, "tpd": 900, "max_parallel": 2}
     key |= {"models": ["gpt-4o"], "priority": 2, "weight": 3, "max_wait": "2s", "shadow": True}
-    key |= {"budgets": [{"usd": 5, "period": "week"}]}
+    key |= {"budgets": [{"usd": 5, "period": "week"}], "budget_edge": "clamp"}
     settings = settings_from(config(upstream.base_url, keys=[key]))
     with ProxyInThread(settings) as running, admin(running) as api:
         [entry] = api.get("/keys").json()["keys"]
@@ -177,6 +177,7 @@ def test_a_config_keys_entry_shows_every_field_it_sets(upstream: FakeUpstreamHan
         "max_wait": 2.0,
         "shadow": True,
         "budgets": [{"usd": 5.0, "period": "week"}],
+        "budget_edge": "clamp",
     }
 
 

@@ -251,6 +251,7 @@ def key_verdict(
     quota_states: Sequence[QuotaState] = (),
     budget: QuotaCheck = QUOTA_ALLOWED,
     wall: float | None = None,
+    cap: int = 0,
 ) -> KeyVerdict:
     """``states`` and ``quota_states`` are the windows and budgets (the key's, then its
     team's) after the decision (unchanged when refused). ``own``: how many of ``spent``
@@ -258,7 +259,8 @@ def key_verdict(
     x-ratelimit-* headers) is the key's own. ``slots_full``: the scope whose parallel
     slots were full (``key``, ``team``; empty: none). A window refuses first, then a
     budget, then the slots. ``wall``: the budgets' time (UTC seconds), when the windows'
-    ``now`` is not."""
+    ``now`` is not. ``cap``: the output cap the budgets lowered the ask's to (0: not
+    lowered: ``core/edge.py``), the verdict's when allowed."""
     at = now if wall is None else wall
     mine, mine_states = spent, states
     if own is None or own == len(spent):
@@ -292,7 +294,7 @@ def key_verdict(
         )
     if slots_full:
         return KeyVerdict(False, f"{slots_full}_parallel", PARALLEL_RETRY_AFTER, used, budgets=left)
-    return KeyVerdict(True, usage=used, budgets=left, at=at if quotas else 0.0)
+    return KeyVerdict(True, usage=used, budgets=left, at=at if quotas else 0.0, cap=cap)
 
 
 def deployment_verdict(

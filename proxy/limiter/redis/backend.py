@@ -61,7 +61,7 @@ from proxy.limiter.base import (
 from proxy.limiter.core.bucket import Admission, BucketState, Decision
 from proxy.limiter.core.fairness import Deferral
 from proxy.limiter.core.health import Health
-from proxy.limiter.core.quota import QuotaCheck, QuotaState
+from proxy.limiter.core.quota import QuotaCheck, QuotaState, cost_of
 from proxy.limiter.core.selection import Selection
 from proxy.limiter.core.verdicts import (
     LEARNED,
@@ -169,14 +169,15 @@ class RedisLimiter:
         ]
         for s in spent:
             args += [_num(s.rate.interval), _num(s.capacity), _num(s.amount)]
-        for q, cost in zip(quotas, quota_costs(limits, ask.budget_cost), strict=True):
-            args += [q.period, _num(q.limit), _num(cost)]
+        if quotas:
+            args += _budget_args(limits, ask)
         keys = self._key_keys(limits) + self._quota_keys(limits)
         reply = iter(await self.runner.run("acquire_key", keys, args))
         outcome, binding, wait, retry_after, slots_full, now = (next(reply) for _ in range(6))
         decision = Decision(Admission(outcome), float(wait), float(retry_after), int(binding))
         states = [_state(reply) for _ in spent]
         refused, budget_retry = int(next(reply)), float(next(reply))
+        cap = int(next(reply))
         charged = [_quota_state(reply) for _ in quotas]
         return key_verdict(
             spent,
@@ -188,6 +189,7 @@ class RedisLimiter:
             quotas,
             charged,
             QuotaCheck(refused, budget_retry),
+            cap=cap,
         )
 
     def acquire_key_now(self, ask: KeyAsk) -> KeyVerdict | None:
@@ -683,6 +685,22 @@ def _log_failure(error: BaseException | None) -> None:
 def _activity_from(data: dict[str, Any]) -> Activity:
     """An Activity read back (fields unknown to this version are ignored)."""
     return Activity(**{k: v for k, v in data.items() if k in Activity.__dataclass_fields__})
+
+
+def _budget_args(limits: KeyLimits, ask: KeyAsk) -> list[str]:
+    """``acquire_key``'s arguments of its budgets: per budget its period, limit, cost
+    (``clamp``: its base), what a token of output cap adds and whether it clamps; then
+    the clamp's most and least caps (0 0: none)."""
+    args: list[str] = []
+    clamp = ask.clamp
+    if clamp is None:
+        for q, cost in zip(limits.all_quotas, quota_costs(limits, ask.budget_cost), strict=True):
+            args += [q.period, _num(q.limit), _num(cost), "0", "0"]
+        return [*args, "0", "0"]
+    for q in limits.all_quotas:
+        base, per = cost_of(q, clamp.base), cost_of(q, clamp.per)
+        args += [q.period, _num(q.limit), _num(base), _num(per), "1" if q.clamp else "0"]
+    return [*args, str(clamp.most), str(clamp.least)]
 
 
 def _num(x: float) -> str:

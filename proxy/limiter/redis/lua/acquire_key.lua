@@ -6,11 +6,13 @@
 -- ARGV: now ('' = server time), the key's max_parallel ('' = none), lease id, lease ttl,
 --       the team's max_parallel ('' = none), number of budgets, then per window:
 --       interval, capacity (Rate.capacity_for the cost), cost; then per budget: period
---       (day | week | month), limit, cost
+--       (day | week | month), limit, cost (its base when clamped), what a token of
+--       output cap adds, whether it clamps ('1' | '0'); then, with budgets, the clamp's
+--       most and least output caps ('0' '0': none; core/edge.py)
 -- Reply: outcome, binding, wait, retry_after, slots_full ('' | 'key' | 'team'), now,
 --        then debt and time of each window after the decision, then the budget that
---        refused (-1: none), its retry_after, then period index and spent of each budget
---        after the decision.
+--        refused (-1: none), its retry_after, the output cap lowered to (0: not), then
+--        period index and spent of each budget after the decision.
 local now = clock(ARGV[1])
 local nq = tonumber(ARGV[6])
 local nb = #KEYS - 2 - nq
@@ -22,9 +24,23 @@ for i = 3, nb + 2 do
 end
 local quotas = {}
 for j = 1, nq do
-  local a = 3 * nb + 4 + 3 * j
-  table.insert(quotas, quota(KEYS[nb + 2 + j], ARGV[a], tonumber(ARGV[a + 1]),
-    tonumber(ARGV[a + 2])))
+  local a = 3 * nb + 2 + 5 * j
+  local q = quota(KEYS[nb + 2 + j], ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]))
+  q.base, q.per, q.clamp = q.cost, tonumber(ARGV[a + 3]), ARGV[a + 4] == '1'
+  table.insert(quotas, q)
+end
+local lowered = 0
+if nq > 0 then
+  local most = tonumber(ARGV[3 * nb + 7 + 5 * nq])
+  if most > 0 then
+    local cap = quota_fit(quotas, most, tonumber(ARGV[3 * nb + 8 + 5 * nq]), now)
+    for _, q in ipairs(quotas) do
+      q.cost = q.base + q.per * cap
+    end
+    if cap < most then
+      lowered = cap
+    end
+  end
 end
 local q_refused, q_retry = quota_check(quotas, now)
 -- memory.MemoryLimiter._take_slots: the key's slot, then the team's; the key's given
@@ -61,4 +77,5 @@ local reply = {outcome, tostring(bind), fmt(w), fmt(retry), full, fmt(now)}
 append_states(reply, buckets)
 table.insert(reply, tostring(q_refused))
 table.insert(reply, fmt(q_retry))
+table.insert(reply, string.format('%d', lowered))
 return append_pairs(reply, quotas, 'p', 's')

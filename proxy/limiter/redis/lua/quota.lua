@@ -104,6 +104,32 @@ local function quota_check(quotas, now)
   return refused, retry_after
 end
 
+-- edge.fit: the output cap the budgets that clamp can pay (most when none lowers it,
+-- or when one cannot pay least: quota_check then refuses). A line-by-line mirror of
+-- proxy/limiter/core/edge.py: same operations, same order.
+local function quota_fit(quotas, most, least, now)
+  local cap = most
+  for _, q in ipairs(quotas) do
+    if q.clamp and q.per > 0 then
+      local spent = spent_in(q.p0, q.s0, period_index(q.period, now))
+      if spent + (q.base + q.per * cap) > q.limit then
+        local left = q.limit - spent - q.base
+        if left < q.per * least then
+          return most
+        end
+        cap = math.min(cap, math.floor(left / q.per))
+        while cap >= least and spent + (q.base + q.per * cap) > q.limit do
+          cap = cap - 1
+        end
+        if cap < least then
+          return most
+        end
+      end
+    end
+  end
+  return cap
+end
+
 local function quota(key, period, limit, cost)
   local p, s = load_quota(key)
   return {key = key, period = period, limit = limit, cost = cost, p0 = p, s0 = s, p = p, s = s}

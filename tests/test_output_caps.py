@@ -1,0 +1,120 @@
+"""A request's output cap as budgets that clamp see it: the reservation as a function of
+the cap (``budgets.reservation(clamp=True)``), where each API shape carries the cap, and
+the request sent with a lowered one (``budgets.lower_cap``)."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from proxy import output_caps
+from proxy.budgets import Reservation, bound_now, lower_cap, reservation
+from proxy.call import Call
+from proxy.limiter.core import edge
+from proxy.pricing import Price, bound
+from proxy.shapes.base import Shape
+from proxy.shapes.chat import CHAT
+from proxy.shapes.completions import COMPLETIONS
+from proxy.shapes.embeddings import EMBEDDINGS
+from proxy.shapes.messages import MESSAGES
+from proxy.shapes.responses import RESPONSES
+
+PRICE = Price(input=3.0, output=15.0, cache_read=0.3, cache_write=3.75)
+MESSAGE = [{"role": "user", "content": "hello"}]
+
+
+def _clamped(body: dict[str, object], shape: Shape = CHAT, default: int = 256) -> Reservation:
+    return reservation(body, orjson.dumps(body), shape, default, PRICE, clamp=True)
+
+
+def test_the_reservation_is_its_input_bound_plus_each_token_of_cap_in_each_completion() -> None:
+    body = {"model": "m", "messages": MESSAGE, "max_tokens": 100, "n": 2}
+    raw = orjson.dumps(body)
+    made = _clamped(body)
+    clamp = made.clamp
+    assert clamp is not None
+    assert (clamp.most, clamp.least) == (100, 1)
+    assert clamp.base["tokens"] == clamp.base["input_tokens"] == len(raw)
+    assert clamp.base["usd"] == bound(PRICE, len(raw), 0.0)  # at the dearest input price
+    assert clamp.per == {"tokens": 2.0, "output_tokens": 2.0, "usd": 2 * 15.0 / 1e6}
+    # The reservation is that at its own cap: what refusing would reserve, to the bit
+    # or nearly (the same bound, summed in another order).
+    assert made.cost == edge.at(clamp, 100)
+    refusing = reservation(body, raw, CHAT, 256, PRICE).cost
+    assert made.cost["tokens"] == refusing["tokens"] == len(raw) + 200
+    assert made.cost["usd"] == pytest.approx(refusing["usd"], rel=1e-12)
+
+
+def test_without_a_cap_the_default_is_the_most_and_is_sent() -> None:
+    made = _clamped({"model": "m", "messages": MESSAGE}, default=64)
+    assert made.clamp is not None and made.clamp.most == 64
+    assert (made.cap_field, made.cap) == ("max_tokens", 64)
+
+
+def test_each_shape_s_cap_field() -> None:
+    chat = _clamped({"model": "m", "messages": MESSAGE, "max_completion_tokens": 40})
+    responses = _clamped({"model": "m", "input": "hi", "max_output_tokens": 40}, RESPONSES)
+    messages = _clamped({"model": "m", "messages": MESSAGE, "max_tokens": 40}, MESSAGES)
+    completions = _clamped({"model": "m", "prompt": "hi", "max_tokens": 40, "n": 3}, COMPLETIONS)
+    assert [r.clamp.most if r.clamp else None for r in (chat, responses, messages)] == [40] * 3
+    assert completions.clamp is not None and completions.clamp.per["tokens"] == 3.0
+    assert responses.clamp is not None and responses.clamp.least == 16  # OpenAI's minimum
+
+
+def test_a_request_whose_cap_cannot_be_lowered_is_reserved_as_it_always_was() -> None:
+    embedding = {"model": "m", "input": "x"}
+    assert _clamped(embedding, EMBEDDINGS).clamp is None  # no output to lower
+    tiny = {"model": "m", "input": "hi", "max_output_tokens": 16}
+    made = _clamped(tiny, RESPONSES)
+    assert made.clamp is None  # already at the least the upstream takes
+    assert made.cost == reservation(tiny, orjson.dumps(tiny), RESPONSES, 256, PRICE).cost
+    thinking = {
+        "model": "m",
+        "messages": MESSAGE,
+        "max_tokens": 3000,
+        "thinking": {"type": "enabled", "budget_tokens": 2048},
+    }
+    made = _clamped(thinking, MESSAGES)
+    assert made.clamp is not None and made.clamp.least == 2049  # above thinking's budget
+
+
+@pytest.mark.parametrize(
+    ("shape", "body", "cap", "fields"),
+    [
+        ("chat/completions", {"max_tokens": 500}, 120, {"max_tokens": 120}),
+        ("chat/completions", {"max_completion_tokens": 500}, 120, {"max_completion_tokens": 120}),
+        (
+            "chat/completions",
+            {"max_completion_tokens": 500, "max_tokens": 90},
+            120,
+            {"max_completion_tokens": 120},  # max_tokens already below it
+        ),
+        ("chat/completions", {}, 120, {"max_tokens": 120}),
+        ("chat/completions", {"max_tokens": None}, 120, {"max_tokens": 120}),
+        ("completions", {"max_tokens": 500}, 7, {"max_tokens": 7}),
+        ("responses", {"max_output_tokens": 500}, 16, {"max_output_tokens": 16}),
+        ("messages", {"max_tokens": 500}, 1, {"max_tokens": 1}),
+        ("embeddings", {}, 5, {}),
+    ],
+)
+def test_the_fields_a_lowered_cap_sets(
+    shape: str, body: dict[str, object], cap: int, fields: dict[str, int]
+) -> None:
+    assert output_caps.lowered(body, shape, cap) == fields
+
+
+def test_a_lowered_cap_goes_in_the_body_and_its_bytes() -> None:
+    body = {"model": "m", "messages": MESSAGE, "max_tokens": 500, "n": 2}
+    raw = orjson.dumps(body)
+    call = Call(request_id="r", shape=CHAT, started=0.0, body=dict(body), raw=raw)
+    made = reservation(body, raw, CHAT, 256, PRICE, clamp=True)
+    call.reserved, call.clamp = dict(made.cost), made.clamp
+    assert bound_now(call) == made.cost
+    lower_cap(call, 120)
+    assert call.clamped
+    assert call.body["max_tokens"] == 120
+    assert orjson.loads(call.raw) == {**body, "max_tokens": 120}
+    assert call.clamp is not None and call.clamp.most == 120
+    # What its budgets would reserve for it now: 120 tokens in each of its 2 choices.
+    assert bound_now(call)["tokens"] == len(raw) + 240
+    assert call.reserved == made.cost  # its check's reservation is the pipeline's to set
