@@ -114,6 +114,20 @@ class GateClosed(Exception):
         self.error = error
 
 
+@dataclass(slots=True)
+class _Reserving:
+    """One call's reservation as ``Dispatcher._reserve`` asks again and again: its place in
+    its key's line (lines.py) once in it, the gate still to pass, and what the last ask
+    found of the queue and of the call's wait."""
+
+    call: Call
+    group: GroupRoute
+    gate: Awaitable[object] | None
+    line: Line | None = None
+    queue_full: bool = False
+    budget: float = 0.0  # what is left of the call's max_wait (0 with the queue full)
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -249,104 +263,146 @@ class Dispatcher:
         gate: Awaitable[object] | None = None,
     ) -> Turn:
         """Reserve a turn on a deployment and sleep until it (bounded by max_wait)."""
-        line: Line | None = None  # the key's line of deferred requests (lines.py), once in it
+        r = _Reserving(call, group, gate)
         try:
             while True:
-                ordered = order_candidates(self.routing.strategy, candidates, self.rng, self.state)
-                # A full queue still lets through a request that needs no waiting.
-                queue_full = self.waiting >= self.routing.max_queue
-                budget = 0.0 if queue_full else max(call.max_wait - call.trip.queue_wait, 0.0)
-                if line is None and budget > 0.0 and self.lines.busy(group.name, call.claimant.key):
-                    # Others of this key wait here for their share: join them, do not ask.
-                    if gate is not None:
-                        await self._pass_gate(call, None, gate)
-                        gate = None
-                    line = await self._queue(call, group, budget, None)
-                    continue
-                lease = f"{call.request_id}.{call.trip.retries}"
-                verdict = await self._ask(call, group.name, ordered, budget, lease)
-                handled = time.monotonic()
-                deferred = verdict.deferred and verdict.retry_after <= budget
-                if line is not None and not deferred:
-                    if verdict.wait > 0.0:  # the next in line asks when its turn would fit
-                        spacing = turn_spacing([self.catalog.limits(d) for d in ordered], call.cost)
-                        line.not_before = time.monotonic() + max(
-                            verdict.wait + spacing - self.routing.lookahead, 0.0
-                        )
-                    line.leave()
-                    line = None
-                deployment = next((d for d in ordered if d.id == verdict.deployment_id), None)
-                turn = None
-                if deployment is not None and verdict.sent is not None:
-                    self.settler.saw(deployment.id, verdict.sent.epoch)
-                    turn = Turn(deployment, lease, verdict.probe, verdict.sent)
-                    self.settler.probe_out(turn)
-                queued = turn is not None and verdict.wait > 0
-                if queued and self.waiting >= self.routing.max_queue:
-                    # The queue filled up while we asked: give the turn back.
-                    assert turn is not None
-                    self.settler.give_back(turn, call.cost)
-                    turn, queued, queue_full = None, False, True
-                    verdict = replace(verdict, deployment_id=None, retry_after=verdict.wait)
-                if queued:
-                    self.waiting += 1  # counted at once: no await between check and count
-                try:
-                    if gate is not None:
-                        await self._pass_gate(call, turn, gate)
-                        gate = None
-                except BaseException:
-                    if queued:
-                        self.waiting -= 1
-                    raise
+                turn = await self._reserve_once(r, candidates)
                 if turn is not None:
-                    if queued:
-                        assert verdict.sent is not None
-                        sent = verdict.sent
-                        clock = (group.name, *sent.clock)
-                        due = handled + self.turn_clock.sleep(clock, sent.at, verdict.wait, handled)
-                        left = due - time.monotonic()
-                        if left > 0.0:
-                            await self._wait(call, left, turn, "pacing", queued=True)
-                        else:
-                            # Its turn came while it was handled (a lease's, read late):
-                            # it waits for nothing, and is not counted as having waited.
-                            self.waiting -= 1
-                        if self.settler.stale(turn):
-                            continue  # learned meanwhile: its turn was dropped, take a new one
                     return turn
-                if verdict.code == "request_too_large":
-                    raise InvalidRequest(
-                        f"This request needs about {call.estimate} tokens, more than any"
-                        f" deployment of '{group.name}' accepts per minute.",
-                        code="request_too_large",
-                    )
-                if deferred:
-                    # Fair share: others are owed the next turns; ask again when told, as
-                    # the head of this key's line (the others of the key wait behind).
-                    if line is None:
-                        line = await self._queue(call, group, budget, verdict.retry_after)
-                    else:
-                        line.defer(time.monotonic() + verdict.retry_after)
-                        wait = verdict.retry_after
-                        await self._wait(call, wait, None, "fair_share", group=group.name)
-                    continue
-                if verdict.cooling and 0.0 < verdict.retry_after <= budget:
-                    # Every usable deployment is cooling down: wait for the first to return.
-                    wait = verdict.retry_after
-                    await self._wait(call, wait, None, "cooldown", group=group.name)
-                    continue
-                answered = self._probe_answered(ordered) if verdict.cooling else None
-                if answered is not None and budget > 0.0:
-                    # A probe sent from here is out: its answer may come within max_wait
-                    # (its deadline is only the latest it can come). Wait for it, ask again.
-                    await self._wait(
-                        call, budget, None, "cooldown", group=group.name, until=answered
-                    )
-                    continue
-                raise self._refusal(call, group, verdict.cooling, queue_full, verdict.retry_after)
         finally:
-            if line is not None:
-                line.leave()
+            if r.line is not None:
+                r.line.leave()
+
+    async def _reserve_once(self, r: _Reserving, candidates: list[DeploymentRoute]) -> Turn | None:
+        """One ask for a turn: the turn, slept until (None: ask again); raises the
+        refusal."""
+        call = r.call
+        ordered = order_candidates(self.routing.strategy, candidates, self.rng, self.state)
+        # A full queue still lets through a request that needs no waiting.
+        r.queue_full = self.waiting >= self.routing.max_queue
+        r.budget = 0.0 if r.queue_full else max(call.max_wait - call.trip.queue_wait, 0.0)
+        if r.line is None and r.budget > 0.0 and self.lines.busy(r.group.name, call.claimant.key):
+            # Others of this key wait here for their share: join them, do not ask.
+            await self._gate_passed(r, None)
+            r.line = await self._queue(call, r.group, r.budget, None)
+            return None
+        return await self._ask_for_turn(r, ordered)
+
+    async def _ask_for_turn(self, r: _Reserving, ordered: list[DeploymentRoute]) -> Turn | None:
+        """``_reserve_once``'s ask of the limiter, and what its verdict leads to."""
+        call = r.call
+        lease = f"{call.request_id}.{call.trip.retries}"
+        verdict = await self._ask(call, r.group.name, ordered, r.budget, lease)
+        handled = time.monotonic()
+        deferred = verdict.deferred and verdict.retry_after <= r.budget
+        if r.line is not None and not deferred:
+            self._leave_line(r, r.line, verdict, ordered)
+        turn, verdict = self._turn_of(r, verdict, ordered, lease)
+        queued = turn is not None and verdict.wait > 0
+        if queued:
+            self.waiting += 1  # counted at once: no await between check and count
+        try:
+            await self._gate_passed(r, turn)
+        except BaseException:
+            if queued:
+                self.waiting -= 1
+            raise
+        if turn is not None:
+            return await self._sleep_until_turn(r, turn, verdict, handled) if queued else turn
+        await self._unserved(r, verdict, ordered, deferred)
+        return None
+
+    def _leave_line(
+        self, r: _Reserving, line: Line, verdict: DeploymentVerdict, ordered: list[DeploymentRoute]
+    ) -> None:
+        """The key's line's head asked and was not deferred: it leaves the line, the next
+        in line to ask when its turn would fit."""
+        if verdict.wait > 0.0:
+            spacing = turn_spacing([self.catalog.limits(d) for d in ordered], r.call.cost)
+            line.not_before = time.monotonic() + max(
+                verdict.wait + spacing - self.routing.lookahead, 0.0
+            )
+        line.leave()
+        r.line = None
+
+    def _turn_of(
+        self, r: _Reserving, verdict: DeploymentVerdict, ordered: list[DeploymentRoute], lease: str
+    ) -> tuple[Turn | None, DeploymentVerdict]:
+        """The turn ``verdict`` reserved (None: none), and the verdict; a turn that would
+        wait while the queue filled up meanwhile is given back (refused as a full queue)."""
+        deployment = next((d for d in ordered if d.id == verdict.deployment_id), None)
+        if deployment is None or verdict.sent is None:
+            return None, verdict
+        self.settler.saw(deployment.id, verdict.sent.epoch)
+        turn = Turn(deployment, lease, verdict.probe, verdict.sent)
+        self.settler.probe_out(turn)
+        if verdict.wait > 0 and self.waiting >= self.routing.max_queue:
+            self.settler.give_back(turn, r.call.cost)
+            r.queue_full = True
+            return None, replace(verdict, deployment_id=None, retry_after=verdict.wait)
+        return turn, verdict
+
+    async def _gate_passed(self, r: _Reserving, turn: Turn | None) -> None:
+        """The call's gate (a fallback's charge), passed once before its first turn."""
+        if r.gate is not None:
+            gate, r.gate = r.gate, None
+            await self._pass_gate(r.call, turn, gate)
+
+    async def _sleep_until_turn(
+        self, r: _Reserving, turn: Turn, verdict: DeploymentVerdict, handled: float
+    ) -> Turn | None:
+        """Sleep until the queued ``turn`` (counted waiting); None: it went stale meanwhile
+        (its deployment learned a slower rate: ask again)."""
+        assert verdict.sent is not None
+        sent = verdict.sent
+        clock = (r.group.name, *sent.clock)
+        due = handled + self.turn_clock.sleep(clock, sent.at, verdict.wait, handled)
+        left = due - time.monotonic()
+        if left > 0.0:
+            await self._wait(r.call, left, turn, "pacing", queued=True)
+        else:
+            # Its turn came while it was handled (a lease's, read late): it waits for
+            # nothing, and is not counted as having waited.
+            self.waiting -= 1
+        return None if self.settler.stale(turn) else turn
+
+    async def _unserved(
+        self,
+        r: _Reserving,
+        verdict: DeploymentVerdict,
+        ordered: list[DeploymentRoute],
+        deferred: bool,
+    ) -> None:
+        """No turn: wait to ask again (fair share, a cooldown, a probe's answer), or raise
+        the refusal."""
+        call, group = r.call, r.group
+        if verdict.code == "request_too_large":
+            raise InvalidRequest(
+                f"This request needs about {call.estimate} tokens, more than any"
+                f" deployment of '{group.name}' accepts per minute.",
+                code="request_too_large",
+            )
+        if deferred:
+            # Fair share: others are owed the next turns; ask again when told, as the
+            # head of this key's line (the others of the key wait behind).
+            if r.line is None:
+                r.line = await self._queue(call, group, r.budget, verdict.retry_after)
+            else:
+                r.line.defer(time.monotonic() + verdict.retry_after)
+                wait = verdict.retry_after
+                await self._wait(call, wait, None, "fair_share", group=group.name)
+            return
+        if verdict.cooling and 0.0 < verdict.retry_after <= r.budget:
+            # Every usable deployment is cooling down: wait for the first to return.
+            await self._wait(call, verdict.retry_after, None, "cooldown", group=group.name)
+            return
+        answered = self._probe_answered(ordered) if verdict.cooling else None
+        if answered is not None and r.budget > 0.0:
+            # A probe sent from here is out: its answer may come within max_wait (its
+            # deadline is only the latest it can come). Wait for it, ask again.
+            await self._wait(call, r.budget, None, "cooldown", group=group.name, until=answered)
+            return
+        raise self._refusal(call, group, verdict.cooling, r.queue_full, verdict.retry_after)
 
     async def _ask(
         self, call: Call, group: str, ordered: list[DeploymentRoute], budget: float, lease: str
