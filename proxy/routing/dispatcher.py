@@ -53,6 +53,7 @@ from proxy.pricing import FREE, usd
 from proxy.routing.activity import Tally
 from proxy.routing.events import Attempt, Events, WaitCause
 from proxy.routing.lines import Line, Lines, Ticket, turn_spacing
+from proxy.routing.prompt_caches import PromptCaches
 from proxy.routing.settlement import Settler, Turn
 from proxy.routing.strategies import RoutingState, order_candidates
 from proxy.routing.turn_clock import TurnClock
@@ -141,6 +142,8 @@ class Dispatcher:
         self.waiting = 0  # requests of this replica sleeping for a turn
         self.tally = Tally()  # the same by model, deployment and key (the admin state)
         self.lines = Lines()  # deferred requests, one line per (group, key): lines.py
+        # What each deployment's prompt cache is known to hold: prompt_caches.py
+        self.prompt_caches = PromptCaches()
         # When granted turns fall on this clock, whatever the replies' delays: turn_clock.py
         self.turn_clock = TurnClock(max_correction=self.routing.pacing_margin)
         # What the strategies order by: requests in flight and a latency average.
@@ -160,6 +163,7 @@ class Dispatcher:
         self.state = previous.state
         self.tally = previous.tally  # its waiting and in-flight requests still count
         self.lines = previous.lines  # one line per key, whichever config it came under
+        self.prompt_caches = previous.prompt_caches  # the upstreams' caches did not change
 
     # --- the attempts ---------------------------------------------------------------
 
@@ -263,10 +267,11 @@ class Dispatcher:
                     line = await self._queue(call, group, budget, None)
                     continue
                 lease = f"{call.request_id}.{call.trip.retries}"
+                cost = self._upstream_cost(call, candidates)
                 ask = GroupAsk(
                     group.name,
                     [self.catalog.limits(d) for d in ordered],
-                    call.cost,
+                    cost,
                     budget,
                     lease,
                     self.settler.least_busy,
@@ -286,7 +291,7 @@ class Dispatcher:
                 deferred = verdict.deferred and verdict.retry_after <= budget
                 if line is not None and not deferred:
                     if verdict.wait > 0.0:  # the next in line asks when its turn would fit
-                        spacing = turn_spacing([self.catalog.limits(d) for d in ordered], call.cost)
+                        spacing = turn_spacing([self.catalog.limits(d) for d in ordered], cost)
                         line.not_before = time.monotonic() + max(
                             verdict.wait + spacing - self.routing.lookahead, 0.0
                         )
@@ -296,13 +301,13 @@ class Dispatcher:
                 turn = None
                 if deployment is not None and verdict.sent is not None:
                     self.settler.saw(deployment.id, verdict.sent.epoch)
-                    turn = Turn(deployment, lease, verdict.probe, verdict.sent)
+                    turn = Turn(deployment, lease, verdict.probe, verdict.sent, cost)
                     self.settler.probe_out(turn)
                 queued = turn is not None and verdict.wait > 0
                 if queued and self.waiting >= self.routing.max_queue:
                     # The queue filled up while we asked: give the turn back.
                     assert turn is not None
-                    self.settler.give_back(turn, call.cost)
+                    self.settler.give_back(turn, turn.cost)
                     turn, queued, queue_full = None, False, True
                     verdict = replace(verdict, deployment_id=None, retry_after=verdict.wait)
                 if queued:
@@ -408,7 +413,7 @@ class Dispatcher:
             await gate
         except BaseException as exc:
             if reserved is not None:
-                self.settler.give_back(reserved, call.cost)
+                self.settler.give_back(reserved, reserved.cost)
             if isinstance(exc, Exception):
                 raise GateClosed(exc) from exc
             raise
@@ -485,7 +490,7 @@ class Dispatcher:
                 raise ClientClosedRequest("The client closed the request while it waited.")
         except BaseException:
             if give_back is not None:
-                self.settler.give_back(give_back, call.cost)
+                self.settler.give_back(give_back, give_back.cost)
             raise
         finally:
             self.waiting -= 1
@@ -539,7 +544,7 @@ class Dispatcher:
                 call.upstream_path,
             )
         except InvalidRequest:  # the body cannot be sent as it is: its turn goes back
-            self.settler.give_back(turn, call.cost)
+            self.settler.give_back(turn, turn.cost)
             raise
         attempt = Attempt(
             call.request_id,
@@ -632,6 +637,7 @@ class Dispatcher:
             used=call.trip.charge(call.cost),
             ended=answer.ended,
             refund=answer.refund,
+            usage=usage,
         )
 
     def _stream_ended(
@@ -653,7 +659,8 @@ class Dispatcher:
                 self.events.usage_unreadable(call.shape.name, attempt)
         outcome = {"completed": SUCCESS, "interrupted": INTERRUPTED}.get(end, NEUTRAL)
         label = "200" if end == "completed" else end
-        self._ended(call, turn, attempt, label, outcome, used=call.trip.charge(call.cost))
+        used = call.trip.charge(call.cost)
+        self._ended(call, turn, attempt, label, outcome, used=used, usage=usage)
         if end == "interrupted":
             call.trip.stream_error = "stream_interrupted"
 
@@ -674,11 +681,14 @@ class Dispatcher:
         used: Cost | None,
         ended: float | None = None,
         refund: bool = False,
+        usage: TokenUsage | None = None,
     ) -> asyncio.Task[None] | None:
         """An upstream call ended (at ``ended``, default now): one event, the routing
-        state, and the deployment's settlement in the background (its task, None when
-        there is nothing to settle). ``used``: what it used per kind (None: unknown;
-        beyond the estimate, it is charged); ``refund``: the upstream did not admit it
+        state, what the deployment's prompt cache holds, and the deployment's settlement
+        in the background (its task, None when there is nothing to settle). ``usage``:
+        what its answer reported (the settlement follows the provider's count of it);
+        else ``used``, what it is charged per kind (None: unknown; beyond the estimate,
+        it is charged); ``refund``: the upstream did not admit it
         (``outcomes.admitted``), its token charge is returned."""
         attempt.ended = ended or time.perf_counter()
         attempt.label, attempt.outcome = label, outcome
@@ -694,7 +704,28 @@ class Dispatcher:
                 attempt.duration - previous
             )
         self.events.attempt_ended(attempt)
-        return self.settler.settle(turn, outcome, estimate=call.cost, used=used, refund=refund)
+        if usage is not None and call.prefixes is not None:
+            sent = time.monotonic() - (time.perf_counter() - attempt.started)
+            self.prompt_caches.answered(turn.deployment.id, call.prefixes, usage, sent)
+        return self.settler.settle(
+            turn, outcome, estimate=turn.cost, used=used, refund=refund, usage=usage
+        )
+
+    def _upstream_cost(self, call: Call, candidates: list[DeploymentRoute]) -> Cost:
+        """The request's estimate as ``candidates`` count it (one cost for all: the
+        largest): without the prompt-cache reads expected on each, where its provider's
+        limits do not count them (``Counting``); its whole estimate otherwise."""
+        prefixes = call.prefixes
+        if prefixes is None:
+            return call.cost
+        read = min(
+            0
+            if d.provider.counting.cache_reads
+            else self.prompt_caches.expected_read(d.id, prefixes)
+            for d in candidates
+        )
+        # (read > 0: none of them counts cache reads, all leave them out alike)
+        return call.cost if read <= 0 else candidates[0].provider.counting.admitted(call.cost, read)
 
     def _learn(self, deployment: DeploymentRoute, answer: Answer) -> None:
         """What the upstream's rate-limit headers said: its announced limits, and, when
