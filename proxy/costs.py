@@ -114,14 +114,14 @@ class Counting:
         """What these windows count of a request charged ``estimate`` at admission whose
         answer reported ``usage``: its token kinds from the usage, any other kind as
         estimated (a usage says nothing of it)."""
-        given = usage.input_tokens + (usage.cache_read if self.cache_reads else 0)
-        made = usage.output_tokens
-        real = ((TOKENS, given + made), (INPUT_TOKENS, given), (OUTPUT_TOKENS, made))
-        counted = dict(estimate)
-        for kind, amount in real:
-            # Not adjusted: the admission's count stands, more only if it used more.
-            counted[kind] = float(amount if self.adjusted else max(amount, estimate.get(kind, 0)))
-        return counted
+        given = float(usage.input_tokens + (usage.cache_read if self.cache_reads else 0))
+        made = float(usage.output_tokens)
+        total = given + made
+        if not self.adjusted:  # the admission's count stands: more only if it used more
+            given = max(given, estimate.get(INPUT_TOKENS, 0.0))
+            made = max(made, estimate.get(OUTPUT_TOKENS, 0.0))
+            total = max(given + made, estimate.get(TOKENS, 0.0))
+        return {**estimate, TOKENS: total, INPUT_TOKENS: given, OUTPUT_TOKENS: made}
 
 
 def without_cache_read(cost: Cost, cache_read: float) -> dict[str, float]:
