@@ -11,19 +11,23 @@ leaves out of its estimate what the deployment's answers showed cached, and sett
 request to what Anthropic counts: the upstream must reject nothing and its input window
 must be used to at least 95%, counted in the tokens it admitted (not timed).
 
-The figure each run measures is printed (``-s`` shows it); docs/limiter.md records it."""
+Once with one proxy process, once with two replicas sharing a real Redis (each replica
+learns the cache from its own answers). The figure each run measures is printed (``-s``
+shows it); docs/limiter.md records it."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections import Counter
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import anthropic
 import pytest
-from support.proxy_server import ProxyProcess
+from support.proxy_server import ProxyProcess, start_together
+from support.redis_server import RedisServer, redis_available
 
 from proxy.fake_upstream import FakeUpstreamConfig, run_in_thread
 
@@ -52,14 +56,17 @@ def _question(n: int) -> list[dict[str, Any]]:
     return [{"role": "user", "content": f"Question {n:06d}: what does it count?!"}]
 
 
-async def _load(base_url: str, first: int, seconds: float) -> Counter[str]:
-    """``WORKERS`` clients asking in a closed loop for ``seconds``: their outcomes."""
-    client = anthropic.AsyncAnthropic(base_url=base_url, api_key=CLIENT_KEY, max_retries=0)
+async def _load(urls: list[str], seconds: float) -> Counter[str]:
+    """``WORKERS`` clients asking in a closed loop for ``seconds``, spread over the
+    proxies at ``urls``: their outcomes."""
+    clients = [
+        anthropic.AsyncAnthropic(base_url=url, api_key=CLIENT_KEY, max_retries=0) for url in urls
+    ]
     outcomes: Counter[str] = Counter()
     deadline = time.monotonic() + seconds
-    numbers = iter(range(first, first + 1_000_000))
+    numbers = iter(range(1_000, 1_000_000))
 
-    async def worker() -> None:
+    async def worker(client: anthropic.AsyncAnthropic) -> None:
         while time.monotonic() < deadline:
             try:
                 message = await client.messages.create(
@@ -75,13 +82,19 @@ async def _load(base_url: str, first: int, seconds: float) -> Counter[str]:
                 outcomes["cache_read"] += message.usage.cache_read_input_tokens or 0
 
     try:
-        await asyncio.gather(*(worker() for _ in range(WORKERS)))
+        await asyncio.gather(*(worker(clients[i % len(clients)]) for i in range(WORKERS)))
     finally:
-        await client.close()
+        for client in clients:
+            await client.close()
     return outcomes
 
 
-def test_a_prompt_cached_workload_uses_anthropics_input_window(tmp_path: Path) -> None:
+@pytest.mark.parametrize("replicas", [1, 2], ids=["one-proxy", "two-replicas-on-redis"])
+def test_a_prompt_cached_workload_uses_anthropics_input_window(
+    tmp_path: Path, replicas: int
+) -> None:
+    if replicas > 1 and not redis_available():
+        pytest.skip("redis-server is not installed")
     upstream_config = FakeUpstreamConfig(
         port=0,
         itpm=INPUT_LIMIT,
@@ -90,8 +103,8 @@ def test_a_prompt_cached_workload_uses_anthropics_input_window(tmp_path: Path) -
         api_key=UPSTREAM_KEY,
         prompt_cache=True,
     )
-    with run_in_thread(upstream_config) as upstream:
-        config = {
+    with run_in_thread(upstream_config) as upstream, ExitStack() as stack:
+        config: dict[str, Any] = {
             "keys": [{"name": "team", "key": CLIENT_KEY}],
             "models": [
                 {
@@ -109,24 +122,31 @@ def test_a_prompt_cached_workload_uses_anthropics_input_window(tmp_path: Path) -
                     ],
                 }
             ],
-            # One replica on a quiet loop: the margin for late replicas' turns is the
-            # smallest the config allows above none (docs/limiter.md, "Late turns").
+            # Replicas on a quiet loop: a margin of 10 ms for late turns (the default,
+            # 50 ms, paces any limit at 94.3%: docs/limiter.md, "Late turns").
             "routing": {"max_wait": "10s", "retries": 0, "pacing_margin": "10ms"},
         }
-        with ProxyProcess(config, tmp_path) as proxy:
-            # The cache written once (the proxy learns it from this answer), then the
-            # upstream's window and counters start afresh; its cache stays.
+        if replicas > 1:
+            config["redis"] = {"url": stack.enter_context(RedisServer(tmp_path / "redis")).url}
+        proxies = start_together(
+            stack,
+            [ProxyProcess(config, tmp_path, name=f"replica-{i}") for i in range(replicas)],
+        )
+        # The cache written once, and each replica taught by an answer of its own that
+        # shows it; then the upstream's window and counters start afresh (its cache stays).
+        for n, proxy in enumerate(proxies):
             client = anthropic.Anthropic(base_url=proxy.url, api_key=CLIENT_KEY, max_retries=0)
             warm = client.messages.create(
                 model="claude",
                 max_tokens=20,
                 system=SYSTEM,  # type: ignore[arg-type]
-                messages=_question(0),  # type: ignore[arg-type]
+                messages=_question(n),  # type: ignore[arg-type]
             )
-            assert warm.usage.cache_creation_input_tokens, warm.usage
-            upstream.reset()
-            outcomes = asyncio.run(_load(proxy.url, 1_000, DURATION))
-            stats = upstream.stats()
+            cached = warm.usage.cache_creation_input_tokens or warm.usage.cache_read_input_tokens
+            assert cached, warm.usage
+        upstream.reset()
+        outcomes = asyncio.run(_load([p.url for p in proxies], DURATION))
+        stats = upstream.stats()
     served = stats["served"]
     counted = stats["input_tokens_admitted"]
     first = counted / served if served else 0  # every request is counted alike here
