@@ -166,13 +166,16 @@ class FakeUpstreamConfig:
             "error_after_chunks": self.error_after_chunks,
         }
         parts.extend(f"{name}={value:g}" for name, value in faults.items() if value)
-        if self.prompt_cache:
-            parts.append("prompt_cache")
+        parts.extend(self._modes())
         if self.api_key is not None:
             parts.append("api_key=set")
         if self.azure:
             parts.append(f"azure (deployments: {', '.join(self.models)})")
         return ", ".join(parts)
+
+    def _modes(self) -> list[str]:
+        """The modes that are on, by name (the start-up line's)."""
+        return ["prompt_cache"] if self.prompt_cache else []
 
 
 def parse_latency(value: object) -> Latency:
