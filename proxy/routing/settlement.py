@@ -12,7 +12,8 @@ cut before it), the charge is kept, raised to what the stream is charged. A requ
 upstream refused uncounted (``outcomes.admitted``: 400, 404, 413, 422) has its token
 charge returned (one huge refused request would otherwise hold the deployment for every
 key). The in-flight slot is freed and the answer's meaning recorded in the deployment's
-health. The common case, a success that would change nothing, costs no storage call.
+health. The common case, a success that would change nothing, costs no storage call (an
+adjusted count, Anthropic's, is changed by most answers: a call in the background).
 """
 
 from __future__ import annotations
