@@ -20,6 +20,7 @@ from proxy.shapes.base import Shape
 
 if TYPE_CHECKING:
     from proxy.limiter.base import KeyVerdict
+    from proxy.shapes.cache_prefixes import CachePrefixes
     from proxy.tracing import RequestTrace
 
 __all__ = [
@@ -136,6 +137,10 @@ class Call:
     stream: bool = False
     estimate: int = 0  # tokens (``cost``'s)
     cost: Cost = NOTHING  # the estimate per limit kind (``Shape.estimate``)
+    # Where the upstream's prompt cache may serve it (``Shape.cache_prefixes``): a
+    # deployment whose limits do not count cache reads is charged less for what its
+    # cache is known to hold (routing/prompt_caches.py).
+    prefixes: CachePrefixes | None = None
     trip: Trip = field(default_factory=Trip)  # the dispatcher's: what it learned
     error_code: str | None = None
     shadow_rejection: str | None = None  # the limit a shadow key's request went past

@@ -80,6 +80,60 @@ def usage_count(value: object) -> int | None:
     raise NoCount(f"not a token count: {value!r}"[:100])
 
 
+@value
+class Counting:
+    """How one provider's rate limits count a request's tokens: the rule its deployments'
+    windows follow at admission (``admitted``) and once the answer is known
+    (``counted``). Each provider's module says its own, citing its documentation
+    (``proxy/providers/``); docs/limiter.md has them side by side.
+
+    ``cache_reads``: input read from a prompt cache counts as input (OpenAI's and Azure's
+    cached prompt tokens are part of the prompt they count; Anthropic does not count its
+    cache reads for current models). ``adjusted``: the charge made at admission is
+    adjusted to what the answer reports, down as well as up (Anthropic: its input count
+    is the request's real uncached input, and its output limit is "adjusted at the end of
+    the request"); otherwise it is kept and only charged more when the answer reports
+    more (a limit that counts its estimate when the request arrives, prompt plus the
+    output cap, and never gives back what the request did not use).
+
+    A deployment's windows only: a client key's windows and budgets are the proxy's own
+    and count as ``usage_cost`` says whatever the provider."""
+
+    cache_reads: bool = True
+    adjusted: bool = False
+
+    def admitted(self, cost: Cost, cache_read: float) -> Cost:
+        """``cost`` (a request's estimate, its whole input included) as these windows
+        count it when ``cache_read`` of its input tokens are expected to be read from
+        the provider's prompt cache."""
+        if self.cache_reads or cache_read <= 0.0:
+            return cost
+        return without_cache_read(cost, cache_read)
+
+    def counted(self, estimate: Cost, usage: TokenUsage) -> dict[str, float]:
+        """What these windows count of a request charged ``estimate`` at admission whose
+        answer reported ``usage``: its token kinds from the usage, any other kind as
+        estimated (a usage says nothing of it)."""
+        given = float(usage.input_tokens + (usage.cache_read if self.cache_reads else 0))
+        made = float(usage.output_tokens)
+        total = given + made
+        if not self.adjusted:  # the admission's count stands: more only if it used more
+            given = max(given, estimate.get(INPUT_TOKENS, 0.0))
+            made = max(made, estimate.get(OUTPUT_TOKENS, 0.0))
+            total = max(given + made, estimate.get(TOKENS, 0.0))
+        return {**estimate, TOKENS: total, INPUT_TOKENS: given, OUTPUT_TOKENS: made}
+
+
+def without_cache_read(cost: Cost, cache_read: float) -> dict[str, float]:
+    """``cost`` less ``cache_read`` input tokens (at most its input), in its input and
+    its total: what a limit that does not count cache reads charges."""
+    read = min(cache_read, cost.get(INPUT_TOKENS, 0.0))
+    out = dict(cost)
+    out[INPUT_TOKENS] = cost.get(INPUT_TOKENS, 0.0) - read
+    out[TOKENS] = cost.get(TOKENS, 0.0) - read
+    return out
+
+
 def usage_cost(usage: TokenUsage) -> dict[str, float]:
     """The cost one request's real usage settles its token windows to (``usd`` is added
     by pricing, where the deployment has a price)."""

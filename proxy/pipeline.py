@@ -337,6 +337,7 @@ class Pipeline:
             call.stream = call.body.get("stream") is True
         call.cost = shape.estimate(call.body, self.settings.server.default_max_tokens)
         call.estimate = int(call.cost[TOKENS])
+        call.prefixes = shape.cache_prefixes(call.body, call.raw)
         if shape.name == RESPONSES.name:
             await self.follow_ups.prepare(call, group)
         return group

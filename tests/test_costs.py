@@ -11,12 +11,14 @@ from proxy.call import Trip
 from proxy.costs import (
     MAX_COUNT,
     NOTHING,
+    Counting,
     NoCount,
     TokenUsage,
     estimate_cost,
     negated,
     usage_cost,
     usage_count,
+    without_cache_read,
 )
 from proxy.shapes.chat import CHAT
 from proxy.shapes.embeddings import EMBEDDINGS
@@ -108,3 +110,54 @@ def test_anything_else_is_no_count(value: object) -> None:
 
 def test_a_count_stated_nowhere_is_none() -> None:
     assert usage_count(None) is None
+
+
+# --- how a provider's limits count (Counting); each provider's own: tests/providers -----
+
+ESTIMATE = estimate_cost(1_000, 200)  # the whole prompt and the output cap
+
+
+def test_a_limit_that_counts_cache_reads_is_charged_the_whole_estimate() -> None:
+    counting = Counting(cache_reads=True)
+    assert counting.admitted(ESTIMATE, 900) == ESTIMATE
+
+
+def test_a_limit_that_does_not_count_cache_reads_is_charged_without_those_expected() -> None:
+    cost = Counting(cache_reads=False).admitted(ESTIMATE, 900)
+    assert cost == {"requests": 1.0, "tokens": 300.0, "input_tokens": 100.0, "output_tokens": 200}
+    every = Counting(cache_reads=False).admitted(ESTIMATE, 5_000)  # never below no input
+    assert (every["input_tokens"], every["tokens"]) == (0.0, 200.0)
+    assert without_cache_read(ESTIMATE, 0) == ESTIMATE
+
+
+def test_a_kept_count_is_charged_more_only_when_it_used_more() -> None:
+    kept = Counting(cache_reads=True, adjusted=False)
+    less = kept.counted(ESTIMATE, TokenUsage(input_tokens=800, output_tokens=10))
+    assert less == ESTIMATE  # nothing given back
+    more = kept.counted(ESTIMATE, TokenUsage(input_tokens=1_500, output_tokens=10))
+    assert (more["input_tokens"], more["output_tokens"], more["tokens"]) == (1_500, 200, 1_700)
+
+
+def test_an_adjusted_count_follows_the_usage_down_and_up() -> None:
+    adjusted = Counting(cache_reads=False, adjusted=True)
+    usage = TokenUsage(input_tokens=60, output_tokens=10, cache_read=940, cache_write=50)
+    assert adjusted.counted(ESTIMATE, usage) == {
+        "requests": 1.0,  # never corrected (the settlement skips it)
+        "tokens": 70.0,
+        "input_tokens": 60.0,
+        "output_tokens": 10.0,
+    }
+    big = adjusted.counted(ESTIMATE, TokenUsage(input_tokens=3_000, output_tokens=150))
+    assert (big["input_tokens"], big["tokens"]) == (3_000, 3_150)
+
+
+def test_cache_reads_counted_where_the_limit_counts_them() -> None:
+    usage = TokenUsage(input_tokens=60, output_tokens=10, cache_read=940)
+    counted = Counting(cache_reads=True, adjusted=True).counted(ESTIMATE, usage)
+    assert (counted["input_tokens"], counted["tokens"]) == (1_000, 1_010)
+
+
+def test_a_kind_no_usage_tells_of_is_counted_as_estimated() -> None:
+    estimate = {**ESTIMATE, "images": 3.0}
+    usage = TokenUsage(input_tokens=10, output_tokens=1)
+    assert Counting(adjusted=True).counted(estimate, usage)["images"] == 3.0

@@ -4,7 +4,9 @@ the `anthropic-ratelimit-*` headers.
 The key comes as `x-api-key` or as `Authorization: Bearer` (current SDKs send the bearer
 form); `anthropic-version` is required. Usage splits input three ways as Anthropic does:
 `input_tokens` (uncached, the chat estimate of `system` plus `messages`), and the cache
-counts set by the `cache_read_tokens` / `cache_write_tokens` options.
+counts set by the `cache_read_tokens` / `cache_write_tokens` options; with `prompt_cache`
+on, the part of the estimate its cache serves (`prompt_cache.Split`) is read or written
+instead of uncached.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from .bodies import (
     named_sse,
     split_text,
 )
+from .prompt_cache import Split
 
 # Anthropic accepts only the versions it published (2023-06-01 for years; newer SDKs send
 # newer dates): the fake takes any well-formed date, so that a version is never its test.
@@ -107,9 +110,15 @@ def input_tokens(body: dict[str, Any]) -> int | str:
     return estimate_chat_prompt_tokens([*extra, *messages])
 
 
-def parse(body: dict[str, Any], default_completion: int, cache: tuple[int, int]) -> Job | str:
+def parse(
+    body: dict[str, Any],
+    default_completion: int,
+    cache: tuple[int, int],
+    split: Split | None = None,
+) -> Job | str:
     """A Job for `POST /v1/messages` (`cache`: the read and written cache tokens to
-    report), or a 400 message."""
+    report on top; `split`: what the prompt cache serves of its input), or a 400
+    message."""
     requested = body.get("max_tokens")
     if requested is None:
         return "max_tokens: Field required"
@@ -119,6 +128,10 @@ def parse(body: dict[str, Any], default_completion: int, cache: tuple[int, int])
     if isinstance(prompt, str):
         return prompt
     read, write = cache
+    entries: tuple[tuple[bytes, float], ...] = ()
+    if split is not None:  # served from the cache: read or written, not uncached
+        prompt -= split.read + split.written
+        read, write, entries = read + split.read, write + split.written, split.entries
     job = capped_job(
         body,
         prompt,
@@ -127,6 +140,7 @@ def parse(body: dict[str, Any], default_completion: int, cache: tuple[int, int])
         ("max_tokens", "end_turn"),
         cache_read=read,
         cache_write=write,
+        cache_entries=entries,
     )
     job.cost += read + write  # a combined tpm counts all input
     return job

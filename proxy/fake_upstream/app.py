@@ -26,9 +26,10 @@ from aiohttp import web
 from . import anthropic, azure, bodies, responses
 from .bodies import Job
 from .config import FakeUpstreamConfig
+from .prompt_cache import PromptCache
 from .ratelimit import Rejection, ceil_millis, ceil_seconds
 from .stats import LastRequest, Stats
-from .windows import Windows, limited, rate_limit_message
+from .windows import Windows, input_cost, limited, rate_limit_message
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
@@ -65,6 +66,7 @@ class FakeUpstream:
         self.stats = Stats()
         self.windows = Windows(config)
         self.responses = responses.ResponseStore()
+        self.prompt_cache = PromptCache()  # the Messages API's, with `prompt_cache` on
         self.rng = random.Random(config.seed)
         self._ids = itertools.count(1)
         self._id_prefix = os.urandom(4).hex()  # distinct ids across instances
@@ -79,6 +81,8 @@ class FakeUpstream:
         if "seed" in changes:
             self.rng.seed(config.seed)
         self.windows.resize(config)
+        if not config.prompt_cache:
+            self.prompt_cache.clear()  # turned off: it starts empty when turned on again
         self.config = config
         return config.runtime_options()
 
@@ -87,7 +91,7 @@ class FakeUpstream:
 
     def reset(self) -> None:
         self.stats = self.stats.fresh()
-        self.windows.clear()
+        self.windows.clear()  # (the prompt cache is the account's, kept: `control`)
 
     # ------------------------------------------------------------ endpoints
 
@@ -125,7 +129,7 @@ class FakeUpstream:
     async def messages(self, request: web.Request) -> web.StreamResponse:
         request[API] = "anthropic"
         return await self._inference(
-            request, _parse_message, anthropic.message, anthropic.events, "msg_"
+            request, self._parse_message, anthropic.message, anthropic.events, "msg_"
         )
 
     async def count_tokens(self, request: web.Request) -> web.StreamResponse:
@@ -280,13 +284,22 @@ class FakeUpstream:
         if not limited(config):
             self.windows.main.add(now, job.cost)  # only for peak_window_requests
             self.stats.admitted(now, job.cost)
+            self._cached(job, now)
             return dict(JSON_HEADERS)
         rejection = self.windows.check(now, job, config)
         if rejection is not None:
             raise _Answered(self._rate_limited(rejection, job, now, request))
         self.windows.add(now, job, config)
         self.stats.admitted(now, job.cost)
+        self._cached(job, now)
         return {**JSON_HEADERS, **self._limit_headers(now, request)}
+
+    def _cached(self, job: Job, now: float) -> None:
+        """An admitted job: what it read and wrote of the prompt cache, counted, and its
+        prefixes cached."""
+        self.stats.input_admitted(input_cost(job), job.cache_read)
+        if job.cache_entries:
+            self.prompt_cache.store(job.cache_entries, now)
 
     async def _sleep_latency(self) -> None:
         low, high = self.config.latency_range
@@ -463,6 +476,11 @@ class FakeUpstream:
         assert stored is not None
         order = request.query.get("order", "desc")
         return self._json(200, orjson.dumps(responses.item_list(stored.items, order)))
+
+    def _parse_message(self, body: dict[str, Any], config: FakeUpstreamConfig) -> Job | str:
+        cache = (config.cache_read_tokens, config.cache_write_tokens)
+        split = self.prompt_cache.split(body, time.monotonic()) if config.prompt_cache else None
+        return anthropic.parse(body, config.completion_tokens, cache, split)
 
     def _parse_response(self, body: dict[str, Any], config: FakeUpstreamConfig) -> Job | str:
         previous = None
@@ -654,11 +672,6 @@ def _parse_chat(body: dict[str, Any], config: FakeUpstreamConfig) -> Job | str:
 
 def _parse_completion(body: dict[str, Any], config: FakeUpstreamConfig) -> Job | str:
     return bodies.parse_completion(body, config.completion_tokens)
-
-
-def _parse_message(body: dict[str, Any], config: FakeUpstreamConfig) -> Job | str:
-    cache = (config.cache_read_tokens, config.cache_write_tokens)
-    return anthropic.parse(body, config.completion_tokens, cache)
 
 
 def _parse_embedding(body: dict[str, Any], config: FakeUpstreamConfig) -> Job | str:

@@ -45,6 +45,8 @@ class Job:
     max_output: int = 0  # the output cap at admission (max_tokens or the default)
     cache_read: int = 0  # input tokens reported as read from a prompt cache
     cache_write: int = 0  # input tokens reported as written to it (Anthropic only)
+    # What its admission caches (prompt_cache.py): (digest, lifetime) per prefix.
+    cache_entries: tuple[tuple[bytes, float], ...] = ()
     request: dict[str, Any] | None = None  # the body, for answers that quote it
 
 

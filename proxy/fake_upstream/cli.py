@@ -81,6 +81,12 @@ def build_parser(prog: str = "python -m proxy.fake_upstream") -> argparse.Argume
     add("--embedding-dims", type=int, default=defaults.embedding_dims, help="vector size")
     add("--cache-read-tokens", type=int, default=0, help="input tokens reported as cache reads")
     add("--cache-write-tokens", type=int, default=0, help="input tokens reported as cache writes")
+    add(
+        "--prompt-cache",
+        action="store_true",
+        help="Messages API: cache what cache_control marks, as Anthropic does (reads are"
+        " reported as cache_read_input_tokens and not counted by --itpm)",
+    )
     add("--access-log", action="store_true", help="log every request (slower)")
     add("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="")
     return parser
@@ -118,6 +124,7 @@ def config_from_args(args: argparse.Namespace) -> FakeUpstreamConfig:
         embedding_dims=args.embedding_dims,
         cache_read_tokens=args.cache_read_tokens,
         cache_write_tokens=args.cache_write_tokens,
+        prompt_cache=args.prompt_cache,
         access_log=args.access_log,
     )
 

@@ -31,6 +31,7 @@ RUNTIME_FIELDS: frozenset[str] = frozenset(
         "otpm",
         "cache_read_tokens",
         "cache_write_tokens",
+        "prompt_cache",
         "window",
         "quantum",
         "ratelimit_headers",
@@ -102,6 +103,10 @@ class FakeUpstreamConfig:
     # `cached_tokens`, at most the input; Messages: the cache counts, on top of the input).
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+    # A prompt cache for the Messages API, as Anthropic's (prompt_cache.py): what a
+    # request's `cache_control` breakpoints mark is cached once it is admitted, and later
+    # requests read it (`cache_read_input_tokens`, which `itpm` does not count).
+    prompt_cache: bool = False
     access_log: bool = False
     _latency_range: tuple[float, float] = field(init=False, repr=False, compare=False)
 
@@ -161,11 +166,16 @@ class FakeUpstreamConfig:
             "error_after_chunks": self.error_after_chunks,
         }
         parts.extend(f"{name}={value:g}" for name, value in faults.items() if value)
+        parts.extend(self._modes())
         if self.api_key is not None:
             parts.append("api_key=set")
         if self.azure:
             parts.append(f"azure (deployments: {', '.join(self.models)})")
         return ", ".join(parts)
+
+    def _modes(self) -> list[str]:
+        """The modes that are on, by name (the start-up line's)."""
+        return ["prompt_cache"] if self.prompt_cache else []
 
 
 def parse_latency(value: object) -> Latency:
@@ -245,6 +255,7 @@ def _validate(config: FakeUpstreamConfig) -> None:
     _require(_is_int(config.embedding_dims) and config.embedding_dims >= 1, "embedding_dims >= 1")
     _require(all(isinstance(m, str) for m in config.models), "models must be strings")
     _require(isinstance(config.azure, bool), "azure must be true/false")
+    _require(isinstance(config.prompt_cache, bool), "prompt_cache must be true/false")
     _require(
         bool(config.azure_api_versions)
         and all(isinstance(v, str) and v for v in config.azure_api_versions),
@@ -258,8 +269,8 @@ def _check_json_type(name: str, value: object) -> None:
         return
     if name == "api_key":
         _require(isinstance(value, str), "api_key must be a string or null")
-    elif name == "ratelimit_headers":
-        _require(isinstance(value, bool), "ratelimit_headers must be true or false")
+    elif name in ("ratelimit_headers", "prompt_cache"):
+        _require(isinstance(value, bool), f"{name} must be true or false")
     else:
         _require(_is_number(value), f"{name} must be a number")
 

@@ -48,6 +48,10 @@ class Stats:
     prompt_tokens_served: int = 0
     completion_tokens_served: int = 0
     admitted_tokens: int = 0  # what the rate limit counted: prompt + max_tokens
+    # What an input-token limit (`itpm`) counts of admitted requests: uncached input and
+    # cache writes; and the cache reads it does not count.
+    input_tokens_admitted: int = 0
+    cache_read_tokens_admitted: int = 0
     first_admitted: float | None = None  # monotonic time of the first admission
     last_admitted: float | None = None
     by_status: dict[int, int] = field(default_factory=dict)
@@ -85,6 +89,12 @@ class Stats:
             self.first_admitted = now
         self.last_admitted = now
 
+    def input_admitted(self, counted: int, cache_read: int) -> None:
+        """An admitted request's input: ``counted`` by an input-token limit, and
+        ``cache_read`` from the prompt cache (not counted)."""
+        self.input_tokens_admitted += counted
+        self.cache_read_tokens_admitted += cache_read
+
     def count_served(self, prompt_tokens: int, completion_tokens: int) -> None:
         self.served += 1
         self.prompt_tokens_served += prompt_tokens
@@ -115,6 +125,8 @@ class Stats:
             "max_in_flight": self.max_in_flight,
             "peak_window_requests": peak_window_requests,
             "admitted_tokens": self.admitted_tokens,
+            "input_tokens_admitted": self.input_tokens_admitted,
+            "cache_read_tokens_admitted": self.cache_read_tokens_admitted,
             # Seconds between the first and the latest admission: the span a measured
             # throughput is over.
             "admitted_span": (

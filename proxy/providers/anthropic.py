@@ -1,30 +1,47 @@
 """Anthropic: ``{base_url}/v1/messages`` (and ``/v1/messages/count_tokens``),
 ``x-api-key``, ``anthropic-version`` (the client's, else ``DEFAULT_VERSION``), Anthropic's
-``anthropic-ratelimit-*`` headers; its answer that the deployment's model does not exist
-is the config's fault (pure)."""
+``anthropic-ratelimit-*`` headers, its way of counting tokens toward its limits; its
+answer that the deployment's model does not exist is the config's fault (pure)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from proxy.costs import Counting
 from proxy.limiter.base import Outcome
 from proxy.upstream.ratelimits import UpstreamBudget, anthropic_budget
 
 if TYPE_CHECKING:
     from proxy.config import Deployment
 
-__all__ = ["ANTHROPIC", "ANTHROPIC_SHAPES", "DEFAULT_VERSION"]
+__all__ = ["ANTHROPIC", "ANTHROPIC_COUNTING", "ANTHROPIC_SHAPES", "DEFAULT_VERSION"]
 
 ANTHROPIC_SHAPES = frozenset(("messages", "messages/count_tokens"))
 
 # The API version sent when the client names none (the one Anthropic has served since).
 DEFAULT_VERSION = "2023-06-01"
 
+# How Anthropic's limits count a request (requests, input tokens and output tokens per
+# minute apart: RPM, ITPM, OTPM), https://docs.claude.com/en/api/rate-limits:
+# - input ("cache-aware ITPM"): `input_tokens` (uncached) and
+#   `cache_creation_input_tokens` count; `cache_read_input_tokens` do not, for current
+#   models (a few older ones, marked there, counted them). So a prompt the client caches
+#   costs its input limit only what is not read from the cache: at admission the proxy
+#   leaves out the cache reads it expects (what the deployment's answers showed cached,
+#   `routing/prompt_caches.py`), and after the answer counts what it reports;
+# - output: "OTPM rate limits are estimated based on max_tokens at the beginning of each
+#   request and adjusted at the end of the request to reflect the actual number of output
+#   tokens used": `max_tokens` at admission, the real output after (adjusted);
+# - a deployment's `tokens` window (Anthropic has no combined limit) counts the two
+#   together, cache reads left out as its input limit leaves them.
+ANTHROPIC_COUNTING = Counting(cache_reads=False, adjusted=True)
+
 
 class Anthropic:
     name = "anthropic"
     shapes = ANTHROPIC_SHAPES
+    counting = ANTHROPIC_COUNTING
     default_headers = (("anthropic-version", DEFAULT_VERSION),)
 
     def url(self, deployment: Deployment, shape: str) -> str:

@@ -2,9 +2,10 @@
 
 A provider knows what depends on who answers, whatever the API shape: where each shape
 is served (URLs from a deployment's config), the header that carries the deployment's key,
-which shapes it speaks, how its answers announce their rate limits, and how it says that
-the deployment's own config is wrong. The registry (``proxy/providers/__init__.py``) maps
-the config's ``provider`` names to providers.
+which shapes it speaks, how its answers announce their rate limits, how its limits count
+each kind of token (``counting``), and how it says that the deployment's own config is
+wrong. The registry (``proxy/providers/__init__.py``) maps the config's ``provider``
+names to providers.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from proxy.config import Deployment
+    from proxy.costs import Counting
     from proxy.limiter.base import Outcome
     from proxy.upstream.ratelimits import UpstreamBudget
 
@@ -37,6 +39,12 @@ class Provider(Protocol):
     def default_headers(self) -> tuple[tuple[str, str], ...]:
         """Headers sent when the client sends none of that name (Anthropic's
         ``anthropic-version``)."""
+        ...
+
+    @property
+    def counting(self) -> Counting:
+        """How its rate limits count tokens (cache reads, the output cap at admission,
+        what the answer corrects): its deployments' windows count the same."""
         ...
 
     def url(self, deployment: Deployment, shape: str) -> str:

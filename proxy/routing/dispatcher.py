@@ -54,6 +54,7 @@ from proxy.pricing import FREE, usd
 from proxy.routing.activity import Tally
 from proxy.routing.events import Attempt, Events, WaitCause
 from proxy.routing.lines import Line, Lines, Ticket, turn_spacing
+from proxy.routing.prompt_caches import PromptCaches
 from proxy.routing.settlement import Settler, Turn
 from proxy.routing.strategies import RoutingState, first_asked, order_candidates
 from proxy.routing.turn_clock import TurnClock
@@ -156,6 +157,8 @@ class Dispatcher:
         self.waiting = 0  # requests of this replica sleeping for a turn
         self.tally = Tally()  # the same by model, deployment and key (the admin state)
         self.lines = Lines()  # deferred requests, one line per (group, key): lines.py
+        # What each deployment's prompt cache is known to hold: prompt_caches.py
+        self.prompt_caches = PromptCaches()
         # When granted turns fall on this clock, whatever the replies' delays: turn_clock.py
         self.turn_clock = TurnClock(max_correction=self.routing.pacing_margin)
         # What the strategies order by: requests in flight and a latency average.
@@ -175,6 +178,7 @@ class Dispatcher:
         self.state = previous.state
         self.tally = previous.tally  # its waiting and in-flight requests still count
         self.lines = previous.lines  # one line per key, whichever config it came under
+        self.prompt_caches = previous.prompt_caches  # the upstreams' caches did not change
 
     # --- the attempts ---------------------------------------------------------------
 
@@ -292,12 +296,13 @@ class Dispatcher:
         """``_reserve_once``'s ask of the limiter, and what its verdict leads to."""
         call = r.call
         lease = f"{call.request_id}.{call.trip.retries}"
-        verdict = await self._ask(call, r.group.name, ordered, r.budget, lease)
+        cost = self._upstream_cost(call, ordered)
+        verdict = await self._ask(call, r.group.name, ordered, r.budget, lease, cost)
         handled = time.monotonic()
         deferred = verdict.deferred and verdict.retry_after <= r.budget
         if r.line is not None and not deferred:
-            self._leave_line(r, r.line, verdict, ordered)
-        turn, verdict = self._turn_of(r, verdict, ordered, lease)
+            self._leave_line(r, r.line, verdict, ordered, cost)
+        turn, verdict = self._turn_of(r, verdict, ordered, lease, cost)
         queued = turn is not None and verdict.wait > 0
         if queued:
             self.waiting += 1  # counted at once: no await between check and count
@@ -313,12 +318,17 @@ class Dispatcher:
         return None
 
     def _leave_line(
-        self, r: _Reserving, line: Line, verdict: DeploymentVerdict, ordered: list[DeploymentRoute]
+        self,
+        r: _Reserving,
+        line: Line,
+        verdict: DeploymentVerdict,
+        ordered: list[DeploymentRoute],
+        cost: Cost,
     ) -> None:
         """The key's line's head asked and was not deferred: it leaves the line, the next
         in line to ask when its turn would fit."""
         if verdict.wait > 0.0:
-            spacing = turn_spacing([self.catalog.limits(d) for d in ordered], r.call.cost)
+            spacing = turn_spacing([self.catalog.limits(d) for d in ordered], cost)
             line.not_before = time.monotonic() + max(
                 verdict.wait + spacing - self.routing.lookahead, 0.0
             )
@@ -326,7 +336,12 @@ class Dispatcher:
         r.line = None
 
     def _turn_of(
-        self, r: _Reserving, verdict: DeploymentVerdict, ordered: list[DeploymentRoute], lease: str
+        self,
+        r: _Reserving,
+        verdict: DeploymentVerdict,
+        ordered: list[DeploymentRoute],
+        lease: str,
+        cost: Cost,
     ) -> tuple[Turn | None, DeploymentVerdict]:
         """The turn ``verdict`` reserved (None: none), and the verdict; a turn that would
         wait while the queue filled up meanwhile is given back (refused as a full queue)."""
@@ -334,10 +349,10 @@ class Dispatcher:
         if deployment is None or verdict.sent is None:
             return None, verdict
         self.settler.saw(deployment.id, verdict.sent.epoch)
-        turn = Turn(deployment, lease, verdict.probe, verdict.sent)
+        turn = Turn(deployment, lease, verdict.probe, verdict.sent, cost)
         self.settler.probe_out(turn)
         if verdict.wait > 0 and self.waiting >= self.routing.max_queue:
-            self.settler.give_back(turn, r.call.cost)
+            self.settler.give_back(turn, turn.cost)
             r.queue_full = True
             return None, replace(verdict, deployment_id=None, retry_after=verdict.wait)
         return turn, verdict
@@ -405,16 +420,22 @@ class Dispatcher:
         raise self._refusal(call, group, verdict.cooling, r.queue_full, verdict.retry_after)
 
     async def _ask(
-        self, call: Call, group: str, ordered: list[DeploymentRoute], budget: float, lease: str
+        self,
+        call: Call,
+        group: str,
+        ordered: list[DeploymentRoute],
+        budget: float,
+        lease: str,
+        cost: Cost,
     ) -> DeploymentVerdict:
-        """The limiter's verdict on a turn for ``call``: among the strategy's first
-        candidates, else among all (``strategies.first_asked``)."""
+        """The limiter's verdict on a turn for ``call`` (costing ``cost`` upstream): among
+        the strategy's first candidates, else among all (``strategies.first_asked``)."""
         first = first_asked(self.routing.strategy, ordered)
         if first is not None:
-            verdict = await self._ask_about(call, group, first, budget, lease)
+            verdict = await self._ask_about(call, group, first, budget, lease, cost)
             if verdict.sent is not None or verdict.deferred:
                 return verdict
-        return await self._ask_about(call, group, ordered, budget, lease)
+        return await self._ask_about(call, group, ordered, budget, lease, cost)
 
     async def _ask_about(
         self,
@@ -423,11 +444,12 @@ class Dispatcher:
         candidates: Sequence[DeploymentRoute],
         budget: float,
         lease: str,
+        cost: Cost,
     ) -> DeploymentVerdict:
         ask = GroupAsk(
             group,
             [self.catalog.limits(d) for d in candidates],
-            call.cost,
+            cost,
             budget,
             lease,
             self.settler.least_busy,
@@ -487,7 +509,7 @@ class Dispatcher:
             await gate
         except BaseException as exc:
             if reserved is not None:
-                self.settler.give_back(reserved, call.cost)
+                self.settler.give_back(reserved, reserved.cost)
             if isinstance(exc, Exception):
                 raise GateClosed(exc) from exc
             raise
@@ -564,7 +586,7 @@ class Dispatcher:
                 raise ClientClosedRequest("The client closed the request while it waited.")
         except BaseException:
             if give_back is not None:
-                self.settler.give_back(give_back, call.cost)
+                self.settler.give_back(give_back, give_back.cost)
             raise
         finally:
             self.waiting -= 1
@@ -618,7 +640,7 @@ class Dispatcher:
                 call.upstream_path,
             )
         except InvalidRequest:  # the body cannot be sent as it is: its turn goes back
-            self.settler.give_back(turn, call.cost)
+            self.settler.give_back(turn, turn.cost)
             raise
         attempt = Attempt(
             call.request_id,
@@ -711,6 +733,7 @@ class Dispatcher:
             used=call.trip.charge(call.cost),
             ended=answer.ended,
             refund=answer.refund,
+            usage=usage,
         )
 
     def _stream_ended(
@@ -732,7 +755,8 @@ class Dispatcher:
                 self.events.usage_unreadable(call.shape.name, attempt)
         outcome = {"completed": SUCCESS, "interrupted": INTERRUPTED}.get(end, NEUTRAL)
         label = "200" if end == "completed" else end
-        self._ended(call, turn, attempt, label, outcome, used=call.trip.charge(call.cost))
+        used = call.trip.charge(call.cost)
+        self._ended(call, turn, attempt, label, outcome, used=used, usage=usage)
         if end == "interrupted":
             call.trip.stream_error = "stream_interrupted"
 
@@ -753,11 +777,14 @@ class Dispatcher:
         used: Cost | None,
         ended: float | None = None,
         refund: bool = False,
+        usage: TokenUsage | None = None,
     ) -> asyncio.Task[None] | None:
         """An upstream call ended (at ``ended``, default now): one event, the routing
-        state, and the deployment's settlement in the background (its task, None when
-        there is nothing to settle). ``used``: what it used per kind (None: unknown;
-        beyond the estimate, it is charged); ``refund``: the upstream did not admit it
+        state, what the deployment's prompt cache holds, and the deployment's settlement
+        in the background (its task, None when there is nothing to settle). ``usage``:
+        what its answer reported (the settlement follows the provider's count of it);
+        else ``used``, what it is charged per kind (None: unknown; beyond the estimate,
+        it is charged); ``refund``: the upstream did not admit it
         (``outcomes.admitted``), its token charge is returned."""
         attempt.ended = ended or time.perf_counter()
         attempt.label, attempt.outcome = label, outcome
@@ -773,7 +800,28 @@ class Dispatcher:
                 attempt.duration - previous
             )
         self.events.attempt_ended(attempt)
-        return self.settler.settle(turn, outcome, estimate=call.cost, used=used, refund=refund)
+        if usage is not None and call.prefixes is not None:
+            sent = time.monotonic() - (time.perf_counter() - attempt.started)
+            self.prompt_caches.answered(turn.deployment.id, call.prefixes, usage, sent)
+        return self.settler.settle(
+            turn, outcome, estimate=turn.cost, used=used, refund=refund, usage=usage
+        )
+
+    def _upstream_cost(self, call: Call, candidates: list[DeploymentRoute]) -> Cost:
+        """The request's estimate as ``candidates`` count it (one cost for all: the
+        largest): without the prompt-cache reads expected on each, where its provider's
+        limits do not count them (``Counting``); its whole estimate otherwise."""
+        prefixes = call.prefixes
+        if prefixes is None:
+            return call.cost
+        read = min(
+            0
+            if d.provider.counting.cache_reads
+            else self.prompt_caches.expected_read(d.id, prefixes)
+            for d in candidates
+        )
+        # (read > 0: none of them counts cache reads, all leave them out alike)
+        return call.cost if read <= 0 else candidates[0].provider.counting.admitted(call.cost, read)
 
     def _learn(self, deployment: DeploymentRoute, answer: Answer) -> None:
         """What the upstream's rate-limit headers said: its announced limits, and, when

@@ -1,14 +1,19 @@
 """Settling deployments after the fact, off the request's path.
 
 A reserved turn is settled once its upstream call ended (or was never made): a turn never
-used is given back whole; a request that went keeps its charge (upstreams count a
-request's tokens when they admit it, as prompt plus ``max_tokens``, and never give back
-what it did not use), charged more only when it used more than estimated (up to what one
-request can take there: a larger count is no usage it could have admitted); a request
-the upstream refused uncounted (``outcomes.admitted``: 400, 404, 413, 422) has its token
+used is given back whole; a request that went is charged what its provider's limits count
+of the usage its answer reports (``Counting.counted``, ``providers/*.py``): OpenAI and
+Azure count a request's tokens when they admit it, as prompt plus ``max_tokens``, and
+never give back what it did not use, so it keeps its charge and is charged more only when
+it used more than estimated; Anthropic adjusts its count to the answer, so the charge
+follows the usage down as well as up. More is believed only up to what one request can
+take there (a larger count is no usage it could have admitted). Without usage (a stream
+cut before it), the charge is kept, raised to what the stream is charged. A request the
+upstream refused uncounted (``outcomes.admitted``: 400, 404, 413, 422) has its token
 charge returned (one huge refused request would otherwise hold the deployment for every
 key). The in-flight slot is freed and the answer's meaning recorded in the deployment's
-health. The common case, a success that would change nothing, costs no storage call.
+health. The common case, a success that would change nothing, costs no storage call (an
+adjusted count, Anthropic's, is changed by most answers: a call in the background).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import asyncio
 
 from proxy.background import Background
 from proxy.catalog import Catalog, DeploymentRoute
-from proxy.costs import NOTHING, Cost, negated
+from proxy.costs import NOTHING, Cost, TokenUsage, negated
 from proxy.limiter.base import (
     NEUTRAL,
     CooldownRule,
@@ -43,6 +48,9 @@ class Turn:
     slot: str
     probe: bool = False  # a half-open probe of a cooled deployment: its answer must count
     sent: Sent | None = None  # what the limiter said of the turn (a 429 learns from it)
+    # What it was reserved for: the request's estimate as the deployment's provider
+    # counts it (without the cache reads it expects, where those do not count).
+    cost: Cost = NOTHING
 
 
 class Settler:
@@ -113,16 +121,22 @@ class Settler:
         estimate: Cost,
         used: Cost | None,
         refund: bool = False,
+        usage: TokenUsage | None = None,
     ) -> asyncio.Task[None] | None:
-        """Settle the turn of a request that went upstream, in the background: what it
-        ``used`` beyond its ``estimate`` is charged, per kind (None: unknown), up to what
-        one request can cost there; ``refund``: the upstream did not admit it, its
-        estimate (but the request) is returned. Returns the settlement's task (None:
-        nothing to settle), done once the limiter knows."""
+        """Settle the turn of a request that went upstream, in the background: charged
+        ``estimate``, it is settled to what its provider counts of the ``usage`` its
+        answer reported; without one, what it ``used`` beyond its estimate is charged,
+        per kind (None: unknown). Either way up to what one request can cost there.
+        ``refund``: the upstream did not admit it, its estimate (but the request) is
+        returned. Returns the settlement's task (None: nothing to settle), done once the
+        limiter knows."""
         limits = self.catalog.limits(turn.deployment)
         windows = limits.windows
         if refund:
             extra = settled_cost(estimate, None, windows)
+        elif usage is not None:  # the provider's rule says what stays charged
+            counted = turn.deployment.provider.counting.counted(estimate, usage)
+            extra = settled_cost(estimate, counted, windows)
         else:
             extra = settled_cost(estimate, used, windows, refund=False)
         corrects = bool(extra)  # (settled_cost: only kinds its windows count)

@@ -7,7 +7,9 @@ built on these. Usage splits input three ways: ``input_tokens`` (uncached),
 ``cache_creation_input_tokens`` (written to the cache) and ``cache_read_input_tokens``.
 What counts toward an input-token limit is the first two (Anthropic's rule for current
 models: cache reads do not count, docs/limiter.md), so ``TokenUsage.input_tokens`` is
-their sum and ``cache_read`` stands apart.
+their sum and ``cache_read`` stands apart. A count of a name the proxy does not know
+(``usage.*_tokens``, an integer) is counted, not dropped: by its name as output
+(``output``), a cache read (``cache_read``) or else input (``unknown_counts``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from proxy.costs import Cost, NoCount, TokenUsage, usage_count
+from proxy.costs import MAX_COUNT, Cost, NoCount, TokenUsage, usage_count
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.shapes.base import AS_SENT, ClientCredential, Prepared, StreamUsage
 from proxy.shapes.credentials import ANTHROPIC_KEY
@@ -25,6 +27,7 @@ from proxy.shapes.openai_fields import check_messages, check_stream, invalid
 
 if TYPE_CHECKING:
     from proxy.limiter.base import KeyVerdict, Kind
+    from proxy.shapes.cache_prefixes import CachePrefixes
 
 __all__ = [
     "AnthropicShape",
@@ -88,7 +91,7 @@ def stream_error(message: str) -> bytes:
 
 def usage_of(usage: object) -> TokenUsage | None:
     """A usage object's counts (None: it states neither input nor output, or one of its
-    counts is no count: ``usage_count``)."""
+    counts is no count: ``usage_count``), those of names it does not know included."""
     if not isinstance(usage, dict):
         return None
     try:
@@ -97,12 +100,36 @@ def usage_of(usage: object) -> TokenUsage | None:
         return None
     if given is None and output is None:
         return None
+    more_input, more_output, more_read = unknown_counts(usage)
     return TokenUsage(
-        input_tokens=(given or 0) + (write or 0),
-        output_tokens=output or 0,
-        cache_read=read or 0,
+        input_tokens=(given or 0) + (write or 0) + more_input,
+        output_tokens=(output or 0) + more_output,
+        cache_read=(read or 0) + more_read,
         cache_write=write or 0,
     )
+
+
+def unknown_counts(usage: dict[str, Any]) -> tuple[int, int, int]:
+    """The counts of ``usage`` the proxy does not know, as (input, output, cache read):
+    a top-level ``*_tokens`` integer of another name is tokens Anthropic counted, added
+    where its name says (``output``: output; ``cache_read``: read from the cache, which
+    its input limit does not count) and otherwise to the input, which its input limit
+    counts (on the safe side: a new kind of input is paid for, not assumed free). Nested
+    objects are breakdowns of the known counts (``cache_creation``'s split by lifetime)
+    or no tokens (``server_tool_use``'s requests), and are not added; a value that is no
+    integer adds nothing, nor does a negative one."""
+    given = made = read = 0
+    for name, value in usage.items():
+        if name in _COUNTS or not name.endswith("_tokens") or type(value) is not int:
+            continue
+        count = min(max(value, 0), MAX_COUNT)
+        if "output" in name:
+            made += count
+        elif "cache_read" in name:
+            read += count
+        else:
+            given += count
+    return given, made, read
 
 
 def usage_of_body(content: bytes) -> TokenUsage | None:
@@ -138,7 +165,9 @@ class AnthropicStreamUsage:
         else:
             return
         if isinstance(usage, dict):  # later counts replace earlier ones (they add up)
-            self._counts.update((k, usage[k]) for k in _COUNTS if usage.get(k) is not None)
+            self._counts.update(
+                (k, v) for k, v in usage.items() if v is not None and k.endswith("_tokens")
+            )
 
     def added_by_proxy(self, payload: dict[str, Any]) -> bool:
         return False  # the API always reports usage: the proxy adds nothing
@@ -206,6 +235,9 @@ class AnthropicShape:
 
     def estimate(self, body: dict[str, Any], default_output: int) -> Cost:
         raise NotImplementedError
+
+    def cache_prefixes(self, body: dict[str, Any], raw: bytes) -> CachePrefixes | None:
+        return None
 
     def prepare(self, body: dict[str, Any], stream: bool) -> Prepared:
         return AS_SENT

@@ -19,6 +19,7 @@ from proxy.values import value
 
 if TYPE_CHECKING:
     from proxy.limiter.base import KeyVerdict
+    from proxy.shapes.cache_prefixes import CachePrefixes
 
 __all__ = ["AS_SENT", "ClientCredential", "Prepared", "Shape", "StreamUsage", "api_label"]
 
@@ -116,6 +117,12 @@ class Shape(Protocol):
         """What the request costs before the upstream counts: ``requests``, ``tokens``,
         ``input_tokens``, ``output_tokens`` (``default_output``: the output tokens of a
         request that sets no cap)."""
+        ...
+
+    def cache_prefixes(self, body: dict[str, Any], raw: bytes) -> CachePrefixes | None:
+        """Where the upstream's prompt cache may serve the request, as the client marked
+        it (``raw``: its bytes); None: nowhere the proxy can tell (an API whose cache is
+        automatic counts what it reads, as OpenAI's does)."""
         ...
 
     def prepare(self, body: dict[str, Any], stream: bool) -> Prepared:

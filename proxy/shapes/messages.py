@@ -1,7 +1,9 @@
 """Anthropic's Messages API: ``POST /v1/messages``, plain and streamed (pure).
 
 ``max_tokens`` is required (as the API requires it): the estimate is the input (system,
-messages, tools) plus it, corrected to the real usage once the answer says it.
+messages, tools) plus it, corrected to the real usage once the answer says it. The
+prefixes its ``cache_control`` breakpoints mark (``cache_prefixes``) tell what the
+deployment may read from its prompt cache (Anthropic's input limit does not count it).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from typing import Any
 
 from proxy.costs import Cost, estimate_cost
 from proxy.shapes.anthropic import AnthropicShape, check_fields
+from proxy.shapes.cache_prefixes import CachePrefixes, prefixes
 from proxy.shapes.tokens import messages_input_tokens
 
 __all__ = ["MESSAGES"]
@@ -24,6 +27,9 @@ class Messages(AnthropicShape):
 
     def estimate(self, body: dict[str, Any], default_output: int) -> Cost:
         return estimate_cost(messages_input_tokens(body), body["max_tokens"])  # checked
+
+    def cache_prefixes(self, body: dict[str, Any], raw: bytes) -> CachePrefixes | None:
+        return prefixes(body, raw)
 
 
 MESSAGES = Messages()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from proxy.costs import Cost, NoCount, TokenUsage, estimate_cost, usage_count
+from proxy.costs import MAX_COUNT, Cost, NoCount, TokenUsage, estimate_cost, usage_count
 from proxy.errors import error_body
 from proxy.ratelimit_headers import format_reset
 from proxy.shapes import openai_fields
@@ -22,6 +22,7 @@ from proxy.shapes.tokens import completion_tokens, prompt_tokens
 
 if TYPE_CHECKING:
     from proxy.limiter.base import KeyVerdict, Kind
+    from proxy.shapes.cache_prefixes import CachePrefixes
 
 __all__ = [
     "OpenAIShape",
@@ -48,23 +49,56 @@ def token_usage(payload: object, given: str, made: str) -> TokenUsage | None:
     """The ``usage`` of an OpenAI object whose input and output counts are named
     ``given`` and ``made`` (chat's ``prompt_tokens``, the Responses API's
     ``input_tokens``...), ``{given}_details.cached_tokens`` the cached part of the input;
-    None when it states neither count, or any of them is no count (``usage_count``)."""
+    None when it states neither count, or any of them is no count (``usage_count``).
+    Tokens it counts under other names are counted too (``unknown_counts``)."""
     usage = payload.get("usage") if isinstance(payload, dict) else None
     if not isinstance(usage, dict):
         return None
-    details = usage.get(f"{given}_details")
     try:
-        prompt, completion = usage_count(usage.get(given)), usage_count(usage.get(made))
-        cached = usage_count(details.get("cached_tokens")) if isinstance(details, dict) else None
+        prompt, completion, cached = _counts(usage, given, made)
     except NoCount:
         return None
     if prompt is None and completion is None:
         return None
+    prompt, completion = prompt or 0, completion or 0
+    more_input, more_output = unknown_counts(usage, given, made, prompt + completion)
     return TokenUsage(
-        input_tokens=prompt or 0,
-        output_tokens=completion or 0,
-        cached_input=min(cached or 0, prompt or 0),  # part of the input, never more
+        input_tokens=prompt + more_input,
+        output_tokens=completion + more_output,
+        cached_input=min(cached or 0, prompt),  # part of the input, never more
     )
+
+
+def _counts(usage: dict[str, Any], given: str, made: str) -> tuple[int | None, ...]:
+    """The input, output and cached input counts (None: not stated); NoCount if one is
+    no count."""
+    details = usage.get(f"{given}_details")
+    cached = usage_count(details.get("cached_tokens")) if isinstance(details, dict) else None
+    return usage_count(usage.get(given)), usage_count(usage.get(made)), cached
+
+
+def unknown_counts(usage: dict[str, Any], given: str, made: str, known: int) -> tuple[int, int]:
+    """Tokens ``usage`` counts beyond its ``given`` and ``made`` counts (``known``
+    together), as (input, output). With a ``total_tokens``, that total is what the
+    upstream counted: the counts of other names are its breakdowns (a compatible
+    server's ``prompt_cache_hit_tokens`` is part of its prompt), and only a total beyond
+    ``known`` adds, as output (tokens no count names: generated, as reasoning is, on the
+    safe side of a limit on output). Without one, each top-level ``*_tokens`` integer of
+    another name adds, to the input if its name says ``prompt`` or ``input``, else to the
+    output. Nested objects are breakdowns (``*_details``) and add nothing."""
+    total = usage.get("total_tokens")
+    if type(total) is int:
+        return 0, min(max(total - known, 0), MAX_COUNT)
+    given_more = made_more = 0
+    for name, value in usage.items():
+        if name in (given, made) or not name.endswith("_tokens") or type(value) is not int:
+            continue
+        count = min(max(value, 0), MAX_COUNT)
+        if "prompt" in name or "input" in name:
+            given_more += count
+        else:
+            made_more += count
+    return given_more, made_more
 
 
 def usage_of_body(content: bytes) -> TokenUsage | None:
@@ -151,6 +185,9 @@ class OpenAIShape:
 
     def estimate(self, body: dict[str, Any], default_output: int) -> Cost:
         return estimate_cost(prompt_tokens(body), completion_tokens(body, default_output))
+
+    def cache_prefixes(self, body: dict[str, Any], raw: bytes) -> CachePrefixes | None:
+        return None  # OpenAI's cache is automatic, and its limits count what it reads
 
     prepare = staticmethod(stream_usage_request)
     usage = staticmethod(usage_of_body)

@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 
 _CHARS_PER_TOKEN = 4
-_PER_MESSAGE = 4  # role and framing tokens per chat message
-_PER_REQUEST = 3
+PER_MESSAGE = 4  # role and framing tokens per chat message
+PER_REQUEST = 3
 
 
 def text_tokens(value: Any) -> int:
@@ -44,10 +44,10 @@ def prompt_tokens(body: dict[str, Any]) -> int:
     """Estimated prompt tokens of a chat, completion or embedding request body."""
     messages = body.get("messages")
     if isinstance(messages, list):
-        total = _PER_REQUEST
+        total = PER_REQUEST
         for message in messages:
             if isinstance(message, dict):
-                total += _PER_MESSAGE + text_tokens(message.get("content"))
+                total += PER_MESSAGE + text_tokens(message.get("content"))
         return total
     if "prompt" in body:
         return text_tokens(body["prompt"])
@@ -56,21 +56,21 @@ def prompt_tokens(body: dict[str, Any]) -> int:
 
 def messages_input_tokens(body: dict[str, Any]) -> int:
     """Estimated input tokens of an Anthropic Messages request: its ``messages`` as chat
-    messages and its ``system`` prompt as one more, their blocks as ``_block_tokens``
+    messages and its ``system`` prompt as one more, their blocks as ``block_tokens``
     reads them, and its ``tools`` by their JSON's size (a tool's schema is read by the
     model too)."""
-    total = _PER_REQUEST
+    total = PER_REQUEST
     messages = body.get("messages")
     for message in messages if isinstance(messages, list) else ():
         if isinstance(message, dict):
-            total += _PER_MESSAGE + _block_tokens(message.get("content"))
+            total += PER_MESSAGE + block_tokens(message.get("content"))
     system = body.get("system")
     if system is not None:
-        total += _PER_MESSAGE + _block_tokens(system)
-    return total + _json_tokens(body.get("tools"))
+        total += PER_MESSAGE + block_tokens(system)
+    return total + json_tokens(body.get("tools"))
 
 
-def _block_tokens(content: Any) -> int:
+def block_tokens(content: Any) -> int:
     """Anthropic content: a string, or blocks: text; a tool result's ``content`` (an
     agent's largest input: files, command output); a tool call's ``input`` by its JSON's
     size; any other block (an image, a document) a flat amount."""
@@ -83,13 +83,13 @@ def _block_tokens(content: Any) -> int:
         elif isinstance(item, dict) and "text" not in item and "content" in item:
             stack.append(item["content"])
         elif isinstance(item, dict) and "text" not in item and "input" in item:
-            total += _json_tokens(item["input"])
+            total += json_tokens(item["input"])
         else:
             total += text_tokens(item)
     return total
 
 
-def _json_tokens(value: Any) -> int:
+def json_tokens(value: Any) -> int:
     """Tokens of a JSON value by its serialized size (0 for none)."""
     if value is None or value == [] or value == {}:
         return 0

@@ -200,3 +200,35 @@ def test_tool_results_and_tool_calls_count_by_their_size() -> None:
         ],
     }
     assert MESSAGES.estimate(body, 16)["input_tokens"] >= (6000 + 400) / 4
+
+
+def test_counts_of_names_it_does_not_know_are_counted_where_their_names_say() -> None:
+    """A ``*_tokens`` integer of a new name is tokens Anthropic counted: output if its
+    name says so, a cache read if it says that, input otherwise (its limit counts it);
+    the nested breakdowns (cache_creation by lifetime, server tools' requests) and what
+    is no count add nothing."""
+    usage = {
+        **USAGE,
+        "cache_creation": {"ephemeral_5m_input_tokens": 5, "ephemeral_1h_input_tokens": 0},
+        "server_tool_use": {"web_search_requests": 2},
+        "service_tier": "standard",
+        "image_input_tokens": 40,
+        "thinking_output_tokens": 7,
+        "cache_read_extra_tokens": 9,
+        "odd_tokens": "12",
+        "negative_tokens": -3,
+    }
+    assert usage_of(usage) == TokenUsage(
+        input_tokens=25 + 40, output_tokens=16 + 7, cache_read=300 + 9, cache_write=5
+    )
+
+
+def test_a_streams_counts_of_unknown_names_are_counted_too() -> None:
+    tap = UsageTap(MESSAGES.stream_usage(), strip_usage_event=False)
+    delta = _event(
+        "message_delta",
+        {"type": "message_delta", "usage": {"output_tokens": 16, "audio_output_tokens": 4}},
+    )
+    for chunk in (START, delta):
+        tap.feed(chunk)
+    assert tap.usage is not None and tap.usage.output_tokens == 20

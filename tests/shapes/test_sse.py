@@ -3,7 +3,7 @@
 import pytest
 
 from proxy.costs import MAX_COUNT, TokenUsage
-from proxy.shapes.openai import OpenAIStreamUsage, usage_of_payload
+from proxy.shapes.openai import OpenAIStreamUsage, token_usage, usage_of_payload
 from proxy.shapes.sse import MAX_HELD, UsageTap
 
 CHUNK = b'data: {"choices":[{"delta":{"content":"hi"}}],"usage":null}\n\n'
@@ -101,3 +101,38 @@ def test_a_usage_event_split_across_chunks_is_read_when_nothing_is_held_back() -
     out = tap.feed(whole[:cut]) + tap.feed(whole[cut:]) + tap.flush()
     assert out == whole  # passed on as it came
     assert tap.usage == TokenUsage(input_tokens=7, output_tokens=3)
+
+
+def test_a_total_beyond_the_prompt_and_the_completion_is_counted_as_output() -> None:
+    """``total_tokens`` is what the upstream counted: tokens no count names (an audio or
+    reasoning count a compatible server reports apart) are not dropped."""
+    counts = {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 15}
+    assert usage_of_payload({"usage": counts}) == TokenUsage(input_tokens=9, output_tokens=6)
+
+
+def test_with_a_total_other_counts_are_its_breakdown_and_add_nothing() -> None:
+    """A compatible server's prompt_cache_hit_tokens / _miss_tokens split the prompt."""
+    counts = {
+        "prompt_tokens": 100,
+        "completion_tokens": 5,
+        "total_tokens": 105,
+        "prompt_cache_hit_tokens": 80,
+        "prompt_cache_miss_tokens": 20,
+        "completion_tokens_details": {"reasoning_tokens": 3},
+    }
+    assert usage_of_payload({"usage": counts}) == TokenUsage(input_tokens=100, output_tokens=5)
+
+
+def test_without_a_total_a_count_of_another_name_adds_where_its_name_says() -> None:
+    counts = {
+        "prompt_tokens": 9,
+        "completion_tokens": 1,
+        "image_input_tokens": 30,
+        "audio_tokens": 2,
+        "not_a_count_tokens": "5",
+    }
+    assert usage_of_payload({"usage": counts}) == TokenUsage(input_tokens=39, output_tokens=3)
+    responses = {"input_tokens": 9, "output_tokens": 1, "total_tokens": 12}
+    assert token_usage({"usage": responses}, "input_tokens", "output_tokens") == TokenUsage(
+        input_tokens=9, output_tokens=3
+    )
