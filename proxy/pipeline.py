@@ -17,6 +17,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -66,7 +67,6 @@ from proxy.request_ids import new_request_id
 from proxy.routing.dispatcher import Dispatcher, Served
 from proxy.routing.settlement import Settler
 from proxy.shapes.base import Shape, api_label
-from proxy.shapes.responses import RESPONSES
 from proxy.spend import Held, Owner, Spend, correction
 from proxy.telemetry import telemetry_for
 
@@ -204,57 +204,61 @@ class Pipeline:
         call = _new_call(shape, headers)
         call.client_left = client_left
         call.watch_departure = watch_departure
-        key_check: asyncio.Future[KeyVerdict] | None = None
-        settlement: Settlement | None = None
-        served: Served | None = None
+        handled = _Handled()
         reply: Reply | None = None
         try:
-            self._identify(call, key)
-            group = await self._read(call, shape, raw, key, route)
-            key_check, settlement, fallback = self._charge_key(call, key, group)
-
-            async def stream_done(status: int) -> None:
-                if settlement is not None:
-                    await settlement.settle()
-                self._finish(call, status)
-
-            gate = key_check
-            if key_check is not None and key_check.done():
-                # Judged at once (in memory, or a lease's): a refusal answers before any
-                # turn is reserved, and a request let through needs no gate.
-                key_check.result()
-                gate = None
-            admit = None if fallback is None else fallback.admit
-            served = await self.dispatcher.run(call, group, stream_done, gate=gate, admit=admit)
-            reply = served.reply
-            if shape.name == RESPONSES.name:
-                reply = await self.follow_ups.answered(call, route, reply)
-                self._settle_retrieved(call, key)
-        except ProxyError as error:
-            reply = self._error_reply(call, error)
-        except (LimiterUnavailable, StorageError):
-            unavailable = ServiceUnavailable(
-                "The shared rate limiter is unavailable; retry shortly.",
-                code="limiter_unavailable",
-                retry_after=1.0,
-            )
-            reply = self._error_reply(call, unavailable)
-        except Exception:  # a bug must still answer in the contract's shape
-            logger.exception("unexpected error", extra={"request_id": call.request_id})
-            reply = self._error_reply(call, ProxyError("Internal proxy error."))
+            reply = await self._serve(call, raw, key, route, handled)
+        except Exception as exc:
+            reply = self._error_reply(call, _contract_error(call, exc))
         finally:
             if reply is None or reply.stream is None:
                 # A buffered answer (or none: cancelled) is done once on its way: one
                 # callback, no task (a stream is done when it ends: ``stream_done``).
-                after = served.after if served is not None else None
+                after = handled.served.after if handled.served is not None else None
                 status = reply.status if reply is not None else None
                 asyncio.get_running_loop().call_soon(
-                    self._answered, call, after, settlement, status, time.perf_counter()
+                    self._answered, call, after, handled.settlement, status, time.perf_counter()
                 )
         reply.headers["x-request-id"] = call.request_id
         reply.headers.update(_proxy_headers(call))
         if call.key_verdict is not None:
             reply.headers.update(call.shape.key_headers(call.key_verdict, time.time()))
+        return reply
+
+    async def _serve(
+        self,
+        call: Call,
+        raw: bytes,
+        key: ClientKey | None,
+        route: StoredRoute | None,
+        handled: _Handled,
+    ) -> Reply:
+        """The request read, its key charged, its answer from the dispatcher (a stored
+        response remembered); what it leaves to settle goes in ``handled``, whatever it
+        raises."""
+        self._identify(call, key)
+        group = await self._read(call, call.shape, raw, key, route)
+        key_check, settlement, fallback = self._charge_key(call, key, group)
+        handled.settlement = settlement
+
+        async def stream_done(status: int) -> None:
+            if settlement is not None:
+                await settlement.settle()
+            self._finish(call, status)
+
+        gate = key_check
+        if key_check is not None and key_check.done():
+            # Judged at once (in memory, or a lease's): a refusal answers before any turn
+            # is reserved, and a request let through needs no gate.
+            key_check.result()
+            gate = None
+        admit = None if fallback is None else fallback.admit
+        served = await self.dispatcher.run(call, group, stream_done, gate=gate, admit=admit)
+        handled.served = served
+        if not call.shape.stores_responses:
+            return served.reply
+        reply = await self.follow_ups.answered(call, route, served.reply)
+        self._settle_retrieved(call, key)
         return reply
 
     def _answered(
@@ -338,7 +342,7 @@ class Pipeline:
         call.cost = shape.estimate(call.body, self.settings.server.default_max_tokens)
         call.estimate = int(call.cost[TOKENS])
         call.prefixes = shape.cache_prefixes(call.body, call.raw)
-        if shape.name == RESPONSES.name:
+        if shape.stores_responses:
             await self.follow_ups.prepare(call, group)
         return group
 
@@ -634,6 +638,31 @@ class Pipeline:
             await self.limiter.settle(
                 KeySettlement(limits, "", budget_cost=budget_cost, started=held.started)
             )
+
+
+@dataclass(slots=True)
+class _Handled:
+    """What ``Pipeline._serve`` leaves to do once the answer is on its way (or an error
+    answered): the key's settlement, and the attempt's bookkeeping (``Served.after``)."""
+
+    settlement: Settlement | None = None
+    served: Served | None = None
+
+
+def _contract_error(call: Call, exc: Exception) -> ProxyError:
+    """The contract's error for what serving ``call`` raised: a ProxyError as it is, the
+    shared limiter's failure as 503 ``limiter_unavailable``, anything else (a bug) as
+    500, logged."""
+    if isinstance(exc, ProxyError):
+        return exc
+    if isinstance(exc, (LimiterUnavailable, StorageError)):
+        return ServiceUnavailable(
+            "The shared rate limiter is unavailable; retry shortly.",
+            code="limiter_unavailable",
+            retry_after=1.0,
+        )
+    logger.error("unexpected error", exc_info=exc, extra={"request_id": call.request_id})
+    return ProxyError("Internal proxy error.")
 
 
 def _granted(key_check: asyncio.Future[KeyVerdict] | None) -> KeyVerdict | None:

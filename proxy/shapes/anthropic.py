@@ -229,6 +229,7 @@ class AnthropicShape:
     name: str = ""
     paths: tuple[str, ...] = ()
     credential: ClientCredential = ANTHROPIC_KEY
+    stores_responses = False
 
     def check(self, body: dict[str, Any]) -> None:
         check_fields(body, max_tokens=False)

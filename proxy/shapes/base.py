@@ -108,6 +108,12 @@ class Shape(Protocol):
         """How its clients present their key."""
         ...
 
+    @property
+    def stores_responses(self) -> bool:
+        """Whether the upstream stores its answers, which later requests continue
+        (follow_ups.py: the Responses API's ``previous_response_id``)."""
+        ...
+
     def check(self, body: dict[str, Any]) -> None:
         """Raise InvalidRequest (naming the param) for a field the proxy reads whose
         shape is wrong."""

@@ -178,6 +178,7 @@ class OpenAIShape:
     name: str = ""
     paths: tuple[str, ...] = ()
     credential: ClientCredential = BEARER
+    stores_responses = False
 
     # The functions themselves, not methods calling them: a call less per request each
     # (docs/performance.md, "seams bound once").

@@ -132,6 +132,7 @@ class ResponsesStreamUsage:
 
 class Responses(OpenAIShape):
     name = "responses"
+    stores_responses = True  # follow-ups continue them (follow_ups.py)
     paths: tuple[str, ...] = ("/v1/responses",)
 
     def check(self, body: dict[str, Any]) -> None:
