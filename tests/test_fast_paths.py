@@ -22,10 +22,21 @@ def test_every_fast_path_is_on_unless_named() -> None:
 
 
 def test_named_paths_are_off_and_all_turns_off_every_one() -> None:
-    env = {fast_paths.ENV: " Lean, lanes ,"}
-    assert fast_paths.disabled(env) == {"lean", "lanes"}
+    env = {fast_paths.ENV: " Lean, leases ,"}
+    assert fast_paths.disabled(env) == {"lean", "leases"}
     assert not fast_paths.enabled("lean", env) and fast_paths.enabled("protocol", env)
     assert fast_paths.disabled({fast_paths.ENV: "all"}) == set(fast_paths.FAST_PATHS)
+
+
+def test_the_fast_paths_are_the_remaining_switches() -> None:
+    """Any other name (one of a fast path removed, issue 52) is unknown: an error below."""
+    assert set(fast_paths.FAST_PATHS) == {
+        "protocol",
+        "balance",
+        "lean",
+        "leases",
+        "metric-writers",
+    }
 
 
 def test_an_unknown_name_is_an_error_naming_the_variable_and_the_names() -> None:

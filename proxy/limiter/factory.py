@@ -64,7 +64,6 @@ def create_limiter(
         op_timeout=op_timeout,
         max_connections=max_connections,
         leases=fast_paths.enabled("leases"),
-        lanes=fast_paths.enabled("lanes"),
     )
     return ResilientLimiter(
         shared,

@@ -36,25 +36,6 @@ of it, until they could have drained (``refused_for``). Its size follows the dem
 sees: about ``TARGET_USES`` requests per lease, and at least twice the requests the last
 one served (a burst that waited for it is served whole).
 
-**Lanes: one lease's turns shared by replicas.** Two replicas that each lease alone
-take turns of one deployment as exclusive spans: each one's requests wait out the other's
-span, and a span long enough to save round trips is one the other waits longer behind.
-So a lease over one request window (a deployment's ``rpm``: the default config) whose
-turns come at most ``LANE_GAP`` apart in ``LANES`` lanes is a *group*: the shared bucket is
-charged for its ``K`` consecutive reservations as any lease's, its slot ``k`` (1 to ``K``)
-is the ``k``-th reservation's turn, and lane ``l`` holds the slots ``k = l + 1 + LANES *
-j``. The replica that took it hands out lane 0's slots; the next replicas to ask while
-it lasts are each given the next lane of it (``join_lane``), with no charge. Each slot
-is handed out once, by one replica, at its own time (``LaneLease``), so all replicas'
-turns together are still turns of the reservations the bucket admitted: no two closer
-than the interval. A lane's slot may be handed out once its time has passed, while its
-lane's next slot is still ahead: its request then goes late by less than ``LANE_GAP``
-(0.5 ms), as a turn a request wakes late for does, within the pacing margin
-(docs/limiter.md, "Late turns"); a request never waits for a slot its lane has passed.
-A group is given back only while nobody joined it; its lanes last to its last turn
-(``GROUP_SPAN``), and each replica's share of the turns is a lane's, ``1 / LANES``:
-``NEAR``, where a replica stops leasing anyway.
-
 Times here are *lease time*: seconds since the storage granted the lease (``at``), so the
 comparisons are between small numbers, not epoch-sized ones.
 
@@ -65,7 +46,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
 
 from proxy.limiter.base import Rate
 from proxy.limiter.core.allowance import FULL_AT, SHARE
@@ -101,14 +81,6 @@ MAX_CORRECTION = 0.05
 # A first grant (no quicker reply seen on its clock) that took longer than this to come is
 # not trusted: it may have been read late, and every turn of its lease would be as late.
 SLOW_GRANT = 0.002
-LANES = 4  # a group's lanes: each replica's share of its turns is one, 1 / NEAR
-# Lanes only where a lane's slots come at most this far apart (seconds): a request takes
-# its lane's last slot passed or its next, so it goes late by less than this at most.
-LANE_GAP = 0.0005
-# A group reaches this far past its first turn: its lanes are used to its end (none is
-# given back once joined), so it is longer than a lease of one replica's own turns.
-GROUP_SPAN = 0.02
-MAX_GROUP = LANES * 512  # a group's most turns
 
 
 def bound(rate: Rate, debt: float) -> float:
@@ -131,20 +103,16 @@ def worth(rates: Sequence[Rate], capacities: Sequence[float], costs: Sequence[fl
 
 
 def lease_turns(
-    buckets: Sequence[Bucket],
-    turns: int,
-    bounds: Sequence[float],
-    now: float,
-    span: float = SPAN,
+    buckets: Sequence[Bucket], turns: int, bounds: Sequence[float], now: float
 ) -> tuple[list[BucketState], int, float, float]:
     """Up to ``turns`` reservations in a row at ``now``, each costing the buckets' costs:
     the states after them, how many were taken, and the first and last turn's waits.
-    One stops before a turn more than ``span`` after the first, or one that would leave a
+    One stops before a turn more than ``SPAN`` after the first, or one that would leave a
     bucket's debt above its bound (``bound``)."""
     p = plan(buckets, now)
     first = p.wait
     if len(buckets) == 1 and p.too_large < 0:
-        debt, taken, last = one_window_turns(buckets[0], p.debts[0], turns, bounds[0], first, span)
+        debt, taken, last = one_window_turns(buckets[0], p.debts[0], turns, bounds[0], first)
         return [BucketState(debt, now)], taken, first, last
     states = [BucketState(d, now) for d in p.debts]
     taken = 0
@@ -152,7 +120,7 @@ def lease_turns(
     while taken < turns:
         current = [Bucket(s, b.rate, b.cost) for s, b in zip(states, buckets, strict=True)]
         p = plan(current, now)
-        if p.too_large >= 0 or p.wait > first + span:
+        if p.too_large >= 0 or p.wait > first + SPAN:
             break
         charged = charge(current, p, now)
         if any(s.debt > limit for s, limit in zip(charged, bounds, strict=True)):
@@ -164,7 +132,7 @@ def lease_turns(
 
 
 def one_window_turns(
-    bucket: Bucket, debt: float, turns: int, bound: float, first: float, span: float = SPAN
+    bucket: Bucket, debt: float, turns: int, bound: float, first: float
 ) -> tuple[float, int, float]:
     """``lease_turns`` over one window (a deployment's rpm: the default config), without
     the loop: the debt after, the turns taken, the last turn's wait. A cost within the
@@ -177,7 +145,7 @@ def one_window_turns(
     rate, cost = bucket.rate, bucket.cost
     interval = rate.interval
     capacity = rate.capacity_for(cost)
-    limit = first + span
+    limit = first + SPAN
     most = turns  # a cost of nothing never fills the window: the checks below decide
     if cost > 0.0:
         most = min(most, math.floor((limit / interval + capacity - debt) / cost))
@@ -208,82 +176,6 @@ def _turn_wait(debt: float, k: int, cost: float, capacity: float, interval: floa
     return wait if wait > 0.0 else 0.0
 
 
-def lanes_for(rate: Rate, cost: float, counts_requests: bool, windows: int) -> int:
-    """How many lanes a lease of a deployment's turns is cut into: ``LANES`` over one
-    window of requests whose lane slots come at most ``LANE_GAP`` apart; else 1 (the
-    turns of one replica)."""
-    if windows == 1 and counts_requests and LANES * cost * rate.interval <= LANE_GAP:
-        return LANES
-    return 1
-
-
-def evenly_spaced(debt: float, cost: float, capacity: float) -> bool:
-    """Whether reservations in a row from ``debt`` come one ``cost`` apart from the
-    first (none at once with another, as a burst's would): their slots can be laned."""
-    return debt + cost - capacity >= 0.0
-
-
-class Group(NamedTuple):
-    """A lease cut into lanes, as the shared bucket records it: the storage time it was
-    taken at, the bucket's debt then (before it), its slots, and the request's cost,
-    capacity and interval its slots were counted with."""
-
-    at: float
-    debt: float
-    slots: int
-    cost: float
-    capacity: float
-    interval: float
-
-
-def lane_start(
-    debt: float, cost: float, capacity: float, interval: float, k: int, slots: int, since: float
-) -> int:
-    """The first slot from ``k`` on in ``k``'s lane (every ``LANES``-th) still usable at
-    ``since`` (group time): its time less than a lane's gap before ``since`` (passed,
-    but its lane's next is still ahead), or after; above ``slots``: none left. Counted
-    without a loop over the slots, then checked as each slot's time is computed."""
-    gap = LANES * cost * interval
-    start = k
-    x = ((since - gap) / interval + capacity - debt) / cost
-    if x >= start:
-        k = start + LANES * math.ceil((math.floor(x) + 1 - start) / LANES)
-    while (
-        k - LANES >= start and _turn_wait(debt, k - LANES, cost, capacity, interval) + gap > since
-    ):
-        k -= LANES
-    while k <= slots and _turn_wait(debt, k, cost, capacity, interval) + gap <= since:
-        k += LANES
-    return k
-
-
-def lane_count(k: int, slots: int) -> int:
-    """The slots of ``k``'s lane from ``k`` to ``slots``."""
-    return 0 if k > slots else (slots - k) // LANES + 1
-
-
-def join_lane(
-    group: Group, taken: int, cost: float, capacity: float, interval: float, now: float
-) -> tuple[int, int, float, float] | None:
-    """The next lane (``taken`` are taken) of the open ``group`` for a replica asking at
-    ``now`` (storage time): its first usable slot, its slots from there, and their first
-    and last turn's waits from ``now`` (the first may be passed, by less than a lane's
-    gap); None: no lane for it (all taken, counted at another rate, fewer than
-    ``MIN_TURNS`` slots left, or its first further than ``WAIT``)."""
-    if taken >= LANES or (cost, capacity, interval) != (group.cost, group.capacity, group.interval):
-        return None
-    since = now - group.at
-    k = lane_start(group.debt, cost, capacity, interval, taken + 1, group.slots, since)
-    n = lane_count(k, group.slots)
-    if n < MIN_TURNS:
-        return None
-    first = _turn_wait(group.debt, k, cost, capacity, interval) - since
-    if first > WAIT:
-        return None
-    last = _turn_wait(group.debt, k + LANES * (n - 1), cost, capacity, interval) - since
-    return k, n, first, last
-
-
 def refused_for(first: float | None) -> float:
     """How long a replica refused a lease asks per request: until the turns ahead of it
     (``first`` seconds of them) could have drained to ``WAIT``, at least a span (another
@@ -306,14 +198,11 @@ def counted(taken: int) -> int:
     return min(taken, COUNTED)
 
 
-def returned(
-    stored: BucketState, end: BucketState, local: BucketState, joined: int = 0
-) -> BucketState | None:
+def returned(stored: BucketState, end: BucketState, local: BucketState) -> BucketState | None:
     """What a bucket holds once a lease that left it at ``end`` gives back the turns its
     ``local`` bucket did not hand out: ``local``, if the bucket still holds ``end``
-    (nothing touched it since) and no other replica ``joined`` a lane of it (its slots
-    are that replica's); else None (nothing is written)."""
-    if stored.debt == end.debt and stored.at == end.at and joined <= 1:
+    (nothing touched it since); else None (nothing is written)."""
+    if stored.debt == end.debt and stored.at == end.at:
         return local
     return None
 
@@ -368,7 +257,6 @@ class TurnLease:
         "origin",
         "rates",
         "read",
-        "returnable",
         "sequence",
         "serial",
         "spacing",
@@ -409,7 +297,6 @@ class TurnLease:
         self.uses = 0
         self.closed = False
         self.granted = 0.0  # the last turn handed out (lease time)
-        self.returnable = True  # its unused turns may go back (turns.returned)
 
     def turn(self, costs: Sequence[float], now: float, max_wait: float) -> float | None:
         """The wait for a turn of a request costing ``costs`` at lease time ``now``, now
@@ -476,70 +363,6 @@ class TurnLease:
         return max(2 * MIN_TURNS, min(MAX_TURNS, wanted))
 
 
-class LaneLease(TurnLease):
-    """A lane of a group (``Group``) as its replica uses it: slot ``k`` of the group is
-    the ``k``-th of its reservations in a row (lease time 0: the group's), and this lane
-    hands out its slots from ``first`` on, each once, at its time (``turn``). Only the
-    replica that took the group (``creator``) may give back, and only while nobody joined
-    it (the shared bucket says so: turns.lua)."""
-
-    __slots__ = ("capacity", "cost", "debt", "interval", "next", "slots")
-
-    def __init__(
-        self,
-        serial: int,
-        rate: Rate,
-        group: Group,
-        first: int,
-        epoch: int = 0,
-        sequence: int = 0,
-        origin: float = 0.0,
-        spacing: float = 0.0,
-        read: float = 0.0,
-        creator: bool = False,
-    ) -> None:
-        d, c, cap, iv, k = group.debt, group.cost, group.capacity, group.interval, group.slots
-        # Its last turn is the group's, not the lane's: the other lanes' turns go up to it,
-        # and a verdict says how far turns go (an outage's local turns start after them).
-        last = _turn_wait(d, k, c, cap, iv)
-        super().__init__(
-            serial, [rate], [d], [d + k * c], group.at, lane_count(first, k), last, epoch,
-            sequence, origin, spacing, read,
-        )  # fmt: skip
-        self.debt, self.cost, self.capacity, self.interval = d, c, cap, iv
-        self.slots = k
-        self.next = first
-        self.returnable = creator
-
-    def turn(self, costs: Sequence[float], now: float, max_wait: float) -> float | None:
-        if self.closed or costs[0] != self.cost:
-            return None
-        d, c, cap, iv = self.debt, self.cost, self.capacity, self.interval
-        k = lane_start(d, c, cap, iv, self.next, self.slots, now)
-        if k > self.slots:
-            return None
-        at = _turn_wait(d, k, c, cap, iv)
-        wait = at - now if at > now else 0.0
-        if wait > max_wait:
-            return None
-        self.next = k + LANES
-        self.uses += 1
-        self.granted = at
-        return wait
-
-    def stored(self) -> list[BucketState]:
-        """What a give-back leaves: the reservations up to its last slot handed out."""
-        used = self.next - LANES if self.uses else 0
-        return [BucketState(self.debt + used * self.cost, self.at)]
-
-    def correct(self, units: Sequence[float], now: float) -> list[float] | None:
-        """What is added goes to the shared buckets (a lane holds slots, not room for
-        more); what is taken off is kept, as a lease's."""
-        if self.closed:
-            return None
-        return [u if u > 0.0 else 0.0 for u in units]
-
-
 def spacing(rates: Sequence[Rate], costs: Sequence[float]) -> float:
     """The time a request costing ``costs`` takes of its deployment's turns: the longest
     any of its pacing windows (a minute or less) takes to refill its cost."""
@@ -563,10 +386,6 @@ def within(
 __all__ = [
     "COUNTED",
     "FIRST_TURNS",
-    "GROUP_SPAN",
-    "LANES",
-    "LANE_GAP",
-    "MAX_GROUP",
     "MAX_TURNS",
     "MIN_TURNS",
     "NEAR",
@@ -576,18 +395,11 @@ __all__ = [
     "TARGET_USES",
     "USE_SHARE",
     "WAIT",
-    "Group",
-    "LaneLease",
     "Origins",
     "TurnLease",
     "bound",
     "counted",
-    "evenly_spaced",
     "grants",
-    "join_lane",
-    "lane_count",
-    "lane_start",
-    "lanes_for",
     "lease_turns",
     "refused_for",
     "returned",

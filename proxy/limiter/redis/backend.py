@@ -107,7 +107,6 @@ class RedisLimiter:
         prefix: str = KEY_PREFIX,
         clock: Clock | None = None,
         leases: bool | None = None,
-        lanes: bool = True,
         lease_warm_uses: int = WARM_USES,
         **options: Unpack[RunnerOptions],
     ) -> None:
@@ -122,7 +121,6 @@ class RedisLimiter:
                 self._now,
                 self._windows,
                 self._lease_keys,
-                lanes=lanes,
                 warm_uses=lease_warm_uses,
             )
             if leasing

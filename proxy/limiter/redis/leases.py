@@ -161,15 +161,11 @@ class Leases:
         key_keys: Callable[[KeyLimits], list[str]],
         deployment_keys: Callable[[str, DeploymentLimits], list[str]],
         *,
-        lanes: bool = True,
         warm_uses: int = WARM_USES,
     ) -> None:
-        """``lanes`` False: a paced deployment's turns are leased as one replica's span,
-        never cut into lanes (the ``lanes`` fast path off: proxy/fast_paths.py).
-        ``warm_uses`` 0: lease from an owner's first request (tests of the leases)."""
+        """``warm_uses`` 0: lease from an owner's first request (tests of the leases)."""
         self.runner = runner
         self._warm_uses = warm_uses
-        self._lanes = lanes
         self._num = num
         self._now_arg = now_arg
         self._key_keys = key_keys
@@ -464,10 +460,7 @@ class Leases:
             self._return_turns(owner, old)
         owner.turns = None
         owner.asked_turns_at = now
-        one = spent[0]
-        lanes = turns.lanes_for(one.rate, one.amount, one.window.kind == "requests", len(spent))
-        lanes = lanes if self._lanes else 1
-        args = [self._now_arg(), str(owner.turn_size), str(lanes)]
+        args = [self._now_arg(), str(owner.turn_size)]
         for s in spent:
             rate = s.rate
             long = 0.0 if rate.period <= turns.LONG else rate.capacity
@@ -488,40 +481,23 @@ class Leases:
         """The turn lease of ``lease_turns``' ``reply`` to a request sent at ``now``, now
         the owner's (None: refused, or not trusted and given back)."""
         received = time.monotonic()
-        if reply[0] == "0":
+        if reply[0] != "1":
             behind = float(reply[1]) if len(reply) > 1 else None
             owner.refused_until = received + turns.refused_for(behind)
             owner.turn_size = turns.FIRST_TURNS
             return None
+        at, epoch, sequence, taken, first, last, *debts = reply[1:]
         clock = owner.keys[2]  # the group's: one storage clock (a cluster's slot) per group
         trusted = self._origins.trusts(clock, received - now)
-        origin = self._origins.origin(clock, float(reply[1]), received)
+        origin = self._origins.origin(clock, float(at), received)
         rates = [s.rate for s in spent]
         spacing = turns.spacing(rates, [s.amount for s in spent])
         self._serial += 1
-        t: turns.TurnLease
-        # A lane: its group, its first slot, and whether this replica took the group.
-        lane: tuple[turns.Group, int, bool] | None = None
-        if reply[0] == "2":  # a lane of another replica's group: lease time 0 is the group's
-            at, epoch, sequence, _, _, _, group_at, debt, slots, k = reply[1:]
-            origin -= float(at) - float(group_at)
-            lane = (_group(spent[0], float(group_at), float(debt), int(slots)), int(k), False)
-        else:
-            at, epoch, sequence, taken, first, last, grouped, *debts = reply[1:]
-            if grouped == "1":  # its own group: lane 0
-                lane = (_group(spent[0], float(at), float(debts[0]), int(taken)), 1, True)
-            else:
-                t = turns.TurnLease(
-                    self._serial, rates, [float(x) for x in debts[::2]],
-                    [float(x) for x in debts[1::2]], float(at), int(taken), float(last),
-                    int(epoch), int(sequence), origin, spacing, received - origin,
-                )  # fmt: skip
-        if lane is not None:
-            group, k, creator = lane
-            t = turns.LaneLease(
-                self._serial, rates[0], group, k, int(epoch), int(sequence), origin, spacing,
-                received - origin, creator,
-            )  # fmt: skip
+        t = turns.TurnLease(
+            self._serial, rates, [float(x) for x in debts[::2]],
+            [float(x) for x in debts[1::2]], float(at), int(taken), float(last), int(epoch),
+            int(sequence), origin, spacing, received - origin,
+        )  # fmt: skip
         if not trusted:  # maybe read late, with nothing to tell: give it back, ask per request
             self._return_turns(owner, t)
             return None
@@ -531,10 +507,7 @@ class Leases:
         # not hand out.
         if owner.timer is not None:
             owner.timer.cancel()
-        if isinstance(t, turns.LaneLease):  # used to its last slot: a group is not given back
-            delay = max(t.last - t.read, 0.0)
-        else:
-            delay = max(float(first) + turns.USE_SHARE * turns.SPAN - t.read, 0.0)
+        delay = max(float(first) + turns.USE_SHARE * turns.SPAN - t.read, 0.0)
         owner.timer = asyncio.get_running_loop().call_later(delay, self._expire_turns, owner, t)
         return t
 
@@ -571,7 +544,7 @@ class Leases:
         t.closed = True
         # On this clock the lease's time 0 is never before the grant: its time read here
         # is never ahead of the storage's, so a lease seen drained is.
-        if not t.returnable or t.drained(time.monotonic() - t.origin):
+        if t.drained(time.monotonic() - t.origin):
             return None
         args = [self._num(t.at)]
         for rate, end, local in zip(t.rates, t.ends, t.stored(), strict=True):
@@ -754,11 +727,6 @@ def _leased_turn(
     sent = Sent(t.epoch, number, t.at + t.granted, owner.private)
     tail = max(wait, t.last - lease_now)
     return DeploymentVerdict(d.id, wait, waits={d.id: tail}, sent=sent)
-
-
-def _group(spent: Spend, at: float, debt: float, slots: int) -> turns.Group:
-    """The group of a lane lease over ``spent``'s window (its slots counted at its cost)."""
-    return turns.Group(at, debt, slots, spent.amount, spent.capacity, spent.rate.interval)
 
 
 def _key_ident(limits: KeyLimits) -> tuple[str, str, str]:

@@ -58,9 +58,6 @@ CONSTANTS = {
     "TURN_WAIT": turns.WAIT,
     "TURN_MIN": turns.MIN_TURNS,
     "TURN_COUNTED": turns.COUNTED,
-    "TURN_LANES": turns.LANES,
-    "TURN_GROUP_SPAN": turns.GROUP_SPAN,
-    "TURN_MAX_GROUP": turns.MAX_GROUP,
 }
 
 

@@ -22,22 +22,17 @@ EPS = 1e-9  # units: float rounding, nothing more
 RPM = Rate(600_000.0, 60.0, 1.0)  # burst 1: a turn every 100 us
 TPM = Rate(60_000_000.0, 60.0, 1.0, ceiling=60_000_000.0)  # tokens, paced
 RPD = Rate(2_000_000.0, 86400.0, 2_000_000.0)  # a day's total
-BURST = Rate(600_000.0, 60.0, 3.0)  # the same pace, a burst of 3: a drained bucket's first
 
 
 class World:
     """One deployment's shared buckets, replicas leasing turns of it, every turn sent."""
 
-    def __init__(self, rates: list[Rate], replicas: int, lanes: bool = False) -> None:
+    def __init__(self, rates: list[Rate], replicas: int) -> None:
         self.rates = rates
         self.states = [BucketState() for _ in rates]
         self.leases: list[TurnLease | None] = [None] * replicas
         self.sent: list[tuple[float, list[float]]] = []  # (turn, cost per window)
         self.serial = 0
-        # With lanes (one window of requests): the bucket's open group, its lanes taken.
-        self.lanes = lanes
-        self.group: tuple[turns.Group, int] | None = None
-        self.late = 0.0  # the most a turn was granted before its request came
 
     def buckets(self, costs: list[float]) -> list[Bucket]:
         return [Bucket(s, r, c) for s, r, c in zip(self.states, self.rates, costs, strict=True)]
@@ -49,19 +44,15 @@ class World:
         if t is None or t.closed:
             return
         t.closed = True
-        if not t.returnable or (now is not None and t.drained(now - t.at)):
+        if now is not None and t.drained(now - t.at):
             return
-        joined = self.group[1] if self.group is not None and self.group[0].at == t.at else 0
         for i, (end, local) in enumerate(zip(t.ends, t.stored(), strict=True)):
-            got = returned(self.states[i], BucketState(end.debt, t.at), local, joined)
+            got = returned(self.states[i], BucketState(end.debt, t.at), local)
             if got is not None:
                 self.states[i] = got
-                self.group = None  # its slots are no longer reserved
 
     def lease(self, who: int, costs: list[float], size: int, now: float) -> TurnLease | None:
         self.give_back(who)
-        if self.lanes:
-            return self.lease_lane(who, costs, now)
         bounds = [
             bound(r, debt_at(s, r.interval, now))
             for s, r in zip(self.states, self.rates, strict=True)
@@ -76,39 +67,6 @@ class World:
         self.leases[who] = t
         return t
 
-    def lease_lane(self, who: int, costs: list[float], now: float) -> TurnLease | None:
-        """As lease_turns.lua with lanes: the open group's next lane, else a new group
-        (or a lease of one replica's own turns when its slots are not evenly spaced)."""
-        (rate,), (cost,) = self.rates, costs
-        capacity = rate.capacity_for(cost)
-        self.serial += 1
-        if self.group is not None:
-            group, joined = self.group
-            got = turns.join_lane(group, joined, cost, capacity, rate.interval, now)
-            if got is not None:
-                self.group = (group, joined + 1)
-                t: TurnLease = turns.LaneLease(self.serial, rate, group, got[0])
-                self.leases[who] = t
-                return t
-        debt = debt_at(self.states[0], rate.interval, now)
-        grouped = turns.evenly_spaced(debt, cost, capacity)
-        span = turns.GROUP_SPAN if grouped else turns.SPAN
-        bucket = Bucket(self.states[0], rate, cost)
-        size = turns.MAX_GROUP if grouped else 64
-        after, taken, first, last = lease_turns([bucket], size, [math.inf], now, span)
-        if not grants(first, taken):
-            return None
-        self.states = after
-        if grouped:
-            group = turns.Group(now, debt, taken, cost, capacity, rate.interval)
-            self.group = (group, 1)
-            t = turns.LaneLease(self.serial, rate, group, 1, creator=True)
-        else:
-            self.group = None
-            t = TurnLease(self.serial, self.rates, [debt], [after[0].debt], now, taken, last)
-        self.leases[who] = t
-        return t
-
     def request(self, who: int, costs: list[float], size: int, now: float) -> None:
         """A request of replica ``who``: from its lease, else a new lease, else per request."""
         for _ in range(2):
@@ -117,7 +75,6 @@ class World:
                 wait = t.turn(costs, now - t.at, math.inf)
                 if wait is not None:
                     self.sent.append((t.at + t.granted, costs))  # its granted time
-                    self.late = max(self.late, now - (t.at + t.granted))
                     return
             if self.lease(who, costs, size, now) is None:
                 break
@@ -175,66 +132,6 @@ def test_turns_sent_never_come_closer_than_the_buckets_allow(
     paced = sorted(at for at, _ in world.sent)
     # The request window paces: a turn every interval at the closest.
     assert all(b - a >= RPM.interval * (1 - 1e-9) for a, b in itertools.pairwise(paced))
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    rate=st.sampled_from([RPM, BURST]),
-    replicas=st.integers(1, 5),
-    history=events,
-    debt=st.floats(0.0, 3.0),
-)
-def test_laned_turns_sent_never_come_closer_than_the_bucket_allows(
-    rate: Rate, replicas: int, history: list[tuple[float, int, str, float, int]], debt: float
-) -> None:
-    """Groups cut into lanes, joined by up to five replicas, given back, beside requests
-    asking one by one (a burst's first turns at once: no group then): every turn granted
-    is a slot of a reservation the bucket admitted, each granted once."""
-    world = World([rate], replicas, lanes=True)
-    world.states = [BucketState(debt, 0.0)]
-    now = 0.0
-    for dt, who, action, _, size in history:
-        now += dt
-        who %= replicas
-        if action == "lease":
-            world.request(who, [1.0], size, now)
-        elif action == "per_request":
-            world.per_request([1.0], now)
-        else:
-            world.give_back(who, now if size > 8 else None)
-    assert world.conforms()
-    # A lane's passed slot goes late by less than a lane's gap (turns.LANE_GAP at most).
-    assert world.late < turns.LANES * rate.interval <= turns.LANE_GAP
-    if rate is RPM:  # burst 1: a turn every interval at the closest
-        granted = sorted(at for at, _ in world.sent)
-        assert all(b - a >= RPM.interval * (1 - 1e-9) for a, b in itertools.pairwise(granted))
-
-
-def test_a_lane_hands_out_its_own_slots_once_each_the_last_passed_if_unused() -> None:
-    """Slot ``k`` is the ``k``-th reservation's turn, ``(k - 1)`` intervals in here."""
-    group = turns.Group(0.0, 0.0, 40, 1.0, 1.0, RPM.interval)
-    lane = turns.LaneLease(1, RPM, group, 2)  # lane 1: slots 2, 6, 10, ...
-    iv = RPM.interval
-    assert lane.turn([1.0], 0.0, 1.0) == pytest.approx(iv)  # slot 2, ahead
-    assert lane.turn([1.0], 0.0, 1.0) == pytest.approx(5 * iv)  # slot 6
-    # At 20 intervals slots 10 and 14 have gone by and 18 (at 17) is the lane's last
-    # passed: it is taken at once, granted at its own time; the next request gets 22.
-    assert lane.turn([1.0], 20 * iv, 1.0) == 0.0
-    assert lane.granted == pytest.approx(17 * iv)
-    assert lane.turn([1.0], 20 * iv, 1.0) == pytest.approx(iv)
-    assert lane.granted == pytest.approx(21 * iv)
-    assert lane.turn([1.0], 45 * iv, 1.0) is None  # its last slot (38, at 37) is a gap gone
-    assert not turns.LaneLease(2, RPM, group, 1).returnable  # a joiner gives nothing back
-    # How far its turns go, for the verdicts: the group's last (slot 40), every lane's.
-    assert lane.last == pytest.approx(39 * iv) and lane.turns == 10
-
-
-def test_lanes_are_for_one_fast_window_of_requests() -> None:
-    fast = Rate(6e6, 60.0, 1.0)
-    assert turns.lanes_for(fast, 1.0, True, 1) == turns.LANES
-    assert turns.lanes_for(fast, 1.0, True, 2) == 1  # rpm and tpm: one replica's turns
-    assert turns.lanes_for(fast, 1.0, False, 1) == 1  # tokens: costs differ per request
-    assert turns.lanes_for(Rate(60_000.0, 60.0, 1.0), 1.0, True, 1) == 1  # lanes 4 ms apart
 
 
 def test_a_lease_takes_the_turns_of_consecutive_reservations() -> None:

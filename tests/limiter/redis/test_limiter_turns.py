@@ -76,7 +76,7 @@ def test_lua_turn_leases_match_the_pure_core(
     charge, bit for bit; nobody waiting for a fair share is a condition."""
     now = 100.0 + elapsed
     keys = [f"w{i}" for i in range(len(windows))]
-    args = [repr(now), str(size), "1"]  # no lanes (below: with them)
+    args = [repr(now), str(size)]
     buckets, bounds = [], []
     with redis.Redis.from_url(redis_url, decode_responses=True) as c:
         c.delete("h", "waiting", *keys)
@@ -102,8 +102,7 @@ def test_lua_turn_leases_match_the_pure_core(
         assert (int(reply[4]), float(reply[5]), float(reply[6])) == (taken, first, last)
         # Numbered in a fresh health period: as many as it is expected to hand out.
         assert reply[3] == "1" and int(c.hget("h", "n") or 0) == turns.counted(taken)
-        assert reply[7] == "0"  # not a group
-        debts = [float(x) for x in reply[8:]]
+        debts = [float(x) for x in reply[7:]]
         before = [debt_at(b.state, b.rate.interval, now) for b in buckets]
         assert debts[::2] == before
         assert debts[1::2] == [s.debt for s in after]
@@ -133,80 +132,6 @@ def test_lua_give_backs_match_the_pure_core(
         c.eval(scripts.source("return_turns"), 1, "w", *args)
         expected = turns.returned(stored, end, local) or stored
         assert (float(c.hget("w", "d")), float(c.hget("w", "t"))) == (expected.debt, expected.at)
-
-
-@settings(
-    max_examples=150,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-@given(
-    debt=st.floats(0.0, 40.0),
-    joins=st.lists(st.floats(0.0, 0.03), min_size=1, max_size=5),
-    rpm=st.sampled_from([600_000.0, 6e6, 2.4e6]),
-)
-def test_lua_groups_and_their_lanes_match_the_pure_core(
-    redis_url: str, debt: float, joins: list[float], rpm: float
-) -> None:
-    """With lanes, lease_turns takes a group (turns.evenly_spaced: its slots one cost
-    apart) and records it in the bucket; replicas asking later are given its next lanes
-    as turns.join_lane says, bit for bit, with nothing charged, until none is left."""
-    rate = Rate(rpm, 60.0, 1.0)
-    args_window = [repr(rate.interval), repr(rate.capacity_for(1.0)), "1.0", "0.0"]
-    with redis.Redis.from_url(redis_url, decode_responses=True) as c:
-        c.delete("h", "waiting", "w")
-        c.hset("w", mapping={"d": repr(debt), "t": "100.0"})
-        now = 100.0
-        size = "8"  # a group takes what its span holds (turns.MAX_GROUP at most), whatever
-        lease = ["h", "waiting", "w", repr(now), size, str(turns.LANES), *args_window]
-        reply = c.eval(scripts.source("lease_turns"), 3, *lease)
-        bucket = Bucket(BucketState(debt, 100.0), rate, 1.0)
-        _, taken, first, _ = turns.lease_turns(
-            [bucket], turns.MAX_GROUP, [math.inf], now, turns.GROUP_SPAN
-        )
-        if not turns.grants(first, taken):
-            assert reply[0] == "0"
-            return
-        assert reply[0] == "1" and reply[7] == "1" and int(reply[4]) == taken
-        group = turns.Group(now, debt, taken, 1.0, rate.capacity_for(1.0), rate.interval)
-        charged = c.hget("w", "d")
-        joined = 1
-        for later in sorted(joins):
-            at = now + later
-            lease[3] = repr(at)
-            reply = c.eval(scripts.source("lease_turns"), 3, *lease)
-            expected = turns.join_lane(group, joined, 1.0, group.capacity, group.interval, at)
-            if expected is None:  # no lane left: a lease of its own (or refused)
-                assert reply[0] != "2"
-                return
-            k, n, first_wait, last_wait = expected
-            assert reply[0] == "2"
-            assert (int(reply[4]), float(reply[5]), float(reply[6])) == (n, first_wait, last_wait)
-            assert (float(reply[7]), float(reply[8]), int(reply[9])) == (now, debt, taken)
-            assert int(reply[10]) == k and (k - 1) % turns.LANES == joined  # its own lane
-            assert c.hget("w", "d") == charged  # nothing charged
-            joined += 1
-            assert c.hget("w", "gn") == str(joined)
-
-
-def test_a_group_a_replica_joined_is_not_given_back(redis_url: str) -> None:
-    """return_turns gives nothing back of a group another replica took a lane of (its
-    slots are that replica's), and takes the group's record with what it gives back."""
-    end = BucketState(8.0, 100.0)
-    local = BucketState(2.0, 100.0)
-    args = [repr(end.at), repr(INTERVAL), repr(end.debt), repr(local.debt), repr(local.at)]
-    with redis.Redis.from_url(redis_url, decode_responses=True) as c:
-        for joined, expected in ((2, end), (1, local)):
-            c.delete("w")
-            c.hset("w", mapping={"d": "8.0", "t": "100.0", "g": "100.0 0.0 8 1.0 1.0 0.0001"})
-            c.hset("w", "gn", str(joined))
-            c.eval(scripts.source("return_turns"), 1, "w", *args)
-            assert (float(c.hget("w", "d")), float(c.hget("w", "t"))) == (
-                expected.debt,
-                expected.at,
-            )
-            assert turns.returned(end, end, local, joined) == (local if joined == 1 else None)
-            assert (c.hget("w", "g") is None) == (joined == 1)
 
 
 def apart(times: list[float]) -> bool:
@@ -262,43 +187,6 @@ async def test_two_replicas_never_grant_turns_closer_than_the_pacing(redis_url: 
     # said the demand came near the limit, asks per request), in one timeline.
     assert 0 < sum(leased) < len(granted)
     assert apart(granted)
-
-
-async def test_two_replicas_take_turns_of_one_group_side_by_side(redis_url: str) -> None:
-    """Lanes (turns.py): the second replica to ask while the first's group lasts is given
-    a lane of it, with nothing charged, so its requests go within the group's span
-    instead of after it; the turns of both, interleaved, stay the interval apart. (A
-    first grant that came slowly is not trusted, on a busy machine: tried again.)"""
-    bucket = "{llmproxy:v2:g:g}:d:paced:rpm"
-    for attempt in range(20):
-        first, second = patient(redis_url, lease_warm_uses=0), patient(redis_url, lease_warm_uses=0)
-        for lim in (first, second):  # connected, the storage's clock placed
-            await lim.reserve(GroupAsk("g", [PACED], estimate_cost(0), 5.0, f"warm{attempt}"))
-        await asyncio.sleep(turns.REFUSED_FOR + turns.GROUP_SPAN)  # past any refusal's wait
-        with redis.Redis.from_url(redis_url) as c:
-            c.flushdb()  # no turn reserved: the first replica's lease is a group
-        asks = [GroupAsk("g", [PACED], estimate_cost(0), 5.0, f"{attempt}-{i}") for i in range(6)]
-        a = await first.reserve(asks[0])
-        b = await second.reserve(asks[1])
-        with redis.Redis.from_url(redis_url, decode_responses=True) as c:
-            joined = c.hget(bucket, "gn")
-            group = c.hget(bucket, "g")
-        taken = [a, b]
-        for i, ask in enumerate(asks[2:]):
-            verdict = (first, second)[i % 2].reserve_now(ask)
-            if verdict is not None:
-                taken.append(verdict)
-        for lim in (first, second):
-            await lim.aclose()
-        if joined != "2" or not all(v.sent is not None and v.sent.private.lease for v in (a, b)):
-            continue
-        assert group is not None
-        start, _, slots, *_ = (float(x) for x in group.split())
-        end = start + slots * INTERVAL  # the group's last turn, on Redis's clock
-        assert turn_time(b) < end  # the second replica did not wait out the first's span
-        assert len(taken) > 2 and apart([turn_time(v) for v in taken])
-        return
-    pytest.fail("the second replica never joined the first one's group")
 
 
 async def test_far_from_its_limit_a_paced_deployment_asks_once_per_lease(redis_url: str) -> None:
