@@ -656,55 +656,99 @@ def _reference_problems(data: Mapping[str, Any]) -> list[str]:
     raw document: reported in the same pass as the field errors, whatever else is wrong.
     One pass over the keys, looking only at the fields an entry has (100,000 keys)."""
     models = [m for m in _items(data.get("models")) if isinstance(m, dict)]
-    names: list[str] = [m["name"] for m in models if isinstance(m.get("name"), str)]
+    names = _names(models)
+    teams = [t for t in _items(data.get("teams")) if isinstance(t, dict)]
+    team_names = _names(teams)
+    known = _Known(set(names), _served_names(models), team_names, set(team_names))
+    keys = _key_references(data.get("keys"), known)
     problems = _duplicates("models", names, "name")
     problems += model_names.problems(_items(data.get("models")))
-    served = _served_names(models)
-    teams = [t for t in _items(data.get("teams")) if isinstance(t, dict)]
-    team_names: list[str] = [t["name"] for t in teams if isinstance(t.get("name"), str)]
-    known: set[str] = set(names)
-    known_teams = set(team_names)
-    key_names: list[str] = []
-    named: list[str] = []  # an allow-list's or a team's unknown name
-    scoped: list[str] = []  # a window's or a budget's unknown model
-    for i, key in enumerate(_items(data.get("keys"))):
-        if not isinstance(key, dict):
-            continue
-        name = key.get("name")
-        if isinstance(name, str):
-            key_names.append(name)
-        if "models" in key:
-            named += [
-                f"keys[{i}].models: unknown model {m!r}{_hint(m, known, served)}"
-                for m in _items(key["models"])
-                if isinstance(m, str) and m not in known
-            ]
-        team = key.get("team")
-        if isinstance(team, str) and team and team not in known_teams:
-            named.append(f"keys[{i}].team: unknown team {team!r}{_suggest(team, team_names)}")
-        if "limits" in key or "budgets" in key:
-            scoped += _scoped_model_problems(f"keys[{i}]", key, known, served)
-    problems += _duplicates("keys", key_names, "name")
-    ids = [
-        d.get("id")
+    problems += _duplicates("keys", keys.names, "name")
+    problems += _duplicates("models[].deployments", _deployment_ids(models), "id")
+    problems += _duplicates("teams", team_names, "name")
+    problems += keys.named
+    for i, team in enumerate(_items(data.get("teams"))):
+        problems += _scoped_model_problems(f"teams[{i}]", team, known)
+    problems += keys.scoped
+    return problems + _fallback_problems(data.get("routing"), known)
+
+
+def _names(entries: list[dict[Any, Any]]) -> list[str]:
+    """The entries' string names, in order: what duplicates and references are among."""
+    return [e["name"] for e in entries if isinstance(e.get("name"), str)]
+
+
+def _deployment_ids(models: list[dict[Any, Any]]) -> list[str]:
+    """Every string ``id`` of the models' deployments: unique across all groups."""
+    return [
+        d["id"]
         for m in models
         for d in _items(m.get("deployments"))
         if isinstance(d, dict) and isinstance(d.get("id"), str)
     ]
-    problems += _duplicates("models[].deployments", ids, "id")
-    problems += _duplicates("teams", team_names, "name")
-    problems += named
-    for i, team in enumerate(_items(data.get("teams"))):
-        problems += _scoped_model_problems(f"teams[{i}]", team, known, served)
-    problems += scoped
-    routing = data.get("routing")
-    fallbacks = routing.get("fallbacks") if isinstance(routing, dict) else None
-    for source, targets in fallbacks.items() if isinstance(fallbacks, dict) else []:
-        problems += [
-            f"routing.fallbacks.{source}: unknown model {m!r}{_hint(m, known, served)}"
-            for m in [source, *_items(targets)]
-            if isinstance(m, str) and m not in known
+
+
+@dataclass(frozen=True)
+class _Known:
+    """The names a reference may use: the groups' (with what serves other names, for
+    the hint) and the teams' (a list for the suggestion, a set for the look-up)."""
+
+    models: set[str]
+    served: model_names.ModelNames
+    team_names: list[str]
+    teams: set[str]
+
+    def unknown_models(self, where: str, values: object) -> list[str]:
+        """A problem for each string of ``values`` naming no group, with a hint."""
+        return [
+            f"{where}: unknown model {m!r}{_hint(m, self.models, self.served)}"
+            for m in _items(values)
+            if isinstance(m, str) and m not in self.models
         ]
+
+    def unknown_team(self, where: str, team: object) -> list[str]:
+        """A problem if ``team`` is a non-empty string naming no team."""
+        if not isinstance(team, str) or not team or team in self.teams:
+            return []
+        return [f"{where}: unknown team {team!r}{_suggest(team, self.team_names)}"]
+
+
+@dataclass
+class _KeyReferences:
+    """What one pass over the raw keys finds: their names, their allow-lists' and teams'
+    unknown names, their windows' and budgets' unknown models (reported apart)."""
+
+    names: list[str]
+    named: list[str]
+    scoped: list[str]
+
+
+def _key_references(keys: object, known: _Known) -> _KeyReferences:
+    """One pass over the raw key entries, looking only at the fields an entry has."""
+    found = _KeyReferences([], [], [])
+    for i, key in enumerate(_items(keys)):
+        if not isinstance(key, dict):
+            continue
+        name = key.get("name")
+        if isinstance(name, str):
+            found.names.append(name)
+        if "models" in key:
+            found.named += known.unknown_models(f"keys[{i}].models", key["models"])
+        found.named += known.unknown_team(f"keys[{i}].team", key.get("team"))
+        if "limits" in key or "budgets" in key:
+            found.scoped += _scoped_model_problems(f"keys[{i}]", key, known)
+    return found
+
+
+def _fallback_problems(routing: object, known: _Known) -> list[str]:
+    """A fallback's source or target naming no group."""
+    fallbacks = routing.get("fallbacks") if isinstance(routing, dict) else None
+    if not isinstance(fallbacks, dict):
+        return []
+    problems: list[str] = []
+    for source, targets in fallbacks.items():
+        where = f"routing.fallbacks.{source}"
+        problems += known.unknown_models(where, [source, *_items(targets)])
     return problems
 
 
@@ -725,26 +769,16 @@ def _hint(name: str, known: set[str], served: model_names.ModelNames) -> str:
     return served.hint(name) or _suggest(name, known)
 
 
-def _scoped_model_problems(
-    where: str, owner: object, known: set[str], served: model_names.ModelNames
-) -> list[str]:
+def _scoped_model_problems(where: str, owner: object, known: _Known) -> list[str]:
     """A window's or a budget's ``models`` naming no configured group is an error: it
     would count nothing, silently (a typo must not leave a limit unenforced)."""
     if not isinstance(owner, dict):
         return []
-    problems = [
-        f"{where}.limits[{j}].models: unknown model {m!r}{_hint(m, known, served)}"
-        for j, spec in enumerate(_items(owner.get("limits")))
-        for m in _items(spec.get("models") if isinstance(spec, dict) else None)
-        if isinstance(m, str) and m not in known
-    ]
-    for j, budget in enumerate(_items(owner.get("budgets"))):
-        scoped = budget.get("models") if isinstance(budget, dict) else None
-        problems += [
-            f"{where}.budgets[{j}].models: unknown model {m!r}{_hint(m, known, served)}"
-            for m in _items(scoped)
-            if isinstance(m, str) and m not in known
-        ]
+    problems: list[str] = []
+    for field in ("limits", "budgets"):
+        for j, spec in enumerate(_items(owner.get(field))):
+            scoped = spec.get("models") if isinstance(spec, dict) else None
+            problems += known.unknown_models(f"{where}.{field}[{j}].models", scoped)
     return problems
 
 
