@@ -960,11 +960,7 @@ def config_warnings(settings: Settings) -> list[str]:
 def budget_warnings(settings: Settings) -> list[str]:
     """Budgets that cannot hold what they promise: forgotten on restart without Redis, or
     a dollar budget over traffic that has no price (it costs 0)."""
-    # A key with budgets is among those validated in full (config_keys.py).
-    budgeted: list[tuple[str, ClientKey | Team]] = [
-        (f"keys[{settings.keys.position(k.name)}]", k) for k in settings.keys.full() if k.budgets
-    ]
-    budgeted += [(f"teams[{i}]", t) for i, t in enumerate(settings.teams) if t.budgets]
+    budgeted = _budgeted(settings)
     if not budgeted:
         return []
     warnings = []
@@ -973,23 +969,47 @@ def budget_warnings(settings: Settings) -> list[str]:
             "budgets: without redis.url budgets are counted in this process only"
             " (each worker its share) and forgotten on restart"
         )
-    unpriced = {
+    unpriced = _unpriced_groups(settings)
+    every_group = [g.name for g in settings.models]
+    for where, owner in budgeted:
+        warnings += _free_traffic_warnings(where, owner, unpriced, every_group)
+    return warnings
+
+
+def _unpriced_groups(settings: Settings) -> set[str]:
+    """The groups with no price of their own and a deployment without one: some of
+    their requests cost 0."""
+    return {
         g.name
         for g in settings.models
         if g.price is None and any(d.price is None for d in g.deployments)
     }
-    for where, owner in budgeted:
-        allowed = owner.models if isinstance(owner, ClientKey) else None
-        for j, budget in enumerate(owner.budgets):
-            if budget.kind != "usd":
-                continue
-            reach = set(budget.models or allowed or [g.name for g in settings.models])
-            free = sorted(reach & unpriced)
-            if free:
-                warnings.append(
-                    f"{where}.budgets[{j}]: a budget in usd, but {', '.join(free)} has a"
-                    " deployment without a price: its requests cost 0"
-                )
+
+
+def _budgeted(settings: Settings) -> list[tuple[str, ClientKey | Team]]:
+    """The keys and teams with budgets, each with its place in the file."""
+    # A key with budgets is among those validated in full (config_keys.py).
+    budgeted: list[tuple[str, ClientKey | Team]] = [
+        (f"keys[{settings.keys.position(k.name)}]", k) for k in settings.keys.full() if k.budgets
+    ]
+    return budgeted + [(f"teams[{i}]", t) for i, t in enumerate(settings.teams) if t.budgets]
+
+
+def _free_traffic_warnings(
+    where: str, owner: ClientKey | Team, unpriced: set[str], every_group: list[str]
+) -> list[str]:
+    """The owner's dollar budgets that reach an unpriced group: its requests cost 0."""
+    allowed = owner.models if isinstance(owner, ClientKey) else None
+    warnings = []
+    for j, budget in enumerate(owner.budgets):
+        if budget.kind != "usd":
+            continue
+        free = sorted(set(budget.models or allowed or every_group) & unpriced)
+        if free:
+            warnings.append(
+                f"{where}.budgets[{j}]: a budget in usd, but {', '.join(free)} has a"
+                " deployment without a price: its requests cost 0"
+            )
     return warnings
 
 
