@@ -13,7 +13,7 @@ import hashlib
 import os
 import re
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -1024,6 +1024,7 @@ _PLAIN = {
     "bool_type": "must be true or false",
     "bool_parsing": "must be true or false",
     "string_type": "must be a string",
+    "string_too_short": "must not be empty",
     "list_type": "must be a list",
     "dict_type": "must be a mapping",
     "model_type": "must be a mapping of settings",
@@ -1031,29 +1032,50 @@ _PLAIN = {
 
 
 def _plain(err: Any) -> str:
-    kind, ctx = err["type"], err.get("ctx") or {}
-    if kind == "extra_forbidden":
-        return f"unknown key{_suggest(str(err['loc'][-1]), _fields_at(err['loc'][:-1]))}"
+    """A pydantic error in plain words: a fixed phrase, one that reads the error, else
+    pydantic's own message."""
+    kind = err["type"]
     if kind in _PLAIN:
         return _PLAIN[kind]
-    if kind == "too_short":
-        return "needs at least one item" if isinstance(err["input"], list) else "must not be empty"
-    if kind == "string_too_short":
-        return "must not be empty"
-    if kind == "greater_than":
-        return f"must be greater than {ctx.get('gt')}"
-    if kind == "greater_than_equal":
-        return f"must be at least {ctx.get('ge')}"
-    if kind == "literal_error":
-        return f"must be one of {ctx.get('expected')} (got {err['input']!r})"
-    if kind == "string_pattern_mismatch":
-        field = err["loc"][-1]
-        if field == "base_url":
-            return f"must be a URL starting with http:// or https:// (got {err['input']!r})"
-        if field == "id":
-            return "may contain only letters, digits and _ . : -"
+    phrase = _PHRASED.get(kind)
+    plain = phrase(err, err.get("ctx") or {}) if phrase is not None else None
+    if plain is not None:
+        return plain
     message = str(err["msg"]).removeprefix("Value error, ")
     return message.replace("Input should be", "must be")
+
+
+def _unknown_key(err: Any, ctx: Mapping[str, Any]) -> str:
+    """An unknown key, with the closest key the model there accepts."""
+    return f"unknown key{_suggest(str(err['loc'][-1]), _fields_at(err['loc'][:-1]))}"
+
+
+def _too_short(err: Any, ctx: Mapping[str, Any]) -> str:
+    """An empty list needs an item; an empty string or mapping must not be empty."""
+    return "needs at least one item" if isinstance(err["input"], list) else "must not be empty"
+
+
+def _pattern_mismatch(err: Any, ctx: Mapping[str, Any]) -> str | None:
+    """The two patterns the schema has, said plainly; None: pydantic's message."""
+    field = err["loc"][-1]
+    if field == "base_url":
+        return f"must be a URL starting with http:// or https:// (got {err['input']!r})"
+    if field == "id":
+        return "may contain only letters, digits and _ . : -"
+    return None
+
+
+# Pydantic's phrases that read the error (its input, its place, its ``ctx``).
+_PHRASED: dict[str, Callable[[Any, Mapping[str, Any]], str | None]] = {
+    "extra_forbidden": _unknown_key,
+    "too_short": _too_short,
+    "greater_than": lambda err, ctx: f"must be greater than {ctx.get('gt')}",
+    "greater_than_equal": lambda err, ctx: f"must be at least {ctx.get('ge')}",
+    "literal_error": lambda err, ctx: (
+        f"must be one of {ctx.get('expected')} (got {err['input']!r})"
+    ),
+    "string_pattern_mismatch": _pattern_mismatch,
+}
 
 
 def _fields_at(loc: tuple[int | str, ...]) -> list[str]:
