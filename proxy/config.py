@@ -870,20 +870,36 @@ def parse_settings(
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(source, ["(top level): expected a mapping of sections"])
-    unset: list[str] = []
-    if _mentions_variables(data):
-        data = _interpolate(data, "", os.environ if env is None else env, unset)
-    problems = list(unset)
-    unset_paths = {p.split(": ", 1)[0] for p in unset}
+    data, unset = _substituted(data, env)
     settings, errors = _validate(data, None if previous is None else previous.keys)
-    for err in errors:
-        path = _loc_to_path(tuple(err["loc"]))
-        if not any(_within(unset, path) for unset in unset_paths):
-            problems.append(f"{path}: {_plain(err)}")
+    problems = unset + _field_problems(errors, unset)
     problems += _reference_problems(typing.cast(dict[str, Any], data))
     if problems or settings is None:
         raise ConfigError(source, problems)
     return settings
+
+
+def _substituted(
+    data: dict[Any, Any], env: Mapping[str, str] | None
+) -> tuple[dict[Any, Any], list[str]]:
+    """The document with its ``${VAR}`` replaced (``env``, else the process's), and a
+    problem for each variable that is not set; untouched if it names none."""
+    unset: list[str] = []
+    if _mentions_variables(data):
+        data = _interpolate(data, "", os.environ if env is None else env, unset)
+    return data, unset
+
+
+def _field_problems(errors: list[Any], unset: list[str]) -> list[str]:
+    """Pydantic's errors in plain words, but those an unset variable's empty stand-in
+    caused: that variable has its problem already (``unset``)."""
+    unset_paths = {p.split(": ", 1)[0] for p in unset}
+    problems = []
+    for err in errors:
+        path = _loc_to_path(tuple(err["loc"]))
+        if not any(_within(unset_path, path) for unset_path in unset_paths):
+            problems.append(f"{path}: {_plain(err)}")
+    return problems
 
 
 def _validate(
