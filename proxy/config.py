@@ -946,31 +946,45 @@ def config_warnings(settings: Settings) -> list[str]:
     warnings = budget_warnings(settings)
     for i, group in enumerate(settings.models):
         for j, d in enumerate(group.deployments):
-            if not d.tls.verify:
-                warnings.append(
-                    f"models[{i}].deployments[{j}].tls.verify: false: the upstream's"
-                    " certificate is not checked (a lab upstream only)"
-                )
-            unredacted = redaction_warning(d.api_key.get_secret_value())
-            if unredacted is not None:
-                warnings.append(f"models[{i}].deployments[{j}].api_key: {unredacted}")
-            url = d.base_url.lower()
-            if d.provider == "azure" and url.endswith("/openai"):
-                warnings.append(
-                    f"models[{i}].deployments[{j}].base_url: give the resource's URL without"
-                    f" /openai; requests would go to {d.base_url}/openai/deployments/..."
-                )
-            if d.provider == "openai" and "api.openai.com" in url and not url.endswith("/v1"):
-                warnings.append(
-                    f"models[{i}].deployments[{j}].base_url: OpenAI's API is under /v1"
-                    f" ({d.base_url}/v1); requests would go to {d.base_url}/chat/completions"
-                )
-            if d.provider == "anthropic" and url.endswith("/v1"):
-                warnings.append(
-                    f"models[{i}].deployments[{j}].base_url: give Anthropic's URL without /v1;"
-                    f" requests would go to {d.base_url}/v1/messages"
-                )
+            warnings += _deployment_warnings(f"models[{i}].deployments[{j}]", d)
     return warnings
+
+
+def _deployment_warnings(where: str, d: Deployment) -> list[str]:
+    """A deployment's settings that work but are probably not meant: no certificate
+    check, a key in the clear, a base URL its requests would go wrong under."""
+    warnings = []
+    if not d.tls.verify:
+        warnings.append(
+            f"{where}.tls.verify: false: the upstream's certificate is not checked"
+            " (a lab upstream only)"
+        )
+    unredacted = redaction_warning(d.api_key.get_secret_value())
+    if unredacted is not None:
+        warnings.append(f"{where}.api_key: {unredacted}")
+    mistake = _base_url_mistake(d)
+    if mistake is not None:
+        warnings.append(f"{where}.base_url: {mistake}")
+    return warnings
+
+
+def _base_url_mistake(d: Deployment) -> str | None:
+    """The provider's path part given (or left out) in ``base_url``: where its requests
+    would go instead; None if the URL looks right."""
+    url = d.base_url.lower()
+    if d.provider == "azure" and url.endswith("/openai"):
+        return (
+            "give the resource's URL without /openai;"
+            f" requests would go to {d.base_url}/openai/deployments/..."
+        )
+    if d.provider == "openai" and "api.openai.com" in url and not url.endswith("/v1"):
+        return (
+            "OpenAI's API is under /v1"
+            f" ({d.base_url}/v1); requests would go to {d.base_url}/chat/completions"
+        )
+    if d.provider == "anthropic" and url.endswith("/v1"):
+        return f"give Anthropic's URL without /v1; requests would go to {d.base_url}/v1/messages"
+    return None
 
 
 def budget_warnings(settings: Settings) -> list[str]:
