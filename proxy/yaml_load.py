@@ -142,13 +142,22 @@ def load_from_events(parser: Any) -> Any:
     ``_Fallback`` for a document that needs PyYAML's composer and constructor."""
     get_event = parser.get_event
     get_event()  # StreamStart
-    event = get_event()
-    if type(event) is not yaml.DocumentStartEvent:
+    if type(get_event()) is not yaml.DocumentStartEvent:
         return None  # an empty stream
-    rules: Container[str | None] = _RESOLVER.yaml_implicit_resolvers
-    if None in rules:  # a resolver added for any first character: always ask
-        rules = _EVERY_FIRST
-    resolved: dict[str, Any] = {}
+    document = _document(get_event, _first_characters_with_rules(), _Resolved())
+    if type(get_event()) is not yaml.StreamEndEvent:
+        raise _Fallback  # a second document: PyYAML's load says it expected one
+    return document
+
+
+_OPENS = frozenset((MappingStartEvent, SequenceStartEvent))
+_CLOSES = frozenset((MappingEndEvent, SequenceEndEvent))
+
+
+def _document(get_event: Any, rules: Container[str | None], resolved: _Resolved) -> Any:
+    """The node of a document whose start was read, from its events up to its end. A
+    scalar is handled in place (a million of them in 100,000 keys), a collection's start
+    and end by helpers."""
     # Each open collection's items so far, innermost last; a mapping's alternate keys
     # and values. ``kinds`` says which of them are mappings.
     top: list[Any] = []
@@ -163,32 +172,53 @@ def load_from_events(parser: Any) -> Any:
                 raise _Fallback
             value = event.value
             if event.implicit[0] and (value[:1] in rules):
-                value = resolved[value] if value in resolved else _resolve(value, resolved)
+                value = resolved[value]
             current.append(value)
-        elif kind is MappingStartEvent or kind is SequenceStartEvent:
-            if event.anchor is not None or event.tag is not None:
-                raise _Fallback
+        elif kind in _OPENS:
+            _refuse_anchor_or_tag(event)
             stack.append(current)
             kinds.append(kind is MappingStartEvent)
             current = []
-        elif kind is MappingEndEvent or kind is SequenceEndEvent:
+        elif kind in _CLOSES:
             items = current
             current = stack.pop()
-            if kinds.pop():
-                pairs = iter(items)
-                try:
-                    current.append(dict(zip(pairs, pairs)))  # noqa: B905 (pairs: even)
-                except TypeError:  # a collection as a key: PyYAML's load says so
-                    raise _Fallback from None
-            else:
-                current.append(items)
+            current.append(_collection(items, kinds.pop()))
         elif kind is yaml.DocumentEndEvent:
-            break
+            return top[0]
         else:  # an alias
             raise _Fallback
-    if type(get_event()) is not yaml.StreamEndEvent:
-        raise _Fallback  # a second document: PyYAML's load says it expected one
-    return top[0]
+
+
+def _refuse_anchor_or_tag(event: Any) -> None:
+    """``_Fallback`` for a node with an anchor or a tag: PyYAML's load builds those."""
+    if event.anchor is not None or event.tag is not None:
+        raise _Fallback
+
+
+def _collection(items: list[Any], is_mapping: bool) -> Any:
+    """A closed collection from its items (a mapping's: alternate keys and values)."""
+    if not is_mapping:
+        return items
+    pairs = iter(items)
+    try:
+        return dict(zip(pairs, pairs))  # noqa: B905 (pairs: even)
+    except TypeError:  # a collection as a key: PyYAML's load says so
+        raise _Fallback from None
+
+
+def _first_characters_with_rules() -> Container[str | None]:
+    """The first characters PyYAML's resolver has implicit rules for: only a plain
+    scalar starting with one is resolved; all of them if a rule has none."""
+    rules: Container[str | None] = _RESOLVER.yaml_implicit_resolvers
+    return _EVERY_FIRST if None in rules else rules
+
+
+class _Resolved(dict[str, Any]):
+    """Plain scalars' values by their text, each resolved on first sight (``_resolve``):
+    one look-up for the texts seen before (``true``, a repeated number)."""
+
+    def __missing__(self, text: str) -> Any:
+        return _resolve(text, self)
 
 
 class _EveryFirst:
