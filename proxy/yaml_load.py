@@ -100,16 +100,28 @@ def split_key_list(text: str) -> tuple[str, list[dict[Any, Any]]] | None:
     found = _KEYS_LINE.search(text)
     if found is None or len(_KEYS_ANYWHERE.findall(text)) != 1:
         return None
-    start = pos = found.end()
+    start = found.end()
+    read = _key_entries(text, start)
+    if read is None:
+        return None
+    keys, pos = read
+    if not keys or not _at_top_level_key(text, pos):
+        return None
+    return text[:start] + text[pos:], keys
+
+
+def _key_entries(text: str, start: int) -> tuple[list[dict[Any, Any]], int] | None:
+    """The entries of the key list starting at ``start``, read line by line while the
+    lines are of the form above, and where they stop; None if a field's line comes
+    before any entry's."""
     indent = _SPACES.match(text, start).end() - start  # type: ignore[union-attr]
     line = re.compile(" " * indent + "(- |  )" + _FIELD)
-    rules: Container[str | None] = _RESOLVER.yaml_implicit_resolvers
-    if None in rules:
-        rules = _EVERY_FIRST
-    resolved: dict[str, Any] = {}
+    rules = _first_characters_with_rules()
+    resolved = _Resolved()
     fields: dict[str, Any] = {}  # a field's name as written: as resolved (few distinct)
     keys: list[dict[Any, Any]] = []
     entry: dict[Any, Any] | None = None
+    pos = start
     for got in line.finditer(text, start):
         if got.start() != pos:
             break  # the next match is past the list's end
@@ -122,19 +134,22 @@ def split_key_list(text: str) -> tuple[str, list[dict[Any, Any]]] | None:
         try:
             field = fields[key]
         except KeyError:
-            field = fields[key] = _resolve(key, resolved) if key[:1] in rules else key
+            field = fields[key] = resolved[key] if key[:1] in rules else key
         if plain is not None:
             value: Any = plain
             if plain[:1] in rules:
-                value = resolved[plain] if plain in resolved else _resolve(plain, resolved)
+                value = resolved[plain]
         else:
             value = single if single is not None else double
         entry[field] = value
         pos = got.end()
-    # The list must end where a top-level key (or the text) begins.
-    if not keys or (pos < len(text) and not (text[pos].isalpha() or text[pos] == "_")):
-        return None
-    return text[:start] + text[pos:], keys
+    return keys, pos
+
+
+def _at_top_level_key(text: str, pos: int) -> bool:
+    """Whether a top-level key (or the end of the text) begins at ``pos``: where the
+    list must end."""
+    return pos >= len(text) or text[pos].isalpha() or text[pos] == "_"
 
 
 def load_from_events(parser: Any) -> Any:
@@ -218,7 +233,8 @@ class _Resolved(dict[str, Any]):
     one look-up for the texts seen before (``true``, a repeated number)."""
 
     def __missing__(self, text: str) -> Any:
-        return _resolve(text, self)
+        value = self[text] = _resolve(text)
+        return value
 
 
 class _EveryFirst:
@@ -231,15 +247,12 @@ class _EveryFirst:
 _EVERY_FIRST = _EveryFirst()
 
 
-def _resolve(text: str, resolved: dict[str, Any]) -> Any:
-    """The value of the plain scalar ``text`` by PyYAML's rules, remembered in
-    ``resolved`` (every value it gives is immutable: shared safely)."""
+def _resolve(text: str) -> Any:
+    """The value of the plain scalar ``text`` by PyYAML's rules (every value it gives is
+    immutable: remembered and shared safely, ``_Resolved``)."""
     tag = _RESOLVER.resolve(ScalarNode, text, (True, False))
     if tag == _STR_TAG:
-        value: Any = text
-    elif tag in _SCALAR_TAGS:
-        value = _CONSTRUCTOR.yaml_constructors[tag](_CONSTRUCTOR, ScalarNode(tag, text))
-    else:
-        raise _Fallback
-    resolved[text] = value
-    return value
+        return text
+    if tag in _SCALAR_TAGS:
+        return _CONSTRUCTOR.yaml_constructors[tag](_CONSTRUCTOR, ScalarNode(tag, text))
+    raise _Fallback
