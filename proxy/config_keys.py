@@ -84,21 +84,24 @@ def _key_digest(key: object) -> bytes | None:
 
 def _plain_extras(entry: dict[str, Any]) -> bool:
     """The fields beyond a name, a secret and two windows, each of its exact type."""
-    team = entry.get("team")
+    team, models = entry.get("team"), entry.get("models")
     if team is not None and (type(team) is not str or not team):
         return False
-    models = entry.get("models")
-    if models is not None and (type(models) is not list or any(type(m) is not str for m in models)):
+    if models is not None and not _strings(models):
         return False
     if "priority" in entry and type(entry["priority"]) is not int:
         return False
-    if "weight" in entry:
-        weight = entry["weight"]
-        if type(weight) is not int and type(weight) is not float:
-            return False
-        if not weight > 0:  # NaN too
-            return False
-    return True
+    return "weight" not in entry or _positive_number(entry["weight"])
+
+
+def _strings(value: object) -> bool:
+    """Whether ``value`` is a list of strings only (an allow-list)."""
+    return type(value) is list and all(type(m) is str for m in value)
+
+
+def _positive_number(value: object) -> bool:
+    """Whether ``value`` is an int or a float (not a bool) above 0 (not NaN)."""
+    return (type(value) is int or type(value) is float) and value > 0
 
 
 class ConfigKeys(Sequence["ClientKey"]):
