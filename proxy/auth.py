@@ -6,7 +6,7 @@ import base64
 import hashlib
 import hmac
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 from proxy.config import ClientKey, Settings
 from proxy.config_keys import ConfigKeys
@@ -109,20 +109,35 @@ class KeyStore:
         runtime = self.runtime
         secret = credential.secret(header, presented)
         if secret is None:
-            if runtime is not None and not runtime.known and not self._configured:
-                raise runtime.unavailable()  # open or not: unknown until the store is read
-            raise AuthenticationFailed(credential.missing, code="missing_api_key")
+            self._refuse_missing(credential)
         digest = hashlib.sha256(secret.encode()).digest()
         found = self._by_digest.get(digest)
         if found is None and runtime is not None:
-            created = runtime.find(digest.hex())
-            if created is not None and self._keys.position(created[0].name) is None:
-                return created[0]
-            if created is None and not runtime.current and self._unsure(runtime):
-                raise runtime.unavailable()  # a key created meanwhile is not known here
+            created = self._created_key(runtime, digest)
+            if created is not None:
+                return created
         if found is None or not hmac.compare_digest(self._digests[found], digest):
             raise AuthenticationFailed("Incorrect API key provided.")
         return self._keys[found]
+
+    def _refuse_missing(self, credential: ClientCredential) -> NoReturn:
+        """No key presented: a 401, unless the store was never read and the file has no
+        keys, when whether access is open is not known yet."""
+        runtime = self.runtime
+        if runtime is not None and not runtime.known and not self._configured:
+            raise runtime.unavailable()  # open or not: unknown until the store is read
+        raise AuthenticationFailed(credential.missing, code="missing_api_key")
+
+    def _created_key(self, runtime: RuntimeLookup, digest: bytes) -> ClientKey | None:
+        """The key created through the admin API with this digest (not one named as a
+        file's key); None if there is none, unless the store may have it but cannot
+        say now."""
+        created = runtime.find(digest.hex())
+        if created is not None and self._keys.position(created[0].name) is None:
+            return created[0]
+        if created is None and not runtime.current and self._unsure(runtime):
+            raise runtime.unavailable()  # a key created meanwhile is not known here
+        return None
 
     def _unsure(self, runtime: RuntimeLookup) -> bool:
         """Whether a key the store's last view lacks may still be one of its own: the

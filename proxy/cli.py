@@ -225,19 +225,8 @@ def _resolve_options(args: argparse.Namespace) -> str:
     """Fill what the command line left out from the environment, then check it all: every
     problem is reported, one line each. Returns the start-up's log level."""
     problems = Problems()
-    if args.host is None:
-        args.host = os.environ.get("LLM_PROXY_HOST", "").strip() or "127.0.0.1"
-    if args.port is None:
-        args.port = problems.env_int("LLM_PROXY_PORT", 8000)
-    if args.workers is None:
-        args.workers = problems.env_int("LLM_PROXY_WORKERS", 1)
-    if args.workers is not None and args.workers < 1:
-        problems.add(
-            f"{args.workers} workers: pass --workers N or set LLM_PROXY_WORKERS=N (N >= 1)"
-        )
-    args.ssl_certfile = args.ssl_certfile or os.environ.get("LLM_PROXY_SSL_CERTFILE") or None
-    args.ssl_keyfile = args.ssl_keyfile or os.environ.get("LLM_PROXY_SSL_KEYFILE") or None
-    problems.add(tls_problem(args.ssl_certfile, args.ssl_keyfile))
+    _resolve_listening(args, problems)
+    _resolve_tls(args, problems)
     if args.port is not None:
         problems.add(
             listen_problem(
@@ -249,18 +238,7 @@ def _resolve_options(args: argparse.Namespace) -> str:
             )
         )
     if args.config is None:
-        if args.workers is not None and args.workers > 1:
-            problems.add("the embedded demo runs one worker; pass --config for more")
-        args.demo_upstream_port = problems.env_int(DEMO_UPSTREAM_PORT_ENV, DEMO_UPSTREAM_PORT)
-        if args.demo_upstream_port is not None:
-            problems.add(
-                listen_problem(
-                    "127.0.0.1",
-                    args.demo_upstream_port,
-                    "the demo's fake upstream",
-                    port_fix=f"set {DEMO_UPSTREAM_PORT_ENV}=N",
-                )
-            )
+        _resolve_demo(args, problems)
     problems.add(_fast_paths_problem())
     log_level = os.environ.get(LOG_LEVEL_ENV, "").strip().lower() or "info"
     try:
@@ -269,6 +247,46 @@ def _resolve_options(args: argparse.Namespace) -> str:
         problems.add(str(exc))
     problems.raise_any()
     return log_level
+
+
+def _resolve_listening(args: argparse.Namespace, problems: Problems) -> None:
+    """The host, port and workers left out taken from the environment; a variable that
+    is not a number, or fewer than one worker, is a problem."""
+    if args.host is None:
+        args.host = os.environ.get("LLM_PROXY_HOST", "").strip() or "127.0.0.1"
+    if args.port is None:
+        args.port = problems.env_int("LLM_PROXY_PORT", 8000)
+    if args.workers is None:
+        args.workers = problems.env_int("LLM_PROXY_WORKERS", 1)
+    if args.workers is not None and args.workers < 1:
+        problems.add(
+            f"{args.workers} workers: pass --workers N or set LLM_PROXY_WORKERS=N (N >= 1)"
+        )
+
+
+def _resolve_tls(args: argparse.Namespace, problems: Problems) -> None:
+    """The certificate and key left out taken from the environment (empty: none); a
+    pair that cannot serve TLS is a problem."""
+    args.ssl_certfile = args.ssl_certfile or os.environ.get("LLM_PROXY_SSL_CERTFILE") or None
+    args.ssl_keyfile = args.ssl_keyfile or os.environ.get("LLM_PROXY_SSL_KEYFILE") or None
+    problems.add(tls_problem(args.ssl_certfile, args.ssl_keyfile))
+
+
+def _resolve_demo(args: argparse.Namespace, problems: Problems) -> None:
+    """The embedded demo runs one worker, its fake upstream on a port from the
+    environment (or 8001) that must be free."""
+    if args.workers is not None and args.workers > 1:
+        problems.add("the embedded demo runs one worker; pass --config for more")
+    args.demo_upstream_port = problems.env_int(DEMO_UPSTREAM_PORT_ENV, DEMO_UPSTREAM_PORT)
+    if args.demo_upstream_port is not None:
+        problems.add(
+            listen_problem(
+                "127.0.0.1",
+                args.demo_upstream_port,
+                "the demo's fake upstream",
+                port_fix=f"set {DEMO_UPSTREAM_PORT_ENV}=N",
+            )
+        )
 
 
 def _configure_logging(level: str, where: str) -> None:

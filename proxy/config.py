@@ -13,7 +13,7 @@ import hashlib
 import os
 import re
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -656,55 +656,99 @@ def _reference_problems(data: Mapping[str, Any]) -> list[str]:
     raw document: reported in the same pass as the field errors, whatever else is wrong.
     One pass over the keys, looking only at the fields an entry has (100,000 keys)."""
     models = [m for m in _items(data.get("models")) if isinstance(m, dict)]
-    names: list[str] = [m["name"] for m in models if isinstance(m.get("name"), str)]
+    names = _names(models)
+    teams = [t for t in _items(data.get("teams")) if isinstance(t, dict)]
+    team_names = _names(teams)
+    known = _Known(set(names), _served_names(models), team_names, set(team_names))
+    keys = _key_references(data.get("keys"), known)
     problems = _duplicates("models", names, "name")
     problems += model_names.problems(_items(data.get("models")))
-    served = _served_names(models)
-    teams = [t for t in _items(data.get("teams")) if isinstance(t, dict)]
-    team_names: list[str] = [t["name"] for t in teams if isinstance(t.get("name"), str)]
-    known: set[str] = set(names)
-    known_teams = set(team_names)
-    key_names: list[str] = []
-    named: list[str] = []  # an allow-list's or a team's unknown name
-    scoped: list[str] = []  # a window's or a budget's unknown model
-    for i, key in enumerate(_items(data.get("keys"))):
-        if not isinstance(key, dict):
-            continue
-        name = key.get("name")
-        if isinstance(name, str):
-            key_names.append(name)
-        if "models" in key:
-            named += [
-                f"keys[{i}].models: unknown model {m!r}{_hint(m, known, served)}"
-                for m in _items(key["models"])
-                if isinstance(m, str) and m not in known
-            ]
-        team = key.get("team")
-        if isinstance(team, str) and team and team not in known_teams:
-            named.append(f"keys[{i}].team: unknown team {team!r}{_suggest(team, team_names)}")
-        if "limits" in key or "budgets" in key:
-            scoped += _scoped_model_problems(f"keys[{i}]", key, known, served)
-    problems += _duplicates("keys", key_names, "name")
-    ids = [
-        d.get("id")
+    problems += _duplicates("keys", keys.names, "name")
+    problems += _duplicates("models[].deployments", _deployment_ids(models), "id")
+    problems += _duplicates("teams", team_names, "name")
+    problems += keys.named
+    for i, team in enumerate(_items(data.get("teams"))):
+        problems += _scoped_model_problems(f"teams[{i}]", team, known)
+    problems += keys.scoped
+    return problems + _fallback_problems(data.get("routing"), known)
+
+
+def _names(entries: list[dict[Any, Any]]) -> list[str]:
+    """The entries' string names, in order: what duplicates and references are among."""
+    return [e["name"] for e in entries if isinstance(e.get("name"), str)]
+
+
+def _deployment_ids(models: list[dict[Any, Any]]) -> list[str]:
+    """Every string ``id`` of the models' deployments: unique across all groups."""
+    return [
+        d["id"]
         for m in models
         for d in _items(m.get("deployments"))
         if isinstance(d, dict) and isinstance(d.get("id"), str)
     ]
-    problems += _duplicates("models[].deployments", ids, "id")
-    problems += _duplicates("teams", team_names, "name")
-    problems += named
-    for i, team in enumerate(_items(data.get("teams"))):
-        problems += _scoped_model_problems(f"teams[{i}]", team, known, served)
-    problems += scoped
-    routing = data.get("routing")
-    fallbacks = routing.get("fallbacks") if isinstance(routing, dict) else None
-    for source, targets in fallbacks.items() if isinstance(fallbacks, dict) else []:
-        problems += [
-            f"routing.fallbacks.{source}: unknown model {m!r}{_hint(m, known, served)}"
-            for m in [source, *_items(targets)]
-            if isinstance(m, str) and m not in known
+
+
+@dataclass(frozen=True)
+class _Known:
+    """The names a reference may use: the groups' (with what serves other names, for
+    the hint) and the teams' (a list for the suggestion, a set for the look-up)."""
+
+    models: set[str]
+    served: model_names.ModelNames
+    team_names: list[str]
+    teams: set[str]
+
+    def unknown_models(self, where: str, values: object) -> list[str]:
+        """A problem for each string of ``values`` naming no group, with a hint."""
+        return [
+            f"{where}: unknown model {m!r}{_hint(m, self.models, self.served)}"
+            for m in _items(values)
+            if isinstance(m, str) and m not in self.models
         ]
+
+    def unknown_team(self, where: str, team: object) -> list[str]:
+        """A problem if ``team`` is a non-empty string naming no team."""
+        if not isinstance(team, str) or not team or team in self.teams:
+            return []
+        return [f"{where}: unknown team {team!r}{_suggest(team, self.team_names)}"]
+
+
+@dataclass
+class _KeyReferences:
+    """What one pass over the raw keys finds: their names, their allow-lists' and teams'
+    unknown names, their windows' and budgets' unknown models (reported apart)."""
+
+    names: list[str]
+    named: list[str]
+    scoped: list[str]
+
+
+def _key_references(keys: object, known: _Known) -> _KeyReferences:
+    """One pass over the raw key entries, looking only at the fields an entry has."""
+    found = _KeyReferences([], [], [])
+    for i, key in enumerate(_items(keys)):
+        if not isinstance(key, dict):
+            continue
+        name = key.get("name")
+        if isinstance(name, str):
+            found.names.append(name)
+        if "models" in key:
+            found.named += known.unknown_models(f"keys[{i}].models", key["models"])
+        found.named += known.unknown_team(f"keys[{i}].team", key.get("team"))
+        if "limits" in key or "budgets" in key:
+            found.scoped += _scoped_model_problems(f"keys[{i}]", key, known)
+    return found
+
+
+def _fallback_problems(routing: object, known: _Known) -> list[str]:
+    """A fallback's source or target naming no group."""
+    fallbacks = routing.get("fallbacks") if isinstance(routing, dict) else None
+    if not isinstance(fallbacks, dict):
+        return []
+    problems: list[str] = []
+    for source, targets in fallbacks.items():
+        where = f"routing.fallbacks.{source}"
+        problems += known.unknown_models(where, [source, *_items(targets)])
     return problems
 
 
@@ -725,26 +769,16 @@ def _hint(name: str, known: set[str], served: model_names.ModelNames) -> str:
     return served.hint(name) or _suggest(name, known)
 
 
-def _scoped_model_problems(
-    where: str, owner: object, known: set[str], served: model_names.ModelNames
-) -> list[str]:
+def _scoped_model_problems(where: str, owner: object, known: _Known) -> list[str]:
     """A window's or a budget's ``models`` naming no configured group is an error: it
     would count nothing, silently (a typo must not leave a limit unenforced)."""
     if not isinstance(owner, dict):
         return []
-    problems = [
-        f"{where}.limits[{j}].models: unknown model {m!r}{_hint(m, known, served)}"
-        for j, spec in enumerate(_items(owner.get("limits")))
-        for m in _items(spec.get("models") if isinstance(spec, dict) else None)
-        if isinstance(m, str) and m not in known
-    ]
-    for j, budget in enumerate(_items(owner.get("budgets"))):
-        scoped = budget.get("models") if isinstance(budget, dict) else None
-        problems += [
-            f"{where}.budgets[{j}].models: unknown model {m!r}{_hint(m, known, served)}"
-            for m in _items(scoped)
-            if isinstance(m, str) and m not in known
-        ]
+    problems: list[str] = []
+    for field in ("limits", "budgets"):
+        for j, spec in enumerate(_items(owner.get(field))):
+            scoped = spec.get("models") if isinstance(spec, dict) else None
+            problems += known.unknown_models(f"{where}.{field}[{j}].models", scoped)
     return problems
 
 
@@ -836,20 +870,36 @@ def parse_settings(
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(source, ["(top level): expected a mapping of sections"])
-    unset: list[str] = []
-    if _mentions_variables(data):
-        data = _interpolate(data, "", os.environ if env is None else env, unset)
-    problems = list(unset)
-    unset_paths = {p.split(": ", 1)[0] for p in unset}
+    data, unset = _substituted(data, env)
     settings, errors = _validate(data, None if previous is None else previous.keys)
-    for err in errors:
-        path = _loc_to_path(tuple(err["loc"]))
-        if not any(_within(unset, path) for unset in unset_paths):
-            problems.append(f"{path}: {_plain(err)}")
+    problems = unset + _field_problems(errors, unset)
     problems += _reference_problems(typing.cast(dict[str, Any], data))
     if problems or settings is None:
         raise ConfigError(source, problems)
     return settings
+
+
+def _substituted(
+    data: dict[Any, Any], env: Mapping[str, str] | None
+) -> tuple[dict[Any, Any], list[str]]:
+    """The document with its ``${VAR}`` replaced (``env``, else the process's), and a
+    problem for each variable that is not set; untouched if it names none."""
+    unset: list[str] = []
+    if _mentions_variables(data):
+        data = _interpolate(data, "", os.environ if env is None else env, unset)
+    return data, unset
+
+
+def _field_problems(errors: list[Any], unset: list[str]) -> list[str]:
+    """Pydantic's errors in plain words, but those an unset variable's empty stand-in
+    caused: that variable has its problem already (``unset``)."""
+    unset_paths = {p.split(": ", 1)[0] for p in unset}
+    problems = []
+    for err in errors:
+        path = _loc_to_path(tuple(err["loc"]))
+        if not any(_within(unset_path, path) for unset_path in unset_paths):
+            problems.append(f"{path}: {_plain(err)}")
+    return problems
 
 
 def _validate(
@@ -896,41 +946,51 @@ def config_warnings(settings: Settings) -> list[str]:
     warnings = budget_warnings(settings)
     for i, group in enumerate(settings.models):
         for j, d in enumerate(group.deployments):
-            if not d.tls.verify:
-                warnings.append(
-                    f"models[{i}].deployments[{j}].tls.verify: false: the upstream's"
-                    " certificate is not checked (a lab upstream only)"
-                )
-            unredacted = redaction_warning(d.api_key.get_secret_value())
-            if unredacted is not None:
-                warnings.append(f"models[{i}].deployments[{j}].api_key: {unredacted}")
-            url = d.base_url.lower()
-            if d.provider == "azure" and url.endswith("/openai"):
-                warnings.append(
-                    f"models[{i}].deployments[{j}].base_url: give the resource's URL without"
-                    f" /openai; requests would go to {d.base_url}/openai/deployments/..."
-                )
-            if d.provider == "openai" and "api.openai.com" in url and not url.endswith("/v1"):
-                warnings.append(
-                    f"models[{i}].deployments[{j}].base_url: OpenAI's API is under /v1"
-                    f" ({d.base_url}/v1); requests would go to {d.base_url}/chat/completions"
-                )
-            if d.provider == "anthropic" and url.endswith("/v1"):
-                warnings.append(
-                    f"models[{i}].deployments[{j}].base_url: give Anthropic's URL without /v1;"
-                    f" requests would go to {d.base_url}/v1/messages"
-                )
+            warnings += _deployment_warnings(f"models[{i}].deployments[{j}]", d)
     return warnings
+
+
+def _deployment_warnings(where: str, d: Deployment) -> list[str]:
+    """A deployment's settings that work but are probably not meant: no certificate
+    check, a key in the clear, a base URL its requests would go wrong under."""
+    warnings = []
+    if not d.tls.verify:
+        warnings.append(
+            f"{where}.tls.verify: false: the upstream's certificate is not checked"
+            " (a lab upstream only)"
+        )
+    unredacted = redaction_warning(d.api_key.get_secret_value())
+    if unredacted is not None:
+        warnings.append(f"{where}.api_key: {unredacted}")
+    mistake = _base_url_mistake(d)
+    if mistake is not None:
+        warnings.append(f"{where}.base_url: {mistake}")
+    return warnings
+
+
+def _base_url_mistake(d: Deployment) -> str | None:
+    """The provider's path part given (or left out) in ``base_url``: where its requests
+    would go instead; None if the URL looks right."""
+    url = d.base_url.lower()
+    if d.provider == "azure" and url.endswith("/openai"):
+        return (
+            "give the resource's URL without /openai;"
+            f" requests would go to {d.base_url}/openai/deployments/..."
+        )
+    if d.provider == "openai" and "api.openai.com" in url and not url.endswith("/v1"):
+        return (
+            "OpenAI's API is under /v1"
+            f" ({d.base_url}/v1); requests would go to {d.base_url}/chat/completions"
+        )
+    if d.provider == "anthropic" and url.endswith("/v1"):
+        return f"give Anthropic's URL without /v1; requests would go to {d.base_url}/v1/messages"
+    return None
 
 
 def budget_warnings(settings: Settings) -> list[str]:
     """Budgets that cannot hold what they promise: forgotten on restart without Redis, or
     a dollar budget over traffic that has no price (it costs 0)."""
-    # A key with budgets is among those validated in full (config_keys.py).
-    budgeted: list[tuple[str, ClientKey | Team]] = [
-        (f"keys[{settings.keys.position(k.name)}]", k) for k in settings.keys.full() if k.budgets
-    ]
-    budgeted += [(f"teams[{i}]", t) for i, t in enumerate(settings.teams) if t.budgets]
+    budgeted = _budgeted(settings)
     if not budgeted:
         return []
     warnings = []
@@ -939,23 +999,47 @@ def budget_warnings(settings: Settings) -> list[str]:
             "budgets: without redis.url budgets are counted in this process only"
             " (each worker its share) and forgotten on restart"
         )
-    unpriced = {
+    unpriced = _unpriced_groups(settings)
+    every_group = [g.name for g in settings.models]
+    for where, owner in budgeted:
+        warnings += _free_traffic_warnings(where, owner, unpriced, every_group)
+    return warnings
+
+
+def _unpriced_groups(settings: Settings) -> set[str]:
+    """The groups with no price of their own and a deployment without one: some of
+    their requests cost 0."""
+    return {
         g.name
         for g in settings.models
         if g.price is None and any(d.price is None for d in g.deployments)
     }
-    for where, owner in budgeted:
-        allowed = owner.models if isinstance(owner, ClientKey) else None
-        for j, budget in enumerate(owner.budgets):
-            if budget.kind != "usd":
-                continue
-            reach = set(budget.models or allowed or [g.name for g in settings.models])
-            free = sorted(reach & unpriced)
-            if free:
-                warnings.append(
-                    f"{where}.budgets[{j}]: a budget in usd, but {', '.join(free)} has a"
-                    " deployment without a price: its requests cost 0"
-                )
+
+
+def _budgeted(settings: Settings) -> list[tuple[str, ClientKey | Team]]:
+    """The keys and teams with budgets, each with its place in the file."""
+    # A key with budgets is among those validated in full (config_keys.py).
+    budgeted: list[tuple[str, ClientKey | Team]] = [
+        (f"keys[{settings.keys.position(k.name)}]", k) for k in settings.keys.full() if k.budgets
+    ]
+    return budgeted + [(f"teams[{i}]", t) for i, t in enumerate(settings.teams) if t.budgets]
+
+
+def _free_traffic_warnings(
+    where: str, owner: ClientKey | Team, unpriced: set[str], every_group: list[str]
+) -> list[str]:
+    """The owner's dollar budgets that reach an unpriced group: its requests cost 0."""
+    allowed = owner.models if isinstance(owner, ClientKey) else None
+    warnings = []
+    for j, budget in enumerate(owner.budgets):
+        if budget.kind != "usd":
+            continue
+        free = sorted(set(budget.models or allowed or every_group) & unpriced)
+        if free:
+            warnings.append(
+                f"{where}.budgets[{j}]: a budget in usd, but {', '.join(free)} has a"
+                " deployment without a price: its requests cost 0"
+            )
     return warnings
 
 
@@ -970,6 +1054,7 @@ _PLAIN = {
     "bool_type": "must be true or false",
     "bool_parsing": "must be true or false",
     "string_type": "must be a string",
+    "string_too_short": "must not be empty",
     "list_type": "must be a list",
     "dict_type": "must be a mapping",
     "model_type": "must be a mapping of settings",
@@ -977,29 +1062,50 @@ _PLAIN = {
 
 
 def _plain(err: Any) -> str:
-    kind, ctx = err["type"], err.get("ctx") or {}
-    if kind == "extra_forbidden":
-        return f"unknown key{_suggest(str(err['loc'][-1]), _fields_at(err['loc'][:-1]))}"
+    """A pydantic error in plain words: a fixed phrase, one that reads the error, else
+    pydantic's own message."""
+    kind = err["type"]
     if kind in _PLAIN:
         return _PLAIN[kind]
-    if kind == "too_short":
-        return "needs at least one item" if isinstance(err["input"], list) else "must not be empty"
-    if kind == "string_too_short":
-        return "must not be empty"
-    if kind == "greater_than":
-        return f"must be greater than {ctx.get('gt')}"
-    if kind == "greater_than_equal":
-        return f"must be at least {ctx.get('ge')}"
-    if kind == "literal_error":
-        return f"must be one of {ctx.get('expected')} (got {err['input']!r})"
-    if kind == "string_pattern_mismatch":
-        field = err["loc"][-1]
-        if field == "base_url":
-            return f"must be a URL starting with http:// or https:// (got {err['input']!r})"
-        if field == "id":
-            return "may contain only letters, digits and _ . : -"
+    phrase = _PHRASED.get(kind)
+    plain = phrase(err, err.get("ctx") or {}) if phrase is not None else None
+    if plain is not None:
+        return plain
     message = str(err["msg"]).removeprefix("Value error, ")
     return message.replace("Input should be", "must be")
+
+
+def _unknown_key(err: Any, ctx: Mapping[str, Any]) -> str:
+    """An unknown key, with the closest key the model there accepts."""
+    return f"unknown key{_suggest(str(err['loc'][-1]), _fields_at(err['loc'][:-1]))}"
+
+
+def _too_short(err: Any, ctx: Mapping[str, Any]) -> str:
+    """An empty list needs an item; an empty string or mapping must not be empty."""
+    return "needs at least one item" if isinstance(err["input"], list) else "must not be empty"
+
+
+def _pattern_mismatch(err: Any, ctx: Mapping[str, Any]) -> str | None:
+    """The two patterns the schema has, said plainly; None: pydantic's message."""
+    field = err["loc"][-1]
+    if field == "base_url":
+        return f"must be a URL starting with http:// or https:// (got {err['input']!r})"
+    if field == "id":
+        return "may contain only letters, digits and _ . : -"
+    return None
+
+
+# Pydantic's phrases that read the error (its input, its place, its ``ctx``).
+_PHRASED: dict[str, Callable[[Any, Mapping[str, Any]], str | None]] = {
+    "extra_forbidden": _unknown_key,
+    "too_short": _too_short,
+    "greater_than": lambda err, ctx: f"must be greater than {ctx.get('gt')}",
+    "greater_than_equal": lambda err, ctx: f"must be at least {ctx.get('ge')}",
+    "literal_error": lambda err, ctx: (
+        f"must be one of {ctx.get('expected')} (got {err['input']!r})"
+    ),
+    "string_pattern_mismatch": _pattern_mismatch,
+}
 
 
 def _fields_at(loc: tuple[int | str, ...]) -> list[str]:

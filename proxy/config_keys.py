@@ -46,42 +46,62 @@ def plain_digest(entry: object) -> bytes | None:
     name = entry.get("name")
     if type(name) is not str or not name:
         return None
+    if not _plain_windows(entry):
+        return None
+    if not entry.keys() <= _BASIC_FIELDS and not _plain_extras(entry):
+        return None
+    return _secret_digest(entry.get("key"), entry.get("key_sha256"))
+
+
+def _plain_windows(entry: dict[str, Any]) -> bool:
+    """Each of the rpm/tpm/rpd/tpd shorthands absent or a positive int (not a bool)."""
     for field in _WINDOWS:
         amount = entry.get(field)
         if amount is not None and (type(amount) is not int or amount <= 0):
-            return None
-    if not entry.keys() <= _BASIC_FIELDS and not _plain_extras(entry):
-        return None
-    key, sha256 = entry.get("key"), entry.get("key_sha256")
+            return False
+    return True
+
+
+def _secret_digest(key: object, sha256: object) -> bytes | None:
+    """The digest of the one secret given: a non-empty ``key``, or alone a ``key_sha256``
+    of 64 hex digits; None for anything else (pydantic words the problem)."""
     if sha256 is None:
-        if type(key) is str and key:
-            try:
-                return hashlib.sha256(key.encode()).digest()
-            except UnicodeEncodeError:  # a lone surrogate: pydantic words the problem
-                return None
-        return None
+        return _key_digest(key)
     if key is None and type(sha256) is str and _HEX64.fullmatch(sha256):
         return bytes.fromhex(sha256)
     return None
 
 
+def _key_digest(key: object) -> bytes | None:
+    """The sha256 of a non-empty string key; None otherwise."""
+    if type(key) is not str or not key:
+        return None
+    try:
+        return hashlib.sha256(key.encode()).digest()
+    except UnicodeEncodeError:  # a lone surrogate: pydantic words the problem
+        return None
+
+
 def _plain_extras(entry: dict[str, Any]) -> bool:
     """The fields beyond a name, a secret and two windows, each of its exact type."""
-    team = entry.get("team")
+    team, models = entry.get("team"), entry.get("models")
     if team is not None and (type(team) is not str or not team):
         return False
-    models = entry.get("models")
-    if models is not None and (type(models) is not list or any(type(m) is not str for m in models)):
+    if models is not None and not _strings(models):
         return False
     if "priority" in entry and type(entry["priority"]) is not int:
         return False
-    if "weight" in entry:
-        weight = entry["weight"]
-        if type(weight) is not int and type(weight) is not float:
-            return False
-        if not weight > 0:  # NaN too
-            return False
-    return True
+    return "weight" not in entry or _positive_number(entry["weight"])
+
+
+def _strings(value: object) -> bool:
+    """Whether ``value`` is a list of strings only (an allow-list)."""
+    return type(value) is list and all(type(m) is str for m in value)
+
+
+def _positive_number(value: object) -> bool:
+    """Whether ``value`` is an int or a float (not a bool) above 0 (not NaN)."""
+    return (type(value) is int or type(value) is float) and value > 0
 
 
 class ConfigKeys(Sequence["ClientKey"]):

@@ -25,38 +25,58 @@ def set_fields(raw: bytes, fields: Mapping[str, object]) -> bytes:
     """``raw`` (a valid JSON object) with each of ``fields`` set at the top level: every
     occurrence of the key replaced, a missing key added at the end."""
     values = {name: orjson.dumps(value) for name, value in fields.items()}
+    members, close = _top_level_members(raw)
     parts: list[bytes] = []
     done = 0  # bytes of raw already copied to parts
-    found: set[str] = set()
+    for key, value_start, value_end in members:
+        if key in values:
+            parts += [raw[done:value_start], values[key]]
+            done = value_end
+    found = {key for key, _, _ in members}
+    missing = [name for name in values if name not in found]
+    if not missing:
+        return b"".join([*parts, raw[done:]])
+    added = _added_members(raw, close, {name: values[name] for name in missing})
+    return b"".join([*parts, raw[done:close], added, raw[close:]])
+
+
+# How far a structural token takes the depth.
+_DEPTH = {b"{": 1, b"[": 1, b"}": -1, b"]": -1}
+
+
+def _top_level_members(raw: bytes) -> tuple[list[tuple[str, int, int]], int]:
+    """Each top-level member of the object ``raw`` as its key and where its value's bytes
+    begin and end (in order, a repeated key each time), and where the object closes."""
+    members: list[tuple[str, int, int]] = []
     depth = 0
     key: str | None = None  # the member whose value is being read, at depth 1
     value_start = 0
     last_token = b""
-    close = -1
     for match in _TOKEN.finditer(raw):
         token = match.group()
-        if token in (b"{", b"["):
-            depth += 1
-        elif token in (b"}", b"]"):
-            depth -= 1
-            if depth == 0:
-                close = match.start()
+        step = _DEPTH.get(token, 0)
+        depth += step
         if depth == 1 and token == b":":
             key = orjson.loads(last_token)
             value_start = match.end()
-        elif key is not None and ((depth == 1 and token == b",") or (depth == 0 and token == b"}")):
-            if key in values:
-                parts.append(raw[done:value_start])
-                parts.append(values[key])
-                done = match.start()
-                found.add(key)
+        elif key is not None and _ends_member(token, depth):
+            members.append((key, value_start, match.start()))
             key = None
+        if step < 0 and depth == 0:
+            return members, match.start()
         last_token = token
-        if close >= 0:
-            break
-    missing = [name for name in values if name not in found]
-    if not missing:
-        return b"".join([*parts, raw[done:]])
+    return members, -1
+
+
+def _ends_member(token: bytes, depth: int) -> bool:
+    """Whether ``token`` (the depth counted with it) ends a top-level member's value: the
+    comma before the next member, or the object's closing brace."""
+    return (depth == 1 and token == b",") or (depth == 0 and token == b"}")
+
+
+def _added_members(raw: bytes, close: int, added: Mapping[str, bytes]) -> bytes:
+    """The members ``added`` (a name and its JSON), written before the object's closing
+    brace at ``close``: after a comma unless the object is empty."""
     empty = raw[:close].rstrip().endswith(b"{")
-    added = b",".join(orjson.dumps(name) + b":" + values[name] for name in missing)
-    return b"".join([*parts, raw[done:close], b"" if empty else b",", added, raw[close:]])
+    members = b",".join(orjson.dumps(name) + b":" + value for name, value in added.items())
+    return members if empty else b"," + members

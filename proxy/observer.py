@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from proxy.background import stop
 from proxy.catalog import Catalog, key_limits
-from proxy.config import ClientKey, Settings
+from proxy.config import ClientKey, Deployment, Settings
 from proxy.limiter.base import MINUTE, ManagedLimiter
 from proxy.limiter.core.verdicts import key_codes
 from proxy.metrics import Metrics
@@ -99,29 +99,53 @@ def publish_configured_state(
     reload (``previous``): new deployments appear, removed ones and removed limits go.
     ``shadow_keys``: the config's shadow keys, when found beforehand (``shadow_keys_of``,
     in a reload's thread: 100,000 keys are not walked on the event loop)."""
-    old = {(g.name, d.id): d for g in (previous.models if previous else []) for d in g.deployments}
+    old = _deployments_of(previous)
     for group in settings.models:
         for d in group.deployments:
             was = old.pop((group.name, d.id), None)
-            if was is None:
-                metrics.init_deployment(
-                    group.name,
-                    d.id,
-                    rpm=d.rpm * share if d.rpm is not None else None,
-                    tpm=d.tpm * share if d.tpm is not None else None,
-                )
-                continue
-            for kind, now, before in (("requests", d.rpm, was.rpm), ("tokens", d.tpm, was.tpm)):
-                if now is not None:
-                    metrics.set_deployment_limit(group.name, d.id, kind, now * share)
-                elif before is not None:
-                    metrics.forget_deployment_limit(group.name, d.id, kind)
+            _publish_deployment(metrics, group.name, d, was, share)
     for model, deployment_id in old:
         metrics.forget_deployment(model, deployment_id)
-    for key in shadow_keys_of(settings) if shadow_keys is None else shadow_keys:
-        # Its would-be refusals read 0, not "no data", before the first.
+    _publish_shadow_keys(
+        settings, metrics, shadow_keys_of(settings) if shadow_keys is None else shadow_keys
+    )
+    if previous is None:
+        metrics.set_fallback_active(False)
+
+
+def _deployments_of(settings: Settings | None) -> dict[tuple[str, str], Deployment]:
+    """The config's deployments by group name and id (none without a config): what a
+    reload finds gone or changed."""
+    if settings is None:
+        return {}
+    return {(g.name, d.id): d for g in settings.models for d in g.deployments}
+
+
+def _publish_deployment(
+    metrics: Metrics, group: str, d: Deployment, was: Deployment | None, share: float
+) -> None:
+    """A new deployment's series made (``was``: None), else its per-minute limits set to
+    this process's share, or forgotten if the reload removed them."""
+    if was is None:
+        metrics.init_deployment(
+            group,
+            d.id,
+            rpm=d.rpm * share if d.rpm is not None else None,
+            tpm=d.tpm * share if d.tpm is not None else None,
+        )
+        return
+    for kind, now, before in (("requests", d.rpm, was.rpm), ("tokens", d.tpm, was.tpm)):
+        if now is not None:
+            metrics.set_deployment_limit(group, d.id, kind, now * share)
+        elif before is not None:
+            metrics.forget_deployment_limit(group, d.id, kind)
+
+
+def _publish_shadow_keys(
+    settings: Settings, metrics: Metrics, shadow_keys: Sequence[ClientKey]
+) -> None:
+    """Each shadow key's would-be refusals at 0, not "no data", before the first."""
+    for key in shadow_keys:
         team = settings.team(key.team) if key.team is not None else None
         limits = key_limits(key, team=None if team is None else key_limits(team))
         metrics.init_shadow_key(key.name, key_codes(limits))
-    if previous is None:
-        metrics.set_fallback_active(False)

@@ -100,16 +100,28 @@ def split_key_list(text: str) -> tuple[str, list[dict[Any, Any]]] | None:
     found = _KEYS_LINE.search(text)
     if found is None or len(_KEYS_ANYWHERE.findall(text)) != 1:
         return None
-    start = pos = found.end()
+    start = found.end()
+    read = _key_entries(text, start)
+    if read is None:
+        return None
+    keys, pos = read
+    if not keys or not _at_top_level_key(text, pos):
+        return None
+    return text[:start] + text[pos:], keys
+
+
+def _key_entries(text: str, start: int) -> tuple[list[dict[Any, Any]], int] | None:
+    """The entries of the key list starting at ``start``, read line by line while the
+    lines are of the form above, and where they stop; None if a field's line comes
+    before any entry's."""
     indent = _SPACES.match(text, start).end() - start  # type: ignore[union-attr]
     line = re.compile(" " * indent + "(- |  )" + _FIELD)
-    rules: Container[str | None] = _RESOLVER.yaml_implicit_resolvers
-    if None in rules:
-        rules = _EVERY_FIRST
-    resolved: dict[str, Any] = {}
+    rules = _first_characters_with_rules()
+    resolved = _Resolved()
     fields: dict[str, Any] = {}  # a field's name as written: as resolved (few distinct)
     keys: list[dict[Any, Any]] = []
     entry: dict[Any, Any] | None = None
+    pos = start
     for got in line.finditer(text, start):
         if got.start() != pos:
             break  # the next match is past the list's end
@@ -122,19 +134,22 @@ def split_key_list(text: str) -> tuple[str, list[dict[Any, Any]]] | None:
         try:
             field = fields[key]
         except KeyError:
-            field = fields[key] = _resolve(key, resolved) if key[:1] in rules else key
+            field = fields[key] = resolved[key] if key[:1] in rules else key
         if plain is not None:
             value: Any = plain
             if plain[:1] in rules:
-                value = resolved[plain] if plain in resolved else _resolve(plain, resolved)
+                value = resolved[plain]
         else:
             value = single if single is not None else double
         entry[field] = value
         pos = got.end()
-    # The list must end where a top-level key (or the text) begins.
-    if not keys or (pos < len(text) and not (text[pos].isalpha() or text[pos] == "_")):
-        return None
-    return text[:start] + text[pos:], keys
+    return keys, pos
+
+
+def _at_top_level_key(text: str, pos: int) -> bool:
+    """Whether a top-level key (or the end of the text) begins at ``pos``: where the
+    list must end."""
+    return pos >= len(text) or text[pos].isalpha() or text[pos] == "_"
 
 
 def load_from_events(parser: Any) -> Any:
@@ -142,13 +157,22 @@ def load_from_events(parser: Any) -> Any:
     ``_Fallback`` for a document that needs PyYAML's composer and constructor."""
     get_event = parser.get_event
     get_event()  # StreamStart
-    event = get_event()
-    if type(event) is not yaml.DocumentStartEvent:
+    if type(get_event()) is not yaml.DocumentStartEvent:
         return None  # an empty stream
-    rules: Container[str | None] = _RESOLVER.yaml_implicit_resolvers
-    if None in rules:  # a resolver added for any first character: always ask
-        rules = _EVERY_FIRST
-    resolved: dict[str, Any] = {}
+    document = _document(get_event, _first_characters_with_rules(), _Resolved())
+    if type(get_event()) is not yaml.StreamEndEvent:
+        raise _Fallback  # a second document: PyYAML's load says it expected one
+    return document
+
+
+_OPENS = frozenset((MappingStartEvent, SequenceStartEvent))
+_CLOSES = frozenset((MappingEndEvent, SequenceEndEvent))
+
+
+def _document(get_event: Any, rules: Container[str | None], resolved: _Resolved) -> Any:
+    """The node of a document whose start was read, from its events up to its end. A
+    scalar is handled in place (a million of them in 100,000 keys), a collection's start
+    and end by helpers."""
     # Each open collection's items so far, innermost last; a mapping's alternate keys
     # and values. ``kinds`` says which of them are mappings.
     top: list[Any] = []
@@ -163,32 +187,54 @@ def load_from_events(parser: Any) -> Any:
                 raise _Fallback
             value = event.value
             if event.implicit[0] and (value[:1] in rules):
-                value = resolved[value] if value in resolved else _resolve(value, resolved)
+                value = resolved[value]
             current.append(value)
-        elif kind is MappingStartEvent or kind is SequenceStartEvent:
-            if event.anchor is not None or event.tag is not None:
-                raise _Fallback
+        elif kind in _OPENS:
+            _refuse_anchor_or_tag(event)
             stack.append(current)
             kinds.append(kind is MappingStartEvent)
             current = []
-        elif kind is MappingEndEvent or kind is SequenceEndEvent:
+        elif kind in _CLOSES:
             items = current
             current = stack.pop()
-            if kinds.pop():
-                pairs = iter(items)
-                try:
-                    current.append(dict(zip(pairs, pairs)))  # noqa: B905 (pairs: even)
-                except TypeError:  # a collection as a key: PyYAML's load says so
-                    raise _Fallback from None
-            else:
-                current.append(items)
+            current.append(_collection(items, kinds.pop()))
         elif kind is yaml.DocumentEndEvent:
-            break
+            return top[0]
         else:  # an alias
             raise _Fallback
-    if type(get_event()) is not yaml.StreamEndEvent:
-        raise _Fallback  # a second document: PyYAML's load says it expected one
-    return top[0]
+
+
+def _refuse_anchor_or_tag(event: Any) -> None:
+    """``_Fallback`` for a node with an anchor or a tag: PyYAML's load builds those."""
+    if event.anchor is not None or event.tag is not None:
+        raise _Fallback
+
+
+def _collection(items: list[Any], is_mapping: bool) -> Any:
+    """A closed collection from its items (a mapping's: alternate keys and values)."""
+    if not is_mapping:
+        return items
+    pairs = iter(items)
+    try:
+        return dict(zip(pairs, pairs))  # noqa: B905 (pairs: even)
+    except TypeError:  # a collection as a key: PyYAML's load says so
+        raise _Fallback from None
+
+
+def _first_characters_with_rules() -> Container[str | None]:
+    """The first characters PyYAML's resolver has implicit rules for: only a plain
+    scalar starting with one is resolved; all of them if a rule has none."""
+    rules: Container[str | None] = _RESOLVER.yaml_implicit_resolvers
+    return _EVERY_FIRST if None in rules else rules
+
+
+class _Resolved(dict[str, Any]):
+    """Plain scalars' values by their text, each resolved on first sight (``_resolve``):
+    one look-up for the texts seen before (``true``, a repeated number)."""
+
+    def __missing__(self, text: str) -> Any:
+        value = self[text] = _resolve(text)
+        return value
 
 
 class _EveryFirst:
@@ -201,15 +247,12 @@ class _EveryFirst:
 _EVERY_FIRST = _EveryFirst()
 
 
-def _resolve(text: str, resolved: dict[str, Any]) -> Any:
-    """The value of the plain scalar ``text`` by PyYAML's rules, remembered in
-    ``resolved`` (every value it gives is immutable: shared safely)."""
+def _resolve(text: str) -> Any:
+    """The value of the plain scalar ``text`` by PyYAML's rules (every value it gives is
+    immutable: remembered and shared safely, ``_Resolved``)."""
     tag = _RESOLVER.resolve(ScalarNode, text, (True, False))
     if tag == _STR_TAG:
-        value: Any = text
-    elif tag in _SCALAR_TAGS:
-        value = _CONSTRUCTOR.yaml_constructors[tag](_CONSTRUCTOR, ScalarNode(tag, text))
-    else:
-        raise _Fallback
-    resolved[text] = value
-    return value
+        return text
+    if tag in _SCALAR_TAGS:
+        return _CONSTRUCTOR.yaml_constructors[tag](_CONSTRUCTOR, ScalarNode(tag, text))
+    raise _Fallback

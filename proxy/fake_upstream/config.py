@@ -212,6 +212,15 @@ def _optional_limit(name: str, value: int | None) -> int | None:
 
 
 def _validate(config: FakeUpstreamConfig) -> None:
+    """``ValueError`` naming the first option that is wrong, checked in a fixed order."""
+    _validate_counts(config)
+    _validate_windows(config)
+    _validate_failures(config)
+    _validate_answers(config)
+
+
+def _validate_counts(config: FakeUpstreamConfig) -> None:
+    """The port, the chunk and token counts: integers in their ranges."""
     for name in (
         "port",
         "stream_chunks",
@@ -228,6 +237,10 @@ def _validate(config: FakeUpstreamConfig) -> None:
     _require(config.completion_tokens >= 1, "completion_tokens must be >= 1")
     _require(config.fail_after_chunks >= 0, "fail_after_chunks must be >= 0 (0 = off)")
     _require(config.error_after_chunks >= 0, "error_after_chunks must be >= 0 (0 = off)")
+
+
+def _validate_windows(config: FakeUpstreamConfig) -> None:
+    """The rate limits' window, its quantum and whether the headers tell of them."""
     _require(_is_number(config.window) and config.window > 0, "window must be > 0")
     _require(
         config.quantum is None
@@ -235,6 +248,10 @@ def _validate(config: FakeUpstreamConfig) -> None:
         "quantum must be > 0 and at most window (or null: off)",
     )
     _require(isinstance(config.ratelimit_headers, bool), "ratelimit_headers must be true/false")
+
+
+def _validate_failures(config: FakeUpstreamConfig) -> None:
+    """The delay and the faults: rates that are probabilities together, HTTP statuses."""
     _require(_is_number(config.chunk_delay) and config.chunk_delay >= 0, "chunk_delay >= 0")
     for name in ("fail_rate", "hang_rate", "drop_rate"):
         rate = getattr(config, name)
@@ -250,6 +267,10 @@ def _validate(config: FakeUpstreamConfig) -> None:
         or (_is_int(config.echo_status) and 200 <= config.echo_status <= 599),
         "echo_status must be an HTTP status (200..599) or null",
     )
+
+
+def _validate_answers(config: FakeUpstreamConfig) -> None:
+    """What shapes the answers: the seed, the key required, embeddings, models, Azure."""
     _require(config.seed is None or _is_int(config.seed), "seed must be an integer or null")
     _require(config.api_key is None or isinstance(config.api_key, str), "api_key must be a string")
     _require(_is_int(config.embedding_dims) and config.embedding_dims >= 1, "embedding_dims >= 1")

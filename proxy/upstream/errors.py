@@ -18,7 +18,9 @@ import errno
 import socket
 import ssl
 import sys
+from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 import httpx
 
@@ -41,42 +43,69 @@ CAUSES = {
 
 def map_transport_error(exc: BaseException, deployment: str) -> tuple[UpstreamError, str]:
     """The client-facing error and the failure's cause (the metric's reason label)."""
-    cause = exc.__cause__ or exc
-    plain = _socket_cause(exc)
-    if plain is not None:
-        kind = UpstreamTimeout if plain == "connect_timeout" else UpstreamUnavailable
-        return _unreachable(deployment, plain, kind)
-    aiohttp = _aiohttp()
-    if aiohttp is not None and isinstance(cause, aiohttp.ConnectionTimeoutError):
-        return _unreachable(deployment, "connect_timeout", UpstreamTimeout)
-    if (
-        isinstance(cause, asyncio.TimeoutError | TimeoutError)
-        or (aiohttp is not None and isinstance(cause, aiohttp.ServerTimeoutError))
-        or (cause is exc and isinstance(exc, httpx.TimeoutException))
-    ):
+    reason = _socket_cause(exc) or _reason(exc)
+    if reason == "timeout":
+        return UpstreamTimeout(f"The upstream deployment '{deployment}' timed out."), reason
+    if reason == "protocol":
         return (
-            UpstreamTimeout(f"The upstream deployment '{deployment}' timed out."),
-            "timeout",
+            UpstreamUnavailable(
+                f"The upstream deployment '{deployment}' closed the connection or sent an"
+                " invalid response.",
+                code="upstream_invalid_response",
+            ),
+            reason,
         )
-    connect = _connect_cause(cause)
-    if connect is not None:
-        return _unreachable(deployment, connect, UpstreamUnavailable)
-    if cause is exc and isinstance(exc, httpx.ConnectError):
-        return _unreachable(deployment, "connection", UpstreamUnavailable)
-    if (
-        aiohttp is not None
-        and isinstance(cause, aiohttp.ClientOSError)
-        and cause.errno == errno.ECONNRESET
-    ):
-        return _unreachable(deployment, "reset", UpstreamUnavailable)
+    kind = UpstreamTimeout if reason == "connect_timeout" else UpstreamUnavailable
+    return _unreachable(deployment, reason, kind)
+
+
+# A row of a table of causes: the exceptions it is for, and what broke (a cause of
+# CAUSES, "timeout" or "protocol"), or how to tell from the exception.
+_Row = tuple[type[BaseException] | tuple[type[BaseException], ...], str | Callable[[Any], str]]
+
+# httpx's own exceptions, when nothing more precise was kept as their cause.
+_HTTPX_ROWS: tuple[_Row, ...] = (
+    (httpx.TimeoutException, "timeout"),
+    (httpx.ConnectError, "connection"),
+)
+
+
+def _reason(exc: BaseException) -> str:
+    """What broke, as httpx's ``map_exceptions`` maps: the first row that the cause kept
+    (else the exception itself) is an instance of; "protocol" (a broken answer) if none."""
+    cause = exc.__cause__ or exc
+    rows = _cause_rows(_aiohttp())
+    for types, reason in (*rows, *_HTTPX_ROWS) if cause is exc else rows:
+        if isinstance(cause, types):
+            return reason if isinstance(reason, str) else reason(cause)
+    return "protocol"
+
+
+def _cause_rows(aiohttp: ModuleType | None) -> tuple[_Row, ...]:
+    """What each cause httpx-aiohttp keeps means (a timeout's and TLS's own exceptions
+    too), the most specific first; aiohttp's only when it is loaded."""
+    if aiohttp is None:
+        return (((asyncio.TimeoutError, TimeoutError), "timeout"), (ssl.SSLError, "tls_handshake"))
     return (
-        UpstreamUnavailable(
-            f"The upstream deployment '{deployment}' closed the connection or sent an"
-            " invalid response.",
-            code="upstream_invalid_response",
-        ),
-        "protocol",
+        (aiohttp.ConnectionTimeoutError, "connect_timeout"),
+        ((asyncio.TimeoutError, TimeoutError, aiohttp.ServerTimeoutError), "timeout"),
+        (aiohttp.ClientConnectorCertificateError, "tls_certificate"),
+        ((aiohttp.ClientConnectorSSLError, ssl.SSLError), "tls_handshake"),
+        ((aiohttp.ClientProxyConnectionError, aiohttp.ClientHttpProxyError), "proxy"),
+        (aiohttp.ClientConnectorDNSError, "dns"),
+        (aiohttp.ClientConnectorError, _refused_or_failed),
+        (aiohttp.ClientOSError, _reset_or_broken),
     )
+
+
+def _refused_or_failed(cause: Any) -> str:
+    """aiohttp's failure to connect: refused, or failed otherwise (its ``os_error``)."""
+    return "refused" if isinstance(cause.os_error, ConnectionRefusedError) else "connection"
+
+
+def _reset_or_broken(cause: Any) -> str:
+    """aiohttp's socket error once connected: a reset, else a broken answer."""
+    return "reset" if cause.errno == errno.ECONNRESET else "protocol"
 
 
 def _aiohttp() -> ModuleType | None:
@@ -106,26 +135,6 @@ def _socket_cause(exc: BaseException) -> str | None:
         return "connection"
     if isinstance(cause, ConnectionResetError):
         return "reset"
-    return None
-
-
-def _connect_cause(cause: BaseException) -> str | None:
-    """What kept the connection from being made (None: it was made)."""
-    aiohttp = _aiohttp()
-    if aiohttp is None:
-        return "tls_handshake" if isinstance(cause, ssl.SSLError) else None
-    if isinstance(cause, aiohttp.ClientConnectorCertificateError):
-        return "tls_certificate"
-    if isinstance(cause, aiohttp.ClientConnectorSSLError | ssl.SSLError):
-        return "tls_handshake"
-    if isinstance(cause, aiohttp.ClientProxyConnectionError | aiohttp.ClientHttpProxyError):
-        return "proxy"
-    if isinstance(cause, aiohttp.ClientConnectorDNSError):
-        return "dns"
-    if isinstance(cause, aiohttp.ClientConnectorError):
-        if isinstance(cause.os_error, ConnectionRefusedError):
-            return "refused"
-        return "connection"
     return None
 
 

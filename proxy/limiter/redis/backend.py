@@ -609,46 +609,87 @@ def merge_key_settlements(calls: list[ScriptCall]) -> tuple[list[ScriptCall], li
     one in that order, at one time, would (tests/limiter/test_limiter_merge.py).
     Settlements that release a parallel slot (a lease) go alone; settlements with
     different explicit clocks (tests) too. None when nothing merges."""
-    if sum(1 for name, _, args in calls if name == "settle_key" and not args[1]) < 2:
+    if sum(1 for call in calls if _merges(call)) < 2:
         return None
-    out: list[ScriptCall] = []
-    owners: list[int] = []
-    merging: list[_Settlements] = []
-    open_: dict[str, _Settlements] = {}  # every key of a merge that may still grow
-
-    def close(m: _Settlements) -> None:
-        for key in m.keys:
-            if open_.get(key) is m:
-                del open_[key]
-
+    batch = _Merging()
     for call in calls:
-        name, keys, args = call
-        if name == "settle_key" and not args[1]:
-            m = open_.get(keys[0])
-            # A team's windows are also its other keys': a merge that another one
-            # touched meanwhile is not joined (corrections do not commute).
-            others = {o for key in keys if (o := open_.get(key)) is not None and o is not m}
-            if m is None or m.call[2][0] != args[0] or others:
-                for o in [*others, *([m] if m is not None else [])]:
-                    close(o)
-                m = _Settlements(len(out), call)
-                merging.append(m)
-                out.append(call)
-            m.add(keys, args)
-            for key in keys:
-                open_[key] = m
-            owners.append(m.index)
-            continue
-        for key in keys:
-            if (m := open_.get(key)) is not None:
-                close(m)
-        owners.append(len(out))
-        out.append(call)
-    if len(out) == len(calls):
+        if _merges(call):
+            batch.settle(call)
+        else:
+            batch.other(call)
+    if len(batch.out) == len(calls):
         return None
-    for m in merging:
-        out[m.index] = m.merged()
-    return out, owners
+    return batch.done()
+
+
+def _merges(call: ScriptCall) -> bool:
+    """Whether ``call`` is a key settlement that may merge: one releasing no slot."""
+    name, _, args = call
+    return name == "settle_key" and not args[1]
+
+
+class _Merging:
+    """``merge_key_settlements``'s pass over a batch: the calls out, the place of each
+    call's answer among them, the merges made, and the merge each key may still join."""
+
+    __slots__ = ("merging", "open", "out", "owners")
+
+    def __init__(self) -> None:
+        self.out: list[ScriptCall] = []
+        self.owners: list[int] = []
+        self.merging: list[_Settlements] = []
+        self.open: dict[str, _Settlements] = {}  # every key of a merge that may still grow
+
+    def settle(self, call: ScriptCall) -> None:
+        """A settlement joins its key's open merge if it may, else starts one in its
+        place."""
+        _, keys, args = call
+        m = self._joinable(keys, args[0])
+        if m is None:
+            m = _Settlements(len(self.out), call)
+            self.merging.append(m)
+            self.out.append(call)
+        m.add(keys, args)
+        for key in keys:
+            self.open[key] = m
+        self.owners.append(m.index)
+
+    def other(self, call: ScriptCall) -> None:
+        """Any other call goes as it is, closing the merges of the keys it touches."""
+        for key in call[1]:
+            if (m := self.open.get(key)) is not None:
+                self._close(m)
+        self.owners.append(len(self.out))
+        self.out.append(call)
+
+    def done(self) -> tuple[list[ScriptCall], list[int]]:
+        """The calls with each merge in its place, and where each call's answer is."""
+        for m in self.merging:
+            self.out[m.index] = m.merged()
+        return self.out, self.owners
+
+    def _joinable(self, keys: list[str], now: str) -> _Settlements | None:
+        """The open merge of the settlement's key if it may join it (the same clock, no
+        other merge touching its windows); else None, that merge and those closed."""
+        m = self.open.get(keys[0])
+        # A team's windows are also its other keys': a merge that another one
+        # touched meanwhile is not joined (corrections do not commute).
+        others = self._touching(keys, m)
+        if m is not None and m.call[2][0] == now and not others:
+            return m
+        for o in [*others, *([m] if m is not None else [])]:
+            self._close(o)
+        return None
+
+    def _touching(self, keys: list[str], m: _Settlements | None) -> set[_Settlements]:
+        """The open merges other than ``m`` that one of ``keys`` belongs to."""
+        return {o for key in keys if (o := self.open.get(key)) is not None and o is not m}
+
+    def _close(self, m: _Settlements) -> None:
+        """A merge no settlement may join any more: its keys are no longer open."""
+        for key in m.keys:
+            if self.open.get(key) is m:
+                del self.open[key]
 
 
 def _slots_arg(owner: KeyLimits) -> str:
