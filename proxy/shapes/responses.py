@@ -237,17 +237,8 @@ def _item_tokens(item: object) -> int:
 
 def _check(body: dict[str, Any]) -> None:
     """The fields the proxy reads, in the shapes it reads them (400 naming the param)."""
-    for name in ("stream", "store", "background"):
-        value = body.get(name)
-        if value is not None and not isinstance(value, bool):
-            _invalid(name, "a boolean")
-    given = body.get("input")
-    if given is not None and not isinstance(given, str):
-        if not isinstance(given, list):
-            _invalid("input", "a string or an array of input items")
-        for i, item in enumerate(given):
-            if not isinstance(item, dict):
-                _invalid(f"input[{i}]", "an object")
+    _check_flags(body)
+    _check_input(body.get("input"))
     cap = body.get("max_output_tokens")
     if cap is not None and count(cap) is None:
         _invalid("max_output_tokens", "a non-negative integer")
@@ -257,7 +248,31 @@ def _check(body: dict[str, Any]) -> None:
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         _invalid("tools", "an array of tool objects")
-    previous = body.get("previous_response_id")
+    _check_previous_id(body.get("previous_response_id"))
+
+
+def _check_flags(body: dict[str, Any]) -> None:
+    """``stream``, ``store`` and ``background`` are read as ``is True``/``is False``: any
+    other value is refused, not quietly taken for false."""
+    for name in ("stream", "store", "background"):
+        value = body.get(name)
+        if value is not None and not isinstance(value, bool):
+            _invalid(name, "a boolean")
+
+
+def _check_input(given: object) -> None:
+    """``input`` is a string or a list of item objects, whose fields the estimate counts."""
+    if isinstance(given, list):
+        for i, item in enumerate(given):
+            if not isinstance(item, dict):
+                _invalid(f"input[{i}]", "an object")
+    elif given is not None and not isinstance(given, str):
+        _invalid("input", "a string or an array of input items")
+
+
+def _check_previous_id(previous: object) -> None:
+    """A ``previous_response_id`` is looked up to pin the follow-up to the account that
+    stores it (follow_ups.py): a non-empty string."""
     if previous is not None and (not isinstance(previous, str) or not previous):
         _invalid("previous_response_id", "a response id (a string)")
 
