@@ -388,28 +388,25 @@ class Leases:
         owner = self._owners.get(("d", s.group, s.deployment.id))
         if owner is None:
             return s
-        a: Allowance | turns.TurnLease | None = owner.allowance
-        if a is None or a.serial != sent.private.lease:
-            a = owner.turns
-        if a is None or a.serial != sent.private.lease or a.closed:
+        a = _granting_lease(owner, sent.private.lease)
+        if a is None:
             return s
-        units = [w.cost(s.cost) for w in owner.windows]
-        if isinstance(a, turns.TurnLease):
-            excess = a.correct(units, time.monotonic() - a.origin)
-        else:
-            excess = a.correct(units, time.monotonic())
-        assert excess is not None  # open
+        excess = _lease_excess(a, [w.cost(s.cost) for w in owner.windows])
         # What the lease could not hold goes to the shared buckets.
         extra = excess_cost(owner.windows, excess)
-        telling = s.outcome.kind == "failure" or s.remaining is not None or s.private.hold > 0.0
-        if telling:
-            if isinstance(a, turns.TurnLease):
-                self._return_turns(owner, a)
-            else:
-                self._give_back(owner, a)
+        if _tells(s):
+            self._close_lease(owner, a)
         elif not extra:
             return None
         return replace(s, cost=extra)
+
+    def _close_lease(self, owner: Owner, a: Allowance | turns.TurnLease) -> None:
+        """Give back a lease of either kind, so that the deployment's next request asks
+        the shared health."""
+        if isinstance(a, turns.TurnLease):
+            self._return_turns(owner, a)
+        else:
+            self._give_back(owner, a)
 
     # -- turn leases (turns.py) ----------------------------------------------------------
 
@@ -697,6 +694,34 @@ def _from_open(
             owner.arrived(now)
             return _leased_turn(owner, d, t, now, wait)
     return None
+
+
+def _granting_lease(owner: Owner, lease: int) -> Allowance | turns.TurnLease | None:
+    """The owner's lease of serial ``lease`` if still open: only the lease that granted a
+    turn holds its settlement (None: renewed or closed since, the shared state settles)."""
+    a: Allowance | turns.TurnLease | None = owner.allowance
+    if a is None or a.serial != lease:
+        a = owner.turns
+    if a is None or a.serial != lease or a.closed:
+        return None
+    return a
+
+
+def _lease_excess(a: Allowance | turns.TurnLease, units: list[float]) -> list[float]:
+    """What open lease ``a`` cannot hold of a correction by ``units`` per window, now on
+    its clock: a turn lease counts from its origin, a budget lease in local time."""
+    if isinstance(a, turns.TurnLease):
+        excess = a.correct(units, time.monotonic() - a.origin)
+    else:
+        excess = a.correct(units, time.monotonic())
+    assert excess is not None  # open
+    return excess
+
+
+def _tells(s: DeploymentSettlement) -> bool:
+    """Whether the answer tells something of the deployment (a failure, a 429, a budget
+    running low): then the lease is closed, and the next request asks the shared health."""
+    return s.outcome.kind == "failure" or s.remaining is not None or s.private.hold > 0.0
 
 
 def _wait_for_renewal(
