@@ -88,19 +88,21 @@ class UsageTap:
 
     def _watch(self, chunk: bytes) -> None:
         """Read the events that end in ``chunk`` (with what came of them before)."""
-        end: int | None = chunk.rfind(b"\n\n")
-        if end is not None and end < 0:  # a blank line across two chunks ends one too
-            spans = self._seen and self._seen[-1].endswith(b"\n") and chunk.startswith(b"\n")
-            end = -1 if spans else None
-        if end is None:
+        end = chunk.rfind(b"\n\n")  # -1: none, unless a blank line spans two chunks
+        seen = self._seen
+        if end < 0 and not (seen and seen[-1].endswith(b"\n") and chunk.startswith(b"\n")):
             self._keep(chunk)
             return
-        if not self._seen:  # the usual case: the chunk ends its events
-            if any(m in chunk for m in self._markers):
-                self._read(chunk[: max(end, 0)])
-            if end + 2 < len(chunk):
-                self._keep(chunk[end + 2 :])
-            return
+        if seen:
+            self._read_held(chunk, end)
+        elif any(m in chunk for m in self._markers):  # the usual case: the chunk ends its events
+            self._read(chunk[: max(end, 0)])
+        if end + 2 < len(chunk):
+            self._keep(chunk[end + 2 :])
+
+    def _read_held(self, chunk: bytes, end: int) -> None:
+        """Read the held events together with those ``chunk`` ends at ``end`` (-1: its
+        first byte ends the last held one): an event is parsed only whole."""
         head = b"".join(self._seen)
         complete = head[:-1] if end < 0 else head + chunk[:end]
         self._seen, self._size = [], 0
@@ -113,8 +115,6 @@ class UsageTap:
                     self.reader.record({"usage": usage})
         if any(m in complete for m in self._markers):
             self._read(complete)
-        if end + 2 < len(chunk):
-            self._keep(chunk[end + 2 :])
 
     def _read(self, events: bytes) -> None:
         for event in events.split(b"\n\n"):
