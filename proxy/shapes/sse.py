@@ -57,24 +57,39 @@ class UsageTap:
                 self._watch(chunk)
             return chunk
         data = self._partial + chunk
-        if self._passing:  # an over-long event: passed on as it comes, until its end
-            end = data.find(b"\n\n")
-            if end < 0:
-                keep = 1 if data.endswith(b"\n") else 0  # its end may span two chunks
-                self._partial = data[len(data) - keep :]
-                return data[: len(data) - keep]
-            self._passing, self._partial = False, b""
-            return data[: end + 2] + self.feed(data[end + 2 :])
+        if self._passing:
+            return self._pass_on(data)
         end = data.rfind(b"\n\n")
         if end < 0:
-            if len(data) <= MAX_HELD:
-                self._partial = data
-                return b""
-            self._passing, self._partial = True, b""  # no usage event is that long
-            return self.feed(data)
+            return self._hold(data)
         complete, self._partial = data[: end + 2], data[end + 2 :]
         if not any(m in complete for m in self._markers):
             return complete
+        return self._without_usage_event(complete)
+
+    def _pass_on(self, data: bytes) -> bytes:
+        """An over-long event (no usage event is that long) goes on as it comes: holding
+        it would hold the client's stream back, and memory unbounded."""
+        end = data.find(b"\n\n")
+        if end < 0:
+            keep = 1 if data.endswith(b"\n") else 0  # its end may span two chunks
+            self._partial = data[len(data) - keep :]
+            return data[: len(data) - keep]
+        self._passing, self._partial = False, b""
+        return data[: end + 2] + self.feed(data[end + 2 :])
+
+    def _hold(self, data: bytes) -> bytes:
+        """An unfinished event is held back until it ends, as it may be the usage event to
+        remove; past ``MAX_HELD`` it cannot be one and is passed on."""
+        if len(data) <= MAX_HELD:
+            self._partial = data
+            return b""
+        self._passing, self._partial = True, b""
+        return self.feed(data)
+
+    def _without_usage_event(self, complete: bytes) -> bytes:
+        """``complete`` events without the usage-only one the proxy asked for (their usage
+        read): the client sees the stream it asked for."""
         kept = [e for e in complete.split(b"\n\n") if e and not self._take_usage_event(e)]
         return b"".join(e + b"\n\n" for e in kept)
 
