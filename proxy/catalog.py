@@ -45,6 +45,7 @@ from proxy.model_names import ModelNames, is_pattern
 from proxy.pricing import FREE, Price, dearest
 from proxy.providers import Provider, provider_of
 from proxy.routing.announced import Announced
+from proxy.translate import reachable
 
 __all__ = ["Catalog", "DeploymentRoute", "GroupRoute", "TeamLookup", "for_model", "key_limits"]
 
@@ -171,7 +172,8 @@ class DeploymentRoute:
 class GroupRoute:
     name: str
     deployments: tuple[DeploymentRoute, ...]
-    # The names of the API shapes some deployment speaks: one set lookup per request.
+    # The names of the API shapes some deployment speaks, or serves through translation
+    # (proxy/translate): one set lookup per request.
     shapes: frozenset[str]
 
 
@@ -369,7 +371,7 @@ def _group(group: ModelGroup, share: float, pacing_margin: float) -> GroupRoute:
         )
         for d in group.deployments
     )
-    shapes = frozenset(name for d in deployments for name in d.urls)
+    shapes = reachable(frozenset(name for d in deployments for name in d.urls))
     return GroupRoute(name=group.name, deployments=deployments, shapes=shapes)
 
 

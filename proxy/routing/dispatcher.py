@@ -57,7 +57,7 @@ from proxy.routing.lines import Line, Lines, Ticket, turn_spacing
 from proxy.routing.settlement import Settler, Turn
 from proxy.routing.strategies import RoutingState, first_asked, order_candidates
 from proxy.routing.turn_clock import TurnClock
-from proxy.upstream.exchange import Answer, Exchange, StreamEnd, build_request
+from proxy.upstream.exchange import Answer, Exchange, StreamEnd
 
 __all__ = ["Dispatcher", "Served", "StreamDone"]
 
@@ -135,6 +135,7 @@ class Dispatcher:
             settings.server.max_upstream_body_size,
             settler.rule.max_hold,
             settler.rule.time,
+            settings.server.default_max_tokens,
         )
         self.settler = settler
         self.events = events
@@ -189,13 +190,7 @@ class Dispatcher:
         for current in groups:
             tried: set[str] = set()
             while attempts_left > 0:
-                candidates = [
-                    d
-                    for d in current.deployments
-                    if d.id not in tried
-                    and d.speaks(call.shape.name)
-                    and (call.pinned is None or d.id == call.pinned)
-                ]
+                candidates = self._candidates(call, current, tried)
                 if not candidates:
                     break
                 try:
@@ -226,9 +221,19 @@ class Dispatcher:
                         continue
                     tried.add(turn.deployment.id)
         call.trip.retries = max(call.trip.retries - 1, 0)
-        error = last_error or refusal
-        assert error is not None
-        raise error
+        raise _unanswered(call, last_error or refusal)
+
+    def _candidates(self, call: Call, group: GroupRoute, tried: set[str]) -> list[DeploymentRoute]:
+        """The deployments of ``group`` not ``tried`` yet that can serve ``call``: those
+        speaking its API, and those its request translates to (proxy/translate)."""
+        name = call.shape.name
+        return [
+            d
+            for d in group.deployments
+            if d.id not in tried
+            and (d.speaks(name) or self.exchange.translates(call, d))
+            and (call.pinned is None or d.id == call.pinned)
+        ]
 
     def _groups(self, group: GroupRoute, allowed: list[str] | None) -> Iterable[GroupRoute]:
         """``group``, then its fallbacks that the key may use (``allowed``: its
@@ -550,17 +555,8 @@ class Dispatcher:
         in-flight count and the key's slot come back at once (``ClientClosedRequest``)."""
         deployment = turn.deployment
         call.trip.deployment = deployment.id
-        try:
-            request, strip_usage = build_request(
-                call.shape,
-                call.body,
-                call.raw,
-                call.headers,
-                deployment,
-                call.stream,
-                call.upstream_method,
-                call.upstream_path,
-            )
+        try:  # the request for this deployment (translated, if it speaks another API)
+            outgoing = self.exchange.build(call, deployment)
         except InvalidRequest:  # the body cannot be sent as it is: its turn goes back
             self.settler.give_back(turn, call.cost)
             raise
@@ -570,7 +566,7 @@ class Dispatcher:
             deployment.id,
             time.perf_counter(),
             call=call,
-            headers=request.fields,
+            headers=outgoing.request.fields,
         )
         self._started(attempt)
         self.tally.call_started(call.key_name)
@@ -587,8 +583,7 @@ class Dispatcher:
             answer = await self.exchange.call(
                 call.shape,
                 deployment,
-                request,
-                strip_usage,
+                outgoing,
                 call.stream,
                 attempt.started,
                 on_first_chunk,
@@ -737,6 +732,15 @@ class Dispatcher:
         self.events.upstream_budget(deployment.group, deployment.id, budget)
         if answer.remaining is not None:
             self.settler.report(deployment, answer.remaining)
+
+
+def _unanswered(call: Call, error: ProxyError | None) -> ProxyError:
+    """Why no deployment answered: ``error``; none reached at all, the refusal of the
+    translation to the only API its deployments speak (a 400 naming the field)."""
+    if error is None and call.translations is not None:
+        error = call.translations.refusal()
+    assert error is not None
+    return error
 
 
 def _refused(

@@ -3,12 +3,18 @@ headers say of the upstream's budget (through the provider) and its usage (throu
 API shape), redact the upstream's key. The routing layer decides what to do with the
 ``Answer``: settle, retry, learn.
 
-    build (forward.build_request: model, the shape's needs, credentials)
+    build (forward.build_request: model, the shape's needs, credentials; translated
+           to the deployment's API when it does not speak the client's: proxy/translate)
     -> send (one transport)  -> a failure status: discarded, classified (outcomes)
-                             -> a stream: StreamBody, its usage read on the way (sse)
+                             -> a stream: StreamBody, its usage read on the way (sse),
+                                translated back event by event
                              -> a body: read whole (bounded), redacted; an answer that
                                 says the deployment is misconfigured (the provider) or
-                                no API answers there (unshaped): a failure
+                                no API answers there (unshaped): a failure; else
+                                translated back (a 200 and its usage, an error body)
+
+This is the one seam of translation: the request is built for each attempt's deployment,
+and its answer comes back in the client's API, its usage read in the deployment's.
 """
 
 from __future__ import annotations
@@ -17,13 +23,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
-from proxy.call import Reply
+from proxy.call import Call, Reply
 from proxy.catalog import DeploymentRoute
 from proxy.costs import TokenUsage
-from proxy.errors import ProxyError, UpstreamError
+from proxy.errors import InvalidRequest, ProxyError, UpstreamError, UpstreamUnavailable
 from proxy.limiter.base import SUCCESS, Outcome, Remaining
 from proxy.routing.outcomes import (
     admitted,
@@ -36,7 +43,8 @@ from proxy.routing.outcomes import (
 )
 from proxy.shapes.base import Shape
 from proxy.shapes.sse import UsageTap
-from proxy.upstream.encoding import Undecodable, decoder_for
+from proxy.translate import Link, Translations, Untranslatable, link_for
+from proxy.upstream.encoding import Decoder, Undecodable, decoder_for
 from proxy.upstream.forward import (
     TransportFailure,
     UnusableAnswer,
@@ -52,7 +60,7 @@ from proxy.upstream.ratelimits import UpstreamBudget, remaining_report
 from proxy.upstream.redact import StreamRedactor, redact, redact_headers, redactable
 from proxy.upstream.stream import StreamBody, StreamEnd
 
-__all__ = ["Answer", "Exchange", "StreamEnd", "StreamEnded", "build_request"]
+__all__ = ["Answer", "Exchange", "Outgoing", "StreamEnd", "StreamEnded", "build_request"]
 
 logger = logging.getLogger("proxy.upstream")
 
@@ -98,10 +106,33 @@ class Answer:
         return self._usage
 
 
+@dataclass(slots=True)
+class Outgoing:
+    """One attempt's request as built for its deployment (``Exchange.build``): in the
+    client's API, or translated to the deployment's (``link``; ``client_body``: the
+    client's request, which a translated stream reads)."""
+
+    request: UpstreamRequest
+    strip_usage: bool = False
+    link: Link | None = None
+    client_body: dict[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class _Heard:
+    """What an answer's head said: its time, the upstream's budget, its content type."""
+
+    upstream_time: float
+    budget: UpstreamBudget
+    remaining: Remaining | None
+    content_type: str = ""
+
+
 class Exchange:
     """Calls deployments over one transport. ``max_answer``: a buffered body's bound;
     ``max_hold``: the longest a 429 or an upstream's budget holds a deployment;
-    ``cooldown_time``: how long a misconfigured one cools."""
+    ``cooldown_time``: how long a misconfigured one cools; ``default_cap``: the output
+    cap of a request translated to an API that requires one when it set none."""
 
     def __init__(
         self,
@@ -109,28 +140,75 @@ class Exchange:
         max_answer: int | None,
         max_hold: float,
         cooldown_time: float,
+        default_cap: int,
     ) -> None:
         self.transport = transport
         self.max_answer = max_answer
         self.max_hold = max_hold
         self.cooldown_time = cooldown_time
+        self.default_cap = default_cap
+
+    # --- the request, for its deployment ---------------------------------------------
+
+    def translates(self, call: Call, deployment: DeploymentRoute) -> bool:
+        """Whether ``call``, of an API ``deployment`` does not speak, can be translated
+        to one it speaks (proxy/translate); a refusal is kept on the call
+        (``Translations.refusal``)."""
+        link = link_for(call.shape.name, deployment.speaks)
+        if link is None:
+            return False
+        try:
+            self._translations(call).body_for(link)
+        except InvalidRequest:
+            return False
+        return True
+
+    def build(self, call: Call, deployment: DeploymentRoute) -> Outgoing:
+        """``call``'s request for ``deployment``: as the client sent it (forward.py), or
+        translated when the deployment does not speak its API (raises InvalidRequest:
+        the body cannot be sent)."""
+        if deployment.speaks(call.shape.name):
+            request, strip_usage = build_request(
+                call.shape,
+                call.body,
+                call.raw,
+                call.headers,
+                deployment,
+                call.stream,
+                call.upstream_method,
+                call.upstream_path,
+            )
+            return Outgoing(request, strip_usage)
+        link = link_for(call.shape.name, deployment.speaks)
+        assert link is not None  # the dispatcher's candidates are those that translate
+        body = self._translations(call).body_for(link)
+        request, strip_usage = build_request(
+            link.upstream, body, None, call.headers, deployment, call.stream
+        )
+        return Outgoing(request, strip_usage, link, call.body)
+
+    def _translations(self, call: Call) -> Translations:
+        if call.translations is None:
+            call.translations = Translations(call.body, self.default_cap)
+        return call.translations
+
+    # --- the call --------------------------------------------------------------------
 
     async def call(
         self,
         shape: Shape,
         deployment: DeploymentRoute,
-        request: UpstreamRequest,
-        strip_usage: bool,
+        outgoing: Outgoing,
         stream: bool,
         started: float,
         on_first_chunk: Callable[[], None],
         on_stream_end: StreamEnded,
     ) -> Answer:
-        """Send ``request`` (built by ``build_request``, sent at ``started``:
-        perf_counter) and what its answer came to. A streamed answer's end is reported
-        to ``on_stream_end``."""
+        """Send ``outgoing`` (built by ``build``, sent at ``started``: perf_counter) and
+        what its answer came to, in the API of the client's ``shape``. A streamed
+        answer's end is reported to ``on_stream_end``."""
         try:
-            response = await send(self.transport, request, deployment.id)
+            response = await send(self.transport, outgoing.request, deployment.id)
         except TransportFailure as failure:
             return _failed(failure, time.perf_counter() - started)
         upstream_time = time.perf_counter() - started  # to its headers
@@ -141,7 +219,7 @@ class Exchange:
         )
         now = time.time()
         budget = deployment.provider.budget(upstream_headers, now)
-        remaining = self._remaining(deployment, budget)
+        heard = _Heard(upstream_time, budget, self._remaining(deployment, budget))
         if is_failure(status):
             await discard(response)
             outcome = classify_status(
@@ -150,76 +228,138 @@ class Exchange:
             error = status_error(status, deployment.id)
             error.retry_after = outcome.cool_for if status == 429 else None
             return Answer(
-                str(status), outcome, upstream_time, None, error, True, False, budget, remaining
+                str(status),
+                outcome,
+                upstream_time,
+                None,
+                error,
+                True,
+                False,
+                budget,
+                heard.remaining,
             )
         secret = redactable(deployment.config.api_key.get_secret_value())
         headers = redact_headers(response_headers(upstream_headers.items()), secret.decode())
-        content_type = upstream_headers.get("content-type", "")
+        content_type = heard.content_type = upstream_headers.get("content-type", "")
         if stream and status == 200 and "event-stream" in content_type:
             try:
                 decoder = decoder_for(upstream_headers.get("content-encoding"))
             except Undecodable as exc:
                 await discard(response)
                 unusable = undecodable(deployment.id, exc)
-                return _unusable(unusable, upstream_time, budget, remaining)
-            tap = UsageTap(shape.stream_usage(), strip_usage_event=strip_usage)
+                return _unusable(unusable, heard)
 
             async def on_close(end: StreamEnd) -> None:
-                await on_stream_end(end, tap.usage, body.events)
+                await on_stream_end(end, body.tap.usage, body.events)
 
-            body = StreamBody(
-                response,
-                tap,
-                StreamRedactor(secret),
-                on_first_chunk,
-                on_close,
-                shape.stream_error,
-                decoder,
+            body = _stream_body(
+                shape, outgoing, response, secret, decoder, on_first_chunk, on_close
             )
             headers.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
             reply = Reply(status=200, headers=headers, stream=body)
-            return Answer("200", SUCCESS, upstream_time, reply, budget=budget, remaining=remaining)
+            return Answer(
+                "200", SUCCESS, upstream_time, reply, budget=budget, remaining=heard.remaining
+            )
+        return await self._buffered(shape, deployment, outgoing, response, headers, secret, heard)
+
+    async def _buffered(
+        self,
+        shape: Shape,
+        deployment: DeploymentRoute,
+        outgoing: Outgoing,
+        response: httpx.Response,
+        headers: dict[str, str],
+        secret: bytes,
+        heard: _Heard,
+    ) -> Answer:
+        """A buffered answer, read whole: passed on (translated back when its request
+        was), or a failure the provider or its shape tells."""
+        status = response.status_code
         headers_at = time.perf_counter()
         try:
             content = await read_body(response, deployment.id, self.max_answer)
         except TransportFailure as failure:
-            answer = _failed(failure, upstream_time)
-            answer.budget, answer.remaining = budget, remaining
+            answer = _failed(failure, heard.upstream_time)
+            answer.budget, answer.remaining = heard.budget, heard.remaining
             return answer
         except UnusableAnswer as unusable:
-            return _unusable(unusable, upstream_time, budget, remaining)
+            return _unusable(unusable, heard)
         content = redact(content, secret)
         ended = time.perf_counter()
-        upstream_time += ended - headers_at  # and its body
-        asked = deployment.model_for(shape.name) is None  # the client's name went
+        heard.upstream_time += ended - headers_at  # and its body
+        link = outgoing.link
+        spoken = shape if link is None else link.upstream  # the API the upstream answered in
+        failed = self._failure(spoken, deployment, outgoing, status, content, heard)
+        if failed is not None:
+            return failed
+        usage: TokenUsage | None = None
+        if link is not None:
+            try:
+                content, usage = _translated_back(link, status, content)
+            except Untranslatable as exc:
+                return _unusable(_untranslatable(deployment.id, exc), heard)
+        headers.setdefault("content-type", "application/json")
+        answer = Answer(
+            str(status),
+            SUCCESS,
+            heard.upstream_time,
+            Reply(status=status, headers=headers, body=content),
+            refund=not admitted(status),
+            budget=heard.budget,
+            remaining=heard.remaining,
+            ended=ended,
+            shape=spoken if status == 200 else None,
+        )
+        if link is not None:  # read while translating, in the upstream's own units
+            answer._usage, answer._read = usage, True
+        return answer
+
+    def _failure(
+        self,
+        spoken: Shape,
+        deployment: DeploymentRoute,
+        outgoing: Outgoing,
+        status: int,
+        content: bytes,
+        heard: _Heard,
+    ) -> Answer | None:
+        """A buffered answer that is a failure (None: it is not): one that says the
+        deployment is misconfigured (its provider), or no API's answer (unshaped).
+        ``spoken``: the API the upstream was asked in."""
+        asked = deployment.model_for(spoken.name) is None  # the client's name went
         wrong = deployment.provider.misconfigured(status, content, self.cooldown_time, asked)
         if wrong is not None:  # not the client's fault: cool it as a bad key is cooled
             error = misconfigured_error(status, deployment.id)
             refund = not admitted(status)
             return Answer(
-                str(status), wrong, upstream_time, None, error, True, refund, budget, remaining
+                str(status),
+                wrong,
+                heard.upstream_time,
+                None,
+                error,
+                True,
+                refund,
+                heard.budget,
+                heard.remaining,
             )
         odd = unshaped(status, content, self.cooldown_time)
-        if odd is not None:  # no API answer: the contract's shape instead
-            shaped = unshaped_error(status, deployment.id, _shown(request.url))
-            retry = isinstance(shaped, UpstreamError)  # no LLM API there: try another
-            if retry:
-                logger.warning("%s (%s)", shaped.message, content_type or "no content-type")
-            return Answer(
-                str(status), odd, upstream_time, None, shaped, retry, False, budget, remaining
-            )
-        headers.setdefault("content-type", "application/json")
-        reply = Reply(status=status, headers=headers, body=content)
+        if odd is None:
+            return None
+        # No API answer: the contract's shape instead.
+        shaped = unshaped_error(status, deployment.id, _shown(outgoing.request.url))
+        retry = isinstance(shaped, UpstreamError)  # no LLM API there: try another
+        if retry:
+            logger.warning("%s (%s)", shaped.message, heard.content_type or "no content-type")
         return Answer(
             str(status),
-            SUCCESS,
-            upstream_time,
-            reply,
-            refund=not admitted(status),
-            budget=budget,
-            remaining=remaining,
-            ended=ended,
-            shape=shape if status == 200 else None,
+            odd,
+            heard.upstream_time,
+            None,
+            shaped,
+            retry,
+            False,
+            heard.budget,
+            heard.remaining,
         )
 
     def _remaining(self, deployment: DeploymentRoute, budget: UpstreamBudget) -> Remaining | None:
@@ -231,30 +371,79 @@ class Exchange:
         return remaining_report(budget.assuming(config.rpm, config.tpm), self.max_hold)
 
 
+def _stream_body(
+    shape: Shape,
+    outgoing: Outgoing,
+    response: httpx.Response,
+    secret: bytes,
+    decoder: Decoder | None,
+    on_first_chunk: Callable[[], None],
+    on_close: Callable[[StreamEnd], Awaitable[None]],
+) -> StreamBody:
+    """A streamed answer passed on: its usage read in the upstream's API, translated to
+    the client's (``shape``'s) when its request was."""
+    link = outgoing.link
+    if link is None:
+        tap = UsageTap(shape.stream_usage(), strip_usage_event=outgoing.strip_usage)
+        return StreamBody(
+            response,
+            tap,
+            StreamRedactor(secret),
+            on_first_chunk,
+            on_close,
+            shape.stream_error,
+            decoder,
+        )
+    tap = UsageTap(link.upstream.stream_usage(), strip_usage_event=outgoing.strip_usage)
+    return StreamBody(
+        response,
+        tap,
+        StreamRedactor(secret),
+        on_first_chunk,
+        on_close,
+        shape.stream_error,
+        decoder,
+        translation=link.stream(outgoing.client_body or {}, int(time.time())),
+        ends=shape.stream_usage().ends,
+    )
+
+
+def _translated_back(link: Link, status: int, content: bytes) -> tuple[bytes, TokenUsage | None]:
+    """A buffered answer in the client's API: a 200 (and the usage it reported), an
+    error body; any other status as it is."""
+    if status == 200:
+        return link.answer(content, int(time.time()))
+    if status >= 300:
+        return link.error(status, content), None
+    return content, None
+
+
+def _untranslatable(deployment: str, exc: Untranslatable) -> UnusableAnswer:
+    message = (
+        f"The upstream deployment '{deployment}' answered with what cannot be translated: {exc}."
+    )
+    return UnusableAnswer(UpstreamUnavailable(message, code="upstream_error"), "untranslatable")
+
+
 def _failed(failure: TransportFailure, upstream_time: float) -> Answer:
     """No (complete) HTTP answer: retried elsewhere."""
     outcome = Outcome("failure", failure.reason)
     return Answer(failure.reason, outcome, upstream_time, None, failure.error, retry=True)
 
 
-def _unusable(
-    unusable: UnusableAnswer,
-    upstream_time: float,
-    budget: UpstreamBudget,
-    remaining: Remaining | None,
-) -> Answer:
-    """An answer that cannot be passed on (over the size bound, undecodable): another
-    deployment would send the same, so no retry and no harm to this one's health; its
-    tokens were spent upstream (the estimate stays charged)."""
+def _unusable(unusable: UnusableAnswer, heard: _Heard) -> Answer:
+    """An answer that cannot be passed on (over the size bound, undecodable,
+    untranslatable): another deployment would send the same, so no retry and no harm to
+    this one's health; its tokens were spent upstream (the estimate stays charged)."""
     outcome = Outcome("neutral", unusable.reason)
     return Answer(
         unusable.reason,
         outcome,
-        upstream_time,
+        heard.upstream_time,
         None,
         unusable.error,
-        budget=budget,
-        remaining=remaining,
+        budget=heard.budget,
+        remaining=heard.remaining,
     )
 
 
