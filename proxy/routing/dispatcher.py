@@ -57,7 +57,7 @@ from proxy.routing.lines import Line, Lines, Ticket, turn_spacing
 from proxy.routing.settlement import Settler, Turn
 from proxy.routing.strategies import RoutingState, first_asked, order_candidates
 from proxy.routing.turn_clock import TurnClock
-from proxy.upstream.exchange import Answer, Exchange, StreamEnd
+from proxy.upstream.exchange import Answer, Exchange, StreamEnd, Untranslated
 
 __all__ = ["Dispatcher", "Served", "StreamDone"]
 
@@ -208,6 +208,10 @@ class Dispatcher:
                 attempts_left -= 1
                 try:
                     return await self._attempt(call, turn, stream_done)
+                except Untranslated:  # its translation refused: not a candidate, no attempt
+                    attempts_left += 1
+                    tried.add(turn.deployment.id)
+                    continue
                 except Retryable as failure:
                     last_error = failure.error
                     call.trip.retries += 1
@@ -227,13 +231,14 @@ class Dispatcher:
         """The deployments of ``group`` not ``tried`` yet that can serve ``call``: those
         speaking its API, and those its request translates to (proxy/translate)."""
         name = call.shape.name
-        return [
+        candidates = [
             d
             for d in group.deployments
-            if d.id not in tried
-            and (d.speaks(name) or self.exchange.translates(call, d))
-            and (call.pinned is None or d.id == call.pinned)
+            if d.id not in tried and (call.pinned is None or d.id == call.pinned)
         ]
+        if all(d.speaks(name) for d in candidates):  # the usual case: nothing to translate
+            return candidates
+        return self.exchange.reachable(call, candidates)
 
     def _groups(self, group: GroupRoute, allowed: list[str] | None) -> Iterable[GroupRoute]:
         """``group``, then its fallbacks that the key may use (``allowed``: its
@@ -557,7 +562,7 @@ class Dispatcher:
         call.trip.deployment = deployment.id
         try:  # the request for this deployment (translated, if it speaks another API)
             outgoing = self.exchange.build(call, deployment)
-        except InvalidRequest:  # the body cannot be sent as it is: its turn goes back
+        except (InvalidRequest, Untranslated):  # it cannot go as it is: its turn goes back
             self.settler.give_back(turn, call.cost)
             raise
         attempt = Attempt(

@@ -115,6 +115,10 @@ class Translations:
             raise made
         return made
 
+    def refused(self, link: Link) -> bool:
+        """Whether the translation for ``link``, if made, refused the request."""
+        return isinstance(self._made.get(link.upstream.name), InvalidRequest)
+
     def refusal(self) -> InvalidRequest | None:
         """Why the request could not be translated (the first refusal), if it could not."""
         return next((m for m in self._made.values() if isinstance(m, InvalidRequest)), None)

@@ -60,7 +60,15 @@ from proxy.upstream.ratelimits import UpstreamBudget, remaining_report
 from proxy.upstream.redact import StreamRedactor, redact, redact_headers, redactable
 from proxy.upstream.stream import StreamBody, StreamEnd
 
-__all__ = ["Answer", "Exchange", "Outgoing", "StreamEnd", "StreamEnded", "build_request"]
+__all__ = [
+    "Answer",
+    "Exchange",
+    "Outgoing",
+    "StreamEnd",
+    "StreamEnded",
+    "Untranslated",
+    "build_request",
+]
 
 logger = logging.getLogger("proxy.upstream")
 
@@ -104,6 +112,11 @@ class Answer:
             if self.shape is not None and self.reply is not None:
                 self._usage = self.shape.usage(self.reply.body)
         return self._usage
+
+
+class Untranslated(Exception):
+    """The request cannot be translated to the API of the deployment named: that one
+    cannot serve it (why: ``call.translations.refusal()``), another may."""
 
 
 @dataclass(slots=True)
@@ -150,23 +163,34 @@ class Exchange:
 
     # --- the request, for its deployment ---------------------------------------------
 
-    def translates(self, call: Call, deployment: DeploymentRoute) -> bool:
-        """Whether ``call``, of an API ``deployment`` does not speak, can be translated
-        to one it speaks (proxy/translate); a refusal is kept on the call
-        (``Translations.refusal``)."""
+    def reachable(self, call: Call, candidates: list[DeploymentRoute]) -> list[DeploymentRoute]:
+        """Those of ``candidates`` that can serve ``call``: speaking its API, or one its
+        request translates to (proxy/translate). When none speaks its API the request is
+        translated now (each needs it): a deployment its translation refuses is no
+        candidate, and the refusal is kept on the call (``Translations.refusal``). Beside
+        one that speaks it, a translation is made only for the deployment chosen
+        (``build``), and one known refused is no candidate."""
+        name = call.shape.name
+        now = not any(d.speaks(name) for d in candidates)
+        return [d for d in candidates if d.speaks(name) or self._translates(call, d, now)]
+
+    def _translates(self, call: Call, deployment: DeploymentRoute, now: bool) -> bool:
         link = link_for(call.shape.name, deployment.speaks)
         if link is None:
             return False
+        translations = self._translations(call)
+        if not now:
+            return not translations.refused(link)
         try:
-            self._translations(call).body_for(link)
+            translations.body_for(link)
         except InvalidRequest:
             return False
         return True
 
     def build(self, call: Call, deployment: DeploymentRoute) -> Outgoing:
         """``call``'s request for ``deployment``: as the client sent it (forward.py), or
-        translated when the deployment does not speak its API (raises InvalidRequest:
-        the body cannot be sent)."""
+        translated when the deployment does not speak its API. Raises InvalidRequest
+        (the body cannot be sent), or ``Untranslated`` (the translation refused it)."""
         if deployment.speaks(call.shape.name):
             request, strip_usage = build_request(
                 call.shape,
@@ -181,7 +205,10 @@ class Exchange:
             return Outgoing(request, strip_usage)
         link = link_for(call.shape.name, deployment.speaks)
         assert link is not None  # the dispatcher's candidates are those that translate
-        body = self._translations(call).body_for(link)
+        try:
+            body = self._translations(call).body_for(link)
+        except InvalidRequest:  # kept on the call: another deployment may serve it
+            raise Untranslated(deployment.id) from None
         request, strip_usage = build_request(
             link.upstream, body, None, call.headers, deployment, call.stream
         )
