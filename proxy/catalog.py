@@ -175,6 +175,8 @@ class GroupRoute:
     # The names of the API shapes some deployment speaks, or serves through translation
     # (proxy/translate): one set lookup per request.
     shapes: frozenset[str]
+    # Those every deployment speaks: a request of one needs no translation anywhere.
+    common: frozenset[str] = frozenset()
 
 
 def window(
@@ -372,7 +374,8 @@ def _group(group: ModelGroup, share: float, pacing_margin: float) -> GroupRoute:
         for d in group.deployments
     )
     shapes = reachable(frozenset(name for d in deployments for name in d.urls))
-    return GroupRoute(name=group.name, deployments=deployments, shapes=shapes)
+    common = frozenset.intersection(*(frozenset(d.urls) for d in deployments))
+    return GroupRoute(name=group.name, deployments=deployments, shapes=shapes, common=common)
 
 
 def _exact_routes(names: ModelNames, groups: Mapping[str, GroupRoute]) -> dict[str, GroupRoute]:

@@ -190,7 +190,13 @@ class Dispatcher:
         for current in groups:
             tried: set[str] = set()
             while attempts_left > 0:
-                candidates = self._candidates(call, current, tried)
+                candidates = [
+                    d
+                    for d in current.deployments
+                    if d.id not in tried and (call.pinned is None or d.id == call.pinned)
+                ]
+                if call.shape.name not in current.common:  # some need it translated
+                    candidates = self.exchange.reachable(call, candidates)
                 if not candidates:
                     break
                 try:
@@ -226,19 +232,6 @@ class Dispatcher:
                     tried.add(turn.deployment.id)
         call.trip.retries = max(call.trip.retries - 1, 0)
         raise _unanswered(call, last_error or refusal)
-
-    def _candidates(self, call: Call, group: GroupRoute, tried: set[str]) -> list[DeploymentRoute]:
-        """The deployments of ``group`` not ``tried`` yet that can serve ``call``: those
-        speaking its API, and those its request translates to (proxy/translate)."""
-        name = call.shape.name
-        candidates = [
-            d
-            for d in group.deployments
-            if d.id not in tried and (call.pinned is None or d.id == call.pinned)
-        ]
-        if all(d.speaks(name) for d in candidates):  # the usual case: nothing to translate
-            return candidates
-        return self.exchange.reachable(call, candidates)
 
     def _groups(self, group: GroupRoute, allowed: list[str] | None) -> Iterable[GroupRoute]:
         """``group``, then its fallbacks that the key may use (``allowed``: its
@@ -561,7 +554,7 @@ class Dispatcher:
         deployment = turn.deployment
         call.trip.deployment = deployment.id
         try:  # the request for this deployment (translated, if it speaks another API)
-            outgoing = self.exchange.build(call, deployment)
+            request, strip_usage, translated = self.exchange.build(call, deployment)
         except (InvalidRequest, Untranslated):  # it cannot go as it is: its turn goes back
             self.settler.give_back(turn, call.cost)
             raise
@@ -571,7 +564,7 @@ class Dispatcher:
             deployment.id,
             time.perf_counter(),
             call=call,
-            headers=outgoing.request.fields,
+            headers=request.fields,
         )
         self._started(attempt)
         self.tally.call_started(call.key_name)
@@ -588,11 +581,13 @@ class Dispatcher:
             answer = await self.exchange.call(
                 call.shape,
                 deployment,
-                outgoing,
+                request,
+                strip_usage,
                 call.stream,
                 attempt.started,
                 on_first_chunk,
                 on_stream_end,
+                translated,
             )
             served = self._answered(call, turn, attempt, answer)
         except BaseException as exc:

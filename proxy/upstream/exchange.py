@@ -63,9 +63,9 @@ from proxy.upstream.stream import StreamBody, StreamEnd
 __all__ = [
     "Answer",
     "Exchange",
-    "Outgoing",
     "StreamEnd",
     "StreamEnded",
+    "Translated",
     "Untranslated",
     "build_request",
 ]
@@ -120,25 +120,12 @@ class Untranslated(Exception):
 
 
 @dataclass(slots=True)
-class Outgoing:
-    """One attempt's request as built for its deployment (``Exchange.build``): in the
-    client's API, or translated to the deployment's (``link``; ``client_body``: the
-    client's request, which a translated stream reads)."""
+class Translated:
+    """How an attempt's request was translated (``Exchange.build``): the link to the
+    deployment's API, and the client's request (a translated stream reads it)."""
 
-    request: UpstreamRequest
-    strip_usage: bool = False
-    link: Link | None = None
-    client_body: dict[str, Any] | None = None
-
-
-@dataclass(slots=True)
-class _Heard:
-    """What an answer's head said: its time, the upstream's budget, its content type."""
-
-    upstream_time: float
-    budget: UpstreamBudget
-    remaining: Remaining | None
-    content_type: str = ""
+    link: Link
+    client_body: dict[str, Any]
 
 
 class Exchange:
@@ -187,7 +174,9 @@ class Exchange:
             return False
         return True
 
-    def build(self, call: Call, deployment: DeploymentRoute) -> Outgoing:
+    def build(
+        self, call: Call, deployment: DeploymentRoute
+    ) -> tuple[UpstreamRequest, bool, Translated | None]:
         """``call``'s request for ``deployment``: as the client sent it (forward.py), or
         translated when the deployment does not speak its API. Raises InvalidRequest
         (the body cannot be sent), or ``Untranslated`` (the translation refused it)."""
@@ -202,7 +191,7 @@ class Exchange:
                 call.upstream_method,
                 call.upstream_path,
             )
-            return Outgoing(request, strip_usage)
+            return request, strip_usage, None
         link = link_for(call.shape.name, deployment.speaks)
         assert link is not None  # the dispatcher's candidates are those that translate
         try:
@@ -212,7 +201,7 @@ class Exchange:
         request, strip_usage = build_request(
             link.upstream, body, None, call.headers, deployment, call.stream
         )
-        return Outgoing(request, strip_usage, link, call.body)
+        return request, strip_usage, Translated(link, call.body)
 
     def _translations(self, call: Call) -> Translations:
         if call.translations is None:
@@ -225,17 +214,19 @@ class Exchange:
         self,
         shape: Shape,
         deployment: DeploymentRoute,
-        outgoing: Outgoing,
+        request: UpstreamRequest,
+        strip_usage: bool,
         stream: bool,
         started: float,
         on_first_chunk: Callable[[], None],
         on_stream_end: StreamEnded,
+        translated: Translated | None = None,
     ) -> Answer:
-        """Send ``outgoing`` (built by ``build``, sent at ``started``: perf_counter) and
-        what its answer came to, in the API of the client's ``shape``. A streamed
-        answer's end is reported to ``on_stream_end``."""
+        """Send ``request`` (built by ``build``, sent at ``started``: perf_counter) and
+        what its answer came to, in the API of the client's ``shape`` (``translated``
+        back when it was). A streamed answer's end is reported to ``on_stream_end``."""
         try:
-            response = await send(self.transport, outgoing.request, deployment.id)
+            response = await send(self.transport, request, deployment.id)
         except TransportFailure as failure:
             return _failed(failure, time.perf_counter() - started)
         upstream_time = time.perf_counter() - started  # to its headers
@@ -246,7 +237,7 @@ class Exchange:
         )
         now = time.time()
         budget = deployment.provider.budget(upstream_headers, now)
-        heard = _Heard(upstream_time, budget, self._remaining(deployment, budget))
+        remaining = self._remaining(deployment, budget)
         if is_failure(status):
             await discard(response)
             outcome = classify_status(
@@ -263,131 +254,83 @@ class Exchange:
                 True,
                 False,
                 budget,
-                heard.remaining,
+                remaining,
             )
         secret = redactable(deployment.config.api_key.get_secret_value())
         headers = redact_headers(response_headers(upstream_headers.items()), secret.decode())
-        content_type = heard.content_type = upstream_headers.get("content-type", "")
+        content_type = upstream_headers.get("content-type", "")
         if stream and status == 200 and "event-stream" in content_type:
             try:
                 decoder = decoder_for(upstream_headers.get("content-encoding"))
             except Undecodable as exc:
                 await discard(response)
                 unusable = undecodable(deployment.id, exc)
-                return _unusable(unusable, heard)
+                return _unusable(unusable, upstream_time, budget, remaining)
 
             async def on_close(end: StreamEnd) -> None:
                 await on_stream_end(end, body.tap.usage, body.events)
 
             body = _stream_body(
-                shape, outgoing, response, secret, decoder, on_first_chunk, on_close
+                shape, translated, strip_usage, response, secret, decoder, on_first_chunk, on_close
             )
             headers.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
             reply = Reply(status=200, headers=headers, stream=body)
-            return Answer(
-                "200", SUCCESS, upstream_time, reply, budget=budget, remaining=heard.remaining
-            )
-        return await self._buffered(shape, deployment, outgoing, response, headers, secret, heard)
-
-    async def _buffered(
-        self,
-        shape: Shape,
-        deployment: DeploymentRoute,
-        outgoing: Outgoing,
-        response: httpx.Response,
-        headers: dict[str, str],
-        secret: bytes,
-        heard: _Heard,
-    ) -> Answer:
-        """A buffered answer, read whole: passed on (translated back when its request
-        was), or a failure the provider or its shape tells."""
-        status = response.status_code
+            return Answer("200", SUCCESS, upstream_time, reply, budget=budget, remaining=remaining)
         headers_at = time.perf_counter()
         try:
             content = await read_body(response, deployment.id, self.max_answer)
-        except TransportFailure as failure:
-            answer = _failed(failure, heard.upstream_time)
-            answer.budget, answer.remaining = heard.budget, heard.remaining
-            return answer
-        except UnusableAnswer as unusable:
-            return _unusable(unusable, heard)
-        content = redact(content, secret)
+        except (TransportFailure, UnusableAnswer) as unread:
+            return _unread(unread, upstream_time, budget, remaining)
         ended = time.perf_counter()
-        heard.upstream_time += ended - headers_at  # and its body
-        link = outgoing.link
-        spoken = shape if link is None else link.upstream  # the API the upstream answered in
-        failed = self._failure(spoken, deployment, outgoing, status, content, heard)
-        if failed is not None:
-            return failed
-        usage: TokenUsage | None = None
-        if link is not None:
-            try:
-                content, usage = _translated_back(link, status, content)
-            except Untranslatable as exc:
-                return _unusable(_untranslatable(deployment.id, exc), heard)
-        headers.setdefault("content-type", "application/json")
+        upstream_time += ended - headers_at  # and its body
         answer = Answer(
             str(status),
             SUCCESS,
-            heard.upstream_time,
-            Reply(status=status, headers=headers, body=content),
+            upstream_time,
+            Reply(status=status, headers=headers, body=redact(content, secret)),
             refund=not admitted(status),
-            budget=heard.budget,
-            remaining=heard.remaining,
+            budget=budget,
+            remaining=remaining,
             ended=ended,
-            shape=spoken if status == 200 else None,
         )
-        if link is not None:  # read while translating, in the upstream's own units
-            answer._usage, answer._read = usage, True
-        return answer
+        return self._buffered(shape, deployment, request, translated, answer, content_type)
 
-    def _failure(
+    def _buffered(
         self,
-        spoken: Shape,
+        shape: Shape,
         deployment: DeploymentRoute,
-        outgoing: Outgoing,
-        status: int,
-        content: bytes,
-        heard: _Heard,
-    ) -> Answer | None:
-        """A buffered answer that is a failure (None: it is not): one that says the
-        deployment is misconfigured (its provider), or no API's answer (unshaped).
-        ``spoken``: the API the upstream was asked in."""
+        request: UpstreamRequest,
+        translated: Translated | None,
+        answer: Answer,
+        content_type: str,
+    ) -> Answer:
+        """A buffered answer read whole (``answer``, as if passed on): passed on
+        (translated back when its request was), or a failure: one that says the
+        deployment is misconfigured (its provider), or no API's answer (unshaped)."""
+        reply = answer.reply
+        assert reply is not None
+        status, content = reply.status, reply.body
+        link = None if translated is None else translated.link
+        spoken = shape if link is None else link.upstream  # the API the upstream answered in
         asked = deployment.model_for(spoken.name) is None  # the client's name went
         wrong = deployment.provider.misconfigured(status, content, self.cooldown_time, asked)
         if wrong is not None:  # not the client's fault: cool it as a bad key is cooled
             error = misconfigured_error(status, deployment.id)
-            refund = not admitted(status)
-            return Answer(
-                str(status),
-                wrong,
-                heard.upstream_time,
-                None,
-                error,
-                True,
-                refund,
-                heard.budget,
-                heard.remaining,
-            )
+            answer.outcome, answer.reply, answer.error = wrong, None, error
+            answer.retry, answer.refund = True, not admitted(status)
+            return answer
         odd = unshaped(status, content, self.cooldown_time)
-        if odd is None:
-            return None
-        # No API answer: the contract's shape instead.
-        shaped = unshaped_error(status, deployment.id, _shown(outgoing.request.url))
-        retry = isinstance(shaped, UpstreamError)  # no LLM API there: try another
-        if retry:
-            logger.warning("%s (%s)", shaped.message, heard.content_type or "no content-type")
-        return Answer(
-            str(status),
-            odd,
-            heard.upstream_time,
-            None,
-            shaped,
-            retry,
-            False,
-            heard.budget,
-            heard.remaining,
-        )
+        if odd is not None:  # no API answer: the contract's shape instead
+            shaped = unshaped_error(status, deployment.id, _shown(request.url))
+            retry = isinstance(shaped, UpstreamError)  # no LLM API there: try another
+            if retry:
+                logger.warning("%s (%s)", shaped.message, content_type or "no content-type")
+            answer.outcome, answer.reply, answer.error = odd, None, shaped
+            answer.retry, answer.refund = retry, False
+            return answer
+        reply.headers.setdefault("content-type", "application/json")
+        answer.shape = spoken if status == 200 else None
+        return answer if link is None else _translated_back(link, deployment, answer)
 
     def _remaining(self, deployment: DeploymentRoute, budget: UpstreamBudget) -> Remaining | None:
         """What the limiter should hear of the upstream's budget (None: nothing)."""
@@ -400,7 +343,8 @@ class Exchange:
 
 def _stream_body(
     shape: Shape,
-    outgoing: Outgoing,
+    translated: Translated | None,
+    strip_usage: bool,
     response: httpx.Response,
     secret: bytes,
     decoder: Decoder | None,
@@ -409,9 +353,8 @@ def _stream_body(
 ) -> StreamBody:
     """A streamed answer passed on: its usage read in the upstream's API, translated to
     the client's (``shape``'s) when its request was."""
-    link = outgoing.link
-    if link is None:
-        tap = UsageTap(shape.stream_usage(), strip_usage_event=outgoing.strip_usage)
+    if translated is None:
+        tap = UsageTap(shape.stream_usage(), strip_usage_event=strip_usage)
         return StreamBody(
             response,
             tap,
@@ -421,7 +364,8 @@ def _stream_body(
             shape.stream_error,
             decoder,
         )
-    tap = UsageTap(link.upstream.stream_usage(), strip_usage_event=outgoing.strip_usage)
+    link = translated.link
+    tap = UsageTap(link.upstream.stream_usage(), strip_usage_event=strip_usage)
     return StreamBody(
         response,
         tap,
@@ -430,19 +374,27 @@ def _stream_body(
         on_close,
         shape.stream_error,
         decoder,
-        translation=link.stream(outgoing.client_body or {}, int(time.time())),
+        translation=link.stream(translated.client_body, int(time.time())),
         ends=shape.stream_usage().ends,
     )
 
 
-def _translated_back(link: Link, status: int, content: bytes) -> tuple[bytes, TokenUsage | None]:
-    """A buffered answer in the client's API: a 200 (and the usage it reported), an
-    error body; any other status as it is."""
-    if status == 200:
-        return link.answer(content, int(time.time()))
-    if status >= 300:
-        return link.error(status, content), None
-    return content, None
+def _translated_back(link: Link, deployment: DeploymentRoute, answer: Answer) -> Answer:
+    """A buffered answer in the client's API: a 200 (its usage read while translating,
+    in the upstream's own units), an error body; any other status as it is."""
+    reply = answer.reply
+    assert reply is not None
+    status = reply.status
+    try:
+        if status == 200:
+            reply.body, answer._usage = link.answer(reply.body, int(time.time()))
+            answer._read = True
+        elif status >= 300:
+            reply.body = link.error(status, reply.body)
+    except Untranslatable as exc:
+        unusable = _untranslatable(deployment.id, exc)
+        return _unusable(unusable, answer.upstream_time, answer.budget, answer.remaining)
+    return answer
 
 
 def _untranslatable(deployment: str, exc: Untranslatable) -> UnusableAnswer:
@@ -458,7 +410,12 @@ def _failed(failure: TransportFailure, upstream_time: float) -> Answer:
     return Answer(failure.reason, outcome, upstream_time, None, failure.error, retry=True)
 
 
-def _unusable(unusable: UnusableAnswer, heard: _Heard) -> Answer:
+def _unusable(
+    unusable: UnusableAnswer,
+    upstream_time: float,
+    budget: UpstreamBudget,
+    remaining: Remaining | None,
+) -> Answer:
     """An answer that cannot be passed on (over the size bound, undecodable,
     untranslatable): another deployment would send the same, so no retry and no harm to
     this one's health; its tokens were spent upstream (the estimate stays charged)."""
@@ -466,12 +423,27 @@ def _unusable(unusable: UnusableAnswer, heard: _Heard) -> Answer:
     return Answer(
         unusable.reason,
         outcome,
-        heard.upstream_time,
+        upstream_time,
         None,
         unusable.error,
-        budget=heard.budget,
-        remaining=heard.remaining,
+        budget=budget,
+        remaining=remaining,
     )
+
+
+def _unread(
+    unread: TransportFailure | UnusableAnswer,
+    upstream_time: float,
+    budget: UpstreamBudget,
+    remaining: Remaining | None,
+) -> Answer:
+    """A buffered answer whose body could not be read (the connection failed: retried
+    elsewhere), or not passed on (``_unusable``)."""
+    if isinstance(unread, UnusableAnswer):
+        return _unusable(unread, upstream_time, budget, remaining)
+    answer = _failed(unread, upstream_time)
+    answer.budget, answer.remaining = budget, remaining
+    return answer
 
 
 def _shown(url: httpx.URL) -> str:
