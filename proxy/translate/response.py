@@ -200,8 +200,8 @@ def _blocks(message: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
     """A chat message's content as Messages blocks (its refusal as text), and whether it
     was a refusal."""
     blocks: list[dict[str, Any]] = []
-    said, refusal = message.get("content"), message.get("refusal")
-    if isinstance(said, str) and said:
+    said, refusal = _said_text(message.get("content")), message.get("refusal")
+    if said:
         blocks.append({"type": "text", "text": said})
     refused = isinstance(refusal, str) and bool(refusal)
     if refused:
@@ -209,6 +209,16 @@ def _blocks(message: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
     calls = message.get("tool_calls")
     blocks.extend(_tool_use(call) for call in (calls if isinstance(calls, list) else ()))
     return blocks, refused
+
+
+def _said_text(content: object) -> str:
+    """A chat message's content as text: a string, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    parts = content if isinstance(content, list) else ()
+    return "".join(
+        p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)
+    )
 
 
 def _tool_use(call: object) -> dict[str, Any]:

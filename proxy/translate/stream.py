@@ -141,7 +141,9 @@ class ToChat:
         if kind != "tool_use":  # (thinking, server tools: only when asked for)
             return b""
         index = self._calls[payload.get("index")] = len(self._calls)
-        function = {"name": block.get("name"), "arguments": ""}
+        given = block.get("input")  # {} as Anthropic starts it; whole, if an upstream sends it
+        arguments = orjson.dumps(given).decode() if isinstance(given, dict) and given else ""
+        function = {"name": block.get("name"), "arguments": arguments}
         call = {"index": index, "id": block.get("id"), "type": "function", "function": function}
         return self._chunk({"tool_calls": [call]})
 

@@ -109,3 +109,15 @@ async def test_after_the_speaking_deployment_failed_the_refusal_is_not_the_answe
     reply = await journey.send(body)
     assert reply.status == 502  # a's failure: b could not have served it either
     assert "b.test" not in upstream.sent
+
+
+async def test_a_fallback_crosses_providers_translated() -> None:
+    upstream = Upstream({"a.test": status(500), "b.test": _message})
+    data = config([deployment("a")], fallbacks={"m": ["claude"]}, retries=1)
+    anthropic = deployment("b", provider="anthropic", base_url="http://b.test")
+    data["models"].append({"name": "claude", "deployments": [anthropic]})
+    journey = Journey(data, upstream)
+    reply = await journey.send()
+    assert reply.status == 200
+    assert orjson.loads(reply.body)["choices"][0]["message"]["content"] == "Hi"
+    assert upstream.sent == ["a.test", "b.test"]

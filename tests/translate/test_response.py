@@ -243,3 +243,12 @@ def test_error_bodies_take_the_clients_shape() -> None:
         orjson.loads(chat_error(422, b'{"detail": "x"}'))["error"]["message"] == '{"detail": "x"}'
     )
     assert orjson.loads(messages_error(400, b"plain"))["error"]["message"] == "plain"
+
+
+def test_chat_content_given_as_text_parts_is_one_text_block() -> None:
+    parts = {
+        "role": "assistant",
+        "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}],
+    }
+    answer = Message.model_validate_json(message_from_chat(_completion(parts), 0)[0])
+    assert [(b.type, getattr(b, "text", None)) for b in answer.content] == [("text", "Hello")]

@@ -350,3 +350,25 @@ def test_an_event_over_the_bound_is_untranslatable(monkeypatch: pytest.MonkeyPat
     translation = ToMessages()
     with pytest.raises(Untranslatable):
         translation.feed(b"data: " + b"x" * 100)
+
+
+def test_a_tool_use_block_started_with_its_whole_input_keeps_it() -> None:
+    start = MESSAGES_STREAM.split(b"event: content_block_start")[0]
+    whole = _named(
+        "content_block_start",
+        {
+            "type": "content_block_start",
+            "index": 0,
+            "content_block": {
+                "type": "tool_use",
+                "id": "toolu_9",
+                "name": "weather",
+                "input": {"city": "Oslo"},
+            },
+        },
+    )
+    [_, call] = _payloads(_through(ToChat(include_usage=False, created=CREATED), start + whole))
+    assert call["choices"][0]["delta"]["tool_calls"][0]["function"] == {
+        "name": "weather",
+        "arguments": '{"city":"Oslo"}',
+    }
