@@ -54,6 +54,8 @@ def _config(redis_url: str, gpt: FakeUpstreamHandle, claude: FakeUpstreamHandle)
                         "model": "gpt-upstream",
                         "rpm": round(OPENAI_LIMIT * 60 / WINDOW),
                         "timeout": "10s",
+                        # Preferred whenever it has a turn: the Anthropic one takes the rest.
+                        "weight": 20,
                     },
                     {
                         "id": "anthropic-d",
