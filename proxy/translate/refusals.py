@@ -14,6 +14,7 @@ from proxy.errors import InvalidRequest
 __all__ = [
     "UNTRANSLATABLE",
     "Untranslatable",
+    "content_list",
     "listing",
     "mapping",
     "only",
@@ -55,6 +56,13 @@ def listing(value: Any, param: str) -> list[Any]:
     """``value``, an array (else a 400 naming ``param``)."""
     if not isinstance(value, list):
         wrong(param, "an array")
+    return value
+
+
+def content_list(value: Any, param: str) -> list[Any]:
+    """Message content that is not a string: an array (else a 400 naming ``param``)."""
+    if not isinstance(value, list):
+        wrong(param, "a string or an array of content")
     return value
 
 

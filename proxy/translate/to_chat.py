@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 
 import orjson
 
-from proxy.translate.refusals import listing, mapping, only, refuse, text, wrong
+from proxy.translate.refusals import content_list, listing, mapping, only, refuse, text, wrong
 
 __all__ = ["UPSTREAM", "conversation", "to_chat"]
 
@@ -223,7 +223,7 @@ def _plain(content: Any, where: str) -> str | list[dict[str, Any]]:
     if isinstance(content, str):
         return content
     parts = []
-    for j, block in enumerate(listing(content, where)):
+    for j, block in enumerate(content_list(content, where)):
         block = mapping(block, f"{where}[{j}]")
         if block.get("type") != "text":
             _refuse(f"{where}[{j}].type", "only text has a counterpart here")
@@ -238,7 +238,7 @@ def _user(content: Any, where: str) -> list[dict[str, Any]]:
         return [{"role": "user", "content": content}]
     messages: list[dict[str, Any]] = []
     parts: list[dict[str, Any]] = []
-    for j, block in enumerate(listing(content, where)):
+    for j, block in enumerate(content_list(content, where)):
         at = f"{where}[{j}]"
         block = mapping(block, at)
         kind = block.get("type")
@@ -290,7 +290,7 @@ def _assistant(content: Any, where: str) -> dict[str, Any]:
         return {"role": "assistant", "content": content}
     texts: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
-    for j, block in enumerate(listing(content, where)):
+    for j, block in enumerate(content_list(content, where)):
         at = f"{where}[{j}]"
         block = mapping(block, at)
         kind = block.get("type")

@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 import orjson
 
-from proxy.translate.refusals import listing, mapping, only, refuse, text, wrong
+from proxy.translate.refusals import content_list, listing, mapping, only, refuse, text, wrong
 
 __all__ = ["UPSTREAM", "conversation", "to_messages"]
 
@@ -274,7 +274,7 @@ def _system(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
     content = message.get("content")
     if isinstance(content, str):
         return [_text(content)]
-    parts = listing(content, f"{where}.content")
+    parts = content_list(content, f"{where}.content")
     return [_text_part(part, f"{where}.content[{j}]") for j, part in enumerate(parts)]
 
 
@@ -326,7 +326,9 @@ def _text_part(part: Any, where: str) -> dict[str, Any]:
 def _user_content(content: Any, where: str) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [_text(content)]
-    return [_user_part(part, f"{where}[{j}]") for j, part in enumerate(listing(content, where))]
+    return [
+        _user_part(part, f"{where}[{j}]") for j, part in enumerate(content_list(content, where))
+    ]
 
 
 def _user_part(part: Any, where: str) -> dict[str, Any]:
@@ -363,7 +365,7 @@ def _assistant(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
     if isinstance(content, str):
         blocks.append(_text(content))
     elif content is not None:
-        parts = listing(content, f"{where}.content")
+        parts = content_list(content, f"{where}.content")
         blocks.extend(_text_part(part, f"{where}.content[{j}]") for j, part in enumerate(parts))
     calls = message.get("tool_calls")
     if calls is not None:
@@ -401,7 +403,7 @@ def _tool_result(message: dict[str, Any], where: str) -> dict[str, Any]:
     if isinstance(content, str):
         result = content
     else:
-        parts = listing(content, f"{where}.content")
+        parts = content_list(content, f"{where}.content")
         result = [_text_part(part, f"{where}.content[{j}]") for j, part in enumerate(parts)]
     return {
         "type": "tool_result",

@@ -246,15 +246,7 @@ class Exchange:
             error = status_error(status, deployment.id)
             error.retry_after = outcome.cool_for if status == 429 else None
             return Answer(
-                str(status),
-                outcome,
-                upstream_time,
-                None,
-                error,
-                True,
-                False,
-                budget,
-                remaining,
+                str(status), outcome, upstream_time, None, error, True, False, budget, remaining
             )
         secret = redactable(deployment.config.api_key.get_secret_value())
         headers = redact_headers(response_headers(upstream_headers.items()), secret.decode())
