@@ -78,16 +78,20 @@ def tool_call(body: dict[str, Any], last_is_result: bool) -> str | None:
     if not isinstance(tools, list) or not tools or not isinstance(tools[0], dict):
         return None
     choice = body.get("tool_choice", "auto")
-    kind = choice.get("type") if isinstance(choice, dict) else choice
+    if not isinstance(choice, dict):
+        choice = {"type": choice}
+    kind = choice.get("type")
     if kind == "none" or (kind == "auto" and last_is_result):
         return None
-    named = (
-        choice.get("name") or choice.get("function", {}).get("name")
-        if isinstance(choice, dict)
-        else None
-    )
-    first = tools[0].get("name") or tools[0].get("function", {}).get("name")
-    return str(named or first)
+    return _name(choice) or _name(tools[0])
+
+
+def _name(entry: dict[str, Any]) -> str | None:
+    """A tool's or a tool choice's name: the Messages API's (``name``) or chat's
+    (``function.name``)."""
+    function = entry.get("function")
+    name = entry.get("name") or (function.get("name") if isinstance(function, dict) else None)
+    return str(name) if name else None
 
 
 def tool_arguments(job: Job) -> str:
