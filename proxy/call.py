@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from proxy.limiter.base import KeyVerdict
     from proxy.shapes.cache_prefixes import CachePrefixes
     from proxy.tracing import RequestTrace
+    from proxy.translate import Translations
 
 __all__ = [
     "Call",
@@ -170,6 +171,9 @@ class Call:
     # Its trace while traces are on (proxy/tracing.py), begun by the first event that
     # needs it; None otherwise.
     trace: RequestTrace | None = None
+    # Its body translated for deployments that do not speak its API (proxy/translate),
+    # made on first need; None: none was needed.
+    translations: Translations | None = None
 
     @property
     def input_estimate(self) -> int:

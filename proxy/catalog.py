@@ -45,6 +45,7 @@ from proxy.model_names import ModelNames, is_pattern
 from proxy.pricing import FREE, Price, dearest
 from proxy.providers import Provider, provider_of
 from proxy.routing.announced import Announced
+from proxy.translate import reachable
 
 __all__ = ["Catalog", "DeploymentRoute", "GroupRoute", "TeamLookup", "for_model", "key_limits"]
 
@@ -171,8 +172,11 @@ class DeploymentRoute:
 class GroupRoute:
     name: str
     deployments: tuple[DeploymentRoute, ...]
-    # The names of the API shapes some deployment speaks: one set lookup per request.
+    # The names of the API shapes some deployment speaks, or serves through translation
+    # (proxy/translate): one set lookup per request.
     shapes: frozenset[str]
+    # Those every deployment speaks: a request of one needs no translation anywhere.
+    common: frozenset[str] = frozenset()
 
 
 def window(
@@ -381,8 +385,9 @@ def _group(group: ModelGroup, share: float, pacing_margin: float) -> GroupRoute:
         )
         for d in group.deployments
     )
-    shapes = frozenset(name for d in deployments for name in d.urls)
-    return GroupRoute(name=group.name, deployments=deployments, shapes=shapes)
+    shapes = reachable(frozenset(name for d in deployments for name in d.urls))
+    common = frozenset.intersection(*(frozenset(d.urls) for d in deployments))
+    return GroupRoute(name=group.name, deployments=deployments, shapes=shapes, common=common)
 
 
 def _exact_routes(names: ModelNames, groups: Mapping[str, GroupRoute]) -> dict[str, GroupRoute]:

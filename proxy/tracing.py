@@ -31,6 +31,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import orjson
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -49,6 +50,7 @@ from proxy.metrics import Metrics
 from proxy.routing.events import Attempt, WaitCause
 from proxy.startup import otlp_protocol
 from proxy.telemetry import Telemetry
+from proxy.translate import link_for
 
 __all__ = ["RequestTrace", "StreamWatch", "TracedTelemetry", "Tracing", "start_tracing"]
 
@@ -413,16 +415,23 @@ def admission_attributes(call: Call) -> dict[str, AttributeValue]:
     )
 
 
+def _upstream_url(call: Call, route: DeploymentRoute | None) -> httpx.URL | None:
+    """Where an attempt goes: the deployment's URL of the client's API, or of the one
+    its request is translated to (proxy/translate)."""
+    if route is None:
+        return None
+    if route.speaks(call.shape.name):
+        return route.target(call.shape.name)[0]
+    link = link_for(call.shape.name, route.speaks)
+    return None if link is None else route.target(link.upstream.name)[0]
+
+
 def attempt_attributes(
     call: Call, attempt: Attempt, route: DeploymentRoute | None, number: int
 ) -> dict[str, AttributeValue]:
     """An attempt's, as it starts: the GenAI call it is and where it goes."""
     kind = "fallback" if attempt.model != call.model else "retry" if number > 1 else "first"
-    url = (
-        route.target(call.shape.name)[0]
-        if route is not None and route.speaks(call.shape.name)
-        else None
-    )
+    url = _upstream_url(call, route)
     return _present(
         {
             "gen_ai.operation.name": _operation(call),

@@ -11,7 +11,8 @@ from proxy.api.responses import error_response
 from proxy.auth import bearer_matches
 from proxy.errors import AuthenticationFailed, ModelNotFound, ProxyError
 from proxy.pipeline import Pipeline
-from proxy.shapes.credentials import BEARER
+from proxy.shapes import SHAPES
+from proxy.shapes.credentials import ANTHROPIC_KEY, BEARER
 
 
 def _pipeline(request: Request) -> Pipeline:
@@ -19,16 +20,28 @@ def _pipeline(request: Request) -> Pipeline:
     return pipeline
 
 
+# The API shapes each API's clients call: Anthropic's SDKs (and Claude Code) send an
+# ``anthropic-version`` header on every request, OpenAI's none.
+_ANTHROPIC_SHAPES = frozenset(s.name for s in SHAPES if s.credential is ANTHROPIC_KEY)
+_OPENAI_SHAPES = frozenset(s.name for s in SHAPES if s.credential is BEARER)
+
+
 def _visible_groups(request: Request) -> list[str]:
-    """The model groups the request's key may use (raises for a bad key): the key in
-    either form a served API takes (``Authorization: Bearer``, ``x-api-key``)."""
+    """The model groups the request's key may use (raises for a bad key) through the
+    request's client's API (an Anthropic client's: the Messages API; any other's: one
+    of OpenAI's), translation included (a group speaking chat completions is reached
+    through the Messages API too, and the other way round): the key in either form a
+    served API takes (``Authorization: Bearer``, ``x-api-key``)."""
     pipeline = _pipeline(request)
     header, presented = presented_key(BEARER.headers, request.headers.raw)
     key = pipeline.keys.authenticate(presented, BEARER, header)
     names = [g.name for g in pipeline.settings.models]
     if key is not None and key.models is not None:
         names = [n for n in names if n in key.models]
-    return names
+    anthropic = "anthropic-version" in request.headers
+    apis = _ANTHROPIC_SHAPES if anthropic else _OPENAI_SHAPES
+    groups = pipeline.catalog.groups
+    return [n for n in names if n in groups and groups[n].shapes & apis]
 
 
 def _visible_models(request: Request) -> list[str]:

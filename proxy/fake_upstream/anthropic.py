@@ -26,7 +26,10 @@ from .bodies import (
     completion_text,
     estimate_chat_prompt_tokens,
     named_sse,
+    split_arguments,
     split_text,
+    tool_arguments,
+    tool_call,
 )
 from .prompt_cache import Split
 
@@ -143,7 +146,22 @@ def parse(
         cache_entries=entries,
     )
     job.cost += read + write  # a combined tpm counts all input
+    job.tool = tool_call(body, last_is_result=_answers_a_tool(body["messages"]))
+    if job.tool is not None:
+        job.finish_reason = "tool_use"
     return job
+
+
+def _answers_a_tool(messages: list[Any]) -> bool:
+    """Whether the last message holds a tool's result."""
+    content = messages[-1].get("content") if messages else None
+    return isinstance(content, list) and any(
+        isinstance(b, dict) and b.get("type") == "tool_result" for b in content
+    )
+
+
+def _tool_use(job: Job, mid: str) -> dict[str, Any]:
+    return {"type": "tool_use", "id": f"toolu_{mid[-12:]}", "name": job.tool, "input": {}}
 
 
 def usage(job: Job, output_tokens: int) -> dict[str, Any]:
@@ -170,23 +188,29 @@ def _message(job: Job, mid: str, content: list[Any], stop: str | None, out: int)
 
 
 def message(job: Job, mid: str, created: int) -> bytes:
-    text = {"type": "text", "text": completion_text(job.completion_tokens)}
-    return orjson.dumps(_message(job, mid, [text], job.finish_reason, job.completion_tokens))
+    block = {"type": "text", "text": completion_text(job.completion_tokens)}
+    if job.tool is not None:
+        block = {**_tool_use(job, mid), "input": orjson.loads(tool_arguments(job))}
+    return orjson.dumps(_message(job, mid, [block], job.finish_reason, job.completion_tokens))
+
+
+def _deltas(job: Job, mid: str, parts: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A streamed message's one content block, as it starts, and its deltas."""
+    if job.tool is not None:
+        pieces = split_arguments(tool_arguments(job), parts)
+        deltas = [{"type": "input_json_delta", "partial_json": piece} for piece in pieces]
+        return _tool_use(job, mid), deltas
+    texts = split_text(job.completion_tokens, parts)
+    return {"type": "text", "text": ""}, [{"type": "text_delta", "text": t} for t in texts]
 
 
 def events(job: Job, mid: str, created: int, parts: int) -> list[bytes]:
     """The SSE events of a streamed message, as Anthropic sends them."""
     start = _message(job, mid, [], None, 1)  # Anthropic's message_start counts 1 output
+    block, pieces = _deltas(job, mid, parts)
     deltas = [
-        named_sse(
-            "content_block_delta",
-            {
-                "type": "content_block_delta",
-                "index": 0,
-                "delta": {"type": "text_delta", "text": text},
-            },
-        )
-        for text in split_text(job.completion_tokens, parts)
+        named_sse("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": d})
+        for d in pieces
     ]
     final_usage = {
         "input_tokens": job.prompt_tokens,
@@ -198,11 +222,7 @@ def events(job: Job, mid: str, created: int, parts: int) -> list[bytes]:
         named_sse("message_start", {"type": "message_start", "message": start}),
         named_sse(
             "content_block_start",
-            {
-                "type": "content_block_start",
-                "index": 0,
-                "content_block": {"type": "text", "text": ""},
-            },
+            {"type": "content_block_start", "index": 0, "content_block": block},
         ),
         named_sse("ping", {"type": "ping"}),
         *deltas,

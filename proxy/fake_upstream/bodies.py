@@ -48,6 +48,7 @@ class Job:
     # What its admission caches (prompt_cache.py): (digest, lifetime) per prefix.
     cache_entries: tuple[tuple[bytes, float], ...] = ()
     request: dict[str, Any] | None = None  # the body, for answers that quote it
+    tool: str | None = None  # the tool it calls instead of answering in text (tool_call)
 
 
 # ---------------------------------------------------------------- request parsing
@@ -59,7 +60,51 @@ def parse_chat(body: dict[str, Any], default_completion: int) -> Job | str:
     if not isinstance(messages, list) or not messages:
         return "'messages' must be a non-empty array"
     prompt = estimate_chat_prompt_tokens(messages)
-    return _generation_job(body, prompt, default_completion, "max_completion_tokens")
+    job = _generation_job(body, prompt, default_completion, "max_completion_tokens")
+    if isinstance(job, Job):
+        last = messages[-1]
+        job.tool = tool_call(body, isinstance(last, dict) and last.get("role") == "tool")
+        if job.tool is not None:
+            job.finish_reason = "tool_calls"
+    return job
+
+
+# ---------------------------------------------------------------- tools
+
+
+def tool_call(body: dict[str, Any], last_is_result: bool) -> str | None:
+    """The tool a request with ``tools`` is answered with a call of, in either API's
+    shape: the one ``tool_choice`` names, else the first; none when ``tool_choice`` says
+    none, or (``auto``) when the last message is a tool's result (answered in text)."""
+    tools = body.get("tools")
+    if not isinstance(tools, list) or not tools or not isinstance(tools[0], dict):
+        return None
+    choice = body.get("tool_choice", "auto")
+    if not isinstance(choice, dict):
+        choice = {"type": choice}
+    kind = choice.get("type")
+    if kind == "none" or (kind == "auto" and last_is_result):
+        return None
+    return _name(choice) or _name(tools[0])
+
+
+def _name(entry: dict[str, Any]) -> str | None:
+    """A tool's or a tool choice's name: the Messages API's (``name``) or chat's
+    (``function.name``)."""
+    function = entry.get("function")
+    name = entry.get("name") or (function.get("name") if isinstance(function, dict) else None)
+    return str(name) if name else None
+
+
+def tool_arguments(job: Job) -> str:
+    """The arguments of a job's tool call: its completion text as ``input``."""
+    return orjson.dumps({"input": completion_text(job.completion_tokens)}).decode()
+
+
+def split_arguments(arguments: str, parts: int) -> list[str]:
+    """``arguments`` cut into ``parts`` pieces (streamed one by one)."""
+    step = max(1, -(-len(arguments) // max(parts, 1)))
+    return [arguments[i : i + step] for i in range(0, len(arguments), step)]
 
 
 def parse_completion(body: dict[str, Any], default_completion: int) -> Job | str:
@@ -218,6 +263,10 @@ def chat_completion(job: Job, rid: str, created: int) -> bytes:
         "refusal": None,
         "annotations": [],
     }
+    if job.tool is not None:
+        function = {"name": job.tool, "arguments": tool_arguments(job)}
+        call = {"id": f"call_{rid[-12:]}", "type": "function", "function": function}
+        message.update(content=None, tool_calls=[call])
     return orjson.dumps(
         {
             "id": rid,
@@ -260,9 +309,18 @@ def chat_chunks(job: Job, rid: str, created: int, parts: int) -> list[bytes]:
         return sse({**head, "choices": [choice], **tail})
 
     events = [event({"role": "assistant", "content": "", "refusal": None}, None)]
-    events.extend(
-        event({"content": text}, None) for text in split_text(job.completion_tokens, parts)
-    )
+    if job.tool is not None:
+        function = {"name": job.tool, "arguments": ""}
+        call = {"index": 0, "id": f"call_{rid[-12:]}", "type": "function", "function": function}
+        events.append(event({"tool_calls": [call]}, None))
+        events.extend(
+            event({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}, None)
+            for piece in split_arguments(tool_arguments(job), parts)
+        )
+    else:
+        events.extend(
+            event({"content": text}, None) for text in split_text(job.completion_tokens, parts)
+        )
     events.append(event({}, job.finish_reason))
     if job.include_usage:
         events.append(sse({**head, "choices": [], "usage": usage(job)}))

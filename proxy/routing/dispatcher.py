@@ -58,7 +58,7 @@ from proxy.routing.prompt_caches import PromptCaches
 from proxy.routing.settlement import Settler, Turn
 from proxy.routing.strategies import RoutingState, first_asked, order_candidates
 from proxy.routing.turn_clock import TurnClock
-from proxy.upstream.exchange import Answer, Exchange, StreamEnd, build_request
+from proxy.upstream.exchange import Answer, Exchange, StreamEnd, Untranslated
 
 __all__ = ["Dispatcher", "Served", "StreamDone"]
 
@@ -150,6 +150,7 @@ class Dispatcher:
             settings.server.max_upstream_body_size,
             settler.rule.max_hold,
             settler.rule.time,
+            settings.server.default_max_tokens,
         )
         self.settler = settler
         self.events = events
@@ -210,10 +211,10 @@ class Dispatcher:
                 candidates = [
                     d
                     for d in current.deployments
-                    if d.id not in tried
-                    and d.speaks(call.shape.name)
-                    and (call.pinned is None or d.id == call.pinned)
+                    if d.id not in tried and (call.pinned is None or d.id == call.pinned)
                 ]
+                if call.shape.name not in current.common:  # some need it translated
+                    candidates = self.exchange.reachable(call, candidates)
                 if not candidates:
                     break
                 try:
@@ -231,6 +232,10 @@ class Dispatcher:
                 attempts_left -= 1
                 try:
                     return await self._attempt(call, turn, stream_done)
+                except Untranslated:  # its translation refused: not a candidate, no attempt
+                    attempts_left += 1
+                    tried.add(turn.deployment.id)
+                    continue
                 except Retryable as failure:
                     last_error = failure.error
                     call.trip.retries += 1
@@ -244,9 +249,7 @@ class Dispatcher:
                         continue
                     tried.add(turn.deployment.id)
         call.trip.retries = max(call.trip.retries - 1, 0)
-        error = last_error or refusal
-        assert error is not None
-        raise error
+        raise _unanswered(call, last_error or refusal)
 
     def _groups(self, group: GroupRoute, allowed: list[str] | None) -> Iterable[GroupRoute]:
         """``group``, then its fallbacks that the key may use (``allowed``: its
@@ -628,18 +631,9 @@ class Dispatcher:
         in-flight count and the key's slot come back at once (``ClientClosedRequest``)."""
         deployment = turn.deployment
         call.trip.deployment = deployment.id
-        try:
-            request, strip_usage = build_request(
-                call.shape,
-                call.body,
-                call.raw,
-                call.headers,
-                deployment,
-                call.stream,
-                call.upstream_method,
-                call.upstream_path,
-            )
-        except InvalidRequest:  # the body cannot be sent as it is: its turn goes back
+        try:  # the request for this deployment (translated, if it speaks another API)
+            request, strip_usage, translated = self.exchange.build(call, deployment)
+        except (InvalidRequest, Untranslated):  # it cannot go as it is: its turn goes back
             self.settler.give_back(turn, turn.cost)
             raise
         attempt = Attempt(
@@ -671,6 +665,7 @@ class Dispatcher:
                 attempt.started,
                 on_first_chunk,
                 on_stream_end,
+                translated,
             )
             served = self._answered(call, turn, attempt, answer)
         except BaseException as exc:
@@ -841,6 +836,15 @@ class Dispatcher:
         self.events.upstream_budget(deployment.group, deployment.id, budget)
         if answer.remaining is not None:
             self.settler.report(deployment, answer.remaining)
+
+
+def _unanswered(call: Call, error: ProxyError | None) -> ProxyError:
+    """Why no deployment answered: ``error``; none reached at all, the refusal of the
+    translation to the only API its deployments speak (a 400 naming the field)."""
+    if error is None and call.translations is not None:
+        error = call.translations.refusal()
+    assert error is not None
+    return error
 
 
 def _refused(

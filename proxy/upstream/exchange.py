@@ -3,12 +3,18 @@ headers say of the upstream's budget (through the provider) and its usage (throu
 API shape), redact the upstream's key. The routing layer decides what to do with the
 ``Answer``: settle, retry, learn.
 
-    build (forward.build_request: model, the shape's needs, credentials)
+    build (forward.build_request: model, the shape's needs, credentials; translated
+           to the deployment's API when it does not speak the client's: proxy/translate)
     -> send (one transport)  -> a failure status: discarded, classified (outcomes)
-                             -> a stream: StreamBody, its usage read on the way (sse)
+                             -> a stream: StreamBody, its usage read on the way (sse),
+                                translated back event by event
                              -> a body: read whole (bounded), redacted; an answer that
                                 says the deployment is misconfigured (the provider) or
-                                no API answers there (unshaped): a failure
+                                no API answers there (unshaped): a failure; else
+                                translated back (a 200 and its usage, an error body)
+
+This is the one seam of translation: the request is built for each attempt's deployment,
+and its answer comes back in the client's API, its usage read in the deployment's.
 """
 
 from __future__ import annotations
@@ -17,13 +23,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
-from proxy.call import Reply
+from proxy.call import Call, Reply
 from proxy.catalog import DeploymentRoute
 from proxy.costs import TokenUsage
-from proxy.errors import ProxyError, UpstreamError
+from proxy.errors import InvalidRequest, ProxyError, UpstreamError, UpstreamUnavailable
 from proxy.limiter.base import SUCCESS, Outcome, Remaining
 from proxy.routing.outcomes import (
     admitted,
@@ -36,7 +43,8 @@ from proxy.routing.outcomes import (
 )
 from proxy.shapes.base import Shape
 from proxy.shapes.sse import UsageTap
-from proxy.upstream.encoding import Undecodable, decoder_for
+from proxy.translate import Link, Translations, Untranslatable, link_for
+from proxy.upstream.encoding import Decoder, Undecodable, decoder_for
 from proxy.upstream.forward import (
     TransportFailure,
     UnusableAnswer,
@@ -52,7 +60,15 @@ from proxy.upstream.ratelimits import UpstreamBudget, remaining_report
 from proxy.upstream.redact import StreamRedactor, redact, redact_headers, redactable
 from proxy.upstream.stream import StreamBody, StreamEnd
 
-__all__ = ["Answer", "Exchange", "StreamEnd", "StreamEnded", "build_request"]
+__all__ = [
+    "Answer",
+    "Exchange",
+    "StreamEnd",
+    "StreamEnded",
+    "Translated",
+    "Untranslated",
+    "build_request",
+]
 
 logger = logging.getLogger("proxy.upstream")
 
@@ -98,10 +114,25 @@ class Answer:
         return self._usage
 
 
+class Untranslated(Exception):
+    """The request cannot be translated to the API of the deployment named: that one
+    cannot serve it (why: ``call.translations.refusal()``), another may."""
+
+
+@dataclass(slots=True)
+class Translated:
+    """How an attempt's request was translated (``Exchange.build``): the link to the
+    deployment's API, and the client's request (a translated stream reads it)."""
+
+    link: Link
+    client_body: dict[str, Any]
+
+
 class Exchange:
     """Calls deployments over one transport. ``max_answer``: a buffered body's bound;
     ``max_hold``: the longest a 429 or an upstream's budget holds a deployment;
-    ``cooldown_time``: how long a misconfigured one cools."""
+    ``cooldown_time``: how long a misconfigured one cools; ``default_cap``: the output
+    cap of a request translated to an API that requires one when it set none."""
 
     def __init__(
         self,
@@ -109,11 +140,75 @@ class Exchange:
         max_answer: int | None,
         max_hold: float,
         cooldown_time: float,
+        default_cap: int,
     ) -> None:
         self.transport = transport
         self.max_answer = max_answer
         self.max_hold = max_hold
         self.cooldown_time = cooldown_time
+        self.default_cap = default_cap
+
+    # --- the request, for its deployment ---------------------------------------------
+
+    def reachable(self, call: Call, candidates: list[DeploymentRoute]) -> list[DeploymentRoute]:
+        """Those of ``candidates`` that can serve ``call``: speaking its API, or one its
+        request translates to (proxy/translate). When none speaks its API the request is
+        translated now (each needs it): a deployment its translation refuses is no
+        candidate, and the refusal is kept on the call (``Translations.refusal``). Beside
+        one that speaks it, a translation is made only for the deployment chosen
+        (``build``), and one known refused is no candidate."""
+        name = call.shape.name
+        now = not any(d.speaks(name) for d in candidates)
+        return [d for d in candidates if d.speaks(name) or self._translates(call, d, now)]
+
+    def _translates(self, call: Call, deployment: DeploymentRoute, now: bool) -> bool:
+        link = link_for(call.shape.name, deployment.speaks)
+        if link is None:
+            return False
+        translations = self._translations(call)
+        if not now:
+            return not translations.refused(link)
+        try:
+            translations.body_for(link)
+        except InvalidRequest:
+            return False
+        return True
+
+    def build(
+        self, call: Call, deployment: DeploymentRoute
+    ) -> tuple[UpstreamRequest, bool, Translated | None]:
+        """``call``'s request for ``deployment``: as the client sent it (forward.py), or
+        translated when the deployment does not speak its API. Raises InvalidRequest
+        (the body cannot be sent), or ``Untranslated`` (the translation refused it)."""
+        if deployment.speaks(call.shape.name):
+            request, strip_usage = build_request(
+                call.shape,
+                call.body,
+                call.raw,
+                call.headers,
+                deployment,
+                call.stream,
+                call.upstream_method,
+                call.upstream_path,
+            )
+            return request, strip_usage, None
+        link = link_for(call.shape.name, deployment.speaks)
+        assert link is not None  # the dispatcher's candidates are those that translate
+        try:
+            body = self._translations(call).body_for(link)
+        except InvalidRequest:  # kept on the call: another deployment may serve it
+            raise Untranslated(deployment.id) from None
+        request, strip_usage = build_request(
+            link.upstream, body, None, call.headers, deployment, call.stream
+        )
+        return request, strip_usage, Translated(link, call.body)
+
+    def _translations(self, call: Call) -> Translations:
+        if call.translations is None:
+            call.translations = Translations(call.body, self.default_cap)
+        return call.translations
+
+    # --- the call --------------------------------------------------------------------
 
     async def call(
         self,
@@ -125,10 +220,11 @@ class Exchange:
         started: float,
         on_first_chunk: Callable[[], None],
         on_stream_end: StreamEnded,
+        translated: Translated | None = None,
     ) -> Answer:
-        """Send ``request`` (built by ``build_request``, sent at ``started``:
-        perf_counter) and what its answer came to. A streamed answer's end is reported
-        to ``on_stream_end``."""
+        """Send ``request`` (built by ``build``, sent at ``started``: perf_counter) and
+        what its answer came to, in the API of the client's ``shape`` (``translated``
+        back when it was). A streamed answer's end is reported to ``on_stream_end``."""
         try:
             response = await send(self.transport, request, deployment.id)
         except TransportFailure as failure:
@@ -162,19 +258,12 @@ class Exchange:
                 await discard(response)
                 unusable = undecodable(deployment.id, exc)
                 return _unusable(unusable, upstream_time, budget, remaining)
-            tap = UsageTap(shape.stream_usage(), strip_usage_event=strip_usage)
 
             async def on_close(end: StreamEnd) -> None:
-                await on_stream_end(end, tap.usage, body.events)
+                await on_stream_end(end, body.tap.usage, body.events)
 
-            body = StreamBody(
-                response,
-                tap,
-                StreamRedactor(secret),
-                on_first_chunk,
-                on_close,
-                shape.stream_error,
-                decoder,
+            body = _stream_body(
+                shape, translated, strip_usage, response, secret, decoder, on_first_chunk, on_close
             )
             headers.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
             reply = Reply(status=200, headers=headers, stream=body)
@@ -182,45 +271,58 @@ class Exchange:
         headers_at = time.perf_counter()
         try:
             content = await read_body(response, deployment.id, self.max_answer)
-        except TransportFailure as failure:
-            answer = _failed(failure, upstream_time)
-            answer.budget, answer.remaining = budget, remaining
-            return answer
-        except UnusableAnswer as unusable:
-            return _unusable(unusable, upstream_time, budget, remaining)
-        content = redact(content, secret)
+        except (TransportFailure, UnusableAnswer) as unread:
+            return _unread(unread, upstream_time, budget, remaining)
         ended = time.perf_counter()
         upstream_time += ended - headers_at  # and its body
-        asked = deployment.model_for(shape.name) is None  # the client's name went
+        answer = Answer(
+            str(status),
+            SUCCESS,
+            upstream_time,
+            Reply(status=status, headers=headers, body=redact(content, secret)),
+            refund=not admitted(status),
+            budget=budget,
+            remaining=remaining,
+            ended=ended,
+        )
+        return self._buffered(shape, deployment, request, translated, answer, content_type)
+
+    def _buffered(
+        self,
+        shape: Shape,
+        deployment: DeploymentRoute,
+        request: UpstreamRequest,
+        translated: Translated | None,
+        answer: Answer,
+        content_type: str,
+    ) -> Answer:
+        """A buffered answer read whole (``answer``, as if passed on): passed on
+        (translated back when its request was), or a failure: one that says the
+        deployment is misconfigured (its provider), or no API's answer (unshaped)."""
+        reply = answer.reply
+        assert reply is not None
+        status, content = reply.status, reply.body
+        link = None if translated is None else translated.link
+        spoken = shape if link is None else link.upstream  # the API the upstream answered in
+        asked = deployment.model_for(spoken.name) is None  # the client's name went
         wrong = deployment.provider.misconfigured(status, content, self.cooldown_time, asked)
         if wrong is not None:  # not the client's fault: cool it as a bad key is cooled
             error = misconfigured_error(status, deployment.id)
-            refund = not admitted(status)
-            return Answer(
-                str(status), wrong, upstream_time, None, error, True, refund, budget, remaining
-            )
+            answer.outcome, answer.reply, answer.error = wrong, None, error
+            answer.retry, answer.refund = True, not admitted(status)
+            return answer
         odd = unshaped(status, content, self.cooldown_time)
         if odd is not None:  # no API answer: the contract's shape instead
             shaped = unshaped_error(status, deployment.id, _shown(request.url))
             retry = isinstance(shaped, UpstreamError)  # no LLM API there: try another
             if retry:
                 logger.warning("%s (%s)", shaped.message, content_type or "no content-type")
-            return Answer(
-                str(status), odd, upstream_time, None, shaped, retry, False, budget, remaining
-            )
-        headers.setdefault("content-type", "application/json")
-        reply = Reply(status=status, headers=headers, body=content)
-        return Answer(
-            str(status),
-            SUCCESS,
-            upstream_time,
-            reply,
-            refund=not admitted(status),
-            budget=budget,
-            remaining=remaining,
-            ended=ended,
-            shape=shape if status == 200 else None,
-        )
+            answer.outcome, answer.reply, answer.error = odd, None, shaped
+            answer.retry, answer.refund = retry, False
+            return answer
+        reply.headers.setdefault("content-type", "application/json")
+        answer.shape = spoken if status == 200 else None
+        return answer if link is None else _translated_back(link, deployment, answer)
 
     def _remaining(self, deployment: DeploymentRoute, budget: UpstreamBudget) -> Remaining | None:
         """What the limiter should hear of the upstream's budget (None: nothing)."""
@@ -229,6 +331,69 @@ class Exchange:
         # Azure announces no limits: what is left is judged against the configured ones.
         config = deployment.config
         return remaining_report(budget.assuming(config.rpm, config.tpm), self.max_hold)
+
+
+def _stream_body(
+    shape: Shape,
+    translated: Translated | None,
+    strip_usage: bool,
+    response: httpx.Response,
+    secret: bytes,
+    decoder: Decoder | None,
+    on_first_chunk: Callable[[], None],
+    on_close: Callable[[StreamEnd], Awaitable[None]],
+) -> StreamBody:
+    """A streamed answer passed on: its usage read in the upstream's API, translated to
+    the client's (``shape``'s) when its request was."""
+    if translated is None:
+        tap = UsageTap(shape.stream_usage(), strip_usage_event=strip_usage)
+        return StreamBody(
+            response,
+            tap,
+            StreamRedactor(secret),
+            on_first_chunk,
+            on_close,
+            shape.stream_error,
+            decoder,
+        )
+    link = translated.link
+    tap = UsageTap(link.upstream.stream_usage(), strip_usage_event=strip_usage)
+    return StreamBody(
+        response,
+        tap,
+        StreamRedactor(secret),
+        on_first_chunk,
+        on_close,
+        shape.stream_error,
+        decoder,
+        translation=link.stream(translated.client_body, int(time.time())),
+        ends=shape.stream_usage().ends,
+    )
+
+
+def _translated_back(link: Link, deployment: DeploymentRoute, answer: Answer) -> Answer:
+    """A buffered answer in the client's API: a 200 (its usage read while translating,
+    in the upstream's own units), an error body; any other status as it is."""
+    reply = answer.reply
+    assert reply is not None
+    status = reply.status
+    try:
+        if status == 200:
+            reply.body, answer._usage = link.answer(reply.body, int(time.time()))
+            answer._read = True
+        elif status >= 300:
+            reply.body = link.error(status, reply.body)
+    except Untranslatable as exc:
+        unusable = _untranslatable(deployment.id, exc)
+        return _unusable(unusable, answer.upstream_time, answer.budget, answer.remaining)
+    return answer
+
+
+def _untranslatable(deployment: str, exc: Untranslatable) -> UnusableAnswer:
+    message = (
+        f"The upstream deployment '{deployment}' answered with what cannot be translated: {exc}."
+    )
+    return UnusableAnswer(UpstreamUnavailable(message, code="upstream_error"), "untranslatable")
 
 
 def _failed(failure: TransportFailure, upstream_time: float) -> Answer:
@@ -243,9 +408,9 @@ def _unusable(
     budget: UpstreamBudget,
     remaining: Remaining | None,
 ) -> Answer:
-    """An answer that cannot be passed on (over the size bound, undecodable): another
-    deployment would send the same, so no retry and no harm to this one's health; its
-    tokens were spent upstream (the estimate stays charged)."""
+    """An answer that cannot be passed on (over the size bound, undecodable,
+    untranslatable): another deployment would send the same, so no retry and no harm to
+    this one's health; its tokens were spent upstream (the estimate stays charged)."""
     outcome = Outcome("neutral", unusable.reason)
     return Answer(
         unusable.reason,
@@ -256,6 +421,21 @@ def _unusable(
         budget=budget,
         remaining=remaining,
     )
+
+
+def _unread(
+    unread: TransportFailure | UnusableAnswer,
+    upstream_time: float,
+    budget: UpstreamBudget,
+    remaining: Remaining | None,
+) -> Answer:
+    """A buffered answer whose body could not be read (the connection failed: retried
+    elsewhere), or not passed on (``_unusable``)."""
+    if isinstance(unread, UnusableAnswer):
+        return _unusable(unread, upstream_time, budget, remaining)
+    answer = _failed(unread, upstream_time)
+    answer.budget, answer.remaining = budget, remaining
+    return answer
 
 
 def _shown(url: httpx.URL) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -59,7 +60,7 @@ class UnusableAnswer(Exception):
 def build_request(
     shape: Shape,
     body: dict[str, Any],
-    raw: bytes,
+    raw: bytes | None,
     client_headers: list[tuple[str, str]],
     deployment: DeploymentRoute,
     stream: bool,
@@ -70,19 +71,24 @@ def build_request(
 
     The client's bytes go as they are unless ``model`` must change or the shape needs
     more of the upstream (a stream's usage, to settle the token budgets) than the client
-    asked for (``Shape.prepare``). ``method`` and ``path`` (below the shape's URL): a
-    stored object's routes (``GET /v1/responses/{id}``...), whose body is empty.
+    asked for (``Shape.prepare``); ``raw`` None: ``body`` is not the client's (a
+    translation: proxy/translate) and is always serialized. ``method`` and ``path``
+    (below the shape's URL): a stored object's routes (``GET /v1/responses/{id}``...),
+    whose body is empty.
     """
     prepared = shape.prepare(body, stream)
-    payload = raw
     model = deployment.model_for(shape.name)  # None: the client's, as it asked
-    if (model is not None and model != body.get("model") and "model" in body) or prepared.changed:
+    if raw is None:
+        payload = _translated(body, model, prepared.changed)
+    elif (model is not None and model != body.get("model") and "model" in body) or prepared.changed:
         changed: dict[str, Any] = {} if model is None else {"model": model}
         changed.update(prepared.changed)
         try:
             payload = orjson.dumps({**body, **changed})
         except orjson.JSONEncodeError:  # nested deeper than orjson dumps: splice instead
             payload = _spliced(raw, changed)
+    else:
+        payload = raw
     egress = deployment.extensions[EGRESS]
     assert isinstance(egress, Egress)
     headers = request_headers(client_headers, egress.credential, egress.headers, egress.defaults)
@@ -175,6 +181,16 @@ def _declared(length: str | None, limit: int | None) -> int | None:
     if length.isascii() and length.isdigit() and (len(length) > 18 or int(length) > limit):
         raise AnswerTooLarge(limit)
     return limit
+
+
+def _translated(body: dict[str, Any], model: str | None, changed: Mapping[str, Any]) -> bytes:
+    """A translated body's bytes, its ``model`` the deployment's (None: as it is)."""
+    try:
+        return orjson.dumps({**body, **({} if model is None else {"model": model}), **changed})
+    except orjson.JSONEncodeError:  # nested deeper than orjson dumps (the client's was too)
+        raise InvalidRequest(
+            "The request is nested too deeply to be translated.", code="invalid_type"
+        ) from None
 
 
 def _spliced(raw: bytes, changed: dict[str, Any]) -> bytes:

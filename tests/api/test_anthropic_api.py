@@ -351,20 +351,23 @@ def test_max_tokens_is_required_and_named(proxy: ProxyInThread) -> None:
     _anthropic_error(broken, 400, "invalid_request_error")
 
 
-def test_a_model_reached_through_an_api_its_deployments_do_not_speak(
+def test_a_model_reached_through_an_api_its_deployments_neither_speak_nor_translate_to(
     proxy: ProxyInThread,
 ) -> None:
-    message = _anthropic_error(
-        _post(proxy, "/v1/messages", json={**BODY, "model": "gpt"}), 400, "invalid_request_error"
-    )
-    assert "'gpt'" in message and "messages" in message
-    chat = httpx.post(
-        f"{proxy.url}/v1/chat/completions",
-        json={"model": "claude", "messages": MESSAGES},
+    """Chat completions and the Messages API reach each other's deployments translated
+    (tests/api/test_translation.py); a token count reaches no OpenAI deployment, and the
+    Responses API no Anthropic one."""
+    counted = _post(proxy, "/v1/messages/count_tokens", json={"model": "gpt", "messages": MESSAGES})
+    message = _anthropic_error(counted, 400, "invalid_request_error")
+    assert "'gpt'" in message and "messages/count_tokens" in message
+    responses = httpx.post(
+        f"{proxy.url}/v1/responses",
+        json={"model": "claude", "input": "hi"},
         headers={"authorization": f"Bearer {CLIENT}"},
         timeout=10,
     )
-    assert chat.status_code == 400 and chat.json()["error"]["code"] == "unsupported_api"
+    assert responses.status_code == 400
+    assert responses.json()["error"]["code"] == "unsupported_api"
 
 
 def test_a_body_over_the_limit_is_anthropic_shaped(proxy: ProxyInThread) -> None:

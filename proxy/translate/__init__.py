@@ -1,0 +1,124 @@
+"""Translation between OpenAI's chat completions and Anthropic's Messages API, both ways
+(pure): a request for a deployment that does not speak the client's API, its answer (a
+buffered one, an error, a stream event by event) back in the client's API's shape.
+
+Translation happens only when the chosen deployment does not speak the client's API
+(design.md): a group may mix providers, and each attempt (a retry, a fallback) builds its
+request for its own deployment (upstream/exchange.py, the one seam). What has no faithful
+counterpart is a 400 naming the field (refusals.py); docs/translation.md is the table.
+
+    to_messages.py  chat request -> Messages request
+    to_chat.py      Messages request -> chat request
+    response.py     answers back (buffered, errors), stop reasons, usage
+    stream.py       streams back, event by event
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.costs import TokenUsage
+from proxy.errors import InvalidRequest
+from proxy.shapes.base import Shape
+from proxy.shapes.chat import CHAT
+from proxy.shapes.messages import MESSAGES
+from proxy.translate import response, stream
+from proxy.translate.refusals import Untranslatable
+from proxy.translate.stream import EventStream
+from proxy.translate.to_chat import to_chat
+from proxy.translate.to_messages import to_messages
+
+__all__ = [
+    "LINKS",
+    "EventStream",
+    "Link",
+    "Translations",
+    "Untranslatable",
+    "link_for",
+    "reachable",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """How requests of one API reach deployments speaking another, and come back."""
+
+    client: str  # the client's API shape's name
+    upstream: Shape  # the API shape the deployment speaks
+    # The request translated (the body, the output cap when it sets none); raises
+    # InvalidRequest naming what it cannot translate.
+    request: Callable[[dict[str, Any], int], dict[str, Any]]
+    # A buffered 200 (and epoch seconds): the client's body, and the upstream's usage.
+    answer: Callable[[bytes, int], tuple[bytes, TokenUsage | None]]
+    # An error body (and its status) in the client's API's shape.
+    error: Callable[[int, bytes], bytes]
+    # One stream's translation (the client's request, epoch seconds).
+    stream: Callable[[dict[str, Any], int], EventStream]
+
+
+LINKS: dict[str, Link] = {
+    CHAT.name: Link(
+        CHAT.name,
+        MESSAGES,
+        to_messages,
+        response.chat_from_message,
+        response.chat_error,
+        stream.to_chat,
+    ),
+    MESSAGES.name: Link(
+        MESSAGES.name,
+        CHAT,
+        to_chat,
+        response.message_from_chat,
+        response.messages_error,
+        stream.to_messages,
+    ),
+}
+
+
+def link_for(shape: str, speaks: Callable[[str], bool]) -> Link | None:
+    """How a request of the API named ``shape`` reaches a deployment that does not speak
+    it (``speaks``: which API shapes it does); None: it cannot."""
+    link = LINKS.get(shape)
+    return link if link is not None and speaks(link.upstream.name) else None
+
+
+def reachable(spoken: frozenset[str]) -> frozenset[str]:
+    """The API shapes served by deployments speaking ``spoken``, with translation."""
+    return spoken | {name for name, link in LINKS.items() if link.upstream.name in spoken}
+
+
+class Translations:
+    """One request's translations, by the API shape they are for: each made once, on
+    first need (a retry or a fallback to a deployment of the same API reuses it); a
+    refusal is kept and raised again."""
+
+    __slots__ = ("_body", "_cap", "_made")
+
+    def __init__(self, body: dict[str, Any], default_cap: int) -> None:
+        self._body = body
+        self._cap = default_cap
+        self._made: dict[str, dict[str, Any] | InvalidRequest] = {}
+
+    def body_for(self, link: Link) -> dict[str, Any]:
+        """The request translated for ``link`` (raises its refusal)."""
+        made = self._made.get(link.upstream.name)
+        if made is None:
+            try:
+                made = link.request(self._body, self._cap)
+            except InvalidRequest as refusal:
+                made = refusal
+            self._made[link.upstream.name] = made
+        if isinstance(made, InvalidRequest):
+            raise made
+        return made
+
+    def refused(self, link: Link) -> bool:
+        """Whether the translation for ``link``, if made, refused the request."""
+        return isinstance(self._made.get(link.upstream.name), InvalidRequest)
+
+    def refusal(self) -> InvalidRequest | None:
+        """Why the request could not be translated (the first refusal), if it could not."""
+        return next((m for m in self._made.values() if isinstance(m, InvalidRequest)), None)

@@ -1,0 +1,51 @@
+"""Which APIs reach which: chat completions and the Messages API each reach deployments
+speaking the other, nothing else is translated; a request is translated once per API
+(a retry reuses it) and a refusal is kept to be the answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from proxy.errors import InvalidRequest
+from proxy.translate import LINKS, Translations, link_for, reachable
+
+
+def test_chat_and_messages_reach_each_other_and_nothing_else() -> None:
+    assert reachable(frozenset({"messages"})) == {"messages", "chat/completions"}
+    assert reachable(frozenset({"chat/completions", "embeddings"})) == {
+        "chat/completions",
+        "embeddings",
+        "messages",
+    }
+    assert reachable(frozenset({"embeddings", "responses"})) == {"embeddings", "responses"}
+    assert link_for("chat/completions", {"messages"}.__contains__) is LINKS["chat/completions"]
+    assert link_for("messages", {"chat/completions"}.__contains__) is LINKS["messages"]
+    for shape in ("responses", "embeddings", "completions", "messages/count_tokens"):
+        assert link_for(shape, lambda _: True) is None
+    assert link_for("chat/completions", {"embeddings"}.__contains__) is None
+
+
+def test_a_request_is_translated_once_and_its_refusal_kept() -> None:
+    made: list[dict[str, Any]] = []
+    link = LINKS["chat/completions"]
+
+    def counting(body: dict[str, Any], cap: int) -> dict[str, Any]:
+        made.append(body)
+        return link.request(body, cap)
+
+    counted = type(link)(link.client, link.upstream, counting, link.answer, link.error, link.stream)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    translations = Translations(body, 300)
+    first = translations.body_for(counted)
+    assert translations.body_for(counted) is first and len(made) == 1
+    assert first["max_tokens"] == 300
+    assert translations.refusal() is None
+
+    refusing = Translations({**body, "n": 3}, 300)
+    for _ in range(2):
+        with pytest.raises(InvalidRequest):
+            refusing.body_for(link)
+    refusal = refusing.refusal()
+    assert refusal is not None and refusal.param == "n"
