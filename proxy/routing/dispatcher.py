@@ -142,7 +142,7 @@ class Dispatcher:
         self.tally = Tally()  # the same by model, deployment and key (the admin state)
         self.lines = Lines()  # deferred requests, one line per (group, key): lines.py
         # When granted turns fall on this clock, whatever the replies' delays: turn_clock.py
-        self.turn_clock = TurnClock(max_correction=self.routing.pacing_margin)
+        self.turn_clock = TurnClock(max_correction=catalog.pacing.margin())
         # What the strategies order by: requests in flight and a latency average.
         self.in_flight: dict[str, int] = {}
         self.latency: dict[str, float] = {}
@@ -295,8 +295,15 @@ class Dispatcher:
                 deployment = next((d for d in ordered if d.id == verdict.deployment_id), None)
                 turn = None
                 if deployment is not None and verdict.sent is not None:
-                    self.settler.saw(deployment.id, verdict.sent.epoch)
-                    turn = Turn(deployment, lease, verdict.probe, verdict.sent)
+                    sent = verdict.sent
+                    self.settler.saw(deployment.id, sent.epoch)
+                    # Its moment here (a turn late by more than the margin can be no
+                    # earlier than that either: a limiter clock stepping back).
+                    clock = (group.name, *sent.clock)
+                    margin = self.catalog.pacing.margin()
+                    self.turn_clock.max_correction = margin
+                    moment = self.turn_clock.moment(clock, sent.at, verdict.wait, handled)
+                    turn = Turn(deployment, lease, verdict.probe, sent, moment)
                     self.settler.probe_out(turn)
                 queued = turn is not None and verdict.wait > 0
                 if queued and self.waiting >= self.routing.max_queue:
@@ -317,10 +324,8 @@ class Dispatcher:
                     raise
                 if turn is not None:
                     if queued:
-                        assert verdict.sent is not None
-                        sent = verdict.sent
-                        clock = (group.name, *sent.clock)
-                        due = handled + self.turn_clock.sleep(clock, sent.at, verdict.wait, handled)
+                        assert turn.moment is not None
+                        due = max(turn.moment, handled + verdict.wait - margin, handled)
                         left = due - time.monotonic()
                         if left > 0.0:
                             await self._wait(call, left, turn, "pacing", queued=True)
@@ -560,6 +565,8 @@ class Dispatcher:
             self._stream_ended(call, turn, attempt, end, usage, events)
             await stream_done(200 if end != "abandoned" else 499)
 
+        if turn.moment is not None:  # how late it leaves: the pacing margin measures it
+            self.catalog.pacing.record(time.monotonic() - turn.moment)
         try:
             answer = await self.exchange.call(
                 call.shape,
