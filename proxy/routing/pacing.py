@@ -243,6 +243,31 @@ class Pacing:
     def margin(self) -> float:
         return self.in_force().margin
 
+    def view(self) -> dict[str, object]:
+        """What ``/admin/state`` shows: the margin in force, whose need set it (``set_by``:
+        this replica's id, another live replica's, or ``fixed``), this replica's own need
+        and what it measured, and the share of a limit windows of a minute or less are
+        paced at."""
+        force = self.in_force()
+        view: dict[str, object] = {
+            "mode": "auto" if force.auto else "fixed",
+            "margin_seconds": round(force.margin, 6),
+            "set_by": force.replica if force.auto else "fixed",
+            "set_here": force.auto and force.replica == self.replica,
+            "paced_at": round(1.0 - pacing_headroom(force.margin), 6),
+        }
+        if force.auto:
+            percentile = self.lateness.percentile()
+            view["replica"] = self.replica
+            view["need_here_seconds"] = round(self.lateness.need(), 6)
+            view["measured"] = {
+                "turns": self.lateness.samples,
+                "p99_seconds": None if percentile is None else round(percentile, 6),
+                "period_seconds": PERIOD,
+            }
+            view["others"] = {r: round(n, 6) for r, (n, _) in sorted(self._heard.items())}
+        return view
+
     def _refresh(self) -> None:
         self._next = self.clock() + REFRESH
         now = self._compute()
