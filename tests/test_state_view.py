@@ -174,4 +174,5 @@ def test_the_pacing_margin_in_force_and_whose_need_set_it_are_shown() -> None:
         "set_by": "fixed",
         "set_here": False,
         "paced_at": 0.99,
+        "late_turns_not_sent": 0,
     }

@@ -53,6 +53,7 @@ from proxy.pricing import FREE, usd
 from proxy.routing.activity import Tally
 from proxy.routing.events import Attempt, Events, WaitCause
 from proxy.routing.lines import Line, Lines, Ticket, turn_spacing
+from proxy.routing.pacing import NETWORK_MARGIN
 from proxy.routing.settlement import Settler, Turn
 from proxy.routing.strategies import RoutingState, order_candidates
 from proxy.routing.turn_clock import TurnClock
@@ -335,6 +336,8 @@ class Dispatcher:
                             self.waiting -= 1
                         if self.settler.stale(turn):
                             continue  # learned meanwhile: its turn was dropped, take a new one
+                    if self._too_late(turn, margin):
+                        continue  # not sent: it would come too close to the turns after it
                     return turn
                 if verdict.code == "request_too_large":
                     raise InvalidRequest(
@@ -369,6 +372,23 @@ class Dispatcher:
         finally:
             if line is not None:
                 line.leave()
+
+    def _too_late(self, turn: Turn, margin: float) -> bool:
+        """Whether ``turn`` (reserved with the pacing ``margin`` in force) is now later
+        than the pacing covers (the margin every replica paces with: the least in force
+        here over the last seconds, ``Pacing.agreed``, and never less than the 1% kept for
+        the network, ``pacing.NETWORK_MARGIN``): sent, it could make an upstream window
+        of a second see one turn too many, so it is not sent (its request asks for a new
+        one, within its max_wait) and its lateness widens the margin at once. A probe
+        always goes."""
+        if turn.moment is None or turn.probe:
+            return False
+        pacing = self.catalog.pacing
+        late = time.monotonic() - turn.moment
+        if late <= max(min(margin, pacing.agreed()), NETWORK_MARGIN):
+            return False
+        pacing.dropped(late)
+        return True
 
     def _probe_answered(self, deployments: list[DeploymentRoute]) -> asyncio.Event | None:
         """The answer of a probe out from here on one of ``deployments`` (None: none)."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -199,6 +200,11 @@ class Pacing:
         self.replica = replica
         self.lateness = lateness or Lateness(self.clock)
         self._heard: dict[str, tuple[float, float]] = {}  # replica: (need, when heard)
+        self.turns_dropped = 0  # turns later than the pacing covered: not sent
+        # The margins in force since HEARD_FOR ago, as (from when, margin): the other
+        # replicas hear of this one's need with their next heartbeat, and pace with what
+        # they heard until then (``agreed``).
+        self._history: deque[tuple[float, float]] = deque()
         self.version = 0
         self._in_force = self._compute()
         self._next = self.clock() + REFRESH
@@ -220,6 +226,12 @@ class Pacing:
         self.lateness.record(late)
         if late > self._in_force.margin:  # widened at once, here
             self._refresh()
+
+    def dropped(self, late: float) -> None:
+        """A turn ``late`` seconds past its moment, later than the pacing covers, was not
+        sent (its request asked again): counted, and measured as any turn."""
+        self.turns_dropped += 1
+        self.record(late)
 
     def own(self) -> float | None:
         """This replica's need, as it is shared with the others (None: fixed)."""
@@ -255,6 +267,7 @@ class Pacing:
             "set_by": force.replica if force.auto else "fixed",
             "set_here": force.auto and force.replica == self.replica,
             "paced_at": round(1.0 - pacing_headroom(force.margin), 6),
+            "late_turns_not_sent": self.turns_dropped,
         }
         if force.auto:
             percentile = self.lateness.percentile()
@@ -268,12 +281,27 @@ class Pacing:
             view["others"] = {r: round(n, 6) for r, (n, _) in sorted(self._heard.items())}
         return view
 
+    def agreed(self) -> float:
+        """The smallest margin in force here over the last ``HEARD_FOR`` seconds: what
+        every live replica paces with at least, once this one's need of then has reached
+        them with the heartbeats (a need that widened here since may not have yet)."""
+        margin = self.in_force().margin
+        history = self._history  # (until when, a margin in force before)
+        cutoff = self.clock() - HEARD_FOR
+        while history and history[0][0] < cutoff:
+            history.popleft()
+        return min([margin, *(before for _, before in history)])
+
     def _refresh(self) -> None:
-        self._next = self.clock() + REFRESH
+        now_at = self.clock()
+        self._next = now_at + REFRESH
         now = self._compute()
         if now != self._in_force:
             if now.margin != self._in_force.margin:
                 self.version += 1
+                self._history.append((now_at, self._in_force.margin))
+                if len(self._history) > 256:  # bounded: only the last seconds matter
+                    self._history.popleft()
             self._in_force = now
 
     def _compute(self) -> InForce:

@@ -21,14 +21,14 @@ from support.proxy_server import ProxyProcess, start_together
 from support.redis_server import RedisServer, redis_available
 
 from proxy.catalog import pacing_headroom
-from proxy.config import RoutingConfig
 from proxy.fake_upstream import FakeUpstreamHandle, run_in_thread
+from proxy.routing.pacing import INITIAL_MARGIN
 
 DURATION = 15.0  # seconds of load (then the closed loops' last requests drain)
 HEAVY_CONNECTIONS = 40
 SETTLED = 3.0  # shares are counted once every key has been saturating this long
 # What the proxy paces the deployment to: its limit less the pacing margin (late turns).
-PACED = RATE * (1.0 - pacing_headroom(RoutingConfig().pacing_margin))
+PACED = RATE * (1.0 - pacing_headroom(INITIAL_MARGIN))  # auto: at its start, the slowest
 
 
 def _config(

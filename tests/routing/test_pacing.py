@@ -204,3 +204,18 @@ def test_a_fixed_margin_is_used_as_it_is_and_measures_nothing() -> None:
     assert pacing.in_force().auto
     pacing.set_fixed(0.0)
     assert pacing.margin() == 0.0
+
+
+def test_what_every_replica_paces_with_lags_a_widening_by_the_heartbeats() -> None:
+    """A need widened here reaches the others with the heartbeats: until HEARD_FOR has
+    passed, the margin agreed on is the one before (the least in force over it)."""
+    clock = Clock()
+    pacing = Pacing(None, "a", clock, Lateness(clock, initial=0.005))
+    clock.now += HEARD_FOR + 1.0
+    pacing.record(0.004)
+    before = pacing.margin()
+    pacing.record(0.06)
+    assert pacing.margin() == pytest.approx(0.061)  # its bin's edge, in whole steps
+    assert pacing.agreed() == before
+    clock.now += HEARD_FOR + 0.1
+    assert pacing.agreed() == pacing.margin()
