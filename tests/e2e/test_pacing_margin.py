@@ -14,7 +14,11 @@ limit. The figures are printed (``-s``); the assertions are counts."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import subprocess
+import sys
 import threading
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -23,11 +27,11 @@ import httpx
 import pytest
 from support.load import LoadResult, drive
 from support.models import strict_model
+from support.ports import free_port
 from support.proxy_server import ProxyProcess, start_together
 from support.redis_server import RedisServer, redis_available
 from support.stalled_proxy import STALLED
-
-from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
+from support.waiting import wait_until
 
 pytestmark = [
     pytest.mark.skipif(not redis_available(), reason="redis-server is not installed"),
@@ -55,12 +59,10 @@ def _run(
 ) -> tuple[LoadResult, dict[str, Any], dict[str, Any], list[dict[str, Any]], list[str]]:
     """Load at DEMAND for SETTLE + MEASURED seconds; the upstream's counters when the
     settling ends and at the end, each replica's ``/admin/state`` pacing, their logs."""
-    upstream_config = FakeUpstreamConfig(
-        port=0, rpm=LIMIT, window=WINDOW, latency=0.02, ratelimit_headers=False
-    )
-    with run_in_thread(upstream_config) as upstream, ExitStack() as stack:
+    with ExitStack() as stack:
+        upstream = stack.enter_context(_upstream(tmp_path))
         config: dict[str, Any] = {
-            "models": strict_model(upstream.base_url, rpm=int(RATE * 60)),
+            "models": strict_model(f"{upstream}/v1", rpm=int(RATE * 60)),
             "routing": {"max_wait": "3s", "retries": 0},  # pacing_margin: auto, the default
             "admin": {"keys": [ADMIN_KEY]},  # /admin/state: the margin in force
             "keys": [{"name": "load", "key": CLIENT_KEY}],  # (admin keys: clients need one)
@@ -78,29 +80,60 @@ def _run(
             for i in range(replicas)
         ]
         start_together(stack, proxies)
-        upstream.reset()
+        httpx.post(f"{upstream}/stats/reset", timeout=10).raise_for_status()
         settled = _at(upstream, SETTLE)
         urls = [p.base_url for p in proxies]
         result = asyncio.run(drive(urls, DEMAND, SETTLE + MEASURED, api_key=CLIENT_KEY))
-        end = upstream.stats()
+        end = _stats(upstream)
         pacing = [_pacing(p) for p in proxies]
     settled.join()
     logs = [p.logs() for p in proxies]
     return result, settled.stats, end, pacing, logs
 
 
+@contextlib.contextmanager
+def _upstream(tmp_path: Path) -> Iterator[str]:
+    """The strict fake upstream in a process of its own (in this one, it would share the
+    load generator's interpreter lock, and stamp arrivals late as it waits for it)."""
+    port = free_port()
+    argv = [sys.executable, "-m", "proxy", "fake-upstream", "--port", str(port)]
+    argv += ["--rpm", str(LIMIT), "--window", f"{WINDOW:g}", "--latency", "0.02"]
+    argv += ["--no-ratelimit-headers", "--log-level", "WARNING"]
+    url = f"http://127.0.0.1:{port}"
+    with (tmp_path / "upstream.log").open("wb") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: _answers(url), 20.0, "the fake upstream to start")
+        yield url
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/stats", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _stats(url: str) -> dict[str, Any]:
+    stats: dict[str, Any] = httpx.get(f"{url}/stats", timeout=10).json()
+    return stats
+
+
 class _Snapshot(threading.Thread):
     stats: dict[str, Any]
 
 
-def _at(upstream: FakeUpstreamHandle, after: float) -> _Snapshot:
+def _at(upstream: str, after: float) -> _Snapshot:
     """The upstream's counters ``after`` seconds from now (a thread: the load runs)."""
     stop = threading.Event()
 
     class Snapshot(_Snapshot):
         def run(self) -> None:
             stop.wait(after)
-            self.stats = upstream.stats()
+            self.stats = _stats(upstream)
 
     snapshot = Snapshot(daemon=True)
     snapshot.start()
@@ -111,6 +144,7 @@ def _pacing(proxy: ProxyProcess) -> dict[str, Any]:
     headers = {"authorization": f"Bearer {ADMIN_KEY}"}
     state = httpx.get(f"{proxy.url}/admin/state", headers=headers, timeout=10).json()
     pacing: dict[str, Any] = state["limiter"]["pacing"]
+    pacing["learned"] = state["models"][0]["deployments"][0]["learned"]
     return pacing
 
 
@@ -126,7 +160,7 @@ def _report(
         f"{p['margin_seconds'] * 1000:.0f} ms (need here {p['need_here_seconds'] * 1000:.1f},"
         f" p99 {(p['measured']['p99_seconds'] or 0) * 1000:.1f}, set by"
         f" {'itself' if p['set_here'] else p['set_by']}, late turns not sent"
-        f" {p['late_turns_not_sent']})"
+        f" {p['late_turns_not_sent']}, learned {p['learned']})"
         for p in pacing
     ]
     print(
