@@ -55,14 +55,21 @@ def _admitted(stats: dict[str, Any]) -> int:
 
 
 def _run(
-    tmp_path: Path, replicas: int, *, storage: str, stalled: bool = False
+    tmp_path: Path,
+    replicas: int,
+    *,
+    storage: str,
+    stalled: bool = False,
+    rpm: int = int(RATE * 60),
+    demand: float = DEMAND,
 ) -> tuple[LoadResult, dict[str, Any], dict[str, Any], list[dict[str, Any]], list[str]]:
-    """Load at DEMAND for SETTLE + MEASURED seconds; the upstream's counters when the
-    settling ends and at the end, each replica's ``/admin/state`` pacing, their logs."""
+    """Load at ``demand`` for SETTLE + MEASURED seconds, the deployment configured with
+    ``rpm``; the upstream's counters when the settling ends and at the end, each
+    replica's ``/admin/state`` pacing, their logs."""
     with ExitStack() as stack:
         upstream = stack.enter_context(_upstream(tmp_path))
         config: dict[str, Any] = {
-            "models": strict_model(f"{upstream}/v1", rpm=int(RATE * 60)),
+            "models": strict_model(f"{upstream}/v1", rpm=rpm),
             "routing": {"max_wait": "3s", "retries": 0},  # pacing_margin: auto, the default
             "admin": {"keys": [ADMIN_KEY]},  # /admin/state: the margin in force
             "keys": [{"name": "load", "key": CLIENT_KEY}],  # (admin keys: clients need one)
@@ -83,7 +90,7 @@ def _run(
         httpx.post(f"{upstream}/stats/reset", timeout=10).raise_for_status()
         settled = _at(upstream, SETTLE)
         urls = [p.base_url for p in proxies]
-        result = asyncio.run(drive(urls, DEMAND, SETTLE + MEASURED, api_key=CLIENT_KEY))
+        result = asyncio.run(drive(urls, demand, SETTLE + MEASURED, api_key=CLIENT_KEY))
         end = _stats(upstream)
         pacing = [_pacing(p) for p in proxies]
     settled.join()
@@ -212,3 +219,29 @@ def test_a_replica_stalled_up_to_50ms_widens_every_replicas_margin(tmp_path: Pat
     admitted = _admitted(end) - _admitted(settled)
     span = end["admitted_span"] - settled["admitted_span"]
     assert admitted >= 0.94 * RATE * span, (share, settled, end)
+
+
+@pytest.mark.parametrize(("storage", "replicas"), [("memory", 1), ("redis", 3)])
+def test_an_overstated_limit_is_learned_from_429s_under_load(
+    tmp_path: Path, storage: str, replicas: int
+) -> None:
+    """The deployment's rpm overstates the upstream's true limit twofold (the upstream
+    tells nothing but its 429s and their retry-after), demand is twice the true limit:
+    the rate learned from the 429s uses at least 80% of the true limit over the whole
+    run, the upstream answers at most 5% of the requests it sees with a 429, and clients
+    get only 200 or 429."""
+    result, _, end, pacing, _ = _run(
+        tmp_path, replicas, storage=storage, rpm=int(2 * RATE * 60), demand=2 * RATE
+    )
+    served, rejected, span = end["served"], end["rejected"], end["admitted_span"]
+    learned = [p["learned"] for p in pacing]
+    print(
+        f"\nlearning, {storage}, {replicas} replica(s), rpm overstated twofold: served"
+        f" {served}, {served / (RATE * span):.1%} of the true limit over {span:.1f} s;"
+        f" upstream 429s {rejected} ({rejected / max(served + rejected, 1):.1%} of what it"
+        f" saw); clients {dict(result.statuses)} {dict(result.codes)}; learned {learned}"
+    )
+    assert len(result.outcomes) == result.sent, "a request was lost"
+    assert rejected <= 0.05 * (served + rejected), end
+    assert served >= 0.8 * RATE * span, end
+    assert set(result.statuses) <= {200, 429}, (result.statuses, result.codes)
