@@ -70,6 +70,12 @@ def fixed_margin(routing: RoutingConfig) -> float | None:
     return None if margin == "auto" else float(margin)
 
 
+def reserved_ahead(routing: RoutingConfig) -> float:
+    """How far ahead turns are reserved at most: the fair share's lookahead, or max_wait
+    without one (how fast a measured margin may narrow: routing/pacing.py)."""
+    return routing.lookahead if routing.lookahead > 0 else routing.max_wait
+
+
 EGRESS = "proxy.egress"  # the request extension the upstream transport reads
 
 
@@ -351,7 +357,9 @@ class _TeamLimits:
 
 def _pacing(routing: RoutingConfig, pacing: Pacing | None) -> Pacing:
     """``pacing`` (the process's), else one of ``routing.pacing_margin``'s own."""
-    return Pacing(fixed_margin(routing)) if pacing is None else pacing
+    if pacing is None:
+        return Pacing(fixed_margin(routing), depth=reserved_ahead(routing))
+    return pacing
 
 
 def _repaced(deployment: DeploymentRoute, share: float, margin: float) -> DeploymentLimits:
@@ -430,6 +438,7 @@ class Catalog:
         # The pacing margin in force (measured or fixed): the process's, carried over by
         # a reload (``carry_over``); the limits below are paced with its margin now, and
         # built again as it moves (``Announced.limits``).
+        self.routing = settings.routing
         self.pacing = _pacing(settings.routing, pacing)
         self.pacing_margin = self.pacing.margin()
         self.groups = {g.name: _group(g, share, self.pacing_margin) for g in settings.models}
@@ -568,6 +577,6 @@ class Catalog:
         ``pacing_margin`` applied to it)."""
         fixed = self.pacing.fixed
         self.pacing = previous.pacing
-        self.pacing.set_fixed(fixed)
+        self.pacing.set_fixed(fixed, reserved_ahead(self.routing))
         self.announced.pacing = self.pacing
         self.announced.carry_over(previous.announced, previous.groups, self.groups)

@@ -10,7 +10,7 @@ from proxy.config import ClientKey, Settings
 from proxy.limiter.base import DAY, Rate, Window, describe, window_name
 from proxy.limiter.core.verdicts import key_code
 from proxy.routing.announced import ANNOUNCED_FOR
-from proxy.routing.pacing import INITIAL_MARGIN, Lateness, Pacing
+from proxy.routing.pacing import INITIAL_MARGIN, RESERVE, Lateness, Pacing
 
 
 class Clock:
@@ -102,7 +102,7 @@ def test_windows_of_a_minute_or_less_are_paced_for_turns_up_to_the_pacing_margin
     default = Catalog(settings_from({"models": [{"name": "m", "deployments": [{
         "id": "d", "base_url": "http://127.0.0.1:1/v1", "rpm": 600}]}]}))  # fmt: skip
     assert default.pacing.auto  # measured; before any turn, the initial 50 ms
-    assert default.pacing_margin == INITIAL_MARGIN
+    assert default.pacing_margin == pytest.approx(INITIAL_MARGIN + RESERVE)
 
 
 def _auto_catalog(clock: Clock) -> Catalog:
@@ -124,13 +124,13 @@ def test_with_an_auto_margin_the_limits_follow_the_margin_in_force() -> None:
         return {w.name: w.rate for w in catalog.limits(route).windows}
 
     assert 10 * rates()["rpm"].interval == pytest.approx(1.0 / 0.99)  # 3 ms: the 1% covers it
-    catalog.pacing.record(0.0295)  # a turn 29.5 ms late: widened at once
-    assert 10 * rates()["rpm"].interval == pytest.approx(1.03)
+    catalog.pacing.record(0.0295)  # a turn 29.5 ms late: widened at once (+ RESERVE)
+    assert 10 * rates()["rpm"].interval == pytest.approx(1.032)
     catalog.pacing.heard({"other": 0.0721})
-    assert 10 * rates()["rpm"].interval == pytest.approx(1.073)
+    assert 10 * rates()["rpm"].interval == pytest.approx(1.075)
     assert rates()["rpd"] == Rate(10_000.0, DAY, 10_000.0)
     catalog.announced.announce(route, requests=300, tokens=None)
-    assert 5 * rates()["rpm"].interval == pytest.approx(1.073)
+    assert 5 * rates()["rpm"].interval == pytest.approx(1.075)
 
 
 def test_a_reload_keeps_the_margin_measured() -> None:
@@ -142,7 +142,7 @@ def test_a_reload_keeps_the_margin_measured() -> None:
     assert after.pacing is before.pacing
     [route] = after.groups["m"].deployments
     [rpm] = [w.rate for w in after.limits(route).windows if w.name == "rpm"]
-    assert 10 * rpm.interval == pytest.approx(1.041)
+    assert 10 * rpm.interval == pytest.approx(1.043)
 
 
 def test_keys_hold_their_whole_allowance_and_workers_their_share() -> None:
@@ -189,7 +189,7 @@ def test_anthropics_announced_input_and_output_limits_lower_their_own_kinds() ->
     lowered = catalog.announced.announce(route, None, 10_000, 30_000, 9_000)
     assert lowered == {"input_tokens_1m": 30_000}  # output: no lower; no tokens window
     rates = {w.name: w.rate.limit for w in catalog.limits(route).windows}
-    assert rates["input_tokens_1m"] == pytest.approx(30_000 / 1.05)
+    assert rates["input_tokens_1m"] == pytest.approx(30_000 / (1 + catalog.pacing.margin()))
 
 
 def test_an_announced_limit_paces_no_lower_than_a_tenth_and_refuses_nothing() -> None:

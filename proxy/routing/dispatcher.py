@@ -48,12 +48,13 @@ from proxy.limiter.base import (
     GroupAsk,
     Limiter,
     Outcome,
+    Sent,
 )
 from proxy.pricing import FREE, usd
 from proxy.routing.activity import Tally
 from proxy.routing.events import Attempt, Events, WaitCause
 from proxy.routing.lines import Line, Lines, Ticket, turn_spacing
-from proxy.routing.pacing import NETWORK_MARGIN
+from proxy.routing.pacing import NETWORK_MARGIN, RESERVE
 from proxy.routing.settlement import Settler, Turn
 from proxy.routing.strategies import RoutingState, order_candidates
 from proxy.routing.turn_clock import TurnClock
@@ -298,13 +299,9 @@ class Dispatcher:
                 if deployment is not None and verdict.sent is not None:
                     sent = verdict.sent
                     self.settler.saw(deployment.id, sent.epoch)
-                    # Its moment here (a turn late by more than the margin can be no
-                    # earlier than that either: a limiter clock stepping back).
-                    clock = (group.name, *sent.clock)
                     margin = self.catalog.pacing.margin()
-                    self.turn_clock.max_correction = margin
-                    moment = self.turn_clock.moment(clock, sent.at, verdict.wait, handled)
-                    turn = Turn(deployment, lease, verdict.probe, sent, moment)
+                    due = self._due(group.name, sent, verdict.wait, handled, margin)
+                    turn = Turn(deployment, lease, verdict.probe, sent, due)
                     self.settler.probe_out(turn)
                 queued = turn is not None and verdict.wait > 0
                 if queued and self.waiting >= self.routing.max_queue:
@@ -326,18 +323,15 @@ class Dispatcher:
                 if turn is not None:
                     if queued:
                         assert turn.moment is not None
-                        due = max(turn.moment, handled + verdict.wait - margin, handled)
-                        left = due - time.monotonic()
+                        left = turn.moment - time.monotonic()
                         if left > 0.0:
                             await self._wait(call, left, turn, "pacing", queued=True)
                         else:
                             # Its turn came while it was handled (a lease's, read late):
                             # it waits for nothing, and is not counted as having waited.
                             self.waiting -= 1
-                        if self.settler.stale(turn):
-                            continue  # learned meanwhile: its turn was dropped, take a new one
-                    if self._too_late(turn, margin):
-                        continue  # not sent: it would come too close to the turns after it
+                    if self._taken_again(turn, margin):
+                        continue  # its deployment learned meanwhile, or it is too late
                     return turn
                 if verdict.code == "request_too_large":
                     raise InvalidRequest(
@@ -373,11 +367,28 @@ class Dispatcher:
             if line is not None:
                 line.leave()
 
+    def _due(self, group: str, sent: Sent, wait: float, handled: float, margin: float) -> float:
+        """When a turn ``wait`` ahead, whose reply was ``handled``, is due on this clock:
+        one that can go now, at once; a reserved one at its moment on this clock
+        (turn_clock.py), but no sooner than ``margin`` before ``wait`` after the reply (a
+        limiter clock stepping back), nor before the reply was handled."""
+        if wait <= 0.0:
+            return handled
+        self.turn_clock.max_correction = margin
+        moment = self.turn_clock.moment((group, *sent.clock), sent.at, wait, handled)
+        return max(moment, handled + wait - margin, handled)
+
+    def _taken_again(self, turn: Turn, margin: float) -> bool:
+        """Whether ``turn`` is dropped for a new one: its deployment learned since it was
+        reserved (stale: taken again at the new pace), or it is too late to be sent."""
+        return self.settler.stale(turn) or self._too_late(turn, margin)
+
     def _too_late(self, turn: Turn, margin: float) -> bool:
         """Whether ``turn`` (reserved with the pacing ``margin`` in force) is now later
         than the pacing covers (the margin every replica paces with: the least in force
         here over the last seconds, ``Pacing.agreed``, and never less than the 1% kept for
-        the network, ``pacing.NETWORK_MARGIN``): sent, it could make an upstream window
+        the network, ``pacing.NETWORK_MARGIN``; less the ``RESERVE`` for what follows the
+        check: the write, the network): sent, it could make an upstream window
         of a second see one turn too many, so it is not sent (its request asks for a new
         one, within its max_wait) and its lateness widens the margin at once. A probe
         always goes."""
@@ -385,7 +396,7 @@ class Dispatcher:
             return False
         pacing = self.catalog.pacing
         late = time.monotonic() - turn.moment
-        if late <= max(min(margin, pacing.agreed()), NETWORK_MARGIN):
+        if late <= max(min(margin, pacing.agreed()), NETWORK_MARGIN) - RESERVE:
             return False
         pacing.dropped(late)
         return True

@@ -59,6 +59,18 @@ STEP = 0.001  # the margin in force moves in whole steps (limits are rebuilt per
 # come every second; a replica not heard for this long is not alive: policy.py).
 HEARD_FOR = 3.0
 REFRESH = 0.25  # seconds between recomputing the margin in force (it narrows with time)
+# Added to the largest need: what the measure stops short of (the write after it, the
+# network, the upstream's own clock, a narrowing's compression below), so that a turn
+# within the need is within the margin with room to spare.
+RESERVE = 0.002
+# A window's turns are kept as a debt in units: when its pace quickens (the margin
+# narrows by d), the turns reserved after that come d x depth / (1 s + margin) closer to
+# those reserved before, depth being how far ahead turns are reserved (the fair share's
+# lookahead, or max_wait without one). So the margin in force narrows by at most this
+# many seconds of compression a second...
+COMPRESSION = 0.001
+DEPTH = 0.5  # ...with turns reserved up to this far ahead (routing.lookahead's default)
+MIN_DEPTH = 0.05
 
 
 # Upstreams enforce per-minute limits over windows of a second or more (OpenAI's are
@@ -168,6 +180,8 @@ class Lateness:
         never below the period's percentile (which widens it when higher)."""
         elapsed = max(now - self._at, 0.0)
         self._at = now
+        if self.samples == 0:
+            return  # nothing measured yet: nothing says it may narrow
         decayed = self._margin * 0.5 ** (elapsed / self.half_life)
         target = self.percentile()
         self._margin = max(decayed, MIN_MARGIN if target is None else bounded(target))
@@ -194,11 +208,17 @@ class Pacing:
         replica: str = "",
         clock: Callable[[], float] | None = None,
         lateness: Lateness | None = None,
+        depth: float = DEPTH,
     ) -> None:
         self.clock = clock or time.monotonic
         self.fixed = fixed
         self.replica = replica
         self.lateness = lateness or Lateness(self.clock)
+        # Seconds of margin a second it may narrow by: turns reserved up to ``depth``
+        # ahead are paced anew, closer together (see COMPRESSION).
+        self.narrowing = COMPRESSION / max(depth, MIN_DEPTH)
+        self._margin = 0.0  # the margin in force, unrounded (narrowing from it)
+        self._computed_at = self.clock()
         self._heard: dict[str, tuple[float, float]] = {}  # replica: (need, when heard)
         self.turns_dropped = 0  # turns later than the pacing covered: not sent
         # The margins in force since HEARD_FOR ago, as (from when, margin): the other
@@ -213,8 +233,10 @@ class Pacing:
     def auto(self) -> bool:
         return self.fixed is None
 
-    def set_fixed(self, fixed: float | None) -> None:
-        """A reload's ``pacing_margin`` (None: auto); what was measured is kept."""
+    def set_fixed(self, fixed: float | None, depth: float = DEPTH) -> None:
+        """A reload's ``pacing_margin`` (None: auto) and how far ahead turns are reserved
+        (``depth``); what was measured is kept."""
+        self.narrowing = COMPRESSION / max(depth, MIN_DEPTH)
         if fixed != self.fixed:
             self.fixed = fixed
             self._refresh()
@@ -314,4 +336,9 @@ class Pacing:
         for replica, (need, _) in sorted(self._heard.items()):
             if need > best:
                 best, who = need, replica
-        return InForce(in_steps(best), who, auto=True)
+        target = min(bounded(best) + RESERVE, MAX_MARGIN)
+        # Narrowed no faster than the turns already reserved allow (``narrowing``).
+        elapsed = max(now - self._computed_at, 0.0)
+        self._computed_at = now
+        self._margin = max(target, self._margin - self.narrowing * elapsed)
+        return InForce(in_steps(self._margin), who, auto=True)

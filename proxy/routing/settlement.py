@@ -43,7 +43,7 @@ class Turn:
     slot: str
     probe: bool = False  # a half-open probe of a cooled deployment: its answer must count
     sent: Sent | None = None  # what the limiter said of the turn (a 429 learns from it)
-    # Its moment on this process's clock (time.monotonic: turn_clock.py), what the
+    # When it is due on this process's clock (time.monotonic: turn_clock.py), what the
     # request is late from when it leaves (the pacing margin measures it); None: unknown.
     moment: float | None = None
 

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.routing.pacing import (
+    COMPRESSION,
     HALF_LIFE,
     HEARD_FOR,
     INITIAL_MARGIN,
@@ -18,6 +19,7 @@ from proxy.routing.pacing import (
     MIN_MARGIN,
     NETWORK_MARGIN,
     PERIOD,
+    RESERVE,
     STEP,
     Lateness,
     Pacing,
@@ -170,15 +172,15 @@ def test_the_headroom_covers_the_margin_and_at_least_the_one_percent() -> None:
 def test_the_margin_in_force_is_the_largest_need_of_the_live_replicas() -> None:
     clock = Clock()
     pacing = Pacing(None, "a", clock, Lateness(clock, initial=0.004))
-    assert pacing.in_force().margin == pytest.approx(0.004)
+    assert pacing.in_force().margin == pytest.approx(0.004 + RESERVE)
     assert pacing.in_force().replica == "a"
     pacing.heard({"a": 0.09, "b": 0.0123, "c": 0.002})  # its own id: skipped
     force = pacing.in_force()
-    assert force.margin == pytest.approx(0.013)  # in whole steps, rounded up
+    assert force.margin == pytest.approx(0.015)  # 12.3 + 2 ms, in whole steps, rounded up
     assert force.replica == "b"
     assert force.auto
     clock.now += HEARD_FOR + 1.0  # b no longer heard: not alive
-    assert pacing.margin() < 0.013
+    assert pacing.margin() < 0.015
     assert pacing.in_force().replica == "a"
 
 
@@ -187,7 +189,7 @@ def test_a_late_turn_here_widens_the_margin_in_force_at_once() -> None:
     pacing = Pacing(None, "a", clock, Lateness(clock, initial=MIN_MARGIN))
     version = pacing.version
     pacing.record(0.0301)
-    assert pacing.margin() == pytest.approx(0.031)  # no refresh period waited
+    assert pacing.margin() == pytest.approx(0.033)  # no refresh period waited; + RESERVE
     assert pacing.version > version
     assert pacing.own() == pytest.approx(0.0305)  # its bin's upper edge
 
@@ -215,7 +217,33 @@ def test_what_every_replica_paces_with_lags_a_widening_by_the_heartbeats() -> No
     pacing.record(0.004)
     before = pacing.margin()
     pacing.record(0.06)
-    assert pacing.margin() == pytest.approx(0.061)  # its bin's edge, in whole steps
+    assert pacing.margin() == pytest.approx(0.063)  # its bin's edge + RESERVE, in steps
     assert pacing.agreed() == before
     clock.now += HEARD_FOR + 0.1
     assert pacing.agreed() == pacing.margin()
+
+
+def test_the_margin_in_force_narrows_no_faster_than_the_turns_reserved_ahead_allow() -> None:
+    """A narrowing brings the turns reserved after it closer to those before by what it
+    narrows times how far ahead they are reserved: at most COMPRESSION a second, whatever
+    the needs (a stalled replica that leaves included)."""
+    clock = Clock()
+    pacing = Pacing(None, "a", clock, Lateness(clock, initial=MIN_MARGIN), depth=2.0)
+    pacing.heard({"b": 0.08})
+    assert pacing.margin() == pytest.approx(0.082)
+    before = pacing.margin()
+    for _ in range(40):  # b gone: its need no longer counts, and a's is 1 ms
+        clock.now += 0.5
+        now = pacing.margin()
+        assert before - now <= COMPRESSION / 2.0 * 0.5 + STEP + 1e-9
+        before = now
+    assert pacing.margin() < 0.082
+    clock.now += 1000.0
+    assert pacing.margin() == pytest.approx(MIN_MARGIN + RESERVE)
+
+
+def test_before_any_turn_the_need_stays_the_initial_one() -> None:
+    clock = Clock()
+    lateness = Lateness(clock)
+    clock.now += 10 * HALF_LIFE
+    assert lateness.need() == INITIAL_MARGIN
