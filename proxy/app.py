@@ -134,7 +134,7 @@ def create_app(
         # the other live replicas' heard back (routing/pacing.py): one object for the
         # process, carried over by reloads.
         pacing = pipeline.catalog.pacing
-        pacing.replica = replica_id
+        pacing.identify(replica_id)
         limiter.share_pacing(pacing.own, pacing.heard)
         publish_configured_state(settings, metrics, share)
         observer = StateObserver(pipeline.catalog, limiter, metrics)

@@ -158,7 +158,7 @@ def test_a_models_waiting_requests_are_those_on_its_deployments_turns_and_the_re
 
 def test_the_pacing_margin_in_force_and_whose_need_set_it_are_shown() -> None:
     catalog = Catalog(SETTINGS)
-    catalog.pacing.replica = "here"
+    catalog.pacing.identify("here")
     catalog.pacing.heard({"there": 0.0804})
     pacing = state(SETTINGS, catalog, Reading(NOW, LimiterMode.SHARED, {}, {}, []))["limiter"][
         "pacing"

@@ -241,6 +241,11 @@ class Pacing:
             self.fixed = fixed
             self._refresh()
 
+    def identify(self, replica: str) -> None:
+        """This replica's id (its heartbeats'): its own need is named so."""
+        self.replica = replica
+        self._refresh()
+
     def record(self, late: float) -> None:
         """One of this replica's turns left ``late`` seconds after its moment."""
         if self.fixed is not None:
