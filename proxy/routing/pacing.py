@@ -7,10 +7,10 @@ minute or less is paced as if each of its turns could be up to the *margin* late
 too many (docs/limiter.md, "Late turns").
 
 ``routing.pacing_margin: auto`` measures it. Each replica records, for each turn it
-sends, how long after the turn's moment (on its own clock: ``turn_clock.py``) the request
+sends, how long after the turn was due (on its own clock: ``turn_clock.py``) the request
 was handed to the upstream client (``Lateness``): the margin it needs is a high
-percentile (``QUANTILE``) of those over a sliding ``PERIOD``, widened at once by any turn
-later than it, narrowed slowly (halving at most every ``HALF_LIFE``), and bounded
+percentile (``QUANTILE``) of those over a sliding ``PERIOD``, widened at once when the
+percentile rises above it, narrowed slowly (halving at most every ``HALF_LIFE``), and bounded
 ``MIN_MARGIN``..``MAX_MARGIN``. Replicas share their needs (with Redis: with their
 heartbeats) and every one paces with the largest need among the live ones (``Pacing``):
 a replica that stalls slows the others' turns too, since any two turns of a deployment,
@@ -127,7 +127,8 @@ class Lateness:
 
     def record(self, late: float) -> None:
         """A turn left ``late`` seconds after its moment (an early one counts as on time);
-        a turn later than the margin widens it at once."""
+        the margin widens at once if the percentile rose above it (one turn alone, beyond
+        the percentile, does not: it is not sent, ``Dispatcher._too_late``)."""
         late = max(late, 0.0)
         now = self.clock()
         index = int(now // SLOT)
@@ -140,9 +141,8 @@ class Lateness:
         counts[min(int(late / BIN), BINS - 1)] += 1
         self.samples += 1
         self.latest = late
-        if late > self._margin:
+        if late > self._margin:  # the percentile may have risen: widened at once if so
             self._narrowed(now)
-            self._margin = max(self._margin, bounded(late))
 
     def percentile(self) -> float | None:
         """The ``quantile`` of the period's lateness (a bin's upper edge: never below
