@@ -399,6 +399,7 @@ class Dispatcher:
         if late <= max(min(margin, pacing.agreed()), NETWORK_MARGIN) - RESERVE:
             return False
         pacing.dropped(late)
+        self.settler.spent(turn)
         return True
 
     def _probe_answered(self, deployments: list[DeploymentRoute]) -> asyncio.Event | None:

@@ -154,6 +154,12 @@ class Settler:
             probe=turn.probe,
         )
 
+    def spent(self, turn: Turn) -> None:
+        """A reserved turn not sent, kept spent (too late: the turns after it stand): only
+        what it holds is freed, least-busy's in-flight slot; nothing is given back."""
+        if self.least_busy:
+            self._send(turn.deployment, turn.slot, NEUTRAL)
+
     def report(self, deployment: DeploymentRoute, remaining: Remaining) -> None:
         """The upstream has less left than the windows may say: bring them down to it."""
         self._send(deployment, "", NEUTRAL, remaining=remaining)

@@ -14,6 +14,7 @@ import uvloop
 from support.journey import REQUEST, Journey, Upstream, config, deployment, ok
 
 from proxy.call import Call
+from proxy.limiter.base import Sent
 from proxy.routing.dispatcher import SHORT_WAIT, TICK, sleep_until
 from proxy.shapes.chat import CHAT
 
@@ -178,3 +179,37 @@ async def test_a_turn_that_came_while_it_was_handled_is_sent_at_once_and_not_cou
     assert [r.status for r in replies] == [200, 200]
     assert journey.counted("llmproxy_queue_wait_seconds_count") == 0
     assert journey.pipeline.dispatcher.waiting == 0  # its place in the queue given back
+
+
+async def test_a_turn_later_than_the_pacing_margin_is_not_sent_and_its_request_asks_again() -> None:
+    """A request whose loop stalled past its turn by more than the margin (here: its
+    turn placed 200 ms in the past) does not send it: sent, it could come too close to
+    the turns after it. Its request asks for a new turn and is served; the turn is
+    counted and its lateness measured (routing/pacing.py)."""
+    sends: list[float] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        sends.append(time.monotonic())
+        return ok()(request)
+
+    journey = Journey(config([deployment("a", rpm=600)], retries=0), Upstream({}))
+    dispatcher = journey.pipeline.dispatcher
+    dispatcher.exchange.transport = httpx.MockTransport(upstream)
+    pacing = journey.pipeline.catalog.pacing
+    due = dispatcher._due
+    stalled = [True]
+
+    def first_one_stalled(
+        group: str, sent: Sent, wait: float, handled: float, margin: float
+    ) -> float:
+        moment = due(group, sent, wait, handled, margin)
+        return moment - 0.2 if stalled and stalled.pop() else moment
+
+    dispatcher._due = first_one_stalled  # type: ignore[method-assign]
+    reply = await journey.send()
+
+    assert reply.status == 200
+    assert len(sends) == 1  # the late turn was not sent; the second one was
+    assert pacing.turns_dropped == 1
+    assert pacing.lateness.samples == 2  # both measured: the one dropped, the one sent
+    assert pacing.lateness.latest < 0.2
