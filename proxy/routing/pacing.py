@@ -3,18 +3,21 @@
 A turn is a moment on the limiter's clock; the upstream counts when the request arrives.
 A turn sent ``d`` late comes ``d`` closer to the turns after it, so every window of a
 minute or less is paced as if each of its turns could be up to the *margin* late
-(``catalog.pacing_headroom``): then no upstream window of a second or more sees one turn
-too many (docs/limiter.md, "Late turns").
+(``pacing_headroom``): then no upstream window of a second or more sees one turn too many
+(docs/limiter.md, "Late turns").
 
 ``routing.pacing_margin: auto`` measures it. Each replica records, for each turn it
 sends, how long after the turn was due (on its own clock: ``turn_clock.py``) the request
 was handed to the upstream client (``Lateness``): the margin it needs is a high
 percentile (``QUANTILE``) of those over a sliding ``PERIOD``, widened at once when the
-percentile rises above it, narrowed slowly (halving at most every ``HALF_LIFE``), and bounded
-``MIN_MARGIN``..``MAX_MARGIN``. Replicas share their needs (with Redis: with their
-heartbeats) and every one paces with the largest need among the live ones (``Pacing``):
-a replica that stalls slows the others' turns too, since any two turns of a deployment,
-whoever sends them, must stay apart. A fixed ``pacing_margin`` is used as it is.
+percentile rises above it, narrowed slowly (halving at most every ``HALF_LIFE``), and
+bounded ``MIN_MARGIN``..``MAX_MARGIN``. Replicas share their needs (with Redis: with
+their heartbeats) and every one paces with the largest need among the live ones, plus
+``RESERVE`` (``Pacing``): a replica that stalls slows the others' turns too, since any
+two turns of a deployment, whoever sends them, must stay apart. The margin in force
+narrows no faster than the turns already reserved allow (``COMPRESSION``). A turn later
+than the margin every replica paces with (``Pacing.agreed``) is not sent (the
+dispatcher's check). A fixed ``pacing_margin`` is used as it is.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 __all__ = [
+    "COMPRESSION",
+    "DEPTH",
     "HALF_LIFE",
     "HEARD_FOR",
     "INITIAL_MARGIN",
@@ -34,6 +39,7 @@ __all__ = [
     "NETWORK_MARGIN",
     "PERIOD",
     "QUANTILE",
+    "RESERVE",
     "SHORTEST_UPSTREAM_WINDOW",
     "STEP",
     "Lateness",
@@ -221,10 +227,11 @@ class Pacing:
         self._computed_at = self.clock()
         self._heard: dict[str, tuple[float, float]] = {}  # replica: (need, when heard)
         self.turns_dropped = 0  # turns later than the pacing covered: not sent
-        # The margins in force since HEARD_FOR ago, as (from when, margin): the other
+        # The margins in force since HEARD_FOR ago, as (until when, margin): the other
         # replicas hear of this one's need with their next heartbeat, and pace with what
-        # they heard until then (``agreed``).
-        self._history: deque[tuple[float, float]] = deque()
+        # they heard until then (``agreed``). Just started, nothing of it was heard: they
+        # may pace with no margin but the 1% (the 0 until HEARD_FOR from now).
+        self._history: deque[tuple[float, float]] = deque([(self._computed_at + HEARD_FOR, 0.0)])
         self.version = 0
         self._in_force = self._compute()
         self._next = self.clock() + REFRESH
@@ -261,8 +268,11 @@ class Pacing:
         self.record(late)
 
     def own(self) -> float | None:
-        """This replica's need, as it is shared with the others (None: fixed)."""
-        return None if self.fixed is not None else self.lateness.need()
+        """This replica's need, as it is shared with the others (None: fixed, or no turn
+        measured yet: a replica that starts does not widen every other's margin)."""
+        if self.fixed is not None or self.lateness.samples == 0:
+            return None
+        return self.lateness.need()
 
     def heard(self, needs: Mapping[str, float]) -> None:
         """What the other live replicas need (their own ids: this one's is skipped)."""
@@ -315,7 +325,7 @@ class Pacing:
         margin = self.in_force().margin
         history = self._history  # (until when, a margin in force before)
         cutoff = self.clock() - HEARD_FOR
-        while history and history[0][0] < cutoff:
+        while history and history[0][0] <= cutoff:
             history.popleft()
         return min([margin, *(before for _, before in history)])
 

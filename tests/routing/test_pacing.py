@@ -226,7 +226,10 @@ def test_what_every_replica_paces_with_lags_a_widening_by_the_heartbeats() -> No
     passed, the margin agreed on is the one before (the least in force over it)."""
     clock = Clock()
     pacing = Pacing(None, "a", clock, Lateness(clock, initial=0.005))
-    clock.now += HEARD_FOR + 1.0
+    assert pacing.agreed() == 0.0  # just started: the others know nothing of it yet
+    assert pacing.own() is None  # nor are told of a need it has not measured
+    clock.now += 2 * HEARD_FOR
+    assert pacing.agreed() == pacing.margin()
     pacing.record(0.004)
     before = pacing.margin()
     pacing.record(0.06)
