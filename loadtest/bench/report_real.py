@@ -206,7 +206,7 @@ def render_saturation(result: SaturationResult, rounds: int, duration: float) ->
         "",
         "The proxy paces a deployment's windows of a minute or less for turns up to"
         " `routing.pacing_margin` late (`auto` by default: measured, 1-100 ms): at most"
-        ' `1 / (1 s + margin)` of the limit, 99% at best, can be used (docs/limiter.md,'
+        " `1 / (1 s + margin)` of the limit, 99% at best, can be used (docs/limiter.md,"
         ' "Late turns").',
     ]
 
