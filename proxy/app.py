@@ -80,10 +80,11 @@ def create_app(
         tracing = tracing_for(settings.telemetry)
         sentinel = settings.redis.sentinel
         target = sentinel_target(sentinel) if sentinel is not None else None
+        replica_id = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         limiter = create_limiter(
             settings.redis.url or None,
             on_error=settings.redis.on_error,
-            replica_id=f"{os.getpid()}-{uuid.uuid4().hex[:8]}",
+            replica_id=replica_id,
             timeout=settings.redis.timeout,
             sentinel=target,
         )
@@ -129,6 +130,12 @@ def create_app(
         app.state.limiter = limiter
         # What this replica is doing, with every heartbeat: the pipeline in force's.
         limiter.publish(lambda: app.state.pipeline.activity())
+        # The pacing margin this replica's turns need, shared with every heartbeat, and
+        # the other live replicas' heard back (routing/pacing.py): one object for the
+        # process, carried over by reloads.
+        pacing = pipeline.catalog.pacing
+        pacing.identify(replica_id)
+        limiter.share_pacing(pacing.own, pacing.heard)
         publish_configured_state(settings, metrics, share)
         observer = StateObserver(pipeline.catalog, limiter, metrics)
         observer.start()

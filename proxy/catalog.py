@@ -23,6 +23,7 @@ from proxy.config import (
     LimitRule,
     ModelGroup,
     PriceSpec,
+    RoutingConfig,
     Settings,
     Team,
 )
@@ -45,6 +46,7 @@ from proxy.model_names import ModelNames, is_pattern
 from proxy.pricing import FREE, Price, dearest
 from proxy.providers import Provider, provider_of
 from proxy.routing.announced import Announced
+from proxy.routing.pacing import Pacing, pacing_headroom
 from proxy.translate import reachable
 
 __all__ = ["Catalog", "DeploymentRoute", "GroupRoute", "TeamLookup", "for_model", "key_limits"]
@@ -53,24 +55,27 @@ __all__ = ["Catalog", "DeploymentRoute", "GroupRoute", "TeamLookup", "for_model"
 # 60/rpm seconds apart, which no sliding-window upstream limit can reject...
 DEFAULT_DEPLOYMENT_BURST = 1
 # ...provided they also arrive that far apart: network and event-loop jitter can bring
-# two requests a window apart a few milliseconds closer, so deployments are paced 1%
-# below their configured limit (0.6 s of slack per minute). Only windows of a minute or
-# less pace; on a longer one (rpd: 5) the headroom would cost a whole request, and it
-# never lowers the largest request a window admits...
-DEPLOYMENT_HEADROOM = 0.01
-# ...and their windows of a minute or less further below it, so that a turn sent up to
-# ``routing.pacing_margin`` late (a replica's event loop busy) still leaves every
-# upstream window of this long or longer within its limit (upstreams enforce per-minute
-# limits over windows of a second or more: OpenAI's are "quantized", Azure's 1-10 s).
-SHORTEST_UPSTREAM_WINDOW = 1.0
+# two requests a window apart a few milliseconds closer, so windows of a minute or less
+# are paced below their configured limit, as if each turn could arrive up to the pacing
+# margin late (``routing.pacing_margin``: measured, ``routing/pacing.py``, or fixed): N + 1
+# turns then span a window plus the margin, so no upstream window of this long or longer
+# sees more than N (upstreams enforce per-minute limits over windows of a second or more:
+# OpenAI's are "quantized", Azure's 1-10 s). Only windows of a minute or less pace; on a
+# longer one (rpd: 5) the headroom would cost a whole request, and it never lowers the
+# largest request a window admits. (The headroom for a margin: ``pacing.pacing_headroom``.)
+DEPLOYMENT_HEADROOM = 0.01  # the headroom of a margin of 0: 1%, pacing.NETWORK_MARGIN
 
 
-def pacing_headroom(margin: float) -> float:
-    """How far below its limit a window of a minute or less is paced: the 1% for the
-    network, and for turns up to ``margin`` seconds late, N + 1 turns spanning a window
-    plus ``margin`` (50 ms: 5.7% in all)."""
-    late = SHORTEST_UPSTREAM_WINDOW / (SHORTEST_UPSTREAM_WINDOW + margin)
-    return 1.0 - (1.0 - DEPLOYMENT_HEADROOM) * late
+def fixed_margin(routing: RoutingConfig) -> float | None:
+    """``routing.pacing_margin`` in seconds; None: ``auto`` (measured)."""
+    margin = routing.pacing_margin
+    return None if margin == "auto" else float(margin)
+
+
+def reserved_ahead(routing: RoutingConfig) -> float:
+    """How far ahead turns are reserved at most: the fair share's lookahead, or max_wait
+    without one (how fast a measured margin may narrow: routing/pacing.py)."""
+    return routing.lookahead if routing.lookahead > 0 else routing.max_wait
 
 
 EGRESS = "proxy.egress"  # the request extension the upstream transport reads
@@ -147,6 +152,7 @@ class DeploymentRoute:
     # The body's ``model`` for the shapes whose provider names it otherwise (Azure's
     # Responses API: the Azure deployment): ``model_for``.
     body_models: dict[str, str] = dataclasses.field(default_factory=dict)
+    margin: float = 0.0  # the pacing margin ``limits`` are paced with
 
     @property
     def weight(self) -> float:
@@ -369,12 +375,27 @@ class _TeamLimits:
         return built
 
 
+def _pacing(routing: RoutingConfig, pacing: Pacing | None) -> Pacing:
+    """``pacing`` (the process's), else one of ``routing.pacing_margin``'s own."""
+    if pacing is None:
+        return Pacing(fixed_margin(routing), depth=reserved_ahead(routing))
+    return pacing
+
+
+def _repaced(deployment: DeploymentRoute, share: float, margin: float) -> DeploymentLimits:
+    """``deployment``'s limits paced with ``margin`` (the margin in force moved)."""
+    if margin == deployment.margin:
+        return deployment.limits
+    return deployment_limits(deployment.config, share, margin)
+
+
 def _group(group: ModelGroup, share: float, pacing_margin: float) -> GroupRoute:
     deployments = tuple(
         DeploymentRoute(
             config=d,
             group=group.name,
             limits=deployment_limits(d, share, pacing_margin),
+            margin=pacing_margin,
             upstream_model=d.model or (None if is_pattern(group.name) else group.name),
             urls=shape_urls(d),
             extensions={"timeout": timeout_extension(d.timeout), EGRESS: egress(d)},
@@ -438,8 +459,14 @@ class Catalog:
         settings: Settings,
         share: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        pacing: Pacing | None = None,
     ) -> None:
-        self.pacing_margin = settings.routing.pacing_margin
+        # The pacing margin in force (measured or fixed): the process's, carried over by
+        # a reload (``carry_over``); the limits below are paced with its margin now, and
+        # built again as it moves (``Announced.limits``).
+        self.routing = settings.routing
+        self.pacing = _pacing(settings.routing, pacing)
+        self.pacing_margin = self.pacing.margin()
         self.groups = {g.name: _group(g, share, self.pacing_margin) for g in settings.models}
         # The names clients may send: each group's, its aliases, its pattern (``route``).
         self.names = ModelNames.of(settings.models)
@@ -480,7 +507,7 @@ class Catalog:
         self.share = share
         # What upstreams announce of their limits, lowering the configured ones for a
         # while: the one part of the catalog that changes as it serves (announced.py).
-        self.announced = Announced(share, pacing_headroom(self.pacing_margin), clock)
+        self.announced = Announced(share, self.pacing, clock, _repaced)
         # The one place a deployment's limits come from, for every limiter operation:
         # configured, this process's share of them, paced no faster than its upstream
         # announces. (Announced's own method: a call less on every reservation and
@@ -584,5 +611,10 @@ class Catalog:
 
     def carry_over(self, previous: Catalog) -> None:
         """After a reload: what upstreams announced still holds for deployments whose
-        config did not change."""
+        config did not change, and the pacing margin measured goes on (the reload's
+        ``pacing_margin`` applied to it)."""
+        fixed = self.pacing.fixed
+        self.pacing = previous.pacing
+        self.pacing.set_fixed(fixed, reserved_ahead(self.routing))
+        self.announced.pacing = self.pacing
         self.announced.carry_over(previous.announced, previous.groups, self.groups)

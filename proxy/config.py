@@ -117,6 +117,23 @@ def _lower(value: object) -> object:
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def parse_pacing_margin(value: object) -> object:
+    """``auto`` (any case), or a duration from 0 to 1 s (``routing.pacing_margin``)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise ValueError(f"expected auto or a duration such as 20ms: {exc}") from None
+    if seconds > 1.0:
+        raise ValueError("a pacing margin is at most 1s (auto measures one of 1ms..100ms)")
+    return seconds
+
+
+# ``routing.pacing_margin``: "auto", or seconds.
+PacingMargin = Annotated[Literal["auto"] | float, BeforeValidator(parse_pacing_margin)]
 ByteSize = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
 PositiveInt = Annotated[int, Field(gt=0)]
 
@@ -580,8 +597,9 @@ class RoutingConfig(_Strict):
     retries: Annotated[int, Field(ge=0)] = 2
     # How late a turn may reach an upstream (a replica's event loop or clock late, the
     # network) and no upstream window of a second or more see more than its limit:
-    # deployments are paced that much below it (docs/limiter.md, "late turns").
-    pacing_margin: Annotated[Duration, Field(ge=0, le=1)] = 0.05
+    # deployments are paced that much below it (docs/limiter.md, "late turns"). ``auto``:
+    # the lateness the live replicas measure, 1ms..100ms (routing/pacing.py); or fixed.
+    pacing_margin: PacingMargin = "auto"
     cooldown: CooldownConfig = CooldownConfig()
     fallbacks: dict[str, list[str]] = Field(default_factory=dict)
 

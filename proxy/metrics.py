@@ -126,6 +126,8 @@ _GAUGE_MODES: Final[dict[str, _GaugeMode]] = {
     "deployment_state": "livemax",
     "fallback_active": "livemax",
     "redis_evicting_policy": "livemax",
+    # The pacing margin in force: every worker paces with the largest it knows of.
+    "pacing_margin": "livemax",
     # The upstream's own view, the same for every worker: the latest report is the truth.
     "upstream_remaining": "livemostrecent",
 }
@@ -280,6 +282,14 @@ class Metrics:
             "1 when the limiter's Redis has an allkeys-* maxmemory-policy: it may evict"
             " budgets, which then read as full.",
             multiprocess_mode=_GAUGE_MODES["redis_evicting_policy"],
+            registry=reg,
+        )
+        self._pacing_margin = Gauge(
+            "llmproxy_pacing_margin_seconds",
+            "The pacing margin in force (routing.pacing_margin): windows of a minute or less"
+            " are paced for turns this late; measured (auto: the largest need of the live"
+            " replicas) or fixed.",
+            multiprocess_mode=_GAUGE_MODES["pacing_margin"],
             registry=reg,
         )
         self._limiter_errors_total = Counter(
@@ -484,6 +494,9 @@ class Metrics:
 
     def set_redis_evicting_policy(self, evicting: bool) -> None:
         self._redis_evicting_policy.set(1.0 if evicting else 0.0)
+
+    def set_pacing_margin(self, seconds: float) -> None:
+        self._pacing_margin.set(seconds)
 
     def limiter_error(self, operation: str) -> None:
         self._c_limiter_error(operation).inc()

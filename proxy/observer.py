@@ -52,6 +52,7 @@ class StateObserver:
 
     async def refresh(self) -> None:
         catalog = self.catalog
+        self.metrics.set_pacing_margin(catalog.pacing.margin())
         for group in catalog.groups.values():
             limits = {d.id: catalog.limits(d) for d in group.deployments}
             states = await self.limiter.snapshot(group.name, list(limits.values()))

@@ -109,6 +109,7 @@ def state(
             # heartbeat, at most a second or so old). Otherwise: this process's own.
             "scope": "all replicas" if shared else "this process",
             "replicas_reporting": len(reading.activity),
+            "pacing": catalog.pacing.view(),
         },
         "waiting": sum(totals["waiting"].values()),
         "models": models,

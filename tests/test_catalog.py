@@ -10,6 +10,7 @@ from proxy.config import ClientKey, Settings
 from proxy.limiter.base import DAY, Rate, Window, describe, window_name
 from proxy.limiter.core.verdicts import key_code
 from proxy.routing.announced import ANNOUNCED_FOR
+from proxy.routing.pacing import INITIAL_MARGIN, RESERVE, Lateness, Pacing
 
 
 class Clock:
@@ -83,24 +84,65 @@ def test_the_pacing_headroom_never_costs_a_long_window_a_request() -> None:
 
 
 def test_windows_of_a_minute_or_less_are_paced_for_turns_up_to_the_pacing_margin_late() -> None:
-    """routing.pacing_margin (default 50 ms): 11 turns of "10 a second" then span
-    1 s + 50 ms (and the 1% for the network), so a turn sent up to 50 ms late leaves
-    every upstream window of 1 s or more within its limit; a day's window only caps the
-    total (no headroom: it does not pace)."""
-    assert pacing_headroom(0.05) == pytest.approx(1 - 0.99 / 1.05)
+    """routing.pacing_margin fixed at 50 ms: 11 turns of "10 a second" then span 1 s +
+    50 ms (the 1% for the network is covered by it, not added), so a turn sent up to 50
+    ms late leaves every upstream window of 1 s or more within its limit; a day's window
+    only caps the total (no headroom: it does not pace)."""
+    assert pacing_headroom(0.05) == pytest.approx(1 - 1 / 1.05)
     assert pacing_headroom(0.0) == pytest.approx(0.01)  # the 1% alone, as before
     [route] = _catalog(pacing_margin=0.05).groups["m"].deployments
     windows = {w.name: w.rate for w in route.limits.windows}
-    assert 10 * windows["rpm"].interval == pytest.approx((1.0 + 0.05) / 0.99)
-    assert 1000 * windows["tpm"].interval == pytest.approx((1.0 + 0.05) / 0.99)
+    assert 10 * windows["rpm"].interval == pytest.approx(1.0 + 0.05)
+    assert 1000 * windows["tpm"].interval == pytest.approx(1.0 + 0.05)
     assert windows["rpd"] == Rate(10_000.0, DAY, 10_000.0)
     catalog = _catalog(pacing_margin=0.05)  # an announced limit is paced the same
     catalog.announced.announce(route, requests=300, tokens=None)
     [rpm] = [w.rate for w in catalog.limits(route).windows if w.name == "rpm"]
-    assert 5 * rpm.interval == pytest.approx((1.0 + 0.05) / 0.99)
+    assert 5 * rpm.interval == pytest.approx(1.0 + 0.05)
     default = Catalog(settings_from({"models": [{"name": "m", "deployments": [{
         "id": "d", "base_url": "http://127.0.0.1:1/v1", "rpm": 600}]}]}))  # fmt: skip
-    assert default.pacing_margin == 0.05
+    assert default.pacing.auto  # measured; before any turn, the initial 50 ms
+    assert default.pacing_margin == pytest.approx(INITIAL_MARGIN + RESERVE)
+
+
+def _auto_catalog(clock: Clock) -> Catalog:
+    deployment = {"id": "d", "base_url": "http://127.0.0.1:1/v1", "rpm": 600, "rpd": 10_000}
+    settings = settings_from({"models": [{"name": "m", "deployments": [deployment]}]})
+    pacing = Pacing(None, "here", clock, Lateness(clock, initial=0.003))
+    return Catalog(settings, 1.0, clock, pacing)
+
+
+def test_with_an_auto_margin_the_limits_follow_the_margin_in_force() -> None:
+    """The limits every operation reads (Catalog.limits) are paced with the margin in
+    force as it moves: a late turn here, a replica heard needing more, an announced
+    limit paced the same; windows longer than a minute never change."""
+    clock = Clock()
+    catalog = _auto_catalog(clock)
+    [route] = catalog.groups["m"].deployments
+
+    def rates() -> dict[str, Rate]:
+        return {w.name: w.rate for w in catalog.limits(route).windows}
+
+    assert 10 * rates()["rpm"].interval == pytest.approx(1.0 / 0.99)  # 3 ms: the 1% covers it
+    catalog.pacing.record(0.0295)  # a turn 29.5 ms late: widened at once (+ RESERVE)
+    assert 10 * rates()["rpm"].interval == pytest.approx(1.032)
+    catalog.pacing.heard({"other": 0.0721})
+    assert 10 * rates()["rpm"].interval == pytest.approx(1.075)
+    assert rates()["rpd"] == Rate(10_000.0, DAY, 10_000.0)
+    catalog.announced.announce(route, requests=300, tokens=None)
+    assert 5 * rates()["rpm"].interval == pytest.approx(1.075)
+
+
+def test_a_reload_keeps_the_margin_measured() -> None:
+    clock = Clock()
+    before = _auto_catalog(clock)
+    before.pacing.record(0.0405)
+    after = _auto_catalog(clock)
+    after.carry_over(before)
+    assert after.pacing is before.pacing
+    [route] = after.groups["m"].deployments
+    [rpm] = [w.rate for w in after.limits(route).windows if w.name == "rpm"]
+    assert 10 * rpm.interval == pytest.approx(1.043)
 
 
 def test_keys_hold_their_whole_allowance_and_workers_their_share() -> None:
@@ -147,7 +189,7 @@ def test_anthropics_announced_input_and_output_limits_lower_their_own_kinds() ->
     lowered = catalog.announced.announce(route, None, 10_000, 30_000, 9_000)
     assert lowered == {"input_tokens_1m": 30_000}  # output: no lower; no tokens window
     rates = {w.name: w.rate.limit for w in catalog.limits(route).windows}
-    assert rates["input_tokens_1m"] == pytest.approx(30_000 * 0.99 / 1.05)
+    assert rates["input_tokens_1m"] == pytest.approx(30_000 / (1 + catalog.pacing.margin()))
 
 
 def test_an_announced_limit_paces_no_lower_than_a_tenth_and_refuses_nothing() -> None:

@@ -627,3 +627,28 @@ def test_a_variable_deep_in_a_long_key_list_is_substituted() -> None:
     keys[2100]["key"] = "${KEY_2100}"
     settings = parse_settings({"keys": keys, **MINIMAL}, env={"KEY_2100": "sk-from-env"})
     assert settings.keys[2100].digest() == hashlib.sha256(b"sk-from-env").digest()
+
+
+@pytest.mark.parametrize(
+    ("value", "margin"), [("auto", "auto"), ("AUTO", "auto"), ("20ms", 0.02), (0, 0.0), ("1s", 1.0)]
+)
+def test_the_pacing_margin_is_auto_or_a_duration(value: object, margin: object) -> None:
+    settings = parse_settings({**MINIMAL, "routing": {"pacing_margin": value}}, "cfg.yaml", {})
+    assert settings.routing.pacing_margin == margin
+    assert parse_settings(MINIMAL, "cfg.yaml", {}).routing.pacing_margin == "auto"  # default
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("fast", "expected auto or a duration such as 20ms"),
+        ("2s", "a pacing margin is at most 1s"),
+        ("-5ms", "expected auto or a duration"),
+        (True, "expected auto or a duration"),
+    ],
+)
+def test_a_pacing_margin_neither_auto_nor_a_duration_is_an_error_naming_the_field(
+    value: object, says: str
+) -> None:
+    [problem] = _problems({**MINIMAL, "routing": {"pacing_margin": value}})
+    assert problem.startswith("routing.pacing_margin: ") and says in problem, problem

@@ -50,6 +50,7 @@ CONTRACT = {
     "llmproxy_deployment_failures": ("counter", {"model", "deployment", "reason"}),
     "llmproxy_limiter_fallback_active": ("gauge", set()),
     "llmproxy_redis_evicting_policy": ("gauge", set()),
+    "llmproxy_pacing_margin_seconds": ("gauge", set()),
     "llmproxy_deployment_limit": ("gauge", {"model", "deployment", "kind"}),
     "llmproxy_deployment_budget_remaining": ("gauge", {"model", "deployment", "kind"}),
     "llmproxy_upstream_ratelimit_remaining": ("gauge", {"model", "deployment", "kind"}),

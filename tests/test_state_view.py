@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from support.proxy_server import settings_from
 
 from proxy.catalog import Catalog
@@ -60,8 +61,12 @@ def test_every_replicas_counts_are_added_up() -> None:
         [replica, replica],
     )
     view = state(SETTINGS, Catalog(SETTINGS), reading)
+    pacing = view["limiter"].pop("pacing")
     assert view["limiter"] == {"mode": "shared", "scope": "all replicas", "replicas_reporting": 2}
+    assert (pacing["mode"], pacing["margin_seconds"]) == ("auto", 0.052)  # none measured yet
+    assert pacing["paced_at"] == pytest.approx(1 / 1.052, abs=1e-6)
     assert view["waiting"] == 4
+
     [model] = view["models"]
     [d1] = model["deployments"]
     assert (model["waiting"], d1["waiting"], d1["in_flight"]) == (4, 4, 2)
@@ -149,3 +154,25 @@ def test_a_models_waiting_requests_are_those_on_its_deployments_turns_and_the_re
     [rpm] = d1["windows"]
     assert (rpm["configured"], rpm["capacity"]) == (6, 1)
     assert rpm["limit"] < 6
+
+
+def test_the_pacing_margin_in_force_and_whose_need_set_it_are_shown() -> None:
+    catalog = Catalog(SETTINGS)
+    catalog.pacing.identify("here")
+    catalog.pacing.heard({"there": 0.0804})
+    pacing = state(SETTINGS, catalog, Reading(NOW, LimiterMode.SHARED, {}, {}, []))["limiter"][
+        "pacing"
+    ]
+    assert pacing["margin_seconds"] == pytest.approx(0.083)  # its need and RESERVE
+    assert (pacing["set_by"], pacing["set_here"]) == ("there", False)
+    assert pacing["others"] == {"there": 0.0804}
+    fixed = settings_from({**SETTINGS.model_dump(mode="json"), "routing": {"pacing_margin": 0}})
+    view = state(fixed, Catalog(fixed), Reading(NOW, LimiterMode.SHARED, {}, {}, []))
+    assert view["limiter"]["pacing"] == {
+        "mode": "fixed",
+        "margin_seconds": 0.0,
+        "set_by": "fixed",
+        "set_here": False,
+        "paced_at": 0.99,
+        "late_turns_not_sent": 0,
+    }

@@ -204,9 +204,10 @@ def render_saturation(result: SaturationResult, rounds: int, duration: float) ->
         f"| 200s of a heavy key over a light one's (even: 1; first come, first served: 2) |"
         f" {spread(heavy, '.2f')} |",
         "",
-        "The proxy paces a deployment's windows of a minute or less"
-        " `routing.pacing_margin` (50 ms by default) below its limit: at most 94.3% of it"
-        ' can be used (docs/limiter.md, "Late turns").',
+        "The proxy paces a deployment's windows of a minute or less for turns up to"
+        " `routing.pacing_margin` late (`auto` by default: measured, 1-100 ms): at most"
+        " `1 / (1 s + margin)` of the limit, 99% at best, can be used (docs/limiter.md,"
+        ' "Late turns").',
     ]
 
 

@@ -73,8 +73,8 @@ PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses"
 
 # OpenAI's tier-5 limits for gpt-4o-mini and gpt-4o; an Anthropic group at a custom tier
 # (20,000 rpm, 2M input and 400k output tokens a minute). Shares by capacity: at 7,000
-# req/s the groups run at 77%, 63% and 63% of their pace (5.7% below their limits,
-# routing.pacing_margin), so the 0 ms rows measure the proxy, not waits for turns.
+# req/s the groups run at 77%, 63% and 63% of their pace (at most 5.7% below their
+# limits: routing.pacing_margin), so the 0 ms rows measure the proxy, not waits for turns.
 GROUPS = (
     Group("gpt-4o-mini", "openai", "chat", 10, rpm=30_000, tpm=150_000_000, share=55),
     Group(

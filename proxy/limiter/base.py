@@ -34,7 +34,7 @@ budgets are not shared), refilled at the rate its health has learned.
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import field
 from operator import attrgetter
@@ -669,6 +669,14 @@ class Observable(Protocol):
     async def activity(self) -> list[Activity]:
         """Every live replica's activity: their last heartbeat's, and this one's now
         (only this one's when nothing is shared)."""
+        ...
+
+    def share_pacing(
+        self, own: Callable[[], float | None], heard: Callable[[Mapping[str, float]], None]
+    ) -> None:
+        """Carry ``own()`` (the pacing margin this replica needs, seconds; None: none)
+        with every heartbeat, and hand ``heard`` the live replicas' (by replica id) as
+        each heartbeat reads them (routing/pacing.py). Nothing shared: never called."""
         ...
 
 

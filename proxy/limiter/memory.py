@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from bisect import insort
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from proxy.limiter.base import (
     NO_CHANGE,
@@ -218,6 +218,11 @@ class MemoryLimiter:
 
     def publish(self, source: Callable[[], Activity]) -> None:
         self._activity = source
+
+    def share_pacing(
+        self, own: Callable[[], float | None], heard: Callable[[Mapping[str, float]], None]
+    ) -> None:
+        """Nothing is shared: this process's margin is the only one."""
 
     async def activity(self) -> list[Activity]:
         """Only this process's: nothing is shared."""

@@ -56,7 +56,7 @@ import enum
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Literal, TypeVar
@@ -260,6 +260,11 @@ class ResilientLimiter:
         self._heartbeats: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._activity: Callable[[], Activity] | None = None
+        # The pacing margin this replica needs, shared with each heartbeat, and where the
+        # live replicas' go (routing/pacing.py); None: not shared.
+        self._pacing: (
+            tuple[Callable[[], float | None], Callable[[Mapping[str, float]], None]] | None
+        ) = None
         # maxmemory-policy is read with the first heartbeat and after every reconnect.
         self._eviction: EvictionWatch | None = None
         self._eviction_check_due = True
@@ -351,10 +356,24 @@ class ResilientLimiter:
     async def heartbeat(self) -> None:
         """One heartbeat now (the background task calls this every interval)."""
         activity = self._own_activity()
-        count = await self._via_shared(
-            "heartbeat",
-            lambda: self._shared.heartbeat(self._replica_id, self._replica_ttl, activity),
-        )
+        pacing = self._pacing
+        if pacing is None:
+            count = await self._via_shared(
+                "heartbeat",
+                lambda: self._shared.heartbeat(self._replica_id, self._replica_ttl, activity),
+            )
+        else:
+            own, heard = pacing
+            margin = own()
+            beat = await self._via_shared(
+                "heartbeat",
+                lambda: self._shared.heartbeat_paced(
+                    self._replica_id, self._replica_ttl, activity, margin
+                ),
+            )
+            count = beat if isinstance(beat, _Skipped) else beat[0]
+            if not isinstance(beat, _Skipped):
+                heard(beat[1])
         if not isinstance(count, _Skipped):
             self._replicas = max(1, count)
             await self._pay_owed()
@@ -543,6 +562,11 @@ class ResilientLimiter:
 
     def publish(self, source: Callable[[], Activity]) -> None:
         self._activity = source
+
+    def share_pacing(
+        self, own: Callable[[], float | None], heard: Callable[[Mapping[str, float]], None]
+    ) -> None:
+        self._pacing = (own, heard)
 
     async def activity(self) -> list[Activity]:
         """The other live replicas' last heartbeat's, and this one's now; only this

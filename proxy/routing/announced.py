@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING
 
 from proxy.config import Deployment
 from proxy.limiter.base import MINUTE, DeploymentLimits, window_name
+from proxy.routing.pacing import pacing_headroom
 
 if TYPE_CHECKING:
     from proxy.catalog import DeploymentRoute, GroupRoute
+    from proxy.routing.pacing import Pacing
 
 __all__ = [
     "ANNOUNCED_FLOOR",
@@ -102,26 +104,54 @@ _NOTHING_SAID = (None, None, None, None)
 
 class Announced:
     """Deployments whose upstream announced lower per-minute limits than configured, and
-    until when (``ANNOUNCED_FOR`` after it last said so). ``share``: this process's part
-    of every budget; ``headroom``: how far below a limit windows of a minute pace."""
+    until when (``ANNOUNCED_FOR`` after it last said so); and every deployment's limits
+    paced with the margin in force (``pacing``: measured, it moves; the limits are built
+    again when it does, once per deployment). ``share``: this process's part of every
+    budget."""
 
-    def __init__(self, share: float, headroom: float, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        share: float,
+        pacing: Pacing,
+        clock: Callable[[], float],
+        repaced: Callable[[DeploymentRoute, float, float], DeploymentLimits],
+    ) -> None:
         self.share = share
-        self.headroom = headroom
+        self.repaced = repaced  # a deployment's limits for (share, margin): catalog's
+        self.pacing = pacing
         self.clock = clock
-        self._lowered: dict[str, tuple[DeploymentLimits, float]] = {}
+        # By deployment: what its upstream announced (the windows it lowers) and until when.
+        self._lowered: dict[str, tuple[dict[str, int], float]] = {}
         self._rules: dict[str, tuple[MinuteRule, ...]] = {}  # by deployment, built once
+        # By deployment: its limits paced with ``_margin`` (announcements included).
+        self._margin = pacing.margin()
+        self._paced: dict[str, DeploymentLimits] = {}
 
     def limits(self, deployment: DeploymentRoute) -> DeploymentLimits:
-        """The deployment's limits: configured, or paced as its upstream announces."""
+        """The deployment's limits: configured, or paced as its upstream announces; paced
+        with the margin in force."""
+        margin = self.pacing.margin()
+        if margin != self._margin:  # the margin moved: every deployment's limits too
+            self._margin = margin
+            self._paced.clear()
         announced = self._lowered.get(deployment.id)
+        if announced is not None and self.clock() >= announced[1]:
+            del self._lowered[deployment.id]  # not announced again: forgotten
+            self._paced.pop(deployment.id, None)
+            announced = None
+        paced = self._paced.get(deployment.id)
+        if paced is None:
+            paced = self._paced[deployment.id] = self._build(deployment, announced)
+        return paced
+
+    def _build(
+        self, deployment: DeploymentRoute, announced: tuple[dict[str, int], float] | None
+    ) -> DeploymentLimits:
+        margin = self._margin
+        limits = self.repaced(deployment, self.share, margin)
         if announced is None:
-            return deployment.limits
-        limits, until = announced
-        if self.clock() < until:
             return limits
-        del self._lowered[deployment.id]  # not announced again: forgotten
-        return deployment.limits
+        return announced_limits(limits, self.share, announced[0], pacing_headroom(margin))
 
     def announce(
         self,
@@ -141,14 +171,16 @@ class Announced:
             rules = self._rules[deployment.id] = minute_rules(deployment.config)
         lower = announced_lower(rules, said)
         if lower is None:
-            if said != _NOTHING_SAID:  # what it says now is no lower
-                self._lowered.pop(deployment.id, None)
+            if said != _NOTHING_SAID and self._lowered.pop(deployment.id, None) is not None:
+                self._paced.pop(deployment.id, None)  # what it says now is no lower
             return {}
         until = self.clock() + ANNOUNCED_FOR
-        limits = announced_limits(deployment.limits, self.share, lower, self.headroom)
         previous = self._lowered.get(deployment.id)
-        self._lowered[deployment.id] = (limits, until)
-        return {} if previous is not None and previous[0] == limits else lower
+        self._lowered[deployment.id] = (lower, until)
+        if previous is not None and previous[0] == lower:
+            return {}
+        self._paced.pop(deployment.id, None)
+        return lower
 
     def carry_over(
         self,

@@ -49,11 +49,13 @@ from proxy.limiter.base import (
     GroupAsk,
     Limiter,
     Outcome,
+    Sent,
 )
 from proxy.pricing import FREE, usd
 from proxy.routing.activity import Tally
 from proxy.routing.events import Attempt, Events, WaitCause
 from proxy.routing.lines import Line, Lines, Ticket, turn_spacing
+from proxy.routing.pacing import NETWORK_MARGIN, RESERVE
 from proxy.routing.prompt_caches import PromptCaches
 from proxy.routing.settlement import Settler, Turn
 from proxy.routing.strategies import RoutingState, first_asked, order_candidates
@@ -127,6 +129,7 @@ class _Reserving:
     line: Line | None = None
     queue_full: bool = False
     budget: float = 0.0  # what is left of the call's max_wait (0 with the queue full)
+    margin: float = 0.0  # the pacing margin in force when its last turn was reserved
 
 
 class Dispatcher:
@@ -161,7 +164,7 @@ class Dispatcher:
         # What each deployment's prompt cache is known to hold: prompt_caches.py
         self.prompt_caches = PromptCaches()
         # When granted turns fall on this clock, whatever the replies' delays: turn_clock.py
-        self.turn_clock = TurnClock(max_correction=self.routing.pacing_margin)
+        self.turn_clock = TurnClock(max_correction=catalog.pacing.margin())
         # What the strategies order by: requests in flight and a latency average.
         self.in_flight: dict[str, int] = {}
         self.latency: dict[str, float] = {}
@@ -305,7 +308,7 @@ class Dispatcher:
         deferred = verdict.deferred and verdict.retry_after <= r.budget
         if r.line is not None and not deferred:
             self._leave_line(r, r.line, verdict, ordered, cost)
-        turn, verdict = self._turn_of(r, verdict, ordered, lease, cost)
+        turn, verdict = self._turn_of(r, verdict, ordered, lease, cost, handled)
         queued = turn is not None and verdict.wait > 0
         if queued:
             self.waiting += 1  # counted at once: no await between check and count
@@ -316,7 +319,9 @@ class Dispatcher:
                 self.waiting -= 1
             raise
         if turn is not None:
-            return await self._sleep_until_turn(r, turn, verdict, handled) if queued else turn
+            if queued:
+                await self._sleep_until_turn(r, turn)
+            return None if self._taken_again(turn, r.margin) else turn
         await self._unserved(r, verdict, ordered, deferred)
         return None
 
@@ -345,14 +350,19 @@ class Dispatcher:
         ordered: list[DeploymentRoute],
         lease: str,
         cost: Cost,
+        handled: float,
     ) -> tuple[Turn | None, DeploymentVerdict]:
-        """The turn ``verdict`` reserved (None: none), and the verdict; a turn that would
-        wait while the queue filled up meanwhile is given back (refused as a full queue)."""
+        """The turn ``verdict`` reserved (None: none), due on this clock with the pacing
+        margin in force (``r.margin``), and the verdict; a turn that would wait while the
+        queue filled up meanwhile is given back (refused as a full queue)."""
         deployment = next((d for d in ordered if d.id == verdict.deployment_id), None)
-        if deployment is None or verdict.sent is None:
+        sent = verdict.sent
+        if deployment is None or sent is None:
             return None, verdict
-        self.settler.saw(deployment.id, verdict.sent.epoch)
-        turn = Turn(deployment, lease, verdict.probe, verdict.sent, cost)
+        self.settler.saw(deployment.id, sent.epoch)
+        r.margin = self.catalog.pacing.margin()
+        due = self._due(r.group.name, sent, verdict.wait, handled, r.margin)
+        turn = Turn(deployment, lease, verdict.probe, sent, cost=cost, moment=due)
         self.settler.probe_out(turn)
         if verdict.wait > 0 and self.waiting >= self.routing.max_queue:
             self.settler.give_back(turn, turn.cost)
@@ -366,23 +376,16 @@ class Dispatcher:
             gate, r.gate = r.gate, None
             await self._pass_gate(r.call, turn, gate)
 
-    async def _sleep_until_turn(
-        self, r: _Reserving, turn: Turn, verdict: DeploymentVerdict, handled: float
-    ) -> Turn | None:
-        """Sleep until the queued ``turn`` (counted waiting); None: it went stale meanwhile
-        (its deployment learned a slower rate: ask again)."""
-        assert verdict.sent is not None
-        sent = verdict.sent
-        clock = (r.group.name, *sent.clock)
-        due = handled + self.turn_clock.sleep(clock, sent.at, verdict.wait, handled)
-        left = due - time.monotonic()
+    async def _sleep_until_turn(self, r: _Reserving, turn: Turn) -> None:
+        """Sleep until the queued ``turn`` is due (it was counted waiting)."""
+        assert turn.moment is not None
+        left = turn.moment - time.monotonic()
         if left > 0.0:
             await self._wait(r.call, left, turn, "pacing", queued=True)
         else:
             # Its turn came while it was handled (a lease's, read late): it waits for
             # nothing, and is not counted as having waited.
             self.waiting -= 1
-        return None if self.settler.stale(turn) else turn
 
     async def _unserved(
         self,
@@ -468,6 +471,41 @@ class Dispatcher:
             if verdict is not None:
                 return verdict
         return await self.limiter.reserve(ask)
+
+    def _due(self, group: str, sent: Sent, wait: float, handled: float, margin: float) -> float:
+        """When a turn ``wait`` ahead, whose reply was ``handled``, is due on this clock:
+        one that can go now, at once; a reserved one at its moment on this clock
+        (turn_clock.py), but no sooner than ``margin`` before ``wait`` after the reply (a
+        limiter clock stepping back), nor before the reply was handled."""
+        if wait <= 0.0:
+            return handled
+        self.turn_clock.max_correction = margin
+        moment = self.turn_clock.moment((group, *sent.clock), sent.at, wait, handled)
+        return max(moment, handled + wait - margin, handled)
+
+    def _taken_again(self, turn: Turn, margin: float) -> bool:
+        """Whether ``turn`` is dropped for a new one: its deployment learned since it was
+        reserved (stale: taken again at the new pace), or it is too late to be sent."""
+        return self.settler.stale(turn) or self._too_late(turn, margin)
+
+    def _too_late(self, turn: Turn, margin: float) -> bool:
+        """Whether ``turn`` (reserved with the pacing ``margin`` in force) is now later
+        than the pacing covers (the margin every replica paces with: the least in force
+        here over the last seconds, ``Pacing.agreed``, and never less than the 1% kept for
+        the network, ``pacing.NETWORK_MARGIN``; less the ``RESERVE`` for what follows the
+        check: the write, the network): sent, it could make an upstream window
+        of a second see one turn too many, so it is not sent (its request asks for a new
+        one, within its max_wait) and its lateness widens the margin at once. A probe
+        always goes."""
+        if turn.moment is None or turn.probe:
+            return False
+        pacing = self.catalog.pacing
+        late = time.monotonic() - turn.moment
+        if late <= max(min(margin, pacing.agreed()), NETWORK_MARGIN) - RESERVE:
+            return False
+        pacing.dropped(late)
+        self.settler.spent(turn)
+        return True
 
     def _probe_answered(self, deployments: list[DeploymentRoute]) -> asyncio.Event | None:
         """The answer of a probe out from here on one of ``deployments`` (None: none)."""
@@ -655,6 +693,8 @@ class Dispatcher:
             self._stream_ended(call, turn, attempt, end, usage, events)
             await stream_done(200 if end != "abandoned" else 499)
 
+        if turn.moment is not None:  # how late it leaves: the pacing margin measures it
+            self.catalog.pacing.record(time.monotonic() - turn.moment)
         try:
             answer = await self.exchange.call(
                 call.shape,

@@ -51,6 +51,9 @@ class Turn:
     # What it was reserved for: the request's estimate as the deployment's provider
     # counts it (without the cache reads it expects, where those do not count).
     cost: Cost = NOTHING
+    # When it is due on this process's clock (time.monotonic: turn_clock.py), what the
+    # request is late from when it leaves (the pacing margin measures it); None: unknown.
+    moment: float | None = None
 
 
 class Settler:
@@ -164,6 +167,12 @@ class Settler:
             sent=turn.sent if _leased(turn) else None,
             probe=turn.probe,
         )
+
+    def spent(self, turn: Turn) -> None:
+        """A reserved turn not sent, kept spent (too late: the turns after it stand): only
+        what it holds is freed, least-busy's in-flight slot; nothing is given back."""
+        if self.least_busy:
+            self._send(turn.deployment, turn.slot, NEUTRAL)
 
     def report(self, deployment: DeploymentRoute, remaining: Remaining) -> None:
         """The upstream has less left than the windows may say: bring them down to it."""

@@ -43,6 +43,13 @@ class TurnClock:
         """Seconds from ``handled`` (this clock, when the reply was handled) until the
         turn ``at`` (the limiter's ``clock``) that was ``wait`` seconds ahead when the
         limiter decided."""
+        due = self.moment(clock, at, wait, handled) - handled
+        return max(due, wait - self.max_correction, 0.0)
+
+    def moment(self, clock: object, at: float, wait: float, handled: float) -> float:
+        """The turn ``at`` (the limiter's ``clock``, ``wait`` ahead when decided) on this
+        clock, as the quickest reply seen places it: when it is due, and what a request
+        sent for it is late from (it may already be past when handled)."""
         sample = handled - (at - wait)
         offset = self._offsets.get(clock)
         if offset is None:
@@ -50,5 +57,4 @@ class TurnClock:
         else:
             offset.value = min(sample, offset.value + DRIFT * max(handled - offset.seen, 0.0))
             offset.seen = handled
-        due = at + offset.value - handled
-        return max(due, wait - self.max_correction, 0.0)
+        return at + offset.value

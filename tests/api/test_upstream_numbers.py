@@ -22,7 +22,7 @@ from support.scripted_upstream import ScriptedUpstream
 from support.waiting import wait_until
 
 from proxy.catalog import pacing_headroom
-from proxy.config import RoutingConfig
+from proxy.routing.pacing import MAX_MARGIN
 
 KEY = "sk-numbers"
 OTHER_KEY = "sk-other"
@@ -291,8 +291,9 @@ def test_a_usage_no_request_could_have_used_is_charged_at_most_one_requests_wort
         await asyncio.to_thread(wait_until, lambda: not background._tasks, 5.0, "settled")
         view = await _admin_views_answer(client)
         [tpm] = view["models"][0]["deployments"][0]["windows"]
-        # A minute's allowance, refilled at the paced rate (routing.pacing_margin).
-        paced_minute = 60.0 / (1.0 - pacing_headroom(RoutingConfig().pacing_margin))
+        # A minute's allowance, refilled at the paced rate (routing.pacing_margin: auto,
+        # at most MAX_MARGIN).
+        paced_minute = 60.0 / (1.0 - pacing_headroom(MAX_MARGIN))
         assert tpm["name"] == "tpm" and tpm["full_in"]["in"] <= paced_minute + 1.0, tpm
         [key_tpm] = next(k for k in view["keys"] if k["name"] == "k")["windows"]
         assert key_tpm["name"] == "tpm" and key_tpm["full_in"]["in"] <= 61.0, key_tpm

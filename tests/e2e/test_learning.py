@@ -21,15 +21,16 @@ from support.proxy_server import ProxyProcess, start_together
 from support.redis_server import RedisServer, redis_available
 
 from proxy.catalog import pacing_headroom
-from proxy.config import RoutingConfig
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
+from proxy.routing.pacing import INITIAL_MARGIN, RESERVE
 
 pytestmark = pytest.mark.skipif(not redis_available(), reason="redis-server is not installed")
 
 TRUE_RATE = RATE  # the strict upstream's
 DURATION = 30.0
-# What the proxy paces a deployment stating its true limit to: less the pacing margin.
-PACED = 1.0 - pacing_headroom(RoutingConfig().pacing_margin)
+# What the proxy paces a deployment stating its true limit to: less the pacing margin
+# (auto: measured, starting at INITIAL_MARGIN and narrowing from there).
+PACED = 1.0 - pacing_headroom(INITIAL_MARGIN + RESERVE)
 
 
 def _config(redis_url: str, upstream: FakeUpstreamHandle, **deployment: Any) -> dict[str, Any]:

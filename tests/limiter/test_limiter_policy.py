@@ -346,6 +346,23 @@ async def test_heartbeat_task_and_leaving(disposable_redis: RedisServer) -> None
         await b.aclose()
 
 
+async def test_heartbeats_share_each_replicas_pacing_need(
+    make: Callable[[OnError, str], ResilientLimiter], disposable_redis: RedisServer
+) -> None:
+    """routing/pacing.py: each heartbeat carries this replica's need and hands back the
+    live replicas'; with the storage down, nothing is heard (the last heard stands)."""
+    a, b = make("local", "a"), make("local", "b")
+    heard: list[dict[str, float]] = []
+    a.share_pacing(lambda: 0.012, lambda needs: heard.append(dict(needs)))
+    b.share_pacing(lambda: 0.048, lambda needs: None)
+    await b.heartbeat()
+    await a.heartbeat()
+    assert heard[-1] == {"a": 0.012, "b": 0.048}
+    disposable_redis.kill()
+    await a.heartbeat()
+    assert len(heard) == 1
+
+
 async def test_mode_listener_errors_do_not_break_the_limiter(
     make: Callable[[OnError, str], ResilientLimiter], disposable_redis: RedisServer
 ) -> None:

@@ -14,6 +14,7 @@ import uvloop
 from support.journey import REQUEST, Journey, Upstream, config, deployment, ok
 
 from proxy.call import Call
+from proxy.limiter.base import Sent
 from proxy.routing.dispatcher import SHORT_WAIT, TICK, sleep_until
 from proxy.shapes.chat import CHAT
 
@@ -161,8 +162,10 @@ class _TurnAlreadyCome:
     """A turn clock on which every reserved turn has come by the time it is handled (as
     a lease's turns read late under load)."""
 
-    def sleep(self, clock: object, at: float, wait: float, handled: float) -> float:
-        return -0.001
+    max_correction = 0.05
+
+    def moment(self, clock: object, at: float, wait: float, handled: float) -> float:
+        return handled - 0.001
 
 
 async def test_a_turn_that_came_while_it_was_handled_is_sent_at_once_and_not_counted_a_wait() -> (
@@ -194,3 +197,37 @@ async def test_of_a_large_group_all_are_asked_when_none_of_the_first_can_take_it
     for _ in range(20):
         assert (await journey.send()).status == 200
     assert set(journey.upstream.sent[spent:]) == {"free.test"}
+
+
+async def test_a_turn_later_than_the_pacing_margin_is_not_sent_and_its_request_asks_again() -> None:
+    """A request whose loop stalled past its turn by more than the margin (here: its
+    turn placed 200 ms in the past) does not send it: sent, it could come too close to
+    the turns after it. Its request asks for a new turn and is served; the turn is
+    counted and its lateness measured (routing/pacing.py)."""
+    sends: list[float] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        sends.append(time.monotonic())
+        return ok()(request)
+
+    journey = Journey(config([deployment("a", rpm=600)], retries=0), Upstream({}))
+    dispatcher = journey.pipeline.dispatcher
+    dispatcher.exchange.transport = httpx.MockTransport(upstream)
+    pacing = journey.pipeline.catalog.pacing
+    due = dispatcher._due
+    stalled = [True]
+
+    def first_one_stalled(
+        group: str, sent: Sent, wait: float, handled: float, margin: float
+    ) -> float:
+        moment = due(group, sent, wait, handled, margin)
+        return moment - 0.2 if stalled and stalled.pop() else moment
+
+    dispatcher._due = first_one_stalled  # type: ignore[method-assign]
+    reply = await journey.send()
+
+    assert reply.status == 200
+    assert len(sends) == 1  # the late turn was not sent; the second one was
+    assert pacing.turns_dropped == 1
+    assert pacing.lateness.samples == 2  # both measured: the one dropped, the one sent
+    assert pacing.lateness.latest < 0.2

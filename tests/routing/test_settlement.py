@@ -66,7 +66,8 @@ TOKENS_CATALOG = Catalog(
                         {"id": "d", "base_url": "http://127.0.0.1:1/v1", "tpm": 100_000}
                     ],
                 }
-            ]
+            ],
+            "routing": {"pacing_margin": "50ms"},  # fixed: the rate checked below
         }
     )
 )

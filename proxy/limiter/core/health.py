@@ -26,7 +26,11 @@ the n-1 before it and takes the next at ``t + r``, so it allows about
 limit that our sends filled). The deployment is held until ``t + r``; the rate in force
 drops to ``MARGIN`` of that (never rising on a 429), as a *learned* window of one request
 at a time on top of the configured ones; ``epoch`` counts these events, so turns reserved
-before one are taken again at the new pace; a new period starts. While no 429 comes, the
+before one are taken again at the new pace; a new period starts. A 429 while a learned
+rate is in force lowers it by ``MARGIN`` at most: its period began with the previous
+lesson, when the upstream's window still held the turns sent before, so what it measures
+is too low (a 429 a tenth of a second into a period measured a few requests over the
+hold). While no 429 comes, the
 learned rate grows by ``GROWTH`` of itself per second, and is forgotten once it has
 doubled (the configured windows cap it anyway). Only the first 429 of a period teaches:
 the requests in flight with it answer for the same overload.
@@ -223,7 +227,8 @@ def on_rate_limited(h: Health, now: float, evidence: Evidence) -> Health:
     held = replace(h, hold_until=max(h.hold_until, now + hold))
     if evidence.epoch != h.epoch or h.sent == 0:
         return held  # the same overload as a 429 already learned from, or unknown
-    in_force = learned_rate(h, now) or evidence.pace
+    learned = learned_rate(h, now)
+    in_force = learned or evidence.pace
     admitted = float(min(evidence.sequence, h.sent) - 1)
     span = evidence.sent_at - h.sent_from + hold
     if admitted > 0 and span > 0:
@@ -232,6 +237,12 @@ def on_rate_limited(h: Health, now: float, evidence: Evidence) -> Health:
         rate = DECREASE * in_force
     else:
         return held  # nothing measured, nothing in force: nothing to learn
+    if learned > 0:
+        # A period that began with a lesson: the upstream's window still held the turns
+        # sent before it, so what this one measures is too low (wildly, when short). A
+        # lesson already paces below what the upstream admitted: this one lowers it by
+        # MARGIN at most.
+        rate = max(rate, MARGIN * learned)
     if in_force > 0:
         rate = min(rate, in_force)
     return replace(

@@ -16,6 +16,7 @@ hash-tagged so each script touches one cluster slot (``P`` is ``KEY_PREFIX``,
     {P:g:<group>}:d:<deployment id>:inflight          ...and requests in flight
     P:replicas                                        replica heartbeats (policy.py)
     {P:replicas}:activity                             what each replica reports doing
+    {P:replicas}:margins                              the pacing margin each replica needs
 
 ``<window>`` is the window's name (``rpm``, ``tpd``, ``tokens_30d``, ``rpm@gpt-4o``...),
 so a window's state outlives a change of its rate. A key in a team lives in its team's
@@ -426,6 +427,30 @@ class RedisLimiter:
         )
         return int(count)
 
+    async def heartbeat_paced(
+        self,
+        replica_id: str,
+        alive_for: float,
+        activity: Activity | None,
+        margin: float | None,
+    ) -> tuple[int, dict[str, float]]:
+        """A ``heartbeat`` that also shares the pacing margin this replica's turns need
+        (``margin``, seconds; None: none, a fixed one) and reads every live replica's
+        (by id, this one's included): ``routing/pacing.py``."""
+        report = "" if activity is None else orjson.dumps(activity).decode()
+        own = "" if margin is None else f"{margin:.6f}"
+        reply = await self.runner.run(
+            "heartbeat",
+            [self._replicas(), self._activity(), self._margins()],
+            [replica_id, str(round(alive_for * 1000)), report, own],
+        )
+        count, rest = int(reply[0]), reply[1:]
+        margins = {
+            r.decode() if isinstance(r, bytes) else str(r): float(m)
+            for r, m in zip(rest[::2], rest[1::2], strict=True)
+        }
+        return count, margins
+
     async def activity(self, alive_for: float) -> dict[str, Activity]:
         """What each replica seen within ``alive_for`` seconds last reported, by id."""
         reply = await self.runner.run(
@@ -557,6 +582,9 @@ class RedisLimiter:
     def _activity(self) -> str:
         # Hash-tagged with the replicas set's whole name: the same cluster slot.
         return f"{{{self._replicas()}}}:activity"
+
+    def _margins(self) -> str:
+        return f"{{{self._replicas()}}}:margins"  # the pacing margins: same slot
 
     def _now(self) -> str:
         return "" if self._clock is None else _num(self._clock())

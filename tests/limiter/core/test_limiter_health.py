@@ -4,6 +4,7 @@ sleeps."""
 
 import math
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from support.limits import RULE
@@ -109,6 +110,21 @@ def test_a_429_learns_the_rate_the_upstream_admitted() -> None:
     # The other 429s of that overload (their turns were of epoch 0) only hold.
     again = on_rate_limited(learned, 10.2, Evidence(0, 22, 10.5, pace=2.0, hold=10.0))
     assert again.learned == learned.learned and again.epoch == 1
+
+
+def test_a_429_while_a_learned_rate_is_in_force_lowers_it_by_margin_at_most() -> None:
+    """The lesson of a 429 a tenth of a second into the period the previous lesson began
+    (the upstream's window still full of the turns before it: a few turns measured over
+    the hold): the rate in force lowered by MARGIN, not to the few turns measured."""
+    first = on_rate_limited(_busy(41, 0.05), 2.0, Evidence(0, 41, 2.0, pace=20.0, hold=0.01))
+    assert first.learned == pytest.approx(MARGIN * 40 / 2.01)  # a period from idle: as measured
+    h = first
+    for i in range(3):
+        h = counted(h, 2.02 + i * 0.05)
+    second = on_rate_limited(h, 2.13, Evidence(1, 3, 2.12, pace=20.0, hold=0.05))
+    assert MARGIN * learned_rate(first, 2.13) > 2 / (0.1 + 0.05)  # what it measured: lower
+    assert second.learned == pytest.approx(MARGIN * learned_rate(first, 2.13))
+    assert second.epoch == 2
 
 
 def test_a_429_never_raises_the_rate_in_force() -> None:

@@ -32,7 +32,7 @@ from proxy.limiter.base import (
     Remaining,
     Sent,
 )
-from proxy.limiter.core.health import FORGET_AFTER, MARGIN
+from proxy.limiter.core.health import FORGET_AFTER, GROWTH, MARGIN
 from proxy.limiter.core.verdicts import IN_FLIGHT_MARGIN
 from proxy.limiter.memory import MemoryLimiter
 
@@ -136,6 +136,8 @@ def cooled(seconds: float) -> HealthChange:
 
 RECOVERED = HealthChange(recovered=True)
 LEARNED = HealthChange(cooled=True, cool_for=3.0, epoch=1)
+# The rate in force 2.2 s after that lesson's hold ended: MARGIN * 3 / 6, grown since.
+SECOND_RATE = MARGIN * 3 / 6 * (1 + GROWTH * 2.2)
 
 CASES: list[tuple[str, list[Step]]] = [
     (
@@ -258,6 +260,30 @@ CASES: list[tuple[str, list[Step]]] = [
             Reserve(3, "a", Go("a", 3.0), max_wait=10),
             Reserve(3, "a", Go("a", 3.0 + 2 / MARGIN), max_wait=10),
             Health(3, {"a": 3.0}),
+        ],
+    ),
+    (
+        "a 429 while a learned rate is in force lowers it by MARGIN at most",
+        [
+            Reserve(0, "a", Go("a")),
+            Reserve(0, "a", Go("a", 1.0), max_wait=10),
+            Reserve(0, "a", Go("a", 2.0), max_wait=10),
+            Reserve(0, "a", Go("a", 3.0), max_wait=10),
+            Settle(3, "a", cool(3, rate_limited=True), LEARNED, sent=Sent(0, 4, 3.0)),
+            # Learned MARGIN * 3 / 6 a second, held until 6: turns at 6 and 6 + 2 / MARGIN.
+            Reserve(3, "a", Go("a", 3.0), max_wait=10),
+            Reserve(3, "a", Go("a", 3.0 + 2 / MARGIN), max_wait=10),
+            # The second turn of that period got 429, retry in 1 s: measured, 1 turn over
+            # 2 / MARGIN + 1 s (far too low); it lowers the rate in force by MARGIN only.
+            Settle(
+                8.2,
+                "a",
+                cool(1, rate_limited=True),
+                HealthChange(cooled=True, cool_for=1.0, epoch=2),
+                sent=Sent(1, 2, 6 + 2 / MARGIN),
+            ),
+            Reserve(8.2, "a", Go("a", 1.0), max_wait=10),
+            Reserve(8.2, "a", Go("a", 1.0 + 1 / (MARGIN * SECOND_RATE)), max_wait=10),
         ],
     ),
     (

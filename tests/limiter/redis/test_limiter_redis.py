@@ -327,6 +327,24 @@ async def test_heartbeats_count_live_replicas(limiter: RedisLimiter) -> None:
     assert await limiter.heartbeat("replica-b", alive_for=3.0) == 1
 
 
+async def test_heartbeats_share_the_pacing_margin_each_live_replica_needs(
+    limiter: RedisLimiter,
+) -> None:
+    """routing/pacing.py: each heartbeat carries the replica's need and reads back every
+    live replica's; a replica that leaves, or goes silent, or shares none, is not read."""
+    assert await limiter.heartbeat_paced("a", 3.0, None, 0.0123) == (1, {"a": 0.0123})
+    count, margins = await limiter.heartbeat_paced("b", 3.0, None, 0.05)
+    assert (count, margins) == (2, {"a": 0.0123, "b": 0.05})
+    assert await limiter.heartbeat("c", alive_for=3.0) == 3  # a replica sharing none
+    assert (await limiter.heartbeat_paced("a", 3.0, None, None))[1] == {"b": 0.05}
+    await limiter.leave("b")
+    assert await limiter.heartbeat_paced("a", 3.0, None, 0.002) == (2, {"a": 0.002})
+    await limiter.heartbeat_paced("d", 0.05, None, 0.09)
+    async with asyncio.timeout(5.0):  # d silent past its window (Redis's clock): not read
+        while "d" in (await limiter.heartbeat_paced("a", 0.05, None, 0.002))[1]:
+            await asyncio.sleep(0.01)
+
+
 async def test_silent_replicas_stop_counting(limiter: RedisLimiter) -> None:
     await limiter.heartbeat("replica-a", alive_for=0.05)
     # Redis's own clock decides who is alive: ask until replica-a has gone silent long

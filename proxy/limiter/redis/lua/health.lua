@@ -194,7 +194,8 @@ local function on_rate_limited(h, now, ev)
   if ev.epoch ~= h.epoch or h.sent == 0 then
     return h
   end
-  local in_force = learned_rate(h, now)
+  local learned = learned_rate(h, now)
+  local in_force = learned
   if in_force == 0.0 then
     in_force = ev.pace
   end
@@ -207,6 +208,9 @@ local function on_rate_limited(h, now, ev)
     rate = DECREASE * in_force
   else
     return h
+  end
+  if learned > 0 then
+    rate = math.max(rate, MARGIN * learned)
   end
   if in_force > 0 then
     rate = math.min(rate, in_force)
