@@ -58,6 +58,7 @@ lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/pytest -q tests/test_code_quality.py -k complexity
 
 format: install-dev
 	$(BIN)/ruff format .

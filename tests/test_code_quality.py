@@ -29,3 +29,20 @@ def test_tool_passes(command: list[str]) -> None:
         timeout=300,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+# Functions that orchestrate stay small; nothing in the package is over this (radon's
+# cyclomatic complexity, which counts boolean operators as ruff's mccabe does not).
+MAX_COMPLEXITY = 15
+
+
+def test_no_function_of_the_package_is_over_the_complexity_ceiling() -> None:
+    from radon.complexity import cc_visit
+
+    over = [
+        f"{path.relative_to(ROOT)}:{block.lineno} {block.fullname} ({block.complexity})"
+        for path in sorted((ROOT / "proxy").rglob("*.py"))
+        for block in cc_visit(path.read_text())
+        if block.complexity > MAX_COMPLEXITY
+    ]
+    assert not over, "\n".join(over)

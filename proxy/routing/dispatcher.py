@@ -118,6 +118,21 @@ class GateClosed(Exception):
 
 
 @dataclass(slots=True)
+class _Trying:
+    """One call's tries across its group and fallbacks (``Dispatcher.run``): the attempts
+    left, the asks again after upstream 429s, the key's gate still to pass, and the
+    answer should no attempt succeed (the last upstream failure, else the first
+    refusal)."""
+
+    attempts_left: int
+    gate: Awaitable[object] | None
+    asks_after_429: int = ASKS_AFTER_429
+    after_429: bool = False  # asking again after an upstream 429
+    last_error: UpstreamError | None = None
+    refusal: ProxyError | None = None
+
+
+@dataclass(slots=True)
 class _Reserving:
     """One call's reservation as ``Dispatcher._reserve`` asks again and again: its place in
     its key's line (lines.py) once in it, the gate still to pass, and what the last ask
@@ -201,58 +216,96 @@ class Dispatcher:
         and its error is the answer. ``admit`` takes what a fallback group costs the key
         beyond ``group``'s before it is tried: refused, that fallback is not (the answer
         is the first failure, as when a fallback has no turn within max_wait)."""
-        last_error: UpstreamError | None = None
-        refusal: ProxyError | None = None
-        attempts_left = self.routing.retries + 1
-        asks_after_429 = ASKS_AFTER_429
-        after_429 = False  # asking again after an upstream 429
+        t = _Trying(self.routing.retries + 1, gate)
         # A stored response's follow-up has one deployment: its own (no retry elsewhere).
         groups = (group,) if call.pinned is not None else self._groups(group, call.allowed_models)
         for current in groups:
-            tried: set[str] = set()
-            while attempts_left > 0:
-                candidates = [
-                    d
-                    for d in current.deployments
-                    if d.id not in tried and (call.pinned is None or d.id == call.pinned)
-                ]
-                if call.shape.name not in current.common:  # some need it translated
-                    candidates = self.exchange.reachable(call, candidates)
-                if not candidates:
-                    break
-                try:
-                    if admit is not None and current is not group:
-                        await admit(current.name)
-                    turn = await self._reserve(call, current, candidates, gate)
-                    gate = None
-                except GateClosed as closed:
-                    raise closed.error from None
-                except (RateLimited, ServiceUnavailable) as refused:
-                    last_error = _refused(refused, last_error) if after_429 else last_error
-                    refusal = refusal or refused
-                    break
-                after_429 = False
-                attempts_left -= 1
-                try:
-                    return await self._attempt(call, turn, stream_done)
-                except Untranslated:  # its translation refused: not a candidate, no attempt
-                    attempts_left += 1
-                    tried.add(turn.deployment.id)
-                    continue
-                except Retryable as failure:
-                    last_error = failure.error
-                    call.trip.retries += 1
-                    if failure.learning is not None and asks_after_429 > 0:
-                        # Ask again once the limiter knows the hold: a turn within
-                        # max_wait is waited for (this deployment's or another's).
-                        asks_after_429 -= 1
-                        attempts_left += 1
-                        after_429 = True
-                        await asyncio.wait((failure.learning,))
-                        continue
-                    tried.add(turn.deployment.id)
+            served = await self._try_group(call, group, current, stream_done, admit, t)
+            if served is not None:
+                return served
         call.trip.retries = max(call.trip.retries - 1, 0)
-        raise _unanswered(call, last_error or refusal)
+        raise _unanswered(call, t.last_error or t.refusal)
+
+    async def _try_group(
+        self,
+        call: Call,
+        asked: GroupRoute,
+        current: GroupRoute,
+        stream_done: StreamDone,
+        admit: Admit | None,
+        t: _Trying,
+    ) -> Served | None:
+        """The first good answer of ``current``'s deployments (None: none gave one, or
+        none had a turn: on to the next group)."""
+        tried: set[str] = set()
+        while t.attempts_left > 0:
+            candidates = self._candidates(call, current, tried)
+            if not candidates:
+                return None
+            turn = await self._turn_in(call, asked, current, candidates, admit, t)
+            if turn is None:
+                return None
+            t.after_429 = False
+            t.attempts_left -= 1
+            try:
+                return await self._attempt(call, turn, stream_done)
+            except Untranslated:  # its translation refused: not a candidate, no attempt
+                t.attempts_left += 1
+                tried.add(turn.deployment.id)
+            except Retryable as failure:
+                if not await self._asks_again(call, failure, t):
+                    tried.add(turn.deployment.id)
+        return None
+
+    def _candidates(self, call: Call, group: GroupRoute, tried: set[str]) -> list[DeploymentRoute]:
+        """The deployments of ``group`` not tried yet that can serve ``call``: its own
+        (a stored response's follow-up), those speaking its API or translating to one."""
+        candidates = [
+            d
+            for d in group.deployments
+            if d.id not in tried and (call.pinned is None or d.id == call.pinned)
+        ]
+        if call.shape.name not in group.common:  # some need it translated
+            candidates = self.exchange.reachable(call, candidates)
+        return candidates
+
+    async def _turn_in(
+        self,
+        call: Call,
+        asked: GroupRoute,
+        current: GroupRoute,
+        candidates: list[DeploymentRoute],
+        admit: Admit | None,
+        t: _Trying,
+    ) -> Turn | None:
+        """A turn on one of ``candidates`` (a fallback's charge to the key taken first);
+        None: refused (kept as the answer should nothing else answer)."""
+        try:
+            if admit is not None and current is not asked:
+                await admit(current.name)
+            turn = await self._reserve(call, current, candidates, t.gate)
+        except GateClosed as closed:
+            raise closed.error from None
+        except (RateLimited, ServiceUnavailable) as refused:
+            t.last_error = _refused(refused, t.last_error) if t.after_429 else t.last_error
+            t.refusal = t.refusal or refused
+            return None
+        t.gate = None
+        return turn
+
+    async def _asks_again(self, call: Call, failure: Retryable, t: _Trying) -> bool:
+        """A failed attempt counted; True: it was an upstream 429, whose hold the limiter
+        is learning: ask again once it knows (a turn within max_wait is waited for, this
+        deployment's or another's)."""
+        t.last_error = failure.error
+        call.trip.retries += 1
+        if failure.learning is None or t.asks_after_429 <= 0:
+            return False
+        t.asks_after_429 -= 1
+        t.attempts_left += 1
+        t.after_429 = True
+        await asyncio.wait((failure.learning,))
+        return True
 
     def _groups(self, group: GroupRoute, allowed: list[str] | None) -> Iterable[GroupRoute]:
         """``group``, then its fallbacks that the key may use (``allowed``: its

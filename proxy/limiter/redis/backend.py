@@ -47,6 +47,7 @@ from proxy.limiter.base import (
     Activity,
     Claimant,
     DeploymentLimits,
+    DeploymentSettlement,
     DeploymentState,
     DeploymentVerdict,
     GroupAsk,
@@ -61,12 +62,13 @@ from proxy.limiter.base import (
 )
 from proxy.limiter.core.bucket import Admission, BucketState, Decision
 from proxy.limiter.core.fairness import Deferral
-from proxy.limiter.core.health import Health
+from proxy.limiter.core.health import Evidence, Health
 from proxy.limiter.core.quota import QuotaCheck, QuotaState, cost_of
 from proxy.limiter.core.selection import Selection
 from proxy.limiter.core.verdicts import (
     LEARNED,
     LEASE_TTL,
+    Floor,
     corrections,
     deployment_state,
     deployment_verdict,
@@ -270,6 +272,19 @@ class RedisLimiter:
             if left is None:
                 return NO_CHANGE
             s = left
+        keys, args, lowered = self._deployment_settlement(s)
+        # A cooldown must start at once; other settlements ride along with the next call.
+        urgent = s.outcome.kind == "failure" or bool(lowered) or s.private.hold > 0.0
+        cooled, recovered, left, epoch = await self.runner.run(
+            "settle_deployment", keys, args, urgent=urgent
+        )
+        return HealthChange(cooled == "1", recovered == "1", float(left), int(epoch))
+
+    def _deployment_settlement(
+        self, s: DeploymentSettlement
+    ) -> tuple[list[str], list[str], list[Floor]]:
+        """settle_deployment's keys and arguments for ``s``, and the floors it lowers
+        (an upstream running low: its settlement goes at once)."""
         d = s.deployment
         corrected = corrections(d.windows, s.cost)
         lowered = floors(d, s.remaining, s.rule.max_hold)
@@ -282,7 +297,6 @@ class RedisLimiter:
             *(self._deployment(s.group, d.id, f.window.name) for f in lowered),
             *(self._deployment(s.group, d.id, w.name) for w in pacing),
         ]
-        ev = evidence(d, s.sent)
         args = [
             self._now(),
             s.slot,
@@ -292,11 +306,7 @@ class RedisLimiter:
             str(s.rule.allowed_fails),
             _num(s.rule.window),
             _num(s.rule.time),
-            *(
-                ("", "", "", "")
-                if ev is None
-                else (str(ev.epoch), str(ev.sequence), _num(ev.sent_at), _num(ev.pace))
-            ),
+            *_evidence_args(evidence(d, s.sent)),
             str(len(corrected)),
             str(len(lowered)),
             _num(s.private.hold),
@@ -310,12 +320,7 @@ class RedisLimiter:
             args += [_num(rate.interval), _num(rate.capacity), _num(f.available), wait]
         for w in pacing:
             args += [_num(w.rate.interval), _num(w.rate.capacity)]
-        # A cooldown must start at once; other settlements ride along with the next call.
-        urgent = s.outcome.kind == "failure" or bool(lowered) or s.private.hold > 0.0
-        cooled, recovered, left, epoch = await self.runner.run(
-            "settle_deployment", keys, args, urgent=urgent
-        )
-        return HealthChange(cooled == "1", recovered == "1", float(left), int(epoch))
+        return keys, args, lowered
 
     @property
     def batching(self) -> bool:
@@ -768,6 +773,13 @@ def _budget_args(limits: KeyLimits, ask: KeyAsk) -> list[str]:
         base, per = cost_of(q, clamp.base), cost_of(q, clamp.per)
         args += [q.period, _num(q.limit), _num(base), _num(per), "1" if q.clamp else "0"]
     return [*args, str(clamp.most), str(clamp.least)]
+
+
+def _evidence_args(ev: Evidence | None) -> tuple[str, str, str, str]:
+    """What a settled turn was sent with, as settle_deployment reads it ('': nothing)."""
+    if ev is None:
+        return ("", "", "", "")
+    return (str(ev.epoch), str(ev.sequence), _num(ev.sent_at), _num(ev.pace))
 
 
 def _num(x: float) -> str:
