@@ -48,8 +48,12 @@ admin-screenshots: install-dev
 # starts its own redis-server; TEST_WORKERS=0 runs them one by one.
 TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 
+# The yardstick's scenarios (marked serial: 0 upstream 429s, >= 98% of a limit on a
+# healthy host) run alone after the rest: beside the parallel suite the host is not
+# healthy (the strict upstream's own process is descheduled and reads a burst at once).
 test: install-dev
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not serial"
+	$(BIN)/pytest -q -m serial
 
 test-fast: install-dev
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not slow"
