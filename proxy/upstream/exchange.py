@@ -345,19 +345,9 @@ def _stream_body(
 ) -> StreamBody:
     """A streamed answer passed on: its usage read in the upstream's API, translated to
     the client's (``shape``'s) when its request was."""
-    if translated is None:
-        tap = UsageTap(shape.stream_usage(), strip_usage_event=strip_usage)
-        return StreamBody(
-            response,
-            tap,
-            StreamRedactor(secret),
-            on_first_chunk,
-            on_close,
-            shape.stream_error,
-            decoder,
-        )
-    link = translated.link
-    tap = UsageTap(link.upstream.stream_usage(), strip_usage_event=strip_usage)
+    link = None if translated is None else translated.link
+    spoken = shape if link is None else link.upstream  # the API the upstream streams in
+    tap = UsageTap(spoken.stream_usage(), strip_usage_event=strip_usage)
     return StreamBody(
         response,
         tap,
@@ -366,8 +356,12 @@ def _stream_body(
         on_close,
         shape.stream_error,
         decoder,
-        translation=link.stream(translated.client_body, int(time.time())),
-        ends=shape.stream_usage().ends,
+        translation=(
+            None
+            if translated is None
+            else translated.link.stream(translated.client_body, int(time.time()))
+        ),
+        ends=None if link is None else shape.stream_usage().ends,
     )
 
 
