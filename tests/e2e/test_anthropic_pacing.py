@@ -3,7 +3,7 @@ a real Redis in front of a fake Anthropic upstream that enforces a strict slidin
 input tokens (its ITPM); the deployment states the same limit. Demand is twice it: the
 upstream must reject nothing and at least 90% of its limit must be used.
 
-The figure each run measures is printed (``-s`` shows it); docs/limiter.md records it.
+The figure each run measures is printed (``-s`` shows it); docs/benchmarks.md records it.
 The assertions are the issue's targets, not timings."""
 
 from __future__ import annotations

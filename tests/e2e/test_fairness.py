@@ -4,7 +4,7 @@ second (100 per 10 s sliding window). Issue 13's acceptance criteria.
 
 These assert waits measured by the proxy (``x-llm-proxy-queue-ms``): they are the issue's
 acceptance criteria, so the runs are short (15 s), bounded in time and count, and print
-their figures (docs/limiter.md records them)."""
+their figures (docs/benchmarks.md, "Limiter accuracy", records them)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 paced as upstreams enforce them, cooldowns waited out. Two proxy replicas share a real
 Redis in front of a strict fake upstream; load is open-loop, bounded in time.
 
-The figures each run measures are printed (``-s`` shows them); docs/limiter.md records
-them. The assertions are the issue's targets, not timings."""
+The figures each run measures are printed (``-s`` shows them); docs/benchmarks.md ("Limiter
+accuracy") records them. The assertions are the issue's targets, not timings."""
 
 from __future__ import annotations
 

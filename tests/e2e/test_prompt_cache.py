@@ -13,7 +13,7 @@ must be used to at least 95%, counted in the tokens it admitted (not timed).
 
 Once with one proxy process, once with two replicas sharing a real Redis (each replica
 learns the cache from its own answers). The figure each run measures is printed (``-s``
-shows it); docs/limiter.md records it."""
+shows it); docs/benchmarks.md ("Limiter accuracy") records it."""
 
 from __future__ import annotations
 
@@ -122,8 +122,8 @@ def test_a_prompt_cached_workload_uses_anthropics_input_window(
                     ],
                 }
             ],
-            # Replicas on a quiet loop: a margin of 10 ms for late turns (the default,
-            # 50 ms, paces any limit at 94.3%: docs/limiter.md, "Late turns").
+            # Replicas on a quiet loop: a fixed margin of 10 ms for late turns (50 ms, where
+            # `auto` starts, paces any limit at 95.2%: docs/limiter.md, "Late turns").
             "routing": {"max_wait": "10s", "retries": 0, "pacing_margin": "10ms"},
         }
         if replicas > 1:

@@ -65,7 +65,7 @@ def _replicas_on_new_primary(group: SentinelGroup) -> int:
 
 
 class _Failover(threading.Thread):
-    """Measures (for docs/limiter.md; asserted nowhere: timings flake on this machine)
+    """Measures (for docs/benchmarks.md; asserted nowhere: timings flake on this machine)
     how long after the primary's kill the sentinels named a new primary, and when every
     replica, having fallen back, limited in shared mode again."""
 
