@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 
-from proxy import budgets, key_charges
+from proxy import budgets, key_charges, limit_kinds
 from proxy.affinity import Affinity, affinity_for
 from proxy.auth import KeyStore, RuntimeLookup, open_when_empty
 from proxy.background import Background
@@ -42,6 +42,7 @@ from proxy.follow_ups import FollowUps, StoredRoute
 from proxy.json_keys import duplicate
 from proxy.json_splice import set_fields
 from proxy.key_charges import FallbackCharge
+from proxy.limit_kinds import Priced
 from proxy.limiter.base import (
     Activity,
     Claimant,
@@ -339,7 +340,8 @@ class Pipeline:
         shape.check(call.body)
         if route is None:  # a stored response's route: its query said (follow_ups)
             call.stream = call.body.get("stream") is True
-        call.cost = shape.estimate(call.body, self.settings.server.default_max_tokens)
+        estimate = shape.estimate(call.body, self.settings.server.default_max_tokens)
+        call.cost = limit_kinds.price(estimate, Priced(shape.name, call.body, call.stream))
         call.estimate = int(call.cost[TOKENS])
         call.prefixes = shape.cache_prefixes(call.body, call.raw)
         if shape.stores_responses:
