@@ -9,18 +9,21 @@ a count of requests *made*). One registration makes it a limit:
 
     register(LimitKind("streams", lambda r: 1.0 if r.stream else 0.0, held=True))
 
-and ``{streams: 2, per: 1d}`` is then a window a key or a team may carry (config.py reads
-the registry; its window is ``streams_1d``, its 429 ``key_streams_1d`` or
-``team_streams_1d``). The limiter's backends, Lua scripts, leases and policy charge a
-window ``cost.get(kind, 0)`` and need nothing more. A held kind limits keys and teams
-only (a deployment's charge is kept until its window refills: config refuses it there),
-and its window still refills at ``amount`` per ``per``: a slot a lost settlement never
-gave back (a replica killed mid-stream) returns within ``per / amount``, which is also
-the ``retry-after`` of its 429 (the latest a slot frees, not when a request ends).
+in a module of ``proxy/kinds/`` (each is imported with this one), and ``{streams: 2,
+per: 1d}`` is then a window a key or a team may carry (config.py reads the registry; its
+window is ``streams_1d``, its 429 ``key_streams_1d`` or ``team_streams_1d``). The
+limiter's backends, Lua scripts, leases and policy charge a window ``cost.get(kind, 0)``
+and need nothing more. A held kind limits keys and teams only (a deployment's charge is
+kept until its window refills: config refuses it there), and its window still refills
+at ``amount`` per ``per``: a slot a lost settlement never gave back (a replica killed
+mid-stream) returns within ``per / amount``, which is also the ``retry-after`` of its
+429 (the latest a slot frees, not when a request ends).
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -93,3 +96,14 @@ def settled(estimate: Cost, used: Cost | None) -> Cost | None:
         return used
     kept = {n: a for n, a in estimate.items() if n in KINDS and not KINDS[n].held}
     return {**used, **kept} if kept else used
+
+
+def _load_kinds() -> None:
+    """Every module of ``proxy/kinds/``, each registering its kind."""
+    from proxy import kinds
+
+    for module in pkgutil.iter_modules(kinds.__path__):
+        importlib.import_module(f"proxy.kinds.{module.name}")
+
+
+_load_kinds()

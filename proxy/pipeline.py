@@ -31,12 +31,12 @@ from proxy.call import Call, ClientLeft, Reply, Settlement, WatchDeparture
 from proxy.catalog import Catalog, GroupRoute, TeamLookup
 from proxy.config import ClientKey, Settings
 from proxy.costs import TOKENS, USD, TokenUsage
+from proxy.error_table import contract_error
 from proxy.errors import (
     InvalidRequest,
     ModelNotFound,
     ProxyError,
     RateLimited,
-    ServiceUnavailable,
 )
 from proxy.follow_ups import FollowUps, StoredRoute
 from proxy.json_keys import duplicate
@@ -53,8 +53,6 @@ from proxy.limiter.base import (
     KeySettlement,
     KeyVerdict,
     Limiter,
-    LimiterUnavailable,
-    StorageError,
     describe,
 )
 from proxy.limiter.core import edge
@@ -210,7 +208,7 @@ class Pipeline:
         try:
             reply = await self._serve(call, raw, key, route, handled)
         except Exception as exc:
-            reply = self._error_reply(call, _contract_error(call, exc))
+            reply = self._error_reply(call, contract_error(exc, call.request_id))
         finally:
             if reply is None or reply.stream is None:
                 # A buffered answer (or none: cancelled) is done once on its way: one
@@ -649,22 +647,6 @@ class _Handled:
 
     settlement: Settlement | None = None
     served: Served | None = None
-
-
-def _contract_error(call: Call, exc: Exception) -> ProxyError:
-    """The contract's error for what serving ``call`` raised: a ProxyError as it is, the
-    shared limiter's failure as 503 ``limiter_unavailable``, anything else (a bug) as
-    500, logged."""
-    if isinstance(exc, ProxyError):
-        return exc
-    if isinstance(exc, (LimiterUnavailable, StorageError)):
-        return ServiceUnavailable(
-            "The shared rate limiter is unavailable; retry shortly.",
-            code="limiter_unavailable",
-            retry_after=1.0,
-        )
-    logger.error("unexpected error", exc_info=exc, extra={"request_id": call.request_id})
-    return ProxyError("Internal proxy error.")
 
 
 def _granted(key_check: asyncio.Future[KeyVerdict] | None) -> KeyVerdict | None:
