@@ -65,7 +65,13 @@ class Owner:
 
 
 class AffinityUnavailable(Exception):
-    """The shared store cannot be asked, and this process does not know the id."""
+    """The shared store cannot be asked, and this process does not know the id
+    (``response_id``, asked for as ``param``: what the client's 503 names)."""
+
+    def __init__(self, response_id: str = "", param: str | None = None) -> None:
+        super().__init__(response_id)
+        self.response_id = response_id
+        self.param = param
 
 
 class Affinity(Protocol):

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Call",
+    "ClientGone",
     "ClientLeft",
     "Reply",
     "Settlement",
@@ -33,6 +34,11 @@ __all__ = [
     "Trip",
     "WatchDeparture",
 ]
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request body arrived (nobody to answer)."""
+
 
 # Returns once the client has gone away (its connection closed).
 ClientLeft = Callable[[], Coroutine[Any, Any, None]]

@@ -28,13 +28,15 @@ from pydantic import (
     Field,
     PrivateAttr,
     SecretStr,
+    SerializerFunctionWrapHandler,
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
-from proxy import model_names, yaml_load
+from proxy import limit_kinds, model_names, yaml_load
 from proxy.config_keys import ConfigKeys, KeysBuilder, plain_digest
 from proxy.upstream.redact import redaction_warning
 
@@ -215,9 +217,11 @@ class RedisConfig(_Strict):
         return value
 
 
-# The kinds a rate window may count (proxy/costs.py; usd is for budgets, not windows).
+# The kinds a rate window may count (proxy/costs.py; usd is for budgets, not windows), and
+# any kind registered beside them (proxy/limit_kinds.py).
 LimitKind = Literal["requests", "tokens", "input_tokens", "output_tokens"]
 _LIMIT_KINDS: tuple[LimitKind, ...] = get_args(LimitKind)
+_REGISTERED = "registered_kind"  # where a registered kind's (name, amount) is kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +229,7 @@ class LimitRule:
     """One configured window: at most ``amount`` ``kind`` per ``per`` seconds; with
     ``models``, counting only the requests of those model groups (empty: every one)."""
 
-    kind: LimitKind
+    kind: str  # a LimitKind, or a registered kind's name
     amount: int
     per: float
     models: tuple[str, ...] = ()
@@ -233,7 +237,8 @@ class LimitRule:
 
 class LimitSpec(_Strict):
     """The general form of a limit: ``{requests: N, per: 1d}``, ``{tokens: N, per: 30d}``,
-    ``{input_tokens: N, per: 1m}``, ``{output_tokens: N, per: 1m}``: one kind each."""
+    ``{input_tokens: N, per: 1m}``, ``{output_tokens: N, per: 1m}``, or a registered
+    kind's (``limit_kinds.KINDS``): one kind each."""
 
     requests: PositiveInt | None = None
     tokens: PositiveInt | None = None
@@ -243,17 +248,44 @@ class LimitSpec(_Strict):
     # Counts and limits only these model groups' requests (a filter, not a new window
     # kind: docs/limiter.md); unset, every request of its owner.
     models: list[str] | None = Field(default=None, min_length=1)
+    registered_kind: tuple[str, PositiveInt] | None = None  # written by _registered only
+
+    @model_validator(mode="before")
+    @classmethod
+    def _registered(cls, data: Any) -> Any:
+        """A registered kind's field (``streams: 2``) kept as ``registered_kind``."""
+        if not isinstance(data, dict):
+            return data
+        if _REGISTERED in data:
+            raise ValueError(f"unknown field '{_REGISTERED}'")
+        given = [name for name in data if name in limit_kinds.KINDS]
+        if not given:
+            return data
+        rest = {k: v for k, v in data.items() if k not in given}
+        return {**rest, _REGISTERED: (given[0], data[given[0]])} if len(given) == 1 else data
 
     @model_validator(mode="after")
     def _one_kind(self) -> LimitSpec:
         given = [kind for kind in _LIMIT_KINDS if getattr(self, kind) is not None]
-        if len(given) != 1:
-            *others, last = (f"'{kind}'" for kind in _LIMIT_KINDS)
+        if len(given) + (self.registered_kind is not None) != 1:
+            *others, last = (f"'{kind}'" for kind in (*_LIMIT_KINDS, *limit_kinds.KINDS))
             raise ValueError(f"give exactly one of {', '.join(others)} or {last} (with 'per')")
         return self
 
+    @model_serializer(mode="wrap")
+    def _as_written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """As the config writes it: a registered kind under its own name."""
+        out: dict[str, Any] = handler(self)
+        registered = out.pop(_REGISTERED, None)
+        if registered is not None:
+            name, amount = registered
+            out = {name: amount, **out}
+        return out
+
     def rule(self) -> LimitRule:
         models = tuple(sorted(set(self.models or ())))
+        if self.registered_kind is not None:
+            return LimitRule(*self.registered_kind, self.per, models)
         for kind in _LIMIT_KINDS:
             amount = getattr(self, kind)
             if amount is not None:
@@ -529,6 +561,12 @@ class Deployment(_Limited):
             raise ValueError(
                 "'models' filters a key's or a team's window; a deployment serves one model"
             )
+        for spec in value:  # its charge would be kept, never given back (limit_kinds.py)
+            if spec.registered_kind is not None and limit_kinds.held(spec.registered_kind[0]):
+                raise ValueError(
+                    f"'{spec.registered_kind[0]}' counts requests in flight: it limits keys"
+                    " and teams only"
+                )
         return value
 
     @field_validator(*_AZURE_FIELDS)

@@ -4,7 +4,8 @@
     ├── InvalidRequest                 400   invalid_request_error   (bad JSON, bad fields)
     │   ├── UnsupportedMediaType       415   invalid_request_error
     │   ├── RequestTimeout             408   invalid_request_error   (body too slow)
-    │   └── BodyTooLarge               413   invalid_request_error
+    │   ├── BodyTooLarge               413   invalid_request_error
+    │   └── HeadersTooLarge            431   invalid_request_error
     ├── AuthenticationFailed           401   authentication_error
     ├── ModelNotAllowed                403   permission_error
     ├── ModelNotFound                  404   invalid_request_error
@@ -19,6 +20,31 @@ Every error renders as OpenAI's ``{"error": {"message", "type", "param", "code"}
 ``RateLimited`` adds ``retry-after`` (whole seconds, rounded up) and ``retry-after-ms``.
 Messages never carry secrets: they are written here or by the code raising them, never
 copied from an upstream.
+
+What a stage raises that is not a ``ProxyError`` is answered through one table,
+``proxy/error_table.py`` (``contract_error``: the first row whose type it is decides;
+"=": its ``.error``'s, mapped; a row without retry-after says what becomes of it where
+it is raised, never answered as it is):
+
+    raised              by         status  type      code                 retry-after, or
+    ProxyError          any        its own its own   its own              its own
+    LimiterUnavailable  limiter    503     api_error limiter_unavailable  1 s
+    StorageError        limiter    503     api_error limiter_unavailable  1 s
+    AffinityUnavailable affinity   503     api_error affinity_unavailable 1 s
+    GateClosed          dispatcher =       =         =                    its .error's
+    Retryable           dispatcher =       =         =                    its .error's
+    TransportFailure    upstream   502|504 api_error see (a)              its .error's
+    UnusableAnswer      upstream   502     api_error upstream_error       its .error's
+    AnswerTooLarge      upstream   502     api_error upstream_error       as UnusableAnswer
+    Undecodable         upstream   502     api_error upstream_error       as UnusableAnswer
+    Untranslatable      translate  502     api_error upstream_error       as UnusableAnswer
+    Untranslated        exchange   -                                      next deployment
+    NoCount             shapes     -                                      estimate charged
+    ClientGone          forwarding -                                      no answer
+    Exception           any        500     api_error internal_error       logged (a bug)
+
+(a) upstream/errors.py, by what broke: 504 ``upstream_timeout``, 502
+``upstream_invalid_response`` (a broken answer), 502 ``upstream_connection_error``.
 """
 
 from __future__ import annotations

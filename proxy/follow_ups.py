@@ -25,7 +25,7 @@ from proxy.affinity import MAX_ID, MAX_TOKENS, Affinity, AffinityUnavailable, Ow
 from proxy.call import Call, Reply, StreamSource
 from proxy.catalog import Catalog, DeploymentRoute, GroupRoute
 from proxy.costs import INPUT_TOKENS, TOKENS
-from proxy.errors import InvalidRequest, ProxyError, ServiceUnavailable
+from proxy.errors import InvalidRequest, ProxyError
 from proxy.shapes.responses import RESPONSES, FirstEvent, created_id, final_usage
 from proxy.values import value
 
@@ -146,14 +146,8 @@ class FollowUps:
         be told)."""
         try:
             owner = None if len(response_id) > MAX_ID else await self.affinity.owner(response_id)
-        except AffinityUnavailable:
-            raise ServiceUnavailable(
-                "The store of where responses live (Redis) is unavailable and this replica"
-                f" did not see '{response_id[:MAX_ID]}' created; retry shortly.",
-                code="affinity_unavailable",
-                param=param,
-                retry_after=1.0,
-            ) from None
+        except AffinityUnavailable:  # its 503: error_table.py
+            raise AffinityUnavailable(response_id[:MAX_ID], param) from None
         if owner is None or owner.key != key:
             raise _not_found(response_id, param)
         return owner

@@ -24,7 +24,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-from proxy import budgets
+from proxy import budgets, limit_kinds
 from proxy.call import Call
 from proxy.costs import Cost
 from proxy.limiter.base import KeyLimits, KeySettlement, KeyVerdict
@@ -56,7 +56,8 @@ def settlement(
     (``reserved``, if not ``call.reserved``: a fallback's own) corrected to its real
     cost at the price of the deployment that answered (``prices``: by deployment id;
     unpriced: free)."""
-    correction = settled_cost(call.cost, None if failed else call.trip.charged, limits.all_windows)
+    used = None if failed else limit_kinds.settled(call.cost, call.trip.charged)
+    correction = settled_cost(call.cost, used, limits.all_windows)
     if not call.reserved:
         return KeySettlement(limits, slot, correction)
     if reserved is None:

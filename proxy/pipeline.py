@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 
-from proxy import budgets, key_charges
+from proxy import budgets, key_charges, limit_kinds
 from proxy.affinity import Affinity, affinity_for
 from proxy.auth import KeyStore, RuntimeLookup, open_when_empty
 from proxy.background import Background
@@ -31,17 +31,18 @@ from proxy.call import Call, ClientLeft, Reply, Settlement, WatchDeparture
 from proxy.catalog import Catalog, GroupRoute, TeamLookup
 from proxy.config import ClientKey, Settings
 from proxy.costs import TOKENS, USD, TokenUsage
+from proxy.error_table import contract_error
 from proxy.errors import (
     InvalidRequest,
     ModelNotFound,
     ProxyError,
     RateLimited,
-    ServiceUnavailable,
 )
 from proxy.follow_ups import FollowUps, StoredRoute
 from proxy.json_keys import duplicate
 from proxy.json_splice import set_fields
 from proxy.key_charges import FallbackCharge
+from proxy.limit_kinds import Priced
 from proxy.limiter.base import (
     Activity,
     Claimant,
@@ -52,8 +53,6 @@ from proxy.limiter.base import (
     KeySettlement,
     KeyVerdict,
     Limiter,
-    LimiterUnavailable,
-    StorageError,
     describe,
 )
 from proxy.limiter.core import edge
@@ -209,7 +208,7 @@ class Pipeline:
         try:
             reply = await self._serve(call, raw, key, route, handled)
         except Exception as exc:
-            reply = self._error_reply(call, _contract_error(call, exc))
+            reply = self._error_reply(call, contract_error(exc, call.request_id))
         finally:
             if reply is None or reply.stream is None:
                 # A buffered answer (or none: cancelled) is done once on its way: one
@@ -339,7 +338,8 @@ class Pipeline:
         shape.check(call.body)
         if route is None:  # a stored response's route: its query said (follow_ups)
             call.stream = call.body.get("stream") is True
-        call.cost = shape.estimate(call.body, self.settings.server.default_max_tokens)
+        estimate = shape.estimate(call.body, self.settings.server.default_max_tokens)
+        call.cost = limit_kinds.price(estimate, Priced(shape.name, call.body, call.stream))
         call.estimate = int(call.cost[TOKENS])
         call.prefixes = shape.cache_prefixes(call.body, call.raw)
         if shape.stores_responses:
@@ -647,22 +647,6 @@ class _Handled:
 
     settlement: Settlement | None = None
     served: Served | None = None
-
-
-def _contract_error(call: Call, exc: Exception) -> ProxyError:
-    """The contract's error for what serving ``call`` raised: a ProxyError as it is, the
-    shared limiter's failure as 503 ``limiter_unavailable``, anything else (a bug) as
-    500, logged."""
-    if isinstance(exc, ProxyError):
-        return exc
-    if isinstance(exc, (LimiterUnavailable, StorageError)):
-        return ServiceUnavailable(
-            "The shared rate limiter is unavailable; retry shortly.",
-            code="limiter_unavailable",
-            retry_after=1.0,
-        )
-    logger.error("unexpected error", exc_info=exc, extra={"request_id": call.request_id})
-    return ProxyError("Internal proxy error.")
 
 
 def _granted(key_check: asyncio.Future[KeyVerdict] | None) -> KeyVerdict | None:

@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.api import CLOSE_DELIMITED
 from proxy.api.responses import error_response
-from proxy.call import Reply, StreamSource, WatchDeparture
+from proxy.call import ClientGone, Reply, StreamSource, WatchDeparture
 from proxy.errors import (
     BodyTooLarge,
     HeadersTooLarge,
@@ -44,10 +44,6 @@ from proxy.request_ids import HEADER, new_request_id
 from proxy.shapes.base import Shape
 
 __all__ = ["ForwardingEndpoint", "HotPathRouter", "Whole", "whole_for"]
-
-
-class ClientGone(Exception):
-    """The client disconnected before its request body arrived."""
 
 
 class ForwardingEndpoint:

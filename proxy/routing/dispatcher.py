@@ -284,8 +284,6 @@ class Dispatcher:
             if admit is not None and current is not asked:
                 await admit(current.name)
             turn = await self._reserve(call, current, candidates, t.gate)
-        except GateClosed as closed:
-            raise closed.error from None
         except (RateLimited, ServiceUnavailable) as refused:
             t.last_error = _refused(refused, t.last_error) if t.after_429 else t.last_error
             t.refusal = t.refusal or refused
