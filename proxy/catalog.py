@@ -45,6 +45,7 @@ from proxy.limiter.core.quota import quota_name
 from proxy.model_names import ModelNames, is_pattern
 from proxy.pricing import FREE, Price, dearest
 from proxy.providers import Provider, provider_of
+from proxy.providers.base import Wire
 from proxy.routing.announced import Announced
 from proxy.routing.pacing import Pacing, pacing_headroom
 from proxy.translate import reachable
@@ -153,6 +154,9 @@ class DeploymentRoute:
     # Responses API: the Azure deployment): ``model_for``.
     body_models: dict[str, str] = dataclasses.field(default_factory=dict)
     margin: float = 0.0  # the pacing margin ``limits`` are paced with
+    # How its requests differ on the wire (the model in the URL, a signature, a stream
+    # framed otherwise): ``Provider.wire``, made once; None: the common case.
+    wire: Wire | None = None
 
     @property
     def weight(self) -> float:
@@ -403,6 +407,7 @@ def _group(group: ModelGroup, share: float, pacing_margin: float) -> GroupRoute:
             id=d.id,
             price=price(d.price or group.price),
             body_models=body_models(d),
+            wire=provider_of(d.provider).wire(d),
         )
         for d in group.deployments
     )

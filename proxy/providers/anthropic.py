@@ -14,6 +14,7 @@ from proxy.upstream.ratelimits import UpstreamBudget, anthropic_budget
 
 if TYPE_CHECKING:
     from proxy.config import Deployment
+    from proxy.providers.base import Wire
 
 __all__ = ["ANTHROPIC", "ANTHROPIC_COUNTING", "ANTHROPIC_SHAPES", "DEFAULT_VERSION"]
 
@@ -53,6 +54,9 @@ class Anthropic:
     def credential(self, deployment: Deployment) -> tuple[str, str] | None:
         key = deployment.api_key.get_secret_value()
         return ("x-api-key", key) if key else None
+
+    def wire(self, deployment: Deployment) -> Wire | None:
+        return None  # its shapes' JSON, POSTed to ``url`` with ``credential``
 
     def budget(self, headers: Mapping[str, str], now: float) -> UpstreamBudget:
         return anthropic_budget(headers, now)

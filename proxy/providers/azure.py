@@ -16,6 +16,7 @@ from proxy.upstream.ratelimits import UpstreamBudget, parse_budget
 
 if TYPE_CHECKING:
     from proxy.config import Deployment
+    from proxy.providers.base import Wire
 
 __all__ = ["AZURE", "AZURE_COUNTING"]
 
@@ -62,6 +63,9 @@ class AzureOpenAI:
     def credential(self, deployment: Deployment) -> tuple[str, str] | None:
         key = deployment.api_key.get_secret_value()
         return ("api-key", key) if key else None
+
+    def wire(self, deployment: Deployment) -> Wire | None:
+        return None  # its shapes' JSON, POSTed to ``url`` with ``credential``
 
     def budget(self, headers: Mapping[str, str], now: float) -> UpstreamBudget:
         return parse_budget(headers, now)

@@ -17,9 +17,43 @@ if TYPE_CHECKING:
     from proxy.config import Deployment
     from proxy.costs import Counting
     from proxy.limiter.base import Outcome
+    from proxy.upstream.encoding import Reframer
     from proxy.upstream.ratelimits import UpstreamBudget
 
-__all__ = ["Provider"]
+__all__ = ["Provider", "Wire"]
+
+
+class Wire(Protocol):
+    """How one deployment's requests differ on the wire from the common case (the shape's
+    JSON POSTed to a fixed URL under a static key header): the model or the stream flag in
+    the URL, fields its body adds or drops, credentials over the final request (a SigV4
+    signature, a token refreshed before it expires), a stream framed otherwise than as
+    server-sent events. Made once per deployment (``Provider.wire``); it may hold state
+    (a token and its expiry), never the client's."""
+
+    @property
+    def stream_type(self) -> str:
+        """The content type its streamed answers come in (``text/event-stream``)."""
+        ...
+
+    def outgoing(
+        self, shape: str, model: str | None, stream: bool, payload: bytes
+    ) -> tuple[str, bytes]:
+        """The URL and the body sent for a request of the shape named ``shape`` whose JSON
+        body is ``payload`` (its model already set), for ``model`` (None: the client's,
+        as in ``payload``), streamed or not. Raises ``errors.InvalidRequest`` for a body it
+        cannot send."""
+        ...
+
+    async def authorize(self, method: str, url: str, headers: dict[str, str], body: bytes) -> None:
+        """Adds its credentials to ``headers`` in place, over the request as it will be
+        sent. Raises ``errors.UpstreamUnavailable`` when it cannot get them (a token
+        endpoint down): the deployment is not reachable."""
+        ...
+
+    def reframer(self) -> Reframer | None:
+        """A new streamed answer's reframer; None: it streams server-sent events."""
+        ...
 
 
 class Provider(Protocol):
@@ -58,7 +92,13 @@ class Provider(Protocol):
         ...
 
     def credential(self, deployment: Deployment) -> tuple[str, str] | None:
-        """The header carrying the deployment's key (name, value); None without a key."""
+        """The header carrying the deployment's key (name, value); None without a key, or
+        when its ``wire`` adds the credentials."""
+        ...
+
+    def wire(self, deployment: Deployment) -> Wire | None:
+        """The deployment's ``Wire`` when its requests need one (made once); None: the
+        shape's JSON POSTed to ``url`` with ``credential``."""
         ...
 
     def budget(self, headers: Mapping[str, str], now: float) -> UpstreamBudget:

@@ -12,6 +12,7 @@ from proxy.upstream.ratelimits import parse_budget
 if TYPE_CHECKING:
     from proxy.config import Deployment
     from proxy.limiter.base import Outcome
+    from proxy.providers.base import Wire
 
 __all__ = ["OPENAI", "OPENAI_COUNTING", "OPENAI_SHAPES"]
 
@@ -47,6 +48,9 @@ class OpenAICompatible:
     def credential(self, deployment: Deployment) -> tuple[str, str] | None:
         key = deployment.api_key.get_secret_value()
         return ("authorization", f"Bearer {key}") if key else None
+
+    def wire(self, deployment: Deployment) -> Wire | None:
+        return None  # its shapes' JSON, POSTed to ``url`` with ``credential``
 
     # Compatible servers in front of other APIs may pass Anthropic's headers on:
     # parse_budget reads both dialects. The function itself: a call less per answer.

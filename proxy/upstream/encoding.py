@@ -13,11 +13,20 @@ the proxy does not speak, raises ``Undecodable``.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import Protocol
 
 from proxy.upstream.interface import AnswerTooLarge
 
-__all__ = ["PIECE", "Decoder", "Undecodable", "decoder_for"]
+__all__ = [
+    "PIECE",
+    "Decoder",
+    "Reframed",
+    "Reframer",
+    "StreamDecoder",
+    "Undecodable",
+    "decoder_for",
+]
 
 PIECE = 64 * 1024  # the most a stream's decoder produces from one step
 _GZIP_OR_ZLIB = 32 + zlib.MAX_WBITS  # either header, detected (``deflate`` is zlib's)
@@ -79,3 +88,38 @@ class Decoder:
                     yield piece
         except zlib.error as exc:
             raise Undecodable(f"a corrupt {self.coding} body") from exc
+
+
+class StreamDecoder(Protocol):
+    """What a stream's bytes pass through before anything reads them: ``feed`` each
+    chunk as it comes, then ``end`` (raises ``Undecodable`` on what it cannot read, or a
+    stream cut short)."""
+
+    def feed(self, data: bytes) -> Iterable[bytes]: ...
+
+    def end(self) -> None: ...
+
+
+class Reframer(StreamDecoder, Protocol):
+    """One streamed answer's framing turned into server-sent events of the API it speaks
+    (Bedrock's AWS event stream: each frame's payload an event): a provider's
+    (``providers.base.Wire.reframer``)."""
+
+
+class Reframed:
+    """A stream's content-encoding undone (``decoder``; None: not encoded), then its
+    framing read (``reframer``)."""
+
+    def __init__(self, decoder: Decoder | None, reframer: Reframer) -> None:
+        self._decoder = decoder
+        self._reframer = reframer
+
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        pieces = (data,) if self._decoder is None else self._decoder.feed(data)
+        for piece in pieces:
+            yield from self._reframer.feed(piece)
+
+    def end(self) -> None:
+        if self._decoder is not None:
+            self._decoder.end()
+        self._reframer.end()

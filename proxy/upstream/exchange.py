@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ from proxy.catalog import DeploymentRoute
 from proxy.costs import TokenUsage
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError, UpstreamUnavailable
 from proxy.limiter.base import SUCCESS, Outcome, Remaining
+from proxy.providers.base import Wire
 from proxy.routing.outcomes import (
     admitted,
     classify_status,
@@ -44,7 +45,7 @@ from proxy.routing.outcomes import (
 from proxy.shapes.base import Shape
 from proxy.shapes.sse import UsageTap
 from proxy.translate import Link, Translations, Untranslatable, link_for
-from proxy.upstream.encoding import Decoder, Undecodable, decoder_for
+from proxy.upstream.encoding import Reframed, StreamDecoder, Undecodable, decoder_for
 from proxy.upstream.forward import (
     TransportFailure,
     UnusableAnswer,
@@ -226,6 +227,8 @@ class Exchange:
         what its answer came to, in the API of the client's ``shape`` (``translated``
         back when it was). A streamed answer's end is reported to ``on_stream_end``."""
         try:
+            if deployment.wire is not None:  # its credentials, over the final request
+                await _authorize(deployment.wire, request, deployment.id)
             response = await send(self.transport, request, deployment.id)
         except TransportFailure as failure:
             return _failed(failure, time.perf_counter() - started)
@@ -251,9 +254,9 @@ class Exchange:
         secret = redactable(deployment.config.api_key.get_secret_value())
         headers = redact_headers(response_headers(upstream_headers.items()), secret.decode())
         content_type = upstream_headers.get("content-type", "")
-        if stream and status == 200 and "event-stream" in content_type:
+        if stream and status == 200 and _streamed(deployment.wire, content_type):
             try:
-                decoder = decoder_for(upstream_headers.get("content-encoding"))
+                decoder = _stream_decoder(deployment.wire, upstream_headers)
             except Undecodable as exc:
                 await discard(response)
                 unusable = undecodable(deployment.id, exc)
@@ -339,7 +342,7 @@ def _stream_body(
     strip_usage: bool,
     response: httpx.Response,
     secret: bytes,
-    decoder: Decoder | None,
+    decoder: StreamDecoder | None,
     on_first_chunk: Callable[[], None],
     on_close: Callable[[StreamEnd], Awaitable[None]],
 ) -> StreamBody:
@@ -363,6 +366,30 @@ def _stream_body(
         ),
         ends=None if link is None else shape.stream_usage().ends,
     )
+
+
+async def _authorize(wire: Wire, request: UpstreamRequest, deployment: str) -> None:
+    """The wire's credentials added to ``request``; a deployment whose credentials cannot
+    be had now (a token endpoint down) is not reachable: retried elsewhere."""
+    try:
+        await wire.authorize(request.method, request.target, request.fields, request.content)
+    except UpstreamUnavailable as exc:
+        raise TransportFailure(exc, "credentials") from None
+
+
+def _streamed(wire: Wire | None, content_type: str) -> bool:
+    """Whether a 200's ``content_type`` is a stream of its deployment's framing."""
+    if wire is None:
+        return "event-stream" in content_type
+    return content_type.split(";", 1)[0].strip().lower() == wire.stream_type
+
+
+def _stream_decoder(wire: Wire | None, headers: Mapping[str, str]) -> StreamDecoder | None:
+    """What turns a stream's bytes into server-sent events: its content-encoding undone,
+    then its wire's framing (Bedrock's event stream) read."""
+    decoder = decoder_for(headers.get("content-encoding"))
+    reframer = None if wire is None else wire.reframer()
+    return decoder if reframer is None else Reframed(decoder, reframer)
 
 
 def _translated_back(link: Link, deployment: DeploymentRoute, answer: Answer) -> Answer:

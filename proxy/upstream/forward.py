@@ -92,8 +92,11 @@ def build_request(
     egress = deployment.extensions[EGRESS]
     assert isinstance(egress, Egress)
     headers = request_headers(client_headers, egress.credential, egress.headers, egress.defaults)
-    headers["content-length"] = str(len(payload))
     url, target = deployment.target(shape.name)
+    if deployment.wire is not None:  # the model or the stream in its URL, its own fields
+        target, payload = deployment.wire.outgoing(shape.name, model, stream, payload)
+        url = httpx.URL(target)
+    headers["content-length"] = str(len(payload))
     if path:  # a stored object's route below the shape's URL (a response's id...)
         target = _below(target, path)
         url = httpx.URL(target)

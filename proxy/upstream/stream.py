@@ -9,7 +9,7 @@ import httpx
 
 from proxy.shapes.sse import UsageTap
 from proxy.translate import EventStream, Untranslatable
-from proxy.upstream.encoding import Decoder, Undecodable
+from proxy.upstream.encoding import StreamDecoder, Undecodable
 from proxy.upstream.redact import StreamRedactor
 
 __all__ = ["StreamBody", "StreamEnd"]
@@ -37,7 +37,7 @@ class StreamBody:
         on_first_chunk: Callable[[], None],
         on_close: Callable[[StreamEnd], Awaitable[None]],
         stream_error: Callable[[str], bytes],
-        decoder: Decoder | None = None,
+        decoder: StreamDecoder | None = None,
         translation: EventStream | None = None,
         ends: tuple[bytes, ...] | None = None,
     ) -> None:

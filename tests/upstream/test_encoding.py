@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.upstream.encoding import PIECE, Undecodable, decoder_for
+from proxy.upstream.encoding import PIECE, Reframed, Undecodable, decoder_for
 from proxy.upstream.interface import AnswerTooLarge
 
 BODY = b'{"choices": [], "usage": {"prompt_tokens": 5}}' * 100
@@ -82,3 +82,33 @@ def test_a_streamed_bomb_comes_in_bounded_pieces() -> None:
     assert decoder is not None
     pieces = decoder.feed(gzip.compress(b"\0" * 5_000_000))
     assert all(len(p) <= PIECE for p in itertools.islice(pieces, 100))
+
+
+class _Lines:
+    """A toy framing: each line is one event (a provider's reframer, as Bedrock's is)."""
+
+    def __init__(self) -> None:
+        self.held = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        *lines, self.held = (self.held + data).split(b"\n")
+        return [b"data: " + line + b"\n\n" for line in lines]
+
+    def end(self) -> None:
+        if self.held:
+            raise Undecodable("a frame cut short")
+
+
+def test_a_reframed_stream_is_decoded_first_then_reframed() -> None:
+    packed = gzip.compress(b"one\ntwo\n")
+    reframed = Reframed(decoder_for("gzip"), _Lines())
+    out = [event for cut in (packed[:7], packed[7:]) for event in reframed.feed(cut)]
+    reframed.end()
+    assert out == [b"data: one\n\n", b"data: two\n\n"]
+
+
+def test_a_reframed_stream_cut_inside_a_frame_is_undecodable() -> None:
+    reframed = Reframed(None, _Lines())
+    assert list(reframed.feed(b"one\ntw")) == [b"data: one\n\n"]
+    with pytest.raises(Undecodable):
+        reframed.end()
