@@ -530,7 +530,7 @@ class Deployment(_Limited):
             if not value:
                 raise ValueError("Field required")
         if not re.match(r"^https?://[^\s/]+", value):
-            raise ValueError("must be an http:// or https:// URL")
+            raise ValueError(f"must be a URL starting with http:// or https:// (got {value!r})")
         return value.rstrip("/")
 
     @field_validator("limits")

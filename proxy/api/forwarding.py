@@ -155,7 +155,7 @@ def _in_query(names: tuple[str, ...], target: RequestTarget) -> tuple[str, str |
         found = target.arg(name)
         if found is not None:
             return name, found
-    return names[-1], None
+    return (names[-1] if names else ""), None
 
 
 def target_of(scope: Scope) -> RequestTarget:
@@ -178,7 +178,7 @@ def presented_key(
         value = _single(raw_headers, name) if twice or lookup is None else lookup.get(name)
         if value is not None:
             return name, value
-    return names[-1], None
+    return (names[-1] if names else ""), None
 
 
 def _single(raw_headers: list[tuple[bytes, bytes]], name: str) -> str | None:
