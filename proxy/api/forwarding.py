@@ -42,7 +42,7 @@ from proxy.errors import (
 from proxy.pipeline import Pipeline
 from proxy.request_ids import HEADER, new_request_id
 from proxy.shapes import match
-from proxy.shapes.base import AT_PATH, RequestTarget, Shape
+from proxy.shapes.base import AT_PATH, ClientCredential, RequestTarget, Shape
 
 __all__ = ["ForwardingEndpoint", "HotPathRouter", "Whole", "whole_for"]
 
@@ -113,9 +113,7 @@ class ForwardingEndpoint:
         server = pipeline.settings.server
         credential = self.shape.credential
         try:
-            header, presented = presented_key(credential.headers, raw_headers, lookup)
-            if presented is None and credential.query:
-                header, presented = _in_query(credential.query, target)
+            header, presented = _presented(credential, raw_headers, lookup, target)
             key = pipeline.keys.authenticate(presented, credential, header)
             _check_content_type(lookup.get("content-type"))
             limit = server.max_body_size
@@ -135,17 +133,34 @@ class ForwardingEndpoint:
             return pipeline.reject(self.shape, timeout, close=True)
         except ProxyError as error:
             return pipeline.reject(self.shape, error)
-        if self._private is not None:
-            headers = [(k, v) for k, v in headers if k.lower() not in self._private]
         return await pipeline.handle(
             self.shape,
             raw,
-            headers,
+            headers if self._private is None else _without(headers, self._private),
             key,
             client_left=partial(_disconnected, receive),
             watch_departure=watch_departure,
             target=target,
         )
+
+
+def _presented(
+    credential: ClientCredential,
+    raw_headers: list[tuple[bytes, bytes]],
+    lookup: dict[str, str],
+    target: RequestTarget,
+) -> tuple[str, str | None]:
+    """Where the request's key came (a header's name, else a query parameter's) and its
+    value: its headers first, then its URL's query (``ClientCredential.query``)."""
+    header, presented = presented_key(credential.headers, raw_headers, lookup)
+    if presented is None and credential.query:
+        return _in_query(credential.query, target)
+    return header, presented
+
+
+def _without(headers: list[tuple[str, str]], names: frozenset[str]) -> list[tuple[str, str]]:
+    """``headers`` but those named ``names`` (a shape's own credential headers)."""
+    return [(k, v) for k, v in headers if k.lower() not in names]
 
 
 def _in_query(names: tuple[str, ...], target: RequestTarget) -> tuple[str, str | None]:
