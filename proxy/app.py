@@ -191,10 +191,17 @@ def create_app(
         path: ForwardingEndpoint(shape, lambda: app.state.pipeline)
         for path, shape in shapes.BY_PATH.items()
     }
+    # A shape served at path templates: one endpoint, found by ``shapes.match``.
+    patterned = {
+        shape.name: ForwardingEndpoint(shape, lambda: app.state.pipeline)
+        for _, shape in shapes.PATTERNS
+    }
+    templates = [(p, e) for e in patterned.values() for p in e.shape.paths]
     # Plain Starlette routes: the hot path reads raw bytes, no per-request model parsing.
     app.router.routes.extend(
         [
             *(Route(path, endpoint, methods=["POST"]) for path, endpoint in forwarding.items()),
+            *(Route(path, endpoint, methods=["POST"]) for path, endpoint in templates),
             *stored_responses.routes(lambda: app.state.pipeline),
             Route("/v1/models", routes.list_models, methods=["GET"]),
             Route("/v1/models/{model:path}", routes.retrieve_model, methods=["GET"]),
@@ -209,7 +216,7 @@ def create_app(
     app.add_exception_handler(Exception, _unexpected_exception)
     # The forwarding endpoints are also routed past the middleware stack: they need none
     # of it, and it was a tenth of the per-request cost.
-    return HotPathRouter(app, forwarding)
+    return HotPathRouter(app, forwarding, patterned)
 
 
 def create_app_from_env() -> HotPathRouter:

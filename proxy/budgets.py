@@ -12,7 +12,7 @@ cost (quota.py says why that suffices):
 * output: the request's own cap (``max_completion_tokens`` / ``max_tokens``) for each
   of its ``n`` choices, as its API shape estimates it; a request with no cap is
   forwarded *with* the cap it was reserved for (``server.default_max_tokens``, in its
-  shape's ``CAP_FIELDS``), so the bound holds. For a key or team whose budgets clamp
+  shape's ``OutputCaps.sent``), so the bound holds. For a key or team whose budgets clamp
   (``budget_edge: clamp``) the bound is also written as a function of that cap
   (``Clamp``): the limiter may lower the cap to what they have left can pay
   (``limiter/core/edge.py``), and the request then goes with the lower one
@@ -38,7 +38,6 @@ from proxy.costs import TokenUsage
 from proxy.json_splice import set_fields
 from proxy.limiter.base import Clamp, KeyVerdict
 from proxy.limiter.core import edge
-from proxy.output_caps import CAP_FIELDS
 from proxy.pricing import Price, bound, usd
 from proxy.ratelimit_headers import format_reset
 from proxy.shapes.base import Shape
@@ -58,7 +57,7 @@ class Reservation:
 
     cost: Mapping[str, float]
     cap: int = 0
-    cap_field: str | None = None
+    cap_field: tuple[str, ...] | None = None
     clamp: Clamp | None = None
 
 
@@ -79,8 +78,9 @@ def reservation(
     input_bound = float(len(raw)) + context
     output_bound = float(shape.estimate(body, default_cap).get(costs.OUTPUT_TOKENS, 0.0))
     uncapped = output_bound > 0 and not shape.estimate(body, 0).get(costs.OUTPUT_TOKENS, 0.0)
-    cap_field = CAP_FIELDS.get(shape.name) if uncapped else None
-    linear = _clamp(body, shape.name, price, input_bound, output_bound) if clamp else None
+    caps = shape.output_caps
+    cap_field = caps.sent if uncapped and caps is not None else None
+    linear = _clamp(body, caps, price, input_bound, output_bound) if clamp else None
     if linear is not None:
         return Reservation(edge.at(linear, linear.most), default_cap, cap_field, linear)
     return Reservation(
@@ -97,15 +97,19 @@ def reservation(
 
 
 def _clamp(
-    body: dict[str, Any], shape: str, price: Price, input_bound: float, output_bound: float
+    body: dict[str, Any],
+    caps: output_caps.OutputCaps | None,
+    price: Price,
+    input_bound: float,
+    output_bound: float,
 ) -> Clamp | None:
     """The reservation as ``base + per * cap`` (``Clamp``): its input bound, then each
     token of cap in each of its completions; None when its cap cannot be lowered."""
-    if output_bound <= 0 or not output_caps.clampable(shape):
+    if output_bound <= 0 or caps is None:
         return None
-    n = output_caps.completions(body, shape)
+    n = output_caps.completions(body, caps)
     most = int(output_bound) // n
-    least = output_caps.least(body, shape)
+    least = output_caps.least(body, caps)
     if least >= most:
         return None
     base = {
@@ -125,7 +129,7 @@ def lower_cap(call: Call, cap: int) -> None:
     its body and its bytes."""
     clamp = call.clamp
     assert clamp is not None  # (a verdict lowers only an ask's clamp)
-    fields = output_caps.lowered(call.body, call.shape.name, cap)
+    fields = output_caps.lowered(call.body, call.shape.output_caps, cap)
     if fields:
         call.body.update(fields)
         call.raw = set_fields(call.raw, fields)

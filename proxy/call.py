@@ -16,7 +16,7 @@ from proxy.costs import (
     usage_cost,
 )
 from proxy.limiter.base import Claimant, Clamp
-from proxy.shapes.base import Shape
+from proxy.shapes.base import AT_PATH, RequestTarget, Shape
 
 if TYPE_CHECKING:
     from proxy.limiter.base import KeyVerdict
@@ -139,6 +139,11 @@ class Call:
     # or one no group has): the log line's (logs.client_text: bounded, printable), never
     # a metric label.
     requested_model: str | None = None
+    # The model as the client wrote it (the upstream is sent it when its deployment
+    # names none and the model goes in the URL): never a label or a log field.
+    asked_model: str | None = None
+    # What its URL says beyond its shape (``Shape.model_of``, ``Shape.streamed``).
+    target: RequestTarget = AT_PATH
     body: dict[str, Any] = field(default_factory=dict)
     raw: bytes = b""
     stream: bool = False

@@ -522,8 +522,11 @@ RESERVED_HEADERS = frozenset(
 
 # How a deployment is reached (proxy/providers/): OpenAI's paths and bearer key, Azure
 # OpenAI's /openai/deployments/{deployment}/... with ?api-version= and an api-key header,
-# or Anthropic's /v1/messages with x-api-key.
-Provider = Literal["openai", "azure", "anthropic"]
+# Anthropic's /v1/messages with x-api-key, or the Gemini API's
+# /v1beta/models/{model}:generateContent with x-goog-api-key.
+Provider = Literal["openai", "azure", "anthropic", "gemini"]
+# Where a provider's deployments are when their base_url is not given (None: required).
+_BASE_URLS = {"gemini": "https://generativelanguage.googleapis.com"}
 _AZURE_FIELDS = ("deployment", "api_version")
 # What may appear in an Azure URL's path segment or query value without escaping.
 _URL_SAFE = r"^[A-Za-z0-9_.-]+$"
@@ -532,7 +535,7 @@ _URL_SAFE = r"^[A-Za-z0-9_.-]+$"
 class Deployment(_Limited):
     id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")
     provider: Annotated[Provider, BeforeValidator(_lower)] = "openai"
-    base_url: str = Field(pattern=r"^https?://[^\s/]+")
+    base_url: str = Field(default="", validate_default=True)
     api_key: SecretStr = SecretStr("")
     # Azure only: the deployment's name in the URL and the api-version query parameter.
     deployment: str = Field(default="", validate_default=True)
@@ -551,7 +554,15 @@ class Deployment(_Limited):
 
     @field_validator("base_url")
     @classmethod
-    def _strip_slash(cls, value: str) -> str:
+    def _base_url(cls, value: str, info: ValidationInfo) -> str:
+        """An http(s) URL, without its trailing slash; the provider's own when none is
+        given (the Gemini API's), else required."""
+        if not value:
+            value = _BASE_URLS.get(info.data.get("provider") or "", "")
+            if not value:
+                raise ValueError("Field required")
+        if not re.match(r"^https?://[^\s/]+", value):
+            raise ValueError(f"must be a URL starting with http:// or https:// (got {value!r})")
         return value.rstrip("/")
 
     @field_validator("limits")

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 
-from proxy import budgets, key_charges, limit_kinds
+from proxy import budgets, key_charges, limit_kinds, output_caps
 from proxy.affinity import Affinity, affinity_for
 from proxy.auth import KeyStore, RuntimeLookup, open_when_empty
 from proxy.background import Background
@@ -65,7 +65,7 @@ from proxy.ratelimit_headers import format_reset
 from proxy.request_ids import new_request_id
 from proxy.routing.dispatcher import Dispatcher, Served
 from proxy.routing.settlement import Settler
-from proxy.shapes.base import Shape, api_label
+from proxy.shapes.base import AT_PATH, RequestTarget, Shape, api_label
 from proxy.spend import Held, Owner, Spend, correction
 from proxy.telemetry import telemetry_for
 
@@ -195,12 +195,15 @@ class Pipeline:
         client_left: ClientLeft | None = None,
         watch_departure: WatchDeparture | None = None,
         route: StoredRoute | None = None,
+        target: RequestTarget = AT_PATH,
     ) -> Reply:
         """The answer to one request of ``key`` (``keys.authenticate``: checked from the
         headers before the body was read). ``client_left`` returns once the client has
-        gone: a request waiting for its turn or for the upstream stops then. ``route``:
+        gone: a request waiting for its turn or for the upstream stops then. ``target``:
+        what its URL says (the model, the stream, for a shape that has them there). ``route``:
         a stored response's route (no body, no model: follow_ups.py)."""
         call = _new_call(shape, headers)
+        call.target = target
         call.client_left = client_left
         call.watch_departure = watch_departure
         handled = _Handled()
@@ -337,7 +340,7 @@ class Pipeline:
         _check_speaks(group, shape)
         shape.check(call.body)
         if route is None:  # a stored response's route: its query said (follow_ups)
-            call.stream = call.body.get("stream") is True
+            call.stream = shape.streamed(call.body, call.target)
         estimate = shape.estimate(call.body, self.settings.server.default_max_tokens)
         call.cost = limit_kinds.price(estimate, Priced(shape.name, call.body, call.stream))
         call.estimate = int(call.cost[TOKENS])
@@ -347,7 +350,7 @@ class Pipeline:
         return group
 
     def _group(self, call: Call) -> GroupRoute:
-        model = call.body.get("model")
+        model = call.shape.model_of(call.body, call.target)
         if not isinstance(model, str) or not model:
             raise InvalidRequest(
                 "'model' is required and must be a string.", code="missing_model", param="model"
@@ -355,6 +358,7 @@ class Pipeline:
         # The log line names it beside its group (an alias, a name a pattern serves; an
         # unknown one: the group to configure); no metric label ever does.
         call.requested_model = client_text(model)
+        call.asked_model = model
         group = self.catalog.route(model)
         if group is None:
             raise ModelNotFound(f"The model '{model[:200]}' does not exist.", param="model")
@@ -527,9 +531,10 @@ class Pipeline:
         )
         call.reserved = dict(reservation.cost)
         call.clamp = reservation.clamp
-        if reservation.cap_field is not None:
-            call.body[reservation.cap_field] = reservation.cap
-            call.raw = set_fields(call.raw, {reservation.cap_field: reservation.cap})
+        if reservation.cap_field is not None:  # (at any depth: its top-level field set)
+            fields = output_caps.with_cap(call.body, reservation.cap_field, reservation.cap)
+            call.body.update(fields)
+            call.raw = set_fields(call.raw, fields)
 
     def _settle_soon(self, settlement: Settlement) -> None:
         if not settlement.settle_soon():

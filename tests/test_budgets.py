@@ -37,7 +37,7 @@ def test_input_is_bounded_by_the_body_s_bytes_and_output_by_its_cap_times_n() ->
 def test_a_request_without_a_cap_is_given_the_default_one() -> None:
     body = {"model": "m", "messages": []}
     made = reservation(body, orjson.dumps(body), CHAT, 64, PRICE)
-    assert (made.cap_field, made.cap) == ("max_tokens", 64)
+    assert (made.cap_field, made.cap) == (("max_tokens",), 64)
     assert made.cost["output_tokens"] == 64
     capped = {**body, "max_completion_tokens": 5}
     assert reservation(capped, orjson.dumps(capped), CHAT, 64, PRICE).cap_field is None

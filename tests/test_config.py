@@ -462,8 +462,8 @@ def test_azure_fields_must_be_safe_in_a_url_and_the_provider_known() -> None:
     ]
     problems = _problems(_azure(provider="bedrock"))
     assert problems == [
-        "models[0].deployments[0].provider: must be one of 'openai', 'azure' or 'anthropic'"
-        " (got 'bedrock')"
+        "models[0].deployments[0].provider: must be one of 'openai', 'azure', 'anthropic'"
+        " or 'gemini' (got 'bedrock')"
     ]
 
 

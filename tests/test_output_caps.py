@@ -16,6 +16,7 @@ from proxy.shapes.base import Shape
 from proxy.shapes.chat import CHAT
 from proxy.shapes.completions import COMPLETIONS
 from proxy.shapes.embeddings import EMBEDDINGS
+from proxy.shapes.gemini import GENERATE_CONTENT
 from proxy.shapes.messages import MESSAGES
 from proxy.shapes.responses import RESPONSES
 
@@ -48,7 +49,7 @@ def test_the_reservation_is_its_input_bound_plus_each_token_of_cap_in_each_compl
 def test_without_a_cap_the_default_is_the_most_and_is_sent() -> None:
     made = _clamped({"model": "m", "messages": MESSAGE}, default=64)
     assert made.clamp is not None and made.clamp.most == 64
-    assert (made.cap_field, made.cap) == ("max_tokens", 64)
+    assert (made.cap_field, made.cap) == (("max_tokens",), 64)
 
 
 def test_each_shape_s_cap_field() -> None:
@@ -81,26 +82,42 @@ def test_a_request_whose_cap_cannot_be_lowered_is_reserved_as_it_always_was() ->
 @pytest.mark.parametrize(
     ("shape", "body", "cap", "fields"),
     [
-        ("chat/completions", {"max_tokens": 500}, 120, {"max_tokens": 120}),
-        ("chat/completions", {"max_completion_tokens": 500}, 120, {"max_completion_tokens": 120}),
+        (CHAT, {"max_tokens": 500}, 120, {"max_tokens": 120}),
+        (CHAT, {"max_completion_tokens": 500}, 120, {"max_completion_tokens": 120}),
         (
-            "chat/completions",
+            CHAT,
             {"max_completion_tokens": 500, "max_tokens": 90},
             120,
             {"max_completion_tokens": 120},  # max_tokens already below it
         ),
-        ("chat/completions", {}, 120, {"max_tokens": 120}),
-        ("chat/completions", {"max_tokens": None}, 120, {"max_tokens": 120}),
-        ("completions", {"max_tokens": 500}, 7, {"max_tokens": 7}),
-        ("responses", {"max_output_tokens": 500}, 16, {"max_output_tokens": 16}),
-        ("messages", {"max_tokens": 500}, 1, {"max_tokens": 1}),
-        ("embeddings", {}, 5, {}),
+        (CHAT, {}, 120, {"max_tokens": 120}),
+        (CHAT, {"max_tokens": None}, 120, {"max_tokens": 120}),
+        (COMPLETIONS, {"max_tokens": 500}, 7, {"max_tokens": 7}),
+        (RESPONSES, {"max_output_tokens": 500}, 16, {"max_output_tokens": 16}),
+        (MESSAGES, {"max_tokens": 500}, 1, {"max_tokens": 1}),
+        (EMBEDDINGS, {}, 5, {}),
+        # Gemini's cap is nested: its top-level object goes, the rest of it kept.
+        (
+            GENERATE_CONTENT,
+            {"generationConfig": {"maxOutputTokens": 500, "temperature": 0.5}},
+            30,
+            {"generationConfig": {"maxOutputTokens": 30, "temperature": 0.5}},
+        ),
+        (GENERATE_CONTENT, {}, 30, {"generationConfig": {"maxOutputTokens": 30}}),
+        (GENERATE_CONTENT, {"generationConfig": {"maxOutputTokens": 9}}, 30, {}),
     ],
 )
 def test_the_fields_a_lowered_cap_sets(
-    shape: str, body: dict[str, object], cap: int, fields: dict[str, int]
+    shape: Shape, body: dict[str, object], cap: int, fields: dict[str, object]
 ) -> None:
-    assert output_caps.lowered(body, shape, cap) == fields
+    assert output_caps.lowered(body, shape.output_caps, cap) == fields
+
+
+def test_gemini_s_candidates_multiply_its_cap() -> None:
+    body = {"contents": [{"parts": [{"text": "hi"}]}], "generationConfig": {"candidateCount": 2}}
+    made = _clamped(body, GENERATE_CONTENT, default=50)
+    assert made.clamp is not None and made.clamp.per["tokens"] == 2.0
+    assert made.cap_field == ("generationConfig", "maxOutputTokens")
 
 
 def test_a_lowered_cap_goes_in_the_body_and_its_bytes() -> None:

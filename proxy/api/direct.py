@@ -41,9 +41,10 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
-from proxy.api.forwarding import ForwardingEndpoint, HotPathRouter, send_reply
+from proxy.api.forwarding import ForwardingEndpoint, HotPathRouter, send_reply, target_of
 from proxy.api.protocol import CloseDelimited, HeaderTimeoutProtocol
 from proxy.call import Reply
+from proxy.shapes.base import AT_PATH, RequestTarget
 
 if TYPE_CHECKING:
     from uvicorn._types import ASGI3Application, HTTPScope
@@ -193,9 +194,11 @@ async def _serve(
     cycle: RequestResponseCycle,
     protocol: DirectReplyProtocol,
     headers: list[tuple[bytes, bytes]],
+    target: RequestTarget = AT_PATH,
 ) -> None:
     """``endpoint`` on ``cycle``: its body through the cycle's ``receive`` (handed over
-    whole if it has arrived), its reply written by ``write_reply``."""
+    whole if it has arrived), its reply written by ``write_reply``; ``target``: what its
+    URL says (none for an exact path: ``AT_PATH``)."""
     body = None
     if not cycle.more_body:  # all of it is here: handed over, no receive()
         body, cycle.body = bytes(cycle.body), bytearray()
@@ -205,6 +208,7 @@ async def _serve(
         partial(write_reply, cycle),
         body=body,
         watch_departure=partial(protocol.watch_departure, cycle),
+        target=target,
     )
 
 
@@ -217,7 +221,7 @@ async def _serve_asgi(
     send: Send,
 ) -> None:
     """``_serve`` as the ASGI app ``run_asgi`` calls (its ``receive`` is the cycle's)."""
-    await _serve(endpoint, cycle, protocol, scope["headers"])
+    await _serve(endpoint, cycle, protocol, scope["headers"], target_of(scope))
 
 
 class _DirectCycle(RequestResponseCycle):

@@ -41,7 +41,8 @@ from proxy.errors import (
 )
 from proxy.pipeline import Pipeline
 from proxy.request_ids import HEADER, new_request_id
-from proxy.shapes.base import Shape
+from proxy.shapes import match
+from proxy.shapes.base import AT_PATH, ClientCredential, RequestTarget, Shape
 
 __all__ = ["ForwardingEndpoint", "HotPathRouter", "Whole", "whole_for"]
 
@@ -52,12 +53,16 @@ class ForwardingEndpoint:
     def __init__(self, shape: Shape, pipeline: Callable[[], Pipeline]) -> None:
         self.shape = shape
         self._pipeline = pipeline
+        # Its credential's headers, never forwarded (those of the common schemes the
+        # upstream headers' rules drop already): None, none to take out.
+        own = frozenset(shape.credential.headers) - {"authorization", "x-api-key"}
+        self._private = own or None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI app: the portable path, under any ASGI server."""
         whole = whole_for(scope, self.shape, self._pipeline)
         write = partial(send_reply, receive=receive, send=send, whole=whole)
-        await self.serve(scope["headers"], receive, write)
+        await self.serve(scope["headers"], receive, write, target=target_of(scope))
 
     async def serve(
         self,
@@ -67,17 +72,21 @@ class ForwardingEndpoint:
         *,
         body: bytes | None = None,
         watch_departure: WatchDeparture | None = None,
+        target: RequestTarget = AT_PATH,
     ) -> None:
         """Answer one request whose body ``receive`` gives; ``write`` sends the reply (the
         ASGI messages, or ``direct.write_reply`` under the proxy's own protocol, which
         also hands over the ``body`` when all of it has arrived already, and hears the
-        client's departure without a task: ``watch_departure``)."""
+        client's departure without a task: ``watch_departure``). ``target``: what its
+        URL says (a path template's values, its query)."""
         # The pipeline in force when the request arrived serves it to the end, even if a
         # reload replaces it meanwhile (it is retired once its requests are done).
         pipeline = self._pipeline()
         pipeline.enter()
         try:
-            reply = await self._answer(pipeline, raw_headers, receive, body, watch_departure)
+            reply = await self._answer(
+                pipeline, raw_headers, receive, body, watch_departure, target
+            )
             if reply is not None:
                 await write(reply)
         finally:
@@ -90,15 +99,17 @@ class ForwardingEndpoint:
         receive: Receive,
         body: bytes | None,
         watch_departure: WatchDeparture | None,
+        target: RequestTarget,
     ) -> Reply | None:
         """None: the client left before its body arrived (nobody to answer). The key is
-        checked from the headers first: a stranger's body is never read (401 at once)."""
+        checked from the headers (or the query) first: a stranger's body is never read
+        (401 at once)."""
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw_headers]
         lookup = dict(headers)
         server = pipeline.settings.server
         credential = self.shape.credential
         try:
-            header, presented = presented_key(credential.headers, raw_headers, lookup)
+            header, presented = _presented(credential, raw_headers, lookup, target)
             key = pipeline.keys.authenticate(presented, credential, header)
             _check_content_type(lookup.get("content-type"))
             limit = server.max_body_size
@@ -121,11 +132,48 @@ class ForwardingEndpoint:
         return await pipeline.handle(
             self.shape,
             raw,
-            headers,
+            headers if self._private is None else _without(headers, self._private),
             key,
             client_left=partial(_disconnected, receive),
             watch_departure=watch_departure,
+            target=target,
         )
+
+
+def _presented(
+    credential: ClientCredential,
+    raw_headers: list[tuple[bytes, bytes]],
+    lookup: dict[str, str],
+    target: RequestTarget,
+) -> tuple[str, str | None]:
+    """Where the request's key came (a header's name, else a query parameter's) and its
+    value: its headers first, then its URL's query (``ClientCredential.query``)."""
+    header, presented = presented_key(credential.headers, raw_headers, lookup)
+    if presented is None and credential.query:
+        return _in_query(credential.query, target)
+    return header, presented
+
+
+def _without(headers: list[tuple[str, str]], names: frozenset[str]) -> list[tuple[str, str]]:
+    """``headers`` but those named ``names`` (a shape's own credential headers)."""
+    return [(k, v) for k, v in headers if k.lower() not in names]
+
+
+def _in_query(names: tuple[str, ...], target: RequestTarget) -> tuple[str, str | None]:
+    """The first of the credential's query parameters ``names`` the URL carries, and its
+    value (the last name and None: none)."""
+    for name in names:
+        found = target.arg(name)
+        if found is not None:
+            return name, found
+    return (names[-1] if names else ""), None
+
+
+def target_of(scope: Scope) -> RequestTarget:
+    """What a forwarded request's URL says: its path template's values, its query."""
+    query = scope.get("query_string", b"").decode("latin-1")
+    found = match(scope["path"], query)
+    return AT_PATH if found is None else found[1]
 
 
 def presented_key(
@@ -141,7 +189,7 @@ def presented_key(
         value = _single(raw_headers, name) if twice or lookup is None else lookup.get(name)
         if value is not None:
             return name, value
-    return names[-1], None
+    return (names[-1] if names else ""), None
 
 
 def _single(raw_headers: list[tuple[bytes, bytes]], name: str) -> str | None:
@@ -160,9 +208,17 @@ def _single(raw_headers: list[tuple[bytes, bytes]], name: str) -> str | None:
 class HotPathRouter:
     """Sends POSTs to the forwarding endpoints straight to them; all else to ``app``."""
 
-    def __init__(self, app: ASGIApp, endpoints: dict[str, ForwardingEndpoint]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        endpoints: dict[str, ForwardingEndpoint],
+        patterned: dict[str, ForwardingEndpoint] | None = None,
+    ) -> None:
+        """``endpoints`` by exact path; ``patterned``: by the name of a shape served at
+        path templates (``shapes.match`` finds which)."""
         self.app = app
         self.endpoints = endpoints
+        self.patterned = patterned or {}
         self._by_target = {path.encode("ascii"): endpoint for path, endpoint in endpoints.items()}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -207,7 +263,11 @@ class HotPathRouter:
 
     def _forwarding(self, scope: Scope) -> ForwardingEndpoint | None:
         if scope["type"] == "http" and scope["method"] == "POST" and not _encoded_slash(scope):
-            return self.endpoints.get(scope["path"])
+            endpoint = self.endpoints.get(scope["path"])
+            if endpoint is None and self.patterned:
+                found = match(scope["path"])
+                endpoint = None if found is None else self.patterned.get(found[0].name)
+            return endpoint
         return None
 
     @property

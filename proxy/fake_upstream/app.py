@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from . import anthropic, azure, bodies, responses
+from . import anthropic, azure, bodies, gemini, responses
 from .bodies import Job
 from .config import FakeUpstreamConfig
 from .prompt_cache import PromptCache
@@ -132,6 +132,27 @@ class FakeUpstream:
             request, self._parse_message, anthropic.message, anthropic.events, "msg_"
         )
 
+    async def generate_content(self, request: web.Request) -> web.StreamResponse:
+        """The Gemini API: ``{model}:generateContent`` or ``:streamGenerateContent``."""
+        request[API] = "gemini"
+        model, _, method = request.match_info["target"].partition(":")
+        stream = gemini.METHODS.get(method)
+        if stream is None:
+            self._note_arrival(request)
+            message = f"Method {method[:100]!r} is not found for this fake."
+            return self._json(404, gemini.error_body(404, message))
+        if stream and request.query.get("alt") != "sse":
+            self._note_arrival(request)
+            return self._bad_request("This fake streams only with alt=sse.", api="gemini")
+
+        def parse(body: dict[str, Any], config: FakeUpstreamConfig) -> Job | str:
+            job = gemini.parse(body, model, stream, config.completion_tokens)
+            if isinstance(job, Job):
+                job.cache_read = config.cache_read_tokens
+            return job
+
+        return await self._inference(request, parse, gemini.response, gemini.events, "gem-")
+
     async def count_tokens(self, request: web.Request) -> web.StreamResponse:
         request[API] = "anthropic"
         arrival = self._note_arrival(request)
@@ -226,6 +247,10 @@ class FakeUpstream:
         api = request.get(API, "openai")
         if api == "anthropic":
             self._check_anthropic_headers(request)
+        elif api == "gemini":
+            problem = gemini.key_problem(request.headers, request.query, self.config.api_key)
+            if problem is not None:
+                raise _Answered(self._json(*problem))
         elif not self._authorized(request):
             raise _Answered(self._unauthorized())
         body = await self._read_body(request, arrival)
@@ -268,7 +293,8 @@ class FakeUpstream:
             raise _Answered(self._bad_request(message, api=request.get(API, "openai")))
         arrival.body = body  # shown in /stats while this is still the latest request
         model = body.get("model")
-        anthropic_api = request.get(API) == "anthropic"  # anthropic.parse checks it
+        # anthropic.parse checks it; the Gemini API's is in the path
+        anthropic_api = request.get(API) in ("anthropic", "gemini")
         if (
             not self.config.azure
             and not anthropic_api
@@ -343,6 +369,8 @@ class FakeUpstream:
         api = request.get(API)
         if api == "anthropic":
             return [*kept, anthropic.stream_error()]
+        if api == "gemini":
+            return [*kept, gemini.stream_error()]
         if api == "responses":
             response = responses.failed(job, rid, created)
             self._remember(job, rid, orjson.dumps(response), None)  # stored as failed
@@ -597,6 +625,8 @@ class FakeUpstream:
     ) -> web.Response:
         if api == "anthropic":
             return self._anthropic_error(400, message)
+        if api == "gemini":
+            return self._json(400, gemini.error_body(400, message))
         return self._json(400, bodies.error_body(message, "invalid_request_error", code, param))
 
     def _server_error(self, status: int, headers: dict[str, str], api: str) -> web.Response:
@@ -604,6 +634,9 @@ class FakeUpstream:
             return self._anthropic_error(
                 status, "Overloaded" if status == 529 else "Internal server error", headers
             )
+        if api == "gemini":
+            body = gemini.error_body(status, "Internal error encountered.")
+            return self._json(status, body, headers)
         body = bodies.error_body(bodies.SERVER_ERROR, "server_error")
         return self._json(status, body, headers)
 
@@ -611,6 +644,9 @@ class FakeUpstream:
         self, rejection: Rejection, job: Job, now: float, request: web.Request
     ) -> web.Response:
         self.stats.count_rejection(rejection.kind)
+        if request.get(API) == "gemini":  # the wait in its body only, as Google says it
+            body = gemini.rate_limited(rejection.kind, rejection.limit, rejection.retry_after)
+            return self._json(429, body)
         headers = self._limit_headers(now, request)
         headers.update(JSON_HEADERS)
         seconds = ceil_seconds(rejection.retry_after)
@@ -632,8 +668,8 @@ class FakeUpstream:
     def _limit_headers(self, now: float, request: web.Request) -> dict[str, str]:
         """The rate-limit headers of the request's API."""
         config = self.config
-        if not config.ratelimit_headers:
-            return {}
+        if not config.ratelimit_headers or request.get(API) == "gemini":
+            return {}  # (Google sends none)
         if request.get(API) == "anthropic":
             return self.windows.anthropic_headers(now, config)
         if config.azure:
@@ -728,6 +764,8 @@ def build_app(config: FakeUpstreamConfig | None = None) -> web.Application:
             # Anthropic's Messages API, always on: its paths are its own.
             ("POST", "/v1/messages", upstream.messages),
             ("POST", "/v1/messages/count_tokens", upstream.count_tokens),
+            # The Gemini API's: the model and the method in one segment.
+            ("POST", "/v1beta/models/{target}", upstream.generate_content),
         ]
     )
     routes: list[Route] = [

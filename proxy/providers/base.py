@@ -11,7 +11,7 @@ names to providers.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from proxy.config import Deployment
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from proxy.upstream.encoding import Reframer
     from proxy.upstream.ratelimits import UpstreamBudget
 
-__all__ = ["Provider", "Wire"]
+__all__ = ["Provider", "ThrottleInBody", "Wire"]
 
 
 class Wire(Protocol):
@@ -40,9 +40,9 @@ class Wire(Protocol):
         self, shape: str, model: str | None, stream: bool, payload: bytes
     ) -> tuple[str, bytes]:
         """The URL and the body sent for a request of the shape named ``shape`` whose JSON
-        body is ``payload`` (its model already set), for ``model`` (None: the client's,
-        as in ``payload``), streamed or not. Raises ``errors.InvalidRequest`` for a body it
-        cannot send."""
+        body is ``payload`` (its model already set), for ``model`` (the deployment's, else
+        the client's; None: the client's, as in ``payload``), streamed or not. Raises
+        ``errors.InvalidRequest`` for a body it cannot send."""
         ...
 
     async def authorize(self, method: str, url: str, headers: dict[str, str], body: bytes) -> None:
@@ -53,6 +53,18 @@ class Wire(Protocol):
 
     def reframer(self) -> Reframer | None:
         """A new streamed answer's reframer; None: it streams server-sent events."""
+        ...
+
+
+@runtime_checkable
+class ThrottleInBody(Protocol):
+    """A provider whose 429 says in its body, not its headers, when to retry (the Gemini
+    API's ``RetryInfo``): its body is read (bounded) and the wait it says taken as a
+    ``retry-after`` is. Optional: a provider without it is not asked."""
+
+    def throttled(self, body: bytes) -> float | None:
+        """Seconds the 429's ``body`` asks to wait (read strictly, bounded); None: it
+        says none."""
         ...
 
 

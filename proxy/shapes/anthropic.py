@@ -21,12 +21,13 @@ import orjson
 
 from proxy.costs import MAX_COUNT, Cost, NoCount, TokenUsage, usage_count
 from proxy.errors import InvalidRequest, ProxyError
-from proxy.shapes.base import AS_SENT, ClientCredential, Prepared, StreamUsage
+from proxy.shapes.base import AS_SENT, BodyRequest, ClientCredential, Prepared, StreamUsage
 from proxy.shapes.credentials import ANTHROPIC_KEY
 from proxy.shapes.openai_fields import check_messages, check_stream, invalid
 
 if TYPE_CHECKING:
     from proxy.limiter.base import KeyVerdict, Kind
+    from proxy.output_caps import OutputCaps
     from proxy.shapes.cache_prefixes import CachePrefixes
 
 __all__ = [
@@ -221,7 +222,7 @@ def check_fields(body: dict[str, Any], *, max_tokens: bool) -> None:
         invalid("tools", "an array of tools")
 
 
-class AnthropicShape:
+class AnthropicShape(BodyRequest):
     """An Anthropic API shape: a key as ``x-api-key`` or bearer, usage as Anthropic
     reports it (never asked for: it always reports), errors in Anthropic's shape. A
     subclass names its paths, checks and estimates."""
@@ -230,6 +231,7 @@ class AnthropicShape:
     paths: tuple[str, ...] = ()
     credential: ClientCredential = ANTHROPIC_KEY
     stores_responses = False
+    output_caps: OutputCaps | None = None
 
     def check(self, body: dict[str, Any]) -> None:
         check_fields(body, max_tokens=False)

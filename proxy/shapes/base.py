@@ -12,16 +12,28 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import parse_qsl
 
 from proxy.costs import Cost, TokenUsage
-from proxy.errors import ProxyError
+from proxy.errors import InvalidRequest, ProxyError
 from proxy.values import value
 
 if TYPE_CHECKING:
     from proxy.limiter.base import KeyVerdict
+    from proxy.output_caps import OutputCaps
     from proxy.shapes.cache_prefixes import CachePrefixes
 
-__all__ = ["AS_SENT", "ClientCredential", "Prepared", "Shape", "StreamUsage", "api_label"]
+__all__ = [
+    "AS_SENT",
+    "AT_PATH",
+    "BodyRequest",
+    "ClientCredential",
+    "Prepared",
+    "RequestTarget",
+    "Shape",
+    "StreamUsage",
+    "api_label",
+]
 
 
 def api_label(shape: str) -> str:
@@ -31,8 +43,35 @@ def api_label(shape: str) -> str:
     return shape.replace("/", "_")
 
 
+@value
+class RequestTarget:
+    """What a request's URL says beyond its shape: the values a path template's
+    placeholders matched (``{"model": "gemini-2.5-flash"}`` for
+    ``/v1beta/models/{model}:generateContent``) and its query string, as sent."""
+
+    params: Mapping[str, str]
+    query: str = ""
+
+    def arg(self, name: str) -> str | None:
+        """The query parameter ``name``'s value (None: absent); given twice, a 400 (which
+        one counts would be ambiguous between the proxy and what stands before it)."""
+        if name not in self.query:  # the usual case: no query, or not this one
+            return None
+        found = [v for k, v in parse_qsl(self.query, keep_blank_values=True) if k == name]
+        if len(found) > 1:
+            raise InvalidRequest(
+                f"Send the query parameter '{name}' once, not several times.",
+                code=f"duplicate_{name}",
+            )
+        return found[0] if found else None
+
+
+AT_PATH = RequestTarget({})  # a request at one of its shape's exact paths, no query
+
+
 class ClientCredential(Protocol):
-    """How a client presents its key to the proxy (the header and its scheme)."""
+    """How a client presents its key to the proxy (the header and its scheme, or a query
+    parameter)."""
 
     @property
     def headers(self) -> tuple[str, ...]:
@@ -41,12 +80,19 @@ class ClientCredential(Protocol):
         ...
 
     @property
+    def query(self) -> tuple[str, ...]:
+        """The query parameters it may come in when no header carries it (Google's
+        ``key``); empty: none. Never logged, never forwarded."""
+        ...
+
+    @property
     def missing(self) -> str:
         """What a request without it is told."""
         ...
 
     def secret(self, header: str, value: str | None) -> str | None:
-        """The key in the value of ``header`` (one of ``headers``); None: none presented."""
+        """The key in the value of ``header`` (one of ``headers`` or ``query``); None:
+        none presented."""
         ...
 
 
@@ -100,7 +146,10 @@ class Shape(Protocol):
 
     @property
     def paths(self) -> tuple[str, ...]:
-        """The client paths it is served at (POST)."""
+        """The client paths it is served at (POST). A ``{name}`` in one is a placeholder
+        matching one or more characters up to the next ``/`` or ``:``
+        (``/v1beta/models/{model}:generateContent``), handed to ``model_of`` and
+        ``streamed`` as ``RequestTarget.params``."""
         ...
 
     @property
@@ -112,6 +161,21 @@ class Shape(Protocol):
     def stores_responses(self) -> bool:
         """Whether the upstream stores its answers, which later requests continue
         (follow_ups.py: the Responses API's ``previous_response_id``)."""
+        ...
+
+    @property
+    def output_caps(self) -> OutputCaps | None:
+        """Where its requests carry their output cap (None: they generate nothing)."""
+        ...
+
+    def model_of(self, body: dict[str, Any], target: RequestTarget) -> object:
+        """The model the request asks for, as the client wrote it (checked by the
+        pipeline: a non-empty string), from its body or its URL (``target``)."""
+        ...
+
+    def streamed(self, body: dict[str, Any], target: RequestTarget) -> bool:
+        """Whether the request asks for a streamed answer (its body's flag, or its URL's
+        method). Raises InvalidRequest for a stream it cannot serve."""
         ...
 
     def check(self, body: dict[str, Any]) -> None:
@@ -154,3 +218,16 @@ class Shape(Protocol):
     def key_headers(self, verdict: KeyVerdict, now: float) -> dict[str, str]:
         """The client key's limits as this API's rate-limit headers (``now``: epoch)."""
         ...
+
+
+class BodyRequest:
+    """The common case: the model is the body's ``model``, the stream flag its
+    ``stream`` (OpenAI's and Anthropic's APIs)."""
+
+    @staticmethod
+    def model_of(body: dict[str, Any], target: RequestTarget) -> object:
+        return body.get("model")
+
+    @staticmethod
+    def streamed(body: dict[str, Any], target: RequestTarget) -> bool:
+        return body.get("stream") is True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from proxy.output_caps import COMPLETIONS_CAPS
 from proxy.shapes.openai import OpenAIShape
 
 __all__ = ["COMPLETIONS"]
@@ -10,6 +11,7 @@ __all__ = ["COMPLETIONS"]
 class Completions(OpenAIShape):
     name = "completions"
     paths = ("/v1/completions",)
+    output_caps = COMPLETIONS_CAPS
 
 
 COMPLETIONS = Completions()

@@ -40,6 +40,7 @@ class Bearer:
     """``Authorization: Bearer KEY`` first (OpenAI's header), else ``x-api-key: KEY``."""
 
     headers: tuple[str, ...] = ("authorization", "x-api-key")
+    query: tuple[str, ...] = ()
     missing: str = "Missing API key: send 'Authorization: Bearer YOUR_KEY'."
 
     def secret(self, header: str, value: str | None) -> str | None:
@@ -54,6 +55,7 @@ class AnthropicKey:
     """``x-api-key: KEY`` first (Anthropic's own header), else ``Authorization: Bearer``."""
 
     headers: tuple[str, ...] = ("x-api-key", "authorization")
+    query: tuple[str, ...] = ()
     missing: str = "Missing API key: send 'x-api-key: YOUR_KEY'."
 
     def secret(self, header: str, value: str | None) -> str | None:

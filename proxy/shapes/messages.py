@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.costs import Cost, estimate_cost
+from proxy.output_caps import ANTHROPIC_CAPS
 from proxy.shapes.anthropic import AnthropicShape, check_fields
 from proxy.shapes.cache_prefixes import CachePrefixes, prefixes
 from proxy.shapes.tokens import messages_input_tokens
@@ -21,6 +22,7 @@ __all__ = ["MESSAGES"]
 class Messages(AnthropicShape):
     name = "messages"
     paths = ("/v1/messages",)
+    output_caps = ANTHROPIC_CAPS
 
     def check(self, body: dict[str, Any]) -> None:
         check_fields(body, max_tokens=True)

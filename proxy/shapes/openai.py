@@ -16,12 +16,13 @@ from proxy.costs import MAX_COUNT, Cost, NoCount, TokenUsage, estimate_cost, usa
 from proxy.errors import error_body
 from proxy.ratelimit_headers import format_reset
 from proxy.shapes import openai_fields
-from proxy.shapes.base import AS_SENT, ClientCredential, Prepared, StreamUsage
+from proxy.shapes.base import AS_SENT, BodyRequest, ClientCredential, Prepared, StreamUsage
 from proxy.shapes.credentials import BEARER
 from proxy.shapes.tokens import completion_tokens, prompt_tokens
 
 if TYPE_CHECKING:
     from proxy.limiter.base import KeyVerdict, Kind
+    from proxy.output_caps import OutputCaps
     from proxy.shapes.cache_prefixes import CachePrefixes
 
 __all__ = [
@@ -169,7 +170,7 @@ def key_headers(verdict: KeyVerdict, now: float) -> dict[str, str]:
     return headers
 
 
-class OpenAIShape:
+class OpenAIShape(BodyRequest):
     """An OpenAI API shape: its fields checked as ``openai_fields`` does, its prompt
     estimated from ``messages``, ``prompt`` or ``input`` and its output up to its cap,
     usage as OpenAI reports it, errors in OpenAI's shape, a bearer key. A subclass names
@@ -179,6 +180,7 @@ class OpenAIShape:
     paths: tuple[str, ...] = ()
     credential: ClientCredential = BEARER
     stores_responses = False
+    output_caps: OutputCaps | None = None
 
     # The functions themselves, not methods calling them: a call less per request each
     # (docs/performance.md, "seams bound once").

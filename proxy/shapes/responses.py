@@ -19,6 +19,7 @@ import orjson
 
 from proxy.costs import Cost, TokenUsage, count, estimate_cost
 from proxy.errors import InvalidRequest
+from proxy.output_caps import RESPONSES_CAPS
 from proxy.shapes.base import AS_SENT, Prepared, StreamUsage
 from proxy.shapes.openai import OpenAIShape, token_usage
 from proxy.shapes.tokens import text_tokens
@@ -134,6 +135,7 @@ class Responses(OpenAIShape):
     name = "responses"
     stores_responses = True  # follow-ups continue them (follow_ups.py)
     paths: tuple[str, ...] = ("/v1/responses",)
+    output_caps = RESPONSES_CAPS
 
     def check(self, body: dict[str, Any]) -> None:
         _check(body)

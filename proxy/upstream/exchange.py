@@ -32,7 +32,7 @@ from proxy.catalog import DeploymentRoute
 from proxy.costs import TokenUsage
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError, UpstreamUnavailable
 from proxy.limiter.base import SUCCESS, Outcome, Remaining
-from proxy.providers.base import Wire
+from proxy.providers.base import ThrottleInBody, Wire
 from proxy.routing.outcomes import (
     admitted,
     classify_status,
@@ -191,6 +191,7 @@ class Exchange:
                 call.stream,
                 call.upstream_method,
                 call.upstream_path,
+                call.asked_model,
             )
             return request, strip_usage, None
         link = link_for(call.shape.name, deployment.speaks)
@@ -242,9 +243,9 @@ class Exchange:
         budget = deployment.provider.budget(upstream_headers, now)
         remaining = self._remaining(deployment, budget)
         if is_failure(status):
-            await discard(response)
+            said = await _throttle_said(deployment, response, status)
             outcome = classify_status(
-                status, upstream_headers, budget, now, self.cooldown_time, self.max_hold
+                status, upstream_headers, budget, now, self.cooldown_time, self.max_hold, said
             )
             error = status_error(status, deployment.id)
             error.retry_after = outcome.cool_for if status == 429 else None
@@ -366,6 +367,26 @@ def _stream_body(
         ),
         ends=None if link is None else shape.stream_usage().ends,
     )
+
+
+# The most of a 429's body read for the wait it says (``ThrottleInBody``).
+THROTTLE_BODY_LIMIT = 64 * 1024
+
+
+async def _throttle_said(
+    deployment: DeploymentRoute, response: httpx.Response, status: int
+) -> float | None:
+    """The wait a failure's body says, when it is a 429 of a provider that says it there
+    (read at most ``THROTTLE_BODY_LIMIT`` bytes); the body is done with either way."""
+    provider = deployment.provider
+    if status != 429 or not isinstance(provider, ThrottleInBody):
+        await discard(response)
+        return None
+    try:
+        content = await read_body(response, deployment.id, THROTTLE_BODY_LIMIT)
+    except (TransportFailure, UnusableAnswer):
+        return None  # cut short, too long, undecodable: no wait it says
+    return provider.throttled(content)
 
 
 async def _authorize(wire: Wire, request: UpstreamRequest, deployment: str) -> None:

@@ -66,6 +66,7 @@ def build_request(
     stream: bool,
     method: str = "POST",
     path: str = "",
+    asked: str | None = None,
 ) -> tuple[UpstreamRequest, bool]:
     """The upstream request, and whether the proxy added the usage event to a stream.
 
@@ -74,7 +75,9 @@ def build_request(
     asked for (``Shape.prepare``); ``raw`` None: ``body`` is not the client's (a
     translation: proxy/translate) and is always serialized. ``method`` and ``path``
     (below the shape's URL): a stored object's routes (``GET /v1/responses/{id}``...),
-    whose body is empty.
+    whose body is empty. ``asked``: the model as the client named it, which a
+    deployment's wire puts in the URL when the deployment names none (a shape with its
+    model in the URL has none in its body).
     """
     prepared = shape.prepare(body, stream)
     model = deployment.model_for(shape.name)  # None: the client's, as it asked
@@ -94,7 +97,8 @@ def build_request(
     headers = request_headers(client_headers, egress.credential, egress.headers, egress.defaults)
     url, target = deployment.target(shape.name)
     if deployment.wire is not None:  # the model or the stream in its URL, its own fields
-        target, payload = deployment.wire.outgoing(shape.name, model, stream, payload)
+        named = asked if model is None else model
+        target, payload = deployment.wire.outgoing(shape.name, named, stream, payload)
         url = httpx.URL(target)
     headers["content-length"] = str(len(payload))
     if path:  # a stored object's route below the shape's URL (a response's id...)
