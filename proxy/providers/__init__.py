@@ -11,6 +11,7 @@ from proxy.providers.anthropic import ANTHROPIC
 from proxy.providers.azure import AZURE
 from proxy.providers.base import Provider
 from proxy.providers.openai import OPENAI
+from proxy.providers.vertex import VERTEX
 
 __all__ = ["PROVIDERS", "Provider", "provider_of"]
 
@@ -20,6 +21,7 @@ PROVIDERS: dict[str, Provider] = {
         OPENAI,
         AZURE,
         ANTHROPIC,
+        VERTEX,
     )
 }
 

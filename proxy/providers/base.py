@@ -11,7 +11,7 @@ names to providers.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from proxy.config import Deployment
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from proxy.upstream.encoding import Reframer
     from proxy.upstream.ratelimits import UpstreamBudget
 
-__all__ = ["Provider", "Wire"]
+__all__ = ["Provider", "ReadsThrottling", "Wire"]
 
 
 class Wire(Protocol):
@@ -53,6 +53,17 @@ class Wire(Protocol):
 
     def reframer(self) -> Reframer | None:
         """A new streamed answer's reframer; None: it streams server-sent events."""
+        ...
+
+
+@runtime_checkable
+class ReadsThrottling(Protocol):
+    """A wire whose upstream says in a 429's body how long to wait (Google's
+    ``RetryInfo``): the exchange reads that body (bounded) and asks it; the
+    ``retry-after`` headers, when sent, still win."""
+
+    def retry_delay(self, body: bytes) -> float | None:
+        """Seconds a 429's ``body`` asks to wait; None: it says none."""
         ...
 
 

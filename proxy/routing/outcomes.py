@@ -70,14 +70,18 @@ def classify_status(
     now: float,
     cooldown_time: float,
     max_hold: float,
+    hint: float | None = None,
 ) -> Outcome:
     """The outcome of an upstream HTTP answer (``budget``: what its headers say of the
     upstream's budget, read by its provider); ``now`` is the wall clock (epoch); a 429
-    holds the deployment at most ``max_hold`` seconds."""
+    holds the deployment at most ``max_hold`` seconds. ``hint``: the wait its body asked
+    for (Google's ``RetryInfo``), taken when no header says one."""
     if not is_failure(status):
         return SUCCESS
     if status == 429:
         wait = retry_after(headers, now)
+        if wait is None:
+            wait = hint
         if wait is None:
             resets = [r for r in budget.resets if r]
             wait = max(resets) if resets else None

@@ -32,7 +32,7 @@ from proxy.catalog import DeploymentRoute
 from proxy.costs import TokenUsage
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError, UpstreamUnavailable
 from proxy.limiter.base import SUCCESS, Outcome, Remaining
-from proxy.providers.base import Wire
+from proxy.providers.base import ReadsThrottling, Wire
 from proxy.routing.outcomes import (
     admitted,
     classify_status,
@@ -242,9 +242,9 @@ class Exchange:
         budget = deployment.provider.budget(upstream_headers, now)
         remaining = self._remaining(deployment, budget)
         if is_failure(status):
-            await discard(response)
+            hint = _retry_hint(deployment.wire, status, await discard(response))
             outcome = classify_status(
-                status, upstream_headers, budget, now, self.cooldown_time, self.max_hold
+                status, upstream_headers, budget, now, self.cooldown_time, self.max_hold, hint
             )
             error = status_error(status, deployment.id)
             error.retry_after = outcome.cool_for if status == 429 else None
@@ -375,6 +375,15 @@ async def _authorize(wire: Wire, request: UpstreamRequest, deployment: str) -> N
         await wire.authorize(request.method, request.target, request.fields, request.content)
     except UpstreamUnavailable as exc:
         raise TransportFailure(exc, "credentials") from None
+
+
+def _retry_hint(wire: Wire | None, status: int, body: bytes) -> float | None:
+    """What a 429's body says of how long to wait, when its wire reads one (Google's
+    ``RetryInfo``); None otherwise. Only an answer read whole (not past the discard
+    bound, not gzipped) is asked."""
+    if status != 429 or not isinstance(wire, ReadsThrottling) or not body:
+        return None
+    return wire.retry_delay(body)
 
 
 def _streamed(wire: Wire | None, content_type: str) -> bool:
