@@ -1,7 +1,8 @@
 """A Google OAuth2 access token for a deployment, from google-auth: a service account's
 key file (``credentials_file``) or the Application Default Credentials, for the
 ``cloud-platform`` scope; refreshed before it expires, off the event loop (google-auth
-is blocking), one refresh shared by every request that needs it.
+is blocking), one refresh shared by every request that needs it, in the background
+while the old token is still good.
 
 A token that cannot be had (the token endpoint down or refusing, a key file gone bad)
 is ``errors.UpstreamUnavailable``: the deployment is not reachable now, its request is
@@ -12,6 +13,7 @@ the key, the assertion or a token.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -29,6 +31,9 @@ SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 # A token is refreshed this long before it expires (half its life when it lives less
 # than twice that): requests never carry one that expires on the way.
 EARLY = 300.0
+# A token past its refresh moment is still sent until this long before it expires
+# (while its successor is fetched in the background), never closer.
+USABLE_MARGIN = 60.0
 # The token endpoint's whole answer is awaited at most this long (google-auth's default
 # is 120 s, which would hold every request of the deployment that long).
 TOKEN_TIMEOUT = 10.0
@@ -45,6 +50,15 @@ def refresh_moment(now: float, expiry: float | None) -> float:
         return now + EARLY
     lifetime = max(expiry - now, 0.0)
     return now + lifetime - min(EARLY, lifetime / 2)
+
+
+def usable_until(now: float, expiry: float | None) -> float:
+    """Until when a token got at ``now`` is still sent while its successor is fetched:
+    a minute before it expires (a quarter of its life when that is shorter)."""
+    if expiry is None:
+        return now + EARLY
+    lifetime = max(expiry - now, 0.0)
+    return now + lifetime - min(USABLE_MARGIN, lifetime / 4)
 
 
 Loader = Callable[[], Any]  # google.auth.credentials.Credentials, loaded (blocking)
@@ -70,15 +84,31 @@ class GoogleToken:
         self._request: Any = None
         self._token: str | None = None
         self._refresh_at = 0.0
+        self._usable_until = 0.0
         self._failed_until = 0.0
+        self._background: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self.refreshes = 0  # how many refreshes succeeded (tests, /admin views)
 
     async def bearer(self) -> str:
-        """The token to send now; raises ``UpstreamUnavailable`` when none can be had."""
-        token = self._token
-        if token is not None and self._clock() < self._refresh_at:
+        """The token to send now; raises ``UpstreamUnavailable`` when none can be had.
+        Past its refresh moment a token still good for a while is sent while a new one
+        is fetched in the background: no request waits on a refresh but the first and
+        one after a token ran out."""
+        token, now = self._token, self._clock()
+        if token is not None and now < self._refresh_at:
             return token
+        if token is not None and now < self._usable_until:
+            if self._background is None or self._background.done():
+                self._background = asyncio.create_task(self._renew_quietly())
+            return token
+        return await self._renew()
+
+    async def _renew_quietly(self) -> None:
+        with contextlib.suppress(UpstreamUnavailable):  # logged; the next request retries
+            await self._renew()
+
+    async def _renew(self) -> str:
         async with self._lock:  # one refresh; those waiting then take its token
             token = self._token
             if token is not None and self._clock() < self._refresh_at:
@@ -97,6 +127,7 @@ class GoogleToken:
                 raise self._unavailable() from None
             now = self._clock()
             self._token, self._refresh_at = fresh, refresh_moment(now, expiry)
+            self._usable_until = usable_until(now, expiry)
             self.refreshes += 1
             return fresh
 

@@ -201,8 +201,15 @@ async def test_the_token_is_refreshed_before_it_expires() -> None:
     assert await token.bearer() == "ya29.token-1"
     clock[0] += 3600 - EARLY - 1
     assert await token.bearer() == "ya29.token-1"
-    clock[0] += 1  # five minutes before it expires
+    clock[0] += 1  # five minutes before it expires: still sent, its successor fetched
+    assert await token.bearer() == "ya29.token-1"
+    for _ in range(100):
+        if credentials.refreshed == 2:
+            break
+        await asyncio.sleep(0.01)
     assert await token.bearer() == "ya29.token-2"
+    clock[0] += 3600  # run out (no request for an hour): the next one waits for a new one
+    assert await token.bearer() == "ya29.token-3"
 
 
 async def test_a_failed_refresh_is_unavailable_and_logged_without_the_token(
@@ -212,7 +219,7 @@ async def test_a_failed_refresh_is_unavailable_and_logged_without_the_token(
     credentials = _Credentials(60.0, clock)
     token = GoogleToken("vx", clock=lambda: clock[0], loader=lambda: credentials)
     first = await token.bearer()
-    clock[0] += 59
+    clock[0] += 59  # past the minute's last quarter: it is not sent any more
     credentials.fail = True
     with caplog.at_level(logging.WARNING, "proxy.upstream"), pytest.raises(UpstreamUnavailable):
         await token.bearer()
