@@ -160,6 +160,7 @@ def test_the_token_is_refreshed_before_it_expires(account: ServiceAccount, tmp_p
     assert issued == 3
 
 
+@pytest.mark.serial  # pacing to a strict window: late turns on a loaded host are misses
 def test_the_deployments_window_is_paced_and_the_strict_upstream_sees_no_429(
     account: ServiceAccount, tmp_path: Path
 ) -> None:
@@ -267,6 +268,7 @@ def test_the_key_and_the_tokens_are_never_logged_shown_or_answered(
     assert all(token not in seen for token in tokens)
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(not redis_available(), reason="redis-server is not installed")
 def test_two_replicas_on_redis_pace_the_window_and_the_upstream_sees_no_429(
     account: ServiceAccount, tmp_path: Path
