@@ -522,12 +522,64 @@ RESERVED_HEADERS = frozenset(
 
 # How a deployment is reached (proxy/providers/): OpenAI's paths and bearer key, Azure
 # OpenAI's /openai/deployments/{deployment}/... with ?api-version= and an api-key header,
-# Anthropic's /v1/messages with x-api-key, or the Gemini API's
-# /v1beta/models/{model}:generateContent with x-goog-api-key.
-Provider = Literal["openai", "azure", "anthropic", "gemini"]
-# Where a provider's deployments are when their base_url is not given (None: required).
+# Anthropic's /v1/messages with x-api-key, the Gemini API's
+# /v1beta/models/{model}:generateContent with x-goog-api-key, or Google Vertex AI's
+# publisher models with a bearer token from google-auth.
+Provider = Literal["openai", "azure", "anthropic", "gemini", "vertex"]
+# Where a provider's deployments are when their base_url is not given (None: required;
+# Vertex AI's: its region's, ``_vertex_defaults``).
 _BASE_URLS = {"gemini": "https://generativelanguage.googleapis.com"}
 _AZURE_FIELDS = ("deployment", "api_version")
+_VERTEX_FIELDS = ("project", "region")
+# A Google Cloud project ID (6-30 characters: lowercase letters, digits, hyphens; a
+# letter first, no hyphen last), a legacy domain-scoped one (``example.com:my-project``)
+# too; a Vertex AI location (``us-east5``, ``europe-west1``, ``global``, ``us``, ``eu``).
+_GCP_PROJECT = r"^(?:[a-z0-9.-]+:)?[a-z][a-z0-9-]{4,28}[a-z0-9]$"
+_GCP_REGION = r"^[a-z][a-z0-9-]*[a-z0-9]$"
+# What a service-account key file must hold (google-auth's ``from_service_account_info``).
+_SERVICE_ACCOUNT_FIELDS = ("client_email", "private_key", "token_uri")
+
+
+def vertex_base_url(region: str) -> str:
+    """Vertex AI's endpoint for ``region`` (Google's, as Anthropic's Vertex SDK names them):
+    ``global`` and the multi-regions ``us`` and ``eu`` have hosts of their own."""
+    if region == "global":
+        return "https://aiplatform.googleapis.com"
+    if region in ("us", "eu"):
+        return f"https://aiplatform.{region}.rep.googleapis.com"
+    return f"https://{region}-aiplatform.googleapis.com"
+
+
+def _vertex_defaults(data: object) -> object:
+    """A Vertex AI deployment's ``base_url`` when none is given: its region's endpoint."""
+    if not isinstance(data, dict) or data.get("base_url"):
+        return data
+    provider, region = data.get("provider"), data.get("region")
+    vertex = isinstance(provider, str) and provider.lower() == "vertex"
+    if vertex and isinstance(region, str) and re.match(_GCP_REGION, region):
+        return {**data, "base_url": vertex_base_url(region)}
+    return data
+
+
+def _service_account_problem(path: str) -> str | None:
+    """What is wrong with a service-account key file (never its content: it holds the
+    private key); None: usable."""
+    try:
+        info = orjson.loads(Path(path).read_bytes())
+    except FileNotFoundError:
+        return f"no such file {path!r}"
+    except OSError as exc:
+        return f"cannot read {path!r} ({exc.strerror})"
+    except orjson.JSONDecodeError:
+        return f"{path!r} is not a JSON service-account key file"
+    if not isinstance(info, dict) or info.get("type") != "service_account":
+        return f'{path!r} is not a service-account key file (its "type" must be "service_account")'
+    missing = [f for f in _SERVICE_ACCOUNT_FIELDS if not isinstance(info.get(f), str)]
+    if missing:
+        return f"{path!r} lacks {', '.join(missing)}"
+    return None
+
+
 # What may appear in an Azure URL's path segment or query value without escaping.
 _URL_SAFE = r"^[A-Za-z0-9_.-]+$"
 
@@ -540,6 +592,11 @@ class Deployment(_Limited):
     # Azure only: the deployment's name in the URL and the api-version query parameter.
     deployment: str = Field(default="", validate_default=True)
     api_version: str = Field(default="", validate_default=True)
+    # Vertex AI only (providers/vertex.py): the Google Cloud project and region in the URL,
+    # and the service account's key file (none: Application Default Credentials).
+    project: str = Field(default="", validate_default=True)
+    region: str = Field(default="", validate_default=True)
+    credentials_file: str = ""
     model: str | None = None
     burst: PositiveInt | None = None
     weight: float = Field(default=1.0, gt=0)
@@ -551,6 +608,11 @@ class Deployment(_Limited):
     proxy_url: SecretStr = SecretStr("")
     # USD per 1M tokens; wins over its group's price.
     price: PriceSpec | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _base_url_default(cls, data: object) -> object:
+        return _vertex_defaults(data)
 
     @field_validator("base_url")
     @classmethod
@@ -593,6 +655,41 @@ class Deployment(_Limited):
         if value and not re.match(_URL_SAFE, value):
             raise ValueError("may contain only letters, digits and _ . -")
         return value
+
+    @field_validator(*_VERTEX_FIELDS)
+    @classmethod
+    def _vertex_only(cls, value: str, info: ValidationInfo) -> str:
+        provider = info.data.get("provider")
+        if provider is None:
+            return value  # the provider itself is wrong: that is the error to report
+        if provider == "vertex" and not value:
+            raise ValueError("is required with provider: vertex")
+        if provider != "vertex" and value:
+            raise ValueError(f"is only for provider: vertex (this deployment is {provider})")
+        pattern = _GCP_PROJECT if info.field_name == "project" else _GCP_REGION
+        if value and not re.match(pattern, value):
+            raise ValueError(f"is not a Google Cloud {info.field_name} name ({value!r})")
+        return value
+
+    @field_validator("credentials_file")
+    @classmethod
+    def _service_account(cls, value: str, info: ValidationInfo) -> str:
+        provider = info.data.get("provider")
+        if value and provider is not None and provider != "vertex":
+            raise ValueError(f"is only for provider: vertex (this deployment is {provider})")
+        problem = _service_account_problem(value) if value else None
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @model_validator(mode="after")
+    def _no_vertex_key(self) -> Deployment:
+        if self.provider == "vertex" and self.api_key.get_secret_value():
+            raise ValueError(
+                "api_key: not used with provider: vertex (its bearer token comes from"
+                " credentials_file or the Application Default Credentials)"
+            )
+        return self
 
     @field_validator("headers")
     @classmethod

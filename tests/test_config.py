@@ -460,10 +460,10 @@ def test_azure_fields_must_be_safe_in_a_url_and_the_provider_known() -> None:
         "models[0].deployments[0].deployment: may contain only letters, digits and _ . -",
         "models[0].deployments[0].api_version: may contain only letters, digits and _ . -",
     ]
-    problems = _problems(_azure(provider="bedrock"))
+    problems = _problems(_azure(provider="nonesuch"))
     assert problems == [
         "models[0].deployments[0].provider: must be one of 'openai', 'azure', 'anthropic'"
-        " or 'gemini' (got 'bedrock')"
+        ", 'gemini' or 'vertex' (got 'nonesuch')"
     ]
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from . import anthropic, azure, bodies, gemini, responses
+from . import anthropic, azure, bodies, gemini, responses, vertex
 from .bodies import Job
 from .config import FakeUpstreamConfig
 from .prompt_cache import PromptCache
@@ -35,6 +35,8 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 # Which API a request speaks: "openai" (the default), "responses" or "anthropic".
 API: web.RequestKey[str] = web.RequestKey("api", str)
+# A Messages API request on Vertex AI's paths (its bearer token, Google's errors).
+VERTEX: web.RequestKey[bool] = web.RequestKey("vertex", bool)
 HANG_POLL_SECONDS = 0.05  # how often a hung request looks whether its client went away
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
@@ -72,6 +74,7 @@ class FakeUpstream:
         self._id_prefix = os.urandom(4).hex()  # distinct ids across instances
         self._hanging: set[int] = set()  # id() of hung requests: their end is no disconnect
         self._models_body = bodies.models_list(config.models, int(time.time()))
+        self.tokens = vertex.TokenIssuer(config.google_service_accounts, config.token_lifetime)
 
     # ------------------------------------------------------------ state operations
 
@@ -167,6 +170,52 @@ class FakeUpstream:
         self.stats.served += 1
         return self._json(200, orjson.dumps({"input_tokens": tokens}))
 
+    async def google_token(self, request: web.Request) -> web.StreamResponse:
+        """Google's OAuth2 token endpoint: the JWT bearer grant (vertex.py)."""
+        self._note_arrival(request)
+        form = await request.post()
+        fields = {name: value for name, value in form.items() if isinstance(value, str)}
+        audience = str(request.url.with_query(None))
+        status, body = self.tokens.grant(fields, audience)
+        return self._json(status, body)  # (not counted as served: no model answered)
+
+    async def vertex_anthropic(self, request: web.Request) -> web.StreamResponse:
+        """Anthropic's models on Vertex AI: ``{model}:rawPredict`` and
+        ``:streamRawPredict``, ``count-tokens:rawPredict``."""
+        request[API], request[VERTEX] = "anthropic", True
+        model, method = vertex.model_action(request.match_info["action"])
+        if model == "count-tokens" and method == "rawPredict":
+            return await self._vertex_count_tokens(request)
+        if method not in ("rawPredict", "streamRawPredict"):
+            self._note_arrival(request)
+            return self._json(404, vertex.google_error(404, f"Unknown method {method!r}."))
+
+        def parse(body: dict[str, Any], config: FakeUpstreamConfig) -> Job | str:
+            problem = _vertex_body_problem(body, method == "streamRawPredict")
+            return problem or self._parse_message({**body, "model": model}, config)
+
+        return await self._inference(request, parse, anthropic.message, anthropic.events, "msg_")
+
+    async def _vertex_count_tokens(self, request: web.Request) -> web.StreamResponse:
+        arrival = self._note_arrival(request)
+        if not self.tokens.valid(request.headers.get("Authorization")):
+            return self._google_unauthenticated()
+        try:
+            body = await self._read_body(request, arrival)
+        except _Answered as answered:
+            return answered.response
+        problem = vertex.version_problem(body.get("anthropic_version"))
+        if problem is not None:
+            return self._bad_request(problem, api="anthropic")
+        tokens = anthropic.input_tokens(body)
+        if isinstance(tokens, str):
+            return self._bad_request(tokens, api="anthropic")
+        self.stats.served += 1
+        return self._json(200, orjson.dumps({"input_tokens": tokens}))
+
+    def _google_unauthenticated(self) -> web.Response:
+        return self._json(401, vertex.google_error(401, vertex.UNAUTHENTICATED))
+
     async def models(self, request: web.Request) -> web.StreamResponse:
         self._note_arrival(request)
         if not self._authorized(request):
@@ -245,14 +294,7 @@ class FakeUpstream:
     ) -> tuple[Job, dict[str, str]]:
         """Auth, body, rate limit, latency and faults; raises _Answered to answer early."""
         api = request.get(API, "openai")
-        if api == "anthropic":
-            self._check_anthropic_headers(request)
-        elif api == "gemini":
-            problem = gemini.key_problem(request.headers, request.query, self.config.api_key)
-            if problem is not None:
-                raise _Answered(self._json(*problem))
-        elif not self._authorized(request):
-            raise _Answered(self._unauthorized())
+        self._check_credentials(request, api)
         body = await self._read_body(request, arrival)
         if self.config.azure and api == "responses":
             self._check_azure_responses(request, body.get("model") or "")
@@ -278,8 +320,24 @@ class FakeUpstream:
         await self._sleep_latency()
         fault = self._draw_fault()
         if fault is not None:
-            raise _Answered(await self._inject(request, fault, headers, api))
+            google = "vertex" if request.get(VERTEX) else api
+            raise _Answered(await self._inject(request, fault, headers, google))
         return job, headers
+
+    def _check_credentials(self, request: web.Request, api: str) -> None:
+        """The API's credentials (Vertex AI's: a bearer token issued here); raises
+        _Answered with its 401 (or an Anthropic version's 400)."""
+        if request.get(VERTEX):
+            if not self.tokens.valid(request.headers.get("Authorization")):
+                raise _Answered(self._google_unauthenticated())
+        elif api == "anthropic":
+            self._check_anthropic_headers(request)
+        elif api == "gemini":
+            problem = gemini.key_problem(request.headers, request.query, self.config.api_key)
+            if problem is not None:
+                raise _Answered(self._json(*problem))
+        elif not self._authorized(request):
+            raise _Answered(self._unauthorized())
 
     async def _read_body(self, request: web.Request, arrival: LastRequest) -> dict[str, Any]:
         raw = await request.read()
@@ -630,6 +688,8 @@ class FakeUpstream:
         return self._json(400, bodies.error_body(message, "invalid_request_error", code, param))
 
     def _server_error(self, status: int, headers: dict[str, str], api: str) -> web.Response:
+        if api == "vertex":
+            return self._json(status, vertex.google_error(status, "Service unavailable."), headers)
         if api == "anthropic":
             return self._anthropic_error(
                 status, "Overloaded" if status == 529 else "Internal server error", headers
@@ -649,6 +709,10 @@ class FakeUpstream:
             return self._json(429, body)
         headers = self._limit_headers(now, request)
         headers.update(JSON_HEADERS)
+        if request.get(VERTEX):  # Google's answer: no retry-after, a RetryInfo
+            text = vertex.rate_limit_message(rejection.kind, job.model)
+            delay = ceil_millis(rejection.retry_after) / 1000
+            return self._json(429, vertex.google_error(429, text, delay), headers)
         seconds = ceil_seconds(rejection.retry_after)
         headers["retry-after"] = str(seconds)
         if request.get(API) == "anthropic":
@@ -668,8 +732,8 @@ class FakeUpstream:
     def _limit_headers(self, now: float, request: web.Request) -> dict[str, str]:
         """The rate-limit headers of the request's API."""
         config = self.config
-        if not config.ratelimit_headers or request.get(API) == "gemini":
-            return {}  # (Google sends none)
+        if not config.ratelimit_headers or request.get(API) == "gemini" or request.get(VERTEX):
+            return {}  # (Google sends none; Vertex AI announces no budget)
         if request.get(API) == "anthropic":
             return self.windows.anthropic_headers(now, config)
         if config.azure:
@@ -717,6 +781,23 @@ def _parse_embedding(body: dict[str, Any], config: FakeUpstreamConfig) -> Job | 
 def _render_embeddings(job: Job, rid: str, created: int) -> bytes:
     return bodies.embeddings(job)
 
+
+def _vertex_body_problem(body: dict[str, Any], streamed: bool) -> str | None:
+    """What Vertex AI refuses in an Anthropic model's body: a ``model`` (named in the
+    path), no ``anthropic_version`` or one it does not take, a stream flag the method
+    contradicts."""
+    if "model" in body:
+        return "model: Extra inputs are not permitted (the model is named in the URL)"
+    problem = vertex.version_problem(body.get("anthropic_version"))
+    if problem is not None:
+        return problem
+    if bool(body.get("stream")) != streamed:
+        return "stream: must be true with streamRawPredict and false with rawPredict"
+    return None
+
+
+# Google Vertex AI's Anthropic publisher models (any project and region).
+_VERTEX_MODELS = "/v1/projects/{project}/locations/{region}/publishers/anthropic/models"
 
 # Azure OpenAI's paths (azure mode): the deployment is named in the path.
 _AZURE_PATH = "/openai/deployments/{deployment}"
@@ -766,6 +847,9 @@ def build_app(config: FakeUpstreamConfig | None = None) -> web.Application:
             ("POST", "/v1/messages/count_tokens", upstream.count_tokens),
             # The Gemini API's: the model and the method in one segment.
             ("POST", "/v1beta/models/{target}", upstream.generate_content),
+            # Google Vertex AI's Anthropic models, and the token endpoint of its accounts.
+            ("POST", f"{_VERTEX_MODELS}/{{action}}", upstream.vertex_anthropic),
+            ("POST", "/token", upstream.google_token),
         ]
     )
     routes: list[Route] = [

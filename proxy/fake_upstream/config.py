@@ -108,6 +108,11 @@ class FakeUpstreamConfig:
     # requests read it (`cache_read_input_tokens`, which `itpm` does not count).
     prompt_cache: bool = False
     access_log: bool = False
+    # Google Vertex AI (vertex.py): the service accounts whose JWT assertions its token
+    # endpoint (POST /token) accepts, each (client_email, public key PEM), and how long
+    # the access tokens it issues live, in seconds.
+    google_service_accounts: tuple[tuple[str, str], ...] = ()
+    token_lifetime: float = 3600.0
     _latency_range: tuple[float, float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -277,6 +282,10 @@ def _validate_answers(config: FakeUpstreamConfig) -> None:
     _require(all(isinstance(m, str) for m in config.models), "models must be strings")
     _require(isinstance(config.azure, bool), "azure must be true/false")
     _require(isinstance(config.prompt_cache, bool), "prompt_cache must be true/false")
+    _require(
+        _is_number(config.token_lifetime) and config.token_lifetime > 0,
+        "token_lifetime must be > 0",
+    )
     _require(
         bool(config.azure_api_versions)
         and all(isinstance(v, str) and v for v in config.azure_api_versions),

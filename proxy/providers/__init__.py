@@ -12,6 +12,7 @@ from proxy.providers.azure import AZURE
 from proxy.providers.base import Provider
 from proxy.providers.gemini import GEMINI
 from proxy.providers.openai import OPENAI
+from proxy.providers.vertex import VERTEX
 
 __all__ = ["PROVIDERS", "Provider", "provider_of"]
 
@@ -22,6 +23,7 @@ PROVIDERS: dict[str, Provider] = {
         AZURE,
         ANTHROPIC,
         GEMINI,
+        VERTEX,
     )
 }
 

@@ -11,16 +11,14 @@ splits them.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-import orjson
-
 from proxy.costs import Counting
 from proxy.errors import InvalidRequest
 from proxy.limiter.base import Outcome
+from proxy.providers.google_errors import MAX_RETRY_DELAY, retry_delay
 from proxy.upstream.ratelimits import UpstreamBudget, parse_budget
 
 if TYPE_CHECKING:
@@ -44,41 +42,7 @@ GEMINI_SHAPES = frozenset(("generateContent",))
 # thinking model's thoughts) and `candidatesTokenCount` are output (shapes/gemini.py).
 GEMINI_COUNTING = Counting(cache_reads=True, adjusted=False)
 
-# The longest retryDelay believed (an upstream's hold is bounded again by
-# server.max_upstream_hold): a day; more, or anything not Google's duration, is ignored.
-MAX_RETRY_DELAY = 86_400.0
-# A google.protobuf.Duration in JSON: seconds with up to 9 fractional digits, then "s".
-_DURATION = re.compile(r"(\d{1,9})(\.\d{1,9})?s")
-_RETRY_INFO = "type.googleapis.com/google.rpc.RetryInfo"
 _KEY_INVALID = b"API_KEY_INVALID"
-
-
-def retry_delay(body: bytes) -> float | None:
-    """The ``retryDelay`` of a 429's ``RetryInfo`` detail, in seconds: Google's duration
-    (``"38s"``, ``"0.5s"``) read strictly, at most ``MAX_RETRY_DELAY``; None for a body
-    without one, or one that is not such a duration (negative, another unit, a number)."""
-    try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    error = payload.get("error") if isinstance(payload, dict) else None
-    details = error.get("details") if isinstance(error, dict) else None
-    if not isinstance(details, list):
-        return None
-    for detail in details:
-        if isinstance(detail, dict) and detail.get("@type") == _RETRY_INFO:
-            return _seconds(detail.get("retryDelay"))
-    return None
-
-
-def _seconds(value: object) -> float | None:
-    if not isinstance(value, str):
-        return None
-    found = _DURATION.fullmatch(value)
-    if found is None:
-        return None
-    seconds = float(found.group(1) + (found.group(2) or ""))
-    return seconds if seconds <= MAX_RETRY_DELAY else None
 
 
 class CrLf:

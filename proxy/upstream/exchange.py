@@ -252,7 +252,7 @@ class Exchange:
             return Answer(
                 str(status), outcome, upstream_time, None, error, True, False, budget, remaining
             )
-        secret = redactable(deployment.config.api_key.get_secret_value())
+        secret = redactable(_key(deployment, request))
         headers = redact_headers(response_headers(upstream_headers.items()), secret.decode())
         content_type = upstream_headers.get("content-type", "")
         if stream and status == 200 and _streamed(deployment.wire, content_type):
@@ -396,6 +396,15 @@ async def _authorize(wire: Wire, request: UpstreamRequest, deployment: str) -> N
         await wire.authorize(request.method, request.target, request.fields, request.content)
     except UpstreamUnavailable as exc:
         raise TransportFailure(exc, "credentials") from None
+
+
+def _key(deployment: DeploymentRoute, request: UpstreamRequest) -> str:
+    """The credential an answer must never show: the deployment's key, or what its wire
+    put in ``authorization`` for this request (a bearer token: Vertex AI's)."""
+    if deployment.wire is None:
+        return deployment.config.api_key.get_secret_value()
+    sent = request.fields.get("authorization", "")
+    return sent.removeprefix("Bearer ") if sent else deployment.config.api_key.get_secret_value()
 
 
 def _streamed(wire: Wire | None, content_type: str) -> bool:

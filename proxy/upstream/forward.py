@@ -157,13 +157,14 @@ def undecodable(deployment: str, exc: Undecodable) -> UnusableAnswer:
     return UnusableAnswer(UpstreamUnavailable(message, code="upstream_error"), "encoding")
 
 
-async def discard(response: httpx.Response) -> None:
-    """Read and close an answer whose body nobody needs (the connection is reused if it
-    was short)."""
+async def discard(response: httpx.Response) -> bytes:
+    """Read and close an answer whose body is not passed on (the connection is reused if
+    it was short); what was read, as it came (empty past ``DISCARD_LIMIT`` or on an
+    error): a failure's body may still say something (Google's ``RetryInfo``)."""
     try:
-        await _read(response, DISCARD_LIMIT)
+        return await _read(response, DISCARD_LIMIT)
     except (TimeoutError, httpx.HTTPError, OSError, AnswerTooLarge):
-        pass
+        return b""
     finally:
         await response.aclose()
 
