@@ -24,8 +24,6 @@ FAST_PATHS: dict[str, str] = {
     " egress proxy, instead of aiohttp",
     "leases": "a share of a key's or a deployment's budget held by a replica"
     " (limiter/redis/leases.py) instead of one Redis call per request",
-    "metric-writers": "metric values written straight into prometheus-client's"
-    " multiprocess files (metric_values.py) instead of through its own values",
 }
 
 

@@ -34,7 +34,6 @@ def test_the_fast_paths_are_the_remaining_switches() -> None:
         "protocol",
         "lean",
         "leases",
-        "metric-writers",
     }
 
 
