@@ -387,7 +387,6 @@ def _url(args: argparse.Namespace) -> str:
 def _serve_workers(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
-    from proxy.api.balance import create_table, remove_table
     from proxy.metrics import cleanup_multiprocess_dir, prepare_multiprocess_dir
     from proxy.supervisor import run_supervised
     from proxy.worker_env import CONFIG_ENV, SUPERVISOR_ENV, WORKERS_ENV
@@ -404,22 +403,16 @@ def _serve_workers(args: argparse.Namespace, settings: Settings) -> int:
         )
     # Workers pass POST /admin/reload to this process, which passes SIGHUP to them all.
     os.environ[SUPERVISOR_ENV] = str(os.getpid())
-    connections = create_table(args.workers)
-    options = _uvicorn_options(args, settings.server.log_level)
-    # Each worker takes a connection only while it holds about as many as the others.
-    if fast_paths.enabled("balance"):
-        options["loop"] = BALANCED_LOOP
     try:
         run_supervised(
             uvicorn.Config(
                 "proxy.app:create_app_from_env",
                 factory=True,
                 workers=args.workers,
-                **options,
+                **_uvicorn_options(args, settings.server.log_level),
             )
         )
     finally:
-        remove_table(connections)
         if metrics_dir is not None:
             cleanup_multiprocess_dir(metrics_dir)
     return 0
@@ -440,7 +433,6 @@ GRACEFUL_SHUTDOWN_SECONDS = 30
 HTTP_PROTOCOL = "proxy.api.direct:DirectReplyProtocol"
 # The same protocol's timeouts and limits, every reply through uvicorn's ASGI cycle.
 ASGI_PROTOCOL = "proxy.api.protocol:HeaderTimeoutProtocol"
-BALANCED_LOOP = "proxy.api.balance:new_event_loop"
 
 
 def _uvicorn_options(args: argparse.Namespace, log_level: str) -> dict[str, Any]:

@@ -20,14 +20,10 @@ ENV = "LLM_PROXY_WITHOUT"
 FAST_PATHS: dict[str, str] = {
     "protocol": "forwarding POSTs served by the proxy's own HTTP/1.1 cycle (api/direct.py)"
     " instead of uvicorn's ASGI cycle",
-    "balance": "with --workers N, a connection accepted by the worker holding the fewest"
-    " (api/balance.py) instead of by whichever the kernel wakes",
     "lean": "the hand-written upstream client (upstream/lean.py) for upstreams without an"
     " egress proxy, instead of aiohttp",
     "leases": "a share of a key's or a deployment's budget held by a replica"
     " (limiter/redis/leases.py) instead of one Redis call per request",
-    "metric-writers": "metric values written straight into prometheus-client's"
-    " multiprocess files (metric_values.py) instead of through its own values",
 }
 
 

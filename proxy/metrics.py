@@ -40,8 +40,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client import values as _prom_values
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
-from proxy import fast_paths, metric_values
-
 __all__ = [
     "CONTENT_TYPE",
     "LIMITER_OPERATIONS",
@@ -154,8 +152,6 @@ class Metrics:
         self.multiprocess_dir = _multiprocess_dir()
         self._render_registry = self.registry
         if self.multiprocess_dir is not None:
-            if fast_paths.enabled("metric-writers"):
-                metric_values.install()  # no lock and no getpid per write (metric_values.py)
             # The aggregating registry reads every worker's files; self.registry still
             # holds this process's own values (handy in tests and for debugging).
             self._render_registry = CollectorRegistry(auto_describe=False)
@@ -576,7 +572,7 @@ _M = TypeVar("_M", Counter, Gauge, Histogram)
 class _Children(Generic[_M]):
     """A metric's labelled children, looked up in a dict keyed by the label values:
     ``.labels()`` validates and locks on every call, too slow for the hot path.
-    :meth:`writer` gives a child's write with prometheus-client's checks already done."""
+    :meth:`writer` gives a child's write, its bound method looked up once."""
 
     __slots__ = ("_children", "_metric", "_writers")
     _metric: _M
@@ -595,12 +591,12 @@ class _Children(Generic[_M]):
         return child
 
     def writer(self, *values: object) -> Callable[[float], None]:
-        """The child's ``inc`` (counter, gauge) or ``observe`` (histogram), straight to
-        its values (``metric_values.writer``). A counter's caller never passes a negative
-        amount."""
+        """The child's ``inc`` (counter, gauge) or ``observe`` (histogram)."""
         write = self._writers.get(values)
         if write is None:
-            write = self._writers[values] = metric_values.writer(self(*values))
+            child = self(*values)
+            write = child.observe if isinstance(child, Histogram) else child.inc
+            self._writers[values] = write
         return write
 
     def forget(self, which: Callable[[tuple[object, ...]], bool]) -> None:
@@ -626,7 +622,8 @@ def _multiprocess_dir() -> str | None:
     The truth is prometheus-client's value class, fixed when it was imported; the
     environment variable only tells where the files are.
     """
-    mmap_backed = bool(getattr(_prom_values.ValueClass, "_multiprocess", False))
+    # Public names only: anything but its in-process MutexValue is its mmap-backed class.
+    mmap_backed = _prom_values.ValueClass is not _prom_values.MutexValue
     path = os.environ.get(MULTIPROC_ENV)
     if mmap_backed:
         if not path or not os.path.isdir(path):

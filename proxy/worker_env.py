@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["CONFIG_ENV", "CONNECTIONS_ENV", "SUPERVISOR_ENV", "WORKERS_ENV"]
+__all__ = ["CONFIG_ENV", "SUPERVISOR_ENV", "WORKERS_ENV"]
 
 CONFIG_ENV: Final = "LLM_PROXY_CONFIG"  # the config file's absolute path
 WORKERS_ENV: Final = "LLM_PROXY_WORKERS"  # how many workers share the budgets
 SUPERVISOR_ENV: Final = "LLM_PROXY_SUPERVISOR_PID"  # the parent, which passes SIGHUP on
-CONNECTIONS_ENV: Final = "LLM_PROXY_CONNECTIONS_FILE"  # the workers' open connections

@@ -32,10 +32,8 @@ def test_the_fast_paths_are_the_remaining_switches() -> None:
     """Any other name (one of a fast path removed, issue 52) is unknown: an error below."""
     assert set(fast_paths.FAST_PATHS) == {
         "protocol",
-        "balance",
         "lean",
         "leases",
-        "metric-writers",
     }
 
 

@@ -20,7 +20,6 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from support.ports import free_port
 
-from proxy import metric_values
 from proxy.metrics import (
     CONTENT_TYPE,
     MULTIPROC_ENV,
@@ -327,9 +326,9 @@ def test_the_hot_path_reuses_labelled_children(
     assert sample(scrape(metrics), "llmproxy_requests_total", model="m", status="200", api="") == 2
 
 
-def test_the_hot_path_writes_exactly_what_prometheus_clients_own_methods_write() -> None:
-    # The writers skip Counter.inc and Histogram.observe: the same amounts, through
-    # each, give the same exposition, bucket by bucket (bounds themselves included).
+def test_the_recording_methods_write_what_prometheus_clients_own_calls_write() -> None:
+    # The same amounts, through the recording methods and through .labels(), give the
+    # same exposition, bucket by bucket (bounds themselves included).
     amounts = [0.0, 0.001, 0.005, 0.0051, 0.1, 0.25, 1.0, 59.9, 600.0, 600.5, 1e9]
     ours, theirs = Metrics(), Metrics()
     for amount in amounts:
@@ -354,26 +353,6 @@ def test_the_hot_path_writes_exactly_what_prometheus_clients_own_methods_write()
         return {k: v for k, v in scrape(metrics).items() if not k[0].endswith("_created")}
 
     assert values(ours) == values(theirs)
-
-
-def test_a_child_laid_out_unlike_this_prometheus_client_keeps_its_own_methods() -> None:
-    class Foreign:
-        def __init__(self) -> None:
-            self.seen: list[float] = []
-
-        def inc(self, amount: float) -> None:
-            self.seen.append(amount)
-
-        def observe(self, amount: float) -> None:
-            self.seen.append(-amount)
-
-    counter = Foreign()
-    metric_values.writer(counter)(2.0)
-    histogram = Foreign()
-    histogram._buckets = [object()]  # type: ignore[attr-defined]
-    metric_values.writer(histogram)(3.0)
-
-    assert (counter.seen, histogram.seen) == ([2.0], [-3.0])
 
 
 # -- multiprocess mode ----------------------------------------------------------------------
@@ -514,44 +493,6 @@ def test_workers_sharing_a_dir_are_rendered_as_one_replica(
     assert sample(s, "llmproxy_limiter_fallback_active") == 0
     # No per-process series leak out.
     assert not any("pid" in dict(labels) for _, labels in s)
-
-
-# A worker that forks after recording: the child's writes must go to its own file.
-FORKER = textwrap.dedent(
-    """
-    import os, sys
-    from proxy.metrics import Metrics
-    m = Metrics()
-    value_class = type(m._requests_total.labels("m", "200", "")._value).__name__
-    m.request_finished("m", 200, 0.5)
-    pid = os.fork()
-    if pid == 0:
-        m.request_finished("m", 200, 0.25)
-        m.in_flight_add("m", "d", 1)
-        os._exit(0)
-    os.waitpid(pid, 0)
-    m.request_finished("m", 200, 0.5)
-    print(value_class, len(os.listdir(os.environ["PROMETHEUS_MULTIPROC_DIR"])))
-    """
-)
-
-
-def test_multiprocess_values_skip_the_per_write_pid_check_yet_a_fork_writes_its_own_file(
-    multiproc_env: dict[str, str],
-) -> None:
-    out = subprocess.run(
-        [sys.executable, "-c", FORKER], env=multiproc_env, capture_output=True, text=True,
-        check=True, timeout=60,
-    )  # fmt: skip
-    value_class, files = out.stdout.split()
-    assert value_class == "LeanMmapedValue"
-    assert int(files) >= 2  # the parent's files and the child's (other pid)
-
-    s = render_in_another_worker(multiproc_env)
-    assert sample(s, "llmproxy_requests_total", model="m", status="200", api="") == 3
-    assert sample(s, "llmproxy_request_duration_seconds_sum", model="m") == 1.25
-    # The child is gone: its in-flight request is not counted.
-    assert sample(s, "llmproxy_in_flight_requests", model="m", deployment="d") in (None, 0)
 
 
 def test_a_dead_worker_keeps_its_counts_but_not_its_in_flight_requests(

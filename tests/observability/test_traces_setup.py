@@ -28,6 +28,7 @@ from support.raw_upstream import Conversation, answer
 from support.scripted_upstream import ScriptedUpstream
 from support.waiting import wait_until
 
+from loadtest.bench.servers import connections_by_worker
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,19 +124,30 @@ def test_each_worker_exports_its_own_spans_and_flushes_them_at_shutdown(
     upstream: FakeUpstreamHandle, tmp_path: Path
 ) -> None:
     """Batches are sent only every 10 minutes here: what arrives, arrives at shutdown.
-    Four connections held open at once: the second worker takes some (balance.py)."""
+    Connections are opened one at a time, each kept, until both workers hold one (the
+    kernel hands them out), then each asks once more."""
     with OtlpHttpReceiver() as receiver:
         env = {**_env(receiver.url, delay_ms=600_000), "OTEL_SERVICE_NAME": "proxy-under-test"}
         proxy = ProxyProcess(_config(upstream), tmp_path, workers=2, env=env).start()
         try:
             started = "Application startup complete."
             wait_until(lambda: proxy.logs().count(started) == 2, 20.0, "both workers started")
-            clients = [httpx.Client(base_url=proxy.base_url, timeout=10) for _ in range(4)]
+            assert proxy.process is not None
+            parent = proxy.process.pid
+            clients: list[httpx.Client] = []
             ids = []
-            for client in clients * 2:
+
+            def ask(client: httpx.Client) -> None:
                 answer = client.post("/chat/completions", json=CHAT)
                 assert answer.status_code == 200
                 ids.append(answer.headers["x-request-id"])
+
+            while min(connections_by_worker(parent, proxy.port).values(), default=0) == 0:
+                assert len(clients) < 64, "every connection went to one worker"
+                clients.append(httpx.Client(base_url=proxy.base_url, timeout=10))
+                ask(clients[-1])
+            for client in clients:
+                ask(client)
             assert receiver.spans.all() == []  # nothing sent yet
             for client in clients:
                 client.close()
