@@ -16,6 +16,12 @@ subtracted so start-up cancels out. Without valgrind it prints CPU time per requ
 which is noisy. This is a microscope for changes to the Python path; ``make bench`` is
 still the measure of what a client sees.
 
+``--server --mode real`` counts a worker of the real-traffic benchmark's replicas
+(loadtest/bench/traffic.py: 1,000 keys with per-key limits, 30 deployments in 3 groups on
+chat, Messages and Responses, 20% streamed; each request's key, group and streaming drawn
+from a seeded PRNG, the same sequence every run); ``--without NAME`` also counts the
+same tree with that fast path off (``LLM_PROXY_WITHOUT``), side by side.
+
 ``--server`` counts a real worker instead: ``llm-proxy serve --workers 1`` under callgrind
 (instrumented only while it serves), the fake upstream and a private Redis beside it, and
 one keep-alive client sending requests one at a time. What is counted is then the whole
@@ -35,10 +41,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 MODES = ("memory", "redis", "nolimits", "redis-default")
+SERVED_MODES = (*MODES, "real")  # real: only with --server
 _SHORT, _LONG = 100, 400  # requests (per repetition) of the two subtracted runs
 _REPEAT = 5
 
@@ -199,11 +206,26 @@ def served_config(tmp: str, upstream: str, redis: str, mode: str) -> str:
     from loadtest.bench.configs import proxy_config
     from loadtest.bench.model import DEFAULT_CONFIG, LARGE_BURST
 
+    if mode == "real":
+        return _real_config(tmp, upstream, redis)
     shared = redis if mode.startswith("redis") else None
     bench = DEFAULT_CONFIG if mode == "redis-default" else LARGE_BURST
     config = proxy_config(upstream, shared, mode != "nolimits", bench)
     if shared:
         config["redis"] = {"url": redis, "timeout": "30s"}
+    path = Path(tmp) / "proxy.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def _real_config(tmp: str, upstream: str, redis: str) -> str:
+    import yaml
+
+    from loadtest.bench import traffic
+
+    shape = traffic.REAL
+    config = traffic.proxy_config(shape, {g.model: [upstream] for g in shape.groups}, redis)
+    config["redis"] = {"url": redis, "timeout": "30s"}
     path = Path(tmp) / "proxy.yaml"
     path.write_text(yaml.safe_dump(config))
     return str(path)
@@ -221,9 +243,10 @@ def wait_live(proxy: subprocess.Popen[bytes], port: int, log: Callable[[], str])
         time.sleep(0.5)
 
 
-def _served_instructions(source: Path, mode: str) -> int:
-    """Instructions per request of one real worker of the tree at ``source``."""
-    from loadtest.bench.servers import servers
+def _served_instructions(source: Path, mode: str, without: str = "") -> int:
+    """Instructions per request of one real worker of the tree at ``source`` (with the
+    fast paths ``without`` names off)."""
+    from loadtest.bench.servers import servers, source_env
     from loadtest.bench.wrk import API_KEY
     from loadtest.topology import LOOPBACK, free_port
 
@@ -240,9 +263,10 @@ def _served_instructions(source: Path, mode: str) -> int:
                 "--workers", "1",
             ],
             source,
+            env={**source_env(source), "LLM_PROXY_WITHOUT": without} if without else None,
         )  # fmt: skip
         wait_live(proxy, port, lambda: procs.log("proxy"))
-        with Client(port, API_KEY) as client:
+        with Client(port, API_KEY, real=mode == "real") as client:
             client.send(200)
             _callgrind(proxy.pid, "-i", "on")
             client.send(_SERVED)
@@ -263,18 +287,26 @@ def _callgrind(pid: int, *command: str) -> None:
 
 
 class Client:
-    """One keep-alive connection posting the benchmark's request, one at a time."""
+    """One keep-alive connection posting the benchmark's request, one at a time; ``real``:
+    the real-traffic benchmark's requests (``real_requests``)."""
 
-    def __init__(self, port: int, api_key: str) -> None:
+    def __init__(self, port: int, api_key: str, real: bool = False) -> None:
         import http.client
 
         self._connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
         self._api_key = api_key
+        self._real = real_requests() if real else None
+
+    def _next(self) -> tuple[str, bytes, dict[str, str]]:
+        if self._real is not None:
+            return next(self._real)
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self._api_key}"}
+        return "/v1/chat/completions", _REQUEST, headers
 
     def send(self, count: int) -> None:
-        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self._api_key}"}
         for _ in range(count):
-            self._connection.request("POST", "/v1/chat/completions", _REQUEST, headers)
+            path, body, headers = self._next()
+            self._connection.request("POST", path, body, headers)
             response = self._connection.getresponse()
             body = response.read()
             if response.status != 200:
@@ -287,10 +319,40 @@ class Client:
         self._connection.close()
 
 
+def real_requests(seed: int = 1) -> Iterator[tuple[str, bytes, dict[str, str]]]:
+    """The real-traffic benchmark's requests as bench_traffic.lua draws them: a key, a
+    group by its share, 20% streamed (a seeded PRNG: the same sequence every run)."""
+    import json
+    import random
+
+    from loadtest.bench import traffic
+
+    shape = traffic.REAL
+    draw = random.Random(seed)
+    prompt = "Say hello in one short sentence please."
+    while True:
+        key = traffic.key_secret(draw.randrange(shape.keys))
+        group = draw.choices(shape.groups, [g.share for g in shape.groups])[0]
+        body: dict[str, object] = {"model": group.model}
+        if group.api == "responses":
+            body.update(max_output_tokens=16, input=prompt)
+        else:
+            body.update(max_tokens=16, messages=[{"role": "user", "content": prompt}])
+        if draw.randrange(100) < shape.stream_percent:
+            body["stream"] = True
+        headers = {"Content-Type": "application/json"}
+        if group.api == "messages":
+            headers.update({"anthropic-version": traffic.ANTHROPIC_VERSION, "x-api-key": key})
+        else:
+            headers["Authorization"] = f"Bearer {key}"
+        yield traffic.PATHS[group.api], json.dumps(body).encode(), headers
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.cost", description=__doc__)
     parser.add_argument("--baseline", metavar="REV", help="also measure this git revision")
-    parser.add_argument("--mode", choices=MODES, action="append", help="default: both")
+    parser.add_argument("--mode", choices=SERVED_MODES, action="append", help="default: all")
+    parser.add_argument("--without", metavar="NAME", help="also this tree with NAME off")
     parser.add_argument("--server", action="store_true", help="a real worker over HTTP (see above)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -302,13 +364,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from loadtest.bench.servers import trees
 
+    if "real" in (args.mode or ()) and not args.server:
+        parser.error("--mode real counts a real worker: add --server")
+    if args.without and not args.server:
+        parser.error("--without counts a real worker: add --server")
     with trees(args.baseline) as measured:
         for mode in args.mode or MODES:
-            count = _served_instructions if args.server else _instructions
-            figures = {name: count(tree, mode) for name, tree in measured.items()}
+            figures = {
+                name: _served_instructions(tree, mode) if args.server else _instructions(tree, mode)
+                for name, tree in measured.items()
+            }
+            if args.without:
+                off = f"without {args.without}"
+                figures[off] = _served_instructions(measured["now"], mode, args.without)
             line = ", ".join(f"{name} {n:,}" for name, n in figures.items())
             if args.baseline:
                 line += f" (now / {args.baseline}: {figures['now'] / figures[args.baseline]:.3f}x)"
+            if args.without:
+                line += f" (now / without: {figures['now'] / figures[off]:.3f}x)"
             where = "served, " if args.server else ""
             print(f"{mode}: {where}instructions per request: {line}", flush=True)
     return 0
