@@ -20,7 +20,10 @@ still the measure of what a client sees.
 (loadtest/bench/traffic.py: 1,000 keys with per-key limits, 30 deployments in 3 groups on
 chat, Messages and Responses, 20% streamed; each request's key, group and streaming drawn
 from a seeded PRNG, the same sequence every run); ``--without NAME`` also counts the
-same tree with that fast path off (``LLM_PROXY_WITHOUT``), side by side.
+same tree with that fast path off (``LLM_PROXY_WITHOUT``), side by side. A real worker's
+count is not repeatable on a busy host (its timers, polls and heartbeats run per second,
+and a request under callgrind lasts longer the busier the host): the same tree counted
+6.79M and 4.84M instructions a request in two runs. Compare on a quiet host, in turns.
 
 ``--server`` counts a real worker instead: ``llm-proxy serve --workers 1`` under callgrind
 (instrumented only while it serves), the fake upstream and a private Redis beside it, and
