@@ -350,6 +350,7 @@ class _Prober:
                     self.seen.setdefault(phase, []).append(status)
 
 
+@pytest.mark.slow  # about two minutes: four outages, each probed on every replica
 def test_no_replica_answers_200_without_a_valid_key_whatever_redis_does(
     upstream: FakeUpstreamHandle, disposable_redis: RedisServer, tmp_path: Path
 ) -> None:
