@@ -4,7 +4,8 @@ Every command of its ``sh`` / ``bash`` blocks is either run here, against the de
 the servers this module starts on free ports (only the ports of the pasted text
 rewritten, and ``.venv/bin/`` to this interpreter), or skipped with its reason in
 ``SKIPPED``; a command that is neither fails ``test_every_command_is_run_or_skipped``.
-The README's Python example runs in test_cli.py, the demo's printed commands in
+Every Python block (the SDK examples, indented in a list or not) runs against the demo
+too; the first, as ``example.py``, also in test_cli.py; the demo's printed commands in
 test_demo.py.
 """
 
@@ -17,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -183,6 +185,31 @@ def test_the_admin_team_commands_run_against_the_demo(demo: int) -> None:
     documented, printed = _run_curls(_block_with("/admin/teams"), demo)
     assert documented == [201, 200, 200, 204]
     assert printed.count('"name":"platform"') == 3, printed  # created, listed, changed
+
+
+def _python_blocks() -> list[str]:
+    """The README's ``python`` blocks, an indented one (in a list item) dedented."""
+    blocks = re.finditer(r"^( *)```python\n(.*?)^\1```", README, re.S | re.M)
+    return [textwrap.dedent(block.group(2)) for block in blocks]
+
+
+def test_every_python_block_runs_against_the_demo(demo: int) -> None:
+    """The SDK examples (OpenAI's chat and Responses, Anthropic's Messages) as pasted,
+    but for the demo's port: each exits 0 and prints what the demo's upstream answered.
+    (Their 7 requests fit in the demo key's 10 a minute.)"""
+    blocks = _python_blocks()
+    assert len(blocks) >= 3
+    for block in blocks:
+        assert "127.0.0.1:8000" in block, block
+        done = subprocess.run(
+            [sys.executable, "-c", _pasted(block, {8000: demo})],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+        assert done.returncode == 0, block + done.stderr
+        assert done.stdout.strip(), block
 
 
 def test_the_demo_from_its_file_starts_quietly(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import orjson
@@ -397,3 +398,74 @@ def test_a_usage_count_that_is_no_count_is_never_charged_as_0(
     [window] = next(k for k in state["keys"] if k["name"] == f"{lie}:{field}:{way}")["windows"]
     charged = LIAR_WINDOW - window["remaining"]
     assert charged >= LIAR_MAX_TOKENS, (lie, field, way, charged)
+
+
+# -- usage counts beyond 64 bits in the Responses and Messages APIs ----------------------
+
+BEYOND_64_BITS = b"18446744073709551617"  # 2**64 + 1: orjson reads it as a float
+API_CASES = ["responses:input_tokens", "messages:input_tokens", "messages:cache_creation"]
+
+
+async def _api_liar(conversation: Conversation) -> None:
+    """A Responses and a Messages upstream whose usage says 2**64 + 1 where the request's
+    text names it (``input_tokens``, or Anthropic's ``cache_creation_input_tokens``)."""
+    body = orjson.loads(conversation.request.body)
+    if conversation.request.request_line.split()[1].endswith("/responses"):
+        usage = b'{"input_tokens":%s,"output_tokens":3,"total_tokens":3}' % BEYOND_64_BITS
+        text = b'{"type":"output_text","text":"ok","annotations":[]}'
+        item = b'{"type":"message","id":"m","status":"completed","role":"assistant","content":[%s]}'
+        head = b'{"id":"resp_1","object":"response","created_at":1,"model":"m","status":"completed"'
+        answer = head + b',"output":[%s],"usage":%s}' % (item % text, usage)
+    else:
+        lie = body["messages"][-1]["content"].split(":")[1]
+        counts = {"input_tokens": b"7", "cache_creation": b"0"}
+        counts[lie] = BEYOND_64_BITS
+        usage = b'{"input_tokens":%s,"cache_creation_input_tokens":%s,"output_tokens":3}' % (
+            counts["input_tokens"],
+            counts["cache_creation"],
+        )
+        head = b'{"id":"msg_1","type":"message","role":"assistant","model":"claude"'
+        answer = head + b',"content":[{"type":"text","text":"ok"}],"stop_reason":"end_turn"'
+        answer += b',"stop_sequence":null,"usage":%s}' % usage
+    await conversation.send(_reply(200, "OK", answer, {}))
+
+
+@pytest.mark.parametrize("case", API_CASES)
+def test_a_usage_count_beyond_64_bits_is_never_charged_as_0_in_every_api(case: str) -> None:
+    """Issue 51: a count past 64 bits was read as a float and dropped (the input counted
+    0). In the Responses and the Messages API, through the official SDKs: served, and the
+    key charged at least its request's output cap, never the 3 tokens of output alone."""
+    with ScriptedUpstream(_api_liar) as upstream:
+        config = {
+            "admin": {"keys": [ADMIN_KEY]},
+            "keys": [{"name": "k", "key": KEY, "limits": [{"tokens": LIAR_WINDOW, "per": "30d"}]}],
+            "models": [
+                {"name": "m", "deployments": [{"id": "d", "base_url": f"{upstream.url}/v1"}]},
+                {
+                    "name": "claude",
+                    "deployments": [{"id": "a", "provider": "anthropic", "base_url": upstream.url}],
+                },
+            ],
+            "routing": {"retries": 0},
+        }
+        with ProxyInThread(settings_from(config)) as proxy:
+            if case.startswith("responses"):
+                client = openai.OpenAI(base_url=proxy.base_url, api_key=KEY, max_retries=0)
+                done = client.responses.create(
+                    model="m", input=case, max_output_tokens=LIAR_MAX_TOKENS
+                )
+                assert done.output_text == "ok"
+            else:
+                claude = anthropic.Anthropic(base_url=proxy.url, api_key=KEY, max_retries=0)
+                message = claude.messages.create(
+                    model="claude",
+                    max_tokens=LIAR_MAX_TOKENS,
+                    messages=[{"role": "user", "content": case}],
+                )
+                assert message.content[0].type == "text" and message.content[0].text == "ok"
+            proxy.settled()
+            admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+            state = httpx.get(f"{proxy.url}/admin/state", headers=admin, timeout=10).json()
+    [window] = state["keys"][0]["windows"]
+    charged = LIAR_WINDOW - window["remaining"]
+    assert charged >= LIAR_MAX_TOKENS, (case, charged)

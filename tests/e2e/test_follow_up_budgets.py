@@ -43,7 +43,9 @@ def upstream() -> Iterator[FakeUpstreamHandle]:
 
 def _config(upstream: FakeUpstreamHandle, redis_url: str, budget: dict[str, Any]) -> dict[str, Any]:
     return {
-        "redis": {"url": redis_url},
+        # Not a test of Redis failing: a healthy Redis call that a loaded host delays past
+        # the default 100 ms would refuse a follow-up with 503 affinity_unavailable.
+        "redis": {"url": redis_url, "timeout": "1s"},
         "keys": [{"name": "alice", "key": KEY, "budgets": [budget]}],
         "models": [
             {

@@ -14,8 +14,9 @@ name the key."""
 from __future__ import annotations
 
 import json
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -295,3 +296,128 @@ def _status_of_create(proxy: ProxyProcess, name: str) -> int:
     return httpx.post(
         f"{proxy.url}/admin/keys", headers=ADMIN, json={"name": name}, timeout=10
     ).status_code
+
+
+class _Prober:
+    """From a thread, until stopped: requests without a key and with a key no one made, to
+    every replica it is given, through the SDKs, each answer's status noted with the
+    phase of Redis it met (``phase``, set by the test)."""
+
+    def __init__(self, replicas: list[ProxyProcess]) -> None:
+        self.replicas = list(replicas)
+        self.phase = "healthy"
+        self.seen: dict[str, list[int]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> _Prober:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+    def add(self, replica: ProxyProcess) -> None:
+        self.replicas = [*self.replicas, replica]
+
+    def rounds(self, phase: str) -> int:
+        return len(self.seen.get(phase, [])) // 4
+
+    def during(self, phase: str, rounds: int = 2) -> None:
+        """Probe ``phase`` for at least ``rounds`` rounds of every replica."""
+        self.phase = phase
+        wait_until(lambda: self.rounds(phase) >= rounds * len(self.replicas), 60, phase)
+
+    def _run(self) -> None:
+        asks: list[Callable[[ProxyProcess], int]] = [
+            lambda r: _chat(r, None)[0],
+            lambda r: _chat(r, "sk-llmp-no-one-made-this")[0],
+            lambda r: _responses(r, None)[0],
+            lambda r: _messages(r)[0],
+        ]
+        while not self._stop.is_set():
+            for replica in self.replicas:
+                for ask in asks:
+                    before = self.phase
+                    status = ask(replica)
+                    # A phase is named before Redis is changed: an answer is of a phase
+                    # only if it was asked and answered within it.
+                    phase = before if self.phase == before else "between"
+                    self.seen.setdefault(phase, []).append(status)
+
+
+@pytest.mark.slow  # about two minutes: four outages, each probed on every replica
+def test_no_replica_answers_200_without_a_valid_key_whatever_redis_does(
+    upstream: FakeUpstreamHandle, disposable_redis: RedisServer, tmp_path: Path
+) -> None:
+    """Keys only in the admin API; Redis killed (a replica started meanwhile: nothing
+    listens at its address), restarted empty, stalled, then wiped by ``FLUSHALL``, while a
+    prober asks every replica without a key and with a made-up one: never a 200, on chat,
+    ``/v1/responses`` and Messages. The key made before keeps working where it is known,
+    comes back on every replica after each loss, and stays revocable."""
+    config = _config(upstream, disposable_redis.url)
+    with ExitStack() as stack:
+        a, b = start_together(stack, [ProxyProcess(config, tmp_path, name=n) for n in "ab"])
+        secret = _create(a, "svc-1")
+        _within(PROPAGATION, b, secret, 200)
+        prober = stack.enter_context(_Prober([a, b]))
+        prober.during("healthy")
+
+        prober.phase = "killed"  # named before it happens: a round may straddle it
+        disposable_redis.kill()  # connections refused from now on
+        c = ProxyProcess(config, tmp_path, name="c")
+        stack.callback(c.stop)
+        _live(c)
+        prober.add(c)
+        prober.during("killed")
+        assert _ready(c) == (503, "unread")
+        for answer in (_chat(c, secret), _chat(c, None), _responses(c, None)):
+            assert answer == (503, "key_store_unavailable")
+        wait_until(lambda: _ready(a) == (503, "unreachable"), 10, "a: store unreachable")
+        assert _chat(a, secret) == (200, None)  # a key it knows keeps working
+
+        prober.phase = "restarted empty"
+        disposable_redis.start()  # empty: no persistence
+        prober.during("restarted empty")
+        for proxy in (a, b, c):
+            proxy.wait_ready()
+        for proxy in (a, b, c):
+            _within(10, proxy, secret, 200)  # written back by a and b; c reads it
+        for proxy in (a, b):
+            wait_until(lambda p=proxy: _lost_total(p) >= 1, 10, "the loss to be counted")
+
+        prober.phase = "stalled"
+        disposable_redis.freeze()
+        try:
+            prober.during("stalled")
+        finally:
+            disposable_redis.thaw()
+
+        lost = [(proxy, _lost_total(proxy)) for proxy in (a, b, c)]
+        prober.phase = "flushed"
+        with disposable_redis.client() as redis:
+            redis.flushall()
+            prober.during("flushed")
+            for proxy, before in lost:  # each replica saw this loss: a metric and a field
+                wait_until(lambda p=proxy, n=before: _lost_total(p) > n, 10, "the FLUSHALL counted")
+                assert _key_store(proxy)["losses_detected"] >= 1
+            wait_until(lambda: redis.hexists(RECORDS, "svc-1"), 10, "svc-1 written back")
+        revoked = httpx.delete(f"{c.url}/admin/keys/svc-1", headers=ADMIN, timeout=10)
+        assert revoked.status_code == 204, revoked.text
+        for proxy in (a, b, c):
+            _within(PROPAGATION, proxy, secret, 401)
+        prober.during("revoked")
+        prober.stop()  # before the replicas stop
+
+    print({phase: sorted(set(statuses)) for phase, statuses in prober.seen.items()})
+    for phase, statuses in prober.seen.items():
+        assert 200 not in statuses, (phase, statuses)
+        assert set(statuses) <= {401, 503}, (phase, statuses)
+    assert set(prober.seen["healthy"]) == {401}
+    for proxy in (a, b, c):
+        errors = [line for line in proxy.logs().splitlines() if "lost its data" in line]
+        assert errors and all('"level":"error"' in e.replace(" ", "") for e in errors)
