@@ -488,10 +488,36 @@ RESERVED_HEADERS = frozenset(
 )
 
 
+class AwsConfig(_Strict):
+    """A Bedrock deployment's AWS side: its region (signed into every request), and its
+    credentials; without them, botocore's default chain (the environment, the shared
+    files' ``profile``, a container's or an instance's role) finds them."""
+
+    region: str = Field(pattern=r"^[a-z]{2}(-[a-z]+)+-\d{1,2}$")
+    access_key_id: SecretStr = SecretStr("")
+    secret_access_key: SecretStr = SecretStr("")
+    session_token: SecretStr = SecretStr("")
+    profile: str = ""  # a named profile of the shared files (the chain only)
+
+    @model_validator(mode="after")
+    def _pair(self) -> AwsConfig:
+        given = (
+            bool(self.access_key_id.get_secret_value()),
+            bool(self.secret_access_key.get_secret_value()),
+        )
+        if given[0] != given[1]:
+            raise ValueError("access_key_id and secret_access_key go together")
+        if self.session_token.get_secret_value() and not given[0]:
+            raise ValueError("session_token needs access_key_id and secret_access_key")
+        if self.profile and given[0]:
+            raise ValueError("profile is for the default chain: not with access_key_id")
+        return self
+
+
 # How a deployment is reached (proxy/providers/): OpenAI's paths and bearer key, Azure
 # OpenAI's /openai/deployments/{deployment}/... with ?api-version= and an api-key header,
-# or Anthropic's /v1/messages with x-api-key.
-Provider = Literal["openai", "azure", "anthropic"]
+# Anthropic's /v1/messages with x-api-key, or AWS Bedrock's /model/{id}/invoke, signed.
+Provider = Literal["openai", "azure", "anthropic", "bedrock"]
 _AZURE_FIELDS = ("deployment", "api_version")
 # What may appear in an Azure URL's path segment or query value without escaping.
 _URL_SAFE = r"^[A-Za-z0-9_.-]+$"
@@ -516,6 +542,8 @@ class Deployment(_Limited):
     proxy_url: SecretStr = SecretStr("")
     # USD per 1M tokens; wins over its group's price.
     price: PriceSpec | None = None
+    # Bedrock only: its region and credentials.
+    aws: AwsConfig | None = Field(default=None, validate_default=True)
 
     @field_validator("base_url")
     @classmethod
@@ -543,6 +571,16 @@ class Deployment(_Limited):
             raise ValueError(f"is only for provider: azure (this deployment is {provider})")
         if value and not re.match(_URL_SAFE, value):
             raise ValueError("may contain only letters, digits and _ . -")
+        return value
+
+    @field_validator("aws")
+    @classmethod
+    def _bedrock_only(cls, value: AwsConfig | None, info: ValidationInfo) -> AwsConfig | None:
+        provider = info.data.get("provider")
+        if provider == "bedrock" and value is None:
+            raise ValueError("is required with provider: bedrock (its region at least)")
+        if provider is not None and provider != "bedrock" and value is not None:
+            raise ValueError(f"is only for provider: bedrock (this deployment is {provider})")
         return value
 
     @field_validator("headers")

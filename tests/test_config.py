@@ -460,10 +460,10 @@ def test_azure_fields_must_be_safe_in_a_url_and_the_provider_known() -> None:
         "models[0].deployments[0].deployment: may contain only letters, digits and _ . -",
         "models[0].deployments[0].api_version: may contain only letters, digits and _ . -",
     ]
-    problems = _problems(_azure(provider="bedrock"))
+    problems = _problems(_azure(provider="nonesuch"))
     assert problems == [
-        "models[0].deployments[0].provider: must be one of 'openai', 'azure' or 'anthropic'"
-        " (got 'bedrock')"
+        "models[0].deployments[0].provider: must be one of 'openai', 'azure', 'anthropic'"
+        " or 'bedrock' (got 'nonesuch')"
     ]
 
 
@@ -652,3 +652,20 @@ def test_a_pacing_margin_neither_auto_nor_a_duration_is_an_error_naming_the_fiel
 ) -> None:
     [problem] = _problems({**MINIMAL, "routing": {"pacing_margin": value}})
     assert problem.startswith("routing.pacing_margin: ") and says in problem, problem
+
+
+def test_a_bedrock_deployment_needs_its_aws_section_and_only_it_has_one() -> None:
+    bedrock = {"provider": "bedrock", "model": "anthropic.claude-3-haiku-20240307-v1:0"}
+    assert _problems(_azure(**bedrock)) == [
+        "models[0].deployments[0].aws: is required with provider: bedrock (its region at least)"
+    ]
+    assert _problems(_azure(provider="openai", aws={"region": "us-east-1"})) == [
+        "models[0].deployments[0].aws: is only for provider: bedrock (this deployment is openai)"
+    ]
+    half = {"region": "us-east-1", "access_key_id": "AKIDX"}
+    (problem,) = _problems(_azure(**bedrock, aws=half))
+    assert problem.startswith("models[0].deployments[0].aws") and "go together" in problem
+    (problem,) = _problems(_azure(**bedrock, aws={"region": "Mars"}))
+    assert problem.startswith("models[0].deployments[0].aws.region")
+    settings = parse_settings(_azure(**bedrock, aws={"region": "us-east-1"}), env={})
+    assert settings.models[0].deployments[0].aws is not None

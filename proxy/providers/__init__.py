@@ -10,6 +10,7 @@ from __future__ import annotations
 from proxy.providers.anthropic import ANTHROPIC
 from proxy.providers.azure import AZURE
 from proxy.providers.base import Provider
+from proxy.providers.bedrock import BEDROCK
 from proxy.providers.openai import OPENAI
 
 __all__ = ["PROVIDERS", "Provider", "provider_of"]
@@ -20,6 +21,7 @@ PROVIDERS: dict[str, Provider] = {
         OPENAI,
         AZURE,
         ANTHROPIC,
+        BEDROCK,
     )
 }
 

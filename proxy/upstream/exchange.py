@@ -246,8 +246,10 @@ class Exchange:
             outcome = classify_status(
                 status, upstream_headers, budget, now, self.cooldown_time, self.max_hold
             )
-            error = status_error(status, deployment.id)
-            error.retry_after = outcome.cool_for if status == 429 else None
+            # A throttled answer (a 429, or its provider's way of saying so) as a 429.
+            throttled = outcome.rate_limited
+            error = status_error(429 if throttled else status, deployment.id)
+            error.retry_after = outcome.cool_for if throttled else None
             return Answer(
                 str(status), outcome, upstream_time, None, error, True, False, budget, remaining
             )
