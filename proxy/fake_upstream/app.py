@@ -1,7 +1,8 @@
 """The aiohttp application: OpenAI-compatible endpoints (chat, completions, embeddings,
-the Responses API), Anthropic's Messages API, plus /stats and /control.
+the Responses API), Anthropic's Messages API, AWS Bedrock's InvokeModel, plus /stats and
+/control.
 
-A request's API (`request[API]`: openai, responses or anthropic) decides the shape of
+A request's API (`request[API]`: openai, responses, anthropic or bedrock) decides the shape of
 its errors and rate-limit headers.
 
 Everything runs on one event loop, so the state needs no locks. The hot path does one
@@ -23,7 +24,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from . import anthropic, azure, bodies, responses
+from . import anthropic, azure, bedrock, bodies, responses
 from .bodies import Job
 from .config import FakeUpstreamConfig
 from .prompt_cache import PromptCache
@@ -132,6 +133,27 @@ class FakeUpstream:
             request, self._parse_message, anthropic.message, anthropic.events, "msg_"
         )
 
+    async def invoke_model(self, request: web.Request) -> web.StreamResponse:
+        """Bedrock's InvokeModel and InvokeModelWithResponseStream (the path says which):
+        the Messages API's body and answers, signed requests, an event stream."""
+        request[API] = "bedrock"
+        model = request.match_info["model_id"]
+        stream = request.match_info["action"] == "invoke-with-response-stream"
+
+        def parse(body: dict[str, Any], config: FakeUpstreamConfig) -> Job | str:
+            problem = bedrock.body_problem(body)
+            if problem is not None:
+                return problem
+            job = self._parse_message({**body, "model": model}, config)
+            if not isinstance(job, str):
+                job.stream = stream
+            return job
+
+        def frames(job: Job, rid: str, created: int, parts: int) -> list[bytes]:
+            return bedrock.frames(anthropic.events(job, rid, created, parts))
+
+        return await self._inference(request, parse, anthropic.message, frames, "msg_")
+
     async def count_tokens(self, request: web.Request) -> web.StreamResponse:
         request[API] = "anthropic"
         arrival = self._note_arrival(request)
@@ -226,6 +248,8 @@ class FakeUpstream:
         api = request.get(API, "openai")
         if api == "anthropic":
             self._check_anthropic_headers(request)
+        elif api == "bedrock":
+            await self._check_signature(request)
         elif not self._authorized(request):
             raise _Answered(self._unauthorized())
         body = await self._read_body(request, arrival)
@@ -268,7 +292,7 @@ class FakeUpstream:
             raise _Answered(self._bad_request(message, api=request.get(API, "openai")))
         arrival.body = body  # shown in /stats while this is still the latest request
         model = body.get("model")
-        anthropic_api = request.get(API) == "anthropic"  # anthropic.parse checks it
+        anthropic_api = request.get(API) in ("anthropic", "bedrock")  # their parse checks it
         if (
             not self.config.azure
             and not anthropic_api
@@ -343,6 +367,8 @@ class FakeUpstream:
         api = request.get(API)
         if api == "anthropic":
             return [*kept, anthropic.stream_error()]
+        if api == "bedrock":
+            return [*kept, bedrock.exception_message("throttlingException", "Too many requests")]
         if api == "responses":
             response = responses.failed(job, rid, created)
             self._remember(job, rid, orjson.dumps(response), None)  # stored as failed
@@ -360,7 +386,9 @@ class FakeUpstream:
         """``events`` written one by one (``chunk_delay`` apart, cut by
         ``fail_after_chunks``); ``job``: the one they answer (its tokens counted as
         served; None: a replay, nothing generated)."""
-        headers.update(SSE_HEADERS)
+        headers.update(
+            bedrock.EVENTSTREAM_HEADERS if request.get(API) == "bedrock" else SSE_HEADERS
+        )
         response = web.StreamResponse(headers=headers)
         cut_after = self.config.fail_after_chunks
         delay = self.config.chunk_delay
@@ -542,6 +570,29 @@ class FakeUpstream:
         if problem is not None:
             raise _Answered(self._bad_request(problem, api="anthropic"))
 
+    # ------------------------------------------------------------ Bedrock
+
+    async def _check_signature(self, request: web.Request) -> None:
+        config = self.config
+        url = f"{request.scheme}://{request.host}{request.raw_path}"
+        body = await request.read()
+        problem = bedrock.signature_problem(
+            request.method,
+            url,
+            request.headers,
+            body,
+            config.aws_access_key_id,
+            config.aws_secret_access_key,
+        )
+        if problem is not None:
+            raise _Answered(self._bedrock_error(bedrock.error(problem)))
+
+    def _bedrock_error(
+        self, error: tuple[int, bytes, dict[str, str]], headers: dict[str, str] | None = None
+    ) -> web.Response:
+        status, body, own = error
+        return self._json(status, body, {**(headers or {}), **JSON_HEADERS, **own})
+
     def _request_id(self) -> str:
         return f"req_{self._id_prefix}{next(self._ids):x}"
 
@@ -597,6 +648,8 @@ class FakeUpstream:
     ) -> web.Response:
         if api == "anthropic":
             return self._anthropic_error(400, message)
+        if api == "bedrock":
+            return self._bedrock_error(bedrock.error("ValidationException", message))
         return self._json(400, bodies.error_body(message, "invalid_request_error", code, param))
 
     def _server_error(self, status: int, headers: dict[str, str], api: str) -> web.Response:
@@ -604,6 +657,8 @@ class FakeUpstream:
             return self._anthropic_error(
                 status, "Overloaded" if status == 529 else "Internal server error", headers
             )
+        if api == "bedrock":
+            return self._bedrock_error(bedrock.server_error(status), headers)
         body = bodies.error_body(bodies.SERVER_ERROR, "server_error")
         return self._json(status, body, headers)
 
@@ -614,6 +669,8 @@ class FakeUpstream:
         headers = self._limit_headers(now, request)
         headers.update(JSON_HEADERS)
         seconds = ceil_seconds(rejection.retry_after)
+        if request.get(API) == "bedrock":  # no retry-after: Bedrock sends none
+            return self._bedrock_error(bedrock.error("ThrottlingException"), headers)
         headers["retry-after"] = str(seconds)
         if request.get(API) == "anthropic":
             per_minute = 60.0 / self.config.window
@@ -632,8 +689,8 @@ class FakeUpstream:
     def _limit_headers(self, now: float, request: web.Request) -> dict[str, str]:
         """The rate-limit headers of the request's API."""
         config = self.config
-        if not config.ratelimit_headers:
-            return {}
+        if not config.ratelimit_headers or request.get(API) == "bedrock":
+            return {}  # Bedrock announces no limits
         if request.get(API) == "anthropic":
             return self.windows.anthropic_headers(now, config)
         if config.azure:
@@ -730,6 +787,9 @@ def build_app(config: FakeUpstreamConfig | None = None) -> web.Application:
             ("POST", "/v1/messages/count_tokens", upstream.count_tokens),
         ]
     )
+    # AWS Bedrock's InvokeModel, always on: its paths are its own.
+    action = "{action:invoke|invoke-with-response-stream}"
+    api.append(("POST", "/model/{model_id}/" + action, upstream.invoke_model))
     routes: list[Route] = [
         *api,
         ("GET", "/stats", upstream.get_stats),

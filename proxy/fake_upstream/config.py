@@ -108,6 +108,10 @@ class FakeUpstreamConfig:
     # requests read it (`cache_read_input_tokens`, which `itpm` does not count).
     prompt_cache: bool = False
     access_log: bool = False
+    # Bedrock's SigV4 keys (bedrock.py): requests' signatures recomputed from them and
+    # checked. None: any well-formed signature is taken.
+    aws_access_key_id: str | None = None
+    aws_secret_access_key: str | None = field(default=None, repr=False)
     _latency_range: tuple[float, float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
