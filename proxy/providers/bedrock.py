@@ -28,7 +28,6 @@ import orjson
 from proxy.costs import Counting
 from proxy.errors import InvalidRequest, UpstreamUnavailable
 from proxy.limiter.base import Outcome
-from proxy.providers.anthropic import ANTHROPIC_COUNTING
 from proxy.upstream.encoding import Undecodable
 from proxy.upstream.eventstream import Message, MessageReader
 from proxy.upstream.ratelimits import UpstreamBudget
@@ -61,7 +60,7 @@ _SERVICE = "bedrock"  # the signing name of bedrock-runtime (botocore's service 
 # it used (adjusted); tokens read from the prompt cache do not count (not cache reads).
 # Its 5x "burndown rate" of some models' output tokens is not modelled: a deployment's
 # `tpm` of such a model is best set to what that leaves (docs/architecture.md).
-BEDROCK_COUNTING = ANTHROPIC_COUNTING
+BEDROCK_COUNTING = Counting(cache_reads=False, adjusted=True)
 
 # ``x-amzn-errortype`` values (before any ``:``) that say Bedrock has no capacity for the
 # request now: retried elsewhere and learned as a 429 is, whatever the status (503).
