@@ -516,8 +516,21 @@ class AwsConfig(_Strict):
 
 # How a deployment is reached (proxy/providers/): OpenAI's paths and bearer key, Azure
 # OpenAI's /openai/deployments/{deployment}/... with ?api-version= and an api-key header,
-# Anthropic's /v1/messages with x-api-key, or AWS Bedrock's /model/{id}/invoke, signed.
-Provider = Literal["openai", "azure", "anthropic", "bedrock"]
+# Anthropic's /v1/messages with x-api-key, or AWS Bedrock's /model/{id}/invoke, signed;
+# and any provider a program registers (``providers.register`` adds its name here). The
+# names only: the config imports no provider (imports point down, to the config).
+PROVIDER_NAMES: list[str] = ["openai", "azure", "anthropic", "bedrock"]
+
+
+def _provider_name(value: object) -> object:
+    name = value.lower() if isinstance(value, str) else value
+    if name not in PROVIDER_NAMES:
+        *others, last = (repr(known) for known in PROVIDER_NAMES)
+        raise ValueError(f"must be one of {', '.join(others)} or {last} (got {value!r})")
+    return name
+
+
+Provider = Annotated[str, BeforeValidator(_provider_name)]
 _AZURE_FIELDS = ("deployment", "api_version")
 # What may appear in an Azure URL's path segment or query value without escaping.
 _URL_SAFE = r"^[A-Za-z0-9_.-]+$"
@@ -525,7 +538,7 @@ _URL_SAFE = r"^[A-Za-z0-9_.-]+$"
 
 class Deployment(_Limited):
     id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")
-    provider: Annotated[Provider, BeforeValidator(_lower)] = "openai"
+    provider: Provider = "openai"
     base_url: str = Field(pattern=r"^https?://[^\s/]+")
     api_key: SecretStr = SecretStr("")
     # Azure only: the deployment's name in the URL and the api-version query parameter.
