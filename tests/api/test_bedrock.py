@@ -13,6 +13,7 @@ from typing import Any
 
 import anthropic
 import httpx
+import openai
 import pytest
 from support.proxy_server import ProxyInThread, settings_from
 
@@ -179,3 +180,22 @@ def test_the_aws_secret_and_signature_are_never_shown(caplog: pytest.LogCaptureF
     signature_hex = signature.rsplit("Signature=", 1)[1]
     for secret in (SECRET, "not-" + SECRET, TOKEN, signature_hex):
         assert secret not in shown
+
+
+def test_chat_clients_reach_bedrock_through_the_messages_translation() -> None:
+    """The openai SDK's chat completions reach a Bedrock deployment (which speaks only
+    the Messages API) translated, plain and streamed, its usage read."""
+    with _upstream() as upstream, ProxyInThread(settings_from(_config([_bedrock(upstream)]))) as p:
+        client = openai.OpenAI(base_url=f"{p.url}/v1", api_key=CLIENT, max_retries=0)
+        chat = {"model": "claude", "messages": MESSAGES, "max_tokens": 20}
+        answer = client.chat.completions.create(**chat)
+        chunks = list(
+            client.chat.completions.create(
+                **chat, stream=True, stream_options={"include_usage": True}
+            )
+        )
+    assert answer.choices[0].message.content and answer.usage is not None
+    assert answer.usage.completion_tokens > 0
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    assert upstream.stats()["by_status"] == {"200": 2}
