@@ -57,25 +57,15 @@ def _bedrock(upstream: FakeUpstreamHandle, name: str = "bedrock", **extra: Any) 
     }
 
 
-def _config(deployments: list[dict[str, Any]], redis: str | None = None) -> dict[str, Any]:
-    config: dict[str, Any] = {
+def _config(deployments: list[dict[str, Any]], limiter_url: str = "") -> dict[str, Any]:
+    """``limiter_url``: "" for the in-memory limiter, or a Redis URL."""
+    return {
         "models": [{"name": "claude", "deployments": deployments}],
         "routing": {"retries": 1, "max_wait": "10s"},
         "admin": {"keys": [ADMIN]},
         "keys": [{"name": "app", "key": CLIENT}],
+        "redis": {"url": limiter_url},
     }
-    if redis is not None:
-        config["redis"] = {"url": redis}
-    return config
-
-
-@pytest.fixture(params=["memory", "redis"])
-def store(request: pytest.FixtureRequest) -> str | None:
-    """The limiter's store: None (in memory) or a Redis URL."""
-    if request.param == "memory":
-        return None
-    url: str = request.getfixturevalue("redis_url")
-    return url
 
 
 def _sdk(proxy: ProxyInThread) -> anthropic.Anthropic:
@@ -103,11 +93,11 @@ def test_the_anthropic_sdk_is_served_and_streamed_through_bedrock() -> None:
     assert upstream.stats()["by_status"] == {"200": 2}
 
 
-def test_a_burst_is_paced_to_bedrocks_window_without_a_throttle(store: str | None) -> None:
+def test_a_burst_is_paced_to_bedrocks_window_without_a_throttle(limiter_url: str) -> None:
     # The upstream takes 4 requests in any 2 s, strictly; the deployment says 120 a
     # minute: the proxy paces 8 to that and Bedrock throttles none.
     with _upstream(rpm=4, window=2.0) as upstream:
-        config = _config([_bedrock(upstream, rpm=120)], store)
+        config = _config([_bedrock(upstream, rpm=120)], limiter_url)
         with ProxyInThread(settings_from(config)) as proxy:
             statuses = asyncio.run(_burst(proxy.url, 8))
         stats = upstream.stats()
@@ -128,23 +118,23 @@ async def _burst(url: str, n: int) -> list[int]:
     return [a.status_code for a in answers]
 
 
-def test_a_throttling_exception_holds_the_deployment_as_a_429_does(store: str | None) -> None:
+def test_a_throttling_exception_holds_the_deployment_as_a_429_does(limiter_url: str) -> None:
     """Bedrock's 429 ThrottlingException (no retry-after) holds the deployment: the
     requests after it go to the other one, none reaches it meanwhile."""
     with _upstream(rpm=1, window=60.0) as limited, _upstream() as good:
         deployments = [_bedrock(limited, "limited", weight=1e9), _bedrock(good, "good")]
-        with ProxyInThread(settings_from(_config(deployments, store))) as proxy:
+        with ProxyInThread(settings_from(_config(deployments, limiter_url))) as proxy:
             answers = [_sdk(proxy).messages.create(**BODY) for _ in range(5)]
     assert all(a.content for a in answers)
     assert limited.stats()["by_status"] == {"200": 1, "429": 1}
     assert good.stats()["served"] == 4
 
 
-def test_a_service_unavailable_exception_is_learned_as_throttling(store: str | None) -> None:
+def test_a_service_unavailable_exception_is_learned_as_throttling(limiter_url: str) -> None:
     """A 503 ServiceUnavailableException is Bedrock's way of throttling too: the client
     hears the deployment is rate limited, and it is held (the next request not sent)."""
     with _upstream(fail_rate=1.0, fail_status=503) as upstream:
-        config = _config([_bedrock(upstream)], store)
+        config = _config([_bedrock(upstream)], limiter_url)
         config["routing"].update(retries=0, max_wait="0s")
         with ProxyInThread(settings_from(config)) as proxy:
             refused = httpx.post(f"{proxy.url}/v1/messages", json=BODY, headers=HEADERS, timeout=10)

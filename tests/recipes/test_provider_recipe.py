@@ -162,15 +162,7 @@ async def _send(conversation: Conversation, status: int, body: dict[str, Any]) -
 # --- served and limited, on memory and Redis ------------------------------------------
 
 
-@pytest.fixture(params=["memory", "redis"])
-def store(request: pytest.FixtureRequest) -> str | None:
-    if request.param == "memory":
-        return None
-    url: str = request.getfixturevalue("redis_url")
-    return url
-
-
-def _config(url: str, store: str | None, secret: str = SECRET) -> dict[str, Any]:
+def _config(url: str, limiter_url: str, secret: str = SECRET) -> dict[str, Any]:
     deployment = {
         "id": "toy",
         "provider": "toy-signed",
@@ -178,22 +170,20 @@ def _config(url: str, store: str | None, secret: str = SECRET) -> dict[str, Any]
         "api_key": secret,
         "rpm": round(LIMIT / WINDOW * 60),
     }
-    config: dict[str, Any] = {
+    return {
         "models": [{"name": "toy", "deployments": [deployment]}],
         "routing": {"retries": 0, "max_wait": "10s"},
+        "redis": {"url": limiter_url},  # "": the in-memory limiter
     }
-    if store is not None:
-        config["redis"] = {"url": store}
-    return config
 
 
 def test_a_registered_signing_provider_is_served_and_paced(
-    toy: ToySigned, store: str | None
+    toy: ToySigned, limiter_url: str
 ) -> None:
     upstream = SignedUpstream()
     with (
         ScriptedUpstream(upstream.answer) as server,
-        ProxyInThread(settings_from(_config(server.url, store))) as proxy,
+        ProxyInThread(settings_from(_config(server.url, limiter_url))) as proxy,
     ):
         client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="x", max_retries=0)
 
@@ -210,7 +200,7 @@ def test_a_registered_signing_provider_is_served_and_paced(
 
 def test_the_upstream_refuses_a_wrong_signature(toy: ToySigned) -> None:
     upstream = SignedUpstream()
-    config = _config("", None, secret="not-" + SECRET)
+    config = _config("", "", secret="not-" + SECRET)
     with ScriptedUpstream(upstream.answer) as server:
         config["models"][0]["deployments"][0]["base_url"] = server.url
         with ProxyInThread(settings_from(config)) as proxy:
