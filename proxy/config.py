@@ -516,10 +516,11 @@ class AwsConfig(_Strict):
 
 # How a deployment is reached (proxy/providers/): OpenAI's paths and bearer key, Azure
 # OpenAI's /openai/deployments/{deployment}/... with ?api-version= and an api-key header,
-# Anthropic's /v1/messages with x-api-key, or AWS Bedrock's /model/{id}/invoke, signed;
+# Anthropic's /v1/messages with x-api-key, or AWS Bedrock's /model/{id}/invoke (or its
+# Converse API's /converse), signed;
 # and any provider a program registers (``providers.register`` adds its name here). The
 # names only: the config imports no provider (imports point down, to the config).
-PROVIDER_NAMES: list[str] = ["openai", "azure", "anthropic", "bedrock"]
+PROVIDER_NAMES: list[str] = ["openai", "azure", "anthropic", "bedrock", "bedrock-converse"]
 
 
 def _provider_name(value: object) -> object:
@@ -590,10 +591,11 @@ class Deployment(_Limited):
     @classmethod
     def _bedrock_only(cls, value: AwsConfig | None, info: ValidationInfo) -> AwsConfig | None:
         provider = info.data.get("provider")
-        if provider == "bedrock" and value is None:
-            raise ValueError("is required with provider: bedrock (its region at least)")
-        if provider is not None and provider != "bedrock" and value is not None:
-            raise ValueError(f"is only for provider: bedrock (this deployment is {provider})")
+        bedrock = provider in ("bedrock", "bedrock-converse")
+        if bedrock and value is None:
+            raise ValueError(f"is required with provider: {provider} (its region at least)")
+        if provider is not None and not bedrock and value is not None:
+            raise ValueError(f"is only for Bedrock's providers (this deployment is {provider})")
         return value
 
     @field_validator("headers")

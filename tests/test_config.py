@@ -462,8 +462,8 @@ def test_azure_fields_must_be_safe_in_a_url_and_the_provider_known() -> None:
     ]
     problems = _problems(_azure(provider="nonesuch"))
     assert problems == [
-        "models[0].deployments[0].provider: must be one of 'openai', 'azure', 'anthropic'"
-        " or 'bedrock' (got 'nonesuch')"
+        "models[0].deployments[0].provider: must be one of 'openai', 'azure', 'anthropic',"
+        " 'bedrock' or 'bedrock-converse' (got 'nonesuch')"
     ]
 
 
@@ -660,7 +660,7 @@ def test_a_bedrock_deployment_needs_its_aws_section_and_only_it_has_one() -> Non
         "models[0].deployments[0].aws: is required with provider: bedrock (its region at least)"
     ]
     assert _problems(_azure(provider="openai", aws={"region": "us-east-1"})) == [
-        "models[0].deployments[0].aws: is only for provider: bedrock (this deployment is openai)"
+        "models[0].deployments[0].aws: is only for Bedrock's providers (this deployment is openai)"
     ]
     half = {"region": "us-east-1", "access_key_id": "AKIDX"}
     (problem,) = _problems(_azure(**bedrock, aws=half))

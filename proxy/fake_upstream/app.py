@@ -138,7 +138,7 @@ class FakeUpstream:
         the Messages API's body and answers, signed requests, an event stream."""
         request[API] = "bedrock"
         model = request.match_info["model_id"]
-        stream = request.match_info["action"] == "invoke-with-response-stream"
+        stream = request.match_info["action"].endswith("stream")
 
         def parse(body: dict[str, Any], config: FakeUpstreamConfig) -> Job | str:
             problem = bedrock.body_problem(body)
@@ -153,6 +153,30 @@ class FakeUpstream:
             return bedrock.frames(anthropic.events(job, rid, created, parts))
 
         return await self._inference(request, parse, anthropic.message, frames, "msg_")
+
+    async def converse(self, request: web.Request) -> web.StreamResponse:
+        """Bedrock's Converse and ConverseStream: its own body and answers, answered as
+        the Messages API's would be."""
+        request[API] = "bedrock"
+        model = request.match_info["model_id"]
+        stream = request.match_info["action"] == "converse-stream"
+
+        def parse(body: dict[str, Any], config: FakeUpstreamConfig) -> Job | str:
+            given = bedrock.messages_body(body, config.completion_tokens)
+            if isinstance(given, str):
+                return given
+            job = self._parse_message({**given, "model": model}, config)
+            if not isinstance(job, str):
+                job.stream = stream
+            return job
+
+        def render(job: Job, rid: str, created: int) -> bytes:
+            return bedrock.converse_answer(anthropic.message(job, rid, created))
+
+        def frames(job: Job, rid: str, created: int, parts: int) -> list[bytes]:
+            return bedrock.converse_frames(anthropic.events(job, rid, created, parts))
+
+        return await self._inference(request, parse, render, frames, "msg_")
 
     async def count_tokens(self, request: web.Request) -> web.StreamResponse:
         request[API] = "anthropic"
@@ -790,6 +814,8 @@ def build_app(config: FakeUpstreamConfig | None = None) -> web.Application:
     # AWS Bedrock's InvokeModel, always on: its paths are its own.
     action = "{action:invoke|invoke-with-response-stream}"
     api.append(("POST", "/model/{model_id}/" + action, upstream.invoke_model))
+    converse = "{action:converse|converse-stream}"
+    api.append(("POST", "/model/{model_id}/" + converse, upstream.converse))
     routes: list[Route] = [
         *api,
         ("GET", "/stats", upstream.get_stats),

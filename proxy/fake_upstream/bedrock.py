@@ -160,3 +160,89 @@ def exception_message(name: str, message: str) -> bytes:
         ":message-type": "exception",
     }
     return encode_message(headers, orjson.dumps({"message": message}))
+
+
+# --- the Converse API ---------------------------------------------------------------------
+
+
+def messages_body(body: dict[str, Any], default_cap: int) -> dict[str, Any] | str:
+    """A Converse request as the Messages API's body (what the fake answers from), or
+    what Bedrock's validation says of it."""
+    extraneous = [name for name in ("model", "stream", "anthropic_version") if name in body]
+    if extraneous:
+        return f"Unexpected field: {extraneous[0]}"
+    turns = body.get("messages")
+    if not isinstance(turns, list) or not turns:
+        return "messages: must be a non-empty list"
+    try:
+        messages = [{"role": t["role"], "content": _blocks(t["content"])} for t in turns]
+        system = _blocks(body.get("system", []))
+    except (KeyError, TypeError):
+        return "messages: each needs a role and text content blocks"
+    config = body.get("inferenceConfig") or {}
+    cap = config.get("maxTokens", default_cap) if isinstance(config, dict) else None
+    out: dict[str, Any] = {"messages": messages, "max_tokens": cap}
+    if system:
+        out["system"] = system
+    return out
+
+
+def _blocks(blocks: list[dict[str, Any]]) -> list[dict[str, str]]:
+    return [{"type": "text", "text": str(block["text"])} for block in blocks]
+
+
+_CONVERSE_STOP = {
+    "end_turn": "end_turn",
+    "max_tokens": "max_tokens",
+    "stop_sequence": "stop_sequence",
+}
+
+
+def converse_answer(message: bytes) -> bytes:
+    """A Messages answer (the fake's) as Converse's."""
+    given = orjson.loads(message)
+    usage = given["usage"]
+    counts = {"inputTokens": usage["input_tokens"], "outputTokens": usage["output_tokens"]}
+    counts["totalTokens"] = counts["inputTokens"] + counts["outputTokens"]
+    content = [{"text": b["text"]} for b in given["content"] if b.get("type") == "text"]
+    return orjson.dumps(
+        {
+            "output": {"message": {"role": "assistant", "content": content}},
+            "stopReason": _CONVERSE_STOP.get(given["stop_reason"], "end_turn"),
+            "usage": counts,
+            "metrics": {"latencyMs": 1},
+        }
+    )
+
+
+def converse_frames(events: list[bytes]) -> list[bytes]:
+    """A Messages stream's SSE events as ConverseStream's messages: ``messageStart``,
+    ``contentBlockDelta``s, ``contentBlockStop``, ``messageStop``, ``metadata`` (usage)."""
+    out = []
+    for event in events:
+        data = orjson.loads(event.split(b"data: ", 1)[1])
+        for name, payload in _converse_events(data):
+            headers = {":event-type": name, ":content-type": "application/json"}
+            out.append(encode_message({**headers, ":message-type": "event"}, orjson.dumps(payload)))
+    return out
+
+
+def _converse_events(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    kind = data.get("type")
+    if kind == "message_start":
+        return [("messageStart", {"role": "assistant"})]
+    if kind == "content_block_delta" and data["delta"].get("type") == "text_delta":
+        delta = {"text": data["delta"]["text"]}
+        return [("contentBlockDelta", {"contentBlockIndex": 0, "delta": delta})]
+    if kind == "content_block_stop":
+        return [("contentBlockStop", {"contentBlockIndex": 0})]
+    if kind == "message_delta":
+        usage = data["usage"]
+        counts = {"inputTokens": usage["input_tokens"], "outputTokens": usage["output_tokens"]}
+        counts["totalTokens"] = counts["inputTokens"] + counts["outputTokens"]
+        stop = _CONVERSE_STOP.get(data["delta"]["stop_reason"], "end_turn")
+        return [
+            ("messageStop", {"stopReason": stop}),
+            ("metadata", {"usage": counts, "metrics": {"latencyMs": 1}}),
+        ]
+    return []

@@ -12,7 +12,7 @@ from proxy.config import PROVIDER_NAMES
 from proxy.providers.anthropic import ANTHROPIC
 from proxy.providers.azure import AZURE
 from proxy.providers.base import Provider
-from proxy.providers.bedrock import BEDROCK
+from proxy.providers.bedrock import BEDROCK, BEDROCK_CONVERSE
 from proxy.providers.openai import OPENAI
 
 __all__ = ["PROVIDERS", "Provider", "provider_of", "register"]
@@ -24,6 +24,7 @@ PROVIDERS: dict[str, Provider] = {
         AZURE,
         ANTHROPIC,
         BEDROCK,
+        BEDROCK_CONVERSE,
     )
 }
 

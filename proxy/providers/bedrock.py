@@ -1,12 +1,16 @@
-"""AWS Bedrock: Anthropic's models through ``InvokeModel`` and
+"""AWS Bedrock: ``bedrock``, Anthropic's models through ``InvokeModel`` and
 ``InvokeModelWithResponseStream`` (``{base_url}/model/{modelId}/invoke`` and
 ``/invoke-with-response-stream``), the Messages API's body without ``model`` and
-``stream`` and with Bedrock's ``anthropic_version``; every request signed with SigV4 by
-botocore (service ``bedrock``, the deployment's region; credentials from its ``aws:``
-section or botocore's default chain); a streamed answer in AWS's event stream, each
-``chunk`` message's payload one of the Messages API's events, reframed into server-sent
-events; Bedrock's throttling (``x-amzn-errortype``: ``ThrottlingException``,
-``ModelNotReadyException``, ``ServiceUnavailableException``) learned as a 429 is.
+``stream`` and with Bedrock's ``anthropic_version``; ``bedrock-converse``, any model
+through ``Converse`` and ``ConverseStream`` (``/model/{modelId}/converse``,
+``/converse-stream``), which chat requests are translated to
+(proxy/translate/converse.py). Every request signed with SigV4 by botocore (service
+``bedrock``, the deployment's region; credentials from its ``aws:`` section or botocore's
+default chain); a streamed answer in AWS's event stream reframed into server-sent events
+(InvokeModel's ``chunk`` messages each carry one of the Messages API's events, in
+base64; ConverseStream's messages are each their own event); Bedrock's throttling
+(``x-amzn-errortype``: ``ThrottlingException``, ``ModelNotReadyException``,
+``ServiceUnavailableException``) learned as a 429 is.
 
 botocore is imported only when a Bedrock deployment is configured (the ``bedrock``
 extra).
@@ -39,6 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BEDROCK",
+    "BEDROCK_CONVERSE",
     "BEDROCK_COUNTING",
     "BedrockWire",
     "Reframer",
@@ -76,6 +81,8 @@ _BAD_MODEL = (b"model identifier is invalid", b"ResourceNotFoundException")
 
 # An event's type as a Messages API stream names it (``event:`` line): a bare word.
 _EVENT_TYPE = re.compile(rb"[a-z_]{1,64}")
+# ConverseStream's event types (messageStart, contentBlockDelta, metadata...): a word.
+_CONVERSE_EVENT = re.compile(r"[a-z][A-Za-z]{0,63}")
 # Exceptions an event stream may end with, as the Messages API's error types.
 _STREAM_ERRORS = {
     "throttlingException": "overloaded_error",
@@ -97,7 +104,7 @@ class Bedrock:
     default_headers: tuple[tuple[str, str], ...] = ()
 
     def url(self, deployment: Deployment, shape: str) -> str:
-        return invoke_url(deployment.base_url, deployment.model or "", stream=False)
+        return invoke_url(deployment.base_url, deployment.model or "", stream=False, shape=shape)
 
     def body_model(self, deployment: Deployment, shape: str) -> str | None:
         return None  # the deployment's model: its id in the URL
@@ -133,10 +140,18 @@ def quiet_signer() -> None:
     logging.getLogger("botocore.auth").setLevel(logging.INFO)
 
 
-def invoke_url(base_url: str, model: str, stream: bool) -> str:
-    """InvokeModel's URL (InvokeModelWithResponseStream's when ``stream``): the model id
-    escaped as botocore escapes a path label (``:`` of a version, ``/`` of an ARN)."""
-    action = "invoke-with-response-stream" if stream else "invoke"
+# Each shape's action (plain, streamed) in the URL.
+_ACTIONS = {
+    "messages": ("invoke", "invoke-with-response-stream"),
+    "converse": ("converse", "converse-stream"),
+}
+
+
+def invoke_url(base_url: str, model: str, stream: bool, shape: str = "messages") -> str:
+    """InvokeModel's URL (InvokeModelWithResponseStream's when ``stream``; Converse's
+    for ``shape`` ``converse``): the model id escaped as botocore escapes a path label
+    (``:`` of a version, ``/`` of an ARN)."""
+    action = _ACTIONS[shape][stream]
     return f"{base_url}/model/{quote(model, safe='')}/{action}"
 
 
@@ -163,12 +178,13 @@ class BedrockWire:
             raise InvalidRequest("'model' is required.", code="invalid_request", param="model")
         body.pop("model", None)
         body.pop("stream", None)
-        body["anthropic_version"] = ANTHROPIC_VERSION
-        return invoke_url(self._base_url, name, stream), orjson.dumps(body)
+        if shape == "messages":
+            body["anthropic_version"] = ANTHROPIC_VERSION
+        return invoke_url(self._base_url, name, stream, shape), orjson.dumps(body)
 
     async def authorize(self, method: str, url: str, headers: dict[str, str], body: bytes) -> None:
         frozen = await self._frozen()
-        stream = url.endswith("/invoke-with-response-stream")
+        stream = url.endswith(("/invoke-with-response-stream", "/converse-stream"))
         _replace(headers, _answer_headers(stream))
         signed = {"content-type": "application/json", **_answer_headers(stream)}
         headers.update(_signature(method, url, signed, body, frozen, self._aws.region))
@@ -308,13 +324,32 @@ def _event(message: Message) -> bytes | None:
         return _error_event(message.text(":error-code") or "error")
     if kind != "event":
         raise Undecodable(f"an event stream message of type {kind!r}")
-    if message.text(":event-type") != "chunk":
-        return None  # another kind of event (none is documented): not the answer's
+    kind = message.text(":event-type") or ""
+    if kind != "chunk":  # ConverseStream's: the event's type, its JSON the payload
+        if not _CONVERSE_EVENT.fullmatch(kind):
+            raise Undecodable("an event stream event of no known type")
+        return (
+            b"event: "
+            + kind.encode()
+            + b"\ndata: "
+            + orjson.dumps(_object(message.payload))
+            + b"\n\n"
+        )
     data = _chunk(message.payload)
     name = _EVENT_TYPE.fullmatch(str(data.get("type", "")).encode())
     if name is None:
         raise Undecodable("a Bedrock chunk whose event names no type")
     return b"event: " + name.group() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+def _object(payload: bytes) -> dict[str, Any]:
+    try:
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        data = None
+    if not isinstance(data, dict):
+        raise Undecodable("a Bedrock event that is not a JSON object")
+    return data
 
 
 def _chunk(payload: bytes) -> dict[str, Any]:
@@ -340,4 +375,12 @@ def _error_event(name: str) -> bytes:
     return b"event: error\ndata: " + payload + b"\n\n"
 
 
+class BedrockConverse(Bedrock):
+    """Bedrock's Converse API: any model, its requests translated from chat's."""
+
+    name = "bedrock-converse"
+    shapes = frozenset(("converse",))
+
+
 BEDROCK = Bedrock()
+BEDROCK_CONVERSE = BedrockConverse()

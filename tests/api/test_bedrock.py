@@ -189,3 +189,35 @@ def test_chat_clients_reach_bedrock_through_the_messages_translation() -> None:
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
     assert upstream.stats()["by_status"] == {"200": 2}
+
+
+def test_chat_clients_reach_any_model_through_bedrocks_converse_api() -> None:
+    """A ``bedrock-converse`` deployment (a model Bedrock serves through Converse only)
+    serves the openai SDK's chat completions translated, plain and streamed, its usage
+    read; what Converse has no counterpart for is a 400 naming the field."""
+    converse = _bedrock(upstream := _upstream(), provider="bedrock-converse")
+    converse["model"] = "meta.llama3-70b-instruct-v1:0"
+    with upstream, ProxyInThread(settings_from(_config([converse]))) as p:
+        client = openai.OpenAI(base_url=f"{p.url}/v1", api_key=CLIENT, max_retries=0)
+        system = {"role": "system", "content": "Be brief."}
+        chat = {"model": "claude", "messages": [system, *MESSAGES], "max_tokens": 20}
+        answer = client.chat.completions.create(**chat)
+        sent = upstream.stats()["last_request"]
+        chunks = list(
+            client.chat.completions.create(
+                **chat, stream=True, stream_options={"include_usage": True}
+            )
+        )
+        tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(**chat, tools=[tool])
+    assert sent["path"] == "/model/meta.llama3-70b-instruct-v1:0/converse"
+    assert sent["body"]["system"] == [{"text": "Be brief."}]
+    assert sent["body"]["inferenceConfig"] == {"maxTokens": 20}
+    assert "model" not in sent["body"]
+    assert answer.choices[0].message.content and answer.choices[0].finish_reason
+    assert answer.usage is not None and answer.usage.completion_tokens > 0
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    assert refused.value.body["param"] == "tools"  # type: ignore[index]
+    assert upstream.stats()["by_status"] == {"200": 2}

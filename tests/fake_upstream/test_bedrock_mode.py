@@ -117,3 +117,28 @@ def test_a_stream_may_end_in_a_throttling_exception(
         parts.extend(answer["body"])
     assert raised.value.response["Error"]["Code"] == "throttlingException"
     assert len(parts) == 2
+
+
+CONVERSE_MODEL = "meta.llama3-70b-instruct-v1:0"
+TURNS = [{"role": "user", "content": [{"text": "Hello"}]}]
+
+
+def test_converse_answers_a_message(client: Any) -> None:
+    answer = client.converse(
+        modelId=CONVERSE_MODEL,
+        messages=TURNS,
+        system=[{"text": "Be brief."}],
+        inferenceConfig={"maxTokens": 20},
+    )
+    assert answer["output"]["message"]["content"][0]["text"]
+    assert answer["stopReason"] in ("end_turn", "max_tokens")
+    assert answer["usage"]["outputTokens"] > 0
+
+
+def test_converse_stream_sends_its_events_with_the_usage_last(client: Any) -> None:
+    answer = client.converse_stream(modelId=CONVERSE_MODEL, messages=TURNS)
+    events = list(answer["stream"])
+    kinds = [next(iter(event)) for event in events]
+    assert kinds[0] == "messageStart" and kinds[-2:] == ["messageStop", "metadata"]
+    assert "contentBlockDelta" in kinds
+    assert events[-1]["metadata"]["usage"]["outputTokens"] > 0

@@ -199,3 +199,23 @@ def test_a_stream_cut_inside_a_message_is_undecodable() -> None:
 def test_any_bytes_are_messages_or_undecodable(data: bytes) -> None:
     with contextlib.suppress(Undecodable):
         MessageReader().feed(data)
+
+
+def test_converse_stream_events_pass_as_their_own_events() -> None:
+    headers = {":event-type": "contentBlockDelta", ":message-type": "event"}
+    delta = {"contentBlockIndex": 0, "delta": {"text": "hi"}}
+    out = Reframer().feed(encode_message(headers, orjson.dumps(delta)))
+    assert out == [b"event: contentBlockDelta\ndata: " + orjson.dumps(delta) + b"\n\n"]
+    for liar in (
+        encode_message({**headers, ":event-type": "bad type"}, b"{}"),
+        encode_message(headers, b"[1]"),
+    ):
+        with pytest.raises(Undecodable):
+            Reframer().feed(liar)
+
+
+def test_a_converse_deployment_is_sent_to_converse_without_anthropic_version() -> None:
+    wire = BedrockWire("http://b", AWS)
+    url, body = wire.outgoing("converse", "meta.llama3-8b-instruct-v1:0", True, b'{"model":"x"}')
+    assert url == "http://b/model/meta.llama3-8b-instruct-v1%3A0/converse-stream"
+    assert orjson.loads(body) == {}
