@@ -33,7 +33,7 @@ from proxy.translate.refusals import (
     text,
     wrong,
 )
-from proxy.translate.response import chat_error, chat_from_message
+from proxy.translate.response import chat_error, chat_from_message, json_object
 from proxy.translate.stream import MAX_EVENT, ToChat, to_chat
 
 __all__ = [
@@ -167,12 +167,7 @@ def _message(payload: dict[str, Any]) -> dict[str, Any]:
 
 def chat_from_converse(content: bytes, created: int) -> tuple[bytes, TokenUsage | None]:
     """A Converse 200 as a chat completion, and the usage Bedrock reported."""
-    try:
-        payload = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        raise Untranslatable("its answer is not JSON") from None
-    if not isinstance(payload, dict):
-        raise Untranslatable("its answer is not a JSON object")
+    payload = json_object(content)
     answer, _ = chat_from_message(orjson.dumps(_message(payload)), created)
     return answer, converse_usage(payload.get("usage"))
 
@@ -218,12 +213,7 @@ class ConverseToChat:
 
     def _event(self, event: bytes) -> bytes:
         name, _, data = event.partition(b"\ndata: ")
-        try:
-            payload = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            raise Untranslatable("a stream event that is not JSON") from None
-        if not isinstance(payload, dict):
-            raise Untranslatable("a stream event that is not a JSON object")
+        payload = json_object(data, "a stream event")
         return b"".join(_sse(e) for e in self._messages(name.removeprefix(b"event: "), payload))
 
     def _messages(self, name: bytes, payload: dict[str, Any]) -> list[dict[str, Any]]:
