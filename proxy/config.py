@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import gc
 import hashlib
+import importlib.util
 import os
 import re
 import typing
@@ -594,6 +595,8 @@ class Deployment(_Limited):
         bedrock = provider in ("bedrock", "bedrock-converse")
         if bedrock and value is None:
             raise ValueError(f"is required with provider: {provider} (its region at least)")
+        if bedrock and importlib.util.find_spec("botocore") is None:  # found, not imported
+            raise ValueError("needs botocore, which signs its requests: the bedrock extra")
         if provider is not None and not bedrock and value is not None:
             raise ValueError(f"is only for Bedrock's providers (this deployment is {provider})")
         return value

@@ -669,3 +669,17 @@ def test_a_bedrock_deployment_needs_its_aws_section_and_only_it_has_one() -> Non
     assert problem.startswith("models[0].deployments[0].aws.region")
     settings = parse_settings(_azure(**bedrock, aws={"region": "us-east-1"}), env={})
     assert settings.models[0].deployments[0].aws is not None
+
+
+def test_a_bedrock_deployment_without_botocore_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib.util
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "botocore" else found(name)
+    )
+    bedrock = {"provider": "bedrock", "model": "m", "aws": {"region": "us-east-1"}}
+    (problem,) = _problems(_azure(**bedrock))
+    assert problem.startswith("models[0].deployments[0].aws: needs botocore") and "extra" in problem
