@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import gc
 import hashlib
+import importlib.util
 import os
 import re
 import typing
@@ -520,12 +521,54 @@ RESERVED_HEADERS = frozenset(
 )
 
 
+class AwsConfig(_Strict):
+    """A Bedrock deployment's AWS side: its region (signed into every request), and its
+    credentials; without them, botocore's default chain (the environment, the shared
+    files' ``profile``, a container's or an instance's role) finds them."""
+
+    region: str = Field(pattern=r"^[a-z]{2}(-[a-z]+)+-\d{1,2}$")
+    access_key_id: SecretStr = SecretStr("")
+    secret_access_key: SecretStr = SecretStr("")
+    session_token: SecretStr = SecretStr("")
+    profile: str = ""  # a named profile of the shared files (the chain only)
+
+    @model_validator(mode="after")
+    def _pair(self) -> AwsConfig:
+        given = (
+            bool(self.access_key_id.get_secret_value()),
+            bool(self.secret_access_key.get_secret_value()),
+        )
+        if given[0] != given[1]:
+            raise ValueError("access_key_id and secret_access_key go together")
+        if self.session_token.get_secret_value() and not given[0]:
+            raise ValueError("session_token needs access_key_id and secret_access_key")
+        if self.profile and given[0]:
+            raise ValueError("profile is for the default chain: not with access_key_id")
+        return self
+
+
 # How a deployment is reached (proxy/providers/): OpenAI's paths and bearer key, Azure
 # OpenAI's /openai/deployments/{deployment}/... with ?api-version= and an api-key header,
-# Anthropic's /v1/messages with x-api-key, the Gemini API's
-# /v1beta/models/{model}:generateContent with x-goog-api-key, or Google Vertex AI's
-# publisher models with a bearer token from google-auth.
-Provider = Literal["openai", "azure", "anthropic", "gemini", "vertex"]
+# Anthropic's /v1/messages with x-api-key, AWS Bedrock's /model/{id}/invoke (or its
+# Converse API's /converse), signed; the Gemini API's
+# /v1beta/models/{model}:generateContent with x-goog-api-key; Google Vertex AI's
+# publisher models with a bearer token from google-auth; and any provider a program
+# registers (``providers.register`` adds its name here). The names only: the config
+# imports no provider (imports point down, to the config).
+PROVIDER_NAMES: list[str] = [
+    "openai", "azure", "anthropic", "bedrock", "bedrock-converse", "gemini", "vertex",
+]  # fmt: skip
+
+
+def _provider_name(value: object) -> object:
+    name = value.lower() if isinstance(value, str) else value
+    if name not in PROVIDER_NAMES:
+        *others, last = (repr(known) for known in PROVIDER_NAMES)
+        raise ValueError(f"must be one of {', '.join(others)} or {last} (got {value!r})")
+    return name
+
+
+Provider = Annotated[str, BeforeValidator(_provider_name)]
 # Where a provider's deployments are when their base_url is not given (None: required;
 # Vertex AI's: its region's, ``_vertex_defaults``).
 _BASE_URLS = {"gemini": "https://generativelanguage.googleapis.com"}
@@ -586,7 +629,7 @@ _URL_SAFE = r"^[A-Za-z0-9_.-]+$"
 
 class Deployment(_Limited):
     id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")
-    provider: Annotated[Provider, BeforeValidator(_lower)] = "openai"
+    provider: Provider = "openai"
     base_url: str = Field(default="", validate_default=True)
     api_key: SecretStr = SecretStr("")
     # Azure only: the deployment's name in the URL and the api-version query parameter.
@@ -608,6 +651,8 @@ class Deployment(_Limited):
     proxy_url: SecretStr = SecretStr("")
     # USD per 1M tokens; wins over its group's price.
     price: PriceSpec | None = None
+    # Bedrock only: its region and credentials.
+    aws: AwsConfig | None = Field(default=None, validate_default=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -690,6 +735,19 @@ class Deployment(_Limited):
                 " credentials_file or the Application Default Credentials)"
             )
         return self
+
+    @field_validator("aws")
+    @classmethod
+    def _bedrock_only(cls, value: AwsConfig | None, info: ValidationInfo) -> AwsConfig | None:
+        provider = info.data.get("provider")
+        bedrock = provider in ("bedrock", "bedrock-converse")
+        if bedrock and value is None:
+            raise ValueError(f"is required with provider: {provider} (its region at least)")
+        if bedrock and importlib.util.find_spec("botocore") is None:  # found, not imported
+            raise ValueError("needs botocore, which signs its requests: the bedrock extra")
+        if provider is not None and not bedrock and value is not None:
+            raise ValueError(f"is only for Bedrock's providers (this deployment is {provider})")
+        return value
 
     @field_validator("headers")
     @classmethod

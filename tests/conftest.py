@@ -20,6 +20,8 @@ any, is left alone): every server listens on a free 127.0.0.1 port, in a temp di
   in as that user and trusts only that CA (``support.redis_server.TlsRedisServer``).
 * ``sentinel_group`` (function): a private primary, replica and three sentinels
   (``support.redis_server.SentinelGroup``), for tests that fail the primary over.
+* ``limiter_url`` (function, parametrized): ``""`` (the in-memory limiter), then the
+  session's Redis (``redis_url``): ``{"redis": {"url": limiter_url}}`` runs a test on both.
 * ``serving_path`` (module, parametrized): the proxies a module starts run the fast
   paths (the lean upstream transport, replies written by the proxy's own protocol), then
   the portable ones (the general transport, the ASGI cycle): its tests run against both.
@@ -128,6 +130,14 @@ def disposable_redis(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.kill()
+
+
+@pytest.fixture(params=["memory", "redis"])
+def limiter_url(request: pytest.FixtureRequest) -> str:
+    if request.param == "memory":
+        return ""
+    url: str = request.getfixturevalue("redis_url")
+    return url
 
 
 @pytest.fixture(scope="module", params=["fast", "portable"])

@@ -462,8 +462,8 @@ def test_azure_fields_must_be_safe_in_a_url_and_the_provider_known() -> None:
     ]
     problems = _problems(_azure(provider="nonesuch"))
     assert problems == [
-        "models[0].deployments[0].provider: must be one of 'openai', 'azure', 'anthropic'"
-        ", 'gemini' or 'vertex' (got 'nonesuch')"
+        "models[0].deployments[0].provider: must be one of 'openai', 'azure', 'anthropic',"
+        " 'bedrock', 'bedrock-converse', 'gemini' or 'vertex' (got 'nonesuch')"
     ]
 
 
@@ -652,3 +652,34 @@ def test_a_pacing_margin_neither_auto_nor_a_duration_is_an_error_naming_the_fiel
 ) -> None:
     [problem] = _problems({**MINIMAL, "routing": {"pacing_margin": value}})
     assert problem.startswith("routing.pacing_margin: ") and says in problem, problem
+
+
+def test_a_bedrock_deployment_needs_its_aws_section_and_only_it_has_one() -> None:
+    bedrock = {"provider": "bedrock", "model": "anthropic.claude-3-haiku-20240307-v1:0"}
+    assert _problems(_azure(**bedrock)) == [
+        "models[0].deployments[0].aws: is required with provider: bedrock (its region at least)"
+    ]
+    assert _problems(_azure(provider="openai", aws={"region": "us-east-1"})) == [
+        "models[0].deployments[0].aws: is only for Bedrock's providers (this deployment is openai)"
+    ]
+    half = {"region": "us-east-1", "access_key_id": "AKIDX"}
+    (problem,) = _problems(_azure(**bedrock, aws=half))
+    assert problem.startswith("models[0].deployments[0].aws") and "go together" in problem
+    (problem,) = _problems(_azure(**bedrock, aws={"region": "Mars"}))
+    assert problem.startswith("models[0].deployments[0].aws.region")
+    settings = parse_settings(_azure(**bedrock, aws={"region": "us-east-1"}), env={})
+    assert settings.models[0].deployments[0].aws is not None
+
+
+def test_a_bedrock_deployment_without_botocore_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib.util
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "botocore" else found(name)
+    )
+    bedrock = {"provider": "bedrock", "model": "m", "aws": {"region": "us-east-1"}}
+    (problem,) = _problems(_azure(**bedrock))
+    assert problem.startswith("models[0].deployments[0].aws: needs botocore") and "extra" in problem

@@ -1,7 +1,8 @@
 """The aiohttp application: OpenAI-compatible endpoints (chat, completions, embeddings,
-the Responses API), Anthropic's Messages API, plus /stats and /control.
+the Responses API), Anthropic's Messages API, AWS Bedrock's InvokeModel, plus /stats and
+/control.
 
-A request's API (`request[API]`: openai, responses or anthropic) decides the shape of
+A request's API (`request[API]`: openai, responses, anthropic or bedrock) decides the shape of
 its errors and rate-limit headers.
 
 Everything runs on one event loop, so the state needs no locks. The hot path does one
@@ -23,7 +24,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from . import anthropic, azure, bodies, gemini, responses, vertex
+from . import anthropic, azure, bedrock, bodies, gemini, responses, vertex
 from .bodies import Job
 from .config import FakeUpstreamConfig
 from .prompt_cache import PromptCache
@@ -155,6 +156,51 @@ class FakeUpstream:
             return job
 
         return await self._inference(request, parse, gemini.response, gemini.events, "gem-")
+
+    async def invoke_model(self, request: web.Request) -> web.StreamResponse:
+        """Bedrock's InvokeModel and InvokeModelWithResponseStream (the path says which):
+        the Messages API's body and answers, signed requests, an event stream."""
+        request[API] = "bedrock"
+        model = request.match_info["model_id"]
+        stream = request.match_info["action"].endswith("stream")
+
+        def parse(body: dict[str, Any], config: FakeUpstreamConfig) -> Job | str:
+            problem = bedrock.body_problem(body)
+            if problem is not None:
+                return problem
+            job = self._parse_message({**body, "model": model}, config)
+            if not isinstance(job, str):
+                job.stream = stream
+            return job
+
+        def frames(job: Job, rid: str, created: int, parts: int) -> list[bytes]:
+            return bedrock.frames(anthropic.events(job, rid, created, parts))
+
+        return await self._inference(request, parse, anthropic.message, frames, "msg_")
+
+    async def converse(self, request: web.Request) -> web.StreamResponse:
+        """Bedrock's Converse and ConverseStream: its own body and answers, answered as
+        the Messages API's would be."""
+        request[API] = "bedrock"
+        model = request.match_info["model_id"]
+        stream = request.match_info["action"] == "converse-stream"
+
+        def parse(body: dict[str, Any], config: FakeUpstreamConfig) -> Job | str:
+            given = bedrock.messages_body(body, config.completion_tokens)
+            if isinstance(given, str):
+                return given
+            job = self._parse_message({**given, "model": model}, config)
+            if not isinstance(job, str):
+                job.stream = stream
+            return job
+
+        def render(job: Job, rid: str, created: int) -> bytes:
+            return bedrock.converse_answer(anthropic.message(job, rid, created))
+
+        def frames(job: Job, rid: str, created: int, parts: int) -> list[bytes]:
+            return bedrock.converse_frames(anthropic.events(job, rid, created, parts))
+
+        return await self._inference(request, parse, render, frames, "msg_")
 
     async def count_tokens(self, request: web.Request) -> web.StreamResponse:
         request[API] = "anthropic"
@@ -294,7 +340,10 @@ class FakeUpstream:
     ) -> tuple[Job, dict[str, str]]:
         """Auth, body, rate limit, latency and faults; raises _Answered to answer early."""
         api = request.get(API, "openai")
-        self._check_credentials(request, api)
+        if api == "bedrock":
+            await self._check_signature(request)
+        else:
+            self._check_credentials(request, api)
         body = await self._read_body(request, arrival)
         if self.config.azure and api == "responses":
             self._check_azure_responses(request, body.get("model") or "")
@@ -351,8 +400,8 @@ class FakeUpstream:
             raise _Answered(self._bad_request(message, api=request.get(API, "openai")))
         arrival.body = body  # shown in /stats while this is still the latest request
         model = body.get("model")
-        # anthropic.parse checks it; the Gemini API's is in the path
-        anthropic_api = request.get(API) in ("anthropic", "gemini")
+        # their parse checks it (the Gemini API's is in the path)
+        anthropic_api = request.get(API) in ("anthropic", "gemini", "bedrock")
         if (
             not self.config.azure
             and not anthropic_api
@@ -429,6 +478,8 @@ class FakeUpstream:
             return [*kept, anthropic.stream_error()]
         if api == "gemini":
             return [*kept, gemini.stream_error()]
+        if api == "bedrock":
+            return [*kept, bedrock.exception_message("throttlingException", "Too many requests")]
         if api == "responses":
             response = responses.failed(job, rid, created)
             self._remember(job, rid, orjson.dumps(response), None)  # stored as failed
@@ -446,7 +497,9 @@ class FakeUpstream:
         """``events`` written one by one (``chunk_delay`` apart, cut by
         ``fail_after_chunks``); ``job``: the one they answer (its tokens counted as
         served; None: a replay, nothing generated)."""
-        headers.update(SSE_HEADERS)
+        headers.update(
+            bedrock.EVENTSTREAM_HEADERS if request.get(API) == "bedrock" else SSE_HEADERS
+        )
         response = web.StreamResponse(headers=headers)
         cut_after = self.config.fail_after_chunks
         delay = self.config.chunk_delay
@@ -628,6 +681,29 @@ class FakeUpstream:
         if problem is not None:
             raise _Answered(self._bad_request(problem, api="anthropic"))
 
+    # ------------------------------------------------------------ Bedrock
+
+    async def _check_signature(self, request: web.Request) -> None:
+        config = self.config
+        url = f"{request.scheme}://{request.host}{request.raw_path}"
+        body = await request.read()
+        problem = bedrock.signature_problem(
+            request.method,
+            url,
+            request.headers,
+            body,
+            config.aws_access_key_id,
+            config.aws_secret_access_key,
+        )
+        if problem is not None:
+            raise _Answered(self._bedrock_error(bedrock.error(problem)))
+
+    def _bedrock_error(
+        self, error: tuple[int, bytes, dict[str, str]], headers: dict[str, str] | None = None
+    ) -> web.Response:
+        status, body, own = error
+        return self._json(status, body, {**(headers or {}), **JSON_HEADERS, **own})
+
     def _request_id(self) -> str:
         return f"req_{self._id_prefix}{next(self._ids):x}"
 
@@ -685,6 +761,8 @@ class FakeUpstream:
             return self._anthropic_error(400, message)
         if api == "gemini":
             return self._json(400, gemini.error_body(400, message))
+        if api == "bedrock":
+            return self._bedrock_error(bedrock.error("ValidationException", message))
         return self._json(400, bodies.error_body(message, "invalid_request_error", code, param))
 
     def _server_error(self, status: int, headers: dict[str, str], api: str) -> web.Response:
@@ -697,6 +775,8 @@ class FakeUpstream:
         if api == "gemini":
             body = gemini.error_body(status, "Internal error encountered.")
             return self._json(status, body, headers)
+        if api == "bedrock":
+            return self._bedrock_error(bedrock.server_error(status), headers)
         body = bodies.error_body(bodies.SERVER_ERROR, "server_error")
         return self._json(status, body, headers)
 
@@ -714,6 +794,8 @@ class FakeUpstream:
             delay = ceil_millis(rejection.retry_after) / 1000
             return self._json(429, vertex.google_error(429, text, delay), headers)
         seconds = ceil_seconds(rejection.retry_after)
+        if request.get(API) == "bedrock":  # no retry-after: Bedrock sends none
+            return self._bedrock_error(bedrock.error("ThrottlingException"), headers)
         headers["retry-after"] = str(seconds)
         if request.get(API) == "anthropic":
             per_minute = 60.0 / self.config.window
@@ -732,8 +814,9 @@ class FakeUpstream:
     def _limit_headers(self, now: float, request: web.Request) -> dict[str, str]:
         """The rate-limit headers of the request's API."""
         config = self.config
-        if not config.ratelimit_headers or request.get(API) == "gemini" or request.get(VERTEX):
-            return {}  # (Google sends none; Vertex AI announces no budget)
+        api = request.get(API)
+        if not config.ratelimit_headers or api in ("gemini", "bedrock") or request.get(VERTEX):
+            return {}  # Google, Vertex AI and Bedrock announce no budget in headers
         if request.get(API) == "anthropic":
             return self.windows.anthropic_headers(now, config)
         if config.azure:
@@ -852,6 +935,11 @@ def build_app(config: FakeUpstreamConfig | None = None) -> web.Application:
             ("POST", "/token", upstream.google_token),
         ]
     )
+    # AWS Bedrock's InvokeModel, always on: its paths are its own.
+    action = "{action:invoke|invoke-with-response-stream}"
+    api.append(("POST", "/model/{model_id}/" + action, upstream.invoke_model))
+    converse = "{action:converse|converse-stream}"
+    api.append(("POST", "/model/{model_id}/" + converse, upstream.converse))
     routes: list[Route] = [
         *api,
         ("GET", "/stats", upstream.get_stats),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 import typing
 from collections.abc import Callable
@@ -66,6 +67,13 @@ def build_parser(prog: str = "python -m proxy.fake_upstream") -> argparse.Argume
     )
     add("--seed", type=int, default=None, help="seed of the random draws")
     add("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    add("--aws-access-key-id", default=None, help="Bedrock: the SigV4 key id checked")
+    add(
+        "--aws-secret-access-key",
+        default=os.environ.get("FAKE_UPSTREAM_AWS_SECRET"),
+        help="Bedrock: the SigV4 secret signatures are recomputed with"
+        " (default: $FAKE_UPSTREAM_AWS_SECRET)",
+    )
     add("--models", default=",".join(defaults.models), help="what GET /v1/models lists")
     add(
         "--azure",
@@ -126,6 +134,8 @@ def config_from_args(args: argparse.Namespace) -> FakeUpstreamConfig:
         cache_write_tokens=args.cache_write_tokens,
         prompt_cache=args.prompt_cache,
         access_log=args.access_log,
+        aws_access_key_id=args.aws_access_key_id,
+        aws_secret_access_key=args.aws_secret_access_key,
     )
 
 

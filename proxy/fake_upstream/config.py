@@ -113,6 +113,10 @@ class FakeUpstreamConfig:
     # the access tokens it issues live, in seconds.
     google_service_accounts: tuple[tuple[str, str], ...] = ()
     token_lifetime: float = 3600.0
+    # Bedrock's SigV4 keys (bedrock.py): requests' signatures recomputed from them and
+    # checked. None: any well-formed signature is taken.
+    aws_access_key_id: str | None = None
+    aws_secret_access_key: str | None = field(default=None, repr=False)
     _latency_range: tuple[float, float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -2,9 +2,10 @@
 
     2xx, other 4xx        success: the request's own fault never cools anything (400,
                           404, 413, 422: the upstream did not admit it, ``admitted``)
-    429                   failure "rate_limited": hold until the upstream's retry-after /
+    429, or throttled     failure "rate_limited": hold until the upstream's retry-after /
                           reset (at most server.max_upstream_hold), lower the effective
-                          rate; retry elsewhere
+                          rate; retry elsewhere. Throttled: its provider read so in
+                          its headers (Bedrock's 503 ServiceUnavailableException)
     401, 403              failure "auth": a bad upstream key; cool for cooldown.time
     "misconfigured"       failure "misconfigured", as its provider says
       (providers/)        (Azure's 404, or 400 of an api-version: the deployment name,
@@ -78,7 +79,7 @@ def classify_status(
     says, when its provider reads one there: ``ThrottleInBody``)."""
     if not is_failure(status):
         return SUCCESS
-    if status == 429:
+    if status == 429 or budget.throttled:
         wait = retry_after(headers, now)
         if wait is None:
             wait = said

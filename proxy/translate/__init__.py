@@ -1,6 +1,7 @@
-"""Translation between OpenAI's chat completions and Anthropic's Messages API, both ways
-(pure): a request for a deployment that does not speak the client's API, its answer (a
-buffered one, an error, a stream event by event) back in the client's API's shape.
+"""Translation between OpenAI's chat completions and Anthropic's Messages API, both ways,
+and from chat completions to AWS Bedrock's Converse API (pure): a request for a
+deployment that does not speak the client's API, its answer (a buffered one, an error, a
+stream event by event) back in the client's API's shape.
 
 Translation happens only when the chosen deployment does not speak the client's API
 (design.md): a group may mix providers, and each attempt (a retry, a fallback) builds its
@@ -11,6 +12,7 @@ counterpart is a 400 naming the field (refusals.py); docs/translation.md is the 
     to_chat.py      Messages request -> chat request
     response.py     answers back (buffered, errors), stop reasons, usage
     stream.py       streams back, event by event
+    converse.py     chat request -> Converse request, its answers and streams back
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from proxy.costs import TokenUsage
 from proxy.errors import InvalidRequest
 from proxy.shapes.base import Shape
 from proxy.shapes.chat import CHAT
+from proxy.shapes.converse import CONVERSE
 from proxy.shapes.messages import MESSAGES
-from proxy.translate import response, stream
+from proxy.translate import converse, response, stream
 from proxy.translate.refusals import Untranslatable
 from proxy.translate.stream import EventStream
 from proxy.translate.to_chat import to_chat
@@ -58,22 +61,36 @@ class Link:
     stream: Callable[[dict[str, Any], int], EventStream]
 
 
-LINKS: dict[str, Link] = {
-    CHAT.name: Link(
-        CHAT.name,
-        MESSAGES,
-        to_messages,
-        response.chat_from_message,
-        response.chat_error,
-        stream.to_chat,
+# Each client API's links, in the order they are preferred (a deployment speaking two
+# of the APIs translated to takes the first).
+LINKS: dict[str, tuple[Link, ...]] = {
+    CHAT.name: (
+        Link(
+            CHAT.name,
+            MESSAGES,
+            to_messages,
+            response.chat_from_message,
+            response.chat_error,
+            stream.to_chat,
+        ),
+        Link(
+            CHAT.name,
+            CONVERSE,
+            converse.to_converse,
+            converse.chat_from_converse,
+            converse.converse_error,
+            converse.to_converse_chat_stream,
+        ),
     ),
-    MESSAGES.name: Link(
-        MESSAGES.name,
-        CHAT,
-        to_chat,
-        response.message_from_chat,
-        response.messages_error,
-        stream.to_messages,
+    MESSAGES.name: (
+        Link(
+            MESSAGES.name,
+            CHAT,
+            to_chat,
+            response.message_from_chat,
+            response.messages_error,
+            stream.to_messages,
+        ),
     ),
 }
 
@@ -81,13 +98,14 @@ LINKS: dict[str, Link] = {
 def link_for(shape: str, speaks: Callable[[str], bool]) -> Link | None:
     """How a request of the API named ``shape`` reaches a deployment that does not speak
     it (``speaks``: which API shapes it does); None: it cannot."""
-    link = LINKS.get(shape)
-    return link if link is not None and speaks(link.upstream.name) else None
+    return next((link for link in LINKS.get(shape, ()) if speaks(link.upstream.name)), None)
 
 
 def reachable(spoken: frozenset[str]) -> frozenset[str]:
     """The API shapes served by deployments speaking ``spoken``, with translation."""
-    return spoken | {name for name, link in LINKS.items() if link.upstream.name in spoken}
+    return spoken | {
+        name for name, links in LINKS.items() if any(link.upstream.name in spoken for link in links)
+    }
 
 
 class Translations:

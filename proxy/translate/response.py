@@ -31,6 +31,7 @@ __all__ = [
     "chat_from_message",
     "chat_usage",
     "finish_reason",
+    "json_object",
     "message_from_chat",
     "messages_error",
     "messages_usage",
@@ -105,13 +106,14 @@ def messages_usage(usage: object) -> dict[str, Any]:
     }
 
 
-def _object(content: bytes) -> dict[str, Any]:
+def json_object(content: bytes, what: str = "its answer") -> dict[str, Any]:
+    """An upstream's JSON object (``what`` it is, for the ``Untranslatable`` raised)."""
     try:
         payload = orjson.loads(content)
     except orjson.JSONDecodeError:
-        raise Untranslatable("its answer is not JSON") from None
+        raise Untranslatable(f"{what} is not JSON") from None
     if not isinstance(payload, dict):
-        raise Untranslatable("its answer is not a JSON object")
+        raise Untranslatable(f"{what} is not a JSON object")
     return payload
 
 
@@ -121,7 +123,7 @@ def _object(content: bytes) -> dict[str, Any]:
 def chat_from_message(content: bytes, created: int) -> tuple[bytes, TokenUsage | None]:
     """A Messages 200 as a chat completion (``created``: epoch seconds), and the usage
     the upstream reported (its own units: settlement's)."""
-    payload = _object(content)
+    payload = json_object(content)
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     blocks = payload.get("content")
@@ -175,7 +177,7 @@ def _tool_call(block: dict[str, Any]) -> dict[str, Any]:
 def message_from_chat(content: bytes, created: int) -> tuple[bytes, TokenUsage | None]:
     """A chat completion 200 as a Messages message, and the usage the upstream reported
     (``created`` unused: a message has no time)."""
-    payload = _object(content)
+    payload = json_object(content)
     choices = payload.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise Untranslatable("its answer has no choice")

@@ -247,8 +247,7 @@ class Exchange:
             outcome = classify_status(
                 status, upstream_headers, budget, now, self.cooldown_time, self.max_hold, said
             )
-            error = status_error(status, deployment.id)
-            error.retry_after = outcome.cool_for if status == 429 else None
+            error = _failure_error(status, outcome, deployment.id)
             return Answer(
                 str(status), outcome, upstream_time, None, error, True, False, budget, remaining
             )
@@ -387,6 +386,15 @@ async def _throttle_said(
     except (TransportFailure, UnusableAnswer):
         return None  # cut short, too long, undecodable: no wait it says
     return provider.throttled(content)
+
+
+def _failure_error(status: int, outcome: Outcome, deployment: str) -> UpstreamError:
+    """What the client hears of a failure status: a throttled answer (a 429, or its
+    provider's way of saying so: Bedrock's 503) as a 429, with the hold's retry-after."""
+    throttled = outcome.rate_limited
+    error = status_error(429 if throttled else status, deployment)
+    error.retry_after = outcome.cool_for if throttled else None
+    return error
 
 
 async def _authorize(wire: Wire, request: UpstreamRequest, deployment: str) -> None:

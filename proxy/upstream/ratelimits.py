@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import KW_ONLY, replace
 from datetime import datetime
 from email.utils import parsedate_to_datetime
 
@@ -60,6 +60,10 @@ class UpstreamBudget:
     limit_output_tokens: float | None = None
     remaining_output_tokens: float | None = None
     reset_output_tokens: float | None = None
+    _: KW_ONLY
+    # The answer says the upstream throttled it whatever its status (Bedrock's 503
+    # ServiceUnavailableException): learned as a 429 is (routing/outcomes).
+    throttled: bool = False
 
     @property
     def empty(self) -> bool:

@@ -53,6 +53,15 @@ def test_anthropic_leaves_cache_reads_out_and_adjusts_to_the_answer() -> None:
     assert _tokens(anthropic.counted(admitted, missed)) == (1_000, 10, 1_010)
 
 
+def test_bedrock_counts_input_and_output_together_adjusted_without_cache_reads() -> None:
+    """One tokens-per-minute quota: input and max_tokens taken at the start, adjusted to
+    the output used at the end; cache reads do not count."""
+    bedrock = provider_of("bedrock").counting
+    admitted = bedrock.admitted(ESTIMATE, EXPECTED_READ)
+    answered = TokenUsage(input_tokens=100, output_tokens=10, cache_read=900, cache_write=40)
+    assert _tokens(bedrock.counted(admitted, answered)) == (100, 10, 110)
+
+
 @pytest.mark.parametrize("name", sorted(PROVIDERS))
 def test_each_provider_says_where_its_rule_comes_from(name: str) -> None:
     """Its module states the rule beside the documentation it follows."""

@@ -40,14 +40,14 @@ def _mixed(**routing: object) -> dict[str, Any]:
 def translations(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """The chat requests translated to the Messages API, as they are made."""
     made: list[dict[str, Any]] = []
-    link = LINKS["chat/completions"]
+    link = LINKS["chat/completions"][0]
 
     def counting(body: dict[str, Any], cap: int) -> dict[str, Any]:
         made.append(body)
         return link.request(body, cap)
 
     counted = Link(link.client, link.upstream, counting, link.answer, link.error, link.stream)
-    monkeypatch.setitem(LINKS, "chat/completions", counted)
+    monkeypatch.setitem(LINKS, "chat/completions", (counted, *LINKS["chat/completions"][1:]))
     return made
 
 

@@ -20,8 +20,8 @@ def test_chat_and_messages_reach_each_other_and_nothing_else() -> None:
         "messages",
     }
     assert reachable(frozenset({"embeddings", "responses"})) == {"embeddings", "responses"}
-    assert link_for("chat/completions", {"messages"}.__contains__) is LINKS["chat/completions"]
-    assert link_for("messages", {"chat/completions"}.__contains__) is LINKS["messages"]
+    assert link_for("chat/completions", {"messages"}.__contains__) is LINKS["chat/completions"][0]
+    assert link_for("messages", {"chat/completions"}.__contains__) is LINKS["messages"][0]
     for shape in ("responses", "embeddings", "completions", "messages/count_tokens"):
         assert link_for(shape, lambda _: True) is None
     assert link_for("chat/completions", {"embeddings"}.__contains__) is None
@@ -29,7 +29,7 @@ def test_chat_and_messages_reach_each_other_and_nothing_else() -> None:
 
 def test_a_request_is_translated_once_and_its_refusal_kept() -> None:
     made: list[dict[str, Any]] = []
-    link = LINKS["chat/completions"]
+    link = LINKS["chat/completions"][0]
 
     def counting(body: dict[str, Any], cap: int) -> dict[str, Any]:
         made.append(body)
@@ -49,3 +49,12 @@ def test_a_request_is_translated_once_and_its_refusal_kept() -> None:
             refusing.body_for(link)
     refusal = refusing.refusal()
     assert refusal is not None and refusal.param == "n"
+
+
+def test_chat_reaches_bedrocks_converse_and_prefers_the_messages_api() -> None:
+    assert reachable(frozenset({"converse"})) == {"converse", "chat/completions"}
+    converse = link_for("chat/completions", {"converse"}.__contains__)
+    assert converse is not None and converse.upstream.name == "converse"
+    both = link_for("chat/completions", {"converse", "messages"}.__contains__)
+    assert both is not None and both.upstream.name == "messages"
+    assert link_for("messages", {"converse"}.__contains__) is None

@@ -1,0 +1,144 @@
+"""The fake upstream's Bedrock: boto3's ``bedrock-runtime`` client (SigV4, its paths, its
+event stream decoder) is its client, so its shapes are Bedrock's."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import httpx
+import pytest
+from botocore.config import Config
+from botocore.exceptions import ClientError, EventStreamError
+
+from proxy.fake_upstream import FakeUpstreamHandle
+
+KEY_ID = "AKIDFAKEUPSTREAM0001"
+SECRET = "fake/upstream+secret0123456789abcdefghij"
+MODEL = "us.anthropic.claude-3-5-haiku-20241022-v1:0"
+
+
+@pytest.fixture
+def upstream_options() -> dict[str, Any]:
+    return {"aws_access_key_id": KEY_ID, "aws_secret_access_key": SECRET}
+
+
+def _client(upstream: FakeUpstreamHandle, secret: str = SECRET) -> Any:
+    return boto3.client(
+        "bedrock-runtime",
+        region_name="us-west-2",
+        endpoint_url=upstream.url,
+        aws_access_key_id=KEY_ID,
+        aws_secret_access_key=secret,
+        config=Config(retries={"max_attempts": 1, "mode": "standard"}),
+    )
+
+
+def _body(**more: Any) -> str:
+    body = {
+        "anthropic_version": "bedrock-2023-05-31",
+        "max_tokens": 20,
+        "messages": [{"role": "user", "content": "Hello"}],
+        **more,
+    }
+    return json.dumps(body)
+
+
+@pytest.fixture
+def client(upstream: FakeUpstreamHandle) -> Iterator[Any]:
+    yield _client(upstream)
+
+
+def test_invoke_model_answers_a_message(client: Any, upstream: FakeUpstreamHandle) -> None:
+    answer = client.invoke_model(modelId=MODEL, body=_body())
+    message = json.loads(answer["body"].read())
+    assert message["type"] == "message" and message["model"] == MODEL
+    assert message["usage"]["output_tokens"] > 0
+    assert upstream.stats()["last_request"]["path"].startswith("/model/us.anthropic.")
+
+
+def test_a_streamed_invoke_is_an_event_stream_of_the_messages_events(client: Any) -> None:
+    answer = client.invoke_model_with_response_stream(modelId=MODEL, body=_body())
+    events = [json.loads(part["chunk"]["bytes"]) for part in answer["body"]]
+    kinds = [event["type"] for event in events]
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert "content_block_delta" in kinds
+    assert "amazon-bedrock-invocationMetrics" in events[-1]
+
+
+def test_a_wrong_secret_is_an_invalid_signature(upstream: FakeUpstreamHandle) -> None:
+    with pytest.raises(ClientError) as raised:
+        _client(upstream, secret="not/the+secret0123456789abcdefghijklmn").invoke_model(
+            modelId=MODEL, body=_body()
+        )
+    assert raised.value.response["Error"]["Code"] == "InvalidSignatureException"
+    assert raised.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+
+
+def test_an_unsigned_request_is_refused(upstream: FakeUpstreamHandle) -> None:
+    answer = httpx.post(f"{upstream.url}/model/{MODEL}/invoke", content=_body())
+    assert answer.status_code == 403
+    assert answer.headers["x-amzn-errortype"].startswith("MissingAuthenticationTokenException")
+
+
+def test_model_and_stream_in_the_body_are_refused(client: Any) -> None:
+    with pytest.raises(ClientError) as raised:
+        client.invoke_model(modelId=MODEL, body=_body(model="claude", stream=True))
+    assert raised.value.response["Error"]["Code"] == "ValidationException"
+
+
+def test_a_full_window_is_a_throttling_exception(client: Any, upstream: FakeUpstreamHandle) -> None:
+    upstream.control(rpm=1)
+    client.invoke_model(modelId=MODEL, body=_body())
+    with pytest.raises(ClientError) as raised:
+        client.invoke_model(modelId=MODEL, body=_body())
+    assert raised.value.response["Error"]["Code"] == "ThrottlingException"
+    assert raised.value.response["ResponseMetadata"]["HTTPStatusCode"] == 429
+
+
+def test_a_failure_is_a_service_unavailable_exception(
+    client: Any, upstream: FakeUpstreamHandle
+) -> None:
+    upstream.control(fail_rate=1.0, fail_status=503)
+    with pytest.raises(ClientError) as raised:
+        client.invoke_model(modelId=MODEL, body=_body())
+    assert raised.value.response["Error"]["Code"] == "ServiceUnavailableException"
+
+
+def test_a_stream_may_end_in_a_throttling_exception(
+    client: Any, upstream: FakeUpstreamHandle
+) -> None:
+    upstream.control(error_after_chunks=2)
+    answer = client.invoke_model_with_response_stream(modelId=MODEL, body=_body())
+    parts = []
+    with pytest.raises(EventStreamError) as raised:
+        parts.extend(answer["body"])
+    assert raised.value.response["Error"]["Code"] == "throttlingException"
+    assert len(parts) == 2
+
+
+CONVERSE_MODEL = "meta.llama3-70b-instruct-v1:0"
+TURNS = [{"role": "user", "content": [{"text": "Hello"}]}]
+
+
+def test_converse_answers_a_message(client: Any) -> None:
+    answer = client.converse(
+        modelId=CONVERSE_MODEL,
+        messages=TURNS,
+        system=[{"text": "Be brief."}],
+        inferenceConfig={"maxTokens": 20},
+    )
+    assert answer["output"]["message"]["content"][0]["text"]
+    assert answer["stopReason"] in ("end_turn", "max_tokens")
+    assert answer["usage"]["outputTokens"] > 0
+
+
+def test_converse_stream_sends_its_events_with_the_usage_last(client: Any) -> None:
+    answer = client.converse_stream(modelId=CONVERSE_MODEL, messages=TURNS)
+    events = list(answer["stream"])
+    kinds = [next(iter(event)) for event in events]
+    assert kinds[0] == "messageStart" and kinds[-2:] == ["messageStop", "metadata"]
+    assert "contentBlockDelta" in kinds
+    assert events[-1]["metadata"]["usage"]["outputTokens"] > 0
