@@ -42,7 +42,7 @@ def _profiled_run(source: Path, mode: str, requests: int) -> collections.Counter
         port, stats = free_port(), Path(tmp) / "calls.prof"
         serve = ["serve", "--config", path, "--host", LOOPBACK, "--port", str(port)]
         code = (
-            "import cProfile\nfrom proxy.cli import main\n"
+            "import cProfile\nfrom proxy.process.cli import main\n"
             "profile = cProfile.Profile()\nprofile.enable()\n"
             f"try:\n    main({[*serve, '--workers', '1']!r})\n"
             f"finally:\n    profile.disable()\n    profile.dump_stats({str(stats)!r})\n"

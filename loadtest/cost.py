@@ -91,14 +91,14 @@ async def _requests(
     ``tune_gc``: as the CLI's processes run (``app.tune_garbage_collector``)."""
     import httpx
 
-    from proxy.config import parse_settings
+    from proxy.config.settings import parse_settings
 
     try:
         from proxy.limiter.factory import create_limiter
     except ImportError:  # a revision from before the factory module (70e910d)
         from proxy.limiter import create_limiter  # type: ignore[attr-defined,no-redef]
-    from proxy.metrics import Metrics
-    from proxy.pipeline import Pipeline
+    from proxy.observability.metrics import Metrics
+    from proxy.pipeline.pipeline import Pipeline
 
     shape: object = "chat/completions"  # a baseline's endpoint, before the API shapes
     try:
@@ -126,7 +126,7 @@ async def _requests(
     for _ in range(warmup):
         await pipeline.handle(shape, _REQUEST, headers, pipeline.keys.authenticate(auth))
     if tune_gc:
-        from proxy.app import tune_garbage_collector
+        from proxy.process.app import tune_garbage_collector
 
         tune_garbage_collector()
     best = float("inf")

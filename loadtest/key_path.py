@@ -48,10 +48,10 @@ async def _measure(
     ``count``; every key check is allowed (a refusal raises)."""
     import httpx
 
-    from proxy.config import parse_settings
+    from proxy.config.settings import parse_settings
     from proxy.limiter.factory import create_limiter
-    from proxy.metrics import Metrics
-    from proxy.pipeline import Pipeline, _new_call, _parse_body
+    from proxy.observability.metrics import Metrics
+    from proxy.pipeline.pipeline import Pipeline, _new_call, _parse_body
     from proxy.shapes.chat import CHAT
 
     limiter = create_limiter(url, replica_id="key-path", timeout=30.0)

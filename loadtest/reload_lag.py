@@ -92,8 +92,8 @@ def _busy(seconds: float) -> None:
 
 
 async def _measure(keys: int, reloads: int) -> dict[str, Any]:
-    from proxy.app import create_app
-    from proxy.config import load_settings
+    from proxy.config.settings import load_settings
+    from proxy.process.app import create_app
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "proxy.yaml"

@@ -1,5 +1,5 @@
 import sys
 
-from proxy.cli import main
+from proxy.process.cli import main
 
 sys.exit(main())

@@ -22,7 +22,7 @@ Messages never carry secrets: they are written here or by the code raising them,
 copied from an upstream.
 
 What a stage raises that is not a ``ProxyError`` is answered through one table,
-``proxy/error_table.py`` (``contract_error``: the first row whose type it is decides;
+``proxy/pipeline/error_table.py`` (``contract_error``: the first row whose type it is decides;
 "=": its ``.error``'s, mapped; a row without retry-after says what becomes of it where
 it is raised, never answered as it is):
 

@@ -150,7 +150,7 @@ def serving_path(request: pytest.FixtureRequest) -> Iterator[str]:
     tests against both."""
     fast = request.param == "fast"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("proxy.app.create_transport", partial(create_transport, lean=fast))
+        patch.setattr("proxy.process.app.create_transport", partial(create_transport, lean=fast))
         if not fast:
             patch.setattr(ProxyInThread, "http", "auto")
         yield request.param

@@ -7,7 +7,10 @@ from __future__ import annotations
 import pytest
 from support.ports import free_port
 
-from proxy.affinity import (
+from proxy.limiter.memory import MemoryLimiter
+from proxy.limiter.redis.acl import COMMANDS
+from proxy.limiter.redis.runner import ScriptRunner
+from proxy.pipeline.affinity import (
     RETENTION,
     AffinityUnavailable,
     LocalAffinity,
@@ -15,9 +18,6 @@ from proxy.affinity import (
     SharedAffinity,
     affinity_for,
 )
-from proxy.limiter.memory import MemoryLimiter
-from proxy.limiter.redis.acl import COMMANDS
-from proxy.limiter.redis.runner import ScriptRunner
 
 ALICE = Owner("dep-a", "gpt-4o", "alice", tokens=120)
 

@@ -7,7 +7,7 @@ import sys
 
 CHECK = """
 import gc
-from proxy.app import GC_THRESHOLDS, tune_garbage_collector
+from proxy.process.app import GC_THRESHOLDS, tune_garbage_collector
 before = gc.get_threshold()
 tune_garbage_collector()
 assert gc.get_threshold() == GC_THRESHOLDS != before, gc.get_threshold()

@@ -4,9 +4,9 @@ import hashlib
 
 import pytest
 
-from proxy.auth import KeyStore
-from proxy.config import ClientKey
+from proxy.config.settings import ClientKey
 from proxy.errors import AuthenticationFailed, ModelNotAllowed
+from proxy.pipeline.auth import KeyStore
 
 
 def _store() -> KeyStore:
@@ -51,7 +51,7 @@ def test_model_allow_list() -> None:
 
 
 def test_an_operator_token_matches_only_one_of_the_configured_secrets() -> None:
-    from proxy.auth import bearer_matches
+    from proxy.pipeline.auth import bearer_matches
 
     assert bearer_matches("Bearer adm-1", ["adm-0", "adm-1"])
     assert bearer_matches("bearer  adm-1 ", ["adm-1"])
@@ -65,7 +65,7 @@ def test_an_operator_token_matches_only_one_of_the_configured_secrets() -> None:
 def test_basic_credentials_count_only_where_asked_for() -> None:
     import base64
 
-    from proxy.auth import bearer_matches
+    from proxy.pipeline.auth import bearer_matches
 
     def basic(user_password: str) -> str:
         return "Basic " + base64.b64encode(user_password.encode()).decode()

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.budgets import correction, format_usd, reservation, settled_cost
-from proxy.call import Call
 from proxy.costs import TokenUsage
-from proxy.pricing import Price, usd
+from proxy.money.pricing import Price, usd
+from proxy.pipeline.budgets import correction, format_usd, reservation, settled_cost
+from proxy.request.call import Call
 from proxy.shapes.base import Shape
 from proxy.shapes.chat import CHAT
 from proxy.shapes.embeddings import EMBEDDINGS

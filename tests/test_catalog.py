@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from support.proxy_server import settings_from
 
-from proxy.catalog import Catalog, key_limits, pacing_headroom
-from proxy.config import ClientKey, Settings
+from proxy.catalog.announced import ANNOUNCED_FOR
+from proxy.catalog.catalog import Catalog, key_limits, pacing_headroom
+from proxy.catalog.pacing import INITIAL_MARGIN, RESERVE, Lateness, Pacing
+from proxy.config.settings import ClientKey, Settings
 from proxy.limiter.base import DAY, Rate, Window, describe, window_name
 from proxy.limiter.core.verdicts import key_code
-from proxy.routing.announced import ANNOUNCED_FOR
-from proxy.routing.pacing import INITIAL_MARGIN, RESERVE, Lateness, Pacing
 
 
 class Clock:

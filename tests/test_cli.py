@@ -19,7 +19,7 @@ from support.raw_upstream import Conversation, answer
 from support.scripted_upstream import ScriptedUpstream
 from support.waiting import wait_ready, wait_until
 
-from proxy.cli import main
+from proxy.process.cli import main
 
 ROOT = Path(__file__).parent.parent
 
@@ -363,14 +363,14 @@ def test_the_readmes_demo_config_command_serves(tmp_path: Path) -> None:
 # way delays every worker (they are spawned after it), so it must not import the app.
 PARENT_IMPORTS = """
 import sys
-import proxy.supervisor
+import proxy.process.supervisor
 
 def started(config):
-    loaded = [name for name in ("proxy.app", "proxy.pipeline", "fastapi") if name in sys.modules]
+    loaded = [name for name in ("proxy.process.app", "proxy.pipeline.pipeline", "fastapi") if name in sys.modules]
     print(" ".join(loaded) or "nothing", config.http)
 
-proxy.supervisor.run_supervised = started
-from proxy.cli import main
+proxy.process.supervisor.run_supervised = started
+from proxy.process.cli import main
 sys.exit(main(["serve", "--config", sys.argv[1], "--workers", "2", "--port", "0"]))
 """
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from proxy import config
-from proxy.config import (
+from proxy.config import settings as config
+from proxy.config.settings import (
     ConfigError,
     config_warnings,
     load_settings,

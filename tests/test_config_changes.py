@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.config import Settings, parse_settings
-from proxy.config_changes import config_changes, in_force
+from proxy.config.changes import config_changes, in_force
+from proxy.config.settings import Settings, parse_settings
 
 
 def _settings(**overrides: Any) -> Settings:
@@ -111,7 +111,7 @@ def test_the_body_timeout_is_the_protocols_and_needs_a_restart() -> None:
 
 
 def test_traces_are_switched_at_start_and_their_content_by_a_reload() -> None:
-    """The tracer provider is the process's, built at start (proxy/tracing.py): a reload
+    """The tracer provider is the process's, built at start (proxy/observability/tracing.py): a reload
     keeps ``telemetry.traces`` as it was and says it needs a restart; whether prompts
     and completions are recorded is each pipeline's, applied."""
     old = _settings()

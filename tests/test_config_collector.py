@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from proxy.config import load_settings
+from proxy.config.settings import load_settings
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from proxy.config import ClientKey, ConfigError, parse_settings
-from proxy.config_keys import PLAIN_FIELDS, ConfigKeys, plain_digest
+from proxy.config.keys import PLAIN_FIELDS, ConfigKeys, plain_digest
+from proxy.config.settings import ClientKey, ConfigError, parse_settings
 
 MODELS = [{"name": "m", "deployments": [{"id": "a", "base_url": "http://u/v1"}]}]
 

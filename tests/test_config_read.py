@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from proxy import config_read
-from proxy.config import ConfigError, read_document
+from proxy.config import read as config_read
+from proxy.config.settings import ConfigError, read_document
 
 
 @pytest.fixture(autouse=True)

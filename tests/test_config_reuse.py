@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from proxy.config import ConfigError, Settings, parse_settings
+from proxy.config.settings import ConfigError, Settings, parse_settings
 
 KEYS = 250
 

@@ -19,8 +19,8 @@ import yaml
 from support.proxy_server import ProxyProcess
 from support.waiting import wait_until
 
-from proxy.config_watch import ChangeDetector, ConfigWatcher, FileSignature, file_signature
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
+from proxy.process.config_watch import ChangeDetector, ConfigWatcher, FileSignature, file_signature
 
 OLD_KEY, NEW_KEY = "sk-watch-old", "sk-watch-new"
 

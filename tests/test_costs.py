@@ -7,7 +7,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.call import Trip
 from proxy.costs import (
     MAX_COUNT,
     NOTHING,
@@ -20,6 +19,7 @@ from proxy.costs import (
     usage_count,
     without_cache_read,
 )
+from proxy.request.call import Trip
 from proxy.shapes.chat import CHAT
 from proxy.shapes.embeddings import EMBEDDINGS
 

@@ -18,8 +18,10 @@ import pytest
 from support.proxy_server import free_port
 from support.waiting import wait_ready
 
-from proxy.config import load_settings
-from proxy.demo import (
+from proxy.config.settings import load_settings
+from proxy.fake_upstream import FakeUpstreamConfig
+from proxy.fake_upstream.cli import build_parser, config_from_args
+from proxy.process.demo import (
     BURST,
     DEMO_ADMIN_KEY,
     DEMO_KEY_RPM,
@@ -31,8 +33,6 @@ from proxy.demo import (
     tries,
     upstream_options,
 )
-from proxy.fake_upstream import FakeUpstreamConfig
-from proxy.fake_upstream.cli import build_parser, config_from_args
 
 ROOT = Path(__file__).parent.parent
 

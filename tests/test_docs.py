@@ -10,11 +10,11 @@ import pytest
 from starlette.routing import Route
 from support.prometheus import dashboard_queries, metric_names
 
-from proxy.app import create_app
-from proxy.config import RedisConfig
-from proxy.demo import demo_settings
+from proxy.config.settings import RedisConfig
 from proxy.limiter import factory
-from proxy.metrics import Metrics
+from proxy.observability.metrics import Metrics
+from proxy.process.app import create_app
+from proxy.process.demo import demo_settings
 
 ROOT = Path(__file__).parent.parent
 DOCS = ROOT / "docs"

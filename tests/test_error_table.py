@@ -1,4 +1,4 @@
-"""The one error table (proxy/error_table.py): drawn in errors.py's docstring as it is,
+"""The one error table (proxy/pipeline/error_table.py): drawn in errors.py's docstring as it is,
 holding every exception of the proxy's own that the request path raises, and answering
 each as the contract says."""
 
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from proxy import errors
-from proxy.affinity import AffinityUnavailable
-from proxy.call import ClientGone
-from proxy.error_table import ROWS, contract_error, drawn
 from proxy.errors import RateLimited, UpstreamTimeout
 from proxy.limiter.base import LimiterUnavailable, StorageError
+from proxy.pipeline.affinity import AffinityUnavailable
+from proxy.pipeline.error_table import ROWS, contract_error, drawn
+from proxy.request.call import ClientGone
 from proxy.routing.dispatcher import GateClosed
 from proxy.upstream.forward import TransportFailure
 

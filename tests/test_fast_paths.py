@@ -12,7 +12,7 @@ import pytest
 from openai import OpenAI
 from support.proxy_server import ProxyProcess
 
-from proxy import fast_paths
+from proxy.config import fast_paths
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 
 

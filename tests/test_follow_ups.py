@@ -11,9 +11,9 @@ import httpx
 import orjson
 from support.journey import KEY, Journey, Upstream, config, deployment
 
-from proxy.call import Reply
-from proxy.follow_ups import StoredRoute
-from proxy.pipeline import Pipeline
+from proxy.pipeline.follow_ups import StoredRoute
+from proxy.pipeline.pipeline import Pipeline
+from proxy.request.call import Reply
 from proxy.shapes.responses import RESPONSES, STORED_RESPONSES
 
 USAGE = {"input_tokens": 5, "output_tokens": 7, "total_tokens": 12}

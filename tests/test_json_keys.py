@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.json_keys import _by_tokens, duplicate
+from proxy.request.json_keys import _by_tokens, duplicate
 
 # A document: a scalar, ("array", [documents]) or ("object", [(key, document)]).
 Doc = Any

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from proxy.json_splice import set_fields
+from proxy.request.json_splice import set_fields
 
 DEEP = b"[" * 300 + b'"x"' + b"]" * 300  # deeper than orjson dumps
 

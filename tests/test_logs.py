@@ -1,4 +1,4 @@
-"""proxy.logs: one JSON object per line, one line per request, and never a secret."""
+"""proxy.observability.logs: one JSON object per line, one line per request, and never a secret."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from proxy.logs import (
+from proxy.observability.logs import (
     RequestLog,
     client_text,
     configure_logging,
@@ -253,7 +253,7 @@ def test_uvicorn_accepts_the_dict_config_it_applies_in_each_worker(
 ) -> None:
     out = io.StringIO()
     config = uvicorn.Config(
-        "proxy.app:create_app_from_env",
+        "proxy.process.app:create_app_from_env",
         log_config=logging_config("info", stream=out),
         use_colors=use_colors,
         access_log=False,

@@ -1,4 +1,4 @@
-"""proxy.metrics: the contract's metrics, what each recording call does, and multi-worker
+"""proxy.observability.metrics: the contract's metrics, what each recording call does, and multi-worker
 aggregation in prometheus-client's multiprocess mode."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from support.ports import free_port
 
-from proxy.metrics import (
+from proxy.observability.metrics import (
     CONTENT_TYPE,
     MULTIPROC_ENV,
     Metrics,
@@ -400,7 +400,7 @@ def test_env_set_after_prometheus_client_was_imported_stays_single_process(
 RECORDER = textwrap.dedent(
     """
     import sys
-    from proxy.metrics import Metrics
+    from proxy.observability.metrics import Metrics
     requests, in_flight, cooling, upstream_remaining = map(int, sys.argv[1:])
     m = Metrics()
     assert m.multiprocess_dir, "not in multiprocess mode"
@@ -416,9 +416,7 @@ RECORDER = textwrap.dedent(
     sys.stdin.read()
     """
 )
-RENDERER = (
-    "import sys; from proxy.metrics import Metrics; sys.stdout.buffer.write(Metrics().render()[0])"
-)
+RENDERER = "import sys; from proxy.observability.metrics import Metrics; sys.stdout.buffer.write(Metrics().render()[0])"
 
 
 @pytest.fixture
@@ -510,13 +508,13 @@ def test_a_dead_worker_keeps_its_counts_but_not_its_in_flight_requests(
     assert sample(s, "llmproxy_deployment_state", **labels) == 0
 
 
-# A stand-in for `llm-proxy serve --workers 2`: the parent imports proxy.metrics (and so
+# A stand-in for `llm-proxy serve --workers 2`: the parent imports proxy.observability.metrics (and so
 # prometheus_client) *before* preparing the directory, as the CLI does, then lets uvicorn
 # spawn the workers.
 SERVE = textwrap.dedent(
     """
     import sys, uvicorn
-    from proxy.metrics import cleanup_multiprocess_dir, prepare_multiprocess_dir
+    from proxy.observability.metrics import cleanup_multiprocess_dir, prepare_multiprocess_dir
     path = prepare_multiprocess_dir(2)
     print(path, flush=True)
     try:
@@ -529,7 +527,7 @@ SERVE = textwrap.dedent(
 APP = textwrap.dedent(
     """
     import os
-    from proxy.metrics import Metrics
+    from proxy.observability.metrics import Metrics
 
     metrics = Metrics()
     assert metrics.multiprocess_dir, "worker not in multiprocess mode"

@@ -1,4 +1,4 @@
-"""The resolution of a client's model name to a group (proxy/model_names.py, pure): exact
+"""The resolution of a client's model name to a group (proxy/config/model_names.py, pure): exact
 names (a group's, an alias) win, then the longest pattern; ``*`` is the one wildcard;
 what a config may not say (an alias twice, an alias that is a group's name, two patterns
 as long that match one name) is reported naming its field."""
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from proxy.config import ConfigError, parse_settings
-from proxy.model_names import ModelNames, Pattern, is_pattern, overlap, problems
+from proxy.config.model_names import ModelNames, Pattern, is_pattern, overlap, problems
+from proxy.config.settings import ConfigError, parse_settings
 
 GROUPS: list[tuple[str, list[str]]] = [
     ("claude-sonnet", ["claude-sonnet-4-5", "claude-opus-4-8[1m]"]),

@@ -7,11 +7,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from proxy import output_caps
-from proxy.budgets import Reservation, bound_now, lower_cap, reservation
-from proxy.call import Call
 from proxy.limiter.core import edge
-from proxy.pricing import Price, bound
+from proxy.money.pricing import Price, bound
+from proxy.pipeline.budgets import Reservation, bound_now, lower_cap, reservation
+from proxy.request.call import Call
+from proxy.shapes import output_caps
 from proxy.shapes.base import Shape
 from proxy.shapes.chat import CHAT
 from proxy.shapes.completions import COMPLETIONS

@@ -12,7 +12,6 @@ import orjson
 import pytest
 from support.journey import REQUEST, USAGE, Journey, Upstream, config, deployment, ok, status
 
-from proxy.call import Reply
 from proxy.costs import TOKENS
 from proxy.keys.memory_backend import MemoryKeyBackend
 from proxy.keys.store import RuntimeKeys
@@ -20,6 +19,7 @@ from proxy.limiter.base import DeploymentVerdict, GroupAsk
 from proxy.limiter.memory import MemoryLimiter
 from proxy.providers import PROVIDERS
 from proxy.providers.openai import OpenAICompatible
+from proxy.request.call import Reply
 from proxy.shapes.chat import CHAT
 from proxy.shapes.embeddings import EMBEDDINGS
 

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.costs import TokenUsage
-from proxy.pricing import FREE, Price, bound, dearest, usd
+from proxy.money.pricing import FREE, Price, bound, dearest, usd
 
 GPT_4O = Price(input=2.50, cached_input=1.25, output=10.00)
 SONNET = Price(input=3.00, output=15.00, cache_read=0.30, cache_write=3.75)

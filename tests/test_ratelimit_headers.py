@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.ratelimit_headers import format_reset, parse_number, parse_reset
+from proxy.shapes.ratelimit_headers import format_reset, parse_number, parse_reset
 
 
 @pytest.mark.parametrize(

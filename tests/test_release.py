@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import weakref
 
-from proxy.release import release_in_slices
+from proxy.process.release import release_in_slices
 
 
 class _Key:

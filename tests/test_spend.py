@@ -9,7 +9,7 @@ import io
 from support.limits import at
 
 from proxy.limiter.core import periods
-from proxy.spend import (
+from proxy.money.spend import (
     Held,
     Owner,
     Spend,

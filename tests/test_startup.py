@@ -14,8 +14,8 @@ from support.redis_server import TLS_USER, TlsRedisServer
 from support.scripted_upstream import ScriptedUpstream
 from support.waiting import wait_until
 
-from proxy.config import parse_settings
-from proxy.startup import (
+from proxy.config.settings import parse_settings
+from proxy.process.startup import (
     Problems,
     StartupError,
     env_int,

@@ -7,9 +7,9 @@ import math
 import pytest
 from support.proxy_server import settings_from
 
-from proxy.catalog import Catalog
+from proxy.api.admin_state_view import LONGEST_SHOWN, Reading, health_state, moment, state
+from proxy.catalog.catalog import Catalog
 from proxy.limiter.base import Activity, DeploymentState, KeyState, LimiterMode
-from proxy.state_view import LONGEST_SHOWN, Reading, health_state, moment, state
 
 NOW = 1_700_000_000.0
 

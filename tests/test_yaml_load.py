@@ -14,7 +14,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy import yaml_load
+from proxy.config import yaml_load
 
 ROOT = Path(__file__).resolve().parent.parent
 SAFE = yaml_load.SAFE_LOADER

@@ -38,8 +38,8 @@ from loadtest.bench.report import (
 from loadtest.bench.report_real import WITHOUT, render_real_summary, saturation_seconds
 from loadtest.bench.servers import PeerUnavailable, bench_target, checkout, servers
 from loadtest.topology import REPO
-from proxy.fast_paths import ENV as FAST_PATHS_ENV
-from proxy.fast_paths import FAST_PATHS
+from proxy.config.fast_paths import ENV as FAST_PATHS_ENV
+from proxy.config.fast_paths import FAST_PATHS
 
 DEFAULT_OUTPUT = REPO / "docs" / "benchmarks.md"
 

@@ -23,9 +23,9 @@ from proxy.api.admin_spend import admin_spend
 from proxy.api.admin_state import admin_state
 from proxy.api.reload import reload_config
 from proxy.api.responses import error_response
-from proxy.auth import bearer_matches
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.errors import AuthenticationFailed, ModelNotFound
+from proxy.pipeline.auth import bearer_matches
 
 __all__ = ["ROUTES", "admin_only"]
 

@@ -25,7 +25,7 @@ from proxy.api.admin_records import (
     refuse_configured,
 )
 from proxy.api.responses import error_response
-from proxy.config import ClientKey, Settings
+from proxy.config.settings import ClientKey, Settings
 from proxy.errors import ProxyError
 from proxy.keys.listing import parse_page
 from proxy.keys.records import KeyRecord, parse_expiry, parse_grace, validate_entry

@@ -27,7 +27,7 @@ from starlette.responses import HTMLResponse, Response
 
 from proxy.api.admin_teams import configured_team
 from proxy.api.responses import error_response
-from proxy.config import ClientKey, Settings
+from proxy.config.settings import ClientKey, Settings
 from proxy.errors import ProxyError
 from proxy.keys.listing import MAX_PER_PAGE, parse_page
 from proxy.keys.store import RuntimeKeys

@@ -14,11 +14,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.api.responses import error_response
-from proxy.auth import bearer_matches
-from proxy.config import Settings
+from proxy.config.settings import Settings
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.keys.audit import audit
 from proxy.keys.store import Conflict
+from proxy.pipeline.auth import bearer_matches
 
 __all__ = [
     "Asked",

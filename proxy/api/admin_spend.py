@@ -2,7 +2,7 @@
 
 ``?period=month`` (default), ``week`` or ``day``; ``?format=csv`` for a spreadsheet;
 ``?by_day=true`` adds ``current.days``, the sums of each day of the current period so
-far (JSON only). Reads of the ledger (limiter/ledger.py): the current period's totals,
+far (JSON only). Reads of the ledger (money/ledger.py): the current period's totals,
 the previous one's, and each day's when asked; this replica's spend of the last second
 is not written yet. A row's ``estimated`` counts its requests reported at what their
 budgets kept, no usage being known (spend.py). ``read_spend`` is also what the admin
@@ -19,12 +19,12 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proxy import spend
 from proxy.api.responses import error_response
 from proxy.errors import InvalidRequest, ServiceUnavailable
 from proxy.limiter.base import Period, StorageError
 from proxy.limiter.core import periods
-from proxy.limiter.ledger import Ledger
+from proxy.money import spend
+from proxy.money.ledger import Ledger
 
 __all__ = ["SpendUnavailable", "admin_spend", "read_spend", "read_views"]
 

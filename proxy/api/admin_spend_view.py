@@ -17,7 +17,7 @@ from typing import Any
 
 from proxy.api.admin_format import count, dollars
 from proxy.limiter.base import Period
-from proxy.spend import summed
+from proxy.money.spend import summed
 
 __all__ = ["MAX_ROWS", "render_spend"]
 

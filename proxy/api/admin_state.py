@@ -18,15 +18,15 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from proxy.api.admin_state_view import Reading, state
 from proxy.api.responses import error_response
-from proxy.config import ClientKey, Team
+from proxy.config.settings import ClientKey, Team
 from proxy.errors import ProxyError
 from proxy.keys.listing import DEFAULT_PER_PAGE, page_of, parse_page
 from proxy.keys.store import RuntimeKeys
 from proxy.keys.teams import RuntimeTeams
 from proxy.limiter.base import KeyLimits, ManagedLimiter
-from proxy.pipeline import Pipeline
-from proxy.state_view import Reading, state
+from proxy.pipeline.pipeline import Pipeline
 
 __all__ = ["admin_state", "read_state", "requested_state"]
 

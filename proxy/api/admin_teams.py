@@ -28,7 +28,7 @@ from proxy.api.admin_records import (
     refuse_configured,
 )
 from proxy.api.responses import error_response
-from proxy.config import Settings, Team
+from proxy.config.settings import Settings, Team
 from proxy.errors import ModelNotFound, ProxyError
 from proxy.keys.listing import parse_page
 from proxy.keys.store import Conflict, RuntimeKeys

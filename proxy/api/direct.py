@@ -43,7 +43,7 @@ from uvicorn.protocols.http.httptools_impl import (
 
 from proxy.api.forwarding import ForwardingEndpoint, HotPathRouter, send_reply, target_of
 from proxy.api.protocol import CloseDelimited, HeaderTimeoutProtocol
-from proxy.call import Reply
+from proxy.request.call import Reply
 from proxy.shapes.base import AT_PATH, RequestTarget
 
 if TYPE_CHECKING:

@@ -28,7 +28,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.api import CLOSE_DELIMITED
 from proxy.api.responses import error_response
-from proxy.call import ClientGone, Reply, StreamSource, WatchDeparture
 from proxy.errors import (
     BodyTooLarge,
     HeadersTooLarge,
@@ -39,8 +38,9 @@ from proxy.errors import (
     UnsupportedMediaType,
     UpstreamUnavailable,
 )
-from proxy.pipeline import Pipeline
-from proxy.request_ids import HEADER, new_request_id
+from proxy.pipeline.pipeline import Pipeline
+from proxy.request.call import ClientGone, Reply, StreamSource, WatchDeparture
+from proxy.request.request_ids import HEADER, new_request_id
 from proxy.shapes import match
 from proxy.shapes.base import AT_PATH, ClientCredential, RequestTarget, Shape
 

@@ -50,7 +50,7 @@ from uvicorn.protocols.http.httptools_impl import (
 
 from proxy.api import CLOSE_DELIMITED
 from proxy.errors import InvalidRequest
-from proxy.request_ids import HEADER, new_request_id
+from proxy.request.request_ids import HEADER, new_request_id
 from proxy.shapes import surface
 
 if TYPE_CHECKING:

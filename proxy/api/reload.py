@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from proxy.api.responses import error_response
 from proxy.errors import InvalidRequest, ServiceUnavailable
-from proxy.reloading import Reloader
+from proxy.process.reloading import Reloader
 
 __all__ = ["reload_config"]
 

@@ -8,9 +8,9 @@ from starlette.responses import Response
 
 from proxy.api.forwarding import presented_key
 from proxy.api.responses import error_response
-from proxy.auth import bearer_matches
 from proxy.errors import AuthenticationFailed, ModelNotFound, ProxyError
-from proxy.pipeline import Pipeline
+from proxy.pipeline.auth import bearer_matches
+from proxy.pipeline.pipeline import Pipeline
 from proxy.shapes import SHAPES
 from proxy.shapes.credentials import ANTHROPIC_KEY, BEARER
 

@@ -21,10 +21,10 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from proxy.api.forwarding import _disconnected, presented_key, send_reply, whole_for
-from proxy.call import Reply
 from proxy.errors import ProxyError
-from proxy.follow_ups import StoredRoute
-from proxy.pipeline import Pipeline
+from proxy.pipeline.follow_ups import StoredRoute
+from proxy.pipeline.pipeline import Pipeline
+from proxy.request.call import Reply
 from proxy.shapes.responses import STORED_RESPONSES
 
 __all__ = ["routes"]

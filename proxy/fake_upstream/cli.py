@@ -10,7 +10,7 @@ import sys
 import typing
 from collections.abc import Callable
 
-from proxy.ports import listen_problem
+from proxy.process.ports import listen_problem
 
 from .config import FakeUpstreamConfig, parse_latency
 from .runner import serve

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from proxy.errors import ProxyError
-from proxy.metrics import Metrics
+from proxy.observability.metrics import Metrics
 
 __all__ = ["audit", "result_of"]
 

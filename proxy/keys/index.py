@@ -11,7 +11,7 @@ from __future__ import annotations
 import hmac
 from typing import Generic
 
-from proxy.config import ClientKey
+from proxy.config.settings import ClientKey
 from proxy.errors import AuthenticationFailed
 from proxy.keys.backend import R
 from proxy.keys.records import KeyRecord

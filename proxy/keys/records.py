@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import ValidationError
 
-from proxy.catalog import key_limits
-from proxy.config import ClientKey, Team, parse_duration
+from proxy.catalog.catalog import key_limits
+from proxy.config.settings import ClientKey, Team, parse_duration
 from proxy.errors import InvalidRequest
 from proxy.keys.backend import Kind
 from proxy.limiter.base import KeyLimits

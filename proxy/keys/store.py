@@ -26,8 +26,8 @@ from collections.abc import Awaitable, Callable, Collection, Container
 from typing import Any, Generic
 
 from proxy.background import stop
-from proxy.catalog import key_limits
-from proxy.config import ClientKey
+from proxy.catalog.catalog import key_limits
+from proxy.config.settings import ClientKey
 from proxy.errors import InvalidRequest, ModelNotFound, ServiceUnavailable
 from proxy.keys.backend import Changes, Kind, R, RecordBackend, WriteRefused, WriteUnknown
 from proxy.keys.index import KeyIndex, RecordIndex

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from proxy.config import Team
+from proxy.config.settings import Team
 from proxy.errors import InvalidRequest
 from proxy.keys.backend import Kind
 from proxy.keys.records import check_models, entry_name, rfc3339, validated

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from proxy.config import Team
+from proxy.config.settings import Team
 from proxy.keys.backend import Kind
 from proxy.keys.store import RecordStore, backend_for, merged
 from proxy.keys.team_records import TEAMS, TeamRecord

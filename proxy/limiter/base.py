@@ -676,7 +676,7 @@ class Observable(Protocol):
     ) -> None:
         """Carry ``own()`` (the pacing margin this replica needs, seconds; None: none)
         with every heartbeat, and hand ``heard`` the live replicas' (by replica id) as
-        each heartbeat reads them (routing/pacing.py). Nothing shared: never called."""
+        each heartbeat reads them (catalog/pacing.py). Nothing shared: never called."""
         ...
 
 

@@ -9,8 +9,8 @@ import socket
 import uuid
 from typing import Any
 
-from proxy import fast_paths
-from proxy.config import SentinelConfig, TlsConfig
+from proxy.config import fast_paths
+from proxy.config.settings import SentinelConfig, TlsConfig
 from proxy.limiter.base import ManagedLimiter
 from proxy.limiter.memory import MemoryLimiter
 from proxy.limiter.policy import OnError, ResilientLimiter

@@ -261,7 +261,7 @@ class ResilientLimiter:
         self._stopping = asyncio.Event()
         self._activity: Callable[[], Activity] | None = None
         # The pacing margin this replica needs, shared with each heartbeat, and where the
-        # live replicas' go (routing/pacing.py); None: not shared.
+        # live replicas' go (catalog/pacing.py); None: not shared.
         self._pacing: (
             tuple[Callable[[], float | None], Callable[[Mapping[str, float]], None]] | None
         ) = None

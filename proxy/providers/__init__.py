@@ -8,7 +8,7 @@ from outside the package, ``register`` (tests/recipes/test_provider_recipe.py).
 
 from __future__ import annotations
 
-from proxy.config import PROVIDER_NAMES
+from proxy.config.settings import PROVIDER_NAMES
 from proxy.providers.anthropic import ANTHROPIC
 from proxy.providers.azure import AZURE
 from proxy.providers.base import Provider

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 
 from proxy.costs import Counting
 from proxy.limiter.base import Outcome
-from proxy.upstream.ratelimits import UpstreamBudget, anthropic_budget
+from proxy.providers.ratelimits import UpstreamBudget, anthropic_budget
 
 if TYPE_CHECKING:
-    from proxy.config import Deployment
+    from proxy.config.settings import Deployment
     from proxy.providers.base import Wire
 
 __all__ = ["ANTHROPIC", "ANTHROPIC_COUNTING", "ANTHROPIC_SHAPES", "DEFAULT_VERSION"]

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 from proxy.costs import Counting
 from proxy.limiter.base import Outcome
 from proxy.providers.openai import OPENAI_SHAPES
-from proxy.upstream.ratelimits import UpstreamBudget, parse_budget
+from proxy.providers.ratelimits import UpstreamBudget, parse_budget
 
 if TYPE_CHECKING:
-    from proxy.config import Deployment
+    from proxy.config.settings import Deployment
     from proxy.providers.base import Wire
 
 __all__ = ["AZURE", "AZURE_COUNTING"]

@@ -14,11 +14,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from proxy.config import Deployment
+    from proxy.config.settings import Deployment
     from proxy.costs import Counting
     from proxy.limiter.base import Outcome
+    from proxy.providers.ratelimits import UpstreamBudget
     from proxy.upstream.encoding import Reframer
-    from proxy.upstream.ratelimits import UpstreamBudget
 
 __all__ = ["Provider", "ThrottleInBody", "Wire"]
 

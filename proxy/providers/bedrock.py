@@ -32,14 +32,14 @@ import orjson
 from proxy.costs import Counting
 from proxy.errors import InvalidRequest, UpstreamUnavailable
 from proxy.limiter.base import Outcome
+from proxy.providers.ratelimits import UpstreamBudget
 from proxy.upstream.encoding import Undecodable
 from proxy.upstream.eventstream import Message, MessageReader
-from proxy.upstream.ratelimits import UpstreamBudget
 
 if TYPE_CHECKING:
     from botocore.credentials import Credentials, ReadOnlyCredentials
 
-    from proxy.config import AwsConfig, Deployment
+    from proxy.config.settings import AwsConfig, Deployment
 
 __all__ = [
     "BEDROCK",

@@ -19,10 +19,10 @@ from proxy.costs import Counting
 from proxy.errors import InvalidRequest
 from proxy.limiter.base import Outcome
 from proxy.providers.google_errors import MAX_RETRY_DELAY, retry_delay
-from proxy.upstream.ratelimits import UpstreamBudget, parse_budget
+from proxy.providers.ratelimits import UpstreamBudget, parse_budget
 
 if TYPE_CHECKING:
-    from proxy.config import Deployment
+    from proxy.config.settings import Deployment
     from proxy.providers.base import Wire
     from proxy.upstream.encoding import Reframer
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from proxy.costs import Counting
-from proxy.upstream.ratelimits import parse_budget
+from proxy.providers.ratelimits import parse_budget
 
 if TYPE_CHECKING:
-    from proxy.config import Deployment
+    from proxy.config.settings import Deployment
     from proxy.limiter.base import Outcome
     from proxy.providers.base import Wire
 

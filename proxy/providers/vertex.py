@@ -31,10 +31,10 @@ from proxy.limiter.base import Outcome
 from proxy.providers.anthropic import ANTHROPIC_SHAPES
 from proxy.providers.google_errors import google_status, retry_delay
 from proxy.providers.google_token import GoogleToken
-from proxy.upstream.ratelimits import UpstreamBudget
+from proxy.providers.ratelimits import UpstreamBudget
 
 if TYPE_CHECKING:
-    from proxy.config import Deployment
+    from proxy.config.settings import Deployment
     from proxy.providers.base import Wire
     from proxy.upstream.encoding import Reframer
 

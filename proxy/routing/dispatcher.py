@@ -27,10 +27,9 @@ from functools import partial
 
 import httpx
 
-from proxy.budgets import COST_HEADER, format_usd
-from proxy.call import Call, ClientLeft, Reply
-from proxy.catalog import Catalog, DeploymentRoute, GroupRoute
-from proxy.config import Settings
+from proxy.catalog.catalog import Catalog, DeploymentRoute, GroupRoute
+from proxy.catalog.pacing import NETWORK_MARGIN, RESERVE
+from proxy.config.settings import Settings
 from proxy.costs import Cost, TokenUsage
 from proxy.errors import (
     ClientClosedRequest,
@@ -51,11 +50,12 @@ from proxy.limiter.base import (
     Outcome,
     Sent,
 )
-from proxy.pricing import FREE, usd
+from proxy.money.pricing import FREE, usd
+from proxy.pipeline.budgets import COST_HEADER, format_usd
+from proxy.request.call import Call, ClientLeft, Reply
 from proxy.routing.activity import Tally
 from proxy.routing.events import Attempt, Events, WaitCause
 from proxy.routing.lines import Line, Lines, Ticket, turn_spacing
-from proxy.routing.pacing import NETWORK_MARGIN, RESERVE
 from proxy.routing.prompt_caches import PromptCaches
 from proxy.routing.settlement import Settler, Turn
 from proxy.routing.strategies import RoutingState, first_asked, order_candidates

@@ -1,6 +1,6 @@
 """What the dispatcher reports as a request goes: one event per upstream attempt, and the
 few that are not about an attempt (waiting, refusals, health). Metrics and logs consume
-them (``proxy/telemetry.py``), and traces when they are on (``proxy/tracing.py``); the
+them (``proxy/observability/telemetry.py``), and traces when they are on (``proxy/observability/tracing.py``); the
 dispatcher itself touches none of them."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from proxy.limiter.base import NEUTRAL, HealthChange, Outcome
-from proxy.upstream.ratelimits import UpstreamBudget
+from proxy.providers.ratelimits import UpstreamBudget
 
 if TYPE_CHECKING:
-    from proxy.call import Call, Reply
+    from proxy.request.call import Call, Reply
 
 __all__ = ["Attempt", "Events", "WaitCause"]
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 
 from proxy.background import Background
-from proxy.catalog import Catalog, DeploymentRoute
+from proxy.catalog.catalog import Catalog, DeploymentRoute
 from proxy.costs import NOTHING, Cost, TokenUsage, negated
 from proxy.limiter.base import (
     NEUTRAL,

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, get_args
 
-from proxy.config import Strategy
+from proxy.config.settings import Strategy
 
 __all__ = ["STRATEGIES", "RoutingState", "first_asked", "order_candidates", "weighted_shuffle"]
 

@@ -27,8 +27,8 @@ from proxy.shapes.openai_fields import check_messages, check_stream, invalid
 
 if TYPE_CHECKING:
     from proxy.limiter.base import KeyVerdict, Kind
-    from proxy.output_caps import OutputCaps
     from proxy.shapes.cache_prefixes import CachePrefixes
+    from proxy.shapes.output_caps import OutputCaps
 
 __all__ = [
     "AnthropicShape",

@@ -20,8 +20,8 @@ from proxy.values import value
 
 if TYPE_CHECKING:
     from proxy.limiter.base import KeyVerdict
-    from proxy.output_caps import OutputCaps
     from proxy.shapes.cache_prefixes import CachePrefixes
+    from proxy.shapes.output_caps import OutputCaps
 
 __all__ = [
     "AS_SENT",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from proxy.output_caps import COMPLETIONS_CAPS
 from proxy.shapes.openai import OpenAIShape
+from proxy.shapes.output_caps import COMPLETIONS_CAPS
 
 __all__ = ["COMPLETIONS"]
 

@@ -24,10 +24,10 @@ import orjson
 
 from proxy.costs import Cost, NoCount, TokenUsage, estimate_cost, usage_count
 from proxy.errors import InvalidRequest, ModelNotFound, ProxyError
-from proxy.output_caps import OutputCaps
 from proxy.shapes.base import AS_SENT, Prepared, RequestTarget
 from proxy.shapes.credentials import bearer_secret
 from proxy.shapes.openai import key_headers
+from proxy.shapes.output_caps import OutputCaps
 from proxy.shapes.tokens import PER_MESSAGE, PER_REQUEST, text_tokens
 from proxy.values import value
 

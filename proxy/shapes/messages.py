@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.costs import Cost, estimate_cost
-from proxy.output_caps import ANTHROPIC_CAPS
 from proxy.shapes.anthropic import AnthropicShape, check_fields
 from proxy.shapes.cache_prefixes import CachePrefixes, prefixes
+from proxy.shapes.output_caps import ANTHROPIC_CAPS
 from proxy.shapes.tokens import messages_input_tokens
 
 __all__ = ["MESSAGES"]

@@ -14,16 +14,16 @@ import orjson
 
 from proxy.costs import MAX_COUNT, Cost, NoCount, TokenUsage, estimate_cost, usage_count
 from proxy.errors import error_body
-from proxy.ratelimit_headers import format_reset
 from proxy.shapes import openai_fields
 from proxy.shapes.base import AS_SENT, BodyRequest, ClientCredential, Prepared, StreamUsage
 from proxy.shapes.credentials import BEARER
+from proxy.shapes.ratelimit_headers import format_reset
 from proxy.shapes.tokens import completion_tokens, prompt_tokens
 
 if TYPE_CHECKING:
     from proxy.limiter.base import KeyVerdict, Kind
-    from proxy.output_caps import OutputCaps
     from proxy.shapes.cache_prefixes import CachePrefixes
+    from proxy.shapes.output_caps import OutputCaps
 
 __all__ = [
     "OpenAIShape",

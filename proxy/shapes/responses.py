@@ -8,7 +8,7 @@ input); a stream is semantic events (``event: response.output_text.delta`` ...) 
 ``response.usage`` is the usage, with no ``[DONE]`` and nothing to ask for
 (``stream_options`` is chat's). A response is stored upstream under its ``id`` (the plain
 answer's, a stream's ``response.created`` event's): ``created_id`` and ``FirstEvent`` read
-it, for the follow-ups that must reach the same account (``proxy/affinity.py``).
+it, for the follow-ups that must reach the same account (``proxy/pipeline/affinity.py``).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import orjson
 
 from proxy.costs import Cost, TokenUsage, count, estimate_cost
 from proxy.errors import InvalidRequest
-from proxy.output_caps import RESPONSES_CAPS
 from proxy.shapes.base import AS_SENT, Prepared, StreamUsage
 from proxy.shapes.openai import OpenAIShape, token_usage
+from proxy.shapes.output_caps import RESPONSES_CAPS
 from proxy.shapes.tokens import text_tokens
 
 __all__ = [

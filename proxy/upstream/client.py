@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import httpx
 from yarl import URL
 
-from proxy.catalog import EGRESS, Egress
+from proxy.catalog.catalog import EGRESS, Egress
 from proxy.upstream.interface import (
     HEADER_MAP,
     AnswerTooLarge,

@@ -27,21 +27,13 @@ from typing import Any
 
 import httpx
 
-from proxy.call import Call, Reply
-from proxy.catalog import DeploymentRoute
+from proxy.catalog.catalog import DeploymentRoute
 from proxy.costs import TokenUsage
 from proxy.errors import InvalidRequest, ProxyError, UpstreamError, UpstreamUnavailable
 from proxy.limiter.base import SUCCESS, Outcome, Remaining
 from proxy.providers.base import ThrottleInBody, Wire
-from proxy.routing.outcomes import (
-    admitted,
-    classify_status,
-    is_failure,
-    misconfigured_error,
-    status_error,
-    unshaped,
-    unshaped_error,
-)
+from proxy.providers.ratelimits import UpstreamBudget, remaining_report
+from proxy.request.call import Call, Reply
 from proxy.shapes.base import Shape
 from proxy.shapes.sse import UsageTap
 from proxy.translate import Link, Translations, Untranslatable, link_for
@@ -57,7 +49,15 @@ from proxy.upstream.forward import (
 )
 from proxy.upstream.headers import response_headers
 from proxy.upstream.interface import HEADER_MAP, UpstreamRequest
-from proxy.upstream.ratelimits import UpstreamBudget, remaining_report
+from proxy.upstream.outcomes import (
+    admitted,
+    classify_status,
+    is_failure,
+    misconfigured_error,
+    status_error,
+    unshaped,
+    unshaped_error,
+)
 from proxy.upstream.redact import StreamRedactor, redact, redact_headers, redactable
 from proxy.upstream.stream import StreamBody, StreamEnd
 

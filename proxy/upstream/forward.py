@@ -8,9 +8,9 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.catalog import EGRESS, DeploymentRoute, Egress
+from proxy.catalog.catalog import EGRESS, DeploymentRoute, Egress
 from proxy.errors import InvalidRequest, UpstreamError, UpstreamUnavailable
-from proxy.json_splice import set_fields
+from proxy.request.json_splice import set_fields
 from proxy.shapes.base import Shape
 from proxy.upstream.encoding import Undecodable, decoder_for
 from proxy.upstream.errors import map_transport_error

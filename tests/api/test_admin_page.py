@@ -9,9 +9,9 @@ from support.proxy_server import settings_from
 
 from proxy.api.admin_page import render
 from proxy.api.admin_spend_view import render_spend
-from proxy.catalog import Catalog
+from proxy.api.admin_state_view import Reading, state
+from proxy.catalog.catalog import Catalog
 from proxy.limiter.base import Activity, KeyState, LimiterMode, Quota, QuotaUsage
-from proxy.state_view import Reading, state
 
 
 def test_names_are_escaped_and_the_page_is_self_contained() -> None:

@@ -16,7 +16,7 @@ import yaml
 from support.proxy_server import ProxyInThread
 from support.waiting import wait_until
 
-from proxy.config import load_settings
+from proxy.config.settings import load_settings
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 
 ADMIN = "adm-secret"

@@ -35,7 +35,7 @@ from support.proxy_server import ProxyInThread, settings_from
 from support.scripted_upstream import ScriptedUpstream
 
 from proxy.api.admin_format import count, dollars, number, per, unit
-from proxy.spend import summed
+from proxy.money.spend import summed
 
 BROWSER_TIMEOUT = 60.0  # seconds for one page load, Chromium's start included
 

@@ -20,8 +20,8 @@ import pytest
 import yaml
 from support.proxy_server import ProxyProcess
 
-from proxy.demo import DEMO_CLAUDE, DEMO_KEY, upstream_options
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
+from proxy.process.demo import DEMO_CLAUDE, DEMO_KEY, upstream_options
 
 ROOT = Path(__file__).parent.parent.parent
 CLAUDE = shutil.which("claude")

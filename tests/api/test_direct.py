@@ -21,8 +21,8 @@ from support.waiting import wait_until
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from proxy.api import direct
-from proxy.call import Reply
 from proxy.fake_upstream import FakeUpstreamConfig, run_in_thread
+from proxy.request.call import Reply
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from support.proxy_server import ProxyInThread, settings_from
 
-from proxy.config import load_settings
+from proxy.config.settings import load_settings
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 
 ADMIN = "adm-teams"

@@ -22,8 +22,8 @@ from support.raw_upstream import Conversation, RawUpstream
 from support.scripted_upstream import ScriptedUpstream
 from support.waiting import wait_until
 
-from proxy.catalog import pacing_headroom
-from proxy.routing.pacing import MAX_MARGIN
+from proxy.catalog.catalog import pacing_headroom
+from proxy.catalog.pacing import MAX_MARGIN
 
 KEY = "sk-numbers"
 OTHER_KEY = "sk-other"

@@ -24,8 +24,8 @@ from support.ports import free_port
 from support.redis_server import RedisServer, redis_available
 from support.waiting import wait_until
 
-from proxy.cli import GRACEFUL_SHUTDOWN_SECONDS
-from proxy.config import load_settings
+from proxy.config.settings import load_settings
+from proxy.process.cli import GRACEFUL_SHUTDOWN_SECONDS
 
 # The oldest Kubernetes release the manifests are written for (docs/production.md), and
 # the newest whose schemas kubernetes-validate (>= 1.37, pyproject.toml) ships.
@@ -255,7 +255,7 @@ def test_the_pods_command_serves_the_configmap_and_passes_its_probes(tmp_path: P
     the port (a free one) differ. Its probes answer 200; SIGTERM ends it cleanly."""
     command = [*CONTAINER.get("command", []), *CONTAINER["args"]]
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts[command[0]] == "proxy.cli:main"
+    assert scripts[command[0]] == "proxy.process.cli:main"
     config = tmp_path / PurePosixPath(command[3]).relative_to("/")
     config.parent.mkdir(parents=True)
     config.write_text(BY_KIND["ConfigMap"]["data"][config.name])

@@ -20,9 +20,9 @@ from support.models import LIMIT, RATE, STRICT_RPM, strict_model, strict_upstrea
 from support.proxy_server import ProxyProcess, start_together
 from support.redis_server import RedisServer, redis_available
 
-from proxy.catalog import pacing_headroom
+from proxy.catalog.catalog import pacing_headroom
+from proxy.catalog.pacing import INITIAL_MARGIN, RESERVE
 from proxy.fake_upstream import FakeUpstreamHandle, run_in_thread
-from proxy.routing.pacing import INITIAL_MARGIN, RESERVE
 
 DURATION = 15.0  # seconds of load (then the closed loops' last requests drain)
 HEAVY_CONNECTIONS = 40

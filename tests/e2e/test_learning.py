@@ -20,9 +20,9 @@ from support.models import RATE, WINDOW, strict_model, strict_upstream_config
 from support.proxy_server import ProxyProcess, start_together
 from support.redis_server import RedisServer, redis_available
 
-from proxy.catalog import pacing_headroom
+from proxy.catalog.catalog import pacing_headroom
+from proxy.catalog.pacing import INITIAL_MARGIN, RESERVE
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
-from proxy.routing.pacing import INITIAL_MARGIN, RESERVE
 
 pytestmark = pytest.mark.skipif(not redis_available(), reason="redis-server is not installed")
 

@@ -2,7 +2,7 @@
 proxies in their own processes, alone (memory) or three sharing one Redis, in front of
 an upstream enforcing a strict sliding window of one second (to the millisecond), at
 three times its limit. Each replica measures how late its turns leave and every one paces
-with the largest need among the live replicas (routing/pacing.py).
+with the largest need among the live replicas (catalog/pacing.py).
 
 The contract's yardstick: no upstream 429 caused by the proxy; on a healthy host at
 least 98% of the limit used; with a replica stalled up to 50 ms, at least 94%. The share
@@ -45,7 +45,7 @@ LIMIT = 20  # requests it takes in any window
 RATE = LIMIT / WINDOW
 DEMAND = 3 * RATE
 # Seconds of load before the share is counted: the margin, 52 ms at first, has narrowed
-# (by at most 2 ms a second at the default lookahead: routing/pacing.py).
+# (by at most 2 ms a second at the default lookahead: catalog/pacing.py).
 SETTLE = 25.0
 MEASURED = 12.0  # seconds of load counted after it (then the queue drains, max_wait)
 ADMIN_KEY = "admin-secret-key"

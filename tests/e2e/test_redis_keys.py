@@ -20,8 +20,8 @@ from support.waiting import wait_until
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 from proxy.limiter.core import periods
 from proxy.limiter.core.health import FORGET_AFTER
-from proxy.limiter.ledger import DAYS_KEPT
 from proxy.limiter.redis.backend import KEY_PREFIX
+from proxy.money.ledger import DAYS_KEPT
 
 pytestmark = pytest.mark.skipif(not redis_available(), reason="redis-server is not installed")
 

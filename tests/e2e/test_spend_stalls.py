@@ -128,7 +128,7 @@ def redis(tmp_path: Path) -> Iterator[RedisServer]:
 @pytest.fixture
 def proxy(redis: RedisServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[ProxyInThread]:
     """A proxy whose ledger writes only when the test says (and at shutdown)."""
-    monkeypatch.setattr("proxy.limiter.ledger.FLUSH_EVERY", 3600.0)
+    monkeypatch.setattr("proxy.money.ledger.FLUSH_EVERY", 3600.0)
     with (
         ScriptedUpstream(Upstream()) as upstream,
         ProxyInThread(settings_from(config(redis.url, upstream.url))) as server,

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.auth import KeyStore
-from proxy.config import ClientKey
+from proxy.config.settings import ClientKey
 from proxy.errors import AuthenticationFailed
 from proxy.keys.memory_backend import MemoryKeyBackend
 from proxy.keys.store import RuntimeKeys
+from proxy.pipeline.auth import KeyStore
 
 NOW = 1_700_000_000.0
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from support.redis_server import SENTINEL_MASTER, RedisServer, SentinelGroup
 
-from proxy.config import SentinelConfig
+from proxy.config.settings import SentinelConfig
 from proxy.errors import ServiceUnavailable
 from proxy.keys import redis_backend
 from proxy.keys.records import digest_of

@@ -14,8 +14,7 @@ import redis.asyncio as aioredis
 from support.ports import free_port
 from support.redis_server import TlsRedisServer
 
-from proxy.auth import KeyStore
-from proxy.config import ClientKey
+from proxy.config.settings import ClientKey
 from proxy.errors import AuthenticationFailed, ServiceUnavailable
 from proxy.keys import redis_backend
 from proxy.keys.audit import result_of
@@ -23,6 +22,7 @@ from proxy.keys.memory_backend import MemoryKeyBackend
 from proxy.keys.records import digest_of
 from proxy.keys.redis_backend import RECORDS, VERSION, RedisKeyBackend
 from proxy.keys.store import KeyRevoked, OutcomeUnknown, RuntimeKeys
+from proxy.pipeline.auth import KeyStore
 
 
 def _keep(spec: dict[str, Any]) -> dict[str, Any]:

@@ -16,8 +16,8 @@ import redis.asyncio as aioredis
 from support.ports import free_port
 from support.proxy_server import settings_from
 
-from proxy.catalog import Catalog, key_limits
-from proxy.config import ClientKey
+from proxy.catalog.catalog import Catalog, key_limits
+from proxy.config.settings import ClientKey
 from proxy.errors import InvalidRequest, ServiceUnavailable
 from proxy.keys.memory_backend import MemoryBackend
 from proxy.keys.redis_backend import RedisRecordBackend, key_names

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 from support.limits import RULE, Subject, subjects, window
 
-from proxy.catalog import deployment_limits, key_limits
-from proxy.config import ClientKey, Deployment
+from proxy.catalog.catalog import deployment_limits, key_limits
+from proxy.config.settings import ClientKey, Deployment
 from proxy.costs import estimate_cost
 from proxy.limiter.base import (
     DeploymentLimits,

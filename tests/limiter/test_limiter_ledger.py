@@ -15,9 +15,9 @@ from support.limits import patient
 from support.redis_server import RedisServer
 
 from proxy.limiter.core import periods
-from proxy.limiter.ledger import DAYS_KEPT, MemoryLedger, RedisLedger
 from proxy.limiter.redis.backend import RedisLimiter
-from proxy.spend import Held, Owner, Spend, field_name
+from proxy.money.ledger import DAYS_KEPT, MemoryLedger, RedisLedger
+from proxy.money.spend import Held, Owner, Spend, field_name
 
 ALICE = Owner("alice", "", "m")
 

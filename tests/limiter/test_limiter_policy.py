@@ -349,7 +349,7 @@ async def test_heartbeat_task_and_leaving(disposable_redis: RedisServer) -> None
 async def test_heartbeats_share_each_replicas_pacing_need(
     make: Callable[[OnError, str], ResilientLimiter], disposable_redis: RedisServer
 ) -> None:
-    """routing/pacing.py: each heartbeat carries this replica's need and hands back the
+    """catalog/pacing.py: each heartbeat carries this replica's need and hands back the
     live replicas'; with the storage down, nothing is heard (the last heard stands)."""
     a, b = make("local", "a"), make("local", "b")
     heard: list[dict[str, float]] = []

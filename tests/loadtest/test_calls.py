@@ -8,6 +8,6 @@ from loadtest.topology import REPO
 
 def test_each_request_runs_the_pipeline_once_and_start_up_cancels_out() -> None:
     counted = calls.calls_per_request(REPO, "nolimits", runs=(10, 30))
-    assert counted["proxy/pipeline.py:handle"] >= 1.0  # a coroutine: once per resumption
-    assert counted["proxy/pipeline.py:_finish"] == 1.0
-    assert "proxy/app.py:create_app" not in counted  # start-up: in both runs, subtracted
+    assert counted["proxy/pipeline/pipeline.py:handle"] >= 1.0  # a coroutine: once per resumption
+    assert counted["proxy/pipeline/pipeline.py:_finish"] == 1.0
+    assert "proxy/process/app.py:create_app" not in counted  # start-up: in both runs, subtracted

@@ -33,8 +33,8 @@ from loadtest.topology import (
     nginx_upstream_servers,
     start_order,
 )
-from proxy.config import load_settings
-from proxy.demo import DEMO_KEY, DEMO_MODEL
+from proxy.config.settings import load_settings
+from proxy.process.demo import DEMO_KEY, DEMO_MODEL
 
 ENV: dict[str, str] = {}  # compose defaults only: what `docker compose up` sees bare
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from support.proxy_server import ProxyInThread
 
 from loadtest.stack import Stack
-from proxy.config import load_settings
+from proxy.config.settings import load_settings
 from proxy.fake_upstream import FakeUpstreamConfig, run_in_thread
 
 ROOT = Path(__file__).resolve().parents[2]

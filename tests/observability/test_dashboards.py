@@ -24,7 +24,7 @@ from support.prometheus import (
     require_prometheus,
 )
 
-from proxy.metrics import Metrics
+from proxy.observability.metrics import Metrics
 
 DASHBOARDS = load_dashboards()
 PROVISIONING = REPO / "config" / "grafana" / "provisioning"

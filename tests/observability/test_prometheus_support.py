@@ -15,7 +15,7 @@ from support.prometheus import (
     value,
 )
 
-from proxy.metrics import Metrics
+from proxy.observability.metrics import Metrics
 
 
 def serve_metrics(metrics: Metrics) -> ThreadingHTTPServer:

@@ -72,7 +72,7 @@ with ProxyInThread(settings_from(config)) as proxy:
         answer = httpx.post(proxy.base_url + "/chat/completions", json=body, timeout=10)
         assert answer.status_code == 200, answer.text
 after = {m for m in sys.modules if m.split(".")[0] == "opentelemetry"}
-print(json.dumps({"imported": sorted(after - before), "tracing": "proxy.tracing" in sys.modules}))
+print(json.dumps({"imported": sorted(after - before), "tracing": "proxy.observability.tracing" in sys.modules}))
 """
 
 
@@ -171,7 +171,7 @@ def _serve(
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     argv = ["serve", "--config", str(path), "--port", str(free_port())]
-    code = f"{prelude}\nimport sys\nfrom proxy.cli import main\nsys.exit(main({argv!r}))"
+    code = f"{prelude}\nimport sys\nfrom proxy.process.cli import main\nsys.exit(main({argv!r}))"
     return subprocess.run(
         [sys.executable, "-c", code],
         env={**os.environ, **env, "PYTHONPATH": str(ROOT)},

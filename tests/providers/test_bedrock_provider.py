@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
-from proxy.config import AwsConfig
+from proxy.config.settings import AwsConfig
 from proxy.errors import InvalidRequest, UpstreamUnavailable
 from proxy.providers.bedrock import BEDROCK, BedrockWire, Reframer
 from proxy.upstream.encoding import Undecodable

@@ -9,15 +9,15 @@ import orjson
 import pytest
 
 from proxy import shapes
-from proxy.config import parse_settings
+from proxy.config.settings import parse_settings
 from proxy.costs import TokenUsage
 from proxy.errors import InvalidRequest, ModelNotFound, RateLimited
 from proxy.providers.gemini import GEMINI, MAX_RETRY_DELAY, CrLf, GeminiWire, retry_delay
-from proxy.routing.outcomes import classify_status
+from proxy.providers.ratelimits import UpstreamBudget
 from proxy.shapes.base import RequestTarget
 from proxy.shapes.gemini import GENERATE_CONTENT, GOOGLE_KEY, GeminiStreamUsage, usage_of
 from proxy.shapes.sse import UsageTap
-from proxy.upstream.ratelimits import UpstreamBudget
+from proxy.upstream.outcomes import classify_status
 
 BODY = {"contents": [{"role": "user", "parts": [{"text": "x" * 40}]}]}
 

@@ -1,7 +1,7 @@
 """A provider says where a deployment serves each shape, with which key header, and which
 of its answers mean the deployment's own config is wrong."""
 
-from proxy.config import Deployment
+from proxy.config.settings import Deployment
 from proxy.providers import provider_of
 
 AZURE = Deployment.model_validate(

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.config import Deployment, vertex_base_url
+from proxy.config.settings import Deployment, vertex_base_url
 from proxy.errors import InvalidRequest, UpstreamUnavailable
 from proxy.providers import provider_of
 from proxy.providers.google_errors import retry_delay
@@ -130,9 +130,9 @@ def test_a_liars_retry_info_says_nothing(body: bytes) -> None:
 
 
 def test_vertex_reads_retry_info_and_the_hold_is_bounded_where_used() -> None:
+    from proxy.providers.ratelimits import UpstreamBudget
     from proxy.providers.vertex import VERTEX
-    from proxy.routing.outcomes import classify_status
-    from proxy.upstream.ratelimits import UpstreamBudget
+    from proxy.upstream.outcomes import classify_status
 
     hint = VERTEX.throttled(_throttled([{"@type": RETRY, "retryDelay": "3600s"}]))
     outcome = classify_status(429, {}, UpstreamBudget(), 0.0, 30.0, 60.0, hint)

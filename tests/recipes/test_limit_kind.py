@@ -24,8 +24,8 @@ from support.proxy_server import ProxyInThread, settings_from
 from support.raw_upstream import Conversation
 from support.scripted_upstream import ScriptedUpstream
 
-from proxy.config import ConfigError
-from proxy.limit_kinds import LimitKind, Priced, registered
+from proxy.config.limit_kinds import LimitKind, Priced, registered
+from proxy.config.settings import ConfigError
 
 STREAMS = LimitKind("streams", lambda request: 1.0 if request.stream else 0.0, held=True)
 KEYS = {"ann": "sk-studio-ann", "ben": "sk-studio-ben"}

@@ -23,12 +23,12 @@ from support.raw_upstream import Conversation
 from support.scripted_upstream import ScriptedUpstream
 
 from proxy import providers
-from proxy.config import PROVIDER_NAMES, Deployment
+from proxy.config.settings import PROVIDER_NAMES, Deployment
 from proxy.costs import Counting
 from proxy.limiter.base import Outcome
 from proxy.providers.base import Wire
+from proxy.providers.ratelimits import UpstreamBudget, parse_budget
 from proxy.upstream.encoding import Reframer
-from proxy.upstream.ratelimits import UpstreamBudget, parse_budget
 
 SECRET = "toy-signing-secret-0123456789"
 SIGNATURE = "x-toy-signature"

@@ -26,12 +26,12 @@ from proxy.costs import Cost, TokenUsage, estimate_cost
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 from proxy.limiter.base import KeyVerdict
-from proxy.output_caps import OutputCaps
 from proxy.providers.gemini import GEMINI_SHAPES, Gemini
 from proxy.shapes.base import AS_SENT, Prepared, RequestTarget, StreamUsage
 from proxy.shapes.cache_prefixes import CachePrefixes
 from proxy.shapes.gemini import GeminiStreamUsage, usage_of
 from proxy.shapes.openai import key_headers
+from proxy.shapes.output_caps import OutputCaps
 from proxy.values import value
 
 UPSTREAM_KEY = "toy-upstream-secret-0123456789"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from proxy.call import Call
+from proxy.request.call import Call
 from proxy.routing.dispatcher import Departure
 from proxy.shapes.chat import CHAT
 

@@ -13,8 +13,8 @@ import pytest
 import uvloop
 from support.journey import REQUEST, Journey, Upstream, config, deployment, ok
 
-from proxy.call import Call
 from proxy.limiter.base import Sent
+from proxy.request.call import Call
 from proxy.routing.dispatcher import SHORT_WAIT, TICK, sleep_until
 from proxy.shapes.chat import CHAT
 
@@ -203,7 +203,7 @@ async def test_a_turn_later_than_the_pacing_margin_is_not_sent_and_its_request_a
     """A request whose loop stalled past its turn by more than the margin (here: its
     turn placed 200 ms in the past) does not send it: sent, it could come too close to
     the turns after it. Its request asks for a new turn and is served; the turn is
-    counted and its lateness measured (routing/pacing.py)."""
+    counted and its lateness measured (catalog/pacing.py)."""
     sends: list[float] = []
 
     def upstream(request: httpx.Request) -> httpx.Response:

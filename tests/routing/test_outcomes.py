@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.errors import InvalidRequest, UpstreamError
-from proxy.routing.outcomes import SUCCESS, unshaped, unshaped_error
+from proxy.upstream.outcomes import SUCCESS, unshaped, unshaped_error
 
 
 @pytest.mark.parametrize("status", [200, 201])

@@ -1,4 +1,4 @@
-"""The pacing margin measured (routing/pacing.py): a percentile of how late turns leave
+"""The pacing margin measured (catalog/pacing.py): a percentile of how late turns leave
 over a sliding period, widened at once, narrowed slowly, bounded; the largest need of
 the live replicas in force. Pure: an injected clock."""
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.routing.pacing import (
+from proxy.catalog.pacing import (
     COMPRESSION,
     HALF_LIFE,
     HEARD_FOR,

@@ -11,7 +11,7 @@ import pytest
 from support.proxy_server import settings_from
 
 from proxy.background import Background
-from proxy.catalog import Catalog, pacing_headroom
+from proxy.catalog.catalog import Catalog, pacing_headroom
 from proxy.costs import estimate_cost
 from proxy.limiter.base import SUCCESS, CooldownRule, DeploymentState, GroupAsk, Sent
 from proxy.limiter.memory import MemoryLimiter

@@ -1,7 +1,7 @@
 """Every API shape is reached at its paths, and the registry names each once."""
 
 from proxy import shapes
-from proxy.config import PROVIDER_NAMES
+from proxy.config.settings import PROVIDER_NAMES
 from proxy.providers import PROVIDERS
 
 

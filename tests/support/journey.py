@@ -12,11 +12,11 @@ import httpx
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.call import Reply
 from proxy.keys.store import RuntimeKeys
 from proxy.limiter.memory import MemoryLimiter
-from proxy.metrics import Metrics
-from proxy.pipeline import Pipeline
+from proxy.observability.metrics import Metrics
+from proxy.pipeline.pipeline import Pipeline
+from proxy.request.call import Reply
 from proxy.shapes.base import Shape
 from proxy.shapes.chat import CHAT
 from support.proxy_server import settings_from

@@ -26,8 +26,8 @@ import uvicorn
 import yaml
 
 from proxy.api.direct import DirectReplyProtocol
-from proxy.app import create_app
-from proxy.config import Settings, parse_settings
+from proxy.config.settings import Settings, parse_settings
+from proxy.process.app import create_app
 from support.ports import free_port
 
 T = TypeVar("T")

@@ -23,7 +23,7 @@ from typing import Any
 
 import uvicorn
 
-from proxy.cli import main
+from proxy.process.cli import main
 from proxy.routing import dispatcher
 from proxy.routing.settlement import Settler, Turn
 

@@ -22,7 +22,7 @@ def _without_proxies() -> dict[str, str]:
 def test_the_app_and_a_direct_upstream_target_load_no_aiohttp() -> None:
     code = (
         "import sys\n"
-        "import proxy.app\n"
+        "import proxy.process.app\n"
         "from yarl import URL\n"
         "from proxy.upstream.client import _Target\n"
         "target = _Target('https://api.openai.com/v1/chat/completions')\n"

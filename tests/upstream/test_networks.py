@@ -18,7 +18,7 @@ from support.forward_proxy import ForwardProxy
 from support.proxy_server import ProxyInThread, free_port, settings_from
 from support.tls import CertificateAuthority, openssl_available
 
-from proxy.config import config_warnings
+from proxy.config.settings import config_warnings
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 from proxy.upstream.client import UpstreamTransport
 from proxy.upstream.lean import LeanTransport

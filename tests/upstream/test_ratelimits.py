@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.routing.outcomes import admitted, classify_status
-from proxy.upstream.ratelimits import parse_budget, remaining_report, retry_after
+from proxy.providers.ratelimits import parse_budget, remaining_report, retry_after
+from proxy.upstream.outcomes import admitted, classify_status
 
 NOW = 1_800_000_000.0
 MAX_HOLD = 300.0

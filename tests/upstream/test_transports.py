@@ -26,7 +26,7 @@ from support.ports import free_port
 from support.raw_upstream import Answer, Conversation, Greeter, RawUpstream, answer, chunked
 from support.tls import CertificateAuthority, openssl_available
 
-from proxy.catalog import EGRESS, Egress
+from proxy.catalog.catalog import EGRESS, Egress
 from proxy.upstream import lean
 from proxy.upstream.client import HEADER_MAP, UpstreamTransport, create_transport
 from proxy.upstream.forward import TransportFailure, UnusableAnswer, read_body, send

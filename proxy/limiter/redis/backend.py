@@ -441,7 +441,7 @@ class RedisLimiter:
     ) -> tuple[int, dict[str, float]]:
         """A ``heartbeat`` that also shares the pacing margin this replica's turns need
         (``margin``, seconds; None: none, a fixed one) and reads every live replica's
-        (by id, this one's included): ``routing/pacing.py``."""
+        (by id, this one's included): ``catalog/pacing.py``."""
         report = "" if activity is None else orjson.dumps(activity).decode()
         own = "" if margin is None else f"{margin:.6f}"
         reply = await self.runner.run(

@@ -330,7 +330,7 @@ async def test_heartbeats_count_live_replicas(limiter: RedisLimiter) -> None:
 async def test_heartbeats_share_the_pacing_margin_each_live_replica_needs(
     limiter: RedisLimiter,
 ) -> None:
-    """routing/pacing.py: each heartbeat carries the replica's need and reads back every
+    """catalog/pacing.py: each heartbeat carries the replica's need and reads back every
     live replica's; a replica that leaves, or goes silent, or shares none, is not read."""
     assert await limiter.heartbeat_paced("a", 3.0, None, 0.0123) == (1, {"a": 0.0123})
     count, margins = await limiter.heartbeat_paced("b", 3.0, None, 0.05)

@@ -11,12 +11,12 @@ from support.limits import rpm
 from support.redis_server import SENTINEL_MASTER, SentinelGroup, redis_available
 from support.tls import CertificateAuthority, openssl_available
 
-from proxy.config import SentinelConfig, parse_settings
+from proxy.config.settings import SentinelConfig, parse_settings
 from proxy.costs import estimate_cost
 from proxy.limiter.base import KeyAsk, KeyLimits, StorageError
 from proxy.limiter.factory import sentinel_target
 from proxy.limiter.redis.backend import KEY_PREFIX, RedisLimiter
-from proxy.startup import redis_problem
+from proxy.process.startup import redis_problem
 
 pytestmark = pytest.mark.skipif(not redis_available(), reason="redis-server is not installed")
 

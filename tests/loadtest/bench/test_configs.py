@@ -7,8 +7,8 @@ import pytest
 
 from loadtest.bench import configs, peer
 from loadtest.bench.model import DEFAULT_CONFIG, HEADLINE, LARGE_BURST, TARGETS
-from proxy.catalog import DEFAULT_DEPLOYMENT_BURST
-from proxy.config import parse_settings
+from proxy.catalog.catalog import DEFAULT_DEPLOYMENT_BURST
+from proxy.config.settings import parse_settings
 
 UPSTREAM = "http://127.0.0.1:41234"
 REDIS = "redis://127.0.0.1:41235/0"

@@ -11,7 +11,7 @@ from loadtest.bench.real import BEFORE, DIRECT, PROXY, ROWS, RowResult, row_plan
 from loadtest.bench.report_real import render_real, spread
 from loadtest.bench.rounds import Rounds, Sample, plan_order
 from loadtest.bench.saturation import SaturationResult, SaturationRound
-from proxy.config import parse_settings
+from proxy.config.settings import parse_settings
 
 
 def test_keys_are_deterministic_listed_by_sha256_and_some_tiers_are_low() -> None:

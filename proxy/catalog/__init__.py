@@ -1,0 +1,1 @@
+"""The configuration as the request path needs it: routes and their limits."""

@@ -1,0 +1,1 @@
+"""Typed configuration: the file read, validated and compared."""

@@ -1,0 +1,1 @@
+"""What requests cost in dollars, and who spent what."""

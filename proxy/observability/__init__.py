@@ -1,0 +1,1 @@
+"""What the proxy tells operators: metrics, logs, traces and state gauges."""
