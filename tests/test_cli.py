@@ -366,7 +366,8 @@ import sys
 import proxy.process.supervisor
 
 def started(config):
-    loaded = [name for name in ("proxy.process.app", "proxy.pipeline.pipeline", "fastapi") if name in sys.modules]
+    names = ("proxy.process.app", "proxy.pipeline.pipeline", "fastapi")
+    loaded = [name for name in names if name in sys.modules]
     print(" ".join(loaded) or "nothing", config.http)
 
 proxy.process.supervisor.run_supervised = started

@@ -111,9 +111,10 @@ def test_the_body_timeout_is_the_protocols_and_needs_a_restart() -> None:
 
 
 def test_traces_are_switched_at_start_and_their_content_by_a_reload() -> None:
-    """The tracer provider is the process's, built at start (proxy/observability/tracing.py): a reload
-    keeps ``telemetry.traces`` as it was and says it needs a restart; whether prompts
-    and completions are recorded is each pipeline's, applied."""
+    """The tracer provider is the process's, built at start
+    (proxy/observability/tracing.py): a reload keeps ``telemetry.traces`` as it was and says
+    it needs a restart; whether prompts and completions are recorded is each pipeline's,
+    applied."""
     old = _settings()
     new = _settings(telemetry={"traces": True, "record_content": True})
     changes = config_changes(old, new)

@@ -1,5 +1,5 @@
-"""proxy.observability.metrics: the contract's metrics, what each recording call does, and multi-worker
-aggregation in prometheus-client's multiprocess mode."""
+"""proxy.observability.metrics: the contract's metrics, what each recording call does, and
+multi-worker aggregation in prometheus-client's multiprocess mode."""
 
 from __future__ import annotations
 
@@ -416,7 +416,10 @@ RECORDER = textwrap.dedent(
     sys.stdin.read()
     """
 )
-RENDERER = "import sys; from proxy.observability.metrics import Metrics; sys.stdout.buffer.write(Metrics().render()[0])"
+RENDERER = (
+    "import sys; from proxy.observability.metrics import Metrics;"
+    " sys.stdout.buffer.write(Metrics().render()[0])"
+)
 
 
 @pytest.fixture
@@ -508,9 +511,9 @@ def test_a_dead_worker_keeps_its_counts_but_not_its_in_flight_requests(
     assert sample(s, "llmproxy_deployment_state", **labels) == 0
 
 
-# A stand-in for `llm-proxy serve --workers 2`: the parent imports proxy.observability.metrics (and so
-# prometheus_client) *before* preparing the directory, as the CLI does, then lets uvicorn
-# spawn the workers.
+# A stand-in for `llm-proxy serve --workers 2`: the parent imports
+# proxy.observability.metrics (and so prometheus_client) *before* preparing the directory,
+# as the CLI does, then lets uvicorn spawn the workers.
 SERVE = textwrap.dedent(
     """
     import sys, uvicorn

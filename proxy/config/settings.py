@@ -849,7 +849,8 @@ class AdminConfig(_Strict):
 
 class TelemetryConfig(_Strict):
     """OpenTelemetry (design.md, fourth release): the exporter is configured by the
-    standard ``OTEL_*`` variables (proxy/observability/tracing.py); off, nothing of it is imported."""
+    standard ``OTEL_*`` variables (proxy/observability/tracing.py); off, nothing of it is
+    imported."""
 
     traces: bool = False  # one trace per request; read at start (a change needs a restart)
     record_content: bool = False  # prompts and completions in spans only when true

@@ -6,10 +6,11 @@
     llm-proxy fake-upstream [options]      (see docs/fake_upstream.md)
     llm-proxy showcase [--calls N] [--rps N] [--latency S] [--retries N] [--png PATH]
 
-``serve`` without ``--config`` runs the embedded demo (proxy/process/demo.py): the built-in fake
-upstream in the same process and an in-memory limiter, so nothing else is needed; it
-prints what to try. Whatever stops a start (proxy/process/ports.py, proxy/process/startup.py) is one line
-on stderr per problem, each naming what to change, exit 1.
+``serve`` without ``--config`` runs the embedded demo (proxy/process/demo.py): the built-in
+fake upstream in the same process and an in-memory limiter, so nothing else is needed; it
+prints what to try. Whatever stops a start (proxy/process/ports.py,
+proxy/process/startup.py) is one line on stderr per problem, each naming what to change,
+exit 1.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What the dispatcher reports as a request goes: one event per upstream attempt, and the
 few that are not about an attempt (waiting, refusals, health). Metrics and logs consume
-them (``proxy/observability/telemetry.py``), and traces when they are on (``proxy/observability/tracing.py``); the
-dispatcher itself touches none of them."""
+them (``proxy/observability/telemetry.py``), and traces when they are on
+(``proxy/observability/tracing.py``); the dispatcher itself touches none of them."""
 
 from __future__ import annotations
 

@@ -72,7 +72,8 @@ with ProxyInThread(settings_from(config)) as proxy:
         answer = httpx.post(proxy.base_url + "/chat/completions", json=body, timeout=10)
         assert answer.status_code == 200, answer.text
 after = {m for m in sys.modules if m.split(".")[0] == "opentelemetry"}
-print(json.dumps({"imported": sorted(after - before), "tracing": "proxy.observability.tracing" in sys.modules}))
+tracing = "proxy.observability.tracing" in sys.modules
+print(json.dumps({"imported": sorted(after - before), "tracing": tracing}))
 """
 
 
