@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from proxy.costs import TokenUsage
 from proxy.money.pricing import Price, usd
-from proxy.pipeline.budgets import correction, format_usd, reservation, settled_cost
+from proxy.money.pricing import format_usd
+from proxy.pipeline.budgets import correction, reservation, settled_cost
 from proxy.request.call import Call
 from proxy.shapes.base import Shape
 from proxy.shapes.chat import CHAT

@@ -6,19 +6,27 @@ changed); 503 when the workers did not report back in time.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.api.responses import error_response
+from proxy.config.changes import ReloadResult
 from proxy.errors import InvalidRequest, ServiceUnavailable
-from proxy.process.reloading import Reloader
 
-__all__ = ["reload_config"]
+__all__ = ["Reloads", "reload_config"]
+
+
+class Reloads(Protocol):
+    """What ``app.state.reloader`` does for this endpoint (the process's reloader)."""
+
+    async def reload_everywhere(self) -> ReloadResult: ...
 
 
 async def reload_config(request: Request) -> Response:
-    reloader: Reloader = request.app.state.reloader
+    reloader: Reloads = request.app.state.reloader
     try:
         result = await reloader.reload_everywhere()
     except TimeoutError:

@@ -10,16 +10,15 @@ own owner; a reload carries it over for deployments whose config did not change.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from proxy.catalog.pacing import pacing_headroom
 from proxy.config.settings import Deployment
 from proxy.limiter.base import MINUTE, DeploymentLimits, window_name
 
 if TYPE_CHECKING:
-    from proxy.catalog.catalog import DeploymentRoute, GroupRoute
     from proxy.catalog.pacing import Pacing
 
 __all__ = [
@@ -102,7 +101,20 @@ def announced_lower(
 _NOTHING_SAID = (None, None, None, None)
 
 
-class Announced:
+class Routed(Protocol):
+    """What this reads of a deployment (the catalog's ``DeploymentRoute``)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def config(self) -> Deployment: ...
+
+
+R = TypeVar("R", bound=Routed)
+
+
+class Announced(Generic[R]):
     """Deployments whose upstream announced lower per-minute limits than configured, and
     until when (``ANNOUNCED_FOR`` after it last said so); and every deployment's limits
     paced with the margin in force (``pacing``: measured, it moves; the limits are built
@@ -114,7 +126,7 @@ class Announced:
         share: float,
         pacing: Pacing,
         clock: Callable[[], float],
-        repaced: Callable[[DeploymentRoute, float, float], DeploymentLimits],
+        repaced: Callable[[R, float, float], DeploymentLimits],
     ) -> None:
         self.share = share
         self.repaced = repaced  # a deployment's limits for (share, margin): catalog's
@@ -127,7 +139,7 @@ class Announced:
         self._margin = pacing.margin()
         self._paced: dict[str, DeploymentLimits] = {}
 
-    def limits(self, deployment: DeploymentRoute) -> DeploymentLimits:
+    def limits(self, deployment: R) -> DeploymentLimits:
         """The deployment's limits: configured, or paced as its upstream announces; paced
         with the margin in force."""
         margin = self.pacing.margin()
@@ -145,7 +157,7 @@ class Announced:
         return paced
 
     def _build(
-        self, deployment: DeploymentRoute, announced: tuple[dict[str, int], float] | None
+        self, deployment: R, announced: tuple[dict[str, int], float] | None
     ) -> DeploymentLimits:
         margin = self._margin
         limits = self.repaced(deployment, self.share, margin)
@@ -155,7 +167,7 @@ class Announced:
 
     def announce(
         self,
-        deployment: DeploymentRoute,
+        deployment: R,
         requests: float | None,
         tokens: float | None,
         input_tokens: float | None = None,
@@ -184,14 +196,14 @@ class Announced:
 
     def carry_over(
         self,
-        previous: Announced,
-        before: Mapping[str, GroupRoute],
-        now: Mapping[str, GroupRoute],
+        previous: Announced[R],
+        before: Iterable[R],
+        now: Iterable[R],
     ) -> None:
-        """After a reload (the groups ``before`` it and ``now``): what upstreams announced
-        still holds for deployments whose config did not change."""
-        configs = {d.id: d.config for g in now.values() for d in g.deployments}
-        old = {d.id: d.config for g in before.values() for d in g.deployments}
+        """After a reload (the deployments ``before`` it and ``now``): what upstreams
+        announced still holds for deployments whose config did not change."""
+        configs = {d.id: d.config for d in now}
+        old = {d.id: d.config for d in before}
         for deployment_id, limits in previous._lowered.items():
             if deployment_id in configs and configs[deployment_id] == old.get(deployment_id):
                 self._lowered[deployment_id] = limits

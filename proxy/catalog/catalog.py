@@ -622,4 +622,11 @@ class Catalog:
         self.pacing = previous.pacing
         self.pacing.set_fixed(fixed, reserved_ahead(self.routing))
         self.announced.pacing = self.pacing
-        self.announced.carry_over(previous.announced, previous.groups, self.groups)
+        self.announced.carry_over(
+            previous.announced, _deployments(previous.groups), _deployments(self.groups)
+        )
+
+
+def _deployments(groups: Mapping[str, GroupRoute]) -> Iterator[DeploymentRoute]:
+    for group in groups.values():
+        yield from group.deployments

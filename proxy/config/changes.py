@@ -9,13 +9,14 @@ restart (``RESTART_ONLY``): the reload applies everything else and says these ne
 from __future__ import annotations
 
 import operator
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from proxy.config.settings import Settings
 
-__all__ = ["RESTART_ONLY", "ConfigChanges", "config_changes", "in_force"]
+__all__ = ["RESTART_ONLY", "ConfigChanges", "ReloadResult", "config_changes", "in_force"]
 
 _T = TypeVar("_T")
 
@@ -155,3 +156,18 @@ def _only_restart_fields(
 def _fields_of(section: str, paths: tuple[str, ...]) -> set[str]:
     """The fields of ``section`` among ``paths`` (``"server.log_level"``: ``log_level``)."""
     return {path.split(".")[1] for path in paths if path.startswith(f"{section}.")}
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadResult:
+    """A reload's outcome in one process: what changed, or every problem of the file."""
+
+    ok: bool
+    problems: tuple[str, ...] = ()
+    changes: ConfigChanges | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        if not self.ok:
+            return {"reloaded": False, "problems": list(self.problems)}
+        assert self.changes is not None
+        return {"reloaded": True, "pid": os.getpid(), **self.changes.as_dict()}

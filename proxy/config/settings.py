@@ -39,7 +39,7 @@ from pydantic import (
 
 from proxy.config import limit_kinds, model_names, yaml_load
 from proxy.config.keys import ConfigKeys, KeysBuilder, plain_digest
-from proxy.upstream.redact import redaction_warning
+from proxy.config.secrets import redaction_warning
 
 __all__ = [
     "AdminConfig",

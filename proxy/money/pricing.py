@@ -72,3 +72,12 @@ def dearest(prices: Iterable[Price]) -> Price:
 
 def _caches(price: Price) -> tuple[float | None, ...]:
     return (price.cached_input, price.cache_read, price.cache_write)
+
+
+# An answer's price, for the client (a decimal string: ``format_usd``).
+COST_HEADER = "x-llm-proxy-cost-usd"
+
+
+def format_usd(amount: float) -> str:
+    """A decimal string, no exponent (``0.0001375``)."""
+    return f"{amount:.10f}".rstrip("0").rstrip(".") or "0"

@@ -12,22 +12,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from proxy.catalog.catalog import Catalog
-from proxy.config.settings import Settings, TelemetryConfig
+from proxy.config.settings import Settings
 from proxy.limiter.base import HealthChange, Outcome
 from proxy.observability.logs import RequestLog, log_request
 from proxy.observability.metrics import Metrics
-from proxy.process.startup import StartupError, traces_problem
 from proxy.providers.ratelimits import UpstreamBudget
 from proxy.request.call import Call, Reply
 from proxy.routing.events import Attempt, WaitCause
 
-if TYPE_CHECKING:
-    from proxy.observability.tracing import Tracing
-
-__all__ = ["Telemetry", "close_tracing", "telemetry_for", "tracing_for"]
+__all__ = ["Telemetry", "Tracer", "close_tracing", "telemetry_for"]
 
 logger = logging.getLogger("proxy.routing")
 
@@ -149,21 +145,20 @@ class Telemetry:
         self.metrics.shadow_rejection(key, limit)
 
 
-def tracing_for(config: TelemetryConfig) -> Tracing | None:
-    """The process's tracer provider when ``telemetry.traces`` is on (None: off, and
-    OpenTelemetry is not imported); raises ``StartupError`` naming the extra to install
-    when its packages are missing."""
-    if not config.traces:
-        return None
-    problem = traces_problem()
-    if problem is not None:
-        raise StartupError(f"telemetry: {problem}")
-    from proxy.observability.tracing import start_tracing  # OpenTelemetry from here on
+class Tracer(Protocol):
+    """What a pipeline's telemetry needs of the process's tracer provider
+    (``tracing.Tracing``, imported only when traces are on)."""
 
-    return start_tracing()
+    def telemetry(self, metrics: Metrics, catalog: Catalog, *, record_content: bool) -> Telemetry:
+        """A pipeline's events sink: metrics, logs and spans."""
+        ...
+
+    def shutdown(self) -> None:
+        """The spans still batched exported, then the exporter closed."""
+        ...
 
 
-async def close_tracing(tracing: Tracing | None) -> None:
+async def close_tracing(tracing: Tracer | None) -> None:
     """At shutdown: the spans still batched exported, then the exporter closed (in a
     thread: an unreachable collector holds it up to its timeout)."""
     if tracing is not None:
@@ -171,7 +166,7 @@ async def close_tracing(tracing: Tracing | None) -> None:
 
 
 def telemetry_for(
-    metrics: Metrics, tracing: Tracing | None, settings: Settings, catalog: Catalog
+    metrics: Metrics, tracing: Tracer | None, settings: Settings, catalog: Catalog
 ) -> Telemetry:
     """A pipeline's events sink: metrics and logs, and spans too when tracing is on."""
     if tracing is None:

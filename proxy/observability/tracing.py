@@ -29,7 +29,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import orjson
@@ -46,8 +46,8 @@ from opentelemetry.util.types import AttributeValue
 from proxy.catalog.catalog import Catalog, DeploymentRoute
 from proxy.observability.logs import RequestLog, client_text
 from proxy.observability.metrics import Metrics
+from proxy.observability.otlp import otlp_protocol
 from proxy.observability.telemetry import Telemetry
-from proxy.process.startup import otlp_protocol
 from proxy.request.call import Call, Reply, StreamSource
 from proxy.routing.events import Attempt, WaitCause
 from proxy.translate import link_for
@@ -103,7 +103,7 @@ class Tracing:
 
 def start_tracing() -> Tracing:
     """The provider for this process, exporting by OTLP over the protocol the
-    environment names (``startup.traces_problem`` checked it and the packages)."""
+    environment names (``otlp.traces_problem`` checked it and the packages)."""
     return Tracing(_exporter(otlp_protocol()[1]))
 
 
@@ -146,6 +146,12 @@ class _HeaderList(Getter[list[tuple[str, str]]]):
 
 
 _HEADERS = _HeaderList()
+
+
+def _trace(call: Call | None) -> RequestTrace | None:
+    """``call``'s trace: ``Call.trace`` holds this module's ``RequestTrace`` (it alone
+    writes it), typed ``object`` there so that a request's data knows nothing of traces."""
+    return cast("RequestTrace | None", call.trace if call is not None else None)
 
 
 class RequestTrace:
@@ -196,7 +202,8 @@ class TracedTelemetry(Telemetry):
     def trace_of(self, call: Call) -> RequestTrace:
         """``call``'s trace, begun at its arrival (``call.started``) by the first event
         that needs it, continuing the client's ``traceparent`` if it sent one."""
-        if call.trace is None:
+        trace_ = _trace(call)
+        if trace_ is None:
             parent = _PROPAGATOR.extract(call.headers, getter=_HEADERS)
             root = self.tracer.start_span(
                 _operation(call),
@@ -204,8 +211,8 @@ class TracedTelemetry(Telemetry):
                 kind=SpanKind.SERVER,
                 start_time=self.tracing.ns(call.started),
             )
-            call.trace = RequestTrace(root)
-        return call.trace
+            call.trace = trace_ = RequestTrace(root)
+        return trace_
 
     def _span(
         self,
@@ -278,7 +285,7 @@ class TracedTelemetry(Telemetry):
 
     def answered(self, attempt: Attempt, reply: Reply) -> None:
         super().answered(attempt, reply)
-        trace_ = attempt.call.trace if attempt.call is not None else None
+        trace_ = _trace(attempt.call)
         if trace_ is None or not trace_.root.is_recording():
             return
         if reply.stream is None:
@@ -289,7 +296,7 @@ class TracedTelemetry(Telemetry):
 
     def first_token(self, attempt: Attempt, seconds: float) -> None:
         super().first_token(attempt, seconds)
-        trace_ = attempt.call.trace if attempt.call is not None else None
+        trace_ = _trace(attempt.call)
         if trace_ is None or trace_.attempt is None:
             return
         trace_.first_token = attempt.started + seconds
@@ -300,7 +307,7 @@ class TracedTelemetry(Telemetry):
 
     def attempt_ended(self, attempt: Attempt) -> None:
         super().attempt_ended(attempt)
-        trace_ = attempt.call.trace if attempt.call is not None else None
+        trace_ = _trace(attempt.call)
         if trace_ is None or trace_.attempt is None:
             return
         span, trace_.attempt = trace_.attempt, None

@@ -36,7 +36,7 @@ from proxy import costs
 from proxy.costs import TokenUsage
 from proxy.limiter.base import Clamp, KeyVerdict
 from proxy.limiter.core import edge
-from proxy.money.pricing import Price, bound, usd
+from proxy.money.pricing import Price, bound, format_usd, usd
 from proxy.money.spend import Spend
 from proxy.request.call import Call
 from proxy.request.json_splice import set_fields
@@ -45,7 +45,6 @@ from proxy.shapes.base import Shape
 from proxy.shapes.ratelimit_headers import format_reset
 from proxy.values import value
 
-COST_HEADER = "x-llm-proxy-cost-usd"
 CLAMPED_HEADER = "x-llm-proxy-clamped"  # the request went with a lower output cap
 
 
@@ -154,11 +153,6 @@ def usage_of(call: Call) -> TokenUsage | None:
     """What the upstream reported the request used, as its shape read it (None: it did
     not say)."""
     return call.trip.usage
-
-
-def format_usd(amount: float) -> str:
-    """A decimal string, no exponent (``0.0001375``)."""
-    return f"{amount:.10f}".rstrip("0").rstrip(".") or "0"
 
 
 def settled_cost(

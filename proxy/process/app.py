@@ -37,11 +37,12 @@ from proxy.money.ledger import create_ledger
 from proxy.observability.logs import configure_logging
 from proxy.observability.metrics import Metrics
 from proxy.observability.observer import StateObserver, publish_configured_state
-from proxy.observability.telemetry import close_tracing, tracing_for
+from proxy.observability.telemetry import close_tracing
 from proxy.pipeline.auth import open_when_empty
 from proxy.pipeline.pipeline import Pipeline
 from proxy.process.config_watch import ConfigWatcher, FileSignature, file_signature
 from proxy.process.reloading import Reloader, hold_sighup
+from proxy.process.startup import tracing_for
 from proxy.process.worker_env import CONFIG_ENV, SUPERVISOR_ENV, WORKERS_ENV
 from proxy.upstream.client import create_transport
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from proxy.config import fast_paths
 from proxy.config.settings import ConfigError, Settings, config_warnings, load_settings
+from proxy.observability.otlp import traces_problem
 from proxy.process.config_watch import file_signature
 from proxy.process.ports import listen_problem
 from proxy.process.startup import (
@@ -33,7 +34,6 @@ from proxy.process.startup import (
     StartupError,
     redis_problem,
     tls_problem,
-    traces_problem,
     warn_about_unreachable_upstreams,
     wrong_paths,
 )

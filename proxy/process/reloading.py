@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from proxy.catalog.catalog import Catalog
-from proxy.config.changes import ConfigChanges, config_changes, in_force
+from proxy.config.changes import ConfigChanges, ReloadResult, config_changes, in_force
 from proxy.config.read import read_document_apart
 from proxy.config.settings import ClientKey, ConfigError, Settings, config_warnings, parse_settings
 from proxy.limiter.base import ManagedLimiter
@@ -44,7 +44,7 @@ from proxy.process.release import release_in_slices
 if TYPE_CHECKING:
     from proxy.observability.tracing import Tracing
 
-__all__ = ["ReloadResult", "Reloader", "hold_sighup"]
+__all__ = ["Reloader", "hold_sighup"]
 
 logger = logging.getLogger("proxy.reload")
 
@@ -68,19 +68,6 @@ def hold_sighup() -> None:
     if hasattr(signal, "SIGHUP"):
         signal.signal(signal.SIGHUP, lambda signum, frame: _early_sighups.append(signum))
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
-
-
-@dataclass(frozen=True, slots=True)
-class ReloadResult:
-    ok: bool
-    problems: tuple[str, ...] = ()
-    changes: ConfigChanges | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        if not self.ok:
-            return {"reloaded": False, "problems": list(self.problems)}
-        assert self.changes is not None
-        return {"reloaded": True, "pid": os.getpid(), **self.changes.as_dict()}
 
 
 class Reloader:

@@ -7,7 +7,6 @@ with ``telemetry.traces`` on, the OpenTelemetry packages and the exporter's prot
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import socket
@@ -16,9 +15,14 @@ import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from proxy.config.settings import Deployment, Settings
+from proxy.config.settings import Deployment, Settings, TelemetryConfig
+from proxy.observability.otlp import traces_problem
+
+if TYPE_CHECKING:
+    from proxy.observability.tracing import Tracing
 
 __all__ = [
     "Problems",
@@ -101,48 +105,6 @@ def tls_problem(certfile: str | None, keyfile: str | None) -> str | None:
             f"cannot use the TLS certificate {certfile} ({reason}); --ssl-certfile takes a"
             " PEM certificate (chain), --ssl-keyfile its unencrypted PEM private key"
         )
-    return None
-
-
-# The OTLP exporter per protocol (OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL), what it needs.
-OTLP_EXPORTERS = {
-    "http/protobuf": "opentelemetry.exporter.otlp.proto.http.trace_exporter",
-    "grpc": "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
-}
-OTEL_EXTRA = "llm-proxy[otel]"
-
-
-def otlp_protocol() -> tuple[str, str]:
-    """The variable that names the OTLP protocol of traces, and the protocol (the
-    OpenTelemetry default, ``http/protobuf``, when neither is set)."""
-    for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
-        value = os.environ.get(name, "").strip().lower()
-        if value:
-            return name, value
-    return "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
-
-
-def traces_problem() -> str | None:
-    """One line if traces (``telemetry.traces: true``) cannot be exported: a protocol
-    the Python exporters do not speak, or the OpenTelemetry packages not installed (the
-    ``otel`` extra). Imports nothing of them but their packages' ``__init__``."""
-    name, protocol = otlp_protocol()
-    exporter = OTLP_EXPORTERS.get(protocol)
-    if exporter is None:
-        return (
-            f"{name}={protocol!r}: OpenTelemetry's Python exporter sends traces over"
-            " http/protobuf or grpc; set one of them (or unset it: http/protobuf)"
-        )
-    for module in ("opentelemetry.sdk.trace", exporter):
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except ImportError:  # its package is missing
-            found = False
-        if not found:
-            return (
-                f"telemetry.traces: true needs the OpenTelemetry SDK and OTLP exporters"
-                f" ({module} is missing): pip install '{OTEL_EXTRA}'"
-            )
     return None
 
 
@@ -376,3 +338,17 @@ def _probe(address: tuple[str, int], ids: list[str], timeout: float, grace: floa
         ", ".join(ids),
         reason,
     )
+
+
+def tracing_for(config: TelemetryConfig) -> Tracing | None:
+    """The process's tracer provider when ``telemetry.traces`` is on (None: off, and
+    OpenTelemetry is not imported); raises ``StartupError`` naming the extra to install
+    when its packages are missing."""
+    if not config.traces:
+        return None
+    problem = traces_problem()
+    if problem is not None:
+        raise StartupError(f"telemetry: {problem}")
+    from proxy.observability.tracing import start_tracing  # OpenTelemetry from here on
+
+    return start_tracing()

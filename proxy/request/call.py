@@ -20,7 +20,6 @@ from proxy.shapes.base import AT_PATH, RequestTarget, Shape
 
 if TYPE_CHECKING:
     from proxy.limiter.base import KeyVerdict
-    from proxy.observability.tracing import RequestTrace
     from proxy.shapes.cache_prefixes import CachePrefixes
     from proxy.translate import Translations
 
@@ -179,9 +178,9 @@ class Call:
     # read from an answer that shows it over (its id and usage: the held one settles).
     created: str | None = None
     retrieved: tuple[str, TokenUsage] | None = None
-    # Its trace while traces are on (proxy/observability/tracing.py), begun by the first event that
-    # needs it; None otherwise.
-    trace: RequestTrace | None = None
+    # Its trace while traces are on (proxy/observability/tracing.py's ``RequestTrace``, which
+    # alone reads and writes it), begun by the first event that needs it; None otherwise.
+    trace: object | None = None
     # Its body translated for deployments that do not speak its API (proxy/translate),
     # made on first need; None: none was needed.
     translations: Translations | None = None

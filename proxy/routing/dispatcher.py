@@ -50,8 +50,7 @@ from proxy.limiter.base import (
     Outcome,
     Sent,
 )
-from proxy.money.pricing import FREE, usd
-from proxy.pipeline.budgets import COST_HEADER, format_usd
+from proxy.money.pricing import COST_HEADER, FREE, format_usd, usd
 from proxy.request.call import Call, ClientLeft, Reply
 from proxy.routing.activity import Tally
 from proxy.routing.events import Attempt, Events, WaitCause

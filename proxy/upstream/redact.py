@@ -9,7 +9,7 @@ on, and in streamed chunks, including a key split across two chunks.
 Only keys that can be secrets are redacted (``redactable``): people put dummy keys such
 as ``x``, ``token`` or ``EMPTY`` in front of local servers, and replacing those wherever
 they occur would rewrite answers (``"index"``, ``prompt_tokens``, base64 embeddings).
-Such keys are named at start-up (``redaction_warning``). The check is one substring
+Such keys are named at start-up (``config/secrets.py``). The check is one substring
 search per body or chunk; nothing is copied when the key is absent.
 """
 
@@ -18,45 +18,19 @@ from __future__ import annotations
 import functools
 import re
 
+from proxy.config.secrets import secret_like
+
 __all__ = [
-    "MIN_SECRET_LENGTH",
     "REDACTED",
     "StreamRedactor",
     "redact",
     "redact_headers",
     "redactable",
-    "redaction_warning",
 ]
 
 REDACTED = "sk-...redacted"
 _REDACTED = REDACTED.encode()
 
-# Shorter keys are not secrets worth the name (and would match inside ordinary words).
-MIN_SECRET_LENGTH = 8
-# Placeholders local servers' docs suggest (vLLM's EMPTY, Ollama's ollama, LM Studio's
-# lm-studio...), compared lower-cased: they are not secrets either.
-_PLACEHOLDERS = frozenset(
-    {
-        "anything",
-        "api-key",
-        "api_key",
-        "apikey",
-        "changeme",
-        "default",
-        "dummy-key",
-        "fake-key",
-        "lm-studio",
-        "no-key-required",
-        "nokey",
-        "not-needed",
-        "not-used",
-        "password",
-        "placeholder",
-        "sk-no-key-required",
-        "sk-xxxxxxxx",
-        "unused-key",
-    }
-)
 # A byte that can continue a key or a base64 string: a key next to one is not a key there.
 _WORD = rb"A-Za-z0-9+/_\-"
 
@@ -65,25 +39,9 @@ _WORD = rb"A-Za-z0-9+/_\-"
 def redactable(key: str) -> bytes:
     """The key as the bytes to redact; empty when it cannot be a secret (no key, too
     short, a known placeholder, one repeated character): nothing is redacted then."""
-    if not _secret_like(key):
+    if not secret_like(key):
         return b""
     return key.encode()
-
-
-def redaction_warning(key: str) -> str | None:
-    """What start-up says of a deployment's key that is not redacted (None: it is, or
-    there is no key)."""
-    if not key or _secret_like(key):
-        return None
-    return (
-        "too short or too common to be a secret (under"
-        f" {MIN_SECRET_LENGTH} characters, a placeholder or one repeated character):"
-        " answers are passed on without redacting it"
-    )
-
-
-def _secret_like(key: str) -> bool:
-    return len(key) >= MIN_SECRET_LENGTH and key.lower() not in _PLACEHOLDERS and len(set(key)) > 1
 
 
 @functools.lru_cache(maxsize=256)

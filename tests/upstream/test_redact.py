@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from proxy.config.secrets import redaction_warning
 from proxy.upstream.redact import (
     REDACTED,
     StreamRedactor,
     redact,
     redact_headers,
     redactable,
-    redaction_warning,
 )
 
 SECRET = b"sk-deploy-secret-0123456789"
