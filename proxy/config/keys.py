@@ -18,16 +18,32 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, overload
+import typing
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
 if TYPE_CHECKING:
     from pydantic import GetCoreSchemaHandler
     from pydantic_core import CoreSchema
 
-    from proxy.config.settings import ClientKey
+__all__ = ["PLAIN_FIELDS", "ConfigKeys", "Key", "KeysBuilder", "plain_digest"]
 
-__all__ = ["PLAIN_FIELDS", "ConfigKeys", "KeysBuilder", "plain_digest"]
+
+class Key(Protocol):
+    """What this reads of a key (``settings.ClientKey``, which it builds through the
+    ``make`` it is given: this module knows no model)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def team(self) -> str | None: ...
+
+    def digest(self) -> bytes: ...
+
+
+K = TypeVar("K", bound=Key)
+Make = Callable[[dict[str, Any]], K]
 
 _WINDOWS = ("rpm", "tpm", "rpd", "tpd")
 PLAIN_FIELDS = frozenset(
@@ -104,21 +120,22 @@ def _positive_number(value: object) -> bool:
     return (type(value) is int or type(value) is float) and value > 0
 
 
-class ConfigKeys(Sequence["ClientKey"]):
+class ConfigKeys(Sequence[K]):
     """The client keys of one config, in file order; ``keys[i]`` builds key ``i`` on
     first use. ``full()`` are the keys validated in full when the file was read: every
     key with budgets, ``limits``, ``max_parallel``, ``max_wait`` or ``shadow`` is among
     them (a plain entry has none of these)."""
 
-    __slots__ = ("_built", "_digests", "_entries", "_full", "_index", "_names")
+    __slots__ = ("_built", "_digests", "_entries", "_full", "_index", "_make", "_names")
 
     def __init__(
         self,
         names: list[str],
         digests: list[bytes],
         entries: list[dict[str, Any] | None],
-        built: list[ClientKey | None],
-        full: list[ClientKey],
+        built: list[K | None],
+        full: list[K],
+        make: Make[K],
     ) -> None:
         self._names = names
         self._digests = digests
@@ -126,37 +143,41 @@ class ConfigKeys(Sequence["ClientKey"]):
         self._built = built
         self._index = dict(zip(names, range(len(names)), strict=True))
         self._full = full  # validated in full (or made in code): the others are plain
+        self._make = make  # a plain entry's key, on first use
 
     @classmethod
-    def of(cls, keys: Sequence[ClientKey]) -> ConfigKeys:
+    def of(cls, keys: Sequence[K]) -> ConfigKeys[K]:
         """Keys already validated (made in code, a test's)."""
         if isinstance(keys, ConfigKeys):
             return keys
         listed = list(keys)
-        return cls(
+        return ConfigKeys(
             [k.name for k in listed],
             [k.digest() for k in listed],
             [None] * len(listed),
             list(listed),
             listed,
+            _built_already,
         )
 
     def __len__(self) -> int:
         return len(self._names)
 
     @overload
-    def __getitem__(self, index: int) -> ClientKey: ...
+    def __getitem__(self, index: int) -> K: ...
     @overload
-    def __getitem__(self, index: slice) -> list[ClientKey]: ...
-    def __getitem__(self, index: int | slice) -> ClientKey | list[ClientKey]:
+    def __getitem__(self, index: slice) -> list[K]: ...
+    def __getitem__(self, index: int | slice) -> K | list[K]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         key = self._built[index]
         if key is None:
-            key = self._built[index] = _build(self._entries[index])
+            entry = self._entries[index]
+            assert entry is not None  # a slot without an entry was built when it was read
+            key = self._built[index] = self._make(entry)
         return key
 
-    def __iter__(self) -> Iterator[ClientKey]:
+    def __iter__(self) -> Iterator[K]:
         return (self[i] for i in range(len(self)))
 
     def __eq__(self, other: object) -> bool:
@@ -189,12 +210,12 @@ class ConfigKeys(Sequence["ClientKey"]):
         entry = self._entries[position]
         return self[position].team if entry is None else entry.get("team")
 
-    def get(self, name: str) -> ClientKey | None:
+    def get(self, name: str) -> K | None:
         """The key named ``name``, built if it was not yet."""
         i = self._index.get(name)
         return None if i is None else self[i]
 
-    def same_as(self, position: int, other: ConfigKeys, at: int) -> bool:
+    def same_as(self, position: int, other: ConfigKeys[K], at: int) -> bool:
         """Whether the key at ``position`` is ``other``'s at ``at``: two plain entries
         are compared as read (neither is built), anything else as keys."""
         mine, theirs = self._entries[position], other._entries[at]
@@ -202,7 +223,7 @@ class ConfigKeys(Sequence["ClientKey"]):
             return mine == theirs
         return self[position] == other[at]
 
-    def full(self) -> list[ClientKey]:
+    def full(self) -> list[K]:
         """The keys validated in full when the file was read (see the class)."""
         return self._full
 
@@ -217,37 +238,40 @@ class ConfigKeys(Sequence["ClientKey"]):
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
-        """In a pydantic model: validated as a list of ``ClientKey`` (their errors at
-        their place), kept as ``ConfigKeys``; dumped as that list."""
+        """In a pydantic model (as ``ConfigKeys[Model]``): validated as a list of the
+        model (their errors at their place), kept as ``ConfigKeys``; dumped as that list."""
         from pydantic_core import core_schema
 
-        from proxy.config.settings import ClientKey
+        (model,) = typing.get_args(source)
+        listed: Any = list  # of the model the annotation names
 
-        def validate(value: Any, inner: Any) -> ConfigKeys:
+        def validate(value: Any, inner: Any) -> ConfigKeys[Any]:
             return value if isinstance(value, ConfigKeys) else cls.of(inner(value))
 
         return core_schema.no_info_wrap_validator_function(
             validate,
-            handler.generate_schema(list[ClientKey]),
+            handler.generate_schema(listed[model]),
             serialization=core_schema.plain_serializer_function_ser_schema(list),
         )
 
 
-class KeysBuilder:
+class KeysBuilder(typing.Generic[K]):
     """Collects a config's keys in file order (``parse_settings``); ``previous``: the
-    keys in force (a reload), whose key is kept for an entry that did not change."""
+    keys in force (a reload), whose key is kept for an entry that did not change;
+    ``make``: a plain entry's key, when it is first used."""
 
-    def __init__(self, previous: Sequence[ClientKey] | None = None) -> None:
+    def __init__(self, make: Make[K], previous: Sequence[K] | None = None) -> None:
+        self._make = make
         self._previous = previous if isinstance(previous, ConfigKeys) else None
         self._names: list[str] = []
         self._digests: list[bytes] = []
         self._entries: list[dict[str, Any] | None] = []
-        self._built: list[ClientKey | None] = []
-        self._full: list[ClientKey] = []
+        self._built: list[K | None] = []
+        self._full: list[K] = []
 
     def plain(self, entry: dict[str, Any], digest: bytes) -> None:
         name: str = entry["name"]
-        built: ClientKey | None = None
+        built: K | None = None
         previous = self._previous
         if previous is not None and (i := previous.position(name)) is not None:
             before = previous._entries[i]
@@ -259,19 +283,19 @@ class KeysBuilder:
         self._entries.append(entry)
         self._built.append(built)
 
-    def validated(self, key: ClientKey) -> None:
+    def validated(self, key: K) -> None:
         self._names.append(key.name)
         self._digests.append(key.digest())
         self._entries.append(None)
         self._built.append(key)
         self._full.append(key)
 
-    def done(self) -> ConfigKeys:
-        return ConfigKeys(self._names, self._digests, self._entries, self._built, self._full)
+    def done(self) -> ConfigKeys[K]:
+        return ConfigKeys(
+            self._names, self._digests, self._entries, self._built, self._full, self._make
+        )
 
 
-def _build(entry: dict[str, Any] | None) -> ClientKey:
-    from proxy.config.settings import ClientKey
-
-    assert entry is not None  # a slot without an entry was built when it was read
-    return ClientKey.model_validate(entry)
+def _built_already(entry: dict[str, Any]) -> Any:
+    """``make`` of keys made in code: every one is built, none is made from an entry."""
+    raise AssertionError("keys made in code have no plain entry")

@@ -860,7 +860,7 @@ class Settings(_Strict):
     redis: RedisConfig = RedisConfig()
     teams: list[Team] = Field(default_factory=list)
     # Validated as a list of ClientKey; parse_settings builds plain entries lazily.
-    keys: ConfigKeys = Field(default_factory=lambda: ConfigKeys.of([]))
+    keys: ConfigKeys[ClientKey] = Field(default_factory=lambda: ConfigKeys.of([]))
     models: list[ModelGroup] = Field(min_length=1)
     routing: RoutingConfig = RoutingConfig()
     server: ServerConfig = ServerConfig()
@@ -1138,7 +1138,7 @@ def _validate(
             return Settings.model_validate(data), []
         except ValidationError as exc:
             return None, list(exc.errors())
-    found = KeysBuilder(known)
+    found = KeysBuilder(ClientKey.model_validate, known)
     errors: list[Any] = []
     for i, entry in enumerate(keys):
         digest = plain_digest(entry)
@@ -1348,8 +1348,6 @@ def _model_in(annotation: Any) -> Any:
     """The pydantic model inside ``list[X]``, ``X | None``, ``dict[str, X]``..."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
-    if annotation is ConfigKeys:
-        return ClientKey
     for arg in typing.get_args(annotation):
         found = _model_in(arg)
         if found is not None:
