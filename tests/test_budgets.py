@@ -9,8 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.costs import TokenUsage
-from proxy.money.pricing import Price, usd
-from proxy.money.pricing import format_usd
+from proxy.money.pricing import Price, format_usd, usd
 from proxy.pipeline.budgets import correction, reservation, settled_cost
 from proxy.request.call import Call
 from proxy.shapes.base import Shape

@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from proxy.providers.bedrock import quiet_signer
-from proxy.upstream.eventstream import encode_message
+from proxy.providers.eventstream import encode_message
 
 __all__ = [
     "ANTHROPIC_VERSION",

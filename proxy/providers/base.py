@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from proxy.config.settings import Deployment
     from proxy.costs import Counting
     from proxy.limiter.base import Outcome
+    from proxy.providers.framing import Reframer
     from proxy.providers.ratelimits import UpstreamBudget
-    from proxy.upstream.encoding import Reframer
 
 __all__ = ["Provider", "ThrottleInBody", "Wire"]
 

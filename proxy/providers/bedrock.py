@@ -32,9 +32,9 @@ import orjson
 from proxy.costs import Counting
 from proxy.errors import InvalidRequest, UpstreamUnavailable
 from proxy.limiter.base import Outcome
+from proxy.providers.eventstream import Message, MessageReader
+from proxy.providers.framing import Undecodable
 from proxy.providers.ratelimits import UpstreamBudget
-from proxy.upstream.encoding import Undecodable
-from proxy.upstream.eventstream import Message, MessageReader
 
 if TYPE_CHECKING:
     from botocore.credentials import Credentials, ReadOnlyCredentials

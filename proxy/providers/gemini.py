@@ -24,7 +24,7 @@ from proxy.providers.ratelimits import UpstreamBudget, parse_budget
 if TYPE_CHECKING:
     from proxy.config.settings import Deployment
     from proxy.providers.base import Wire
-    from proxy.upstream.encoding import Reframer
+    from proxy.providers.framing import Reframer
 
 __all__ = ["GEMINI", "GEMINI_COUNTING", "GEMINI_SHAPES", "MAX_RETRY_DELAY", "retry_delay"]
 

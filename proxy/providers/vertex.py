@@ -36,7 +36,7 @@ from proxy.providers.ratelimits import UpstreamBudget
 if TYPE_CHECKING:
     from proxy.config.settings import Deployment
     from proxy.providers.base import Wire
-    from proxy.upstream.encoding import Reframer
+    from proxy.providers.framing import Reframer
 
 __all__ = ["VERTEX", "VERTEX_COUNTING", "VERTEX_SHAPES", "VERTEX_VERSION", "VertexWire"]
 

@@ -13,9 +13,9 @@ the proxy does not speak, raises ``Undecodable``.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable, Iterator
-from typing import Protocol
+from collections.abc import Iterator
 
+from proxy.providers.framing import Reframer, StreamDecoder, Undecodable
 from proxy.upstream.interface import AnswerTooLarge
 
 __all__ = [
@@ -31,10 +31,6 @@ __all__ = [
 PIECE = 64 * 1024  # the most a stream's decoder produces from one step
 _GZIP_OR_ZLIB = 32 + zlib.MAX_WBITS  # either header, detected (``deflate`` is zlib's)
 _DECODED = {"gzip", "x-gzip", "deflate"}
-
-
-class Undecodable(Exception):
-    """A body whose content-encoding the proxy cannot undo (unknown, or corrupt)."""
 
 
 def decoder_for(content_encoding: str | None) -> Decoder | None:
@@ -88,22 +84,6 @@ class Decoder:
                     yield piece
         except zlib.error as exc:
             raise Undecodable(f"a corrupt {self.coding} body") from exc
-
-
-class StreamDecoder(Protocol):
-    """What a stream's bytes pass through before anything reads them: ``feed`` each
-    chunk as it comes, then ``end`` (raises ``Undecodable`` on what it cannot read, or a
-    stream cut short)."""
-
-    def feed(self, data: bytes) -> Iterable[bytes]: ...
-
-    def end(self) -> None: ...
-
-
-class Reframer(StreamDecoder, Protocol):
-    """One streamed answer's framing turned into server-sent events of the API it speaks
-    (Bedrock's AWS event stream: each frame's payload an event): a provider's
-    (``providers.base.Wire.reframer``)."""
 
 
 class Reframed:

@@ -20,8 +20,8 @@ from pydantic import SecretStr
 from proxy.config.settings import AwsConfig
 from proxy.errors import InvalidRequest, UpstreamUnavailable
 from proxy.providers.bedrock import BEDROCK, BedrockWire, Reframer
+from proxy.providers.eventstream import MAX_MESSAGE, MessageReader, encode_message
 from proxy.upstream.encoding import Undecodable
-from proxy.upstream.eventstream import MAX_MESSAGE, MessageReader, encode_message
 
 AWS = AwsConfig(
     region="eu-central-1",

@@ -18,7 +18,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-from proxy.upstream.encoding import Undecodable
+from proxy.providers.framing import Undecodable
 
 __all__ = ["MAX_MESSAGE", "Message", "MessageReader", "encode_message"]
 
