@@ -23,15 +23,10 @@ PACKAGE = Path(errors.__file__).parent
 # The request path: the endpoint, the pipeline and every stage it calls.
 REQUEST_PATH = (
     "api/forwarding.py",
-    "pipeline.py",
-    "auth.py",
-    "follow_ups.py",
-    "affinity.py",
-    "budgets.py",
-    "key_charges.py",
-    "catalog.py",
+    "pipeline",
+    "request",
+    "catalog",
     "costs.py",
-    "call.py",
     "limiter",
     "routing",
     "upstream",
