@@ -47,7 +47,7 @@ from proxy.limiter.base import (
 from proxy.limiter.core.quota import quota_name
 from proxy.money.pricing import FREE, Price, dearest
 from proxy.providers import Provider, provider_of
-from proxy.providers.base import Wire
+from proxy.providers.base import ShapesByModel, Wire
 from proxy.translate import reachable
 
 __all__ = ["Catalog", "DeploymentRoute", "GroupRoute", "TeamLookup", "for_model", "key_limits"]
@@ -82,12 +82,16 @@ def reserved_ahead(routing: RoutingConfig) -> float:
 EGRESS = "proxy.egress"  # the request extension the upstream transport reads
 
 
-def shape_urls(d: Deployment) -> dict[str, tuple[httpx.URL, str]]:
-    """Where the deployment serves each API shape its provider speaks, parsed and as
-    text, by shape name (``providers``: OpenAI's ``{base_url}/{shape}``, Azure's
+def shape_urls(d: Deployment, group: str = "") -> dict[str, tuple[httpx.URL, str]]:
+    """Where the deployment serves each API shape its provider speaks (those of its
+    model, or of its ``group``'s name: ``ShapesByModel``), parsed and as text, by shape
+    name (``providers``: OpenAI's ``{base_url}/{shape}``, Azure's
     ``{base_url}/openai/deployments/{deployment}/{shape}?api-version=...``)."""
     provider = provider_of(d.provider)
-    urls = {shape: httpx.URL(provider.url(d, shape)) for shape in sorted(provider.shapes)}
+    shapes = provider.shapes
+    if isinstance(provider, ShapesByModel):
+        shapes = provider.shapes_for(d.model or group)
+    urls = {shape: httpx.URL(provider.url(d, shape)) for shape in sorted(shapes)}
     return {shape: (url, str(url)) for shape, url in urls.items()}
 
 
@@ -401,7 +405,7 @@ def _group(group: ModelGroup, share: float, pacing_margin: float) -> GroupRoute:
             limits=deployment_limits(d, share, pacing_margin),
             margin=pacing_margin,
             upstream_model=d.model or (None if is_pattern(group.name) else group.name),
-            urls=shape_urls(d),
+            urls=shape_urls(d, group.name),
             extensions={"timeout": timeout_extension(d.timeout), EGRESS: egress(d)},
             provider=provider_of(d.provider),
             id=d.id,

@@ -140,6 +140,17 @@ class FakeUpstream:
         """The Gemini API: ``{model}:generateContent`` or ``:streamGenerateContent``."""
         request[API] = "gemini"
         model, _, method = request.match_info["target"].partition(":")
+        return await self._generate(request, model, method)
+
+    async def vertex_google(self, request: web.Request) -> web.StreamResponse:
+        """Google's models on Vertex AI: ``{model}:generateContent`` and
+        ``:streamGenerateContent``, the Gemini API's bodies under Vertex's bearer token
+        (a body naming ``model`` refused: the path names it)."""
+        request[API], request[VERTEX] = "gemini", True
+        model, method = vertex.model_action(request.match_info["action"])
+        return await self._generate(request, model, method)
+
+    async def _generate(self, request: web.Request, model: str, method: str) -> web.StreamResponse:
         stream = gemini.METHODS.get(method)
         if stream is None:
             self._note_arrival(request)
@@ -150,6 +161,8 @@ class FakeUpstream:
             return self._bad_request("This fake streams only with alt=sse.", api="gemini")
 
         def parse(body: dict[str, Any], config: FakeUpstreamConfig) -> Job | str:
+            if request.get(VERTEX) and "model" in body:
+                return 'Invalid JSON payload received. Unknown name "model": Cannot find field.'
             job = gemini.parse(body, model, stream, config.completion_tokens)
             if isinstance(job, Job):
                 job.cache_read = config.cache_read_tokens
@@ -784,15 +797,16 @@ class FakeUpstream:
         self, rejection: Rejection, job: Job, now: float, request: web.Request
     ) -> web.Response:
         self.stats.count_rejection(rejection.kind)
+        if request.get(VERTEX):  # Google's answer: no retry-after, a RetryInfo
+            publisher = "google" if request.get(API) == "gemini" else "anthropic"
+            text = vertex.rate_limit_message(rejection.kind, job.model, publisher)
+            delay = ceil_millis(rejection.retry_after) / 1000
+            return self._json(429, vertex.google_error(429, text, delay))
         if request.get(API) == "gemini":  # the wait in its body only, as Google says it
             body = gemini.rate_limited(rejection.kind, rejection.limit, rejection.retry_after)
             return self._json(429, body)
         headers = self._limit_headers(now, request)
         headers.update(JSON_HEADERS)
-        if request.get(VERTEX):  # Google's answer: no retry-after, a RetryInfo
-            text = vertex.rate_limit_message(rejection.kind, job.model)
-            delay = ceil_millis(rejection.retry_after) / 1000
-            return self._json(429, vertex.google_error(429, text, delay), headers)
         seconds = ceil_seconds(rejection.retry_after)
         if request.get(API) == "bedrock":  # no retry-after: Bedrock sends none
             return self._bedrock_error(bedrock.error("ThrottlingException"), headers)
@@ -879,8 +893,9 @@ def _vertex_body_problem(body: dict[str, Any], streamed: bool) -> str | None:
     return None
 
 
-# Google Vertex AI's Anthropic publisher models (any project and region).
-_VERTEX_MODELS = "/v1/projects/{project}/locations/{region}/publishers/anthropic/models"
+# Google Vertex AI's publisher models (any project and region): Anthropic's, Google's.
+_VERTEX_PUBLISHERS = "/v1/projects/{project}/locations/{region}/publishers"
+_VERTEX_MODELS = f"{_VERTEX_PUBLISHERS}/anthropic/models"
 
 # Azure OpenAI's paths (azure mode): the deployment is named in the path.
 _AZURE_PATH = "/openai/deployments/{deployment}"
@@ -930,8 +945,9 @@ def build_app(config: FakeUpstreamConfig | None = None) -> web.Application:
             ("POST", "/v1/messages/count_tokens", upstream.count_tokens),
             # The Gemini API's: the model and the method in one segment.
             ("POST", "/v1beta/models/{target}", upstream.generate_content),
-            # Google Vertex AI's Anthropic models, and the token endpoint of its accounts.
+            # Google Vertex AI's models, and the token endpoint of its accounts.
             ("POST", f"{_VERTEX_MODELS}/{{action}}", upstream.vertex_anthropic),
+            ("POST", f"{_VERTEX_PUBLISHERS}/google/models/{{action}}", upstream.vertex_google),
             ("POST", "/token", upstream.google_token),
         ]
     )

@@ -1,6 +1,8 @@
 """Google Vertex AI's side of the fake upstream: Anthropic's models at
 ``/v1/projects/{project}/locations/{region}/publishers/anthropic/models/{model}:rawPredict``
-(``:streamRawPredict``, ``count-tokens:rawPredict``) and the OAuth2 token endpoint a
+(``:streamRawPredict``, ``count-tokens:rawPredict``), Google's at
+``.../publishers/google/models/{model}:generateContent`` (``:streamGenerateContent?alt=sse``,
+the Gemini API's bodies and CRLF events: gemini.py), and the OAuth2 token endpoint a
 service account's key file names (``token_uri``).
 
 The token endpoint takes the JWT bearer grant (RFC 7523) as google-auth sends it: an
@@ -75,15 +77,23 @@ def google_error(status: int, message: str, retry_delay: float | None = None) ->
     return orjson.dumps({"error": error})
 
 
-def rate_limit_message(kind: str, model: str) -> str:
-    metric = {
-        "requests": "online_prediction_requests_per_base_model",
-        "input_tokens": "online_prediction_input_tokens_per_minute_per_base_model",
-        "output_tokens": "online_prediction_output_tokens_per_minute_per_base_model",
-    }.get(kind, "online_prediction_tokens_per_minute_per_base_model")
+def rate_limit_message(kind: str, model: str, publisher: str = "anthropic") -> str:
+    """Vertex AI's words for an exhausted quota of ``publisher``'s base model."""
+    if publisher == "google":
+        metric = {
+            "requests": "generate_content_requests_per_minute_per_project_per_base_model",
+        }.get(kind, "generate_content_input_tokens_per_minute_per_base_model")
+        base = model
+    else:
+        metric = {
+            "requests": "online_prediction_requests_per_base_model",
+            "input_tokens": "online_prediction_input_tokens_per_minute_per_base_model",
+            "output_tokens": "online_prediction_output_tokens_per_minute_per_base_model",
+        }.get(kind, "online_prediction_tokens_per_minute_per_base_model")
+        base = f"anthropic-{model.partition('@')[0]}"
     return (
         f"Quota exceeded for aiplatform.googleapis.com/{metric} with base model:"
-        f" anthropic-{model.partition('@')[0]}. Please submit a quota increase request."
+        f" {base}. Please submit a quota increase request."
     )
 
 

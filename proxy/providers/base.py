@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from proxy.providers.framing import Reframer
     from proxy.providers.ratelimits import UpstreamBudget
 
-__all__ = ["Provider", "ThrottleInBody", "Wire"]
+__all__ = ["Provider", "ShapesByModel", "ThrottleInBody", "Wire"]
 
 
 class Wire(Protocol):
@@ -65,6 +65,20 @@ class ThrottleInBody(Protocol):
     def throttled(self, body: bytes) -> float | None:
         """Seconds the 429's ``body`` asks to wait (read strictly, bounded); None: it
         says none."""
+        ...
+
+
+@runtime_checkable
+class ShapesByModel(Protocol):
+    """A provider whose deployments each serve some of its ``shapes``, as the model they
+    serve decides (Vertex AI: Anthropic's models the Messages API, Google's
+    ``generateContent``): a deployment offers no API its model cannot answer, so no
+    client's request of another API reaches it (and cools it on a 404). Optional: a
+    provider without it serves all its shapes on every deployment."""
+
+    def shapes_for(self, model: str) -> frozenset[str]:
+        """The shapes a deployment of ``model`` serves (the deployment's ``model``, else
+        its group's name, a pattern's included)."""
         ...
 
 

@@ -9,9 +9,14 @@ the token).
   ``model`` and with ``anthropic_version: vertex-2023-10-16``
   (https://docs.claude.com/en/api/claude-on-vertex-ai); token counting at
   ``count-tokens:rawPredict``, the model kept in its body.
-- Google's models (a shape named ``generateContent``, the Gemini API's):
-  ``{model}:generateContent``, streamed ``{model}:streamGenerateContent?alt=sse``; the
-  body without ``model`` (the Gemini API names it in the path).
+- Google's models (the Gemini API's shape, ``generateContent``, as Google's SDKs send
+  it): ``{model}:generateContent``, streamed ``{model}:streamGenerateContent?alt=sse``
+  (server-sent events whose lines end in CRLF, as the Gemini API's: made LF, ``CrLf``);
+  the body as the client sent it (the model is named in the path), its usage
+  ``usageMetadata``.
+
+Which one a deployment serves is its model's (``shapes_for``): a name starting with
+``claude`` is Anthropic's, any other Google's.
 
 ``base_url`` defaults to the region's endpoint (``config.vertex_base_url``: the
 ``global`` region and the ``us``/``eu`` multi-regions have hosts of their own).
@@ -29,6 +34,7 @@ from proxy.costs import Counting
 from proxy.errors import InvalidRequest
 from proxy.limiter.base import Outcome
 from proxy.providers.anthropic import ANTHROPIC_SHAPES
+from proxy.providers.gemini import GEMINI_SHAPES, CrLf
 from proxy.providers.google_errors import google_status, retry_delay
 from proxy.providers.google_token import GoogleToken
 from proxy.providers.ratelimits import UpstreamBudget
@@ -44,7 +50,10 @@ __all__ = ["VERTEX", "VERTEX_COUNTING", "VERTEX_SHAPES", "VERTEX_VERSION", "Vert
 VERTEX_VERSION = "vertex-2023-10-16"
 # The Gemini API's shape (proxy/shapes/gemini.py), served by Google's publisher models.
 GENERATE_CONTENT = "generateContent"
-VERTEX_SHAPES = ANTHROPIC_SHAPES
+VERTEX_SHAPES = ANTHROPIC_SHAPES | GEMINI_SHAPES
+# Vertex AI's Anthropic model IDs all start so (``claude-sonnet-4-5@20250929``); a
+# pattern group's name too (``claude-*``).
+_ANTHROPIC_PREFIX = "claude"
 # The only characters of a model's name sent as they are in its path segment: what
 # Vertex's model IDs use (``claude-sonnet-4-5@20250929``); anything else is escaped, so
 # a client's name (a pattern group's) can never reach another path or a query.
@@ -52,7 +61,9 @@ _MODEL_SAFE = "@"
 
 # How Vertex AI's quotas count (https://cloud.google.com/vertex-ai/generative-ai/docs/
 # partner-models/claude/quotas): requests, input tokens and output tokens per minute per
-# base model and region, apart. Google says neither whether a prompt-cache read counts
+# base model and region, apart (Gemini's: requests and tokens per minute per base model,
+# or a shared pool that answers 429 when busy, https://cloud.google.com/vertex-ai/
+# generative-ai/docs/quotas). Google says neither whether a prompt-cache read counts
 # as input nor whether an output charge made at admission is given back: counted as the
 # stricter reading (cache reads count, nothing given back), the proxy never sends more
 # than a quota takes; a deployment's windows may be set a little higher to use it whole.
@@ -103,7 +114,9 @@ class VertexWire:
         headers["authorization"] = f"Bearer {await self._token.bearer()}"
 
     def reframer(self) -> Reframer | None:
-        return None  # both stream server-sent events
+        # Google's front ends end event lines in CRLF (as the Gemini API's): made LF for
+        # the shapes' readers. A stream of LF lines (Anthropic's events) passes as it is.
+        return CrLf()
 
 
 def _object(payload: bytes) -> dict[str, Any]:
@@ -129,6 +142,14 @@ class Vertex:
     counting = VERTEX_COUNTING
     # Vertex takes the API version in the body (``VERTEX_VERSION``), not as a header.
     default_headers: tuple[tuple[str, str], ...] = ()
+
+    def shapes_for(self, model: str) -> frozenset[str]:
+        """``ShapesByModel``: Anthropic's models the Messages API, Google's (any other
+        name) ``generateContent``; a request of the other API never reaches the
+        deployment (its 404 would cool it)."""
+        if model.lower().startswith(_ANTHROPIC_PREFIX):
+            return ANTHROPIC_SHAPES
+        return GEMINI_SHAPES
 
     def url(self, deployment: Deployment, shape: str) -> str:
         """Where a request of the deployment's own model goes (what a probe or a log

@@ -14,12 +14,13 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy.catalog.catalog import shape_urls
 from proxy.config.settings import Deployment, vertex_base_url
 from proxy.errors import InvalidRequest, UpstreamUnavailable
 from proxy.providers import provider_of
 from proxy.providers.google_errors import retry_delay
 from proxy.providers.google_token import EARLY, GoogleToken, describe, refresh_moment
-from proxy.providers.vertex import VERTEX_VERSION, VertexWire
+from proxy.providers.vertex import VERTEX_SHAPES, VERTEX_VERSION, VertexWire
 
 PROJECT = "test-project"
 BODY = {"model": "claude", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
@@ -76,8 +77,8 @@ def test_a_clients_model_name_cannot_leave_its_path_segment() -> None:
 
 
 def test_generate_content_goes_to_googles_publisher_models() -> None:
-    """The Gemini API's shape (``generateContent``), once it is served: the model in the
-    path, streamed as server-sent events (``alt=sse``)."""
+    """The Gemini API's shape (``generateContent``): the model in the path, streamed as
+    server-sent events (``alt=sse``)."""
     wire = _wire(region="global")
     gemini = {"model": "gemini-2.5-flash", "contents": [{"parts": [{"text": "hi"}]}]}
     url, body = wire.outgoing("generateContent", None, False, orjson.dumps(gemini))
@@ -90,6 +91,47 @@ def test_generate_content_goes_to_googles_publisher_models() -> None:
     assert url.endswith("/google/models/gemini-2.5-pro:streamGenerateContent?alt=sse")
     with pytest.raises(InvalidRequest):
         wire.outgoing("embeddings", "m", False, orjson.dumps(gemini))
+
+
+@pytest.mark.parametrize(
+    ("model", "group", "shapes"),
+    [
+        ("claude-sonnet-4-5@20250929", "x", {"messages", "messages/count_tokens"}),
+        ("Claude-Haiku", "x", {"messages", "messages/count_tokens"}),
+        ("gemini-2.5-flash", "claude", {"generateContent"}),  # the deployment's model decides
+        (None, "claude-*", {"messages", "messages/count_tokens"}),  # else its group's name
+        (None, "gemini-*", {"generateContent"}),
+        (None, "*", {"generateContent"}),
+    ],
+)
+def test_a_deployment_serves_its_models_api_only(
+    model: str | None, group: str, shapes: set[str]
+) -> None:
+    """Anthropic's models the Messages API, Google's ``generateContent``: a request of
+    the other API is refused by the proxy, never sent for a 404 that would cool it."""
+    extra = {} if model is None else {"model": model}
+    urls = shape_urls(_deployment(**extra), group)
+    assert set(urls) == shapes
+    publisher = "anthropic" if "messages" in shapes else "google"
+    assert all(f"/publishers/{publisher}/models/" in text for _, text in urls.values())
+    assert {"messages", "messages/count_tokens", "generateContent"} == VERTEX_SHAPES
+
+
+def test_googles_crlf_events_reach_the_reader_as_lf_and_lf_events_pass_as_they_are() -> None:
+    """Vertex AI's streams (Google's models', perhaps Anthropic's) may end lines in CRLF:
+    made LF wherever the chunks are cut; a CR the stream ends on is dropped."""
+    events = b'data: {"candidates": []}\r\n\r\ndata: {"usageMetadata": {}}\r\n\r\n'
+    for cut in range(len(events) + 1):
+        reframer = _wire().reframer()
+        assert reframer is not None
+        out = b"".join([*reframer.feed(events[:cut]), *reframer.feed(events[cut:])])
+        assert out == events.replace(b"\r\n", b"\n")
+    anthropic_events = b'event: ping\ndata: {"type": "ping"}\n\n'
+    reframer = _wire().reframer()
+    assert reframer is not None
+    assert b"".join(reframer.feed(anthropic_events)) == anthropic_events
+    assert b"".join(reframer.feed(b"data: {}\r")) == b"data: {}"  # cut after a CR
+    reframer.end()
 
 
 def _throttled(details: list[Any]) -> bytes:
