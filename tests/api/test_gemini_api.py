@@ -232,6 +232,7 @@ def test_the_key_s_window_answers_resource_exhausted_with_retry_info(proxy: Prox
     assert raised.value.code == 429 and raised.value.status == "RESOURCE_EXHAUSTED"
 
 
+@pytest.mark.serial  # pacing to a strict window: late turns on a loaded host are misses
 def test_the_deployment_s_window_is_paced_and_the_upstream_sees_no_429(
     proxy: ProxyInThread, strict: FakeUpstreamHandle
 ) -> None:
