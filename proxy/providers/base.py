@@ -57,6 +57,19 @@ class Wire(Protocol):
 
 
 @runtime_checkable
+class Readies(Protocol):
+    """A wire whose credentials take a first fetch (a token from its endpoint, AWS's
+    credential chain): the dispatcher awaits ``ready`` before it asks for a turn, so no
+    turn is spent waiting for them (a turn sent that late would break the pacing).
+    Optional: a wire without it is ready at once."""
+
+    async def ready(self) -> None:
+        """Returns once its credentials are at hand, or once getting them failed (the
+        failure is ``authorize``'s to report); at once after the first time."""
+        ...
+
+
+@runtime_checkable
 class ThrottleInBody(Protocol):
     """A provider whose 429 says in its body, not its headers, when to retry (the Gemini
     API's ``RetryInfo``): its body is read (bounded) and the wait it says taken as a

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import logging
 import re
 from collections.abc import Mapping
@@ -188,6 +189,12 @@ class BedrockWire:
         _replace(headers, _answer_headers(stream))
         signed = {"content-type": "application/json", **_answer_headers(stream)}
         headers.update(_signature(method, url, signed, body, frozen, self._aws.region))
+
+    async def ready(self) -> None:
+        """The credentials found and fresh (``Readies``): a turn is never spent waiting
+        for AWS's credential chain."""
+        with contextlib.suppress(UpstreamUnavailable):  # authorize reports it
+            await self._frozen()
 
     def reframer(self) -> Reframer:
         return Reframer()

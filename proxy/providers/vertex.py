@@ -24,6 +24,7 @@ Which one a deployment serves is its model's (``shapes_for``): a name starting w
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -31,7 +32,7 @@ from urllib.parse import quote
 import orjson
 
 from proxy.costs import Counting
-from proxy.errors import InvalidRequest
+from proxy.errors import InvalidRequest, UpstreamUnavailable
 from proxy.limiter.base import Outcome
 from proxy.providers.anthropic import ANTHROPIC_SHAPES
 from proxy.providers.gemini import GEMINI_SHAPES, CrLf
@@ -112,6 +113,11 @@ class VertexWire:
 
     async def authorize(self, method: str, url: str, headers: dict[str, str], body: bytes) -> None:
         headers["authorization"] = f"Bearer {await self._token.bearer()}"
+
+    async def ready(self) -> None:
+        """The first token fetched (``Readies``): a turn is never spent waiting for it."""
+        with contextlib.suppress(UpstreamUnavailable):  # authorize reports it
+            await self._token.bearer()
 
     def reframer(self) -> Reframer | None:
         # Google's front ends end event lines in CRLF (as the Gemini API's): made LF for

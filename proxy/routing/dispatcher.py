@@ -51,6 +51,7 @@ from proxy.limiter.base import (
     Sent,
 )
 from proxy.money.pricing import COST_HEADER, FREE, format_usd, usd
+from proxy.providers.base import Readies
 from proxy.request.call import Call, ClientLeft, Reply
 from proxy.routing.activity import Tally
 from proxy.routing.events import Attempt, Events, WaitCause
@@ -241,6 +242,7 @@ class Dispatcher:
             candidates = self._candidates(call, current, tried)
             if not candidates:
                 return None
+            await _credentials_ready(candidates)
             turn = await self._turn_in(call, asked, current, candidates, admit, t)
             if turn is None:
                 return None
@@ -1052,3 +1054,12 @@ async def _watched(waited: Awaitable[object], client_left: ClientLeft | None) ->
         for task in (waiting, watching):
             task.cancel()
     return not watching.done() or watching.cancelled()
+
+
+async def _credentials_ready(candidates: list[DeploymentRoute]) -> None:
+    """Until the candidates whose wires fetch credentials have them (``Readies``: a
+    replica's first token), so that a turn is never spent waiting for them."""
+    for deployment in candidates:
+        wire = deployment.wire
+        if wire is not None and isinstance(wire, Readies):
+            await wire.ready()

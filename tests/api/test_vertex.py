@@ -41,12 +41,9 @@ HEADERS = {"x-api-key": CLIENT_KEY}
 RAW_PREDICT = "POST /v1/projects/{project}/locations/{region}/publishers/anthropic/models/{action}"
 
 
-# A replica's first request waits for its first token after its turn was given, so it
-# reaches the upstream late by that much (a strict window may then see two requests
-# closer than the proxy spaced them); later tokens are fetched in the background before
-# the old one expires. The pacing tests send one request first, then clear the strict
-# upstream's record of it.
-WARM = "one request per replica before the burst"
+# A replica's first token is fetched before its first turn is asked for (the wire
+# ``Readies``), so no request is sent late by the fetch; later tokens are fetched in the
+# background before the old one expires. The pacing tests send their burst cold.
 
 
 @pytest.fixture(scope="module")
@@ -169,9 +166,8 @@ def test_the_deployments_window_is_paced_and_the_strict_upstream_sees_no_429(
         key_file = account.write(tmp_path / "sa.json", f"{strict.url}/token")
         deployment = _vertex(strict, key_file, limits=[{"requests": 4, "per": "2s"}])
         with ProxyInThread(settings_from(_config(deployment, max_wait="10s"))) as proxy:
-            _sdk(proxy).messages.create(**MESSAGE)  # the first token (see WARM)
-            strict.reset()
-
+            # No warm-up: the first token is fetched before the first turn is asked for
+            # (Readies), so the burst's first request is not sent late by its fetch.
             async def burst() -> list[int]:
                 async with httpx.AsyncClient(timeout=30) as http:
                     answers = await asyncio.gather(
@@ -283,9 +279,6 @@ def test_two_replicas_on_redis_pace_the_window_and_the_upstream_sees_no_429(
         replicas = start_together(
             stack, [ProxyProcess(config, tmp_path, name=f"replica-{i}") for i in range(2)]
         )
-        for replica in replicas:  # each one's first token (see WARM)
-            _sdk(replica).messages.create(**MESSAGE)
-        strict.reset()
 
         async def burst() -> list[int]:
             async with httpx.AsyncClient(timeout=30) as http:
