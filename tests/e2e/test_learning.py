@@ -74,22 +74,16 @@ def _report(name: str, result: LoadResult, stats: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow  # bounded load for many seconds: `make test-fast` skips it
-@pytest.mark.parametrize(
-    "configured",
-    [
-        pytest.param({"rpm": int(2 * TRUE_RATE * 60)}, id="overstated-twofold"),
-        pytest.param({}, id="no-limit"),
-    ],
-)
-def test_a_wrong_limit_is_learned_from_429s_alone(
-    tmp_path: Path, strict_upstream: FakeUpstreamHandle, configured: dict[str, Any]
+def test_an_unstated_limit_is_learned_from_429s_alone(
+    tmp_path: Path, strict_upstream: FakeUpstreamHandle
 ) -> None:
-    """Demand at twice the upstream's real limit, which the config overstates twofold (or
-    does not state): upstream 429s stay within 5% of what it served, and at least 80% of
-    its real limit is used over 30 s. A client gets a 503 only when no turn came within
-    its max_wait after a hold, and then with when the earliest does."""
-    result, stats = _run(tmp_path, strict_upstream, 2 * TRUE_RATE, DURATION, **configured)
-    _report(f"learning, {configured or 'no limit'}", result, stats)
+    """Demand at twice the upstream's real limit, which the config does not state:
+    upstream 429s stay within 5% of what it served, and at least 80% of its real limit is
+    used over 30 s. A client gets a 503 only when no turn came within its max_wait after
+    a hold, and then with when the earliest does. (A limit overstated twofold is learned
+    by the same rule: tests/e2e/test_pacing_margin.py, three replicas, a 1 s window.)"""
+    result, stats = _run(tmp_path, strict_upstream, 2 * TRUE_RATE, DURATION)
+    _report("learning, no limit", result, stats)
     assert len(result.outcomes) == result.sent, "a request was lost"
     assert set(result.statuses) <= {200, 429, 503}, (result.statuses, result.codes)
     assert all(o.retry_after for o in result.outcomes if o.status in (429, 503))
