@@ -51,9 +51,12 @@ TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 # The yardstick's scenarios (marked serial: 0 upstream 429s, >= 98% of a limit on a
 # healthy host) run alone after the rest: beside the parallel suite the host is not
 # healthy (the strict upstream's own process is descheduled and reads a burst at once).
+# Only the files that hold them are collected for that run (collecting the whole suite
+# costs half a minute); tests/test_code_quality.py checks that they are listed here.
+SERIAL_TESTS := tests/e2e/test_pacing_margin.py tests/api/test_vertex.py
 test: install-dev
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not serial"
-	$(BIN)/pytest -q -m serial
+	$(BIN)/pytest -q -m serial $(SERIAL_TESTS)
 
 test-fast: install-dev
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not slow"
