@@ -1,7 +1,8 @@
 # The two commands of the README:
 #   make demo   install and start the proxy on the embedded demo (fake upstream, no Redis)
 #   make test   install what the tests need and run the whole suite
-#   (make test-fast: the same without the long load scenarios, marked slow)
+#   (make test-fast: the same without the tests marked slow: the end-to-end scenarios,
+#    processes, browsers, long property tests, the portable serving path)
 # and what the proxy is for, measured: make showcase (a table and showcase.png, here).
 PYTHON ?= python3
 VENV   ?= .venv

@@ -22,7 +22,11 @@ any, is left alone): every server listens on a free 127.0.0.1 port, in a temp di
   (``support.redis_server.SentinelGroup``), for tests that fail the primary over.
 * ``serving_path`` (module, parametrized): the proxies a module starts run the fast
   paths (the lean upstream transport, replies written by the proxy's own protocol), then
-  the portable ones (the general transport, the ASGI cycle): its tests run against both.
+  the portable ones (the general transport, the ASGI cycle): its tests run against both
+  (the portable run is marked slow: ``make test-fast`` serves the fast paths only).
+
+Every test under ``tests/e2e`` is marked slow (real processes on real clocks): ``make
+test-fast`` leaves the end-to-end scenarios to ``make test``.
 
 Tests using these are skipped when ``redis-server``/``redis-cli`` are not installed.
 """
@@ -130,7 +134,16 @@ def disposable_redis(tmp_path: Path) -> Iterator[RedisServer]:
         server.kill()
 
 
-@pytest.fixture(scope="module", params=["fast", "portable"])
+E2E = Path(__file__).parent / "e2e"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if E2E in item.path.parents:
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="module", params=["fast", pytest.param("portable", marks=pytest.mark.slow)])
 def serving_path(request: pytest.FixtureRequest) -> Iterator[str]:
     """Every proxy this module starts (``ProxyInThread``) takes these paths. ``fast``, as
     the CLI serves: the lean transport for upstreams without an egress proxy, and replies

@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).parent.parent
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "command",
     [
@@ -38,6 +39,7 @@ def test_tool_passes(command: list[str]) -> None:
 MAX_COMPLEXITY = 15
 
 
+@pytest.mark.slow
 def test_no_function_of_the_package_is_over_the_complexity_ceiling() -> None:
     from radon.complexity import cc_visit
 

@@ -487,6 +487,7 @@ def render_in_another_worker(env: dict[str, str]) -> Samples:
     return parse(out.stdout)
 
 
+@pytest.mark.slow
 def test_workers_sharing_a_dir_are_rendered_as_one_replica(
     multiproc_env: dict[str, str], workers: list[subprocess.Popen[str]]
 ) -> None:
@@ -536,6 +537,7 @@ FORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_multiprocess_values_skip_the_per_write_pid_check_yet_a_fork_writes_its_own_file(
     multiproc_env: dict[str, str],
 ) -> None:
@@ -554,6 +556,7 @@ def test_multiprocess_values_skip_the_per_write_pid_check_yet_a_fork_writes_its_
     assert sample(s, "llmproxy_in_flight_requests", model="m", deployment="d") in (None, 0)
 
 
+@pytest.mark.slow
 def test_a_dead_worker_keeps_its_counts_but_not_its_in_flight_requests(
     multiproc_env: dict[str, str], workers: list[subprocess.Popen[str]]
 ) -> None:
@@ -606,6 +609,7 @@ APP = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_uvicorn_workers_count_every_request_exactly_once(tmp_path: Path) -> None:
     (tmp_path / "mp_app.py").write_text(APP)
     port = free_port()

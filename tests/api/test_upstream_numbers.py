@@ -174,6 +174,7 @@ LIES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lie", LIES)
 def test_a_429_holds_a_deployment_at_most_max_upstream_hold(
     storage: str, lie: dict[str, str]
@@ -201,6 +202,7 @@ def test_a_429_holds_a_deployment_at_most_max_upstream_hold(
     assert len(upstream.requests) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "announced",
     [
