@@ -224,7 +224,6 @@ def test_a_busy_port_is_one_line_saying_how_to_move_it(what: str) -> None:
     assert not any("Traceback" in line for line in lines)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("argv", "env", "says"),
     [
@@ -244,16 +243,34 @@ def test_a_busy_port_is_one_line_saying_how_to_move_it(what: str) -> None:
     ],
 )
 def test_a_start_up_mistake_is_one_line_saying_what_to_change(
-    argv: list[str], env: dict[str, str], says: str
+    argv: list[str],
+    env: dict[str, str],
+    says: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Whatever stops the start (a variable that is not a number, a port out of range, an
-    address that is not this machine's, unusable TLS files...): one line, exit 1."""
-    environment = _without_proxy_variables()
-    environment["LLM_PROXY_DEMO_UPSTREAM_PORT"] = str(free_port())
-    environment.update(env)
-    if argv[0] == "serve" and "--port" not in argv and "LLM_PROXY_PORT" not in env:
-        argv = [*argv, "--port", str(free_port())]  # should a check let it start
-    lines = _failed_start(argv, environment)
+    address that is not this machine's, unusable TLS files...): one line, exit 1. Run in
+    this process (``main``, as ``python -m proxy`` calls it): that the process prints
+    those lines alone and exits 1 is shown by the tests around this one, in processes."""
+    for name in os.environ:
+        if name.startswith("LLM_PROXY_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("LLM_PROXY_DEMO_UPSTREAM_PORT", str(free_port()))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+    def started(*_: object) -> int:
+        raise AssertionError(f"{argv} started")  # a check let it through
+
+    monkeypatch.setattr("proxy.cli._serve_demo", started)
+    monkeypatch.setattr("proxy.fake_upstream.cli.serve", started)
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # the fake upstream's own CLI exits
+        code = exit_.code
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 1, lines
     assert len(lines) == 1, lines
     assert says in lines[0]
 
