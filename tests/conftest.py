@@ -26,7 +26,7 @@ any, is left alone): every server listens on a free 127.0.0.1 port, in a temp di
   (the portable run is marked slow: ``make test-fast`` serves the fast paths only).
 
 Every test under ``tests/e2e`` is marked slow (real processes on real clocks): ``make
-test-fast`` leaves the end-to-end scenarios to ``make test``.
+test-fast`` leaves the end-to-end scenarios to ``make test``, which runs them first.
 
 Tests using these are skipped when ``redis-server``/``redis-cli`` are not installed.
 """
@@ -138,9 +138,13 @@ E2E = Path(__file__).parent / "e2e"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every end-to-end test is slow, and runs first: the longest tests started early
+    leave no worker of ``make test`` waiting alone on one at the end (each module's
+    tests stay together, in their order)."""
     for item in items:
         if E2E in item.path.parents:
             item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: E2E not in item.path.parents)
 
 
 @pytest.fixture(scope="module", params=["fast", pytest.param("portable", marks=pytest.mark.slow)])
