@@ -60,7 +60,7 @@ test: install-dev
 	$(BIN)/pytest -q -m serial $(SERIAL_TESTS)
 
 test-fast: install-dev
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not slow"
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not slow and not serial"
 
 lint: install-dev
 	$(BIN)/ruff check .
