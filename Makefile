@@ -1,7 +1,8 @@
 # The two commands of the README:
 #   make demo   install and start the proxy on the embedded demo (fake upstream, no Redis)
 #   make test   install what the tests need and run the whole suite
-#   (make test-fast: the same without the long load scenarios, marked slow)
+#   (make test-fast: the same without the tests marked slow: the end-to-end scenarios,
+#    processes, browsers, long property tests, the portable serving path)
 # and what the proxy is for, measured: make showcase (a table and showcase.png, here).
 PYTHON ?= python3
 VENV   ?= .venv
@@ -51,12 +52,15 @@ TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 # The yardstick's scenarios (marked serial: 0 upstream 429s, >= 98% of a limit on a
 # healthy host) run alone after the rest: beside the parallel suite the host is not
 # healthy (the strict upstream's own process is descheduled and reads a burst at once).
+# Only the files that hold them are collected for that run (collecting the whole suite
+# costs half a minute); tests/test_code_quality.py checks that they are listed here.
+SERIAL_TESTS := tests/e2e/test_pacing_margin.py tests/api/test_vertex.py tests/api/test_vertex_gemini.py tests/api/test_gemini_api.py tests/api/test_bedrock.py
 test: install-dev
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not serial"
-	$(BIN)/pytest -q -m serial
+	$(BIN)/pytest -q -m serial $(SERIAL_TESTS)
 
 test-fast: install-dev
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not slow"
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not slow and not serial"
 
 lint: install-dev
 	$(BIN)/ruff check .

@@ -24,7 +24,11 @@ any, is left alone): every server listens on a free 127.0.0.1 port, in a temp di
   session's Redis (``redis_url``): ``{"redis": {"url": limiter_url}}`` runs a test on both.
 * ``serving_path`` (module, parametrized): the proxies a module starts run the fast
   paths (the lean upstream transport, replies written by the proxy's own protocol), then
-  the portable ones (the general transport, the ASGI cycle): its tests run against both.
+  the portable ones (the general transport, the ASGI cycle): its tests run against both
+  (the portable run is marked slow: ``make test-fast`` serves the fast paths only).
+
+Every test under ``tests/e2e`` is marked slow (real processes on real clocks): ``make
+test-fast`` leaves the end-to-end scenarios to ``make test``, which runs them first.
 
 Tests using these are skipped when ``redis-server``/``redis-cli`` are not installed.
 """
@@ -132,6 +136,19 @@ def disposable_redis(tmp_path: Path) -> Iterator[RedisServer]:
         server.kill()
 
 
+E2E = Path(__file__).parent / "e2e"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every end-to-end test is slow, and runs first: the longest tests started early
+    leave no worker of ``make test`` waiting alone on one at the end (each module's
+    tests stay together, in their order)."""
+    for item in items:
+        if E2E in item.path.parents:
+            item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: E2E not in item.path.parents)
+
+
 @pytest.fixture(params=["memory", "redis"])
 def limiter_url(request: pytest.FixtureRequest) -> str:
     if request.param == "memory":
@@ -140,7 +157,7 @@ def limiter_url(request: pytest.FixtureRequest) -> str:
     return url
 
 
-@pytest.fixture(scope="module", params=["fast", "portable"])
+@pytest.fixture(scope="module", params=["fast", pytest.param("portable", marks=pytest.mark.slow)])
 def serving_path(request: pytest.FixtureRequest) -> Iterator[str]:
     """Every proxy this module starts (``ProxyInThread``) takes these paths. ``fast``, as
     the CLI serves: the lean transport for upstreams without an egress proxy, and replies

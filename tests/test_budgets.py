@@ -60,6 +60,7 @@ def test_a_follow_up_reserves_the_conversation_the_upstream_reads_again() -> Non
     assert made.cost["usd"] == pytest.approx((len(raw) + 1_500) * 3.75 / 1e6 + 16 * 15.0 / 1e6)
 
 
+@pytest.mark.slow
 @given(st.text(max_size=200), st.integers(min_value=1, max_value=500))
 def test_the_reservation_bounds_any_real_usage_of_the_request(text: str, cap: int) -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": cap}

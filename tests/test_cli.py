@@ -114,6 +114,7 @@ def test_check_config_warns_about_a_dummy_key_and_a_local_server_without_its_api
     assert "OK" in captured.out
 
 
+@pytest.mark.slow
 def test_python_dash_m_proxy_is_the_cli() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "proxy", "check-config", str(ROOT / "config" / "demo.yaml")],
@@ -124,6 +125,7 @@ def test_python_dash_m_proxy_is_the_cli() -> None:
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow
 def test_readme_sdk_example_works_against_the_demo(tmp_path: Path) -> None:
     port, upstream_port = free_port(), free_port()
     env = {**os.environ, "LLM_PROXY_DEMO_UPSTREAM_PORT": str(upstream_port)}
@@ -203,6 +205,7 @@ def _listening() -> socket.socket:
     return s
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", ["proxy", "demo-upstream", "fake-upstream"])
 def test_a_busy_port_is_one_line_saying_how_to_move_it(what: str) -> None:
     with _listening() as taken:
@@ -240,20 +243,39 @@ def test_a_busy_port_is_one_line_saying_how_to_move_it(what: str) -> None:
     ],
 )
 def test_a_start_up_mistake_is_one_line_saying_what_to_change(
-    argv: list[str], env: dict[str, str], says: str
+    argv: list[str],
+    env: dict[str, str],
+    says: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Whatever stops the start (a variable that is not a number, a port out of range, an
-    address that is not this machine's, unusable TLS files...): one line, exit 1."""
-    environment = _without_proxy_variables()
-    environment["LLM_PROXY_DEMO_UPSTREAM_PORT"] = str(free_port())
-    environment.update(env)
-    if argv[0] == "serve" and "--port" not in argv and "LLM_PROXY_PORT" not in env:
-        argv = [*argv, "--port", str(free_port())]  # should a check let it start
-    lines = _failed_start(argv, environment)
+    address that is not this machine's, unusable TLS files...): one line, exit 1. Run in
+    this process (``main``, as ``python -m proxy`` calls it): that the process prints
+    those lines alone and exits 1 is shown by the tests around this one, in processes."""
+    for name in os.environ:
+        if name.startswith("LLM_PROXY_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("LLM_PROXY_DEMO_UPSTREAM_PORT", str(free_port()))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+    def started(*_: object) -> int:
+        raise AssertionError(f"{argv} started")  # a check let it through
+
+    monkeypatch.setattr("proxy.cli._serve_demo", started)
+    monkeypatch.setattr("proxy.fake_upstream.cli.serve", started)
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # the fake upstream's own CLI exits
+        code = exit_.code
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 1, lines
     assert len(lines) == 1, lines
     assert says in lines[0]
 
 
+@pytest.mark.slow
 def test_every_start_up_problem_is_its_own_line() -> None:
     """Two busy ports and two bad variables: four lines, not only the first."""
     with _listening() as proxy_port, _listening() as upstream_port:
@@ -270,6 +292,7 @@ def test_every_start_up_problem_is_its_own_line() -> None:
     assert "unknown log level 'loud'" in lines[3]
 
 
+@pytest.mark.slow
 def test_two_variables_that_are_not_numbers_are_two_lines() -> None:
     environment = _without_proxy_variables()
     environment.update(LLM_PROXY_PORT="eighty", LLM_PROXY_DEMO_UPSTREAM_PORT="x")
@@ -278,6 +301,7 @@ def test_two_variables_that_are_not_numbers_are_two_lines() -> None:
     assert "LLM_PROXY_PORT='eighty'" in lines[0] and "LLM_PROXY_DEMO_UPSTREAM_PORT='x'" in lines[1]
 
 
+@pytest.mark.slow
 def test_serve_help_describes_every_option_and_variable() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "proxy", "serve", "--help"], capture_output=True, text=True
@@ -296,6 +320,7 @@ def test_serve_help_describes_every_option_and_variable() -> None:
         assert variable in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
 def test_serve_speaks_tls_with_the_given_certificate(tmp_path: Path) -> None:
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
@@ -329,6 +354,7 @@ def _answers(url: str, trusted: ssl.SSLContext) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_the_readmes_demo_config_command_serves(tmp_path: Path) -> None:
     """`llm-proxy fake-upstream --port 8001 ... &` then `serve --config config/demo.yaml ...`
     (ports moved to free ones through the config's own variable), with the demo's key."""
@@ -376,6 +402,7 @@ sys.exit(main(["serve", "--config", sys.argv[1], "--workers", "2", "--port", "0"
 """
 
 
+@pytest.mark.slow
 def test_the_parent_of_several_workers_starts_them_without_importing_the_app(
     tmp_path: Path,
 ) -> None:

@@ -38,6 +38,7 @@ def collections() -> Iterator[list[int]]:
         gc.callbacks.remove(note)
 
 
+@pytest.mark.slow
 def test_no_collection_runs_while_a_config_is_read(
     config_file: Path, collections: list[int]
 ) -> None:

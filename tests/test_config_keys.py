@@ -41,6 +41,7 @@ _VALUES = st.one_of(
 )
 
 
+@pytest.mark.slow
 @given(
     st.dictionaries(
         st.sampled_from(sorted(PLAIN_FIELDS | {"shadow", "budgets"})), _VALUES, max_size=6

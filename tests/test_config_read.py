@@ -18,6 +18,7 @@ def everything_is_large(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(config_read, "APART_OVER", 10)
 
 
+@pytest.mark.slow
 def test_the_document_read_apart_is_the_one_read_in_place(tmp_path: Path) -> None:
     document = {
         "keys": [{"name": f"k{i}", "key": f"sk-{i}", "rpm": i + 1} for i in range(2500)],
@@ -35,6 +36,7 @@ def test_a_file_without_keys_reads_apart_too(tmp_path: Path) -> None:
     assert config_read.read_document_apart(str(path)) == {"models": [], "keys": None}
 
 
+@pytest.mark.slow
 def test_a_yaml_mistake_is_named_as_in_place(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("models:\n\t- name: m\n" + "#" * 20)

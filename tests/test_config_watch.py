@@ -165,6 +165,7 @@ def _started(proxy: ProxyProcess) -> int:
     return proxy.logs().count("Application startup complete.")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_configmap_update_is_reloaded_by_every_worker_without_a_signal(
     tmp_path: Path, upstream: FakeUpstreamHandle, workers: int

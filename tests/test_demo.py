@@ -100,6 +100,7 @@ needs_curl = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow
 def test_the_printed_sdk_command_runs_example_py(demo: tuple[str, str]) -> None:
     """`.venv/bin/python example.py` as printed (this interpreter for .venv's), with the
     demo key as example.py's default: no OPENAI_API_KEY set."""
@@ -119,6 +120,7 @@ def test_the_printed_sdk_command_runs_example_py(demo: tuple[str, str]) -> None:
     assert len([line for line in result.stdout.splitlines() if line.strip()]) == 2
 
 
+@pytest.mark.slow
 @needs_curl
 def test_the_printed_burst_is_paced_not_refused(demo: tuple[str, str]) -> None:
     url, printed = demo
@@ -131,6 +133,7 @@ def test_the_printed_burst_is_paced_not_refused(demo: tuple[str, str]) -> None:
     assert stats["rejected"] == 0  # the upstream never saw more than its limit
 
 
+@pytest.mark.slow
 @needs_curl
 def test_the_printed_key_limit_answers_429_with_retry_after(demo: tuple[str, str]) -> None:
     url, printed = demo

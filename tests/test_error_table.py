@@ -69,6 +69,7 @@ def test_errors_docstring_draws_the_table_row_for_row() -> None:
     assert lines[start + len(drawn())] == ""  # and no row the table does not have
 
 
+@pytest.mark.slow
 def test_every_exception_the_request_path_raises_is_in_the_table() -> None:
     rows = [r.raised for r in ROWS[:-1]]  # the last row: anything else, a bug
     raised = {cls for path in _modules() for cls in _raised(path)}

@@ -63,6 +63,7 @@ def _config(upstream: FakeUpstreamHandle, redis_url: str) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 def test_a_proxy_without_any_fast_path_serves_plain_and_streamed(
     upstream: FakeUpstreamHandle, redis_url: str, tmp_path: Path
 ) -> None:
@@ -82,6 +83,7 @@ def test_a_proxy_without_any_fast_path_serves_plain_and_streamed(
         assert chunks and any(c.choices and c.choices[0].delta.content for c in chunks)
 
 
+@pytest.mark.slow
 def test_serve_refuses_an_unknown_fast_path_naming_it(
     upstream: FakeUpstreamHandle, redis_url: str, tmp_path: Path
 ) -> None:

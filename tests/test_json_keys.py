@@ -90,6 +90,7 @@ def _said(parts: list[str | int]) -> str:
     )
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.tuples(names, documents), max_size=5), st.data())
 def test_the_first_key_given_twice_is_named_and_no_other_body_is_refused(

@@ -467,6 +467,7 @@ def render_in_another_worker(env: dict[str, str]) -> Samples:
     return parse(out.stdout)
 
 
+@pytest.mark.slow
 def test_workers_sharing_a_dir_are_rendered_as_one_replica(
     multiproc_env: dict[str, str], workers: list[subprocess.Popen[str]]
 ) -> None:
@@ -548,6 +549,7 @@ APP = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_uvicorn_workers_count_every_request_exactly_once(tmp_path: Path) -> None:
     (tmp_path / "mp_app.py").write_text(APP)
     port = free_port()

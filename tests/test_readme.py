@@ -170,6 +170,7 @@ def _run_curls(block: str, port: int) -> tuple[list[int], str]:
     return documented, done.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 def test_the_admin_key_commands_run_against_the_demo(demo: int) -> None:
     """Each curl gets the status its comment documents (200 otherwise): the key is
@@ -212,6 +213,7 @@ def test_every_python_block_runs_against_the_demo(demo: int) -> None:
         assert done.stdout.strip(), block
 
 
+@pytest.mark.slow
 def test_the_demo_from_its_file_starts_quietly(tmp_path: Path) -> None:
     """The fake upstream in the background, then `serve` from config/demo.yaml, pasted
     as one: the proxy serves through it, and start-up says nothing of an upstream that
@@ -243,6 +245,7 @@ def test_the_demo_from_its_file_starts_quietly(tmp_path: Path) -> None:
     assert "does not answer" not in printed, printed
 
 
+@pytest.mark.slow
 def test_check_config_names_the_unset_variables() -> None:
     """As the README says: every unset ${VAR} of config/example.yaml at once, exit 1."""
     (command,) = [c for b in _blocks() for c in _commands(b) if "check-config" in c]
@@ -261,6 +264,7 @@ def test_check_config_names_the_unset_variables() -> None:
     assert len(unset) >= 2, done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_the_fake_upstream_command_serves(tmp_path: Path) -> None:
     (command,) = [c for b in _blocks() for c in _commands(b) if "--port 8002" in c]
     port = free_port()

@@ -49,6 +49,7 @@ def warnings() -> Iterator[_Records]:
         logger.removeHandler(handler)
 
 
+@pytest.mark.slow
 def test_an_upstream_nothing_answers_at_is_named_in_a_warning(warnings: _Records) -> None:
     """Its requests would all get 502 while /health/ready says ready (a deployment is
     usable until it fails): the log says so at start-up, naming its deployments, never
@@ -155,6 +156,7 @@ def test_a_base_url_where_every_endpoint_answers_404_is_named_at_start_up(
     assert all("authorization" not in probe.headers for probe in probes)  # no key sent
 
 
+@pytest.mark.slow
 def test_a_redis_that_answers_is_no_problem(tls_redis_url: str) -> None:
     settings = parse_settings({**_MINIMAL, "redis": {"url": tls_redis_url}}, env={})
     assert redis_problem(settings) is None

@@ -192,6 +192,7 @@ _DOCUMENTS = st.lists(st.tuples(_WORDS, _block(0)), min_size=1, max_size=5).map(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_DOCUMENTS)
 def test_generated_plain_documents_read_as_pyyaml_reads_them(text: str) -> None:
@@ -213,6 +214,7 @@ _DATA = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(_DATA, st.sampled_from([None, True, False]), st.sampled_from([None, '"', "'", "|"]))
 def test_dumped_data_reads_as_pyyaml_reads_it(
@@ -246,6 +248,7 @@ def _key_list(entries: list[list[tuple[str, str]]], indent: str) -> str:
     return "".join(lines)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     _ENTRIES,
@@ -259,6 +262,7 @@ def test_a_key_list_written_by_hand_reads_as_pyyaml_reads_it(
     assert_same(f"{before}keys:\n{_key_list(entries, indent)}{after}")
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(

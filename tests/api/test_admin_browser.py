@@ -55,6 +55,7 @@ def _cell(dom: str, row: str, cell: str) -> str:
     return match.group(1)
 
 
+@pytest.mark.slow
 def test_the_admin_page_in_a_browser_shows_cooling_and_waiting(
     chromium: str, upstream: FakeUpstreamHandle, tmp_path: Path
 ) -> None:
@@ -127,6 +128,7 @@ _SUBMIT = """
 """
 
 
+@pytest.mark.slow
 def test_the_key_manager_creates_rotates_and_revokes_from_the_browser(
     chromium: str, upstream: FakeUpstreamHandle
 ) -> None:
@@ -167,6 +169,7 @@ def test_the_key_manager_creates_rotates_and_revokes_from_the_browser(
     assert [k["name"] for k in listed] == ["team-a"]  # created, then revoked: gone
 
 
+@pytest.mark.slow
 def test_the_key_manager_gives_keys_a_team_windows_budgets_and_expiry_and_manages_teams(
     chromium: str, upstream: FakeUpstreamHandle, redis_url: str
 ) -> None:

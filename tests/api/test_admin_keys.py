@@ -337,6 +337,7 @@ def test_the_admin_page_pages_the_keys_too(proxy: ProxyInThread) -> None:
     assert f'<p class="muted" id="key-pages">{pages}' in second
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not redis_available(), reason="redis-server is not installed")
 def test_with_redis_sentinel_a_created_key_lives_on_the_primary(
     upstream: FakeUpstreamHandle, sentinel_group: SentinelGroup

@@ -99,6 +99,7 @@ async def shoot(url: str, chromium: str, shot: Path) -> Page:
     return page
 
 
+@pytest.mark.slow
 def test_an_idle_proxys_page_writes_each_figure_as_its_state_says(
     chromium: str, upstream: ScriptedUpstream, tmp_path: Path
 ) -> None:
@@ -170,6 +171,7 @@ def _waiting_adds_up(dom: str, name: str) -> tuple[int, int, int]:
     return int(total.group(1)), sum(rows), int(anywhere.group(1)) if anywhere else 0
 
 
+@pytest.mark.slow
 def test_a_loaded_proxys_page_adds_its_waiting_requests_up(
     chromium: str, upstream: ScriptedUpstream, tmp_path: Path
 ) -> None:
@@ -216,6 +218,7 @@ def test_a_loaded_proxys_page_adds_its_waiting_requests_up(
     assert sum(in_flight) >= 4
 
 
+@pytest.mark.slow
 def test_a_saturated_proxys_page_shows_spent_windows_and_its_queue(
     chromium: str, upstream: ScriptedUpstream, tmp_path: Path
 ) -> None:
@@ -272,6 +275,7 @@ def _reported(url: str, requests: int, timeout: float = 15.0) -> dict[str, Any]:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_the_spend_view_shows_both_replicas_spend_to_the_pages_login(
     chromium: str, upstream: ScriptedUpstream, redis_url: str, tmp_path: Path
 ) -> None:

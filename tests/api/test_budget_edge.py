@@ -216,6 +216,7 @@ def test_a_responses_client_s_max_output_tokens_is_lowered(proxy: ProxyInThread)
     assert answers[-2][2] >= 16  # never below what the Responses API takes
 
 
+@pytest.mark.slow
 def test_keys_and_teams_of_the_admin_api_take_budget_edge(proxy: ProxyInThread) -> None:
     with httpx.Client(
         base_url=f"{proxy.url}/admin", headers={"authorization": f"Bearer {ADMIN}"}, timeout=10

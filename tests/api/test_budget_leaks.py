@@ -45,6 +45,7 @@ async def _mixed_run(url: str, upstream: FakeUpstreamHandle) -> None:
                     break
 
 
+@pytest.mark.slow
 def test_errors_timeouts_and_disconnects_leak_no_budget(upstream: FakeUpstreamHandle) -> None:
     config = {
         "keys": [{"name": "k", "key": KEY, "rpm": 1000, "tpm": TPM, "max_parallel": 5}],

@@ -89,6 +89,7 @@ def test_leaving_streams_before_their_usage_chunk_does_not_bypass_a_token_limit(
     assert set(refused) == {"key_tpd"}
 
 
+@pytest.mark.slow
 def test_a_stream_read_to_its_end_is_charged_its_reported_usage(
     upstream: FakeUpstreamHandle,
 ) -> None:

@@ -78,6 +78,7 @@ def test_an_idle_connection_is_closed_once_its_keep_alive_has_passed(
         wait_until(lambda: reader.read(1) == b"", timeout=15, what="the idle connection closed")
 
 
+@pytest.mark.slow
 def test_a_connection_in_use_outlives_its_keep_alive(proxy: ProxyInThread) -> None:
     """Requests a short while apart, for longer than the keep-alive timeout in all."""
     with _connect(proxy) as conn, conn.makefile("rb") as reader:

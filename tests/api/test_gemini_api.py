@@ -127,6 +127,7 @@ def _capped(tokens: int) -> types.GenerateContentConfig:
     return types.GenerateContentConfig(max_output_tokens=tokens)
 
 
+@pytest.mark.slow
 def test_a_plain_answer_through_the_sdk(proxy: ProxyInThread, upstream: FakeUpstreamHandle) -> None:
     client = _client(proxy)  # (kept: a client collected closes its connections)
     answer = client.models.generate_content(model=MODEL, contents="Hello there", config=_capped(12))
@@ -182,6 +183,7 @@ def test_the_key_in_the_query_is_taken_and_never_forwarded(
     assert streamed.text.count("data: ") > 1
 
 
+@pytest.mark.slow
 def test_errors_take_google_s_shape(proxy: ProxyInThread) -> None:
     wrong = httpx.post(f"{proxy.url}{PATH}", json=BODY, headers={"x-goog-api-key": "nope"})
     assert wrong.status_code == 401
@@ -254,6 +256,7 @@ def test_the_deployment_s_window_is_paced_and_the_upstream_sees_no_429(
     assert stats["served"] == 3 * STRICT_LIMIT
 
 
+@pytest.mark.slow
 def test_the_upstream_s_resource_exhausted_is_learned_from_its_retry_info(
     proxy: ProxyInThread, liar: FakeUpstreamHandle
 ) -> None:
@@ -289,6 +292,7 @@ def test_the_upstream_s_resource_exhausted_is_learned_from_its_retry_info(
     assert 'reason="rate_limited"' in metrics
 
 
+@pytest.mark.slow
 def test_no_credential_is_logged_answered_or_shown(
     proxy: ProxyInThread, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -119,6 +119,7 @@ fields = st.fixed_dictionaries(
 )
 
 
+@pytest.mark.slow
 @settings(
     max_examples=150,
     deadline=None,

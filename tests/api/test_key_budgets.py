@@ -100,6 +100,7 @@ def metric(proxy: ProxyInThread, name: str, labels: str) -> float:
     return float(match.group(1))
 
 
+@pytest.mark.slow
 def test_sixty_at_once_then_one_by_one_never_pass_the_budget_and_reach_it(
     upstream: FakeUpstreamHandle, redis: str
 ) -> None:
@@ -280,6 +281,7 @@ def test_a_stream_s_cost_is_logged_and_counted_when_it_ends(
     assert state["keys"][0]["budgets"][0]["spent"] == pytest.approx(cost)
 
 
+@pytest.mark.slow
 def test_a_team_s_budget_is_shared_by_its_keys_and_reported_under_the_team(
     upstream: FakeUpstreamHandle, redis: str
 ) -> None:
@@ -343,6 +345,7 @@ def test_an_anthropic_answer_is_priced_with_its_cache_reads_and_writes(
     assert row["usd"] == pytest.approx(expected)
 
 
+@pytest.mark.slow
 def test_a_background_response_is_reported_as_its_estimate_until_read_then_settled_once(
     upstream: FakeUpstreamHandle, redis: str
 ) -> None:

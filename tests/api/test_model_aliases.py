@@ -104,6 +104,7 @@ def _log_lines(proxy: ProxyProcess) -> list[dict[str, Any]]:
     return [json.loads(line) for line in proxy.logs().splitlines() if '"request_id"' in line]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("asked", "group", "upstream_model"),
     [
@@ -223,6 +224,7 @@ def test_v1_models_lists_names_and_aliases_never_a_pattern(proxy: ProxyProcess) 
             assert one.json()["id"] == name
 
 
+@pytest.mark.slow
 def test_metrics_count_by_the_group_and_the_log_line_says_both(
     upstream: FakeUpstreamHandle, tmp_path: Path
 ) -> None:

@@ -200,6 +200,7 @@ def test_upstream_sees_its_own_key_and_model_never_the_clients(
     assert UPSTREAM_KEY not in response.text and UPSTREAM_KEY not in str(response.headers)
 
 
+@pytest.mark.slow
 def test_first_chunk_arrives_while_the_upstream_is_still_generating(
     proxy: ProxyInThread, upstream: FakeUpstreamHandle
 ) -> None:
@@ -330,6 +331,7 @@ def test_connection_refused_is_502(proxy: ProxyInThread) -> None:
     assert "127.0.0.1" not in error["message"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("option", "status"),
     [("hang_rate", 504), ("drop_rate", 502), ("fail_rate", 502)],

@@ -64,6 +64,7 @@ def _assert_429(response: httpx.Response, code: str) -> None:
     assert response.headers["x-request-id"]
 
 
+@pytest.mark.slow
 def test_200_concurrent_requests_against_a_key_of_50_let_exactly_50_through(
     upstream: FakeUpstreamHandle,
 ) -> None:
@@ -132,6 +133,7 @@ def test_a_request_bigger_than_the_key_can_ever_hold_is_a_clear_400(
     assert info.value.code == "request_too_large"
 
 
+@pytest.mark.slow
 def test_max_parallel_caps_in_flight_requests_and_frees_slots(upstream: FakeUpstreamHandle) -> None:
     upstream.control(latency=1.0)  # the whole burst arrives while the first 3 are in flight
     with _proxy(upstream, {"max_parallel": 3}) as proxy:
@@ -146,6 +148,7 @@ def test_max_parallel_caps_in_flight_requests_and_frees_slots(upstream: FakeUpst
     assert [r.status_code for r in second] == [200] * 3
 
 
+@pytest.mark.slow
 def test_a_burst_over_the_deployment_limit_waits_for_its_turn(upstream: FakeUpstreamHandle) -> None:
     # The upstream accepts 10 requests in any 5 s, strictly; the proxy paces 12 to that.
     upstream.control(rpm=10, window=5.0)
@@ -157,6 +160,7 @@ def test_a_burst_over_the_deployment_limit_waits_for_its_turn(upstream: FakeUpst
     assert stats["served"] == 12
 
 
+@pytest.mark.slow
 def test_beyond_max_wait_the_model_is_at_capacity(upstream: FakeUpstreamHandle) -> None:
     with _proxy(upstream, {}, {"rpm": 60}, {"max_wait": "1.5s"}) as proxy:
         responses = asyncio.run(_burst(proxy.base_url, 5))
@@ -170,6 +174,7 @@ def test_beyond_max_wait_the_model_is_at_capacity(upstream: FakeUpstreamHandle) 
     assert len(rejected) == 3
 
 
+@pytest.mark.slow
 def test_a_full_queue_answers_queue_full(upstream: FakeUpstreamHandle) -> None:
     with _proxy(upstream, {}, {"rpm": 60}, {"max_wait": "30s", "max_queue": 2}) as proxy:
         responses = asyncio.run(_burst(proxy.base_url, 6))
@@ -223,6 +228,7 @@ def test_a_keys_own_max_wait_bounds_its_waits(upstream: FakeUpstreamHandle) -> N
     _assert_429(next(r for r in responses if r.status_code == 429), "model_capacity")
 
 
+@pytest.mark.slow
 def test_with_fair_share_on_a_burst_is_deferred_then_served_without_an_upstream_429(
     upstream: FakeUpstreamHandle,
 ) -> None:
@@ -237,6 +243,7 @@ def test_with_fair_share_on_a_burst_is_deferred_then_served_without_an_upstream_
     assert (stats["served"], stats["rejected"]) == (12, 0)
 
 
+@pytest.mark.slow
 def test_requests_waiting_in_their_keys_line_keep_their_own_max_wait(
     upstream: FakeUpstreamHandle,
 ) -> None:

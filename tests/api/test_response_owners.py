@@ -109,6 +109,7 @@ def _sdk(proxy: ProxyInThread, secret: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=proxy.base_url, api_key=secret, max_retries=0)
 
 
+@pytest.mark.slow
 def test_a_key_created_again_under_a_revoked_keys_name_cannot_read_its_responses(
     proxy: tuple[ProxyInThread, ScriptedUpstream],
 ) -> None:
@@ -133,6 +134,7 @@ def test_a_key_created_again_under_a_revoked_keys_name_cannot_read_its_responses
     assert new.responses.retrieve(mine).id == mine  # its own responses are its own
 
 
+@pytest.mark.slow
 def test_a_rotated_key_keeps_its_responses(
     proxy: tuple[ProxyInThread, ScriptedUpstream],
 ) -> None:
@@ -148,6 +150,7 @@ def test_a_rotated_key_keeps_its_responses(
     assert followed.id != rid
 
 
+@pytest.mark.slow
 def test_a_patched_key_keeps_its_responses(
     proxy: tuple[ProxyInThread, ScriptedUpstream],
 ) -> None:
@@ -158,6 +161,7 @@ def test_a_patched_key_keeps_its_responses(
     assert _sdk(server, secret).responses.retrieve(rid).id == rid
 
 
+@pytest.mark.slow
 def test_a_config_keys_responses_are_its_own(
     proxy: tuple[ProxyInThread, ScriptedUpstream],
 ) -> None:

@@ -115,6 +115,7 @@ def test_a_plain_response_passes_through_and_the_key_is_charged_its_real_usage(
     assert 0 <= Probe(proxy).left - before.then(used) <= 2
 
 
+@pytest.mark.slow
 def test_a_stream_passes_every_event_through_and_settles_to_the_final_usage(
     proxy: ProxyInThread,
 ) -> None:
@@ -134,6 +135,7 @@ def test_a_stream_passes_every_event_through_and_settles_to_the_final_usage(
     assert 0 <= Probe(proxy).left - before.then(final.usage.total_tokens) <= 2
 
 
+@pytest.mark.slow
 def test_the_sdk_stream_helper_assembles_the_response(proxy: ProxyInThread) -> None:
     with sdk(proxy).responses.stream(model=MODEL, input="Hello") as stream:
         text = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
@@ -190,6 +192,7 @@ def test_a_streamed_response_is_followed_up_too(proxy: ProxyInThread) -> None:
     assert follow.previous_response_id == final.id
 
 
+@pytest.mark.slow
 def test_a_response_retrieved_as_a_stream_replays_its_events_and_costs_nothing(
     proxy: ProxyInThread, upstream: FakeUpstreamHandle
 ) -> None:

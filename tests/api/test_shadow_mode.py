@@ -70,6 +70,7 @@ def _shadow_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_a_burst_of_100_over_a_limit_of_60_is_served_and_exactly_40_are_counted(
     upstream: FakeUpstreamHandle, redis: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -94,6 +95,7 @@ def test_a_burst_of_100_over_a_limit_of_60_is_served_and_exactly_40_are_counted(
     assert _shadow_lines(caplog) == ["key_rpd"] * 41
 
 
+@pytest.mark.slow
 def test_max_parallel_is_shadowed_too(upstream: FakeUpstreamHandle, redis: str) -> None:
     # Each answer takes 2 s: the three requests are in flight together.
     upstream.control(latency=2.0)

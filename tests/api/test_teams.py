@@ -117,6 +117,7 @@ def test_two_keys_of_a_team_of_6_sending_5_each_get_6_through(
     assert {k["name"]: k["team"] for k in view["keys"]}["alice"] == "research"
 
 
+@pytest.mark.slow
 def test_a_key_refusal_leaves_its_team_alone_and_a_team_refusal_its_key(
     upstream: FakeUpstreamHandle,
 ) -> None:
@@ -134,6 +135,7 @@ def test_a_key_refusal_leaves_its_team_alone_and_a_team_refusal_its_key(
         assert remaining(admin_state(proxy), "keys", "bob")["rpd"] == 3
 
 
+@pytest.mark.slow
 def test_a_model_scoped_window_limits_only_its_models(upstream: FakeUpstreamHandle) -> None:
     with ProxyInThread(settings_from(config(upstream.base_url))) as proxy:
         assert [chat(proxy, CAROL, "gpt-4o").status_code for _ in range(2)] == [200, 200]
@@ -146,6 +148,7 @@ def test_a_model_scoped_window_limits_only_its_models(upstream: FakeUpstreamHand
     assert (scoped["name"], scoped["models"], scoped["remaining"]) == ("rpd@gpt-4o", ["gpt-4o"], 0)
 
 
+@pytest.mark.slow
 def test_a_teams_model_scoped_window_counts_every_key_of_the_team_on_its_models(
     upstream: FakeUpstreamHandle,
 ) -> None:
@@ -161,6 +164,7 @@ def test_a_teams_model_scoped_window_counts_every_key_of_the_team_on_its_models(
         assert chat(proxy, BOB, "gpt-4o-mini").status_code == 200
 
 
+@pytest.mark.slow
 def test_a_reload_keeps_a_teams_state_and_moves_a_key_to_another_team(
     upstream: FakeUpstreamHandle, tmp_path: Path
 ) -> None:
@@ -187,6 +191,7 @@ def test_a_reload_keeps_a_teams_state_and_moves_a_key_to_another_team(
         assert chat(proxy, ALICE).status_code == 429  # alice's own 5 a day
 
 
+@pytest.mark.slow
 def test_a_shadow_key_counts_its_teams_refusals_and_goes_on(upstream: FakeUpstreamHandle) -> None:
     teams = [{"name": "research", "rpd": 1}]
     keys = [{"name": "alice", "key": ALICE, "team": "research", "shadow": True}]

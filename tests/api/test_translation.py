@@ -419,6 +419,7 @@ def test_a_field_with_no_counterpart_is_refused_naming_it(
     assert upstreams["anthropic"].stats()["requests"] == 0
 
 
+@pytest.mark.slow
 def test_apis_nothing_translates_to_remain_unsupported(proxy: ProxyInThread) -> None:
     headers = {"authorization": f"Bearer {CLIENT}"}
     for path, body in (

@@ -69,6 +69,7 @@ def test_metrics_need_the_token_when_one_is_set(proxy: ProxyInThread) -> None:
     assert right.status_code == 200 and "llmproxy_" in right.text
 
 
+@pytest.mark.slow
 def test_slow_header_senders_are_closed_while_others_are_served(
     tmp_path: Path, upstream: FakeUpstreamHandle
 ) -> None:
@@ -108,6 +109,7 @@ def _closed_by_peer(s: socket.socket) -> bool:
         s.setblocking(True)
 
 
+@pytest.mark.slow
 def test_a_strangers_trickling_body_is_closed_after_the_body_timeout(
     tmp_path: Path, upstream: FakeUpstreamHandle
 ) -> None:

@@ -114,6 +114,7 @@ def sized(serving_path: str) -> Iterator[ProxyInThread]:
         yield proxy
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [1 * MB, 5 * MB, 50 * MB], ids=["1MB", "5MB", "50MB"])
 def test_a_buffered_answer_of_any_size_up_to_the_bound_passes_whole(
     sized: ProxyInThread, size: int
@@ -124,6 +125,7 @@ def test_a_buffered_answer_of_any_size_up_to_the_bound_passes_whole(
     assert response.content == _embeddings(size)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [1 * MB, 5 * MB, 50 * MB], ids=["1MB", "5MB", "50MB"])
 def test_a_streamed_answer_of_any_size_passes_whole(sized: ProxyInThread, size: int) -> None:
     request = {**CHAT, "stream": True, "user": str(size)}
@@ -134,6 +136,7 @@ def test_a_streamed_answer_of_any_size_passes_whole(sized: ProxyInThread, size: 
     assert received == b"".join(_events(size))
 
 
+@pytest.mark.slow
 def test_an_answer_over_the_bound_is_a_502_and_the_next_one_is_served() -> None:
     """A body announced over ``server.max_upstream_body_size``, one that runs over it
     without announcing its length, and a small one after them."""

@@ -142,6 +142,7 @@ def test_the_anthropic_sdk_is_served_streamed_and_counted_through_vertex(
     assert stats["last_request"]["path"].endswith("/models/count-tokens:rawPredict")
 
 
+@pytest.mark.slow
 def test_the_token_is_refreshed_before_it_expires(account: ServiceAccount, tmp_path: Path) -> None:
     """The fake's tokens live 2 s: the proxy takes a new one after half that, and no
     request ever reaches the upstream with an expired one (it would answer 401)."""
@@ -233,6 +234,7 @@ def test_a_token_endpoint_that_refuses_leaves_the_deployment_unreachable(
     assert RAW_PREDICT not in stats["by_endpoint"]  # nothing sent without a token
 
 
+@pytest.mark.slow
 def test_the_key_and_the_tokens_are_never_logged_shown_or_answered(
     account: ServiceAccount, tmp_path: Path
 ) -> None:

@@ -210,6 +210,7 @@ def config_file(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_the_config_passes_check_config_with_the_pods_environment(config_file: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "proxy", "check-config", str(config_file)],

@@ -122,6 +122,7 @@ def test_azure_mode_from_the_command_line() -> None:
 RESPONSES_VERSION = "2025-04-01-preview"
 
 
+@pytest.mark.slow
 def test_azure_sdk_responses_at_openai_responses_with_an_api_version(
     upstream: FakeUpstreamHandle,
 ) -> None:

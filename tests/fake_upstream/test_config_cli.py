@@ -59,6 +59,7 @@ def test_cli_flags_map_to_the_config() -> None:
     assert (config.fail_rate, config.seed, config.models) == (0.1, 3, ("a", "b"))
 
 
+@pytest.mark.slow
 def test_cli_serves_until_sigterm() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "loadtest.fake_upstream", "--port", "0", "--rpm", "7"]

@@ -40,6 +40,7 @@ def _ask(upstream: FakeUpstreamHandle, **extra: Any) -> anthropic.types.Usage:
     return message.usage
 
 
+@pytest.mark.slow
 def test_the_first_request_writes_the_prefix_and_the_next_read_it(
     upstream: FakeUpstreamHandle,
 ) -> None:
@@ -70,6 +71,7 @@ def test_the_window_counts_the_writes(upstream: FakeUpstreamHandle) -> None:
         )
 
 
+@pytest.mark.slow
 def test_the_cache_outlives_a_reset_of_the_counters_and_not_being_turned_off(
     upstream: FakeUpstreamHandle,
 ) -> None:

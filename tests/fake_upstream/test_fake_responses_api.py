@@ -145,6 +145,7 @@ def test_cache_read_tokens_are_reported_as_cached_input(
 # ------------------------------------------------------------------ the store
 
 
+@pytest.mark.slow
 def test_a_created_response_can_be_retrieved_listed_and_deleted(
     upstream: FakeUpstreamHandle, client: openai.OpenAI
 ) -> None:

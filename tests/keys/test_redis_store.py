@@ -175,6 +175,7 @@ async def test_the_store_works_on_a_redis_cluster(redis_cluster_url: str) -> Non
         await b.aclose()
 
 
+@pytest.mark.slow
 async def test_with_redis_sentinel_the_keys_live_on_the_primary_the_sentinels_name(
     sentinel_group: SentinelGroup,
 ) -> None:

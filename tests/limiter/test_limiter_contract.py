@@ -30,6 +30,7 @@ s = subjects("memory", *URL_FIXTURES)
 # -- client keys -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_200_concurrent_requests_on_a_key_of_50_pass_exactly_50(s: Subject) -> None:
     key = KeyLimits("team-a", windows=(rpm(50),))
     verdicts = await asyncio.gather(
@@ -264,6 +265,7 @@ async def test_deployment_soonest_turn_is_reserved(s: Subject) -> None:
     assert verdict.waits == {"a": pytest.approx(3.0), "b": pytest.approx(1.0)}
 
 
+@pytest.mark.slow
 async def test_100_concurrent_reservations_get_distinct_turns(s: Subject) -> None:
     verdicts = await asyncio.gather(
         *(
@@ -436,6 +438,7 @@ async def test_a_light_key_gets_the_next_turn_while_a_heavy_key_is_held_to_its_s
     assert light.deployment_id == "ten" and light.wait == pytest.approx(0.5, abs=1e-6)
 
 
+@pytest.mark.slow
 async def test_a_waiting_higher_tier_stops_lower_tiers_from_taking_turns_ahead(
     s: Subject,
 ) -> None:

@@ -17,6 +17,7 @@ import math
 import uuid
 from dataclasses import dataclass, replace
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from support.limits import RULE, Clock, patient
@@ -381,6 +382,7 @@ async def run_health_op(
         assert got_states == memory.snapshot_now("g", candidates), (step, op)
 
 
+@pytest.mark.slow
 @settings(
     max_examples=200,
     deadline=None,
@@ -435,6 +437,7 @@ queueing_ops = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(
     max_examples=150,
     deadline=None,
@@ -568,6 +571,7 @@ rules = st.builds(
 )
 
 
+@pytest.mark.slow
 @settings(
     max_examples=200,
     deadline=None,

@@ -49,6 +49,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_locustfile_helpers() -> None:
     env = {
         **os.environ,
@@ -64,6 +65,7 @@ def test_locustfile_helpers() -> None:
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
+@pytest.mark.slow
 def test_without_keys_given_locust_uses_the_stacks_client_keys() -> None:
     """The README's standalone Locust command against `make stack` works as pasted."""
     import yaml
@@ -80,6 +82,7 @@ def test_without_keys_given_locust_uses_the_stacks_client_keys() -> None:
     assert done.stdout.strip().split(",") == defaults
 
 
+@pytest.mark.slow
 def test_time_to_first_token_is_reported_outside_locusts_totals(tmp_path: Path) -> None:
     """A short headless run with two worker processes against a proxy without client
     keys (the demo's key has a small limit of its own): Locust's rows are the requests

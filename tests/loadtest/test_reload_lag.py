@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from loadtest.reload_lag import _measure
 
 
+@pytest.mark.slow
 def test_reports_each_reload_and_its_worst_loop_lag() -> None:
     report = asyncio.run(_measure(keys=300, reloads=2))
     assert report["keys"] == 300

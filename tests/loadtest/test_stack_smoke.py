@@ -24,6 +24,7 @@ HELLO = {"role": "user", "content": "hi"}
 RPM = 600  # per upstream: 10 req/s each, light enough for a busy 2-core machine
 
 
+@pytest.mark.slow
 def test_stack_up_and_a_short_locust_run(tmp_path: Path) -> None:
     stack = Stack.from_compose(
         tmp_path / "stack",

@@ -337,6 +337,7 @@ def test_dockerfile_is_multi_stage_slim_non_root_with_healthcheck() -> None:
     assert not any(w == "ENTRYPOINT" for w, _ in instructions)  # compose commands are argv
 
 
+@pytest.mark.slow
 def test_the_images_default_command_serves_the_embedded_demo() -> None:
     """`docker run -p 8000:8000 IMAGE` as `make demo`: its CMD, with the image's ENV, run
     as a process (no Docker engine here), answers the demo key's chat completion (not 502:

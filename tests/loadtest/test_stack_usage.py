@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from support.proxy_server import ProxyInThread
 
 from loadtest.stack import Stack
@@ -38,6 +39,7 @@ def test_the_banner_names_the_keys_the_replicas_accept_and_the_readmes_command(
     assert as_documented in readme
 
 
+@pytest.mark.slow
 def test_the_banners_example_py_command_works_against_the_stacks_proxy(
     tmp_path: Path, redis_url: str
 ) -> None:

@@ -205,6 +205,7 @@ def test_promtool_accepts_the_prometheus_config() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_prometheus_parses_every_dashboard_query() -> None:
     require_prometheus()
     with PrometheusServer([]) as prom:

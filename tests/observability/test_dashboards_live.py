@@ -95,6 +95,7 @@ async def _traffic(url: str) -> Counter[int]:
     return statuses
 
 
+@pytest.mark.slow
 def test_every_dashboard_query_returns_a_series_and_the_numbers_agree(
     tmp_path: Path, upstreams: tuple[FakeUpstreamHandle, FakeUpstreamHandle]
 ) -> None:

@@ -58,6 +58,7 @@ def scraped(metrics: Metrics) -> Iterator[PrometheusServer]:
         server.server_close()
 
 
+@pytest.mark.slow
 def test_a_recorded_counter_can_be_queried(metrics: Metrics, scraped: PrometheusServer) -> None:
     for _ in range(3):
         metrics.request_finished("gpt-test", 200, 0.2)

@@ -64,6 +64,7 @@ def _sum(metrics: str, name: str) -> float:
     return sum(float(v) for v in pattern.findall(metrics))
 
 
+@pytest.mark.slow
 def test_counters_over_two_workers_equal_the_requests_sent(
     tmp_path: Path, upstream: FakeUpstreamHandle
 ) -> None:
@@ -88,6 +89,7 @@ def test_counters_over_two_workers_equal_the_requests_sent(
     assert re.search(r'llmproxy_requests_total\{[^}]*status="404"[^}]*\} 10\.0', metrics)
 
 
+@pytest.mark.slow
 def test_no_key_or_prompt_appears_in_logs_or_metrics(
     tmp_path: Path, upstream: FakeUpstreamHandle
 ) -> None:
@@ -113,6 +115,7 @@ def test_no_key_or_prompt_appears_in_logs_or_metrics(
         assert secret not in metrics, secret
 
 
+@pytest.mark.slow
 def test_an_unknown_models_log_line_names_the_model_asked_for(
     tmp_path: Path, upstream: FakeUpstreamHandle
 ) -> None:

@@ -478,6 +478,7 @@ async def _lingering(conversation: Conversation) -> None:
         await conversation.send(b"0\r\n\r\n")
 
 
+@pytest.mark.slow
 def test_a_client_that_leaves_after_the_last_event_was_served_whole(
     receiver: OtlpHttpReceiver,
 ) -> None:

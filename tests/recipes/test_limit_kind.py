@@ -120,6 +120,7 @@ def test_the_recipe_kind_prices_a_request_by_its_stream_flag() -> None:
     assert STREAMS.price(Priced("chat", {}, stream=False)) == 0.0
 
 
+@pytest.mark.slow
 def test_a_team_holds_two_streams_at_once(proxy: tuple[ProxyInThread, HeldStreams]) -> None:
     server, upstream = proxy
     first, second = _open_stream(server, "ann"), _open_stream(server, "ben")

@@ -168,6 +168,7 @@ def test_the_toy_shape_is_served_from_its_url(
     assert unknown.status_code == 404 and unknown.json()["toy_error"]["why"]
 
 
+@pytest.mark.slow
 def test_the_toy_shape_is_paced_under_its_deployment_s_window(
     proxy: ProxyInThread, upstream: FakeUpstreamHandle
 ) -> None:
@@ -184,6 +185,7 @@ def test_the_toy_shape_is_paced_under_its_deployment_s_window(
     assert upstream.stats()["rejected"] == 0  # paced: the strict upstream refused nothing
 
 
+@pytest.mark.slow
 def test_the_toy_shape_is_limited_by_its_key(proxy: ProxyInThread) -> None:
     statuses = [httpx.post(_url(proxy), json=BODY, timeout=15) for _ in range(2 * LIMIT + 2)]
     refused = [r for r in statuses if r.status_code == 429]

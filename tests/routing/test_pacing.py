@@ -124,6 +124,7 @@ def test_the_need_is_bounded() -> None:
     assert lateness.need() == MIN_MARGIN
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(
@@ -151,6 +152,7 @@ def test_the_need_covers_the_quantile_of_the_period_and_stays_bounded(
         assert need >= min(percentile, MAX_MARGIN)
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.floats(0.0, 3.0), min_size=1, max_size=50))
 def test_narrowing_is_never_faster_than_halving_every_half_life(gaps: list[float]) -> None:

@@ -111,6 +111,7 @@ async def test_after_the_speaking_deployment_failed_the_refusal_is_not_the_answe
     assert "b.test" not in upstream.sent
 
 
+@pytest.mark.slow
 async def test_a_fallback_crosses_providers_translated() -> None:
     upstream = Upstream({"a.test": status(500), "b.test": _message})
     data = config([deployment("a")], fallbacks={"m": ["claude"]}, retries=1)

@@ -129,6 +129,7 @@ def test_an_incomplete_or_failed_stream_s_usage_is_read_too() -> None:
         assert tapped([whole])[1] == EXPECTED
 
 
+@pytest.mark.slow
 def test_an_event_longer_than_the_tap_holds_still_gives_its_usage() -> None:
     whole = stream(text="word " * (MAX_HELD // 3))
     assert len(whole) > 2 * MAX_HELD

@@ -69,6 +69,7 @@ def _chat(proxy: ProxyInThread, stream: bool = False) -> httpx.Response:
     )
 
 
+@pytest.mark.slow
 def test_a_private_ca_is_trusted_per_deployment(
     ca: CertificateAuthority, tls_upstream: FakeUpstreamHandle, served: list[str]
 ) -> None:
@@ -110,6 +111,7 @@ def test_verify_false_reaches_a_lab_upstream_and_warns(
     assert served == ["lean"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
 def test_https_proxy_from_the_environment_tunnels_and_no_proxy_bypasses_it(
     ca: CertificateAuthority,

@@ -279,6 +279,7 @@ header_values = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(st.sampled_from(HEADER_NAMES), header_values))
 def test_whatever_an_upstream_sends_every_figure_is_finite_and_every_hold_bounded(

@@ -146,6 +146,7 @@ def _replying(data: bytes) -> Callable[[Conversation], Coroutine[Any, Any, None]
 # --- answers --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_buffered_answer_arrives_whole_with_its_headers(run: Run, scheme: Scheme) -> None:
     async def scenario(transport: UpstreamTransport) -> None:
         reply = answer(b'{"ok":true}', JSON, "X-Upstream: yes", status="201 Created")
@@ -266,6 +267,7 @@ def test_a_stream_is_passed_on_chunk_by_chunk_as_it_arrives(run: Run, scheme: Sc
     run(scenario)
 
 
+@pytest.mark.slow
 def test_a_consumer_that_lags_holds_the_upstream_back(run: Run, scheme: Scheme) -> None:
     total = 64 * 1024 * 1024
     sent = [0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -163,6 +164,7 @@ events = st.lists(
 TWO_AT_1000 = {"limit": 60000.0, "capacity_share": 0.5, "replicas": 2}
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 # A lease whose hold the debt of an earlier one covered (see the test below).
 @example(
@@ -214,6 +216,7 @@ def test_admissions_never_exceed_the_bucket(
     assert world.conforms()
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(history=st.lists(st.tuples(st.floats(0.0, 0.05), st.sampled_from([1.0, 5.0])), max_size=200))
 def test_one_replica_gives_back_all_but_its_holds_refill(

@@ -169,6 +169,7 @@ requests = st.lists(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(a=rates, b=rates, reqs=requests)
 def test_turns_never_exceed_the_rate(a: Rate, b: Rate, reqs: list[tuple[float, ...]]) -> None:
@@ -199,6 +200,7 @@ def test_turns_never_exceed_the_rate(a: Rate, b: Rate, reqs: list[tuple[float, .
                 assert total <= allowed * (1 + 1e-9) + 1e-9
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     rate=rates,
@@ -272,6 +274,7 @@ def test_a_paced_bucket_refuses_only_beyond_its_ceiling() -> None:
     assert PACED.largest == 600 and Rate(10, 60, 5).largest == 5
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(
     costs=st.lists(st.floats(min_value=1.0, max_value=600.0), min_size=1, max_size=40),

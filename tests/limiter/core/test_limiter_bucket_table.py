@@ -236,6 +236,7 @@ async def driver_factory(
         await limiter.aclose()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("description", "rate", "steps", "expected"), CASES, ids=[c[0] for c in CASES]
 )

@@ -125,6 +125,7 @@ def test_reserved_is_what_the_verdict_charged() -> None:
     assert edge.reserved(whole, None, 900) is whole
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(
     limit=st.floats(1.0, 1e6),
@@ -239,6 +240,7 @@ async def lockstep(url: str, key: KeyLimits, sequence: list[Op]) -> None:
         await shared.aclose()
 
 
+@pytest.mark.slow
 @settings(
     max_examples=120,
     deadline=None,

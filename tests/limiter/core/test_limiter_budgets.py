@@ -189,6 +189,7 @@ async def run_both(url: str, key: KeyLimits, start: float, sequence: list[Op]) -
         await shared.aclose()
 
 
+@pytest.mark.slow
 @settings(
     max_examples=150,
     deadline=None,

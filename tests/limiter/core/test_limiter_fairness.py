@@ -67,6 +67,7 @@ def test_depth_counts_the_turns_of_every_deployment() -> None:
     assert depth([0.0], 0.5) == float("inf")
 
 
+@pytest.mark.slow
 @given(
     wait=st.floats(0.0, 5.0),
     lookahead=st.sampled_from([0.25, 0.5, 2.0]),
@@ -146,6 +147,7 @@ def _p90(values: list[float]) -> float:
     return ordered[int(0.9 * (len(ordered) - 1))]
 
 
+@pytest.mark.slow
 def test_a_light_key_beside_a_heavy_one_waits_about_the_lookahead_and_the_model_stays_full() -> (
     None
 ):
@@ -157,6 +159,7 @@ def test_a_light_key_beside_a_heavy_one_waits_about_the_lookahead_and_the_model_
     assert served["light"] == pytest.approx(90, abs=2)  # every light request, 2 a second
 
 
+@pytest.mark.slow
 def test_two_saturating_keys_share_by_weight() -> None:
     big, small = Claimant("big", 0, 3.0), Claimant("small", 0, 1.0)
     served, _ = simulate({big: (40, 0.0), small: (40, 0.0)}, seconds=80)
@@ -165,6 +168,7 @@ def test_two_saturating_keys_share_by_weight() -> None:
     assert served["big"] / total == pytest.approx(0.75, abs=0.05)
 
 
+@pytest.mark.slow
 def test_a_higher_tier_goes_first_while_a_lower_one_saturates() -> None:
     batch, urgent = Claimant("batch", 0), Claimant("urgent", 1)
     served, waits = simulate({batch: (40, 0.0), urgent: (0, 0.25)}, seconds=60)

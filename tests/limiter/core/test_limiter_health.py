@@ -158,6 +158,7 @@ def test_a_period_ends_after_idling() -> None:
     assert (h.sent, h.sent_from) == (1, 4.0 + PERIOD_IDLE + 1)
 
 
+@pytest.mark.slow
 @given(st.lists(st.tuples(st.floats(0, 1000), st.integers(0, 50), st.floats(0, 30)), max_size=60))
 def test_learning_never_raises_and_never_drops_below_its_floor(
     events: list[tuple[float, int, float]],

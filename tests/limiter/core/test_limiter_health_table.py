@@ -502,6 +502,7 @@ async def driver(request: pytest.FixtureRequest) -> AsyncIterator[Driver]:
     await d.limiter.aclose()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("description", "steps"), CASES, ids=[c[0] for c in CASES])
 async def test_health_case(driver: Driver, description: str, steps: list[Step]) -> None:
     for i, step in enumerate(steps):

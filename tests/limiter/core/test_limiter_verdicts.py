@@ -3,6 +3,7 @@ verdict of a request a lease admitted."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from support.limits import window
@@ -68,6 +69,7 @@ def test_a_leases_excess_comes_back_as_the_largest_per_kind() -> None:
     assert excess_cost(windows, [5.0, 8.0, 0.0]) == {"tokens": 8.0}
 
 
+@pytest.mark.slow
 @given(
     st.lists(st.floats(0.0, 2000.0), min_size=3, max_size=3),
     st.integers(1, 3),

@@ -111,6 +111,7 @@ events = st.lists(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(rates=windows, replicas=st.integers(1, 3), history=events)
 def test_turns_sent_never_come_closer_than_the_buckets_allow(
@@ -148,6 +149,7 @@ def test_a_lease_takes_the_turns_of_consecutive_reservations() -> None:
     assert s.debt == after[0].debt
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(
     debt=st.floats(0.0, 800.0),
@@ -238,6 +240,7 @@ def test_a_give_back_leaves_only_the_turns_handed_out() -> None:
     assert returned(BucketState(9.0, 100.0001), end, local) is None
 
 
+@pytest.mark.slow
 @given(
     rates=windows,
     used=st.integers(0, 8),

@@ -12,6 +12,7 @@ import math
 import uuid
 from itertools import permutations
 
+import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -55,6 +56,7 @@ def refunds_first(units: list[float]) -> list[float]:
     return sorted(units, key=lambda u: u > 0.0)  # stable: each kind in its own order
 
 
+@pytest.mark.slow
 @given(
     rate=rates,
     debt=st.integers(min_value=0, max_value=10_000).map(float),
@@ -68,6 +70,7 @@ def test_merged_whole_corrections_equal_refunds_then_charges_one_by_one_exactly(
     assert merged(state, rate, units, now) == one_by_one(state, rate, refunds_first(units), now)
 
 
+@pytest.mark.slow
 @given(
     rate=rates,
     debt=st.floats(min_value=0.0, max_value=10_000.0),
@@ -86,6 +89,7 @@ def test_merged_corrections_equal_refunds_then_charges_one_by_one(
     assert math.isclose(got.debt, want.debt, rel_tol=0.0, abs_tol=1e-12 * scale)
 
 
+@pytest.mark.slow
 @given(
     rate=rates,
     debt=st.floats(min_value=0.0, max_value=200.0),
@@ -212,6 +216,7 @@ async def settle_merged_and_one_by_one(
     return states[0], states[1], done
 
 
+@pytest.mark.slow
 @settings(
     max_examples=40,
     deadline=None,

@@ -38,6 +38,7 @@ def _limiter(group: SentinelGroup) -> RedisLimiter:
     )
 
 
+@pytest.mark.slow
 async def test_budgets_live_on_the_primary_the_sentinels_name(
     sentinel_group: SentinelGroup,
 ) -> None:
@@ -50,6 +51,7 @@ async def test_budgets_live_on_the_primary_the_sentinels_name(
         assert c.exists(f"{{{KEY_PREFIX}:k:team-a}}:rpm")
 
 
+@pytest.mark.slow
 async def test_a_failover_is_an_outage_then_the_new_primary_shares_budgets(
     sentinel_group: SentinelGroup,
 ) -> None:
@@ -77,6 +79,7 @@ async def test_a_failover_is_an_outage_then_the_new_primary_shares_budgets(
         assert c.exists(f"{{{KEY_PREFIX}:k:team-a}}:rpm")
 
 
+@pytest.mark.slow
 def test_the_primarys_user_and_the_sentinels_own_password(tmp_path: Path) -> None:
     """``username``/``password`` log in to the primary; ``sentinel_password`` to the
     sentinels (without it they get the primary's user, which they do not know: one
@@ -116,6 +119,7 @@ def test_the_primarys_user_and_the_sentinels_own_password(tmp_path: Path) -> Non
         group.stop()
 
 
+@pytest.mark.slow
 def test_tls_to_the_sentinels_and_the_primary(tmp_path: Path) -> None:
     """``tls: {ca_file}``: the sentinels and the primary they name (its TLS port) are
     reached over TLS, trusting that CA; another CA is one start-up line."""

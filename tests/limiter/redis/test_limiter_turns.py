@@ -52,6 +52,7 @@ rates = st.sampled_from(
 )
 
 
+@pytest.mark.slow
 @settings(
     max_examples=150,
     deadline=None,
@@ -111,6 +112,7 @@ def test_lua_turn_leases_match_the_pure_core(
         assert [float(c.hget(k, "fd")) for k in keys] == [s.debt for s in after]
 
 
+@pytest.mark.slow
 @settings(
     max_examples=60,
     deadline=None,

@@ -37,6 +37,7 @@ def test_the_pages_figures_are_read_back_by_target() -> None:
     assert direct[64].rps > direct[1].rps > 0 and direct[1].p50_ms > 0
 
 
+@pytest.mark.slow
 def test_no_text_of_the_chart_overlaps_another_or_a_bar() -> None:
     """Long labels side by side overlapped ("Redis workers2 workers"), and the target's
     label sat on a bar: every label, title and figure has its own room."""
@@ -69,6 +70,7 @@ def test_no_text_of_the_chart_overlaps_another_or_a_bar() -> None:
     assert all(t.x0 >= 0 and t.x1 <= width and t.y0 >= 0 and t.y1 <= height for t in texts)
 
 
+@pytest.mark.slow
 def test_the_chart_is_drawn_again_from_a_page(tmp_path: Path) -> None:
     output = tmp_path / "chart.png"
     main([str(PAGE), "--output", str(output)])

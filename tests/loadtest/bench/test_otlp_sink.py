@@ -28,6 +28,7 @@ def test_off_the_config_is_left_as_it_is(tmp_path: Path, monkeypatch: pytest.Mon
     assert lines == [] and procs.started == []
 
 
+@pytest.mark.slow
 def test_on_the_replicas_export_to_a_sink_that_drops_it_all(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

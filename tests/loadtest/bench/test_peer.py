@@ -150,6 +150,7 @@ def test_without_the_package_the_peer_is_unavailable_with_a_clean_error(
     assert procs.started == []
 
 
+@pytest.mark.slow
 def test_the_peer_answers_through_its_redis_limiter_and_talks_to_loopback_only(
     tmp_path: Path,
 ) -> None:
