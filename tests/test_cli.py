@@ -263,7 +263,7 @@ def test_a_start_up_mistake_is_one_line_saying_what_to_change(
     def started(*_: object) -> int:
         raise AssertionError(f"{argv} started")  # a check let it through
 
-    monkeypatch.setattr("proxy.cli._serve_demo", started)
+    monkeypatch.setattr("proxy.process.cli._serve_demo", started)
     monkeypatch.setattr("proxy.fake_upstream.cli.serve", started)
     try:
         code = main(argv)
