@@ -4,6 +4,8 @@
     python -m loadtest.cost --baseline 70e910d    # and as of a revision, side by side
     python -m loadtest.cost --server --mode redis # a real worker, HTTP server included
     python -m loadtest.cost --server --mode redis-default  # the default config (burst 1)
+    python -m loadtest.cost --server --mode redis --mix real  # the real-traffic row's mix
+    python -m loadtest.cost --baseline 70e910d --runs 3  # three runs each, in turns
 
 One process runs the request pipeline in-process (``Pipeline.handle``: auth, parsing,
 the key check, the limiter, routing, the reply, metrics and the log line) over an
@@ -21,16 +23,22 @@ still the measure of what a client sees.
 one keep-alive client sending requests one at a time. What is counted is then the whole
 user-space path of a request in the proxy: uvicorn and the proxy's HTTP protocol, the
 pipeline, the lean upstream client and the Redis client (the kernel's work is not).
+``--mix real`` sends the real-traffic row's requests instead of one chat request
+(``loadtest/bench/traffic.py``'s ``REAL``: its 1,000 keys and three groups on OpenAI
+chat, Anthropic Messages and OpenAI Responses, 20% streamed, drawn from a seeded PRNG:
+the same sequence every run); its config is that row's (Redis only).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import re
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -189,19 +197,66 @@ def _instructions(source: Path, mode: str) -> int:
 
 
 _SERVED = 400  # requests counted per --server run (after 200 uninstrumented)
+MIXES = ("bench", "real")
+Request = tuple[str, dict[str, str], bytes]  # path, headers, body
 
 
-def served_config(tmp: str, upstream: str, redis: str, mode: str) -> str:
-    """The bench's config for ``mode`` written into ``tmp``; its path. (A Redis reply
-    under valgrind or a profiler takes far longer than the default 0.1 s.)"""
+def bench_requests(api_key: str) -> Callable[[], Request]:
+    """The bench's one chat request, again and again."""
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"}
+    return lambda: ("/v1/chat/completions", headers, _REQUEST)
+
+
+def real_requests(seed: int = 1) -> Callable[[], Request]:
+    """The real-traffic row's requests as ``bench_traffic.lua`` draws them: a key
+    uniformly, a group by its share, streamed at the shape's rate (a seeded PRNG)."""
+    import random
+
+    from loadtest.bench import traffic
+
+    shape = traffic.REAL
+    draw = random.Random(seed)
+    prompt = "Benchmark: say something short."
+
+    def request() -> Request:
+        key = traffic.key_secret(draw.randrange(shape.keys))
+        [group] = draw.choices(shape.groups, weights=[g.share for g in shape.groups])
+        fields: dict[str, object] = {"model": group.model}
+        if group.api == "responses":
+            fields |= {"max_output_tokens": 16, "input": prompt}
+        else:
+            fields |= {"max_tokens": 16, "messages": [{"role": "user", "content": prompt}]}
+        if draw.randrange(100) < shape.stream_percent:
+            fields["stream"] = True
+        headers = {"Content-Type": "application/json"}
+        if group.api == "messages":
+            headers |= {"anthropic-version": traffic.ANTHROPIC_VERSION, "x-api-key": key}
+        else:
+            headers["Authorization"] = f"Bearer {key}"
+        return traffic.PATHS[group.api], headers, json.dumps(fields).encode()
+
+    return request
+
+
+def served_config(tmp: str, upstream: str, redis: str, mode: str, mix: str = "bench") -> str:
+    """The bench's config for ``mode`` (``mix`` real: the real-traffic row's) written
+    into ``tmp``; its path. (A Redis reply under valgrind or a profiler takes far longer
+    than the default 0.1 s.)"""
     import yaml
 
+    from loadtest.bench import traffic
     from loadtest.bench.configs import proxy_config
     from loadtest.bench.model import DEFAULT_CONFIG, LARGE_BURST
 
     shared = redis if mode.startswith("redis") else None
     bench = DEFAULT_CONFIG if mode == "redis-default" else LARGE_BURST
-    config = proxy_config(upstream, shared, mode != "nolimits", bench)
+    if mix == "real":
+        if shared is None:
+            raise SystemExit("--mix real runs on Redis (--mode redis), as its row does")
+        groups = {g.model: [upstream] for g in traffic.REAL.groups}
+        config = traffic.proxy_config(traffic.REAL, groups, shared)
+    else:
+        config = proxy_config(upstream, shared, mode != "nolimits", bench)
     if shared:
         config["redis"] = {"url": redis, "timeout": "30s"}
     path = Path(tmp) / "proxy.yaml"
@@ -221,14 +276,14 @@ def wait_live(proxy: subprocess.Popen[bytes], port: int, log: Callable[[], str])
         time.sleep(0.5)
 
 
-def _served_instructions(source: Path, mode: str) -> int:
+def _served_instructions(source: Path, mode: str, mix: str = "bench") -> int:
     """Instructions per request of one real worker of the tree at ``source``."""
     from loadtest.bench.servers import servers
     from loadtest.bench.wrk import API_KEY
     from loadtest.topology import LOOPBACK, free_port
 
     with tempfile.TemporaryDirectory() as tmp, servers(Path(tmp)) as (procs, upstream, redis):
-        path = served_config(tmp, upstream, redis, mode)
+        path = served_config(tmp, upstream, redis, mode, mix)
         port = free_port()
         out = Path(tmp) / "callgrind.out"
         proxy = procs.start(
@@ -242,7 +297,8 @@ def _served_instructions(source: Path, mode: str) -> int:
             source,
         )  # fmt: skip
         wait_live(proxy, port, lambda: procs.log("proxy"))
-        with Client(port, API_KEY) as client:
+        requests = real_requests() if mix == "real" else bench_requests(API_KEY)
+        with Client(port, requests) as client:
             client.send(200)
             _callgrind(proxy.pid, "-i", "on")
             client.send(_SERVED)
@@ -263,22 +319,23 @@ def _callgrind(pid: int, *command: str) -> None:
 
 
 class Client:
-    """One keep-alive connection posting the benchmark's request, one at a time."""
+    """One keep-alive connection posting ``requests``' requests, one at a time (a
+    stream read to its end)."""
 
-    def __init__(self, port: int, api_key: str) -> None:
+    def __init__(self, port: int, requests: Callable[[], Request]) -> None:
         import http.client
 
         self._connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-        self._api_key = api_key
+        self._requests = requests
 
     def send(self, count: int) -> None:
-        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self._api_key}"}
         for _ in range(count):
-            self._connection.request("POST", "/v1/chat/completions", _REQUEST, headers)
+            path, headers, body = self._requests()
+            self._connection.request("POST", path, body, headers)
             response = self._connection.getresponse()
-            body = response.read()
+            answer = response.read()
             if response.status != 200:
-                raise SystemExit(f"unexpected answer {response.status}: {body!r}")
+                raise SystemExit(f"unexpected answer {response.status} to {path}: {answer!r}")
 
     def __enter__(self) -> Client:
         return self
@@ -292,6 +349,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", metavar="REV", help="also measure this git revision")
     parser.add_argument("--mode", choices=MODES, action="append", help="default: both")
     parser.add_argument("--server", action="store_true", help="a real worker over HTTP (see above)")
+    parser.add_argument(
+        "--mix", choices=MIXES, default="bench", help="with --server: the requests sent (above)"
+    )
+    parser.add_argument(
+        "--runs", type=int, default=1, help="runs of each tree, in turns (the median reported)"
+    )
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -304,14 +367,30 @@ def main(argv: list[str] | None = None) -> int:
 
     with trees(args.baseline) as measured:
         for mode in args.mode or MODES:
-            count = _served_instructions if args.server else _instructions
-            figures = {name: count(tree, mode) for name, tree in measured.items()}
-            line = ", ".join(f"{name} {n:,}" for name, n in figures.items())
-            if args.baseline:
-                line += f" (now / {args.baseline}: {figures['now'] / figures[args.baseline]:.3f}x)"
-            where = "served, " if args.server else ""
-            print(f"{mode}: {where}instructions per request: {line}", flush=True)
+            runs: dict[str, list[int]] = {name: [] for name in measured}
+            for _ in range(args.runs):  # in turns: the trees' runs alternate
+                for name, tree in measured.items():
+                    if args.server:
+                        runs[name].append(_served_instructions(tree, mode, args.mix))
+                    else:
+                        runs[name].append(_instructions(tree, mode))
+            print(_report(mode, runs, args), flush=True)
     return 0
+
+
+def _report(mode: str, runs: dict[str, list[int]], args: argparse.Namespace) -> str:
+    """One line: each tree's count per request (its median, and every run's when there
+    were several), and their ratio."""
+    medians = {name: statistics.median(counts) for name, counts in runs.items()}
+    line = ", ".join(
+        f"{name} {medians[name]:,.0f}"
+        + (f" ({', '.join(f'{n:,}' for n in counts)})" if len(counts) > 1 else "")
+        for name, counts in runs.items()
+    )
+    if args.baseline:
+        line += f" (now / {args.baseline}: {medians['now'] / medians[args.baseline]:.4f}x)"
+    where = f"served ({args.mix} mix), " if args.server else ""
+    return f"{mode}: {where}instructions per request: {line}"
 
 
 if __name__ == "__main__":
