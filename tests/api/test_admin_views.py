@@ -332,6 +332,13 @@ def _outcome(answer: httpx.Response) -> str:
 # --- the spend view ----------------------------------------------------------------------
 
 
+def period_cell(row_html: str, period: str) -> str:
+    """The text of a spend table row's cell for ``period`` (day, week, month)."""
+    match = re.search(rf'<td class="num" data-period="{period}">(.*?)</td>', row_html, re.S)
+    assert match, f"no {period} cell"
+    return text_of(match.group(1))
+
+
 def _spend(url: str, headers: dict[str, str], **query: str) -> httpx.Response:
     return httpx.get(f"{url}/admin/spend", params=query, headers=headers, timeout=10)
 
@@ -369,6 +376,7 @@ def test_the_spend_view_shows_both_replicas_spend_to_the_pages_login(
     with ProxyInThread(settings) as one, ProxyInThread(settings) as other:
         asyncio.run(traffic(one.url, other.url))
         document = _reported(one.url, 7)
+        periods = {p: _spend(other.url, ADMIN, period=p).json() for p in ("day", "week", "month")}
         by_bearer = _spend(other.url, ADMIN)
         by_basic = _spend(other.url, BASIC)
         csv = _spend(other.url, BASIC, format="csv")
@@ -406,6 +414,23 @@ def test_the_spend_view_shows_both_replicas_spend_to_the_pages_login(
     assert day.startswith(f"{today['date']} ≈ {dollars(today['usd'])} 7 ")
     assert re.search(rf'<rect class="bar" data-day="{today["date"]}"[^>]*fill="url\(#est\)"', dom)
     assert "<script" not in dom and "http://" not in dom.split("<body>")[1]
+
+    # Today, this week and this month, in total and by key, team and model: each figure
+    # the report's for that period.
+    for period, report in periods.items():
+        spend = report["current"]["spend"]
+        total = summed(spend)
+        assert total["requests"] == 7, (period, total)
+        summary = text_of(row(dom, f'data-period="{period}"'))
+        assert f"≈ {dollars(total['usd'])} 7 " in summary, (period, summary)
+        for field in ("key", "team", "model"):
+            for name in {r[field] for r in spend}:
+                sums = summed([r for r in spend if r[field] == name])
+                shown = period_cell(row(dom, f'data-{field}="{name}"'), period)
+                assert dollars(sums["usd"]) in shown, (period, field, name, shown)
+                assert shown.startswith("≈") == bool(sums["estimated"]), shown
+                assert f"{sums['requests']} request" in shown, (period, field, name, shown)
+    assert {"gpt-4o", "mini"} <= {r["model"] for r in periods["day"]["current"]["spend"]}
 
 
 def test_the_spend_report_answers_the_pages_login_and_refuses_others(
