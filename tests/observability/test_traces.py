@@ -8,7 +8,7 @@ official SDKs as clients, exporting by OTLP/HTTP to a receiver this test starts
 * a retry and a fallback, on every API shape (streamed and not): one trace, an attempt
   span each (first, retry, fallback); the client's ``traceparent`` continued, and each
   attempt's sent upstream;
-* waits for a turn, by cause (pacing, cooldown);
+* waits for a turn, by cause (pacing, fair share, cooldown);
 * no prompt or completion in any span unless ``record_content: true``; never a key.
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -594,6 +595,33 @@ def test_a_wait_for_a_paced_turn_is_a_span_with_its_cause(
     admission = _one(spans, name="admission")
     attempt = _one(spans, kind=CLIENT)
     assert admission.end == waits[0].start <= waits[-1].end <= attempt.start
+
+
+def test_a_wait_deferred_for_fair_share_is_a_span_with_its_cause(
+    receiver: OtlpHttpReceiver, upstream: FakeUpstreamHandle
+) -> None:
+    """A turn every 2 s, ``routing.lookahead`` 100 ms: the second request's turn is
+    farther than the lookahead, so it is deferred for fair share first (no turn held),
+    then waits for its reserved turn; each wait a span, in that order."""
+    config = _config(upstream)
+    config["models"][0]["deployments"][0]["rpm"] = 30
+    config["routing"] = {"lookahead": "100ms"}
+    with ProxyInThread(settings_from(config)) as proxy:
+        client = _openai(proxy)
+        ids = [
+            client.embeddings.with_raw_response.create(model="gpt", input="x").headers[
+                "x-request-id"
+            ]
+            for _ in range(2)
+        ]
+        spans = receiver.spans.request(ids[1], spans_at_least=6)
+    root = _one(spans, kind=SERVER)
+    waits = sorted((s for s in spans if s.name == "wait"), key=lambda s: s.start)
+    causes = [w.attributes["llm_proxy.wait.cause"] for w in waits]
+    assert causes[0] == "fair_share" and causes[-1] == "pacing", causes
+    assert all(w.parent_span_id == root.span_id for w in waits)
+    assert all(a.end <= b.start for a, b in itertools.pairwise(waits))
+    assert waits[-1].end <= _one(spans, kind=CLIENT).start
 
 
 def test_a_wait_for_a_cooling_deployment_is_a_span_with_its_cause(
