@@ -176,10 +176,12 @@ def _child(mode: str, count: int) -> float:
             redis.wait(timeout=10)
 
 
-def _instructions(source: Path, mode: str) -> int:
-    """Instructions per request of the tree at ``source`` (callgrind, two run lengths)."""
+def _instructions(source: Path, mode: str, lengths: tuple[int, int] = (_SHORT, _LONG)) -> int:
+    """Instructions per request of the tree at ``source`` (callgrind, two run lengths:
+    ``lengths`` requests per repetition)."""
     counts = []
-    for count in (_SHORT, _LONG):
+    short, long = lengths
+    for count in lengths:
         with tempfile.TemporaryDirectory() as tmp:
             run = subprocess.run(
                 [
@@ -193,7 +195,7 @@ def _instructions(source: Path, mode: str) -> int:
         if found is None:
             raise SystemExit(f"callgrind printed no count:\n{run.stderr[-2000:]}")
         counts.append(int(found.group(1)))
-    return round((counts[1] - counts[0]) / (_REPEAT * (_LONG - _SHORT)))
+    return round((counts[1] - counts[0]) / (_REPEAT * (long - short)))
 
 
 _SERVED = 400  # requests counted per --server run (after 200 uninstrumented)
@@ -355,6 +357,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--runs", type=int, default=1, help="runs of each tree, in turns (the median reported)"
     )
+    parser.add_argument(
+        "--lengths",
+        type=lambda text: tuple(int(n) for n in text.split(",")),
+        default=(_SHORT, _LONG),
+        metavar="SHORT,LONG",
+        help=f"requests per repetition of the two subtracted runs (default {_SHORT},{_LONG})",
+    )
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -373,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
                     if args.server:
                         runs[name].append(_served_instructions(tree, mode, args.mix))
                     else:
-                        runs[name].append(_instructions(tree, mode))
+                        runs[name].append(_instructions(tree, mode, args.lengths))
             print(_report(mode, runs, args), flush=True)
     return 0
 
