@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from loadtest.cost import MODES, Client, served_config, wait_live
+from loadtest.cost import MODES, Client, bench_requests, served_config, wait_live
 
 _SHORT, _LONG = 300, 1300  # requests of the two subtracted runs
 
@@ -49,7 +49,7 @@ def _profiled_run(source: Path, mode: str, requests: int) -> collections.Counter
         )
         proxy = procs.start("proxy", [sys.executable, "-c", code], source)
         wait_live(proxy, port, lambda: procs.log("proxy"))
-        with Client(port, API_KEY) as client:
+        with Client(port, bench_requests(API_KEY)) as client:
             client.send(requests)
         proxy.send_signal(signal.SIGINT)  # uvicorn's graceful stop: the profile is written
         try:

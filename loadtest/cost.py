@@ -4,6 +4,8 @@
     python -m loadtest.cost --baseline 70e910d    # and as of a revision, side by side
     python -m loadtest.cost --server --mode redis # a real worker, HTTP server included
     python -m loadtest.cost --server --mode redis-default  # the default config (burst 1)
+    python -m loadtest.cost --server --mode redis --mix real  # the real-traffic row's mix
+    python -m loadtest.cost --baseline 70e910d --runs 3  # three runs each, in turns
 
 One process runs the request pipeline in-process (``Pipeline.handle``: auth, parsing,
 the key check, the limiter, routing, the reply, metrics and the log line) over an
@@ -16,39 +18,35 @@ subtracted so start-up cancels out. Without valgrind it prints CPU time per requ
 which is noisy. This is a microscope for changes to the Python path; ``make bench`` is
 still the measure of what a client sees.
 
-``--server --mode real`` counts a worker of the real-traffic benchmark's replicas
-(loadtest/bench/traffic.py: 1,000 keys with per-key limits, 30 deployments in 3 groups on
-chat, Messages and Responses, 20% streamed; each request's key, group and streaming drawn
-from a seeded PRNG, the same sequence every run); ``--without NAME`` also counts the
-same tree with that fast path off (``LLM_PROXY_WITHOUT``), side by side. A real worker's
-count is not repeatable on a busy host (its timers, polls and heartbeats run per second,
-and a request under callgrind lasts longer the busier the host): the same tree counted
-6.79M and 4.84M instructions a request in two runs. Compare on a quiet host, in turns.
-
 ``--server`` counts a real worker instead: ``llm-proxy serve --workers 1`` under callgrind
 (instrumented only while it serves), the fake upstream and a private Redis beside it, and
 one keep-alive client sending requests one at a time. What is counted is then the whole
 user-space path of a request in the proxy: uvicorn and the proxy's HTTP protocol, the
 pipeline, the lean upstream client and the Redis client (the kernel's work is not).
+``--mix real`` sends the real-traffic row's requests instead of one chat request
+(``loadtest/bench/traffic.py``'s ``REAL``: its 1,000 keys and three groups on OpenAI
+chat, Anthropic Messages and OpenAI Responses, 20% streamed, drawn from a seeded PRNG:
+the same sequence every run); its config is that row's (Redis only).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import re
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 MODES = ("memory", "redis", "nolimits", "redis-default")
-SERVED_MODES = (*MODES, "real")  # real: only with --server
 _SHORT, _LONG = 100, 400  # requests (per repetition) of the two subtracted runs
 _REPEAT = 5
 
@@ -91,14 +89,14 @@ async def _requests(
     ``tune_gc``: as the CLI's processes run (``app.tune_garbage_collector``)."""
     import httpx
 
-    from proxy.config.settings import parse_settings
+    from proxy.config import parse_settings
 
     try:
         from proxy.limiter.factory import create_limiter
     except ImportError:  # a revision from before the factory module (70e910d)
         from proxy.limiter import create_limiter  # type: ignore[attr-defined,no-redef]
-    from proxy.observability.metrics import Metrics
-    from proxy.pipeline.pipeline import Pipeline
+    from proxy.metrics import Metrics
+    from proxy.pipeline import Pipeline
 
     shape: object = "chat/completions"  # a baseline's endpoint, before the API shapes
     try:
@@ -126,7 +124,7 @@ async def _requests(
     for _ in range(warmup):
         await pipeline.handle(shape, _REQUEST, headers, pipeline.keys.authenticate(auth))
     if tune_gc:
-        from proxy.process.app import tune_garbage_collector
+        from proxy.app import tune_garbage_collector
 
         tune_garbage_collector()
     best = float("inf")
@@ -178,10 +176,12 @@ def _child(mode: str, count: int) -> float:
             redis.wait(timeout=10)
 
 
-def _instructions(source: Path, mode: str) -> int:
-    """Instructions per request of the tree at ``source`` (callgrind, two run lengths)."""
+def _instructions(source: Path, mode: str, lengths: tuple[int, int] = (_SHORT, _LONG)) -> int:
+    """Instructions per request of the tree at ``source`` (callgrind, two run lengths:
+    ``lengths`` requests per repetition)."""
     counts = []
-    for count in (_SHORT, _LONG):
+    short, long = lengths
+    for count in lengths:
         with tempfile.TemporaryDirectory() as tmp:
             run = subprocess.run(
                 [
@@ -195,40 +195,72 @@ def _instructions(source: Path, mode: str) -> int:
         if found is None:
             raise SystemExit(f"callgrind printed no count:\n{run.stderr[-2000:]}")
         counts.append(int(found.group(1)))
-    return round((counts[1] - counts[0]) / (_REPEAT * (_LONG - _SHORT)))
+    return round((counts[1] - counts[0]) / (_REPEAT * (long - short)))
 
 
 _SERVED = 400  # requests counted per --server run (after 200 uninstrumented)
+MIXES = ("bench", "real")
+Request = tuple[str, dict[str, str], bytes]  # path, headers, body
 
 
-def served_config(tmp: str, upstream: str, redis: str, mode: str) -> str:
-    """The bench's config for ``mode`` written into ``tmp``; its path. (A Redis reply
-    under valgrind or a profiler takes far longer than the default 0.1 s.)"""
-    import yaml
-
-    from loadtest.bench.configs import proxy_config
-    from loadtest.bench.model import DEFAULT_CONFIG, LARGE_BURST
-
-    if mode == "real":
-        return _real_config(tmp, upstream, redis)
-    shared = redis if mode.startswith("redis") else None
-    bench = DEFAULT_CONFIG if mode == "redis-default" else LARGE_BURST
-    config = proxy_config(upstream, shared, mode != "nolimits", bench)
-    if shared:
-        config["redis"] = {"url": redis, "timeout": "30s"}
-    path = Path(tmp) / "proxy.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return str(path)
+def bench_requests(api_key: str) -> Callable[[], Request]:
+    """The bench's one chat request, again and again."""
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"}
+    return lambda: ("/v1/chat/completions", headers, _REQUEST)
 
 
-def _real_config(tmp: str, upstream: str, redis: str) -> str:
-    import yaml
+def real_requests(seed: int = 1) -> Callable[[], Request]:
+    """The real-traffic row's requests as ``bench_traffic.lua`` draws them: a key
+    uniformly, a group by its share, streamed at the shape's rate (a seeded PRNG)."""
+    import random
 
     from loadtest.bench import traffic
 
     shape = traffic.REAL
-    config = traffic.proxy_config(shape, {g.model: [upstream] for g in shape.groups}, redis)
-    config["redis"] = {"url": redis, "timeout": "30s"}
+    draw = random.Random(seed)
+    prompt = "Benchmark: say something short."
+
+    def request() -> Request:
+        key = traffic.key_secret(draw.randrange(shape.keys))
+        [group] = draw.choices(shape.groups, weights=[g.share for g in shape.groups])
+        fields: dict[str, object] = {"model": group.model}
+        if group.api == "responses":
+            fields |= {"max_output_tokens": 16, "input": prompt}
+        else:
+            fields |= {"max_tokens": 16, "messages": [{"role": "user", "content": prompt}]}
+        if draw.randrange(100) < shape.stream_percent:
+            fields["stream"] = True
+        headers = {"Content-Type": "application/json"}
+        if group.api == "messages":
+            headers |= {"anthropic-version": traffic.ANTHROPIC_VERSION, "x-api-key": key}
+        else:
+            headers["Authorization"] = f"Bearer {key}"
+        return traffic.PATHS[group.api], headers, json.dumps(fields).encode()
+
+    return request
+
+
+def served_config(tmp: str, upstream: str, redis: str, mode: str, mix: str = "bench") -> str:
+    """The bench's config for ``mode`` (``mix`` real: the real-traffic row's) written
+    into ``tmp``; its path. (A Redis reply under valgrind or a profiler takes far longer
+    than the default 0.1 s.)"""
+    import yaml
+
+    from loadtest.bench import traffic
+    from loadtest.bench.configs import proxy_config
+    from loadtest.bench.model import DEFAULT_CONFIG, LARGE_BURST
+
+    shared = redis if mode.startswith("redis") else None
+    bench = DEFAULT_CONFIG if mode == "redis-default" else LARGE_BURST
+    if mix == "real":
+        if shared is None:
+            raise SystemExit("--mix real runs on Redis (--mode redis), as its row does")
+        groups = {g.model: [upstream] for g in traffic.REAL.groups}
+        config = traffic.proxy_config(traffic.REAL, groups, shared)
+    else:
+        config = proxy_config(upstream, shared, mode != "nolimits", bench)
+    if shared:
+        config["redis"] = {"url": redis, "timeout": "30s"}
     path = Path(tmp) / "proxy.yaml"
     path.write_text(yaml.safe_dump(config))
     return str(path)
@@ -246,15 +278,14 @@ def wait_live(proxy: subprocess.Popen[bytes], port: int, log: Callable[[], str])
         time.sleep(0.5)
 
 
-def _served_instructions(source: Path, mode: str, without: str = "") -> int:
-    """Instructions per request of one real worker of the tree at ``source`` (with the
-    fast paths ``without`` names off)."""
-    from loadtest.bench.servers import servers, source_env
+def _served_instructions(source: Path, mode: str, mix: str = "bench") -> int:
+    """Instructions per request of one real worker of the tree at ``source``."""
+    from loadtest.bench.servers import servers
     from loadtest.bench.wrk import API_KEY
     from loadtest.topology import LOOPBACK, free_port
 
     with tempfile.TemporaryDirectory() as tmp, servers(Path(tmp)) as (procs, upstream, redis):
-        path = served_config(tmp, upstream, redis, mode)
+        path = served_config(tmp, upstream, redis, mode, mix)
         port = free_port()
         out = Path(tmp) / "callgrind.out"
         proxy = procs.start(
@@ -266,10 +297,10 @@ def _served_instructions(source: Path, mode: str, without: str = "") -> int:
                 "--workers", "1",
             ],
             source,
-            env={**source_env(source), "LLM_PROXY_WITHOUT": without} if without else None,
         )  # fmt: skip
         wait_live(proxy, port, lambda: procs.log("proxy"))
-        with Client(port, API_KEY, real=mode == "real") as client:
+        requests = real_requests() if mix == "real" else bench_requests(API_KEY)
+        with Client(port, requests) as client:
             client.send(200)
             _callgrind(proxy.pid, "-i", "on")
             client.send(_SERVED)
@@ -290,30 +321,23 @@ def _callgrind(pid: int, *command: str) -> None:
 
 
 class Client:
-    """One keep-alive connection posting the benchmark's request, one at a time; ``real``:
-    the real-traffic benchmark's requests (``real_requests``)."""
+    """One keep-alive connection posting ``requests``' requests, one at a time (a
+    stream read to its end)."""
 
-    def __init__(self, port: int, api_key: str, real: bool = False) -> None:
+    def __init__(self, port: int, requests: Callable[[], Request]) -> None:
         import http.client
 
         self._connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-        self._api_key = api_key
-        self._real = real_requests() if real else None
-
-    def _next(self) -> tuple[str, bytes, dict[str, str]]:
-        if self._real is not None:
-            return next(self._real)
-        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self._api_key}"}
-        return "/v1/chat/completions", _REQUEST, headers
+        self._requests = requests
 
     def send(self, count: int) -> None:
         for _ in range(count):
-            path, body, headers = self._next()
+            path, headers, body = self._requests()
             self._connection.request("POST", path, body, headers)
             response = self._connection.getresponse()
-            body = response.read()
+            answer = response.read()
             if response.status != 200:
-                raise SystemExit(f"unexpected answer {response.status}: {body!r}")
+                raise SystemExit(f"unexpected answer {response.status} to {path}: {answer!r}")
 
     def __enter__(self) -> Client:
         return self
@@ -322,41 +346,24 @@ class Client:
         self._connection.close()
 
 
-def real_requests(seed: int = 1) -> Iterator[tuple[str, bytes, dict[str, str]]]:
-    """The real-traffic benchmark's requests as bench_traffic.lua draws them: a key, a
-    group by its share, 20% streamed (a seeded PRNG: the same sequence every run)."""
-    import json
-    import random
-
-    from loadtest.bench import traffic
-
-    shape = traffic.REAL
-    draw = random.Random(seed)
-    prompt = "Say hello in one short sentence please."
-    while True:
-        key = traffic.key_secret(draw.randrange(shape.keys))
-        group = draw.choices(shape.groups, [g.share for g in shape.groups])[0]
-        body: dict[str, object] = {"model": group.model}
-        if group.api == "responses":
-            body.update(max_output_tokens=16, input=prompt)
-        else:
-            body.update(max_tokens=16, messages=[{"role": "user", "content": prompt}])
-        if draw.randrange(100) < shape.stream_percent:
-            body["stream"] = True
-        headers = {"Content-Type": "application/json"}
-        if group.api == "messages":
-            headers.update({"anthropic-version": traffic.ANTHROPIC_VERSION, "x-api-key": key})
-        else:
-            headers["Authorization"] = f"Bearer {key}"
-        yield traffic.PATHS[group.api], json.dumps(body).encode(), headers
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.cost", description=__doc__)
     parser.add_argument("--baseline", metavar="REV", help="also measure this git revision")
-    parser.add_argument("--mode", choices=SERVED_MODES, action="append", help="default: all")
-    parser.add_argument("--without", metavar="NAME", help="also this tree with NAME off")
+    parser.add_argument("--mode", choices=MODES, action="append", help="default: both")
     parser.add_argument("--server", action="store_true", help="a real worker over HTTP (see above)")
+    parser.add_argument(
+        "--mix", choices=MIXES, default="bench", help="with --server: the requests sent (above)"
+    )
+    parser.add_argument(
+        "--runs", type=int, default=1, help="runs of each tree, in turns (the median reported)"
+    )
+    parser.add_argument(
+        "--lengths",
+        type=lambda text: tuple(int(n) for n in text.split(",")),
+        default=(_SHORT, _LONG),
+        metavar="SHORT,LONG",
+        help=f"requests per repetition of the two subtracted runs (default {_SHORT},{_LONG})",
+    )
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -367,27 +374,32 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from loadtest.bench.servers import trees
 
-    if "real" in (args.mode or ()) and not args.server:
-        parser.error("--mode real counts a real worker: add --server")
-    if args.without and not args.server:
-        parser.error("--without counts a real worker: add --server")
     with trees(args.baseline) as measured:
         for mode in args.mode or MODES:
-            figures = {
-                name: _served_instructions(tree, mode) if args.server else _instructions(tree, mode)
-                for name, tree in measured.items()
-            }
-            if args.without:
-                off = f"without {args.without}"
-                figures[off] = _served_instructions(measured["now"], mode, args.without)
-            line = ", ".join(f"{name} {n:,}" for name, n in figures.items())
-            if args.baseline:
-                line += f" (now / {args.baseline}: {figures['now'] / figures[args.baseline]:.3f}x)"
-            if args.without:
-                line += f" (now / without: {figures['now'] / figures[off]:.3f}x)"
-            where = "served, " if args.server else ""
-            print(f"{mode}: {where}instructions per request: {line}", flush=True)
+            runs: dict[str, list[int]] = {name: [] for name in measured}
+            for _ in range(args.runs):  # in turns: the trees' runs alternate
+                for name, tree in measured.items():
+                    if args.server:
+                        runs[name].append(_served_instructions(tree, mode, args.mix))
+                    else:
+                        runs[name].append(_instructions(tree, mode, args.lengths))
+            print(_report(mode, runs, args), flush=True)
     return 0
+
+
+def _report(mode: str, runs: dict[str, list[int]], args: argparse.Namespace) -> str:
+    """One line: each tree's count per request (its median, and every run's when there
+    were several), and their ratio."""
+    medians = {name: statistics.median(counts) for name, counts in runs.items()}
+    line = ", ".join(
+        f"{name} {medians[name]:,.0f}"
+        + (f" ({', '.join(f'{n:,}' for n in counts)})" if len(counts) > 1 else "")
+        for name, counts in runs.items()
+    )
+    if args.baseline:
+        line += f" (now / {args.baseline}: {medians['now'] / medians[args.baseline]:.4f}x)"
+    where = f"served ({args.mix} mix), " if args.server else ""
+    return f"{mode}: {where}instructions per request: {line}"
 
 
 if __name__ == "__main__":

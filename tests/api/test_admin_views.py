@@ -79,6 +79,70 @@ def window_text(w: dict[str, Any]) -> str:
     return f"{count(w['remaining'])} of {of} left"
 
 
+def deployment_window_text(w: dict[str, Any]) -> str:
+    """How the page begins a deployment's window: as a key's when it holds its limit at
+    once, else "0 of 1 request left, refilling 6 per minute" (its burst, refilling at
+    its pace)."""
+    limit, capacity = w["limit"], w["capacity"]
+    if capacity == limit:
+        return window_text(w)
+    return f"{count(w['remaining'])} of {number(capacity)} {unit(w['kind'], capacity)} left"
+
+
+def cell(row_html: str, cls: str) -> str:
+    """The text of the row's ``<td class="num cls">``."""
+    match = re.search(rf'<td class="num {cls}">(.*?)</td>', row_html, re.S)
+    assert match, f"no {cls} cell"
+    return text_of(match.group(1))
+
+
+def slots_text(owner: dict[str, Any]) -> str:
+    if owner["max_parallel"] is None:
+        return "no limit"
+    return f"{count(owner['slots_held'])} of {count(owner['max_parallel'])}"
+
+
+def now_figures_match(dom: str, before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """Every deployment's and key's "now" cells (in flight, waiting, parallel slots) and
+    every deployment's health and windows, on the page as ``/admin/state`` said both
+    before and after the page was read (a figure that moved meanwhile is skipped: either
+    could be shown). What was checked, as the page shows it."""
+    checked: list[str] = []
+    later_deployments = {d["id"]: d for m in after["models"] for d in m["deployments"]}
+    for m in before["models"]:
+        for d in m["deployments"]:
+            same = later_deployments[d["id"]]
+            html = row(dom, f'data-deployment="{d["id"]}"')
+            if d["health"]["state"] == same["health"]["state"]:
+                assert f'data-health="{d["health"]["state"]}"' in dom
+            for field, cls in (("in_flight", "in-flight"), ("waiting", "waiting")):
+                if d[field] == same[field]:
+                    assert cell(html, cls) == count(d[field]), (d["id"], field, d[field])
+                    checked.append(f"{d['id']} {field} {cell(html, cls)}")
+            windows = {w["name"]: w for w in same["windows"]}
+            for w in d["windows"]:
+                if math.floor(windows[w["name"]]["remaining"] + 1e-9) != math.floor(
+                    w["remaining"] + 1e-9
+                ):
+                    continue
+                shown = part(html, "window", w["name"])
+                assert shown.startswith(deployment_window_text(w)), (shown, w)
+                checked.append(shown)
+    later_keys = {k["name"]: k for k in after["keys"]}
+    for k in before["keys"]:
+        same, html = later_keys[k["name"]], row(dom, f'data-key="{k["name"]}"')
+        for field, cls in (("in_flight", "in-flight"), ("waiting", "waiting")):
+            if k[field] == same[field]:
+                assert cell(html, cls) == count(k[field]), (k["name"], field)
+                checked.append(f"{k['name']} {field} {cell(html, cls)}")
+        if k["slots_held"] == same["slots_held"]:
+            assert cell(html, "slots") == slots_text(k), k["name"]
+            checked.append(f"{k['name']} slots {cell(html, 'slots')}")
+    for t in before["teams"]:
+        assert cell(row(dom, f'data-team="{t["name"]}"'), "slots") == slots_text(t)
+    return checked
+
+
 def model(view: dict[str, Any], name: str) -> dict[str, Any]:
     found: dict[str, Any] = next(m for m in view["models"] if m["name"] == name)
     return found
@@ -146,7 +210,12 @@ def test_an_idle_proxys_page_writes_each_figure_as_its_state_says(
                 expected = f"{count(b['remaining'])} of {count(b['limit'])} {unit(b['kind'])} left"
             assert shown.startswith(expected), (shown, b)
             checked.append(shown)
+    checked += now_figures_match(dom, before, after)
     print("\n".join(checked))
+    limiter = before["limiter"]
+    assert f'<b id="mode">{limiter["mode"]}</b>' in dom
+    replicas = limiter["replicas_reporting"]
+    assert f"{count(replicas)} {'replica' if replicas == 1 else 'replicas'} reporting" in page.text
     # A day's thousand requests refill one every 86 s: alice's 8 are still taken.
     assert "992 of 1,000 requests per day left" in " ".join(checked)
     assert "$19.95 of $20.00 left today" in " ".join(checked)  # 8 x 1,200 in, 300 out
@@ -192,7 +261,7 @@ def test_a_loaded_proxys_page_adds_its_waiting_requests_up(
             and mini["waiting_for_any_deployment"] >= 1
         )
 
-    async def scenario(url: str) -> tuple[dict[str, Any], Page]:
+    async def scenario(url: str) -> tuple[dict[str, Any], Page, dict[str, Any]]:
         async with (
             httpx.AsyncClient(timeout=120) as client,
             pending(client, url, "alice", "gpt-4o", 3),
@@ -200,10 +269,16 @@ def test_a_loaded_proxys_page_adds_its_waiting_requests_up(
         ):
             view = await poll_state(url, loaded, timeout=30.0)
             page = await shoot(f"{url}/admin", chromium, shot)
-        return view, page
+            after = await state(client, url)
+        return view, page, after
 
     with ProxyInThread(settings_from(config(upstream.url))) as proxy:
-        view, page = asyncio.run(scenario(proxy.url))
+        view, page, after = asyncio.run(scenario(proxy.url))
+
+    # In flight, waiting and slots on every row, as the state says (what did not move).
+    checked = now_figures_match(page.dom, view, after)
+    print("\n".join(checked))
+    assert "alice in_flight 3" in checked or view["keys"] != after["keys"]
 
     mini = model(view, "mini")
     [d] = mini["deployments"]
@@ -260,6 +335,13 @@ def _outcome(answer: httpx.Response) -> str:
 # --- the spend view ----------------------------------------------------------------------
 
 
+def period_cell(row_html: str, period: str) -> str:
+    """The text of a spend table row's cell for ``period`` (day, week, month)."""
+    match = re.search(rf'<td class="num" data-period="{period}">(.*?)</td>', row_html, re.S)
+    assert match, f"no {period} cell"
+    return text_of(match.group(1))
+
+
 def _spend(url: str, headers: dict[str, str], **query: str) -> httpx.Response:
     return httpx.get(f"{url}/admin/spend", params=query, headers=headers, timeout=10)
 
@@ -298,6 +380,7 @@ def test_the_spend_view_shows_both_replicas_spend_to_the_pages_login(
     with ProxyInThread(settings) as one, ProxyInThread(settings) as other:
         asyncio.run(traffic(one.url, other.url))
         document = _reported(one.url, 7)
+        periods = {p: _spend(other.url, ADMIN, period=p).json() for p in ("day", "week", "month")}
         by_bearer = _spend(other.url, ADMIN)
         by_basic = _spend(other.url, BASIC)
         csv = _spend(other.url, BASIC, format="csv")
@@ -335,6 +418,23 @@ def test_the_spend_view_shows_both_replicas_spend_to_the_pages_login(
     assert day.startswith(f"{today['date']} ≈ {dollars(today['usd'])} 7 ")
     assert re.search(rf'<rect class="bar" data-day="{today["date"]}"[^>]*fill="url\(#est\)"', dom)
     assert "<script" not in dom and "http://" not in dom.split("<body>")[1]
+
+    # Today, this week and this month, in total and by key, team and model: each figure
+    # the report's for that period.
+    for period, report in periods.items():
+        spend = report["current"]["spend"]
+        total = summed(spend)
+        assert total["requests"] == 7, (period, total)
+        summary = text_of(row(dom, f'data-period="{period}"'))
+        assert f"≈ {dollars(total['usd'])} 7 " in summary, (period, summary)
+        for field in ("key", "team", "model"):
+            for name in {r[field] for r in spend}:
+                sums = summed([r for r in spend if r[field] == name])
+                shown = period_cell(row(dom, f'data-{field}="{name}"'), period)
+                assert dollars(sums["usd"]) in shown, (period, field, name, shown)
+                assert shown.startswith("≈") == bool(sums["estimated"]), shown
+                assert f"{sums['requests']} request" in shown, (period, field, name, shown)
+    assert {"gpt-4o", "mini"} <= {r["model"] for r in periods["day"]["current"]["spend"]}
 
 
 def test_the_spend_report_answers_the_pages_login_and_refuses_others(

@@ -183,3 +183,45 @@ def test_a_wiped_store_is_filled_again_with_its_teams_still_enforced(
     assert _chat(b, secret) == (200, None)
     assert _chat(a, secret) == (429, "team_rpd")
     assert _chat(b, secret) == (429, "team_rpd")
+
+
+def test_a_keys_team_windows_budgets_and_expiry_set_on_one_replica_hold_on_the_other(
+    replicas: tuple[ProxyProcess, ProxyProcess],
+) -> None:
+    """The key manager's fields, through the API its forms call: a key made on a with an
+    API team, a window of its own, a budget and an expiry is listed with them on b and
+    limited by them there; the window and the budget are shared (each replica's
+    requests count on the other's); an expiry changed on b to a past moment makes a
+    refuse the key within a second."""
+    a, b = replicas
+    assert _admin(a, "POST", "/teams", {"name": "squad", "rpm": 1000}).status_code == 201
+    windowed = _key(
+        a,
+        "windowed",
+        team="squad",
+        limits=[{"requests": 3, "per": "1h"}],
+        expires_at="2030-01-15T12:00:00Z",
+    )
+    budgeted = _key(a, "budgeted", team="squad", budgets=[{"tokens": 200, "period": "day"}])
+    _within(PROPAGATION, lambda: _chat(b, windowed)[0] == 200, "windowed on b")
+    listed = {k["name"]: k for k in _admin(b, "GET", "/keys").json()["keys"]}
+    assert listed["windowed"]["team"] == "squad"
+    assert listed["windowed"]["limits"] == [{"requests": 3, "per": "1h"}]
+    assert listed["windowed"]["expires_at"].startswith("2030-01-15T12:00:00")
+    assert listed["budgeted"]["budgets"] == [{"tokens": 200, "period": "day"}]
+
+    # Its own window of 3 an hour: one used on b, one on a, one on b, then refused on both.
+    assert [_chat(a, windowed), _chat(b, windowed)] == [(200, None)] * 2
+    assert _chat(a, windowed) == (429, "key_requests_1h")
+    assert _chat(b, windowed) == (429, "key_requests_1h")
+
+    # The budget: spent by both replicas' requests, then refused on both.
+    answers = [_chat(proxy, budgeted) for proxy in (a, b) * 10]
+    first_refused = next(i for i, answer in enumerate(answers) if answer[0] != 200)
+    assert first_refused >= 2, answers  # at least one on each replica
+    assert set(answers[first_refused:]) == {(429, "key_budget_tokens_day")}, answers
+
+    # Expired from b: a refuses it within a second.
+    past = {"expires_at": "2001-01-01T00:00:00Z"}
+    assert _admin(b, "PATCH", "/keys/windowed", past).status_code == 200
+    _within(PROPAGATION, lambda: _chat(a, windowed) == (401, "expired_api_key"), "expired on a")

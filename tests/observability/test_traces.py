@@ -5,9 +5,10 @@ official SDKs as clients, exporting by OTLP/HTTP to a receiver this test starts
 * every API shape (chat, completions, embeddings, responses, messages; streamed and
   not): one trace per request, its admission, attempt and settlement spans (a stream's
   time to its first chunk), the GenAI semantic conventions' attributes and the proxy's;
-* a retry and a fallback: one trace, an attempt span each (first, retry, fallback); the
-  client's ``traceparent`` continued, and each attempt's sent upstream;
-* waits for a turn, by cause (pacing, cooldown);
+* a retry and a fallback, on every API shape (streamed and not): one trace, an attempt
+  span each (first, retry, fallback); the client's ``traceparent`` continued, and each
+  attempt's sent upstream;
+* waits for a turn, by cause (pacing, fair share, cooldown);
 * no prompt or completion in any span unless ``record_content: true``; never a key.
 """
 
@@ -15,11 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 from collections.abc import Iterator
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import orjson
 import pytest
@@ -118,28 +121,36 @@ def _anthropic(proxy: ProxyInThread) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=proxy.url, api_key=CLIENT_KEY, max_retries=0)
 
 
-def _send(proxy: ProxyInThread, api: str, stream: bool) -> tuple[str, str]:
-    """One request through ``api`` with the official SDK: its request id and the text
-    of the answer the client read."""
+def _send(
+    proxy: ProxyInThread,
+    api: str,
+    stream: bool,
+    headers: dict[str, str] | None = None,
+    prefix: str = "",
+) -> tuple[str, str]:
+    """One request through ``api`` with the official SDK (to the model ``gpt``, or
+    ``claude`` for Messages, after ``prefix``; ``headers`` sent too): its request id and
+    the text of the answer the client read."""
     messages: Any = [{"role": "user", "content": PROMPT}]
     client = _openai(proxy)
+    gpt, extra = f"{prefix}gpt", {"extra_headers": headers or {}}
     if api == "chat":
         raw: Any = client.chat.completions.with_raw_response.create(
-            model="gpt", messages=messages, max_tokens=20, stream=stream
+            model=gpt, messages=messages, max_tokens=20, stream=stream, **extra
         )
     elif api == "completions":
         raw = client.completions.with_raw_response.create(
-            model="gpt", prompt=PROMPT, max_tokens=20, stream=stream
+            model=gpt, prompt=PROMPT, max_tokens=20, stream=stream, **extra
         )
     elif api == "embeddings":
-        raw = client.embeddings.with_raw_response.create(model="gpt", input=PROMPT)
+        raw = client.embeddings.with_raw_response.create(model=gpt, input=PROMPT, **extra)
     elif api == "responses":
         raw = client.responses.with_raw_response.create(
-            model="gpt", input=PROMPT, max_output_tokens=20, stream=stream
+            model=gpt, input=PROMPT, max_output_tokens=20, stream=stream, **extra
         )
     else:
         raw = _anthropic(proxy).messages.with_raw_response.create(
-            model="claude", max_tokens=20, messages=messages, stream=stream
+            model=f"{prefix}claude", max_tokens=20, messages=messages, stream=stream, **extra
         )
     parsed = raw.parse()
     text = "".join(str(event) for event in parsed) if stream else str(parsed)
@@ -380,6 +391,170 @@ def test_a_retry_and_a_fallback_are_one_trace_continuing_the_clients(
         assert not any(secret in text for text in texts), secret
 
 
+_HOP_BY_HOP = ("host", "content-length", "connection", "accept-encoding", "transfer-encoding")
+
+
+def _relay(target: str) -> Any:
+    """An answer that passes each request on to ``target`` (the fake upstream) and its
+    answer back, chunked as it comes: an upstream that serves every API shape and keeps
+    the headers it was sent (``ScriptedUpstream.requests``)."""
+
+    async def relay(conversation: Conversation) -> None:
+        seen = conversation.request
+        method, path, _ = seen.request_line.split(" ")
+        headers = {k: v for k, v in seen.headers.items() if k not in _HOP_BY_HOP}
+        async with (
+            httpx.AsyncClient(timeout=30) as client,
+            client.stream(method, target + path, headers=headers, content=seen.body) as reply,
+        ):
+            kept = [
+                f"{k}: {v}"
+                for k, v in reply.headers.items()
+                if k not in (*_HOP_BY_HOP, "content-encoding", "date", "server")
+            ]
+            head = [f"HTTP/1.1 {reply.status_code} {reply.reason_phrase}", *kept]
+            await conversation.send(
+                ("\r\n".join(head) + "\r\ntransfer-encoding: chunked\r\n\r\n").encode()
+            )
+            async for chunk in reply.aiter_bytes():
+                await conversation.send(chunked(chunk))
+        await conversation.send(b"0\r\n\r\n")
+
+    return relay
+
+
+@pytest.fixture(scope="module")
+def relayed(upstream: FakeUpstreamHandle) -> Iterator[ScriptedUpstream]:
+    with ScriptedUpstream(_relay(upstream.url)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def falling_back_on_every_api(
+    receiver: OtlpHttpReceiver,
+    failing: ScriptedUpstream,
+    relayed: ScriptedUpstream,
+    serving_path: str,
+) -> Iterator[ProxyInThread]:
+    """``big-gpt`` (OpenAI) and ``big-claude`` (Anthropic): two deployments each that
+    answer 500, then their fallbacks ``gpt`` and ``claude``, served by the fake upstream
+    through ``relayed``; content not recorded."""
+
+    def deployment(name: str, url: str, model: str, provider: str) -> dict[str, Any]:
+        return {
+            "id": name,
+            "base_url": url if provider == "anthropic" else f"{url}/v1",
+            "api_key": UPSTREAM_KEY,
+            "model": model,
+            "provider": provider,
+        }
+
+    models = []
+    for name, provider in (("gpt", "openai"), ("claude", "anthropic")):
+        failing_ones = [
+            deployment(f"big-{name}-{i}", failing.url, f"big-{name}-upstream", provider)
+            for i in (1, 2)
+        ]
+        fallback = deployment(f"{provider}-a", relayed.url, f"{name}-upstream", provider)
+        models += [
+            {"name": f"big-{name}", "price": PRICE, "deployments": failing_ones},
+            {"name": name, "price": PRICE, "deployments": [fallback]},
+        ]
+    config = {
+        "teams": [{"name": "research"}],
+        "keys": [{"name": "app", "key": CLIENT_KEY, "team": "research"}],
+        "models": models,
+        "routing": {
+            "retries": 2,
+            "fallbacks": {"big-gpt": ["gpt"], "big-claude": ["claude"]},
+            "strategy": "weighted-random",
+            "cooldown": {"allowed_fails": 1000},
+        },
+        "telemetry": {"traces": True},
+    }
+    with ProxyInThread(settings_from(config)) as server:
+        yield server
+
+
+@pytest.mark.parametrize(
+    ("api", "stream", "operation", "model"),
+    SHAPES,
+    ids=[f"{api}{'-stream' if stream else ''}" for api, stream, _, _ in SHAPES],
+)
+def test_each_api_through_a_retry_and_a_fallback_is_one_trace_continuing_the_clients(
+    falling_back_on_every_api: ProxyInThread,
+    receiver: OtlpHttpReceiver,
+    failing: ScriptedUpstream,
+    relayed: ScriptedUpstream,
+    api: str,
+    stream: bool,
+    operation: str,
+    model: str,
+) -> None:
+    """Every API shape, streamed and not: two 500s (first, retry), then the fallback
+    answers; one trace in the client's, an attempt span each with its deployment and
+    status, the stream under the fallback's attempt, each attempt's context the
+    ``traceparent`` its upstream got; no prompt, answer or key in any span."""
+    failed_before, relayed_before = len(failing.requests), len(relayed.requests)
+    client_trace, client_span = os.urandom(16).hex(), os.urandom(8).hex()
+    traceparent = {"traceparent": f"00-{client_trace}-{client_span}-01"}
+    request_id, answer_text = _send(falling_back_on_every_api, api, stream, traceparent, "big-")
+    assert answer_text
+    spans = receiver.spans.request(request_id, spans_at_least=7 if stream else 6)
+    assert {s.trace_id for s in spans} == {client_trace}
+
+    provider = "anthropic" if model == "claude" else "openai"
+    root = _one(spans, kind=SERVER)
+    assert root.parent_span_id == client_span
+    assert root.name == f"{operation} big-{model}"
+    attributes = root.attributes
+    assert attributes["gen_ai.operation.name"] == operation
+    assert attributes["gen_ai.provider.name"] == provider
+    assert attributes["gen_ai.request.model"] == f"big-{model}"
+    assert attributes["gen_ai.response.model"] == f"{model}-upstream"
+    assert attributes["gen_ai.usage.input_tokens"] > 0
+    if api != "embeddings":
+        assert attributes["gen_ai.usage.output_tokens"] > 0
+    assert attributes["http.response.status_code"] == 200
+    assert attributes["llm_proxy.retries"] == 2
+    assert attributes["llm_proxy.deployment"] == f"{provider}-a"
+    assert attributes["llm_proxy.key.name"] == "app"
+    assert attributes["llm_proxy.team"] == "research"
+    assert attributes["llm_proxy.cost_usd"] > 0
+    assert _one(spans, name="admission").parent_span_id == root.span_id
+    assert _one(spans, name="settlement").parent_span_id == root.span_id
+
+    attempts = sorted((s for s in spans if s.kind == CLIENT), key=lambda s: s.start)
+    assert [a.attributes["llm_proxy.attempt"] for a in attempts] == [1, 2, 3]
+    kinds = [a.attributes["llm_proxy.attempt.kind"] for a in attempts]
+    assert kinds == ["first", "retry", "fallback"]
+    assert {a.attributes["llm_proxy.deployment"] for a in attempts[:2]} == {
+        f"big-{model}-1",
+        f"big-{model}-2",
+    }
+    for failed in attempts[:2]:
+        assert failed.name == f"{operation} big-{model}-upstream"
+        assert failed.attributes["http.response.status_code"] == 500
+        assert failed.status_code == STATUS_ERROR
+    served = attempts[2]
+    assert served.name == f"{operation} {model}-upstream"
+    assert served.attributes["llm_proxy.deployment"] == f"{provider}-a"
+    assert served.attributes["llm_proxy.model"] == model
+    assert served.attributes["http.response.status_code"] == 200
+    assert all(a.parent_span_id == root.span_id for a in attempts)
+    if stream:
+        assert _one(spans, name="stream").parent_span_id == served.span_id
+        assert served.attributes["gen_ai.response.time_to_first_chunk"] > 0
+
+    sent = [r.headers["traceparent"] for r in failing.requests[failed_before:]]
+    sent += [r.headers["traceparent"] for r in relayed.requests[relayed_before:]]
+    assert sent == [f"00-{client_trace}-{a.span_id}-01" for a in attempts]
+
+    texts = [text for span in spans for text in span.texts()]
+    for secret in (PROMPT, CLIENT_KEY, UPSTREAM_KEY):
+        assert not any(secret in text for text in texts), secret
+
+
 def test_recorded_content_of_a_stream_is_its_text(
     receiver: OtlpHttpReceiver, upstream: FakeUpstreamHandle
 ) -> None:
@@ -420,6 +595,33 @@ def test_a_wait_for_a_paced_turn_is_a_span_with_its_cause(
     admission = _one(spans, name="admission")
     attempt = _one(spans, kind=CLIENT)
     assert admission.end == waits[0].start <= waits[-1].end <= attempt.start
+
+
+def test_a_wait_deferred_for_fair_share_is_a_span_with_its_cause(
+    receiver: OtlpHttpReceiver, upstream: FakeUpstreamHandle
+) -> None:
+    """A turn every 2 s, ``routing.lookahead`` 100 ms: the second request's turn is
+    farther than the lookahead, so it is deferred for fair share first (no turn held),
+    then waits for its reserved turn; each wait a span, in that order."""
+    config = _config(upstream)
+    config["models"][0]["deployments"][0]["rpm"] = 30
+    config["routing"] = {"lookahead": "100ms"}
+    with ProxyInThread(settings_from(config)) as proxy:
+        client = _openai(proxy)
+        ids = [
+            client.embeddings.with_raw_response.create(model="gpt", input="x").headers[
+                "x-request-id"
+            ]
+            for _ in range(2)
+        ]
+        spans = receiver.spans.request(ids[1], spans_at_least=6)
+    root = _one(spans, kind=SERVER)
+    waits = sorted((s for s in spans if s.name == "wait"), key=lambda s: s.start)
+    causes = [w.attributes["llm_proxy.wait.cause"] for w in waits]
+    assert causes[0] == "fair_share" and causes[-1] == "pacing", causes
+    assert all(w.parent_span_id == root.span_id for w in waits)
+    assert all(a.end <= b.start for a, b in itertools.pairwise(waits))
+    assert waits[-1].end <= _one(spans, kind=CLIENT).start
 
 
 def test_a_wait_for_a_cooling_deployment_is_a_span_with_its_cause(

@@ -3,7 +3,8 @@
 * off (the default): the proxy imports no OpenTelemetry module, serving requests;
 * OTLP over gRPC (``OTEL_EXPORTER_OTLP_PROTOCOL=grpc``) to a real gRPC receiver;
 * ``--workers 2``: each worker its own provider, and every span flushed at shutdown;
-* the sampler variables (``OTEL_TRACES_SAMPLER``) decide, and the upstream hears it;
+* the sampler variables (``OTEL_TRACES_SAMPLER``, ``OTEL_TRACES_SAMPLER_ARG``) decide,
+  a client's sampled flag followed by the parent-based ones, and the upstream hears it;
 * a start that cannot export traces says why, one line: a protocol the exporter does
   not speak, the OpenTelemetry packages missing (naming the extra to install).
 """
@@ -209,28 +210,76 @@ async def _ok(conversation: Conversation) -> None:
     await conversation.send(answer(body, "content-type: application/json"))
 
 
+# (OTEL_TRACES_SAMPLER, OTEL_TRACES_SAMPLER_ARG, the client's traceparent flags or no
+# traceparent, whether the request is traced)
+SAMPLERS = [
+    ("always_off", None, "01", False),
+    ("always_on", None, "00", True),
+    ("traceidratio", "0", "01", False),  # the parent's decision not followed
+    ("traceidratio", "1", None, True),
+    ("parentbased_traceidratio", "0", "01", True),  # the parent's decision followed
+    ("parentbased_traceidratio", "0", None, False),
+    ("parentbased_traceidratio", "1", "00", False),
+    ("parentbased_always_off", None, "01", True),
+    ("parentbased_always_off", None, None, False),
+    (None, None, "00", False),  # the default: parentbased_always_on
+    (None, None, None, True),
+]
+
+
+@pytest.mark.parametrize(
+    ("sampler", "argument", "flags", "traced"),
+    SAMPLERS,
+    ids=[f"{s or 'default'}-{a or ''}-{f or 'no parent'}" for s, a, f, _ in SAMPLERS],
+)
 def test_the_sampler_variables_decide_and_the_upstream_hears_the_decision(
     monkeypatch: pytest.MonkeyPatch,
+    sampler: str | None,
+    argument: str | None,
+    flags: str | None,
+    traced: bool,
 ) -> None:
-    """``OTEL_TRACES_SAMPLER=always_off``: no span is exported (the proxy stopped, its
-    spans flushed), and the upstream still gets the trace's context, not sampled."""
+    """``OTEL_TRACES_SAMPLER`` and ``OTEL_TRACES_SAMPLER_ARG`` decide which requests are
+    exported (read once the proxy stopped and flushed its spans), a client's sampled
+    flag followed only by a ``parentbased_`` sampler; either way the upstream gets the
+    trace's context (the client's trace when it sent one), flagged as decided."""
     with OtlpHttpReceiver() as receiver, ScriptedUpstream(_ok) as upstream:
-        for name, value in {**_env(receiver.url), "OTEL_TRACES_SAMPLER": "always_off"}.items():
+        for name, value in _env(receiver.url).items():
             monkeypatch.setenv(name, value)
+        for name, set_to in (
+            ("OTEL_TRACES_SAMPLER", sampler),
+            ("OTEL_TRACES_SAMPLER_ARG", argument),
+        ):
+            if set_to is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, set_to)
         config = {
             "models": [{"name": "m", "deployments": [{"id": "d", "base_url": upstream.url}]}],
             "telemetry": {"traces": True},
         }
         client_trace = os.urandom(16).hex()
+        headers = {}
+        if flags is not None:
+            headers["traceparent"] = f"00-{client_trace}-{os.urandom(8).hex()}-{flags}"
         with ProxyInThread(settings_from(config)) as proxy:
             sent = httpx.post(
-                f"{proxy.base_url}/chat/completions",
-                json=CHAT,
-                headers={"traceparent": f"00-{client_trace}-{os.urandom(8).hex()}-01"},
-                timeout=10,
+                f"{proxy.base_url}/chat/completions", json=CHAT, headers=headers, timeout=10
             )
             assert sent.status_code == 200
-        assert receiver.spans.all() == []
-        version, trace_id, span_id, flags = upstream.requests[-1].headers["traceparent"].split("-")
-    assert (version, trace_id, flags) == ("00", client_trace, "00")
+        roots = [s for s in receiver.spans.all() if s.kind == SERVER]
+        version, trace_id, span_id, sent_flags = (
+            upstream.requests[-1].headers["traceparent"].split("-")
+        )
+    if traced:
+        [root] = roots
+        assert root.attributes["llm_proxy.request_id"] == sent.headers["x-request-id"]
+        assert root.trace_id == trace_id
+    else:
+        assert roots == []
+    assert version == "00"
+    # Its sampled bit as decided (a new trace's id may also carry the "random" bit, 0x02).
+    assert int(sent_flags, 16) & 1 == traced
+    if flags is not None:
+        assert trace_id == client_trace
     assert len(span_id) == 16 and span_id != "0" * 16
