@@ -89,14 +89,20 @@ async def _requests(
     ``tune_gc``: as the CLI's processes run (``app.tune_garbage_collector``)."""
     import httpx
 
-    from proxy.config import parse_settings
+    try:
+        from proxy.config.settings import parse_settings
+        from proxy.observability.metrics import Metrics
+        from proxy.pipeline.pipeline import Pipeline
+    except ImportError:  # a revision from before the packages (issue 53's layers)
+        from proxy.metrics import Metrics  # type: ignore[no-redef]
+
+        from proxy.config import parse_settings  # type: ignore[no-redef]
+        from proxy.pipeline import Pipeline  # type: ignore[no-redef]
 
     try:
         from proxy.limiter.factory import create_limiter
     except ImportError:  # a revision from before the factory module (70e910d)
         from proxy.limiter import create_limiter  # type: ignore[attr-defined,no-redef]
-    from proxy.metrics import Metrics
-    from proxy.pipeline import Pipeline
 
     shape: object = "chat/completions"  # a baseline's endpoint, before the API shapes
     try:
@@ -124,7 +130,10 @@ async def _requests(
     for _ in range(warmup):
         await pipeline.handle(shape, _REQUEST, headers, pipeline.keys.authenticate(auth))
     if tune_gc:
-        from proxy.app import tune_garbage_collector
+        try:
+            from proxy.process.app import tune_garbage_collector
+        except ImportError:  # before the packages
+            from proxy.app import tune_garbage_collector  # type: ignore[no-redef]
 
         tune_garbage_collector()
     best = float("inf")
