@@ -654,21 +654,34 @@ def test_a_pacing_margin_neither_auto_nor_a_duration_is_an_error_naming_the_fiel
     assert problem.startswith("routing.pacing_margin: ") and says in problem, problem
 
 
-def test_a_bedrock_deployment_needs_its_aws_section_and_only_it_has_one() -> None:
+def test_a_bedrock_deployment_needs_its_region_and_only_it_has_aws_fields() -> None:
+    """As design.md's example: ``region`` and, optionally, ``aws_access_key_id`` and
+    ``aws_secret_access_key`` (else botocore's default chain) on the deployment itself; its
+    base_url defaults to the region's Bedrock runtime endpoint."""
     bedrock = {"provider": "bedrock", "model": "anthropic.claude-3-haiku-20240307-v1:0"}
     assert _problems(_azure(**bedrock)) == [
-        "models[0].deployments[0].aws: is required with provider: bedrock (its region at least)"
+        "models[0].deployments[0].region: is required with provider: bedrock"
     ]
-    assert _problems(_azure(provider="openai", aws={"region": "us-east-1"})) == [
-        "models[0].deployments[0].aws: is only for Bedrock's providers (this deployment is openai)"
+    assert _problems(_azure(provider="openai", aws_access_key_id="AKIDX")) == [
+        "models[0].deployments[0]: aws_access_key_id: is only for Bedrock's providers"
     ]
-    half = {"region": "us-east-1", "access_key_id": "AKIDX"}
-    (problem,) = _problems(_azure(**bedrock, aws=half))
-    assert problem.startswith("models[0].deployments[0].aws") and "go together" in problem
-    (problem,) = _problems(_azure(**bedrock, aws={"region": "Mars"}))
-    assert problem.startswith("models[0].deployments[0].aws.region")
-    settings = parse_settings(_azure(**bedrock, aws={"region": "us-east-1"}), env={})
-    assert settings.models[0].deployments[0].aws is not None
+    assert _problems(_azure(provider="openai", region="us-east-1")) == [
+        "models[0].deployments[0].region: is only for Vertex AI and Bedrock"
+        " (this deployment is openai)"
+    ]
+    (problem,) = _problems(_azure(**bedrock, region="us-east-1", aws_access_key_id="AKIDX"))
+    assert "aws_access_key_id" in problem and "aws_secret_access_key" in problem, problem
+    (problem,) = _problems(_azure(**bedrock, region="Mars"))
+    assert problem.startswith("models[0].deployments[0].region: is not an AWS region"), problem
+    settings = parse_settings(_azure(**bedrock, region="us-east-1"), env={})
+    deployment = settings.models[0].deployments[0]
+    assert deployment.aws is not None and deployment.aws.region == "us-east-1"
+    assert deployment.base_url == "https://r.openai.azure.com"  # given: kept
+    given = {
+        "models": [{"name": "m", "deployments": [{"id": "b", **bedrock, "region": "eu-west-3"}]}]
+    }
+    url = parse_settings(given, env={}).models[0].deployments[0].base_url
+    assert url == "https://bedrock-runtime.eu-west-3.amazonaws.com"
 
 
 def test_a_bedrock_deployment_without_botocore_names_the_extra(
@@ -680,6 +693,6 @@ def test_a_bedrock_deployment_without_botocore_names_the_extra(
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "botocore" else found(name)
     )
-    bedrock = {"provider": "bedrock", "model": "m", "aws": {"region": "us-east-1"}}
+    bedrock = {"provider": "bedrock", "model": "m", "region": "us-east-1"}
     (problem,) = _problems(_azure(**bedrock))
-    assert problem.startswith("models[0].deployments[0].aws: needs botocore") and "extra" in problem
+    assert "provider: needs botocore" in problem and "extra" in problem, problem

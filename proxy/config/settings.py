@@ -521,30 +521,44 @@ RESERVED_HEADERS = frozenset(
 )
 
 
-class AwsConfig(_Strict):
-    """A Bedrock deployment's AWS side: its region (signed into every request), and its
-    credentials; without them, botocore's default chain (the environment, the shared
-    files' ``profile``, a container's or an instance's role) finds them."""
+@dataclass(frozen=True)
+class AwsConfig:
+    """A Bedrock deployment's AWS side, from its fields (``Deployment.aws``): its region
+    (signed into every request), and its credentials; without them, botocore's default
+    chain (the environment, the shared files' ``profile``, a container's or an instance's
+    role) finds them."""
 
-    region: str = Field(pattern=r"^[a-z]{2}(-[a-z]+)+-\d{1,2}$")
-    access_key_id: SecretStr = SecretStr("")
-    secret_access_key: SecretStr = SecretStr("")
-    session_token: SecretStr = SecretStr("")
-    profile: str = ""  # a named profile of the shared files (the chain only)
+    region: str
+    access_key_id: SecretStr
+    secret_access_key: SecretStr
+    session_token: SecretStr
+    profile: str  # a named profile of the shared files (the chain only)
 
-    @model_validator(mode="after")
-    def _pair(self) -> AwsConfig:
-        given = (
-            bool(self.access_key_id.get_secret_value()),
-            bool(self.secret_access_key.get_secret_value()),
-        )
-        if given[0] != given[1]:
-            raise ValueError("access_key_id and secret_access_key go together")
-        if self.session_token.get_secret_value() and not given[0]:
-            raise ValueError("session_token needs access_key_id and secret_access_key")
-        if self.profile and given[0]:
-            raise ValueError("profile is for the default chain: not with access_key_id")
-        return self
+
+_AWS_REGION = r"^[a-z]{2}(-[a-z]+)+-\d{1,2}$"
+_BEDROCK = ("bedrock", "bedrock-converse")
+_AWS_FIELDS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token", "aws_profile")
+
+
+def _aws_problem(d: Deployment) -> str | None:
+    """What is wrong with a deployment's AWS fields (naming the field); None: nothing."""
+    given = [f for f in _AWS_FIELDS if _given(getattr(d, f))]
+    if d.provider not in _BEDROCK:
+        return f"{given[0]}: is only for Bedrock's providers" if given else None
+    if importlib.util.find_spec("botocore") is None:  # found, not imported
+        return "provider: needs botocore, which signs its requests: the bedrock extra"
+    keys = (_given(d.aws_access_key_id), _given(d.aws_secret_access_key))
+    if keys[0] != keys[1]:
+        return "aws_access_key_id: goes together with aws_secret_access_key"
+    if _given(d.aws_session_token) and not keys[0]:
+        return "aws_session_token: needs aws_access_key_id and aws_secret_access_key"
+    if d.aws_profile and keys[0]:
+        return "aws_profile: is for the default chain, not with aws_access_key_id"
+    return None
+
+
+def _given(value: SecretStr | str) -> bool:
+    return bool(value.get_secret_value() if isinstance(value, SecretStr) else value)
 
 
 # How a deployment is reached (proxy/providers/): OpenAI's paths and bearer key, Azure
@@ -573,7 +587,7 @@ Provider = Annotated[str, BeforeValidator(_provider_name)]
 # Vertex AI's: its region's, ``_vertex_defaults``).
 _BASE_URLS = {"gemini": "https://generativelanguage.googleapis.com"}
 _AZURE_FIELDS = ("deployment", "api_version")
-_VERTEX_FIELDS = ("project", "region")
+_VERTEX_FIELDS = ("project",)
 # A Google Cloud project ID (6-30 characters: lowercase letters, digits, hyphens; a
 # letter first, no hyphen last), a legacy domain-scoped one (``example.com:my-project``)
 # too; a Vertex AI location (``us-east5``, ``europe-west1``, ``global``, ``us``, ``eu``).
@@ -594,13 +608,18 @@ def vertex_base_url(region: str) -> str:
 
 
 def _vertex_defaults(data: object) -> object:
-    """A Vertex AI deployment's ``base_url`` when none is given: its region's endpoint."""
+    """A Vertex AI or Bedrock deployment's ``base_url`` when none is given: its region's
+    endpoint."""
     if not isinstance(data, dict) or data.get("base_url"):
         return data
     provider, region = data.get("provider"), data.get("region")
-    vertex = isinstance(provider, str) and provider.lower() == "vertex"
-    if vertex and isinstance(region, str) and re.match(_GCP_REGION, region):
+    provider = provider.lower() if isinstance(provider, str) else provider
+    if not isinstance(region, str):
+        return data
+    if provider == "vertex" and re.match(_GCP_REGION, region):
         return {**data, "base_url": vertex_base_url(region)}
+    if provider in _BEDROCK and re.match(_AWS_REGION, region):
+        return {**data, "base_url": f"https://bedrock-runtime.{region}.amazonaws.com"}
     return data
 
 
@@ -651,8 +670,11 @@ class Deployment(_Limited):
     proxy_url: SecretStr = SecretStr("")
     # USD per 1M tokens; wins over its group's price.
     price: PriceSpec | None = None
-    # Bedrock only: its region and credentials.
-    aws: AwsConfig | None = Field(default=None, validate_default=True)
+    # Bedrock only: its credentials (else botocore's default chain); its region is ``region``.
+    aws_access_key_id: SecretStr = SecretStr("")
+    aws_secret_access_key: SecretStr = SecretStr("")
+    aws_session_token: SecretStr = SecretStr("")
+    aws_profile: str = ""  # a named profile of the shared files (the chain only)
 
     @model_validator(mode="before")
     @classmethod
@@ -711,9 +733,28 @@ class Deployment(_Limited):
             raise ValueError("is required with provider: vertex")
         if provider != "vertex" and value:
             raise ValueError(f"is only for provider: vertex (this deployment is {provider})")
-        pattern = _GCP_PROJECT if info.field_name == "project" else _GCP_REGION
-        if value and not re.match(pattern, value):
+        if value and not re.match(_GCP_PROJECT, value):
             raise ValueError(f"is not a Google Cloud {info.field_name} name ({value!r})")
+        return value
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, value: str, info: ValidationInfo) -> str:
+        """Vertex AI's location or Bedrock's AWS region: required there, nowhere else."""
+        provider = info.data.get("provider")
+        if provider is None:
+            return value  # the provider itself is wrong: that is the error to report
+        cloud = "Google Cloud" if provider == "vertex" else "AWS"
+        if provider not in ("vertex", *_BEDROCK):
+            if value:
+                raise ValueError(
+                    f"is only for Vertex AI and Bedrock (this deployment is {provider})"
+                )
+            return value
+        if not value:
+            raise ValueError(f"is required with provider: {provider}")
+        if not re.match(_GCP_REGION if provider == "vertex" else _AWS_REGION, value):
+            raise ValueError(f"is not an {cloud} region name ({value!r})")
         return value
 
     @field_validator("credentials_file")
@@ -736,18 +777,25 @@ class Deployment(_Limited):
             )
         return self
 
-    @field_validator("aws")
-    @classmethod
-    def _bedrock_only(cls, value: AwsConfig | None, info: ValidationInfo) -> AwsConfig | None:
-        provider = info.data.get("provider")
-        bedrock = provider in ("bedrock", "bedrock-converse")
-        if bedrock and value is None:
-            raise ValueError(f"is required with provider: {provider} (its region at least)")
-        if bedrock and importlib.util.find_spec("botocore") is None:  # found, not imported
-            raise ValueError("needs botocore, which signs its requests: the bedrock extra")
-        if provider is not None and not bedrock and value is not None:
-            raise ValueError(f"is only for Bedrock's providers (this deployment is {provider})")
-        return value
+    @model_validator(mode="after")
+    def _aws_fields(self) -> Deployment:
+        problem = _aws_problem(self)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
+    @property
+    def aws(self) -> AwsConfig | None:
+        """A Bedrock deployment's region and credentials, as its provider reads them."""
+        if self.provider not in _BEDROCK:
+            return None
+        return AwsConfig(
+            self.region,
+            self.aws_access_key_id,
+            self.aws_secret_access_key,
+            self.aws_session_token,
+            self.aws_profile,
+        )
 
     @field_validator("headers")
     @classmethod

@@ -5,7 +5,7 @@
 through ``Converse`` and ``ConverseStream`` (``/model/{modelId}/converse``,
 ``/converse-stream``), which chat requests are translated to
 (proxy/translate/converse.py). Every request signed with SigV4 by botocore (service
-``bedrock``, the deployment's region; credentials from its ``aws:`` section or botocore's
+``bedrock``, the deployment's region; credentials from its ``aws_*`` fields or botocore's
 default chain); a streamed answer in AWS's event stream reframed into server-sent events
 (InvokeModel's ``chunk`` messages each carry one of the Messages API's events, in
 base64; ConverseStream's messages are each their own event); Bedrock's throttling

@@ -47,12 +47,10 @@ def _bedrock(upstream: FakeUpstreamHandle, name: str = "bedrock", **extra: Any) 
         "provider": "bedrock",
         "base_url": upstream.url,
         "model": MODEL,
-        "aws": {
-            "region": "us-west-2",
-            "access_key_id": KEY_ID,
-            "secret_access_key": SECRET,
-            "session_token": TOKEN,
-        },
+        "region": "us-west-2",
+        "aws_access_key_id": KEY_ID,
+        "aws_secret_access_key": SECRET,
+        "aws_session_token": TOKEN,
         **extra,
     }
 
@@ -152,9 +150,8 @@ def test_the_aws_secret_and_signature_are_never_shown(caplog: pytest.LogCaptureF
     token and the signature appear in no log line, answer, metric or /admin/state."""
     caplog.set_level(logging.DEBUG)
     with _upstream() as upstream:
-        aws = {"region": "us-west-2", "access_key_id": KEY_ID, "secret_access_key": "not-" + SECRET}
         config = _config([_bedrock(upstream)])
-        wrong = _bedrock(upstream, "wrong", aws=aws)
+        wrong = _bedrock(upstream, "wrong", aws_secret_access_key="not-" + SECRET)
         config["models"].append({"name": "wrong", "deployments": [wrong]})
         with ProxyInThread(settings_from(config)) as proxy:
             url = f"{proxy.url}/v1/messages"

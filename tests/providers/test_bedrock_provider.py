@@ -27,7 +27,10 @@ AWS = AwsConfig(
     region="eu-central-1",
     access_key_id=SecretStr("AKIDUNITTEST00000001"),
     secret_access_key=SecretStr("unit/test+secret0123456789abcdefghijklmn"),
+    session_token=SecretStr(""),
+    profile="",
 )
+CHAIN = AwsConfig("us-east-1", SecretStr(""), SecretStr(""), SecretStr(""), "")
 CHUNK = {":event-type": "chunk", ":content-type": "application/json", ":message-type": "event"}
 
 
@@ -82,7 +85,7 @@ def test_no_credentials_anywhere_is_an_unreachable_deployment(
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials")
     monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/config")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    wire = BedrockWire("http://b", AwsConfig(region="us-east-1"))
+    wire = BedrockWire("http://b", CHAIN)
     with pytest.raises(UpstreamUnavailable):
         asyncio.run(wire.authorize("POST", "http://b/model/m/invoke", {}, b"{}"))
 
@@ -92,7 +95,7 @@ def test_the_default_chain_finds_credentials_in_the_environment(
 ) -> None:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDFROMENVIRONMENT1")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "from/the+environment0123456789abcdefghi")
-    wire = BedrockWire("http://b", AwsConfig(region="us-east-1"))
+    wire = BedrockWire("http://b", CHAIN)
     headers: dict[str, str] = {}
     asyncio.run(wire.authorize("POST", "http://b/model/m/invoke", headers, b"{}"))
     assert "Credential=AKIDFROMENVIRONMENT1/" in headers["authorization"]
