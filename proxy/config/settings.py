@@ -557,6 +557,20 @@ def _aws_problem(d: Deployment) -> str | None:
     return None
 
 
+def _owned_by(owner: str, value: str, info: ValidationInfo) -> bool:
+    """Whether a field of provider ``owner`` is to be checked further: required with that
+    provider, an error with any other (False: the provider itself is wrong, the error to
+    report)."""
+    provider = info.data.get("provider")
+    if provider is None:
+        return False
+    if provider == owner and not value:
+        raise ValueError(f"is required with provider: {owner}")
+    if provider != owner and value:
+        raise ValueError(f"is only for provider: {owner} (this deployment is {provider})")
+    return True
+
+
 def _given(value: SecretStr | str) -> bool:
     return bool(value.get_secret_value() if isinstance(value, SecretStr) else value)
 
@@ -712,13 +726,8 @@ class Deployment(_Limited):
     @field_validator(*_AZURE_FIELDS)
     @classmethod
     def _azure_only(cls, value: str, info: ValidationInfo) -> str:
-        provider = info.data.get("provider")
-        if provider is None:
-            return value  # the provider itself is wrong: that is the error to report
-        if provider == "azure" and not value:
-            raise ValueError("is required with provider: azure")
-        if provider != "azure" and value:
-            raise ValueError(f"is only for provider: azure (this deployment is {provider})")
+        if not _owned_by("azure", value, info):
+            return value
         if value and not re.match(_URL_SAFE, value):
             raise ValueError("may contain only letters, digits and _ . -")
         return value
@@ -726,13 +735,8 @@ class Deployment(_Limited):
     @field_validator(*_VERTEX_FIELDS)
     @classmethod
     def _vertex_only(cls, value: str, info: ValidationInfo) -> str:
-        provider = info.data.get("provider")
-        if provider is None:
-            return value  # the provider itself is wrong: that is the error to report
-        if provider == "vertex" and not value:
-            raise ValueError("is required with provider: vertex")
-        if provider != "vertex" and value:
-            raise ValueError(f"is only for provider: vertex (this deployment is {provider})")
+        if not _owned_by("vertex", value, info):
+            return value
         if value and not re.match(_GCP_PROJECT, value):
             raise ValueError(f"is not a Google Cloud {info.field_name} name ({value!r})")
         return value
