@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Container
+from collections.abc import Awaitable, Callable, Collection, Container, Sequence
 from typing import Any, Generic
 
 from proxy.background import stop
@@ -98,6 +98,10 @@ def _nobody(name: str) -> None:
     """Told of a record gone, by default: no one."""
 
 
+async def _go_ahead(records: Sequence[Any]) -> None:
+    """Records read may be applied at once (what ``before_apply`` does by default)."""
+
+
 def _no_one() -> None:
     """Told of a store that lost its data, by default: no one (the log line is written)."""
 
@@ -139,6 +143,9 @@ class RecordStore(Generic[R]):
         self.last_loss: dict[str, Any] | None = None
         self.on_gone: Callable[[str], None] = _nobody
         self.on_lost: Callable[[], None] = _no_one
+        # Awaited with the records a read brought, before they are applied (a key store
+        # waits for its teams: ``RuntimeTeams.cover``); raising fails the read.
+        self.before_apply: Callable[[Sequence[R]], Awaitable[None]] = _go_ahead
 
     def _kind(self) -> Kind[R]:
         """What this store holds (each subclass's)."""
@@ -239,6 +246,7 @@ class RecordStore(Generic[R]):
         if changes.changed is None:
             await self._reload()
             return
+        await self.before_apply([record for _, record, _ in changes.changed if record])
         for name, record, revoked_at in changes.changed:
             self._apply(name, record)
             self._remember(name, revoked_at)
@@ -251,6 +259,7 @@ class RecordStore(Generic[R]):
         snapshot = await self.backend.load_all()
         index = self._new_index()
         records = snapshot.records
+        await self.before_apply(records)
         for start in range(0, len(records), _INDEX_SLICE):
             for record in records[start : start + _INDEX_SLICE]:
                 index.apply(record.name, record)

@@ -10,11 +10,12 @@ config does not have (``Catalog``), one dict access; a store never read answers 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from proxy.config.settings import Team
 from proxy.keys.backend import Kind
+from proxy.keys.records import KeyRecord
 from proxy.keys.store import RecordStore, backend_for, merged
 from proxy.keys.team_records import TEAMS, TeamRecord
 from proxy.limiter.redis.sentinel import SentinelTarget
@@ -40,6 +41,19 @@ class RuntimeTeams(RecordStore[TeamRecord]):
         if not self.loaded:
             raise self.unavailable()
         return None
+
+    async def cover(self, keys: Sequence[KeyRecord]) -> None:
+        """Read the store again if ``keys`` (just read from the key store, not yet in
+        use) name a team it lacks. A key's team is written before the key (a key naming a
+        team that is not there is refused), so a read started after the key's has it: no
+        replica serves a key without its team's limits, nor counts its windows apart from
+        its team's (the key store's ``before_apply``). A team the config has, or one gone
+        from it, costs one read more per batch of changed keys naming it."""
+        if not self.shared:
+            return
+        named = {key.spec.get("team") for key in keys}
+        if any(isinstance(name, str) and self.index.get(name) is None for name in named):
+            await self.refresh()
 
     def needed(self, key_api: bool) -> bool:
         """Whether requests depend on reading the shared store: not read yet (with the

@@ -110,6 +110,7 @@ def create_app(
             settings.redis.url, workers, settings.redis.timeout, sentinel=target
         )
         runtime_teams.on_lost = metrics.key_store_lost
+        runtime_keys.before_apply = runtime_teams.cover  # a key's team before the key
         await runtime_teams.start()  # first: a key read may name a team
         await runtime_keys.start()
         app.state.runtime_keys = runtime_keys

@@ -20,8 +20,8 @@ from proxy.catalog.catalog import Catalog, key_limits
 from proxy.config.settings import ClientKey
 from proxy.errors import InvalidRequest, ServiceUnavailable
 from proxy.keys.memory_backend import MemoryBackend
-from proxy.keys.redis_backend import RedisRecordBackend, key_names
-from proxy.keys.store import Conflict, KeyRevoked
+from proxy.keys.redis_backend import RedisKeyBackend, RedisRecordBackend, key_names
+from proxy.keys.store import Conflict, KeyRevoked, RuntimeKeys
 from proxy.keys.team_records import TEAMS, TeamRecord, validate_team
 from proxy.keys.teams import RuntimeTeams, runtime_teams_for
 
@@ -103,6 +103,34 @@ async def test_what_one_store_writes_the_other_sees_at_its_next_look(
     with pytest.raises(KeyRevoked) as again:
         await b.delete("squad")
     assert again.value.code == "team_deleted"
+
+
+async def test_a_key_is_in_use_only_once_the_team_it_names_is_known(
+    pair: tuple[RuntimeTeams, RuntimeTeams], redis_url: str
+) -> None:
+    """A key and its new team made on one replica: the other's key store, reading the
+    key before its team store has looked again, reads the teams first (``cover``), so
+    the key is never served there without its team's limits (a race seen in CI: its
+    windows were counted apart from the other replica's)."""
+    a_teams, b_teams = pair
+    a_keys, b_keys = (
+        RuntimeKeys(RedisKeyBackend(redis_url), shared=True, poll_interval=3600) for _ in "ab"
+    )
+    b_keys.before_apply = b_teams.cover
+    for store in (a_keys, b_keys):
+        await store.start()
+    try:
+        await a_teams.create("squad", {"rpm": 5})
+        await a_keys.create("member", {"team": "squad"}, None)
+        await a_keys.create("loner", {}, None)
+        assert b_teams.team("squad") is None  # not looked since
+        await b_keys.refresh()
+        assert b_keys.index.get("member") is not None
+        team = b_teams.team("squad")
+        assert team is not None and team.rpm == 5
+    finally:
+        for store in (a_keys, b_keys):
+            await store.aclose()
 
 
 async def test_a_flushed_store_is_filled_again_from_what_the_replicas_knew(
