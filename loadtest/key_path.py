@@ -51,7 +51,9 @@ async def _measure(
     from proxy.config.settings import parse_settings
     from proxy.limiter.factory import create_limiter
     from proxy.observability.metrics import Metrics
-    from proxy.pipeline.pipeline import Pipeline, _new_call, _parse_body
+    from proxy.pipeline.pipeline import Pipeline, _parse_body
+    from proxy.request.call import Arrival, Ask, Call, Caller
+    from proxy.request.request_ids import new_request_id
     from proxy.shapes.chat import CHAT
 
     limiter = create_limiter(url, replica_id="key-path", timeout=30.0)
@@ -63,24 +65,25 @@ async def _measure(
     body = _parse_body(_REQUEST)
 
     async def base() -> None:
-        call = _new_call(CHAT, [])
-        call.cost = CHAT.estimate(body, 4096)
+        arrival = Arrival(new_request_id(), CHAT, time.perf_counter())
+        Call(arrival, ask=Ask(cost=CHAT.estimate(body, 4096)))
 
     async def one() -> None:
-        call = _new_call(CHAT, [])
-        call.key_name, call.model = key.name, "gpt-4o-mini"
-        call.cost = CHAT.estimate(body, 4096)
+        arrival = Arrival(new_request_id(), CHAT, time.perf_counter())
+        ask = Ask("gpt-4o-mini", cost=CHAT.estimate(body, 4096))
+        call = Call(arrival, caller=Caller(key.name), ask=ask)
         limits = pipeline.keys.limits(key, pipeline.catalog.key_limits)
         assert limits is not None
-        limits = pipeline.catalog.ask_limits(key, limits, call.model)
+        limits = pipeline.catalog.ask_limits(key, limits, ask.model)
         check = pipeline._check_key(call, limits, False)
         settlement = pipeline._key_settlement(call, limits, check, None)
         (await check) if not check.done() else check.result()
         call.trip.used = _USED
-        call.trip.charge(call.cost)
+        call.trip.charge(ask.cost)
         pipeline._settle_soon(settlement)  # as Pipeline._answered does
-        assert call.key_verdict is not None
-        CHAT.key_headers(call.key_verdict, time.time())
+        verdict = call.admission.verdict
+        assert verdict is not None
+        CHAT.key_headers(verdict, time.time())
 
     for _ in range(warmup):
         await one()

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from proxy.costs import TokenUsage
 from proxy.money.pricing import Price, format_usd, usd
 from proxy.pipeline.budgets import correction, reservation, settled_cost
-from proxy.request.call import Call
+from proxy.request.call import Admission, Arrival, Call
 from proxy.shapes.base import Shape
 from proxy.shapes.chat import CHAT
 from proxy.shapes.embeddings import EMBEDDINGS
@@ -72,10 +72,10 @@ def test_the_reservation_bounds_any_real_usage_of_the_request(text: str, cap: in
 
 
 def _call(usage: TokenUsage | None = None, unreported: int | None = None) -> Call:
-    call = Call(request_id="r", shape=CHAT, started=0.0)
+    reserved = {"usd": 1.0, "tokens": 100.0, "requests": 1.0}
+    call = Call(Arrival("r", CHAT, 0.0), admission=Admission(reserved=reserved))
     call.trip.reported(usage)
     call.trip.unreported_tokens = unreported
-    call.reserved = {"usd": 1.0, "tokens": 100.0, "requests": 1.0}
     return call
 
 

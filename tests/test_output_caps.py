@@ -10,7 +10,7 @@ import pytest
 from proxy.limiter.core import edge
 from proxy.money.pricing import Price, bound
 from proxy.pipeline.budgets import Reservation, bound_now, lower_cap, reservation
-from proxy.request.call import Call
+from proxy.request.call import Admission, Arrival, Ask, Call
 from proxy.shapes import output_caps
 from proxy.shapes.base import Shape
 from proxy.shapes.chat import CHAT
@@ -123,15 +123,16 @@ def test_gemini_s_candidates_multiply_its_cap() -> None:
 def test_a_lowered_cap_goes_in_the_body_and_its_bytes() -> None:
     body = {"model": "m", "messages": MESSAGE, "max_tokens": 500, "n": 2}
     raw = orjson.dumps(body)
-    call = Call(request_id="r", shape=CHAT, started=0.0, body=dict(body), raw=raw)
+    ask = Ask(body=dict(body), raw=raw)
     made = reservation(body, raw, CHAT, 256, PRICE, clamp=True)
-    call.reserved, call.clamp = dict(made.cost), made.clamp
+    admission = Admission(reserved=dict(made.cost), clamp=made.clamp)
+    call = Call(Arrival("r", CHAT, 0.0), ask=ask, admission=admission)
     assert bound_now(call) == made.cost
-    lower_cap(call, 120)
-    assert call.clamped
-    assert call.body["max_tokens"] == 120
-    assert orjson.loads(call.raw) == {**body, "max_tokens": 120}
-    assert call.clamp is not None and call.clamp.most == 120
+    call.ask, call.admission = lower_cap(ask, admission, CHAT, 120)
+    assert call.admission.clamped and not admission.clamped  # a new admission, and ask
+    assert call.ask.body["max_tokens"] == 120 and ask.body["max_tokens"] == 500
+    assert orjson.loads(call.ask.raw) == {**body, "max_tokens": 120}
+    assert call.admission.clamp is not None and call.admission.clamp.most == 120
     # What its budgets would reserve for it now: 120 tokens in each of its 2 choices.
     assert bound_now(call)["tokens"] == len(raw) + 240
-    assert call.reserved == made.cost  # its check's reservation is the pipeline's to set
+    assert call.admission.reserved == made.cost  # its check's reservation is the pipeline's

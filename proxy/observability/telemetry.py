@@ -134,7 +134,7 @@ class Telemetry:
         self.metrics.queue_depth_add(model, delta, tier)
 
     def waited(self, call: Call, seconds: float, cause: WaitCause) -> None:
-        self.metrics.queue_wait(call.model, seconds, call.tier)
+        self.metrics.queue_wait(call.ask.model, seconds, call.caller.tier)
 
     def refused(self, scope: str, model: str) -> None:
         self.metrics.rate_limited(scope, model)

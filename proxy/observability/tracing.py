@@ -200,16 +200,16 @@ class TracedTelemetry(Telemetry):
     # -- the request's trace ------------------------------------------------------------
 
     def trace_of(self, call: Call) -> RequestTrace:
-        """``call``'s trace, begun at its arrival (``call.started``) by the first event
+        """``call``'s trace, begun at its arrival (``call.arrival.started``) by the first event
         that needs it, continuing the client's ``traceparent`` if it sent one."""
         trace_ = _trace(call)
         if trace_ is None:
-            parent = _PROPAGATOR.extract(call.headers, getter=_HEADERS)
+            parent = _PROPAGATOR.extract(call.arrival.headers, getter=_HEADERS)
             root = self.tracer.start_span(
                 _operation(call),
                 context=parent,
                 kind=SpanKind.SERVER,
-                start_time=self.tracing.ns(call.started),
+                start_time=self.tracing.ns(call.arrival.started),
             )
             call.trace = trace_ = RequestTrace(root)
         return trace_
@@ -234,7 +234,7 @@ class TracedTelemetry(Telemetry):
             return
         trace_.admitted = True
         if trace_.root.is_recording():
-            self._span(trace_, "admission", call.started, until, admission_attributes(call))
+            self._span(trace_, "admission", call.arrival.started, until, admission_attributes(call))
 
     # -- routing.events.Events ---------------------------------------------------------
 
@@ -247,7 +247,7 @@ class TracedTelemetry(Telemetry):
             attributes: dict[str, AttributeValue] = {
                 "llm_proxy.wait.cause": cause,
                 "llm_proxy.wait_ms": round(seconds * 1000, 3),
-                "llm_proxy.key.priority": call.tier,
+                "llm_proxy.key.priority": call.caller.tier,
             }
             self._span(trace_, "wait", now - seconds, now, attributes)
 
@@ -344,7 +344,7 @@ class TracedTelemetry(Telemetry):
         super().request_finished(line, duration, call)
         now = time.perf_counter()
         trace_ = self.trace_of(call)
-        end = call.started + duration
+        end = call.arrival.started + duration
         self._admitted(trace_, call, end)  # refused before a wait or an attempt
         if trace_.attempt is not None:  # never heard ending: it ends with the request
             trace_.attempt.end(end_time=self.tracing.ns(end))
@@ -374,12 +374,12 @@ def _present(attributes: dict[str, AttributeValue | None]) -> dict[str, Attribut
 
 
 def _operation(call: Call) -> str:
-    return OPERATIONS.get(call.shape.name, call.shape.name)
+    return OPERATIONS.get(call.arrival.shape.name, call.arrival.shape.name)
 
 
 def _max_tokens(call: Call) -> int | None:
     for field in _MAX_TOKENS:
-        value = call.body.get(field)
+        value = call.ask.body.get(field)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     return None
@@ -391,7 +391,7 @@ def _upstream_model(call: Call, route: DeploymentRoute | None) -> str | None:
     printable, as the log line quotes it)."""
     if route is None:
         return None
-    return route.model_for(call.shape.name) or call.requested_model
+    return route.model_for(call.arrival.shape.name) or call.ask.requested_model
 
 
 def _provider(route: DeploymentRoute | None) -> str | None:
@@ -404,20 +404,20 @@ def admission_attributes(call: Call) -> dict[str, AttributeValue]:
     """The key's check: who, and what it said (``allowed``, ``refused`` with the limit
     that refused, ``shadow`` for a shadow key's refusal that went on; ``none``: no key
     check, an unlimited key)."""
-    verdict = call.key_verdict
+    verdict = call.admission.verdict
     if verdict is None:
         result = "none"
-    elif call.shadow_rejection is not None:
+    elif call.admission.shadow_rejection is not None:
         result = "shadow"
     else:
         result = "allowed" if verdict.allowed else "refused"
     return _present(
         {
-            "llm_proxy.key.name": call.key_name,
-            "llm_proxy.team": call.team or None,
+            "llm_proxy.key.name": call.caller.key_name,
+            "llm_proxy.team": call.caller.team or None,
             "llm_proxy.key.verdict": result,
             "llm_proxy.key.limit": None if verdict is None else verdict.code,
-            "llm_proxy.shadow_rejection": call.shadow_rejection,
+            "llm_proxy.shadow_rejection": call.admission.shadow_rejection,
         }
     )
 
@@ -427,9 +427,9 @@ def _upstream_url(call: Call, route: DeploymentRoute | None) -> httpx.URL | None
     its request is translated to (proxy/translate)."""
     if route is None:
         return None
-    if route.speaks(call.shape.name):
-        return route.target(call.shape.name)[0]
-    link = link_for(call.shape.name, route.speaks)
+    if route.speaks(call.arrival.shape.name):
+        return route.target(call.arrival.shape.name)[0]
+    link = link_for(call.arrival.shape.name, route.speaks)
     return None if link is None else route.target(link.upstream.name)[0]
 
 
@@ -437,7 +437,7 @@ def attempt_attributes(
     call: Call, attempt: Attempt, route: DeploymentRoute | None, number: int
 ) -> dict[str, AttributeValue]:
     """An attempt's, as it starts: the GenAI call it is and where it goes."""
-    kind = "fallback" if attempt.model != call.model else "retry" if number > 1 else "first"
+    kind = "fallback" if attempt.model != call.ask.model else "retry" if number > 1 else "first"
     url = _upstream_url(call, route)
     return _present(
         {
@@ -445,10 +445,10 @@ def attempt_attributes(
             "gen_ai.provider.name": _provider(route),
             "gen_ai.request.model": _upstream_model(call, route),
             "gen_ai.request.max_tokens": _max_tokens(call),
-            "gen_ai.request.stream": call.stream,
+            "gen_ai.request.stream": call.ask.stream,
             "server.address": None if url is None else url.host,
             "server.port": None if url is None else url.port,
-            "llm_proxy.request_id": call.request_id,
+            "llm_proxy.request_id": call.arrival.request_id,
             "llm_proxy.model": attempt.model,
             "llm_proxy.deployment": attempt.deployment,
             "llm_proxy.attempt": number,
@@ -483,7 +483,7 @@ def settlement_attributes(call: Call) -> dict[str, AttributeValue]:
     return _present(
         {
             "llm_proxy.usage.reported": trip.usage is not None,
-            "llm_proxy.tokens.estimated": call.estimate,
+            "llm_proxy.tokens.estimated": call.ask.estimate,
             "llm_proxy.tokens.charged": charged,
         }
     )
@@ -494,7 +494,7 @@ def request_attributes(
 ) -> dict[str, AttributeValue]:
     """The request's, once answered: what its log line says, in the GenAI semantic
     conventions' names where they have one (the proxy's own under ``llm_proxy.``)."""
-    asked = call.body.get("model")
+    asked = call.ask.body.get("model")
     return _present(
         {
             "gen_ai.operation.name": _operation(call),
@@ -502,7 +502,7 @@ def request_attributes(
             "gen_ai.request.model": client_text(asked) if isinstance(asked, str) else line.model,
             "gen_ai.response.model": model,
             "gen_ai.request.max_tokens": _max_tokens(call),
-            "gen_ai.request.stream": call.stream,
+            "gen_ai.request.stream": call.ask.stream,
             "gen_ai.usage.input_tokens": line.prompt_tokens,
             "gen_ai.usage.output_tokens": line.completion_tokens,
             "http.response.status_code": line.status,
@@ -511,7 +511,7 @@ def request_attributes(
             "llm_proxy.api": line.api,
             "llm_proxy.model": line.model,
             "llm_proxy.key.name": line.key_name,
-            "llm_proxy.team": call.team or None,
+            "llm_proxy.team": call.caller.team or None,
             "llm_proxy.deployment": line.deployment,
             "llm_proxy.queue_time_ms": line.queue_wait_ms,
             "llm_proxy.cost_usd": line.cost_usd,
@@ -526,8 +526,8 @@ def content_attributes(call: Call, output: str | None) -> dict[str, AttributeVal
     """The prompt and the answer's text (``telemetry.record_content: true`` only): the
     request's messages (or input, or prompt) and instructions as the client sent them,
     as JSON; the answer's text as one assistant message."""
-    prompt = next((call.body[f] for f in _PROMPT if f in call.body), None)
-    instructions = next((call.body[f] for f in _INSTRUCTIONS if f in call.body), None)
+    prompt = next((call.ask.body[f] for f in _PROMPT if f in call.ask.body), None)
+    instructions = next((call.ask.body[f] for f in _INSTRUCTIONS if f in call.ask.body), None)
     answer = None
     if output is not None:
         answer = [{"role": "assistant", "parts": [{"type": "text", "content": output}]}]

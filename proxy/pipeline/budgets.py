@@ -38,8 +38,7 @@ from proxy.limiter.base import Clamp, KeyVerdict
 from proxy.limiter.core import edge
 from proxy.money.pricing import Price, bound, format_usd, usd
 from proxy.money.spend import Spend
-from proxy.request.call import Call
-from proxy.request.json_splice import set_fields
+from proxy.request.call import Admission, Ask, Call
 from proxy.shapes import output_caps
 from proxy.shapes.base import Shape
 from proxy.shapes.ratelimit_headers import format_reset
@@ -123,25 +122,21 @@ def _clamp(
     return Clamp(base, per, most, least)
 
 
-def lower_cap(call: Call, cap: int) -> None:
-    """``call`` to go with at most ``cap`` output tokens per completion (a budget that
-    clamps could pay no more: ``KeyVerdict.cap``): every field that carries its cap, in
-    its body and its bytes."""
-    clamp = call.clamp
+def lower_cap(ask: Ask, admission: Admission, shape: Shape, cap: int) -> tuple[Ask, Admission]:
+    """``ask`` to go with at most ``cap`` output tokens per completion (a budget that
+    clamps could pay no more: ``KeyVerdict.cap``), every field that carries its cap set,
+    in its body and its bytes; ``admission``'s reservation at that cap."""
+    clamp = admission.clamp
     assert clamp is not None  # (a verdict lowers only an ask's clamp)
-    fields = output_caps.lowered(call.body, call.shape.output_caps, cap)
-    if fields:
-        call.body.update(fields)
-        call.raw = set_fields(call.raw, fields)
-    call.clamp = replace(clamp, most=cap)
-    call.clamped = True
+    fields = output_caps.lowered(ask.body, shape.output_caps, cap)
+    return (ask.sent_with(fields) if fields else ask), admission.lowered(replace(clamp, most=cap))
 
 
 def bound_now(call: Call) -> Mapping[str, float]:
     """What the request's budgets reserve for it as it would go now: its reservation,
     at the cap a budget lowered it to since (a fallback's: its own), if one did."""
-    clamp = call.clamp
-    return call.reserved if clamp is None else edge.at(clamp, clamp.most)
+    clamp = call.admission.clamp
+    return call.admission.reserved if clamp is None else edge.at(clamp, clamp.most)
 
 
 def real_cost(usage: TokenUsage, price: Price) -> dict[str, float]:
@@ -159,13 +154,13 @@ def settled_cost(
     call: Call, price: Price, reserved: Mapping[str, float] | None = None
 ) -> dict[str, float] | None:
     """What its budgets settle to: the real cost; a stream cut before its usage keeps
-    its reservation (``reserved``, if not ``call.reserved``: a fallback's own); None: no
+    its reservation (``reserved``, if not ``call.admission.reserved``: a fallback's own); None: no
     usage known (the reservation goes back)."""
     usage = usage_of(call)
     if usage is None:
         if call.trip.unreported_tokens is None:
             return None
-        return dict(call.reserved if reserved is None else reserved)
+        return dict(call.admission.reserved if reserved is None else reserved)
     return real_cost(usage, price)
 
 
@@ -175,7 +170,7 @@ def estimated_spend(call: Call, price: Price) -> Spend | None:
     windows were charged priced at ``price``; None: nothing was charged."""
     if call.trip.unreported_tokens is None:
         return None
-    reserved = call.reserved
+    reserved = call.admission.reserved
     if reserved:
         return Spend(
             reserved.get(costs.USD, 0.0),
@@ -183,7 +178,7 @@ def estimated_spend(call: Call, price: Price) -> Spend | None:
             round(reserved.get(costs.OUTPUT_TOKENS, 0.0)),
             estimated=1,
         )
-    charged = call.trip.charged_cost(call.cost) or {}
+    charged = call.trip.charged_cost(call.ask.cost) or {}
     tokens = TokenUsage(
         round(charged.get(costs.INPUT_TOKENS, 0.0)), round(charged.get(costs.OUTPUT_TOKENS, 0.0))
     )

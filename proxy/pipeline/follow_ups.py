@@ -25,7 +25,7 @@ from proxy.catalog.catalog import Catalog, DeploymentRoute, GroupRoute
 from proxy.costs import INPUT_TOKENS, TOKENS
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.pipeline.affinity import MAX_ID, MAX_TOKENS, Affinity, AffinityUnavailable, Owner
-from proxy.request.call import Call, Reply, StreamSource
+from proxy.request.call import Ask, Call, Pin, Reply, StreamSource
 from proxy.shapes.responses import RESPONSES, FirstEvent, created_id, final_usage
 from proxy.values import value
 
@@ -62,23 +62,24 @@ class FollowUps:
 
     async def stored(self, call: Call, route: StoredRoute) -> GroupRoute:
         """The group of the deployment holding ``route``'s response; ``call`` pinned to
-        that deployment, with the route's method and path."""
-        owner = await self._owner(route.response_id, call.key_identity, None)
+        that deployment, with the route's method and path (its stream: the route's, the
+        pipeline's to ask)."""
+        owner = await self._owner(route.response_id, call.caller.key_identity, None)
         deployment = self._deployment(owner, route.response_id, None)
-        call.pinned = deployment.id
-        call.upstream_method, call.upstream_path = route.method, route.path
-        call.stream = route.stream
+        call.pin = Pin(deployment.id, route.method, route.path)
         return self.catalog.groups[deployment.group]
 
-    async def prepare(self, call: Call, group: GroupRoute) -> None:
+    async def prepare(self, call: Call, group: GroupRoute) -> Ask:
         """A create: continuing a stored response, it goes to the deployment that holds
-        it (in the model group the request names). (A background one answers without
-        usage, the upstream runs it later: it keeps its estimate, as any 200 whose usage
-        cannot be read.)"""
-        previous = call.body.get(_PREVIOUS)
+        it (in the model group the request names), and its ask (``call.ask``, returned
+        as it goes) grows by the conversation the upstream reads again. (A background one
+        answers without usage, the upstream runs it later: it keeps its estimate, as any
+        200 whose usage cannot be read.)"""
+        ask = call.ask
+        previous = ask.body.get(_PREVIOUS)
         if not isinstance(previous, str):
-            return
-        owner = await self._owner(previous, call.key_identity, _PREVIOUS)
+            return ask
+        owner = await self._owner(previous, call.caller.key_identity, _PREVIOUS)
         deployment = self._deployment(owner, previous, _PREVIOUS)
         if deployment.group != group.name:
             raise InvalidRequest(
@@ -87,17 +88,29 @@ class FollowUps:
                 code="previous_response_elsewhere",
                 param=_PREVIOUS,
             )
-        call.pinned = deployment.id
-        if owner.tokens:  # the upstream reads the conversation again: its input grows
-            call.context = owner.tokens  # (and its budgets' reservation: budgets.py)
-            context = float(owner.tokens)
-            cost = call.cost
-            call.cost = {
-                **cost,
-                TOKENS: cost.get(TOKENS, 0.0) + context,
-                INPUT_TOKENS: cost.get(INPUT_TOKENS, 0.0) + context,
-            }
-            call.estimate = int(call.cost[TOKENS])
+        call.pin = Pin(deployment.id)
+        if not owner.tokens:
+            return ask
+        # The upstream reads the conversation again: its input grows (and its budgets'
+        # reservation: budgets.py).
+        context = float(owner.tokens)
+        cost = {
+            **ask.cost,
+            TOKENS: ask.cost.get(TOKENS, 0.0) + context,
+            INPUT_TOKENS: ask.cost.get(INPUT_TOKENS, 0.0) + context,
+        }
+        return Ask(
+            ask.model,
+            ask.requested_model,
+            ask.asked_model,
+            ask.body,
+            ask.raw,
+            ask.stream,
+            int(cost[TOKENS]),
+            cost,
+            ask.prefixes,
+            owner.tokens,
+        )
 
     async def answered(self, call: Call, route: StoredRoute | None, reply: Reply) -> Reply:
         """Remember the response a create made; forget one a DELETE removed; read the
@@ -112,12 +125,12 @@ class FollowUps:
                 usage = final_usage(reply.body, route.response_id)  # a held estimate's
                 call.retrieved = None if usage is None else (route.response_id, usage)
             return reply
-        if call.body.get("store") is False:  # not stored upstream: nothing follows it
+        if call.ask.body.get("store") is False:  # not stored upstream: nothing follows it
             return reply
         deployment = self._by_id(call.trip.deployment)
         if deployment is None:
             return reply
-        owner = Owner(deployment.id, deployment.group, call.key_identity)
+        owner = Owner(deployment.id, deployment.group, call.caller.key_identity)
         if reply.stream is None:
             response_id = call.created = created_id(reply.body)
             if response_id is not None:

@@ -54,15 +54,15 @@ def settlement(
 ) -> KeySettlement:
     """What ``limits``, taken for ``call`` under ``slot`` at ``started``, settle to: its
     real usage (``failed``: none, as a failed request's), its budgets' reservation
-    (``reserved``, if not ``call.reserved``: a fallback's own) corrected to its real
+    (``reserved``, if not ``call.admission.reserved``: a fallback's own) corrected to its real
     cost at the price of the deployment that answered (``prices``: by deployment id;
     unpriced: free)."""
-    used = None if failed else limit_kinds.settled(call.cost, call.trip.charged)
-    correction = settled_cost(call.cost, used, limits.all_windows)
-    if not call.reserved:
+    used = None if failed else limit_kinds.settled(call.ask.cost, call.trip.charged)
+    correction = settled_cost(call.ask.cost, used, limits.all_windows)
+    if not call.admission.reserved:
         return KeySettlement(limits, slot, correction)
     if reserved is None:
-        reserved = call.reserved
+        reserved = call.admission.reserved
     real = None
     if not failed:
         price = prices.get(call.trip.deployment or "", FREE)
@@ -120,7 +120,7 @@ class FallbackCharge:
                 )
                 await self._settle(failed)
         added, dropped = self._limits_for(group)
-        slot = f"{self._call.request_id}>{group}"
+        slot = f"{self._call.arrival.request_id}>{group}"
         check = None if added.unlimited else asyncio.ensure_future(self._acquire(added, slot))
         self.moved = Moved(group, added, dropped, slot, check)
         if check is None:

@@ -61,9 +61,18 @@ from proxy.pipeline.auth import KeyStore, RuntimeLookup, open_when_empty
 from proxy.pipeline.error_table import contract_error
 from proxy.pipeline.follow_ups import FollowUps, StoredRoute
 from proxy.pipeline.key_charges import FallbackCharge
-from proxy.request.call import Call, ClientLeft, Reply, Settlement, WatchDeparture
+from proxy.request.call import (
+    Admission,
+    Arrival,
+    Ask,
+    Call,
+    Caller,
+    ClientLeft,
+    Reply,
+    Settlement,
+    WatchDeparture,
+)
 from proxy.request.json_keys import duplicate
-from proxy.request.json_splice import set_fields
 from proxy.request.request_ids import new_request_id
 from proxy.routing.dispatcher import Dispatcher, Served
 from proxy.routing.settlement import Settler
@@ -204,16 +213,23 @@ class Pipeline:
         gone: a request waiting for its turn or for the upstream stops then. ``target``:
         what its URL says (the model, the stream, for a shape that has them there). ``route``:
         a stored response's route (no body, no model: follow_ups.py)."""
-        call = _new_call(shape, headers)
-        call.target = target
-        call.client_left = client_left
-        call.watch_departure = watch_departure
+        call = Call(
+            Arrival(
+                new_request_id(),
+                shape,
+                time.perf_counter(),
+                headers,
+                target,
+                client_left,
+                watch_departure,
+            )
+        )
         handled = _Handled()
         reply: Reply | None = None
         try:
             reply = await self._serve(call, raw, key, route, handled)
         except Exception as exc:
-            reply = self._error_reply(call, contract_error(exc, call.request_id))
+            reply = self._error_reply(call, contract_error(exc, call.arrival.request_id))
         finally:
             if reply is None or reply.stream is None:
                 # A buffered answer (or none: cancelled) is done once on its way: one
@@ -223,10 +239,12 @@ class Pipeline:
                 asyncio.get_running_loop().call_soon(
                     self._answered, call, after, handled.settlement, status, time.perf_counter()
                 )
-        reply.headers["x-request-id"] = call.request_id
+        reply.headers["x-request-id"] = call.arrival.request_id
         reply.headers.update(_proxy_headers(call))
-        if call.key_verdict is not None:
-            reply.headers.update(call.shape.key_headers(call.key_verdict, time.time()))
+        if call.admission.verdict is not None:
+            reply.headers.update(
+                call.arrival.shape.key_headers(call.admission.verdict, time.time())
+            )
         return reply
 
     async def _serve(
@@ -240,8 +258,8 @@ class Pipeline:
         """The request read, its key charged, its answer from the dispatcher (a stored
         response remembered); what it leaves to settle goes in ``handled``, whatever it
         raises."""
-        self._identify(call, key)
-        group = await self._read(call, call.shape, raw, key, route)
+        call.caller = self._identify(key)
+        group = await self._read(call, call.arrival.shape, raw, key, route)
         key_check, settlement, fallback = self._charge_key(call, key, group)
         handled.settlement = settlement
 
@@ -259,7 +277,7 @@ class Pipeline:
         admit = None if fallback is None else fallback.admit
         served = await self.dispatcher.run(call, group, stream_done, gate=gate, admit=admit)
         handled.served = served
-        if not call.shape.stores_responses:
+        if not call.arrival.shape.stores_responses:
             return served.reply
         reply = await self.follow_ups.answered(call, route, served.reply)
         self._settle_retrieved(call, key)
@@ -289,11 +307,11 @@ class Pipeline:
     def reject(self, shape: Shape, error: ProxyError, *, close: bool = False) -> Reply:
         """The reply for a request refused before its body was read (key, size, type,
         time); ``close``: the connection closes after it (its body stopped arriving)."""
-        call = _new_call(shape, [])
+        call = Call(Arrival(new_request_id(), shape, time.perf_counter()))
         reply = self._error_reply(call, error)
         if close:
             reply.headers["connection"] = "close"
-        reply.headers["x-request-id"] = call.request_id
+        reply.headers["x-request-id"] = call.arrival.request_id
         reply.headers.update(_proxy_headers(call))
         self._finish(call, reply.status)
         return reply
@@ -310,18 +328,19 @@ class Pipeline:
 
     # --- steps ------------------------------------------------------------------------
 
-    def _identify(self, call: Call, key: ClientKey | None) -> None:
-        """The key's name, team, allow-list, share and bound on waiting, on the call."""
-        call.max_wait = self.settings.routing.max_wait
+    def _identify(self, key: ClientKey | None) -> Caller:
+        """The key's name, team, allow-list, share and bound on waiting."""
+        max_wait = self.settings.routing.max_wait
         if key is None:
-            return
-        call.key_name = key.name
-        call.key_identity = key.identity()
-        call.team = key.team or ""
-        call.allowed_models = key.models
-        call.claimant = Claimant(key.name, key.priority, key.weight)
-        if key.max_wait is not None:
-            call.max_wait = key.max_wait
+            return Caller(max_wait=max_wait)
+        return Caller(
+            key.name,
+            key.identity(),
+            key.models,
+            Claimant(key.name, key.priority, key.weight),
+            max_wait if key.max_wait is None else key.max_wait,
+            key.team or "",
+        )
 
     async def _read(
         self,
@@ -331,37 +350,50 @@ class Pipeline:
         key: ClientKey | None,
         route: StoredRoute | None,
     ) -> GroupRoute:
-        """The request read and checked, its cost estimated: its model group."""
+        """The request read and checked, its cost estimated: its model group (the ask,
+        on the call as far as it was read when a step refuses it: the log line's)."""
         if route is None:
-            call.body, call.raw = _parse_body(raw), raw
-            group = self._group(call)
+            group = self._group(call, _parse_body(raw), raw)
         else:
             group = await self.follow_ups.stored(call, route)
-        call.model = group.name
+            # A stored response's route: its query said (follow_ups).
+            call.ask = Ask(group.name, stream=route.stream)
+        ask = call.ask
         self.keys.authorize(key, group.name)
         _check_speaks(group, shape)
-        shape.check(call.body)
-        if route is None:  # a stored response's route: its query said (follow_ups)
-            call.stream = shape.streamed(call.body, call.target)
-        estimate = shape.estimate(call.body, self.settings.server.default_max_tokens)
-        call.cost = limit_kinds.price(estimate, Priced(shape.name, call.body, call.stream))
-        call.estimate = int(call.cost[TOKENS])
-        call.prefixes = shape.cache_prefixes(call.body, call.raw)
+        body = ask.body
+        shape.check(body)
+        stream = ask.stream if route is not None else shape.streamed(body, call.arrival.target)
+        estimate = shape.estimate(body, self.settings.server.default_max_tokens)
+        cost = limit_kinds.price(estimate, Priced(shape.name, body, stream))
+        call.ask = Ask(
+            ask.model,
+            ask.requested_model,
+            ask.asked_model,
+            body,
+            ask.raw,
+            stream,
+            int(cost[TOKENS]),
+            cost,
+            shape.cache_prefixes(body, ask.raw),
+        )
         if shape.stores_responses:
-            await self.follow_ups.prepare(call, group)
+            call.ask = await self.follow_ups.prepare(call, group)
         return group
 
-    def _group(self, call: Call) -> GroupRoute:
-        model = call.shape.model_of(call.body, call.target)
+    def _group(self, call: Call, body: dict[str, Any], raw: bytes) -> GroupRoute:
+        """The model group ``body`` asks for; the ask, as far as it is known, on ``call``."""
+        model = call.arrival.shape.model_of(body, call.arrival.target)
         if not isinstance(model, str) or not model:
+            call.ask = Ask(body=body, raw=raw)
             raise InvalidRequest(
                 "'model' is required and must be a string.", code="missing_model", param="model"
             )
+        group = self.catalog.route(model)
         # The log line names it beside its group (an alias, a name a pattern serves; an
         # unknown one: the group to configure); no metric label ever does.
-        call.requested_model = client_text(model)
-        call.asked_model = model
-        group = self.catalog.route(model)
+        name = "unknown" if group is None else group.name
+        call.ask = Ask(name, client_text(model), model, body, raw)
         if group is None:
             raise ModelNotFound(f"The model '{model[:200]}' does not exist.", param="model")
         return group
@@ -385,7 +417,7 @@ class Pipeline:
             return None, self._key_settlement(call, asked, None, fallback), fallback
         if asked.all_quotas:
             clamp = self._may_clamp(key, limits, asked, fallback is not None)
-            self._reserve_budget(call, call.shape, group, clamp)
+            self._reserve_budget(call, call.arrival.shape, group, clamp)
         key_check = self._check_key(call, asked, shadow=key.shadow)
         return key_check, self._key_settlement(call, asked, key_check, fallback), fallback
 
@@ -397,14 +429,16 @@ class Pipeline:
         is not tried)."""
 
         async def acquire(added: KeyLimits, slot: str) -> KeyVerdict | None:
-            if added.all_quotas and not call.reserved:  # no budget counted the model asked for
-                self._reserve_budget(call, call.shape, group, self._may_clamp(key, limits))
+            if (
+                added.all_quotas and not call.admission.reserved
+            ):  # no budget counted the model asked for
+                self._reserve_budget(call, call.arrival.shape, group, self._may_clamp(key, limits))
             verdict = await self.limiter.acquire_key(_key_ask(call, added, slot))
             if not self._goes_on(call, added, key.shadow, verdict):
                 code, wait = verdict.code or "rate_limited", verdict.retry_after
                 raise RateLimited(_refusal_message(verdict), code=code, retry_after=wait)
             if verdict.cap:  # sent with the cap it could pay (its own reservation: moved)
-                budgets.lower_cap(call, verdict.cap)
+                _lower_cap(call, call.admission, verdict.cap)
             return verdict if verdict.allowed else None
 
         def limits_for(served: str) -> tuple[KeyLimits, KeyLimits]:
@@ -433,7 +467,7 @@ class Pipeline:
         """The key's verdict to come (the dispatcher's gate): given at once when the
         limiter can (in memory, or a lease's), else asked together with the first
         reservation, one Redis round trip for both."""
-        ask = _key_ask(call, limits, call.request_id)
+        ask = _key_ask(call, limits, call.arrival.request_id)
         verdict = None if self.fast is None else self.fast.acquire_key_now(ask)
         if verdict is None:
             return asyncio.ensure_future(self._acquire_key(call, ask, shadow))
@@ -452,17 +486,18 @@ class Pipeline:
         counted and the request goes on, charged nothing (as a refused one would be), so
         the key's windows keep counting exactly what enforcing them would let through."""
         limits = ask.limits
-        call.key_verdict = verdict  # its x-ratelimit-* go on the answer, 429s included
+        call.admission = call.admission.judged(verdict)  # its x-ratelimit-* go on the answer
         if self._goes_on(call, limits, shadow, verdict):
             if verdict.cap:  # its budgets could pay a lower output cap: reserved, sent
-                call.reserved = dict(edge.reserved(call.reserved, call.clamp, verdict.cap))
-                budgets.lower_cap(call, verdict.cap)
+                admission = call.admission
+                reserved = dict(edge.reserved(admission.reserved, admission.clamp, verdict.cap))
+                _lower_cap(call, admission.reserving(reserved, admission.clamp), verdict.cap)
             return verdict
         code = verdict.code or "rate_limited"
-        self.telemetry.refused(code, call.model)
+        self.telemetry.refused(code, call.ask.model)
         if code == "request_too_large":
             raise InvalidRequest(
-                f"This request needs about {call.estimate} tokens, more than the key"
+                f"This request needs about {call.ask.estimate} tokens, more than the key"
                 f" '{limits.name}' may ever use at once; lower max_tokens or the input.",
                 code="request_too_large",
             )
@@ -478,7 +513,7 @@ class Pipeline:
         if not shadow:
             return False
         code = verdict.code or "rate_limited"
-        call.shadow_rejection = code
+        call.admission = call.admission.shadow_refused(code)
         self.telemetry.shadow_refused(limits.name, code)
         return True
 
@@ -498,7 +533,7 @@ class Pipeline:
             if granted is None:
                 return None
             prices = self.catalog.prices
-            return key_charges.settlement(call, limits, call.request_id, granted.at, prices)
+            return key_charges.settlement(call, limits, call.arrival.request_id, granted.at, prices)
 
         async def release() -> None:
             if key_check is not None and not key_check.done():  # it is, once answered
@@ -523,20 +558,20 @@ class Pipeline:
         ``clamp``: also as a function of its output cap, which a budget may lower); a
         request without an output cap goes with the one it was reserved for."""
         reservation = budgets.reservation(
-            call.body,
-            call.raw,
+            call.ask.body,
+            call.ask.raw,
             shape,
             self.settings.server.default_max_tokens,
             self.catalog.dearest.get(group.name, FREE),
-            call.context,
+            call.ask.context,
             clamp=clamp,
         )
-        call.reserved = dict(reservation.cost)
-        call.clamp = reservation.clamp
+        call.admission = call.admission.reserving(dict(reservation.cost), reservation.clamp)
         if reservation.cap_field is not None:  # (at any depth: its top-level field set)
-            fields = output_caps.with_cap(call.body, reservation.cap_field, reservation.cap)
-            call.body.update(fields)
-            call.raw = set_fields(call.raw, fields)
+            ask = call.ask
+            call.ask = ask.sent_with(
+                output_caps.with_cap(ask.body, reservation.cap_field, reservation.cap)
+            )
 
     def _settle_soon(self, settlement: Settlement) -> None:
         if not settlement.settle_soon():
@@ -544,18 +579,18 @@ class Pipeline:
 
     def _error_reply(self, call: Call, error: ProxyError) -> Reply:
         call.error_code = error.code
-        body = call.shape.error_body(error)
+        body = call.arrival.shape.error_body(error)
         return Reply(status=error.status, headers={**_JSON, **error.headers()}, body=body)
 
     def _finish(self, call: Call, status: int, ended: float | None = None) -> None:
-        duration = (ended or time.perf_counter()) - call.started
+        duration = (ended or time.perf_counter()) - call.arrival.started
         cost = self._spent(call)
         self.telemetry.request_finished(
             RequestLog(
-                request_id=call.request_id,
-                key_name=call.key_name,
-                model=call.model,
-                requested_model=call.requested_model,
+                request_id=call.arrival.request_id,
+                key_name=call.caller.key_name,
+                model=call.ask.model,
+                requested_model=call.ask.requested_model,
                 deployment=call.trip.deployment,
                 status=status,
                 latency_ms=round(duration * 1000, 2),
@@ -564,9 +599,9 @@ class Pipeline:
                 completion_tokens=call.trip.completion_tokens,
                 retries=call.trip.retries,
                 error_code=call.error_code or call.trip.stream_error,
-                shadow_rejection=call.shadow_rejection,
+                shadow_rejection=call.admission.shadow_rejection,
                 cost_usd=cost,
-                api=api_label(call.shape.name),
+                api=api_label(call.arrival.shape.name),
             ),
             duration,
             call,
@@ -580,9 +615,9 @@ class Pipeline:
         if call.trip.deployment is None:
             return None
         price = self.catalog.prices.get(call.trip.deployment, FREE)
-        model = self.catalog.group_of.get(call.trip.deployment, call.model)  # a fallback's
-        owner = Owner(call.key_name or "", call.team, model)
-        verdict = call.key_verdict
+        model = self.catalog.group_of.get(call.trip.deployment, call.ask.model)  # a fallback's
+        owner = Owner(call.caller.key_name or "", call.caller.team, model)
+        verdict = call.admission.verdict
         started = verdict.at if verdict is not None and verdict.at else time.time()
         usage = budgets.usage_of(call)
         if usage is None:
@@ -610,8 +645,8 @@ class Pipeline:
             return
         # Its budgets hold the reservation only if its key check took it (not a shadow
         # key's refused request): only then is there a budget to correct later.
-        verdict = call.key_verdict
-        reserved = call.reserved if verdict is not None and verdict.allowed else {}
+        verdict = call.admission.verdict
+        reserved = call.admission.reserved if verdict is not None and verdict.allowed else {}
         deployment = call.trip.deployment or ""
         self.ledger.hold(call.created, Held(owner, started, deployment, spend, reserved))
 
@@ -624,7 +659,7 @@ class Pipeline:
         response_id, usage = call.retrieved
         limits = self.keys.limits(key, self.catalog.key_limits)
         if limits is not None and key is not None:
-            limits = self.catalog.ask_limits(key, limits, call.model)
+            limits = self.catalog.ask_limits(key, limits, call.ask.model)
         self.background.run(self._settle_held(response_id, usage, limits))
 
     async def _settle_held(
@@ -670,8 +705,14 @@ def _granted(key_check: asyncio.Future[KeyVerdict] | None) -> KeyVerdict | None:
 def _key_ask(call: Call, limits: KeyLimits, slot: str) -> KeyAsk:
     """The ask of ``limits`` for ``call``: its estimate, and its budgets' reservation
     (as a function of its output cap when one of ``limits``' budgets clamps)."""
-    clamp = call.clamp if limits.clamps else None
-    return KeyAsk(limits, slot, call.cost, budgets.bound_now(call), clamp)
+    clamp = call.admission.clamp if limits.clamps else None
+    return KeyAsk(limits, slot, call.ask.cost, budgets.bound_now(call), clamp)
+
+
+def _lower_cap(call: Call, admission: Admission, cap: int) -> None:
+    """``call`` to go with at most ``cap`` output tokens (``budgets.lower_cap``), its
+    budgets' reservation as ``admission`` has it."""
+    call.ask, call.admission = budgets.lower_cap(call.ask, admission, call.arrival.shape, cap)
 
 
 def _check_speaks(group: GroupRoute, shape: Shape) -> None:
@@ -682,15 +723,6 @@ def _check_speaks(group: GroupRoute, shape: Shape) -> None:
             code="unsupported_api",
             param="model",
         )
-
-
-def _new_call(shape: Shape, headers: list[tuple[str, str]]) -> Call:
-    return Call(
-        request_id=new_request_id(),
-        shape=shape,
-        started=time.perf_counter(),
-        headers=headers,
-    )
 
 
 def _parse_body(raw: bytes) -> dict[str, Any]:
@@ -716,11 +748,13 @@ def _parse_body(raw: bytes) -> dict[str, Any]:
 def _proxy_headers(call: Call) -> dict[str, str]:
     """The proxy's own time so far (without the upstream and the wait for a turn), the
     wait when there was one, and whether a budget lowered its output cap (design.md)."""
-    spent = time.perf_counter() - call.started - call.trip.queue_wait - call.trip.upstream_time
+    spent = (
+        time.perf_counter() - call.arrival.started - call.trip.queue_wait - call.trip.upstream_time
+    )
     headers = {"x-llm-proxy-overhead-ms": f"{max(spent, 0.0) * 1000:.2f}"}
     if call.trip.queue_wait > 0:
         headers["x-llm-proxy-queue-ms"] = f"{call.trip.queue_wait * 1000:.2f}"
-    if call.clamped:
+    if call.admission.clamped:
         headers[budgets.CLAMPED_HEADER] = "1"
     return headers
 

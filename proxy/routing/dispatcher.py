@@ -218,7 +218,11 @@ class Dispatcher:
         is the first failure, as when a fallback has no turn within max_wait)."""
         t = _Trying(self.routing.retries + 1, gate)
         # A stored response's follow-up has one deployment: its own (no retry elsewhere).
-        groups = (group,) if call.pinned is not None else self._groups(group, call.allowed_models)
+        groups = (
+            (group,)
+            if call.pin.deployment is not None
+            else self._groups(group, call.caller.allowed_models)
+        )
         for current in groups:
             served = await self._try_group(call, group, current, stream_done, admit, t)
             if served is not None:
@@ -264,9 +268,9 @@ class Dispatcher:
         candidates = [
             d
             for d in group.deployments
-            if d.id not in tried and (call.pinned is None or d.id == call.pinned)
+            if d.id not in tried and (call.pin.deployment is None or d.id == call.pin.deployment)
         ]
-        if call.shape.name not in group.common:  # some need it translated
+        if call.arrival.shape.name not in group.common:  # some need it translated
             candidates = self.exchange.reachable(call, candidates)
         return candidates
 
@@ -342,8 +346,12 @@ class Dispatcher:
         ordered = order_candidates(self.routing.strategy, candidates, self.rng, self.state)
         # A full queue still lets through a request that needs no waiting.
         r.queue_full = self.waiting >= self.routing.max_queue
-        r.budget = 0.0 if r.queue_full else max(call.max_wait - call.trip.queue_wait, 0.0)
-        if r.line is None and r.budget > 0.0 and self.lines.busy(r.group.name, call.claimant.key):
+        r.budget = 0.0 if r.queue_full else max(call.caller.max_wait - call.trip.queue_wait, 0.0)
+        if (
+            r.line is None
+            and r.budget > 0.0
+            and self.lines.busy(r.group.name, call.caller.claimant.key)
+        ):
             # Others of this key wait here for their share: join them, do not ask.
             await self._gate_passed(r, None)
             r.line = await self._queue(call, r.group, r.budget, None)
@@ -353,7 +361,7 @@ class Dispatcher:
     async def _ask_for_turn(self, r: _Reserving, ordered: list[DeploymentRoute]) -> Turn | None:
         """``_reserve_once``'s ask of the limiter, and what its verdict leads to."""
         call = r.call
-        lease = f"{call.request_id}.{call.trip.retries}"
+        lease = f"{call.arrival.request_id}.{call.trip.retries}"
         cost = self._upstream_cost(call, ordered)
         verdict = await self._ask(call, r.group.name, ordered, r.budget, lease, cost)
         handled = time.monotonic()
@@ -451,7 +459,7 @@ class Dispatcher:
         call, group = r.call, r.group
         if verdict.code == "request_too_large":
             raise InvalidRequest(
-                f"This request needs about {call.estimate} tokens, more than any"
+                f"This request needs about {call.ask.estimate} tokens, more than any"
                 f" deployment of '{group.name}' accepts per minute.",
                 code="request_too_large",
             )
@@ -511,7 +519,7 @@ class Dispatcher:
             budget,
             lease,
             self.settler.least_busy,
-            call.claimant,
+            call.caller.claimant,
             self.routing.lookahead,
         )
         # An open lease (or the memory limiter) answers without an await.
@@ -574,7 +582,7 @@ class Dispatcher:
         head is to ask the limiter (``retry_after``: this request was just deferred for
         that long). Ends the request if its client leaves or its ``budget`` (what is left
         of its max_wait) cannot cover the wait."""
-        line = self.lines.line(group.name, call.claimant.key)
+        line = self.lines.line(group.name, call.caller.claimant.key)
         now = time.monotonic()
         if retry_after is not None and not line.busy:
             line.not_before = now + retry_after
@@ -611,23 +619,23 @@ class Dispatcher:
         self, call: Call, group: GroupRoute, cooling: bool, queue_full: bool, retry_after: float
     ) -> ProxyError:
         # A stored response's follow-up waits for its own deployment only: named.
-        held = f"The deployment '{call.pinned}' that holds this response"
+        held = f"The deployment '{call.pin.deployment}' that holds this response"
         if cooling:
-            self.events.refused("model_unavailable", call.model)
+            self.events.refused("model_unavailable", call.ask.model)
             return ServiceUnavailable(
                 f"{held} is cooling down after failures; retry after the indicated time."
-                if call.pinned is not None
+                if call.pin.deployment is not None
                 else f"Every deployment of '{group.name}' is cooling down after failures;"
                 " retry after the indicated time.",
                 code="model_unavailable",
                 retry_after=retry_after,
             )
-        scope = "queue_full" if queue_full and call.max_wait > 0 else "model_capacity"
-        self.events.refused(scope, call.model)
+        scope = "queue_full" if queue_full and call.caller.max_wait > 0 else "model_capacity"
+        self.events.refused(scope, call.ask.model)
         message = (
             (
                 f"{held} is at capacity; retry after the indicated time."
-                if call.pinned is not None
+                if call.pin.deployment is not None
                 else f"The model '{group.name}' is at capacity; retry after the indicated time."
             )
             if scope == "model_capacity"
@@ -656,11 +664,11 @@ class Dispatcher:
         if not queued:
             self.waiting += 1
         on = give_back.deployment if give_back is not None else None
-        model, deployment = (on.group, on.id) if on is not None else (group or call.model, None)
-        self.tally.wait_started(model, deployment, call.key_name)
-        self.events.queued(call.model, 1, call.tier)
+        model, deployment = (on.group, on.id) if on is not None else (group or call.ask.model, None)
+        self.tally.wait_started(model, deployment, call.caller.key_name)
+        self.events.queued(call.ask.model, 1, call.caller.tier)
         started = time.perf_counter()
-        client_left = call.client_left
+        client_left = call.arrival.client_left
         if seconds <= SHORT_WAIT:
             sleeping: Awaitable[object] = (
                 asyncio.sleep(seconds)
@@ -683,8 +691,8 @@ class Dispatcher:
             raise
         finally:
             self.waiting -= 1
-            self.tally.wait_ended(model, deployment, call.key_name)
-            self.events.queued(call.model, -1, call.tier)
+            self.tally.wait_ended(model, deployment, call.caller.key_name)
+            self.events.queued(call.ask.model, -1, call.caller.tier)
             call.trip.queue_wait += time.perf_counter() - started
         self.events.waited(call, time.perf_counter() - started, cause)
 
@@ -697,16 +705,18 @@ class Dispatcher:
         if ticket.done():
             return ticket.result()
         self.waiting += 1
-        self.tally.wait_started(group, None, call.key_name)
-        self.events.queued(call.model, 1, call.tier)
+        self.tally.wait_started(group, None, call.caller.key_name)
+        self.events.queued(call.ask.model, 1, call.caller.tier)
         started = time.perf_counter()
         try:
-            if not await _watched(asyncio.wait((ticket,), timeout=budget), call.client_left):
+            if not await _watched(
+                asyncio.wait((ticket,), timeout=budget), call.arrival.client_left
+            ):
                 raise ClientClosedRequest("The client closed the request while it waited.")
         finally:
             self.waiting -= 1
-            self.tally.wait_ended(group, None, call.key_name)
-            self.events.queued(call.model, -1, call.tier)
+            self.tally.wait_ended(group, None, call.caller.key_name)
+            self.events.queued(call.ask.model, -1, call.caller.tier)
             call.trip.queue_wait += time.perf_counter() - started
         self.events.waited(call, time.perf_counter() - started, "fair_share")
         if not ticket.done():  # its max_wait ran out in line
@@ -727,7 +737,7 @@ class Dispatcher:
             self.settler.give_back(turn, turn.cost)
             raise
         attempt = Attempt(
-            call.request_id,
+            call.arrival.request_id,
             deployment.group,
             deployment.id,
             time.perf_counter(),
@@ -735,7 +745,7 @@ class Dispatcher:
             headers=request.fields,
         )
         self._started(attempt)
-        self.tally.call_started(call.key_name)
+        self.tally.call_started(call.caller.key_name)
         departure = Departure(call)
 
         def on_first_chunk() -> None:
@@ -749,11 +759,11 @@ class Dispatcher:
             self.catalog.pacing.record(time.monotonic() - turn.moment)
         try:
             answer = await self.exchange.call(
-                call.shape,
+                call.arrival.shape,
                 deployment,
                 request,
                 strip_usage,
-                call.stream,
+                call.ask.stream,
                 attempt.started,
                 on_first_chunk,
                 on_stream_end,
@@ -809,15 +819,17 @@ class Dispatcher:
         usage = answer.usage
         call.trip.reported(usage)
         if usage is None and answer.shape is not None:  # a 200 its shape cannot read
-            call.trip.unreported_tokens = call.estimate  # never a refund: no way around a budget
-            self.events.usage_unreadable(call.shape.name, attempt)
+            call.trip.unreported_tokens = (
+                call.ask.estimate
+            )  # never a refund: no way around a budget
+            self.events.usage_unreadable(call.arrival.shape.name, attempt)
         self._ended(
             call,
             turn,
             attempt,
             answer.label,
             answer.outcome,
-            used=call.trip.charge(call.cost),
+            used=call.trip.charge(call.ask.cost),
             ended=answer.ended,
             refund=answer.refund,
             usage=usage,
@@ -839,10 +851,10 @@ class Dispatcher:
         if usage is None:
             call.trip.unreported_tokens = unreported_tokens(call, events)
             if end == "completed":  # whole, and still no usage its shape could read
-                self.events.usage_unreadable(call.shape.name, attempt)
+                self.events.usage_unreadable(call.arrival.shape.name, attempt)
         outcome = {"completed": SUCCESS, "interrupted": INTERRUPTED}.get(end, NEUTRAL)
         label = "200" if end == "completed" else end
-        used = call.trip.charge(call.cost)
+        used = call.trip.charge(call.ask.cost)
         self._ended(call, turn, attempt, label, outcome, used=used, usage=usage)
         if end == "interrupted":
             call.trip.stream_error = "stream_interrupted"
@@ -880,16 +892,16 @@ class Dispatcher:
             call.trip.completion_tokens,
         )
         self.in_flight[attempt.deployment] -= 1
-        self.tally.call_ended(call.key_name)
+        self.tally.call_ended(call.caller.key_name)
         if outcome.kind == "success":
             previous = self.latency.get(attempt.deployment, attempt.duration)
             self.latency[attempt.deployment] = previous + LATENCY_SMOOTHING * (
                 attempt.duration - previous
             )
         self.events.attempt_ended(attempt)
-        if usage is not None and call.prefixes is not None:
+        if usage is not None and call.ask.prefixes is not None:
             sent = time.monotonic() - (time.perf_counter() - attempt.started)
-            self.prompt_caches.answered(turn.deployment.id, call.prefixes, usage, sent)
+            self.prompt_caches.answered(turn.deployment.id, call.ask.prefixes, usage, sent)
         return self.settler.settle(
             turn, outcome, estimate=turn.cost, used=used, refund=refund, usage=usage
         )
@@ -898,9 +910,9 @@ class Dispatcher:
         """The request's estimate as ``candidates`` count it (one cost for all: the
         largest): without the prompt-cache reads expected on each, where its provider's
         limits do not count them (``Counting``); its whole estimate otherwise."""
-        prefixes = call.prefixes
+        prefixes = call.ask.prefixes
         if prefixes is None:
-            return call.cost
+            return call.ask.cost
         read = min(
             0
             if d.provider.counting.cache_reads
@@ -908,7 +920,11 @@ class Dispatcher:
             for d in candidates
         )
         # (read > 0: none of them counts cache reads, all leave them out alike)
-        return call.cost if read <= 0 else candidates[0].provider.counting.admitted(call.cost, read)
+        return (
+            call.ask.cost
+            if read <= 0
+            else candidates[0].provider.counting.admitted(call.ask.cost, read)
+        )
 
     def _learn(self, deployment: DeploymentRoute, answer: Answer) -> None:
         """What the upstream's rate-limit headers said: its announced limits, and, when
@@ -961,10 +977,10 @@ class Departure:
         self.left = False
         self._task = asyncio.current_task()
         self._unwatch: Callable[[], object] | None = None
-        if call.watch_departure is not None:
-            self._unwatch = call.watch_departure(self._on_left)
-        elif call.client_left is not None:
-            watcher = asyncio.ensure_future(call.client_left())
+        if call.arrival.watch_departure is not None:
+            self._unwatch = call.arrival.watch_departure(self._on_left)
+        elif call.arrival.client_left is not None:
+            watcher = asyncio.ensure_future(call.arrival.client_left())
             watcher.add_done_callback(self._on_watcher_done)
             self._unwatch = watcher.cancel
 
@@ -994,7 +1010,7 @@ def unreported_tokens(call: Call, events: int) -> int:
     """What a stream that ended without usage is charged: its estimate, or its prompt's
     plus an event per token passed to the client if that is more. Never less: reading a
     stream and leaving before the usage chunk is no way around a token budget."""
-    return max(call.estimate, call.input_estimate + events)
+    return max(call.ask.estimate, call.ask.input_estimate + events)
 
 
 def _client_closed() -> ClientClosedRequest:

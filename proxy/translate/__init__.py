@@ -110,22 +110,22 @@ def reachable(spoken: frozenset[str]) -> frozenset[str]:
 
 class Translations:
     """One request's translations, by the API shape they are for: each made once, on
-    first need (a retry or a fallback to a deployment of the same API reuses it); a
+    first need (a retry or a fallback to a deployment of the same API reuses it), from
+    its body as it is then (a budget may have lowered its cap since the first); a
     refusal is kept and raised again."""
 
-    __slots__ = ("_body", "_cap", "_made")
+    __slots__ = ("_cap", "_made")
 
-    def __init__(self, body: dict[str, Any], default_cap: int) -> None:
-        self._body = body
+    def __init__(self, default_cap: int) -> None:
         self._cap = default_cap
         self._made: dict[str, dict[str, Any] | InvalidRequest] = {}
 
-    def body_for(self, link: Link) -> dict[str, Any]:
-        """The request translated for ``link`` (raises its refusal)."""
+    def body_for(self, link: Link, body: dict[str, Any]) -> dict[str, Any]:
+        """The request (its ``body`` now) translated for ``link`` (raises its refusal)."""
         made = self._made.get(link.upstream.name)
         if made is None:
             try:
-                made = link.request(self._body, self._cap)
+                made = link.request(body, self._cap)
             except InvalidRequest as refusal:
                 made = refusal
             self._made[link.upstream.name] = made

@@ -158,19 +158,19 @@ class Exchange:
         candidate, and the refusal is kept on the call (``Translations.refusal``). Beside
         one that speaks it, a translation is made only for the deployment chosen
         (``build``), and one known refused is no candidate."""
-        name = call.shape.name
+        name = call.arrival.shape.name
         now = not any(d.speaks(name) for d in candidates)
         return [d for d in candidates if d.speaks(name) or self._translates(call, d, now)]
 
     def _translates(self, call: Call, deployment: DeploymentRoute, now: bool) -> bool:
-        link = link_for(call.shape.name, deployment.speaks)
+        link = link_for(call.arrival.shape.name, deployment.speaks)
         if link is None:
             return False
         translations = self._translations(call)
         if not now:
             return not translations.refused(link)
         try:
-            translations.body_for(link)
+            translations.body_for(link, call.ask.body)
         except InvalidRequest:
             return False
         return True
@@ -181,33 +181,33 @@ class Exchange:
         """``call``'s request for ``deployment``: as the client sent it (forward.py), or
         translated when the deployment does not speak its API. Raises InvalidRequest
         (the body cannot be sent), or ``Untranslated`` (the translation refused it)."""
-        if deployment.speaks(call.shape.name):
+        if deployment.speaks(call.arrival.shape.name):
             request, strip_usage = build_request(
-                call.shape,
-                call.body,
-                call.raw,
-                call.headers,
+                call.arrival.shape,
+                call.ask.body,
+                call.ask.raw,
+                call.arrival.headers,
                 deployment,
-                call.stream,
-                call.upstream_method,
-                call.upstream_path,
-                call.asked_model,
+                call.ask.stream,
+                call.pin.method,
+                call.pin.path,
+                call.ask.asked_model,
             )
             return request, strip_usage, None
-        link = link_for(call.shape.name, deployment.speaks)
+        link = link_for(call.arrival.shape.name, deployment.speaks)
         assert link is not None  # the dispatcher's candidates are those that translate
         try:
-            body = self._translations(call).body_for(link)
+            body = self._translations(call).body_for(link, call.ask.body)
         except InvalidRequest:  # kept on the call: another deployment may serve it
             raise Untranslated(deployment.id) from None
         request, strip_usage = build_request(
-            link.upstream, body, None, call.headers, deployment, call.stream
+            link.upstream, body, None, call.arrival.headers, deployment, call.ask.stream
         )
-        return request, strip_usage, Translated(link, call.body)
+        return request, strip_usage, Translated(link, call.ask.body)
 
     def _translations(self, call: Call) -> Translations:
         if call.translations is None:
-            call.translations = Translations(call.body, self.default_cap)
+            call.translations = Translations(self.default_cap)
         return call.translations
 
     # --- the call --------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from proxy.request.call import Call
+from proxy.request.call import Arrival, Call
 from proxy.routing.dispatcher import Departure
 from proxy.shapes.chat import CHAT
 
@@ -27,7 +27,7 @@ class Connection:
 
 
 def _call(connection: Connection) -> Call:
-    return Call(request_id="r", shape=CHAT, started=0.0, watch_departure=connection.watch)
+    return Call(Arrival("r", CHAT, 0.0, watch_departure=connection.watch))
 
 
 def test_a_departure_cancels_the_call_and_is_taken_back_once_stopped() -> None:
@@ -61,6 +61,6 @@ def test_once_stopped_a_departure_changes_nothing() -> None:
 
 def test_without_a_client_to_watch_nothing_is_watched() -> None:
     async def scenario() -> bool:
-        return Departure(Call(request_id="r", shape=CHAT, started=0.0)).stop()
+        return Departure(Call(Arrival("r", CHAT, 0.0))).stop()
 
     assert asyncio.run(scenario()) is False

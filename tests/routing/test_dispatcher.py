@@ -14,7 +14,7 @@ import uvloop
 from support.journey import REQUEST, Journey, Upstream, config, deployment, ok
 
 from proxy.limiter.base import Sent
-from proxy.request.call import Call
+from proxy.request.call import Arrival, Ask, Call, Caller
 from proxy.routing.dispatcher import SHORT_WAIT, TICK, sleep_until
 from proxy.shapes.chat import CHAT
 
@@ -33,10 +33,19 @@ async def stream_through(journey: Journey) -> tuple[Call, bytes, list[int]]:
     the statuses the stream ended with."""
     pipeline = journey.pipeline
     body = {**REQUEST, "stream": True}
-    call = Call(request_id="r", shape=CHAT, started=time.perf_counter(), max_wait=1.0)
-    call.body, call.raw, call.stream, call.model = body, orjson.dumps(body), True, "m"
-    call.cost = CHAT.estimate(body, 256)
-    call.estimate = int(call.cost["tokens"])
+    cost = CHAT.estimate(body, 256)
+    call = Call(
+        Arrival("r", CHAT, time.perf_counter()),
+        caller=Caller(max_wait=1.0),
+        ask=Ask(
+            "m",
+            body=body,
+            raw=orjson.dumps(body),
+            stream=True,
+            estimate=int(cost["tokens"]),
+            cost=cost,
+        ),
+    )
     ended: list[int] = []
 
     async def stream_done(status: int) -> None:
@@ -68,7 +77,7 @@ async def test_a_stream_that_completes_without_usage_is_charged_its_estimate_and
     journey = Journey(config([deployment("a")]), Upstream({"a.test": lambda _: sse(CHUNK, DONE)}))
     call, read, ended = await stream_through(journey)
     assert read == CHUNK + DONE
-    assert call.trip.charged_tokens() == call.estimate  # never a refund
+    assert call.trip.charged_tokens() == call.ask.estimate  # never a refund
     assert ended == [200]
     assert (
         journey.counted("llmproxy_usage_unreadable_total", shape="chat/completions", deployment="a")

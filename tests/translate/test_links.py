@@ -37,16 +37,16 @@ def test_a_request_is_translated_once_and_its_refusal_kept() -> None:
 
     counted = type(link)(link.client, link.upstream, counting, link.answer, link.error, link.stream)
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-    translations = Translations(body, 300)
-    first = translations.body_for(counted)
-    assert translations.body_for(counted) is first and len(made) == 1
+    translations = Translations(300)
+    first = translations.body_for(counted, body)
+    assert translations.body_for(counted, body) is first and len(made) == 1
     assert first["max_tokens"] == 300
     assert translations.refusal() is None
 
-    refusing = Translations({**body, "n": 3}, 300)
+    refusing = Translations(300)
     for _ in range(2):
         with pytest.raises(InvalidRequest):
-            refusing.body_for(link)
+            refusing.body_for(link, {**body, "n": 3})
     refusal = refusing.refusal()
     assert refusal is not None and refusal.param == "n"
 
