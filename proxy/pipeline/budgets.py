@@ -7,7 +7,7 @@ cost (quota.py says why that suffices):
   bounds every input token it can cost (text, tools, the JSON around them, which also
   covers the few framing tokens per message), and a follow-up's earlier conversation,
   which the upstream reads again (the tokens it reported for the stored response:
-  ``Call.context``), priced at the dearest input price the request can meet (its group's
+  ``Ask.context``), priced at the dearest input price the request can meet (its group's
   deployments and fallbacks, cache prices included);
 * output: the request's own cap (``max_completion_tokens`` / ``max_tokens``) for each
   of its ``n`` choices, as its API shape estimates it; a request with no cap is

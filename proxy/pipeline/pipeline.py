@@ -241,10 +241,9 @@ class Pipeline:
                 )
         reply.headers["x-request-id"] = call.arrival.request_id
         reply.headers.update(_proxy_headers(call))
-        if call.admission.verdict is not None:
-            reply.headers.update(
-                call.arrival.shape.key_headers(call.admission.verdict, time.time())
-            )
+        verdict = call.admission.verdict
+        if verdict is not None:
+            reply.headers.update(shape.key_headers(verdict, time.time()))
         return reply
 
     async def _serve(
@@ -429,9 +428,8 @@ class Pipeline:
         is not tried)."""
 
         async def acquire(added: KeyLimits, slot: str) -> KeyVerdict | None:
-            if (
-                added.all_quotas and not call.admission.reserved
-            ):  # no budget counted the model asked for
+            # No budget counted the model asked for: this one's reserve now.
+            if added.all_quotas and not call.admission.reserved:
                 self._reserve_budget(call, call.arrival.shape, group, self._may_clamp(key, limits))
             verdict = await self.limiter.acquire_key(_key_ask(call, added, slot))
             if not self._goes_on(call, added, key.shadow, verdict):
@@ -486,7 +484,8 @@ class Pipeline:
         counted and the request goes on, charged nothing (as a refused one would be), so
         the key's windows keep counting exactly what enforcing them would let through."""
         limits = ask.limits
-        call.admission = call.admission.judged(verdict)  # its x-ratelimit-* go on the answer
+        # Its x-ratelimit-* go on the answer, 429s included.
+        call.admission = call.admission.judged(verdict)
         if self._goes_on(call, limits, shadow, verdict):
             if verdict.cap:  # its budgets could pay a lower output cap: reserved, sent
                 admission = call.admission
@@ -748,12 +747,11 @@ def _parse_body(raw: bytes) -> dict[str, Any]:
 def _proxy_headers(call: Call) -> dict[str, str]:
     """The proxy's own time so far (without the upstream and the wait for a turn), the
     wait when there was one, and whether a budget lowered its output cap (design.md)."""
-    spent = (
-        time.perf_counter() - call.arrival.started - call.trip.queue_wait - call.trip.upstream_time
-    )
+    trip = call.trip
+    spent = time.perf_counter() - call.arrival.started - trip.queue_wait - trip.upstream_time
     headers = {"x-llm-proxy-overhead-ms": f"{max(spent, 0.0) * 1000:.2f}"}
-    if call.trip.queue_wait > 0:
-        headers["x-llm-proxy-queue-ms"] = f"{call.trip.queue_wait * 1000:.2f}"
+    if trip.queue_wait > 0:
+        headers["x-llm-proxy-queue-ms"] = f"{trip.queue_wait * 1000:.2f}"
     if call.admission.clamped:
         headers[budgets.CLAMPED_HEADER] = "1"
     return headers

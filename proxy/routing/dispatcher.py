@@ -218,11 +218,8 @@ class Dispatcher:
         is the first failure, as when a fallback has no turn within max_wait)."""
         t = _Trying(self.routing.retries + 1, gate)
         # A stored response's follow-up has one deployment: its own (no retry elsewhere).
-        groups = (
-            (group,)
-            if call.pin.deployment is not None
-            else self._groups(group, call.caller.allowed_models)
-        )
+        pinned = call.pin.deployment is not None
+        groups = (group,) if pinned else self._groups(group, call.caller.allowed_models)
         for current in groups:
             served = await self._try_group(call, group, current, stream_done, admit, t)
             if served is not None:
@@ -265,10 +262,9 @@ class Dispatcher:
     def _candidates(self, call: Call, group: GroupRoute, tried: set[str]) -> list[DeploymentRoute]:
         """The deployments of ``group`` not tried yet that can serve ``call``: its own
         (a stored response's follow-up), those speaking its API or translating to one."""
+        pinned = call.pin.deployment
         candidates = [
-            d
-            for d in group.deployments
-            if d.id not in tried and (call.pin.deployment is None or d.id == call.pin.deployment)
+            d for d in group.deployments if d.id not in tried and (pinned is None or d.id == pinned)
         ]
         if call.arrival.shape.name not in group.common:  # some need it translated
             candidates = self.exchange.reachable(call, candidates)
@@ -346,12 +342,9 @@ class Dispatcher:
         ordered = order_candidates(self.routing.strategy, candidates, self.rng, self.state)
         # A full queue still lets through a request that needs no waiting.
         r.queue_full = self.waiting >= self.routing.max_queue
-        r.budget = 0.0 if r.queue_full else max(call.caller.max_wait - call.trip.queue_wait, 0.0)
-        if (
-            r.line is None
-            and r.budget > 0.0
-            and self.lines.busy(r.group.name, call.caller.claimant.key)
-        ):
+        caller = call.caller
+        r.budget = 0.0 if r.queue_full else max(caller.max_wait - call.trip.queue_wait, 0.0)
+        if r.line is None and r.budget > 0.0 and self.lines.busy(r.group.name, caller.claimant.key):
             # Others of this key wait here for their share: join them, do not ask.
             await self._gate_passed(r, None)
             r.line = await self._queue(call, r.group, r.budget, None)
@@ -709,9 +702,8 @@ class Dispatcher:
         self.events.queued(call.ask.model, 1, call.caller.tier)
         started = time.perf_counter()
         try:
-            if not await _watched(
-                asyncio.wait((ticket,), timeout=budget), call.arrival.client_left
-            ):
+            turn = asyncio.wait((ticket,), timeout=budget)
+            if not await _watched(turn, call.arrival.client_left):
                 raise ClientClosedRequest("The client closed the request while it waited.")
         finally:
             self.waiting -= 1
@@ -819,9 +811,8 @@ class Dispatcher:
         usage = answer.usage
         call.trip.reported(usage)
         if usage is None and answer.shape is not None:  # a 200 its shape cannot read
-            call.trip.unreported_tokens = (
-                call.ask.estimate
-            )  # never a refund: no way around a budget
+            # Never a refund: no way around a budget.
+            call.trip.unreported_tokens = call.ask.estimate
             self.events.usage_unreadable(call.arrival.shape.name, attempt)
         self._ended(
             call,
@@ -971,7 +962,7 @@ def _refused(
 class Departure:
     """Watches for the client's departure during an upstream call: the request's task is
     cancelled then (its upstream call with it). No task around the call; under the
-    proxy's own protocol no watcher task either (``Call.watch_departure``)."""
+    proxy's own protocol no watcher task either (``Arrival.watch_departure``)."""
 
     def __init__(self, call: Call) -> None:
         self.left = False
