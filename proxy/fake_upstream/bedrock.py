@@ -8,7 +8,14 @@ the service ``bedrock``; with ``aws_access_key_id`` and ``aws_secret_access_key`
 configured, the signature is recomputed with botocore from them and must match (403
 ``InvalidSignatureException`` otherwise), and its date must be within 5 minutes of now.
 The body is the Messages API's without ``model`` and ``stream`` (Bedrock refuses both as
-extraneous keys) and with ``anthropic_version: bedrock-2023-05-31``.
+extraneous keys) and with ``anthropic_version: bedrock-2023-05-31`` (beta flags, if any, in
+an ``anthropic_beta`` list of strings).
+
+``/model/{modelId}/converse`` and ``/converse-stream``: Converse's body (``messages`` of
+``text``, ``image``, ``toolUse`` and ``toolResult`` blocks, roles alternating, a user's
+first; ``system``; ``toolConfig``, required beside tool blocks; ``inferenceConfig``)
+answered as the Messages API's would be (a scripted tool call when it has tools and its
+last turn holds no tool result), in Converse's shape and events.
 """
 
 from __future__ import annotations
@@ -134,6 +141,9 @@ def body_problem(body: dict[str, Any]) -> str | None:
         return f"#: extraneous key [{extraneous[0]}] is not permitted"
     if body.get("anthropic_version") != ANTHROPIC_VERSION:
         return "#: required key [anthropic_version] not found or not bedrock-2023-05-31"
+    betas = body.get("anthropic_beta", [])
+    if not isinstance(betas, list) or not all(isinstance(flag, str) for flag in betas):
+        return "#/anthropic_beta: expected type: JSONArray of strings"
     return None
 
 
