@@ -8,7 +8,14 @@ the service ``bedrock``; with ``aws_access_key_id`` and ``aws_secret_access_key`
 configured, the signature is recomputed with botocore from them and must match (403
 ``InvalidSignatureException`` otherwise), and its date must be within 5 minutes of now.
 The body is the Messages API's without ``model`` and ``stream`` (Bedrock refuses both as
-extraneous keys) and with ``anthropic_version: bedrock-2023-05-31``.
+extraneous keys) and with ``anthropic_version: bedrock-2023-05-31`` (beta flags, if any, in
+an ``anthropic_beta`` list of strings).
+
+``/model/{modelId}/converse`` and ``/converse-stream``: Converse's body (``messages`` of
+``text``, ``image``, ``toolUse`` and ``toolResult`` blocks, roles alternating, a user's
+first; ``system``; ``toolConfig``, required beside tool blocks; ``inferenceConfig``)
+answered as the Messages API's would be (a scripted tool call when it has tools and its
+last turn holds no tool result), in Converse's shape and events.
 """
 
 from __future__ import annotations
@@ -134,6 +141,9 @@ def body_problem(body: dict[str, Any]) -> str | None:
         return f"#: extraneous key [{extraneous[0]}] is not permitted"
     if body.get("anthropic_version") != ANTHROPIC_VERSION:
         return "#: required key [anthropic_version] not found or not bedrock-2023-05-31"
+    betas = body.get("anthropic_beta", [])
+    if not isinstance(betas, list) or not all(isinstance(flag, str) for flag in betas):
+        return "#/anthropic_beta: expected type: JSONArray of strings"
     return None
 
 
@@ -165,6 +175,14 @@ def exception_message(name: str, message: str) -> bytes:
 # --- the Converse API ---------------------------------------------------------------------
 
 
+class _Invalid(ValueError):
+    """What Bedrock's validation says of a Converse body."""
+
+
+_FORMATS = frozenset(("png", "jpeg", "gif", "webp"))
+_CHOICES = {"auto": "auto", "any": "any", "tool": "tool"}
+
+
 def messages_body(body: dict[str, Any], default_cap: int) -> dict[str, Any] | str:
     """A Converse request as the Messages API's body (what the fake answers from), or
     what Bedrock's validation says of it."""
@@ -175,49 +193,150 @@ def messages_body(body: dict[str, Any], default_cap: int) -> dict[str, Any] | st
     if not isinstance(turns, list) or not turns:
         return "messages: must be a non-empty list"
     try:
-        messages = [{"role": t["role"], "content": _blocks(t["content"])} for t in turns]
-        system = _blocks(body.get("system", []))
-    except (KeyError, TypeError):
-        return "messages: each needs a role and text content blocks"
+        messages = _conversation(turns)
+        system = [_text(block) for block in body.get("system", [])]
+        tools = _tool_config(body.get("toolConfig"), messages)
+    except _Invalid as invalid:
+        return str(invalid)
+    except (KeyError, TypeError, AttributeError, ValueError):
+        return "messages: each needs a role and content blocks of a known shape"
     config = body.get("inferenceConfig") or {}
     cap = config.get("maxTokens", default_cap) if isinstance(config, dict) else None
-    out: dict[str, Any] = {"messages": messages, "max_tokens": cap}
+    out: dict[str, Any] = {"messages": messages, "max_tokens": cap, **tools}
     if system:
         out["system"] = system
     return out
 
 
-def _blocks(blocks: list[dict[str, Any]]) -> list[dict[str, str]]:
-    return [{"type": "text", "text": str(block["text"])} for block in blocks]
+def _conversation(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The turns as the Messages API's: they alternate, a user's first, as Converse
+    requires; a toolResult answers a toolUse of the turn before it."""
+    messages: list[dict[str, Any]] = []
+    for i, turn in enumerate(turns):
+        role = turn["role"]
+        if role != ("user", "assistant")[i % 2]:
+            raise _Invalid("A conversation must alternate between user and assistant roles.")
+        blocks = [_block(block, role) for block in turn["content"]]
+        asked = {b["id"] for b in messages[-1]["content"] if b["type"] == "tool_use"} if i else ()
+        for block in blocks:
+            if block["type"] == "tool_result" and block["tool_use_id"] not in asked:
+                raise _Invalid("A toolResult's toolUseId matches no toolUse of the turn before.")
+        messages.append({"role": role, "content": blocks})
+    return messages
+
+
+def _text(block: dict[str, Any]) -> dict[str, Any]:
+    said = block["text"]
+    if not isinstance(said, str) or not said.strip():
+        raise _Invalid("The text field in the ContentBlock object is blank.")
+    return {"type": "text", "text": said}
+
+
+def _block(block: dict[str, Any], role: str) -> dict[str, Any]:
+    """One content block as the Messages API's (each kind in the role Converse takes it)."""
+    if "text" in block:
+        return _text(block)
+    if "image" in block and role == "user":
+        return _image(block["image"])
+    if "toolUse" in block and role == "assistant":
+        use = block["toolUse"]
+        if not isinstance(use["input"], dict):
+            raise _Invalid("A toolUse's input must be an object.")
+        return {
+            "type": "tool_use",
+            "id": use["toolUseId"],
+            "name": use["name"],
+            "input": use["input"],
+        }
+    if "toolResult" in block and role == "user":
+        result = block["toolResult"]
+        content = [{"type": "text", "text": str(part["text"])} for part in result["content"]]
+        return {"type": "tool_result", "tool_use_id": result["toolUseId"], "content": content}
+    raise _Invalid(f"A {role} turn cannot hold the content block {sorted(block)[:1]}.")
+
+
+def _image(image: dict[str, Any]) -> dict[str, Any]:
+    if image["format"] not in _FORMATS:
+        raise _Invalid("An image's format must be png, jpeg, gif or webp.")
+    try:
+        data = base64.b64decode(image["source"]["bytes"], validate=True)
+    except (ValueError, TypeError):
+        data = b""
+    if not data:
+        raise _Invalid("An image's source.bytes must be its bytes, base64-encoded.")
+    media = f"image/{image['format']}"
+    source = {"type": "base64", "media_type": media, "data": image["source"]["bytes"]}
+    return {"type": "image", "source": source}
+
+
+def _tool_config(config: Any, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """``toolConfig`` as the Messages API's ``tools`` and ``tool_choice``; required when
+    the conversation holds tool blocks (as Bedrock requires it)."""
+    if config is None:
+        used = any(b["type"] in ("tool_use", "tool_result") for m in messages for b in m["content"])
+        if used:
+            raise _Invalid(
+                "The toolConfig field must be defined when using toolUse and toolResult."
+            )
+        return {}
+    tools = []
+    for tool in config["tools"]:
+        spec = tool["toolSpec"]
+        if not isinstance(spec["inputSchema"]["json"], dict):
+            raise _Invalid("A toolSpec's inputSchema.json must be an object.")
+        tools.append({"name": str(spec["name"]), "input_schema": spec["inputSchema"]["json"]})
+    if not tools:
+        raise _Invalid("toolConfig.tools must hold one tool at least.")
+    out: dict[str, Any] = {"tools": tools}
+    choice = config.get("toolChoice")
+    if choice is not None:
+        ((kind, value),) = choice.items()
+        out["tool_choice"] = {
+            "type": _CHOICES[kind],
+            **({"name": value["name"]} if kind == "tool" else {}),
+        }
+    return out
 
 
 _CONVERSE_STOP = {
     "end_turn": "end_turn",
     "max_tokens": "max_tokens",
     "stop_sequence": "stop_sequence",
+    "tool_use": "tool_use",
 }
+
+
+def _converse_block(block: dict[str, Any]) -> dict[str, Any]:
+    if block.get("type") == "tool_use":
+        use = {"toolUseId": block["id"], "name": block["name"], "input": block["input"]}
+        return {"toolUse": use}
+    return {"text": block["text"]}
 
 
 def converse_answer(message: bytes) -> bytes:
     """A Messages answer (the fake's) as Converse's."""
     given = orjson.loads(message)
-    usage = given["usage"]
-    counts = {"inputTokens": usage["input_tokens"], "outputTokens": usage["output_tokens"]}
-    counts["totalTokens"] = counts["inputTokens"] + counts["outputTokens"]
-    content = [{"text": b["text"]} for b in given["content"] if b.get("type") == "text"]
+    content = [_converse_block(block) for block in given["content"]]
     return orjson.dumps(
         {
             "output": {"message": {"role": "assistant", "content": content}},
             "stopReason": _CONVERSE_STOP.get(given["stop_reason"], "end_turn"),
-            "usage": counts,
+            "usage": _counts(given["usage"]),
             "metrics": {"latencyMs": 1},
         }
     )
 
 
+def _counts(usage: dict[str, Any]) -> dict[str, int]:
+    counts = {"inputTokens": usage["input_tokens"], "outputTokens": usage["output_tokens"]}
+    counts["totalTokens"] = counts["inputTokens"] + counts["outputTokens"]
+    return counts
+
+
 def converse_frames(events: list[bytes]) -> list[bytes]:
     """A Messages stream's SSE events as ConverseStream's messages: ``messageStart``,
-    ``contentBlockDelta``s, ``contentBlockStop``, ``messageStop``, ``metadata`` (usage)."""
+    ``contentBlockStart`` (a toolUse's), ``contentBlockDelta``s (text, or a toolUse's
+    input piece), ``contentBlockStop``, ``messageStop``, ``metadata`` (usage)."""
     out = []
     for event in events:
         data = orjson.loads(event.split(b"data: ", 1)[1])
@@ -231,18 +350,24 @@ def _converse_events(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     kind = data.get("type")
     if kind == "message_start":
         return [("messageStart", {"role": "assistant"})]
-    if kind == "content_block_delta" and data["delta"].get("type") == "text_delta":
-        delta = {"text": data["delta"]["text"]}
-        return [("contentBlockDelta", {"contentBlockIndex": 0, "delta": delta})]
+    if kind == "content_block_start" and data["content_block"].get("type") == "tool_use":
+        block = data["content_block"]
+        start = {"toolUse": {"toolUseId": block["id"], "name": block["name"]}}
+        return [("contentBlockStart", {"contentBlockIndex": 0, "start": start})]
+    if kind == "content_block_delta":
+        return [("contentBlockDelta", {"contentBlockIndex": 0, "delta": _delta(data["delta"])})]
     if kind == "content_block_stop":
         return [("contentBlockStop", {"contentBlockIndex": 0})]
     if kind == "message_delta":
-        usage = data["usage"]
-        counts = {"inputTokens": usage["input_tokens"], "outputTokens": usage["output_tokens"]}
-        counts["totalTokens"] = counts["inputTokens"] + counts["outputTokens"]
         stop = _CONVERSE_STOP.get(data["delta"]["stop_reason"], "end_turn")
         return [
             ("messageStop", {"stopReason": stop}),
-            ("metadata", {"usage": counts, "metrics": {"latencyMs": 1}}),
+            ("metadata", {"usage": _counts(data["usage"]), "metrics": {"latencyMs": 1}}),
         ]
     return []
+
+
+def _delta(delta: dict[str, Any]) -> dict[str, Any]:
+    if delta.get("type") == "input_json_delta":
+        return {"toolUse": {"input": delta["partial_json"]}}
+    return {"text": delta["text"]}

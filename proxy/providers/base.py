@@ -10,7 +10,7 @@ names to providers.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from proxy.providers.framing import Reframer
     from proxy.providers.ratelimits import UpstreamBudget
 
-__all__ = ["Provider", "ShapesByModel", "ThrottleInBody", "Wire"]
+__all__ = ["HeadersInBody", "Provider", "ShapesByModel", "ThrottleInBody", "Wire"]
 
 
 class Wire(Protocol):
@@ -66,6 +66,21 @@ class Readies(Protocol):
     async def ready(self) -> None:
         """Returns once its credentials are at hand, or once getting them failed (the
         failure is ``authorize``'s to report); at once after the first time."""
+        ...
+
+
+@runtime_checkable
+class HeadersInBody(Protocol):
+    """A wire whose upstream takes some of the client's headers as fields of the body
+    instead (Bedrock's InvokeModel: ``anthropic-beta`` as ``anthropic_beta``). Optional:
+    a wire without it sends the client's headers as headers only."""
+
+    def carried(
+        self, shape: str, client_headers: Iterable[tuple[str, str]], payload: bytes
+    ) -> bytes:
+        """``payload`` (the body ``outgoing`` made) with what ``client_headers`` say that
+        the body carries (unchanged when they say nothing of it). Raises
+        ``errors.InvalidRequest`` for a body field it cannot merge them into."""
         ...
 
 

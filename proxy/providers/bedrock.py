@@ -1,10 +1,11 @@
 """AWS Bedrock: ``bedrock``, Anthropic's models through ``InvokeModel`` and
 ``InvokeModelWithResponseStream`` (``{base_url}/model/{modelId}/invoke`` and
 ``/invoke-with-response-stream``), the Messages API's body without ``model`` and
-``stream`` and with Bedrock's ``anthropic_version``; ``bedrock-converse``, any model
-through ``Converse`` and ``ConverseStream`` (``/model/{modelId}/converse``,
-``/converse-stream``), which chat requests are translated to
-(proxy/translate/converse.py). Every request signed with SigV4 by botocore (service
+``stream`` and with Bedrock's ``anthropic_version`` (and the client's ``anthropic-beta``
+header flags as its ``anthropic_beta`` list: Bedrock reads them there, not in a header);
+``bedrock-converse``, any model through ``Converse`` and ``ConverseStream``
+(``/model/{modelId}/converse``, ``/converse-stream``), which chat requests are
+translated to (proxy/translate/converse.py). Every request signed with SigV4 by botocore (service
 ``bedrock``, the deployment's region; credentials from its ``aws_*`` fields or botocore's
 default chain); a streamed answer in AWS's event stream reframed into server-sent events
 (InvokeModel's ``chunk`` messages each carry one of the Messages API's events, in
@@ -24,7 +25,7 @@ import binascii
 import contextlib
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -48,7 +49,9 @@ __all__ = [
     "BEDROCK_COUNTING",
     "BedrockWire",
     "Reframer",
+    "beta_flags",
     "invoke_url",
+    "merged_betas",
     "quiet_signer",
     "throttling",
 ]
@@ -183,6 +186,18 @@ class BedrockWire:
             body["anthropic_version"] = ANTHROPIC_VERSION
         return invoke_url(self._base_url, name, stream, shape), orjson.dumps(body)
 
+    def carried(
+        self, shape: str, client_headers: Iterable[tuple[str, str]], payload: bytes
+    ) -> bytes:
+        """InvokeModel's body with the client's ``anthropic-beta`` flags as its
+        ``anthropic_beta`` list (``HeadersInBody``): Bedrock reads them there only."""
+        flags = beta_flags(client_headers)
+        if shape != "messages" or not flags:
+            return payload
+        body = _json_object(payload)
+        body["anthropic_beta"] = merged_betas(body.get("anthropic_beta"), flags)
+        return orjson.dumps(body)
+
     async def authorize(self, method: str, url: str, headers: dict[str, str], body: bytes) -> None:
         frozen = await self._frozen()
         stream = url.endswith(("/invoke-with-response-stream", "/converse-stream"))
@@ -224,6 +239,29 @@ class BedrockWire:
 
 
 _NO_CREDENTIALS = "The proxy could not get AWS credentials for a Bedrock deployment."
+
+
+def beta_flags(client_headers: Iterable[tuple[str, str]]) -> list[str]:
+    """The flags of every ``anthropic-beta`` header (comma-separated values split and
+    trimmed), each once, in their order."""
+    flags: list[str] = []
+    for name, value in client_headers:
+        if name.lower() == "anthropic-beta":
+            flags += [flag.strip() for flag in value.split(",")]
+    return list(dict.fromkeys(flag for flag in flags if flag))
+
+
+def merged_betas(given: object, flags: list[str]) -> list[str]:
+    """The body's own ``anthropic_beta`` (a list of strings) and then ``flags``, each once."""
+    if given is None:
+        given = []
+    if not isinstance(given, list) or not all(isinstance(flag, str) for flag in given):
+        raise InvalidRequest(
+            "'anthropic_beta' must be an array of strings.",
+            code="invalid_type",
+            param="anthropic_beta",
+        )
+    return list(dict.fromkeys([*given, *flags]))
 
 
 def _json_object(payload: bytes) -> dict[str, Any]:

@@ -12,7 +12,8 @@ counterpart is a 400 naming the field (refusals.py); docs/translation.md is the 
     to_chat.py      Messages request -> chat request
     response.py     answers back (buffered, errors), stop reasons, usage
     stream.py       streams back, event by event
-    converse.py     chat request -> Converse request, its answers and streams back
+    converse.py     Converse's answers and streams back (converse_request.py: the
+                    chat request -> Converse request: turns, tools, images)
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import orjson
 
 from proxy.catalog.catalog import EGRESS, DeploymentRoute, Egress
 from proxy.errors import InvalidRequest, UpstreamError, UpstreamUnavailable
+from proxy.providers.base import HeadersInBody
 from proxy.request.json_splice import set_fields
 from proxy.shapes.base import Shape
 from proxy.upstream.encoding import Undecodable, decoder_for
@@ -99,6 +100,8 @@ def build_request(
     if deployment.wire is not None:  # the model or the stream in its URL, its own fields
         named = asked if model is None else model
         target, payload = deployment.wire.outgoing(shape.name, named, stream, payload)
+        if isinstance(deployment.wire, HeadersInBody):  # Bedrock's anthropic_beta
+            payload = deployment.wire.carried(shape.name, client_headers, payload)
         url = httpx.URL(target)
     headers["content-length"] = str(len(payload))
     if path:  # a stored object's route below the shape's URL (a response's id...)

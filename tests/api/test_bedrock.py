@@ -8,6 +8,7 @@ in-memory limiter and on Redis."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
@@ -208,7 +209,7 @@ def test_chat_clients_reach_any_model_through_bedrocks_converse_api() -> None:
         )
         tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
         with pytest.raises(openai.BadRequestError) as refused:
-            client.chat.completions.create(**chat, tools=[tool])
+            client.chat.completions.create(**chat, tools=[tool], tool_choice="none")
     assert sent["path"] == "/model/meta.llama3-70b-instruct-v1:0/converse"
     assert sent["body"]["system"] == [{"text": "Be brief."}]
     assert sent["body"]["inferenceConfig"] == {"maxTokens": 20}
@@ -217,5 +218,74 @@ def test_chat_clients_reach_any_model_through_bedrocks_converse_api() -> None:
     assert answer.usage is not None and answer.usage.completion_tokens > 0
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
-    assert refused.value.body["param"] == "tools"  # type: ignore[index]
+    assert refused.value.body["param"] == "tool_choice"  # type: ignore[index]
     assert upstream.stats()["by_status"] == {"200": 2}
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+PIXEL = (  # a 1x1 transparent PNG
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+)
+
+
+def test_a_tool_call_through_converse_plain_and_streamed_then_its_result() -> None:
+    """The openai SDK's tools reach a Converse deployment as its toolConfig: the tool call
+    comes back plain and streamed as chat's tool_calls; the call and its result sent back
+    (an image beside the question) get the model's text."""
+    converse = _bedrock(upstream := _upstream(), provider="bedrock-converse")
+    converse["model"] = "meta.llama3-70b-instruct-v1:0"
+    question = [
+        {"type": "text", "text": "What is the weather where this was taken?"},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PIXEL}"}},
+    ]
+    messages: list[Any] = [{"role": "user", "content": question}]
+    with upstream, ProxyInThread(settings_from(_config([converse]))) as p:
+        client = openai.OpenAI(base_url=f"{p.url}/v1", api_key=CLIENT, max_retries=0)
+        chat: dict[str, Any] = {"model": "claude", "max_tokens": 20, "tools": [WEATHER]}
+        answer = client.chat.completions.create(**chat, messages=messages, tool_choice="required")
+        sent = upstream.stats()["last_request"]["body"]
+        chunks = list(client.chat.completions.create(**chat, messages=messages, stream=True))
+        call = answer.choices[0].message.tool_calls[0]  # type: ignore[index]
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 C."},
+        ]
+        final = client.chat.completions.create(**chat, messages=messages)
+        answered = upstream.stats()["last_request"]["body"]
+    assert sent["toolConfig"]["tools"][0]["toolSpec"]["name"] == "weather"
+    assert sent["toolConfig"]["toolChoice"] == {"any": {}}
+    image = sent["messages"][0]["content"][1]["image"]
+    assert image == {"format": "png", "source": {"bytes": PIXEL}}
+    assert answer.choices[0].finish_reason == "tool_calls"
+    assert call.function.name == "weather" and call.id  # type: ignore[union-attr]
+    assert isinstance(json.loads(call.function.arguments), dict)  # type: ignore[union-attr]
+    streamed = [c.choices[0] for c in chunks if c.choices]
+    pieces = [d for c in streamed for d in c.delta.tool_calls or ()]
+    assert pieces[0].id and pieces[0].function.name == "weather"  # type: ignore[union-attr]
+    arguments = "".join(d.function.arguments or "" for d in pieces)  # type: ignore[union-attr]
+    assert isinstance(json.loads(arguments), dict)
+    assert streamed[-1].finish_reason == "tool_calls"
+    result = answered["messages"][-1]["content"][0]["toolResult"]
+    assert result == {"toolUseId": call.id, "content": [{"text": "Sunny, 21 C."}]}
+    assert final.choices[0].finish_reason == "stop" and final.choices[0].message.content
+    assert upstream.stats()["by_status"] == {"200": 3}
+
+
+def test_the_anthropic_beta_header_reaches_invokemodel_in_the_body() -> None:
+    """Bedrock reads beta flags from InvokeModel's body, not a header: the anthropic SDK's
+    ``anthropic-beta`` header arrives as the body's ``anthropic_beta`` list."""
+    with _upstream() as upstream, ProxyInThread(settings_from(_config([_bedrock(upstream)]))) as p:
+        betas = {"anthropic-beta": "context-1m-2025-08-07, token-efficient-tools-2025-02-19"}
+        _sdk(p).messages.create(**BODY, extra_headers=betas)
+        sent = upstream.stats()["last_request"]["body"]
+        _sdk(p).messages.create(**BODY)
+        without = upstream.stats()["last_request"]["body"]
+    assert sent["anthropic_beta"] == ["context-1m-2025-08-07", "token-efficient-tools-2025-02-19"]
+    assert "anthropic_beta" not in without

@@ -3,6 +3,7 @@ event stream decoder) is its client, so its shapes are Bedrock's."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -142,3 +143,81 @@ def test_converse_stream_sends_its_events_with_the_usage_last(client: Any) -> No
     assert kinds[0] == "messageStart" and kinds[-2:] == ["messageStop", "metadata"]
     assert "contentBlockDelta" in kinds
     assert events[-1]["metadata"]["usage"]["outputTokens"] > 0
+
+
+PIXEL = bytes.fromhex(  # a 1x1 transparent PNG
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c63606060f80f0002870180eb47ba920000000049454e44ae426082"
+)
+TOOLS = {
+    "tools": [
+        {
+            "toolSpec": {
+                "name": "weather",
+                "description": "The weather in a city.",
+                "inputSchema": {"json": {"type": "object", "properties": {}}},
+            }
+        }
+    ],
+    "toolChoice": {"any": {}},
+}
+
+
+def test_converse_answers_tools_with_a_tool_use_then_its_result_with_text(
+    client: Any, upstream: FakeUpstreamHandle
+) -> None:
+    # boto3 sends the image's bytes base64-encoded on Converse's JSON wire.
+    image = {"image": {"format": "png", "source": {"bytes": PIXEL}}}
+    asked = [{"role": "user", "content": [{"text": "Weather here?"}, image]}]
+    answer = client.converse(modelId=CONVERSE_MODEL, messages=asked, toolConfig=TOOLS)
+    sent = upstream.stats()["last_request"]["body"]["messages"][0]["content"][1]
+    assert sent["image"]["source"]["bytes"] == base64.b64encode(PIXEL).decode()
+    use = answer["output"]["message"]["content"][0]["toolUse"]
+    assert answer["stopReason"] == "tool_use" and use["name"] == "weather"
+    assert isinstance(use["input"], dict) and use["toolUseId"]
+    result = {"toolResult": {"toolUseId": use["toolUseId"], "content": [{"text": "Sunny"}]}}
+    turns = [*asked, answer["output"]["message"], {"role": "user", "content": [result]}]
+    auto = {**TOOLS, "toolChoice": {"auto": {}}}  # (any: a call again, whatever came)
+    final = client.converse(modelId=CONVERSE_MODEL, messages=turns, toolConfig=auto)
+    assert final["stopReason"] != "tool_use"
+    assert final["output"]["message"]["content"][0]["text"]
+
+
+def test_converse_stream_sends_a_tool_use_as_its_start_and_input_pieces(client: Any) -> None:
+    answer = client.converse_stream(modelId=CONVERSE_MODEL, messages=TURNS, toolConfig=TOOLS)
+    events = list(answer["stream"])
+    start = next(e["contentBlockStart"] for e in events if "contentBlockStart" in e)
+    assert start["start"]["toolUse"]["name"] == "weather"
+    pieces = [e["contentBlockDelta"]["delta"]["toolUse"]["input"] for e in events
+              if "contentBlockDelta" in e]  # fmt: skip
+    assert isinstance(json.loads("".join(pieces)), dict)
+    assert next(e["messageStop"] for e in events if "messageStop" in e)["stopReason"] == "tool_use"
+
+
+USE = {"role": "assistant", "content": [{"toolUse": {"toolUseId": "t", "name": "w", "input": {}}}]}
+RESULT = {
+    "role": "user",
+    "content": [{"toolResult": {"toolUseId": "t", "content": [{"text": "x"}]}}],
+}
+
+
+@pytest.mark.parametrize(
+    "turns",
+    [
+        [*TURNS, *TURNS],  # roles that do not alternate
+        [*TURNS, USE, RESULT],  # tool blocks without a toolConfig
+        [{"role": "user", "content": [{"text": " "}]}],  # a blank text
+    ],
+)  # fmt: skip
+def test_converse_refuses_what_bedrock_validates(client: Any, turns: list[Any]) -> None:
+    with pytest.raises(ClientError) as refused:
+        client.converse(modelId=CONVERSE_MODEL, messages=turns)
+    assert refused.value.response["Error"]["Code"] == "ValidationException"
+
+
+def test_invoke_model_takes_beta_flags_as_a_list_only(client: Any) -> None:
+    answer = client.invoke_model(modelId=MODEL, body=_body(anthropic_beta=["context-1m"]))
+    assert json.loads(answer["body"].read())["type"] == "message"
+    with pytest.raises(ClientError) as refused:
+        client.invoke_model(modelId=MODEL, body=_body(anthropic_beta="context-1m"))
+    assert refused.value.response["Error"]["Code"] == "ValidationException"

@@ -222,3 +222,39 @@ def test_a_converse_deployment_is_sent_to_converse_without_anthropic_version() -
     url, body = wire.outgoing("converse", "meta.llama3-8b-instruct-v1:0", True, b'{"model":"x"}')
     assert url == "http://b/model/meta.llama3-8b-instruct-v1%3A0/converse-stream"
     assert orjson.loads(body) == {}
+
+
+def test_the_clients_anthropic_beta_header_is_carried_in_invokemodels_body() -> None:
+    """Bedrock reads beta flags from the body's ``anthropic_beta`` only: every header's
+    comma-separated flags, trimmed, each once, after the body's own."""
+    wire = BedrockWire("http://b", AWS)
+    headers = [
+        ("Anthropic-Beta", " context-1m-2025-08-07 ,interleaved-thinking-2025-05-14"),
+        ("x-other", "a,b"),
+        ("anthropic-beta", "context-1m-2025-08-07,, token-efficient-tools-2025-02-19"),
+    ]
+    _, body = wire.outgoing("messages", "m", False, b'{"max_tokens":1}')
+    carried = orjson.loads(wire.carried("messages", headers, body))
+    assert carried["anthropic_beta"] == [
+        "context-1m-2025-08-07",
+        "interleaved-thinking-2025-05-14",
+        "token-efficient-tools-2025-02-19",
+    ]
+    assert carried["anthropic_version"] == "bedrock-2023-05-31"
+    own = b'{"anthropic_beta":["computer-use-2025-01-24","context-1m-2025-08-07"]}'
+    merged = orjson.loads(wire.carried("messages", headers[:1], own))["anthropic_beta"]
+    assert merged == [
+        "computer-use-2025-01-24",
+        "context-1m-2025-08-07",
+        "interleaved-thinking-2025-05-14",
+    ]
+    # No flags, or Converse (a translated chat request): the body as it was.
+    assert wire.carried("messages", [("anthropic-beta", " , ")], body) is body
+    assert wire.carried("converse", headers, b"{}") == b"{}"
+
+
+@pytest.mark.parametrize("given", [b'{"anthropic_beta":"x"}', b'{"anthropic_beta":[1]}'])
+def test_a_body_anthropic_beta_that_is_no_list_of_strings_is_refused(given: bytes) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        BedrockWire("http://b", AWS).carried("messages", [("anthropic-beta", "x")], given)
+    assert refused.value.param == "anthropic_beta"
