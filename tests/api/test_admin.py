@@ -87,7 +87,10 @@ def test_admin_state_with_redis_is_the_view_of_every_replica(
     settings = settings_from(config(upstream.base_url, redis_url))
 
     def both_replicas(view: dict[str, Any]) -> bool:
-        return view["limiter"]["replicas_reporting"] == 2 and shows_cooling_and_waiting(view)
+        # At least these two: a replica of the test before on this worker's Redis may
+        # still be counted until its heartbeat expires (a CI run saw 3).
+        reporting = view["limiter"]["replicas_reporting"]
+        return reporting >= 2 and shows_cooling_and_waiting(view)
 
     async def scenario(busy: str, other: str) -> dict[str, Any]:
         async with cooling_and_waiting(busy):
