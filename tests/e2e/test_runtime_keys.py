@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from support.proxy_server import ProxyProcess, start_together
-from support.redis_server import redis_available
+from support.redis_server import RedisServer, redis_available
 
 from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_thread
 
@@ -58,6 +58,16 @@ def _within(seconds: float, proxy: ProxyProcess, secret: str, status: int) -> fl
         elapsed = time.monotonic() - start
         assert elapsed < seconds, f"still {got} after {elapsed:.2f} s"
     return time.monotonic() - start
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path) -> Iterator[str]:
+    """A redis-server of this test's own (not the session's shared one): every test here
+    creates a key named ``svc``, and a CI run found it already there after the shared
+    server's FLUSHALL (written back by a replica of another test that saw the flush as a
+    lost store and was still alive: not explained further)."""
+    with RedisServer(tmp_path / "redis") as server:
+        yield server.url
 
 
 @pytest.fixture
