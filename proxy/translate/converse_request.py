@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import orjson
@@ -178,7 +179,7 @@ def _turn(message: dict[str, Any], where: str) -> tuple[str, list[dict[str, Any]
     role = message.get("role")
     if role == "user":
         _only(message, frozenset({"role", "content", "name"}), where)
-        return "user", _user_content(message.get("content"), f"{where}.content")
+        return "user", _texts(message.get("content"), f"{where}.content", _user_part)
     if role == "assistant":
         _only(message, frozenset({"role", "content", "name", "tool_calls"}), where)
         return "assistant", _assistant(message, where)
@@ -188,11 +189,16 @@ def _turn(message: dict[str, Any], where: str) -> tuple[str, list[dict[str, Any]
     _refuse(f"{where}.role", f"the role {str(role)[:40]!r} {_NO_COUNTERPART}")
 
 
-def _texts(content: Any, where: str) -> list[dict[str, Any]]:
+def _texts(
+    content: Any, where: str, part_of: Callable[[Any, str], dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """``content`` (a string or a list of parts) as Converse blocks, each part read by
+    ``part_of`` (text parts only, by default)."""
     if isinstance(content, str):
         return [{"text": content}]
+    read = part_of or _text_part
     parts = content_list(content, where)
-    return [_text_part(part, f"{where}[{j}]") for j, part in enumerate(parts)]
+    return [read(part, f"{where}[{j}]") for j, part in enumerate(parts)]
 
 
 def _text_part(part: Any, where: str) -> dict[str, Any]:
@@ -201,13 +207,6 @@ def _text_part(part: Any, where: str) -> dict[str, Any]:
         _refuse(f"{where}.type", f"a {str(part.get('type'))[:40]!r} part {_NO_COUNTERPART}")
     _only(part, frozenset({"type", "text"}), where)
     return {"text": text(part.get("text"), f"{where}.text")}
-
-
-def _user_content(content: Any, where: str) -> list[dict[str, Any]]:
-    if isinstance(content, str):
-        return [{"text": content}]
-    parts = content_list(content, where)
-    return [_user_part(part, f"{where}[{j}]") for j, part in enumerate(parts)]
 
 
 def _user_part(part: Any, where: str) -> dict[str, Any]:
