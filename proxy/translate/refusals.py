@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
+import orjson
+
 from proxy.errors import InvalidRequest
 
 __all__ = [
@@ -80,3 +82,22 @@ def only(
     for key, item in value.items():
         if key not in allowed and item is not None:
             refuse(f"{param}.{key}" if param else key, why, upstream)
+
+
+def function_call(
+    call: Any, where: str, why: str, upstream: str
+) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """A chat ``tool_calls`` entry read for ``upstream``: the call, its ``function`` and
+    its arguments parsed (None: not JSON; the caller says what they must be). Only
+    function calls, with ``id``, ``type`` and ``function`` (others refused: ``why``)."""
+    call = mapping(call, where)
+    if call.get("type", "function") != "function":
+        refuse(f"{where}.type", "only function calls have a counterpart", upstream)
+    only(call, frozenset({"id", "type", "function"}), where, why, upstream)
+    function = mapping(call.get("function"), f"{where}.function")
+    arguments = text(function.get("arguments", ""), f"{where}.function.arguments")
+    try:
+        given = orjson.loads(arguments) if arguments.strip() else {}
+    except orjson.JSONDecodeError:
+        given = None
+    return call, function, given

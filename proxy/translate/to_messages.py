@@ -16,9 +16,16 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
-import orjson
-
-from proxy.translate.refusals import content_list, listing, mapping, only, refuse, text, wrong
+from proxy.translate.refusals import (
+    content_list,
+    function_call,
+    listing,
+    mapping,
+    only,
+    refuse,
+    text,
+    wrong,
+)
 
 __all__ = ["UPSTREAM", "conversation", "to_messages"]
 
@@ -377,16 +384,7 @@ def _assistant(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
 
 
 def _tool_use(call: Any, where: str) -> dict[str, Any]:
-    call = mapping(call, where)
-    if call.get("type", "function") != "function":
-        _refuse(f"{where}.type", "only function calls have a counterpart")
-    _only(call, frozenset({"id", "type", "function"}), where)
-    function = mapping(call.get("function"), f"{where}.function")
-    arguments = text(function.get("arguments", ""), f"{where}.function.arguments")
-    try:
-        given = orjson.loads(arguments) if arguments.strip() else {}
-    except orjson.JSONDecodeError:
-        given = None
+    call, function, given = function_call(call, where, _NO_COUNTERPART, UPSTREAM)
     if not isinstance(given, dict):
         _refuse(f"{where}.function.arguments", "a tool_use input is a JSON object")
     return {
