@@ -263,9 +263,11 @@ class Pipeline:
         handled.settlement = settlement
 
         async def stream_done(status: int) -> None:
-            if settlement is not None:
-                await settlement.settle()
-            self._finish(call, status)
+            # Its client may leave meanwhile, cancelling the stream's task: the
+            # bookkeeping is a task of its own, done whole whatever becomes of that one.
+            await asyncio.shield(
+                self.background.run(self._stream_bookkeeping(call, settlement, status))
+            )
 
         gate = key_check
         if key_check is not None and key_check.done():
@@ -281,6 +283,16 @@ class Pipeline:
         reply = await self.follow_ups.answered(call, route, served.reply)
         self._settle_retrieved(call, key)
         return reply
+
+    async def _stream_bookkeeping(
+        self, call: Call, settlement: Settlement | None, status: int
+    ) -> None:
+        """A stream's end: its key settled, then its metrics, log line and report."""
+        try:
+            if settlement is not None:
+                await settlement.settle()
+        finally:
+            self._finish(call, status)
 
     def _answered(
         self,

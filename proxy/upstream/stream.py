@@ -114,7 +114,8 @@ class StreamBody:
             await self._response.aclose()
         except Exception:  # closing a broken connection may fail; nothing to return
             logger.debug("closing an upstream stream failed", exc_info=True)
-        await self._on_close(self._end)
+        finally:  # even cancelled while closing: the stream's bookkeeping is its end's
+            await self._on_close(self._end)
 
 
 def _broken(exc: Exception) -> str:

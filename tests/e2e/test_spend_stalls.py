@@ -13,6 +13,7 @@ upstream on loopback and a redis-server this test starts and stops with SIGSTOP.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import re
@@ -442,3 +443,72 @@ def test_after_ten_stalls_under_load_the_report_is_what_the_budgets_were_charged
     answered = sum(n for outcome, n in load.outcomes.items() if outcome.endswith("ok"))
     assert total(rows, "requests") == 1 + answered + len(read)  # a read is a request
     assert cut > 0 and fallbacks > 0, "the stalls cut nothing"
+
+
+class HeldUpstream(Upstream):
+    """As ``Upstream``, but a Responses stream is cut only when the test says
+    (``cut``), after its first event."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holding = threading.Event()
+        self.cut = threading.Event()
+
+    async def __call__(self, conversation: Conversation) -> None:
+        _, path, _ = conversation.request.request_line.split(" ")
+        if not path.endswith("/responses"):
+            return await super().__call__(conversation)
+        created = {"type": "response.created", "response": _response("r", "in_progress", None)}
+        await conversation.send(SSE + chunked(_event("response.created", created)))
+        self.holding.set()
+        await asyncio.to_thread(self.cut.wait, 10.0)
+        conversation.close()
+        return None
+
+
+def _read_until_cut_then_leave(proxy: ProxyInThread) -> None:
+    """A Responses stream read until the proxy's error event, then left at once."""
+    body = {"model": "m", "input": "hi", "stream": True}
+    headers = {"authorization": f"Bearer {KEY}"}
+    url = f"{proxy.base_url}/responses"
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=10) as answer:
+        assert answer.status_code == 200
+        for line in answer.iter_lines():
+            if line.startswith("event: error"):
+                return  # the connection closes now
+
+
+def test_a_stream_its_client_leaves_while_its_bookkeeping_waits_on_redis_is_reported(
+    redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream admitted through Redis is cut while Redis is stopped and the limiter,
+    fallen back meanwhile, probes it again: the stream's settlement first carries the
+    outage's local reservations over, and waits. Its client reads the error event and
+    leaves at once. The departure cuts nothing of the bookkeeping: the report has the
+    request and the estimate its budget kept."""
+    monkeypatch.setattr("proxy.money.ledger.FLUSH_EVERY", 3600.0)
+    upstream_script = HeldUpstream()
+    with (
+        ScriptedUpstream(upstream_script) as upstream,
+        ProxyInThread(settings_from(config(redis.url, upstream.url))) as proxy,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        client = sdk(proxy)
+        chat(client)
+        written(proxy)
+        stream = pool.submit(_read_until_cut_then_leave, proxy)
+        assert upstream_script.holding.wait(10.0)
+        redis.freeze()
+        try:
+            for _ in range(3):  # each waits out Redis's timeout: the circuit opens
+                chat(client)
+            time.sleep(1.2)  # the circuit's reset_after: the next call probes Redis
+            upstream_script.cut.set()
+            stream.result(timeout=10)
+            time.sleep(0.5)
+        finally:
+            redis.thaw()
+        [row], budget = report_and_budgets(proxy)
+    assert (row["requests"], row["estimated"]) == (5, 1), row
+    assert budget["usd"] == pytest.approx(row["usd"])
+    assert budget["tokens"] == row["input_tokens"] + row["output_tokens"]
