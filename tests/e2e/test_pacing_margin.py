@@ -16,23 +16,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import subprocess
-import sys
 import threading
-from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from support.busy_host import busy_host
 from support.load import LoadResult, drive
 from support.models import strict_model
-from support.ports import free_port
 from support.proxy_server import ProxyProcess, start_together
 from support.redis_server import RedisServer, redis_available
 from support.stalled_proxy import STALLED
-from support.waiting import wait_until
+from support.upstream_process import stats, strict_upstream_process
 
 pytestmark = [
     pytest.mark.skipif(not redis_available(), reason="redis-server is not installed"),
@@ -51,6 +48,7 @@ MEASURED = 12.0  # seconds of load counted after it (then the queue drains, max_
 ADMIN_KEY = "admin-secret-key"
 CLIENT_KEY = "sk-load"
 STALL_MS = 50
+LEARNING_SECONDS = 15.0  # of load for the learning test (it counts the whole run)
 
 
 def _admitted(stats: dict[str, Any]) -> int:
@@ -66,8 +64,9 @@ def _run(
     stalled: bool = False,
     rpm: int = int(RATE * 60),
     demand: float = DEMAND,
+    seconds: float = SETTLE + MEASURED,
 ) -> tuple[LoadResult, dict[str, Any], dict[str, Any], list[dict[str, Any]], list[str]]:
-    """Load at ``demand`` for SETTLE + MEASURED seconds, the deployment configured with
+    """Load at ``demand`` for ``seconds`` (SETTLE + MEASURED), the deployment configured with
     ``rpm``; the upstream's counters when the settling ends and at the end, each
     replica's ``/admin/state`` pacing, their logs."""
     with ExitStack() as stack:
@@ -92,9 +91,9 @@ def _run(
         ]
         start_together(stack, proxies)
         httpx.post(f"{upstream}/stats/reset", timeout=10).raise_for_status()
-        settled = _at(upstream, SETTLE)
+        settled = _at(upstream, min(SETTLE, seconds))
         urls = [p.base_url for p in proxies]
-        result = asyncio.run(drive(urls, demand, SETTLE + MEASURED, api_key=CLIENT_KEY))
+        result = asyncio.run(drive(urls, demand, seconds, api_key=CLIENT_KEY))
         end = _stats(upstream)
         pacing = [_pacing(p) for p in proxies]
     settled.join()
@@ -102,35 +101,13 @@ def _run(
     return result, settled.stats, end, pacing, logs
 
 
-@contextlib.contextmanager
-def _upstream(tmp_path: Path) -> Iterator[str]:
-    """The strict fake upstream in a process of its own (in this one, it would share the
-    load generator's interpreter lock, and stamp arrivals late as it waits for it)."""
-    port = free_port()
-    argv = [sys.executable, "-m", "proxy", "fake-upstream", "--port", str(port)]
-    argv += ["--rpm", str(LIMIT), "--window", f"{WINDOW:g}", "--latency", "0.02"]
-    argv += ["--no-ratelimit-headers", "--log-level", "WARNING"]
-    url = f"http://127.0.0.1:{port}"
-    with (tmp_path / "upstream.log").open("wb") as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_until(lambda: _answers(url), 20.0, "the fake upstream to start")
-        yield url
-    finally:
-        process.terminate()
-        process.wait(10)
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/stats", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
+def _upstream(tmp_path: Path) -> contextlib.AbstractContextManager[str]:
+    """The strict fake upstream in a process of its own (support/upstream_process.py)."""
+    return strict_upstream_process(tmp_path, rpm=LIMIT, window=WINDOW)
 
 
 def _stats(url: str) -> dict[str, Any]:
-    stats: dict[str, Any] = httpx.get(f"{url}/stats", timeout=10).json()
-    return stats
+    return stats(url)
 
 
 class _Snapshot(threading.Thread):
@@ -236,23 +213,36 @@ def test_a_replica_stalled_up_to_50ms_widens_every_replicas_margin(tmp_path: Pat
     assert admitted >= 0.92 * RATE * span, (share, settled, end)
 
 
-def test_an_overstated_limit_is_learned_from_429s_under_load(tmp_path: Path) -> None:
-    """Three replicas sharing Redis; the deployment's rpm overstates the upstream's true
-    limit twofold (the upstream tells nothing but its 429s and their retry-after), demand
-    is twice the true limit: the rate learned from the 429s uses at least 80% of the true
-    limit over the whole run, the upstream answers at most 5% of the requests it sees
-    with a 429, and clients get only 200 or 429. (One process on memory learns by the
+@pytest.mark.parametrize("host", ["quiet", "busy"])
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_an_overstated_limit_is_learned_from_429s_under_load(
+    tmp_path: Path, replicas: int, host: str
+) -> None:
+    """One replica, or three sharing Redis; the deployment's rpm overstates the
+    upstream's true limit twofold (the upstream tells nothing but its 429s and their
+    retry-after), demand is twice the true limit: the rate learned from the 429s uses at
+    least 80% of the true limit over the whole run, the upstream answers at most 5% of the
+    requests it sees with a 429, and clients get only 200 or 429; on a quiet host, and on
+    a busy one (support/busy_host.py: two CPU-bound processes beside the proxies, from
+    before they start to the end of the load). (One process on memory learns by the
     same rule: limiter/core/health.py, which tests/limiter/test_limiter_equivalence.py
     shows equal to the Lua the replicas run; tests/e2e/test_learning.py serves it.)"""
-    storage, replicas = "redis", 3
-    result, _, end, pacing, _ = _run(
-        tmp_path, replicas, storage=storage, rpm=int(2 * RATE * 60), demand=2 * RATE
-    )
+    storage = "redis"
+    busy = busy_host(processes=2, seconds=120) if host == "busy" else contextlib.nullcontext()
+    with busy:
+        result, _, end, pacing, _ = _run(
+            tmp_path,
+            replicas,
+            storage=storage,
+            rpm=int(2 * RATE * 60),
+            demand=2 * RATE,
+            seconds=LEARNING_SECONDS,
+        )
     served, rejected, span = end["served"], end["rejected"], end["admitted_span"]
     learned = [p["learned"] for p in pacing]
     print(
-        f"\nlearning, {storage}, {replicas} replica(s), rpm overstated twofold: served"
-        f" {served}, {served / (RATE * span):.1%} of the true limit over {span:.1f} s;"
+        f"\nlearning, {storage}, {replicas} replica(s), {host} host, rpm overstated twofold:"
+        f" served {served}, {served / (RATE * span):.1%} of the true limit over {span:.1f} s;"
         f" upstream 429s {rejected} ({rejected / max(served + rejected, 1):.1%} of what it"
         f" saw); clients {dict(result.statuses)} {dict(result.codes)}; learned {learned}"
     )
