@@ -1,8 +1,9 @@
 """The pacing margin that follows the host (``routing.pacing_margin: auto``, issue 55):
-proxies in their own processes, alone (memory) or three sharing one Redis, in front of
-an upstream enforcing a strict sliding window of one second (to the millisecond), at
-three times its limit. Each replica measures how late its turns leave and every one paces
-with the largest need among the live replicas (catalog/pacing.py).
+proxies in their own processes, alone (memory) or three sharing one Redis (or a Redis
+Cluster of three masters), in front of an upstream enforcing a strict sliding window of
+one second (to the millisecond), at three times its limit. Each replica measures how late
+its turns leave and every one paces with the largest need among the live replicas
+(catalog/pacing.py).
 
 The contract's yardstick: no upstream 429 caused by the proxy; on a healthy host at
 least 98% of the limit used; with a replica stalled up to 50 ms, at least 94%. The share
@@ -27,7 +28,7 @@ from support.busy_host import busy_host
 from support.load import LoadResult, drive
 from support.models import strict_model
 from support.proxy_server import ProxyProcess, start_together
-from support.redis_server import RedisServer, redis_available
+from support.redis_server import RedisClusterServers, RedisServer, redis_available
 from support.stalled_proxy import STALLED
 from support.upstream_process import stats, strict_upstream_process
 
@@ -77,8 +78,8 @@ def _run(
             "admin": {"keys": [ADMIN_KEY]},  # /admin/state: the margin in force
             "keys": [{"name": "load", "key": CLIENT_KEY}],  # (admin keys: clients need one)
         }
-        if storage == "redis":
-            config["redis"] = {"url": stack.enter_context(RedisServer(tmp_path / "redis")).url}
+        if storage != "memory":
+            config["redis"] = {"url": _redis_url(stack, tmp_path, storage)}
         proxies = [
             ProxyProcess(
                 config,
@@ -99,6 +100,17 @@ def _run(
     settled.join()
     logs = [p.logs() for p in proxies]
     return result, settled.stats, end, pacing, logs
+
+
+def _redis_url(stack: ExitStack, tmp_path: Path, storage: str) -> str:
+    """A Redis of the test's own: one server (``redis``) or a Redis Cluster of three
+    masters (``cluster``, as tests/e2e/test_late_replicas.py runs it), stopped with
+    ``stack``."""
+    if storage == "cluster":
+        cluster = RedisClusterServers(tmp_path / "cluster", masters=3).start()
+        stack.callback(cluster.stop)
+        return cluster.url
+    return stack.enter_context(RedisServer(tmp_path / "redis")).url
 
 
 def _upstream(tmp_path: Path) -> contextlib.AbstractContextManager[str]:
@@ -168,7 +180,7 @@ def _check(result: LoadResult, end: dict[str, Any], upstream_429s: int = 0) -> N
     assert all(o.retry_after for o in result.outcomes if o.status == 429)
 
 
-@pytest.mark.parametrize(("storage", "replicas"), [("memory", 1), ("redis", 3)])
+@pytest.mark.parametrize(("storage", "replicas"), [("memory", 1), ("redis", 3), ("cluster", 3)])
 def test_a_healthy_host_uses_at_least_98_percent_of_the_limit(
     tmp_path: Path, storage: str, replicas: int
 ) -> None:
@@ -186,8 +198,9 @@ def test_a_healthy_host_uses_at_least_98_percent_of_the_limit(
     assert all(p["mode"] == "auto" for p in pacing)
     admitted = _admitted(end) - _admitted(settled)
     span = end["admitted_span"] - settled["admitted_span"]
-    # The yardstick is 98%; measured 98.6-99.0%. The test holds 97%: on the 2-core CI
-    # host one run may lose a turn or two to an upstream 429's hold (docstring).
+    # The yardstick is 98%; measured 98.6-99.0% (Cluster: 98.7-99.0%, 0 upstream 429s in
+    # 3 runs on a quiet host). The test holds 97%: on the 2-core CI host one run may lose
+    # a turn or two to an upstream 429's hold (docstring).
     assert admitted >= 0.97 * RATE * span, (share, settled, end)
 
 
@@ -227,7 +240,23 @@ def test_an_overstated_limit_is_learned_from_429s_under_load(
     before they start to the end of the load). (One process on memory learns by the
     same rule: limiter/core/health.py, which tests/limiter/test_limiter_equivalence.py
     shows equal to the Lua the replicas run; tests/e2e/test_learning.py serves it.)"""
-    storage = "redis"
+    _check_learning(tmp_path, storage="redis", replicas=replicas, host=host)
+
+
+def test_an_overstated_limit_is_learned_on_a_redis_cluster_as_on_one_redis(
+    tmp_path: Path,
+) -> None:
+    """The same as on one Redis, the three replicas sharing a Redis Cluster of three
+    masters: a deployment's learned rate and holds live in its one hash slot, so the
+    rule learns as well (at least 80% of the true limit, upstream 429s at most 5% of
+    what it sees, clients only 200 or 429). The learned rate steps by 5% (17.6, 18.5,
+    19.5 a second), on the same steps on a Cluster as on one Redis."""
+    _check_learning(tmp_path, storage="cluster", replicas=3, host="quiet")
+
+
+def _check_learning(tmp_path: Path, *, storage: str, replicas: int, host: str) -> None:
+    """Demand twice the true limit, the rpm stated twice it, for LEARNING_SECONDS: what
+    the learning must hold (see the tests above); the figures printed."""
     busy = busy_host(processes=2, seconds=120) if host == "busy" else contextlib.nullcontext()
     with busy:
         result, _, end, pacing, _ = _run(
