@@ -54,7 +54,7 @@ TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 # healthy (the strict upstream's own process is descheduled and reads a burst at once).
 # Only the files that hold them are collected for that run (collecting the whole suite
 # costs half a minute); tests/test_code_quality.py checks that they are listed here.
-SERIAL_TESTS := tests/e2e/test_pacing_margin.py tests/e2e/test_seed.py tests/api/test_vertex.py tests/api/test_vertex_gemini.py tests/api/test_gemini_api.py tests/api/test_bedrock.py
+SERIAL_TESTS := tests/e2e/test_pacing_margin.py tests/e2e/test_seed.py tests/e2e/test_sentinel.py tests/api/test_vertex.py tests/api/test_vertex_gemini.py tests/api/test_gemini_api.py tests/api/test_bedrock.py
 test: install-dev
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not serial"
 	$(BIN)/pytest -q -m serial $(SERIAL_TESTS)
