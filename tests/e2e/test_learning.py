@@ -27,7 +27,11 @@ from proxy.fake_upstream import FakeUpstreamConfig, FakeUpstreamHandle, run_in_t
 pytestmark = pytest.mark.skipif(not redis_available(), reason="redis-server is not installed")
 
 TRUE_RATE = RATE  # the strict upstream's
-DURATION = 30.0
+# 15 s of load, as in test_pacing_margin.py's learned limit: the first 429 comes within
+# 5 s (demand twice the limit) and the pace is learned from it, so at least two thirds of
+# the run is spent at the learned pace; and the upstream's 10 s window slides past the
+# first window's burst into the learned pace before the load ends.
+DURATION = 15.0
 # What the proxy paces a deployment stating its true limit to: less the pacing margin
 # (auto: measured, starting at INITIAL_MARGIN and narrowing from there).
 PACED = 1.0 - pacing_headroom(INITIAL_MARGIN + RESERVE)
@@ -79,7 +83,7 @@ def test_an_unstated_limit_is_learned_from_429s_alone(
 ) -> None:
     """Demand at twice the upstream's real limit, which the config does not state:
     upstream 429s stay within 5% of what it served, and at least 80% of its real limit is
-    used over 30 s. A client gets a 503 only when no turn came within its max_wait after
+    used over 15 s. A client gets a 503 only when no turn came within its max_wait after
     a hold, and then with when the earliest does. (A limit overstated twofold is learned
     by the same rule: tests/e2e/test_pacing_margin.py, three replicas, a 1 s window.)"""
     result, stats = _run(tmp_path, strict_upstream, 2 * TRUE_RATE, DURATION)
@@ -99,7 +103,10 @@ TOKEN_BODY = {
     "max_tokens": 20,
 }
 ADMITTED = 27
-TOKEN_DURATION = 20.0
+# 12 s of load: twice the upstream's 6 s quantum (its limit pro rata over any 6 s), so
+# that window slides past the first turns under full demand; the figure is a rate over
+# the span the upstream admitted requests (measured: 92.4-93.5% against the 90.3% asserted).
+TOKEN_DURATION = 12.0
 
 
 @pytest.mark.slow  # bounded load for many seconds: `make test-fast` skips it
@@ -245,23 +252,30 @@ def _outage_config(redis_url: str, upstream: FakeUpstreamHandle) -> dict[str, An
 
 @pytest.mark.slow  # bounded load for many seconds: `make test-fast` skips it
 @pytest.mark.parametrize(
-    ("outage", "window"),
+    ("outage", "window", "schedule"),
     [
-        ("killed", WINDOW),
-        ("frozen", WINDOW),
+        # Seconds: the outage's start, its length, the load's length. The outage is a whole
+        # 10 s window (the breaker opens at once, the fallback fills its own windows) and
+        # the load goes on for a whole window after it: the upstream's window slides over
+        # both switches and past them. (Measured: 91.8% against the 85.6% asserted.)
+        pytest.param("killed", WINDOW, (4.0, 10.0, 24.0), id="killed-10.0"),
+        pytest.param("frozen", WINDOW, (4.0, 10.0, 24.0), id="frozen-10.0"),
         # The same limit over a sliding second (the issue's upstream): 1% of it is only
         # 10 ms of slack; the pacing margin covers turns 50 ms late (test_late_replicas).
-        ("killed", 1.0),
+        # Ten windows in the fallback, twelve after it. (Shorter runs met an upstream 429
+        # on a busy host: 10 ms of slack leaves no room for a late turn at a switch.)
+        pytest.param("killed", 1.0, (8.0, 10.0, 30.0), id="killed-1.0"),
     ],
 )
 def test_a_redis_outage_under_overload_overshoots_nothing(
-    tmp_path: Path, outage: str, window: float
+    tmp_path: Path, outage: str, window: float, schedule: tuple[float, float, float]
 ) -> None:
-    """Two replicas at twice a strict upstream's limit; Redis dies (or hangs) 8 s in
-    and comes back 10 s later. Zero upstream 429s; clients get only 200 or 429 with a
+    """Two replicas at twice a strict upstream's limit; Redis dies (or hangs) 4 s in
+    and comes back 10 s later, the load going on 10 s more (with a 1 s window: 8 s in,
+    back 10 s later, 12 s more). Zero upstream 429s; clients get only 200 or 429 with a
     retry-after; at least 90% of the pace kept below the limit (the pacing margin) is
     used over the whole run."""
-    duration = 30.0
+    start, length, duration = schedule
     upstream = FakeUpstreamConfig(
         port=0, rpm=int(TRUE_RATE * window), window=window, latency=0.02, ratelimit_headers=False
     )
@@ -277,9 +291,9 @@ def test_a_redis_outage_under_overload_overshoots_nothing(
 
         async def scenario() -> LoadResult:
             load = asyncio.create_task(drive(urls, 2 * TRUE_RATE, duration))
-            await asyncio.sleep(8.0)  # the outage's start: part of the scenario
+            await asyncio.sleep(start)  # the outage's start: part of the scenario
             await asyncio.to_thread(redis.kill if outage == "killed" else redis.freeze)
-            await asyncio.sleep(10.0)  # its length
+            await asyncio.sleep(length)
             await asyncio.to_thread(redis.start if outage == "killed" else redis.thaw)
             return await load
 

@@ -29,7 +29,10 @@ pytestmark = pytest.mark.skipif(not redis_available(), reason="redis-server is n
 ADMIN = "adm-e2e"
 STEADY, OLD, NEW, LIMITED = "sk-steady", "sk-rotated-old", "sk-rotated-new", "sk-limited"
 RATE = 15.0  # requests a second of steady load
-DURATION = 16.0
+# Seconds of steady load: the reloads begin 3 s in and took ~1 s (quiet or busy host), so
+# a reload 6 times slower still ends under load, and the load goes on under the new
+# config for seconds more.
+DURATION = 10.0
 
 
 def _config(
@@ -147,12 +150,15 @@ def test_a_reload_under_load_rotates_a_key_changes_a_limit_and_adds_a_deployment
                 assert _reloads(proxy, "success") == 1.0
 
         async def scenario() -> LoadResult:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
             load = asyncio.create_task(
                 drive([p.base_url for p in proxies], RATE, DURATION, api_key=STEADY)
             )
             await asyncio.sleep(3.0)  # steady load under the first config
             await asyncio.to_thread(reload_valid)
             await asyncio.to_thread(reload_invalid)
+            print(f"\nreloads done {loop.time() - started:.1f} s into {DURATION:.0f} s of load")
             assert not load.done(), "the reloads should happen under load"
             return await load
 

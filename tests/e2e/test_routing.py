@@ -45,6 +45,11 @@ def _usable(proxy: ProxyProcess) -> int:
     return int(ready["deployments_usable"])
 
 
+# Seconds of load per failure mode: the bad deployment cools after 2 failures and is
+# probed once per 2 s cooldown, so each mode sees it cooled, probed and cooled again.
+PHASE = 3.0
+
+
 def _deployment(name: str, upstream: FakeUpstreamHandle, **extra: Any) -> dict[str, Any]:
     return {"id": name, "base_url": upstream.base_url, **extra}
 
@@ -81,7 +86,7 @@ def test_a_failing_deployment_is_cooled_on_every_replica_probed_and_restored(
             ]:
                 bad.control(**options)
                 before = bad.stats()["requests"]
-                result = await drive(urls, 20, 4.0, body=CHAT)
+                result = await drive(urls, 20, PHASE, body=CHAT)
                 phases.append((name, bad.stats()["requests"] - before, dict(result.statuses)))
             bad.control(drop_rate=0.0)
             for p in proxies:  # the last cooldown ends: both deployments usable again
@@ -89,17 +94,18 @@ def test_a_failing_deployment_is_cooled_on_every_replica_probed_and_restored(
                     wait_until, lambda p=p: _usable(p) == 2, 10.0, "cooldown over"
                 )
             before = bad.stats()["served"]
-            result = await drive(urls, 20, 3.0, body=CHAT)
+            result = await drive(urls, 20, 2.0, body=CHAT)
             phases.append(("healed", bad.stats()["served"] - before, dict(result.statuses)))
 
         asyncio.run(scenario())
+    print(f"\n{phases}")
     for name, reached_bad, statuses in phases:
         # Every client request succeeded: failures were retried on the good deployment.
         assert set(statuses) == {200}, (name, statuses)
         if name != "healed":
             # Cooled after allowed_fails (shared by both replicas), then one probe per
             # 2 s cooldown, plus the requests already in flight when it cooled.
-            assert reached_bad <= 2 + 4.0 / 2 + 6, (name, reached_bad)
+            assert reached_bad <= 2 + PHASE / 2 + 6, (name, reached_bad)
     assert phases[-1][1] > 10  # back in rotation
 
 
@@ -110,10 +116,17 @@ def test_a_limit_configured_too_high_is_learned_from_the_upstream(
     real, _ = upstreams
     real.control(rpm=120, window=60.0)  # 2 per second, strictly
     config = _config(_deployment("d", real, rpm=240), max_wait="2s", retries=0)
-    duration = 20.0
+    # 12 s of load: the upstream's answers state its limit from the first one on, and the
+    # served count (a rate over the run, with the queue's drain) keeps its margin.
+    duration = 12.0
     with ProxyInThread(settings_from(config)) as proxy:
         result = asyncio.run(drive([proxy.base_url], 6, duration, body=CHAT))
     stats = real.stats()
+    print(
+        f"\ntoo high: served {stats['served']} in {duration:.0f} s of load"
+        f" (over {stats['admitted_span']:.1f} s), upstream 429s {stats['rejected']} of"
+        f" {stats['requests']}; clients: {dict(result.statuses)}"
+    )
     assert set(result.statuses) <= {200, 429, 503}
     assert stats["rejected"] <= 0.01 * stats["requests"] + 1
     assert stats["served"] >= 0.9 * 2 * duration
