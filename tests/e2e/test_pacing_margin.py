@@ -30,7 +30,7 @@ from support.models import strict_model
 from support.proxy_server import ProxyProcess, start_together
 from support.redis_server import RedisClusterServers, RedisServer, redis_available
 from support.stalled_proxy import STALLED
-from support.upstream_process import stats, strict_upstream_process
+from support.upstream_process import reset, stats, strict_upstream_process
 
 pytestmark = [
     pytest.mark.skipif(not redis_available(), reason="redis-server is not installed"),
@@ -91,11 +91,11 @@ def _run(
             for i in range(replicas)
         ]
         start_together(stack, proxies)
-        httpx.post(f"{upstream}/stats/reset", timeout=10).raise_for_status()
+        reset(upstream)
         settled = _at(upstream, min(SETTLE, seconds))
         urls = [p.base_url for p in proxies]
         result = asyncio.run(drive(urls, demand, seconds, api_key=CLIENT_KEY))
-        end = _stats(upstream)
+        end = stats(upstream)
         pacing = [_pacing(p) for p in proxies]
     settled.join()
     logs = [p.logs() for p in proxies]
@@ -118,10 +118,6 @@ def _upstream(tmp_path: Path) -> contextlib.AbstractContextManager[str]:
     return strict_upstream_process(tmp_path, rpm=LIMIT, window=WINDOW)
 
 
-def _stats(url: str) -> dict[str, Any]:
-    return stats(url)
-
-
 class _Snapshot(threading.Thread):
     stats: dict[str, Any]
 
@@ -133,7 +129,7 @@ def _at(upstream: str, after: float) -> _Snapshot:
     class Snapshot(_Snapshot):
         def run(self) -> None:
             stop.wait(after)
-            self.stats = _stats(upstream)
+            self.stats = stats(upstream)
 
     snapshot = Snapshot(daemon=True)
     snapshot.start()

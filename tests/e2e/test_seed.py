@@ -9,9 +9,8 @@ a naive client does). The proxy holds them and paces them to the upstream: every
 answered 200 and the upstream rejects none (the yardstick: no upstream 429 caused by the
 proxy). On a quiet host, and on a busy one (support/busy_host.py: two CPU-bound
 processes beside the proxy on the 2-core host, from before the upstream and the proxy
-start until the last answer). The
-figures are printed (``-s``): the time to serve all ten, the most requests the upstream
-saw in one window, the margin the proxy paced with."""
+start until the last answer). The figures are printed (``-s``): the time to serve all
+ten, the most requests the upstream saw in one window, the margin the proxy paced with."""
 
 from __future__ import annotations
 
